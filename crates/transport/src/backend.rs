@@ -1,0 +1,130 @@
+//! What a backend implements. Engines never see this: they use [`Endpoint`]
+//! (which counts every verb the same way whatever the backend) and
+//! [`NodeHost`].
+//!
+//! [`Endpoint`]: crate::Endpoint
+
+use crate::addr::{NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
+use crate::endpoint::Endpoint;
+use crate::error::Result;
+use crate::region::RegionMem;
+use crate::service::{Reply, ServiceTable};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// One one-sided verb of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verb {
+    Read {
+        addr: RemoteAddr,
+        len: usize,
+    },
+    Write {
+        addr: RemoteAddr,
+        data: Vec<u8>,
+    },
+    /// 8-byte compare-and-swap; yields the value found.
+    Cas {
+        addr: RemoteAddr,
+        expected: u64,
+        new: u64,
+    },
+    /// 8-byte fetch-and-add; yields the previous value.
+    Faa {
+        addr: RemoteAddr,
+        add: u64,
+    },
+}
+
+impl Verb {
+    pub fn node(&self) -> crate::addr::NodeId {
+        match self {
+            Verb::Read { addr, .. }
+            | Verb::Write { addr, .. }
+            | Verb::Cas { addr, .. }
+            | Verb::Faa { addr, .. } => addr.node,
+        }
+    }
+}
+
+/// The outcome of one verb, in the order the verbs were posted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerbResult {
+    Read(Vec<u8>),
+    Write,
+    Cas(u64),
+    Faa(u64),
+}
+
+/// A backend operation that either completed at once (one-sided verbs in the
+/// local backend) or must be awaited. Completing at once costs no allocation.
+pub enum OpFuture<'a, T> {
+    Ready(Option<T>),
+    Pending(Pin<Box<dyn Future<Output = T> + 'a>>),
+}
+
+impl<'a, T> OpFuture<'a, T> {
+    pub fn ready(v: T) -> Self {
+        OpFuture::Ready(Some(v))
+    }
+    pub fn boxed(f: impl Future<Output = T> + 'a) -> Self {
+        OpFuture::Pending(Box::pin(f))
+    }
+}
+
+impl<T> Future for OpFuture<'_, T> {
+    type Output = T;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.get_mut() {
+            OpFuture::Ready(v) => Poll::Ready(v.take().expect("OpFuture polled after completion")),
+            OpFuture::Pending(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> Unpin for OpFuture<'_, T> {}
+
+/// A backend's per-thread issuing side.
+pub trait EndpointBackend {
+    /// The node this endpoint issues from.
+    fn local_node(&self) -> NodeId;
+    /// Posts every verb, waits once, and returns their results in order.
+    /// Verbs to the same node execute in posting order; the batch fails as a
+    /// whole on the first refused verb (earlier verbs may have executed, as
+    /// with a failed RDMA work request list).
+    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>>;
+    /// Sends a request to `service` on `node` and awaits the reply.
+    fn call(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+    ) -> OpFuture<'_, Result<Reply>>;
+}
+
+/// A cluster as seen by one process: it makes endpoints.
+pub trait Fabric: Send + Sync {
+    /// The backend's name as reported in benchmark output (`local`, `ucx`).
+    fn name(&self) -> &'static str;
+    /// A new endpoint issuing from `node`, to be used on the calling thread.
+    fn endpoint(&self, node: NodeId) -> Result<Endpoint>;
+}
+
+/// A node this process hosts: it registers memory and serves services.
+pub trait NodeHost: Send + Sync {
+    fn id(&self) -> NodeId;
+    /// Registers `len` zeroed bytes (rounded up to a cache line) for remote
+    /// access and returns the client's view and the local memory.
+    fn register_region(&self, len: usize) -> Result<(RemoteRegion, Arc<RegionMem>)>;
+    /// Withdraws a region; later accesses to it fail.
+    fn deregister_region(&self, id: RegionId);
+    /// The node's services and published region names.
+    fn services(&self) -> &ServiceTable;
+    /// The fabric this node belongs to, for code on the node that issues
+    /// verbs or RPCs of its own (background workers, symmetric designs).
+    fn fabric(&self) -> Arc<dyn Fabric>;
+    /// Number of RPC handler threads serving this node.
+    fn handler_threads(&self) -> usize;
+}

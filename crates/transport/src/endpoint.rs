@@ -1,0 +1,234 @@
+//! [`Endpoint`]: what engines use to reach other nodes, with exact counters.
+
+use crate::addr::{NodeId, RemoteAddr, RemoteRegion, ServiceId};
+use crate::backend::{EndpointBackend, Verb, VerbResult};
+use crate::counters::{CounterTable, Counters, current_kind};
+use crate::error::{Result, TransportError};
+use crate::service::{decode_region, directory};
+use crate::wire::WireWriter;
+use std::cell::RefCell;
+
+/// The issuing side of one thread: one-sided verbs, batches and RPCs. It
+/// counts every round trip, verb, byte and RPC (and the serving side's CPU
+/// time) under the operation kind of the task issuing it; counting happens
+/// here, above the backend, so that all backends count alike.
+///
+/// Use an endpoint on the thread that made it; tasks of that thread share it.
+pub struct Endpoint {
+    backend: Box<dyn EndpointBackend>,
+    counters: RefCell<CounterTable>,
+}
+
+impl Endpoint {
+    pub fn new(backend: Box<dyn EndpointBackend>) -> Endpoint {
+        Endpoint {
+            backend,
+            counters: RefCell::new(CounterTable::default()),
+        }
+    }
+
+    /// The node this endpoint issues from.
+    pub fn node(&self) -> NodeId {
+        self.backend.local_node()
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> CounterTable {
+        *self.counters.borrow()
+    }
+
+    /// Clears the counters (e.g. between load and run).
+    pub fn reset_counters(&self) {
+        *self.counters.borrow_mut() = CounterTable::default();
+    }
+
+    fn charge(&self, f: impl FnOnce(&mut Counters)) {
+        f(self.counters.borrow_mut().get_mut(current_kind()));
+    }
+
+    /// Reads `len` bytes at `addr`: one round trip.
+    pub async fn read(&self, addr: RemoteAddr, len: usize) -> Result<Vec<u8>> {
+        let mut b = self.batch();
+        b.read(addr, len);
+        Ok(b.run().await?.take_read(0))
+    }
+
+    /// Writes `data` at `addr`: one round trip.
+    pub async fn write(&self, addr: RemoteAddr, data: &[u8]) -> Result<()> {
+        let mut b = self.batch();
+        b.write(addr, data.to_vec());
+        b.run().await?;
+        Ok(())
+    }
+
+    /// 8-byte compare-and-swap at `addr`; returns the value found there
+    /// (equal to `expected` iff the swap happened).
+    pub async fn cas(&self, addr: RemoteAddr, expected: u64, new: u64) -> Result<u64> {
+        let mut b = self.batch();
+        b.cas(addr, expected, new);
+        Ok(b.run().await?.word(0))
+    }
+
+    /// 8-byte fetch-and-add at `addr`; returns the previous value.
+    pub async fn faa(&self, addr: RemoteAddr, add: u64) -> Result<u64> {
+        let mut b = self.batch();
+        b.faa(addr, add);
+        Ok(b.run().await?.word(0))
+    }
+
+    /// Starts a batch of verbs that is posted at once and costs one round
+    /// trip (RDMA doorbell batching).
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            ep: self,
+            verbs: Vec::new(),
+        }
+    }
+
+    /// Sends `request` to `service` on `node` and returns the reply payload.
+    /// A refusal by the service comes back as [`TransportError::Remote`].
+    pub async fn call(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let sent = request.len() as u64;
+        self.charge(|c| {
+            c.round_trips += 1;
+            c.rpcs += 1;
+            c.bytes_written += sent;
+        });
+        let reply = self.backend.call(node, service, request).await?;
+        let received = reply.result.as_ref().map_or(0, |p| p.len() as u64);
+        self.charge(|c| {
+            c.bytes_read += received;
+            c.memnode_cpu_ns += reply.server_cpu_ns;
+        });
+        reply
+            .result
+            .map_err(|error| TransportError::Remote { node, error })
+    }
+
+    /// Resolves a service name on `node` through its directory.
+    pub async fn lookup_service(&self, node: NodeId, name: &str) -> Result<ServiceId> {
+        let mut w = WireWriter::new();
+        w.u8(directory::RESOLVE_SERVICE).str(name);
+        let reply = self.call(node, ServiceId::DIRECTORY, w.finish()).await?;
+        let bytes: [u8; 4] = reply
+            .as_slice()
+            .try_into()
+            .map_err(|_| TransportError::Malformed("directory reply for a service".into()))?;
+        Ok(ServiceId(u32::from_le_bytes(bytes)))
+    }
+
+    /// Resolves a published region name on `node` through its directory.
+    pub async fn lookup_region(&self, node: NodeId, name: &str) -> Result<RemoteRegion> {
+        let mut w = WireWriter::new();
+        w.u8(directory::RESOLVE_REGION).str(name);
+        let reply = self.call(node, ServiceId::DIRECTORY, w.finish()).await?;
+        Ok(decode_region(&reply)?)
+    }
+}
+
+/// Verbs posted together; see [`Endpoint::batch`].
+pub struct Batch<'a> {
+    ep: &'a Endpoint,
+    verbs: Vec<Verb>,
+}
+
+impl Batch<'_> {
+    /// Adds a read; returns its index in the results.
+    pub fn read(&mut self, addr: RemoteAddr, len: usize) -> usize {
+        self.push(Verb::Read { addr, len })
+    }
+    pub fn write(&mut self, addr: RemoteAddr, data: Vec<u8>) -> usize {
+        self.push(Verb::Write { addr, data })
+    }
+    pub fn cas(&mut self, addr: RemoteAddr, expected: u64, new: u64) -> usize {
+        self.push(Verb::Cas {
+            addr,
+            expected,
+            new,
+        })
+    }
+    pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> usize {
+        self.push(Verb::Faa { addr, add })
+    }
+    fn push(&mut self, v: Verb) -> usize {
+        self.verbs.push(v);
+        self.verbs.len() - 1
+    }
+    pub fn len(&self) -> usize {
+        self.verbs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.verbs.is_empty()
+    }
+
+    /// Posts the verbs and waits once. An empty batch costs nothing.
+    pub async fn run(self) -> Result<BatchResult> {
+        if self.verbs.is_empty() {
+            return Ok(BatchResult {
+                results: Vec::new(),
+            });
+        }
+        self.ep.charge(|c| {
+            c.round_trips += 1;
+            for v in &self.verbs {
+                c.verbs += 1;
+                match v {
+                    Verb::Read { len, .. } => {
+                        c.reads += 1;
+                        c.bytes_read += *len as u64;
+                    }
+                    Verb::Write { data, .. } => {
+                        c.writes += 1;
+                        c.bytes_written += data.len() as u64;
+                    }
+                    Verb::Cas { .. } => {
+                        c.cas += 1;
+                        c.bytes_written += 16;
+                        c.bytes_read += 8;
+                    }
+                    Verb::Faa { .. } => {
+                        c.faa += 1;
+                        c.bytes_written += 8;
+                        c.bytes_read += 8;
+                    }
+                }
+            }
+        });
+        let results = self.ep.backend.execute(self.verbs).await?;
+        Ok(BatchResult { results })
+    }
+}
+
+/// Results of a batch, by the index each verb got when it was added.
+#[derive(Debug)]
+pub struct BatchResult {
+    results: Vec<VerbResult>,
+}
+
+impl BatchResult {
+    /// The bytes of read `i` (taken out; a second take panics).
+    pub fn take_read(&mut self, i: usize) -> Vec<u8> {
+        match std::mem::replace(&mut self.results[i], VerbResult::Write) {
+            VerbResult::Read(b) => b,
+            other => panic!("verb {i} is not an unread read: {other:?}"),
+        }
+    }
+    /// The word a CAS found or an FAA returned.
+    pub fn word(&self, i: usize) -> u64 {
+        match self.results[i] {
+            VerbResult::Cas(v) | VerbResult::Faa(v) => v,
+            ref other => panic!("verb {i} is not an atomic: {other:?}"),
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.results.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.results.is_empty()
+    }
+}

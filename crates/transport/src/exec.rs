@@ -1,0 +1,350 @@
+//! A small single-threaded executor for compute threads.
+//!
+//! Each compute thread runs C operations at once as tasks (the papers'
+//! coroutines): while one task waits for an RPC reply or an injected network
+//! delay, the others run. Tasks never move between threads, so futures need
+//! not be `Send`, and an endpoint's counters can live in plain cells.
+//!
+//! When no task is ready the thread spins briefly (replies usually arrive
+//! within microseconds), runs the idle hooks that backends register to drive
+//! their progress engines, and finally parks until a waker unparks it.
+//! Timers ([`sleep`]) work under any executor: short waits spin, longer ones
+//! are woken by one shared timer thread.
+
+use parking_lot::{Condvar, Mutex};
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle executor spins before it parks.
+const SPIN_BEFORE_PARK: Duration = Duration::from_micros(50);
+/// Waits shorter than this spin instead of using the timer thread.
+const TIMER_SPIN_THRESHOLD: Duration = Duration::from_micros(200);
+
+struct Shared {
+    ready: Vec<AtomicBool>,
+    any_ready: AtomicBool,
+    parked: AtomicBool,
+    thread: Thread,
+}
+
+struct TaskWaker {
+    shared: Arc<Shared>,
+    index: usize,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.shared.ready[self.index].store(true, Ordering::SeqCst);
+        self.shared.any_ready.store(true, Ordering::SeqCst);
+        if self.shared.parked.load(Ordering::SeqCst) {
+            self.shared.thread.unpark();
+        }
+    }
+}
+
+/// A task's future, boxed and pinned.
+pub type LocalTask<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Runs all `tasks` to completion on this thread, interleaving them, and
+/// returns their outputs in order.
+pub fn run_tasks<'a, T>(mut tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
+    let n = tasks.len();
+    let shared = Arc::new(Shared {
+        ready: (0..n).map(|_| AtomicBool::new(true)).collect(),
+        any_ready: AtomicBool::new(true),
+        parked: AtomicBool::new(false),
+        thread: std::thread::current(),
+    });
+    let wakers: Vec<Waker> = (0..n)
+        .map(|index| {
+            Waker::from(Arc::new(TaskWaker {
+                shared: shared.clone(),
+                index,
+            }))
+        })
+        .collect();
+    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let mut remaining = n;
+    while remaining > 0 {
+        shared.any_ready.store(false, Ordering::SeqCst);
+        let mut polled = false;
+        for i in 0..n {
+            if results[i].is_some() || !shared.ready[i].swap(false, Ordering::SeqCst) {
+                continue;
+            }
+            polled = true;
+            let mut cx = Context::from_waker(&wakers[i]);
+            if let Poll::Ready(v) = tasks[i].as_mut().poll(&mut cx) {
+                results[i] = Some(v);
+                remaining -= 1;
+            }
+        }
+        if remaining > 0 && !polled {
+            idle(&shared);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every task completed"))
+        .collect()
+}
+
+/// Runs one future to completion on this thread.
+pub fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut out = run_tasks(vec![Box::pin(fut) as LocalTask<'_, F::Output>]);
+    out.pop().expect("one task")
+}
+
+fn idle(shared: &Shared) {
+    let start = Instant::now();
+    let hooks = IDLE_HOOKS.with(|h| h.borrow().clone());
+    loop {
+        if shared.any_ready.load(Ordering::SeqCst) {
+            return;
+        }
+        if !hooks.is_empty() {
+            // A backend must be driven to make progress: never park.
+            for hook in &hooks {
+                hook();
+            }
+            continue;
+        }
+        if start.elapsed() < SPIN_BEFORE_PARK {
+            std::hint::spin_loop();
+            continue;
+        }
+        shared.parked.store(true, Ordering::SeqCst);
+        if !shared.any_ready.load(Ordering::SeqCst) {
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
+        shared.parked.store(false, Ordering::SeqCst);
+        return;
+    }
+}
+
+type IdleHook = Rc<dyn Fn()>;
+
+thread_local! {
+    static IDLE_HOOKS: RefCell<Vec<IdleHook>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Registers a function that an idle executor on this thread calls in a loop
+/// (a backend's progress engine). It stays registered until the guard drops.
+pub fn register_idle_hook(hook: Rc<dyn Fn()>) -> IdleHookGuard {
+    IDLE_HOOKS.with(|h| h.borrow_mut().push(hook.clone()));
+    IdleHookGuard { hook }
+}
+
+/// Unregisters its idle hook when dropped.
+pub struct IdleHookGuard {
+    hook: Rc<dyn Fn()>,
+}
+
+impl Drop for IdleHookGuard {
+    fn drop(&mut self) {
+        IDLE_HOOKS.with(|h| h.borrow_mut().retain(|x| !Rc::ptr_eq(x, &self.hook)));
+    }
+}
+
+/// Lets the other tasks of this thread run once.
+pub fn yield_now() -> YieldNow {
+    YieldNow { yielded: false }
+}
+
+/// See [`yield_now`].
+pub struct YieldNow {
+    yielded: bool,
+}
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.yielded {
+            Poll::Ready(())
+        } else {
+            self.yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+/// Completes after `d`.
+pub fn sleep(d: Duration) -> Sleep {
+    Sleep {
+        deadline: Instant::now() + d,
+    }
+}
+
+/// Completes at `deadline`.
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    Sleep { deadline }
+}
+
+/// See [`sleep`].
+pub struct Sleep {
+    deadline: Instant,
+}
+
+impl Future for Sleep {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return Poll::Ready(());
+        }
+        if self.deadline - now < TIMER_SPIN_THRESHOLD {
+            cx.waker().wake_by_ref();
+        } else {
+            timer().register(self.deadline, cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// One thread that wakes sleepers whose deadline passed.
+struct Timer {
+    queue: Mutex<BinaryHeap<Reverse<TimerEntry>>>,
+    changed: Condvar,
+}
+
+struct TimerEntry {
+    deadline: Instant,
+    seq: u64,
+    waker: Waker,
+}
+
+impl PartialEq for TimerEntry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.deadline, self.seq) == (o.deadline, o.seq)
+    }
+}
+impl Eq for TimerEntry {}
+impl PartialOrd for TimerEntry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for TimerEntry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.deadline, self.seq).cmp(&(o.deadline, o.seq))
+    }
+}
+
+impl Timer {
+    fn register(&self, deadline: Instant, waker: Waker) {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let mut q = self.queue.lock();
+        let earliest = q.peek().map(|e| e.0.deadline);
+        q.push(Reverse(TimerEntry {
+            deadline,
+            seq,
+            waker,
+        }));
+        if earliest.is_none_or(|e| deadline < e) {
+            self.changed.notify_one();
+        }
+    }
+
+    fn run(&self) {
+        let mut q = self.queue.lock();
+        loop {
+            let now = Instant::now();
+            while q.peek().is_some_and(|e| e.0.deadline <= now) {
+                let Reverse(e) = q.pop().expect("peeked");
+                e.waker.wake();
+            }
+            match q.peek().map(|e| e.0.deadline) {
+                Some(d) => {
+                    self.changed.wait_until(&mut q, d);
+                }
+                None => self.changed.wait(&mut q),
+            }
+        }
+    }
+}
+
+fn timer() -> &'static Timer {
+    static TIMER: OnceLock<&'static Timer> = OnceLock::new();
+    TIMER.get_or_init(|| {
+        let t: &'static Timer = Box::leak(Box::new(Timer {
+            queue: Mutex::new(BinaryHeap::new()),
+            changed: Condvar::new(),
+        }));
+        std::thread::Builder::new()
+            .name("dmkv-timer".into())
+            .spawn(move || t.run())
+            .expect("spawn the timer thread");
+        t
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn tasks_interleave_and_return_in_order() {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let tasks: Vec<LocalTask<'_, usize>> = (0..3usize)
+            .map(|i| {
+                let log = log.clone();
+                Box::pin(async move {
+                    for step in 0..3 {
+                        log.borrow_mut().push((i, step));
+                        yield_now().await;
+                    }
+                    i * 10usize
+                }) as LocalTask<'_, usize>
+            })
+            .collect();
+        assert_eq!(run_tasks(tasks), vec![0, 10, 20]);
+        let log = log.borrow();
+        // Every task took its first step before any took its second.
+        assert_eq!(&log[..3], &[(0, 0), (1, 0), (2, 0)]);
+        assert_eq!(log.len(), 9);
+    }
+
+    #[test]
+    fn sleep_waits_at_least_its_duration() {
+        for d in [Duration::from_micros(50), Duration::from_millis(5)] {
+            let start = Instant::now();
+            block_on(sleep(d));
+            assert!(start.elapsed() >= d);
+        }
+    }
+
+    #[test]
+    fn cross_thread_wake_unparks() {
+        let (tx, rx) = futures::channel::oneshot::channel::<u32>();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            tx.send(7).unwrap();
+        });
+        assert_eq!(block_on(rx).unwrap(), 7);
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn idle_hooks_run_while_waiting() {
+        let calls = Rc::new(Cell::new(0u32));
+        let c = calls.clone();
+        let _g = register_idle_hook(Rc::new(move || c.set(c.get() + 1)));
+        block_on(sleep(Duration::from_millis(1)));
+        assert!(calls.get() > 0);
+    }
+}

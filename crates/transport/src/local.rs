@@ -1,0 +1,565 @@
+//! The `local` backend: every node in one process.
+//!
+//! One-sided verbs execute in the calling thread directly against the target
+//! region's memory: true CPU bypass, as with an RDMA NIC. RPCs travel through
+//! a queue to the target node's handler threads (one by default, as the papers
+//! model weak memory nodes) and the reply wakes the calling task.
+//!
+//! Test knobs ([`Faults`]), changeable at run time: injected latency per round
+//! trip, torn reads (a read is copied in pieces, yielding to other tasks and
+//! threads between pieces, so that concurrent writes land in the middle),
+//! delayed and dropped messages, and node crashes ([`LocalCluster::crash`]).
+
+use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
+use crate::backend::{EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult};
+use crate::endpoint::Endpoint;
+use crate::error::{Result, TransportError};
+use crate::exec::{sleep, yield_now};
+use crate::region::{RegionAccessError, RegionMem};
+use crate::service::{Reply, RpcContext, ServiceTable};
+use crossbeam_channel::{Receiver, Sender};
+use futures::channel::oneshot;
+use parking_lot::{Mutex, RwLock};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Faults and delays injected by the local backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Faults {
+    /// Added to every round trip (a verb, a batch or an RPC): half before the
+    /// verbs execute, half after, so concurrent operations overlap.
+    pub round_trip_latency: Duration,
+    /// Copy every read of more than 8 bytes in random word-aligned pieces,
+    /// yielding between pieces.
+    pub torn_reads: bool,
+    /// Every message waits this long before a handler serves it.
+    pub rpc_delay: Duration,
+    /// Probability that a request is lost; the caller then times out.
+    pub rpc_drop_probability: f64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            round_trip_latency: Duration::ZERO,
+            torn_reads: false,
+            rpc_delay: Duration::ZERO,
+            rpc_drop_probability: 0.0,
+        }
+    }
+}
+
+/// Settings of a local cluster.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    pub faults: Faults,
+    /// How long a caller waits for an RPC reply before it fails.
+    pub rpc_timeout: Duration,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            faults: Faults::default(),
+            rpc_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+struct Inner {
+    nodes: RwLock<Vec<Arc<NodeState>>>,
+    faults: RwLock<Faults>,
+    rpc_timeout: Duration,
+}
+
+impl Inner {
+    fn node(&self, id: NodeId) -> Result<Arc<NodeState>> {
+        self.nodes
+            .read()
+            .get(id.0 as usize)
+            .cloned()
+            .ok_or(TransportError::UnknownNode(id))
+    }
+}
+
+struct RegionEntry {
+    key: AccessKey,
+    mem: Arc<RegionMem>,
+}
+
+enum Msg {
+    Call(Request),
+    Stop,
+}
+
+struct Request {
+    from: NodeId,
+    service: ServiceId,
+    payload: Vec<u8>,
+    reply: oneshot::Sender<Reply>,
+    deliver_at: Option<Instant>,
+}
+
+struct NodeState {
+    id: NodeId,
+    crashed: AtomicBool,
+    /// Bumped whenever a region is withdrawn, so endpoint caches revalidate.
+    region_generation: AtomicU64,
+    regions: RwLock<Vec<Option<RegionEntry>>>,
+    services: ServiceTable,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    handler_threads: usize,
+    handlers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl NodeState {
+    fn check_up(&self) -> Result<()> {
+        if self.crashed.load(Ordering::Acquire) {
+            Err(TransportError::NodeDown(self.id))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Stops the handler threads and drops queued requests (their callers
+    /// see the node as down).
+    fn stop(&self) {
+        self.crashed.store(true, Ordering::Release);
+        for _ in 0..self.handler_threads {
+            let _ = self.tx.send(Msg::Stop);
+        }
+        let handlers: Vec<_> = self.handlers.lock().drain(..).collect();
+        let me = std::thread::current().id();
+        for h in handlers {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+        while self.rx.try_recv().is_ok() {}
+    }
+
+    fn serve(self: Arc<Self>) {
+        while let Ok(Msg::Call(req)) = self.rx.recv() {
+            if self.crashed.load(Ordering::Acquire) {
+                continue;
+            }
+            if let Some(at) = req.deliver_at {
+                let now = Instant::now();
+                if at > now {
+                    std::thread::sleep(at - now);
+                }
+            }
+            let ctx = RpcContext {
+                caller: req.from,
+                node: self.id,
+            };
+            let reply = self.services.dispatch(&ctx, req.service, &req.payload);
+            let _ = req.reply.send(reply);
+        }
+    }
+}
+
+/// A cluster whose nodes all live in this process. Dropping it stops every
+/// node's handler threads.
+pub struct LocalCluster {
+    inner: Arc<Inner>,
+}
+
+impl LocalCluster {
+    pub fn new(config: LocalConfig) -> LocalCluster {
+        LocalCluster {
+            inner: Arc::new(Inner {
+                nodes: RwLock::new(Vec::new()),
+                faults: RwLock::new(config.faults),
+                rpc_timeout: config.rpc_timeout,
+            }),
+        }
+    }
+
+    /// Adds a node served by `handler_threads` RPC handler threads (0 for a
+    /// node that only issues requests).
+    pub fn add_node(&self, handler_threads: usize) -> Arc<LocalNode> {
+        let mut nodes = self.inner.nodes.write();
+        let id = NodeId(u16::try_from(nodes.len()).expect("at most 65536 nodes"));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let state = Arc::new(NodeState {
+            id,
+            crashed: AtomicBool::new(false),
+            region_generation: AtomicU64::new(0),
+            regions: RwLock::new(Vec::new()),
+            services: ServiceTable::new(),
+            tx,
+            rx,
+            handler_threads,
+            handlers: Mutex::new(Vec::new()),
+        });
+        for h in 0..handler_threads {
+            let s = state.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("dmkv-{id}-h{h}"))
+                .spawn(move || s.serve())
+                .expect("spawn a handler thread");
+            state.handlers.lock().push(handle);
+        }
+        nodes.push(state.clone());
+        Arc::new(LocalNode {
+            state,
+            inner: self.inner.clone(),
+        })
+    }
+
+    /// The node with this id.
+    pub fn node(&self, id: NodeId) -> Option<Arc<LocalNode>> {
+        let state = self.inner.node(id).ok()?;
+        Some(Arc::new(LocalNode {
+            state,
+            inner: self.inner.clone(),
+        }))
+    }
+
+    pub fn fabric(&self) -> Arc<dyn Fabric> {
+        Arc::new(LocalFabric {
+            inner: self.inner.clone(),
+        })
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.inner.faults.read().clone()
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        *self.inner.faults.write() = faults;
+    }
+
+    /// Crashes `node`: its memory is gone, its handlers stop, every later
+    /// verb or RPC to it fails with [`TransportError::NodeDown`], and callers
+    /// waiting for its replies get that error too.
+    pub fn crash(&self, node: NodeId) {
+        if let Ok(state) = self.inner.node(node) {
+            state.stop();
+            state.regions.write().clear();
+            state.region_generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for n in self.inner.nodes.read().iter() {
+            n.stop();
+        }
+    }
+}
+
+/// A node of a [`LocalCluster`].
+pub struct LocalNode {
+    state: Arc<NodeState>,
+    inner: Arc<Inner>,
+}
+
+impl NodeHost for LocalNode {
+    fn id(&self) -> NodeId {
+        self.state.id
+    }
+
+    fn register_region(&self, len: usize) -> Result<(RemoteRegion, Arc<RegionMem>)> {
+        self.state.check_up()?;
+        let mem = Arc::new(RegionMem::zeroed(len).ok_or_else(|| {
+            TransportError::Backend(format!("cannot allocate a region of {len} bytes"))
+        })?);
+        let key = AccessKey(rand::random());
+        let mut regions = self.state.regions.write();
+        let id = RegionId(u32::try_from(regions.len()).expect("fewer than 2^32 regions"));
+        let remote = RemoteRegion {
+            node: self.state.id,
+            id,
+            key,
+            len: mem.len() as u64,
+        };
+        regions.push(Some(RegionEntry {
+            key,
+            mem: mem.clone(),
+        }));
+        Ok((remote, mem))
+    }
+
+    fn deregister_region(&self, id: RegionId) {
+        if let Some(slot) = self.state.regions.write().get_mut(id.0 as usize) {
+            *slot = None;
+        }
+        self.state.region_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn services(&self) -> &ServiceTable {
+        &self.state.services
+    }
+
+    fn fabric(&self) -> Arc<dyn Fabric> {
+        Arc::new(LocalFabric {
+            inner: self.inner.clone(),
+        })
+    }
+
+    fn handler_threads(&self) -> usize {
+        self.state.handler_threads
+    }
+}
+
+struct LocalFabric {
+    inner: Arc<Inner>,
+}
+
+impl Fabric for LocalFabric {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn endpoint(&self, node: NodeId) -> Result<Endpoint> {
+        self.inner.node(node)?;
+        Ok(Endpoint::new(Box::new(LocalEndpoint {
+            inner: self.inner.clone(),
+            node,
+            regions: RefCell::new(HashMap::new()),
+            rng: RefCell::new(SmallRng::from_entropy()),
+        })))
+    }
+}
+
+/// A region resolved once and reused while its node's generation holds.
+#[derive(Clone)]
+struct ResolvedRegion {
+    node: Arc<NodeState>,
+    generation: u64,
+    key: AccessKey,
+    mem: Arc<RegionMem>,
+}
+
+struct LocalEndpoint {
+    inner: Arc<Inner>,
+    node: NodeId,
+    regions: RefCell<HashMap<(NodeId, RegionId), ResolvedRegion>>,
+    rng: RefCell<SmallRng>,
+}
+
+impl LocalEndpoint {
+    /// Finds the memory behind `addr` after checking node, region and key.
+    fn resolve(&self, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
+        let cached = self
+            .regions
+            .borrow()
+            .get(&(addr.node, addr.region))
+            .cloned();
+        let r = match cached {
+            Some(r) if r.node.region_generation.load(Ordering::Acquire) == r.generation => r,
+            _ => {
+                let node = self.inner.node(addr.node)?;
+                let generation = node.region_generation.load(Ordering::Acquire);
+                let (key, mem) = {
+                    let regions = node.regions.read();
+                    match regions.get(addr.region.0 as usize) {
+                        Some(Some(e)) => (e.key, e.mem.clone()),
+                        _ => {
+                            node.check_up()?;
+                            return Err(TransportError::NoSuchRegion {
+                                node: addr.node,
+                                region: addr.region,
+                            });
+                        }
+                    }
+                };
+                let r = ResolvedRegion {
+                    node,
+                    generation,
+                    key,
+                    mem,
+                };
+                self.regions
+                    .borrow_mut()
+                    .insert((addr.node, addr.region), r.clone());
+                r
+            }
+        };
+        r.node.check_up()?;
+        if r.key != addr.key {
+            return Err(TransportError::AccessDenied {
+                node: addr.node,
+                region: addr.region,
+            });
+        }
+        Ok(r.mem)
+    }
+
+    fn map_access(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
+        match e {
+            RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
+                node: addr.node,
+                region: addr.region,
+                offset,
+                len,
+                size,
+            },
+            RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
+        }
+    }
+
+    /// Executes one verb at once.
+    fn perform(&self, verb: Verb) -> Result<VerbResult> {
+        match verb {
+            Verb::Read { addr, len } => {
+                let mem = self.resolve(&addr)?;
+                let mut buf = vec![0; len];
+                mem.read(addr.offset, &mut buf)
+                    .map_err(|e| Self::map_access(&addr, e))?;
+                Ok(VerbResult::Read(buf))
+            }
+            Verb::Write { addr, data } => {
+                let mem = self.resolve(&addr)?;
+                mem.write(addr.offset, &data)
+                    .map_err(|e| Self::map_access(&addr, e))?;
+                Ok(VerbResult::Write)
+            }
+            Verb::Cas {
+                addr,
+                expected,
+                new,
+            } => {
+                let mem = self.resolve(&addr)?;
+                let v = mem
+                    .cas_u64(addr.offset, expected, new)
+                    .map_err(|e| Self::map_access(&addr, e))?;
+                Ok(VerbResult::Cas(v))
+            }
+            Verb::Faa { addr, add } => {
+                let mem = self.resolve(&addr)?;
+                let v = mem
+                    .faa_u64(addr.offset, add)
+                    .map_err(|e| Self::map_access(&addr, e))?;
+                Ok(VerbResult::Faa(v))
+            }
+        }
+    }
+
+    /// A read copied in random word-aligned pieces with yields in between, so
+    /// that writers on other tasks and threads land in the middle of it.
+    async fn torn_read(&self, addr: RemoteAddr, len: usize) -> Result<VerbResult> {
+        let mem = self.resolve(&addr)?;
+        mem.check(addr.offset, len as u64)
+            .map_err(|e| Self::map_access(&addr, e))?;
+        let mut buf = vec![0; len];
+        let mut done = 0;
+        while done < len {
+            let piece = 8 * self.rng.borrow_mut().gen_range(1..=4usize);
+            // End pieces on word boundaries of the region.
+            let pos = addr.offset as usize + done;
+            let n = (piece - pos % 8).min(len - done);
+            mem.read(pos as u64, &mut buf[done..done + n])
+                .map_err(|e| Self::map_access(&addr, e))?;
+            done += n;
+            if done < len {
+                std::thread::yield_now();
+                yield_now().await;
+            }
+        }
+        Ok(VerbResult::Read(buf))
+    }
+}
+
+impl EndpointBackend for LocalEndpoint {
+    fn local_node(&self) -> NodeId {
+        self.node
+    }
+
+    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
+        let faults = self.inner.faults.read().clone();
+        if faults.round_trip_latency.is_zero() && !faults.torn_reads {
+            return OpFuture::ready(verbs.into_iter().map(|v| self.perform(v)).collect());
+        }
+        OpFuture::boxed(async move {
+            let half = faults.round_trip_latency / 2;
+            if !half.is_zero() {
+                sleep(half).await;
+            }
+            let mut out = Vec::with_capacity(verbs.len());
+            for v in verbs {
+                out.push(match v {
+                    Verb::Read { addr, len } if faults.torn_reads && len > 8 => {
+                        self.torn_read(addr, len).await?
+                    }
+                    v => self.perform(v)?,
+                });
+            }
+            if !half.is_zero() {
+                sleep(half).await;
+            }
+            Ok(out)
+        })
+    }
+
+    fn call(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        payload: Vec<u8>,
+    ) -> OpFuture<'_, Result<Reply>> {
+        let target = match self.inner.node(node).and_then(|n| n.check_up().map(|_| n)) {
+            Ok(n) => n,
+            Err(e) => return OpFuture::ready(Err(e)),
+        };
+        if target.handler_threads == 0 {
+            return OpFuture::ready(Err(TransportError::Backend(format!(
+                "node {node} has no handler threads and serves no RPCs"
+            ))));
+        }
+        let faults = self.inner.faults.read().clone();
+        let timeout = self.inner.rpc_timeout;
+        let dropped = faults.rpc_drop_probability > 0.0
+            && self
+                .rng
+                .borrow_mut()
+                .gen_bool(faults.rpc_drop_probability.min(1.0));
+        let from = self.node;
+        OpFuture::boxed(async move {
+            let half = faults.round_trip_latency / 2;
+            if !half.is_zero() {
+                sleep(half).await;
+            }
+            if dropped {
+                sleep(timeout).await;
+                return Err(TransportError::Timeout { node });
+            }
+            let (tx, rx) = oneshot::channel();
+            let deliver_at =
+                (!faults.rpc_delay.is_zero()).then(|| Instant::now() + faults.rpc_delay);
+            let req = Request {
+                from,
+                service,
+                payload,
+                reply: tx,
+                deliver_at,
+            };
+            if target.tx.send(Msg::Call(req)).is_err() || target.crashed.load(Ordering::Acquire) {
+                // The node went down around the send; drop whatever is queued
+                // so no caller waits for a reply that cannot come.
+                while target.rx.try_recv().is_ok() {}
+            }
+            let reply = match futures::future::select(rx, sleep(timeout)).await {
+                futures::future::Either::Left((Ok(reply), _)) => reply,
+                futures::future::Either::Left((Err(_canceled), _)) => {
+                    return Err(TransportError::NodeDown(node));
+                }
+                futures::future::Either::Right(_) => return Err(TransportError::Timeout { node }),
+            };
+            if !half.is_zero() {
+                sleep(half).await;
+            }
+            Ok(reply)
+        })
+    }
+}

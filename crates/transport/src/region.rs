@@ -1,0 +1,297 @@
+//! Registered memory: the bytes behind a region, accessed only atomically.
+//!
+//! One-sided verbs from other nodes and the serving node's own code access
+//! the same bytes at the same time, as with RDMA. To keep that sound in Rust
+//! every access goes through `AtomicU64` words: 8-byte aligned words are
+//! single-copy atomic, reads load words in increasing address order with
+//! acquire ordering, and writes store them in increasing address order with
+//! release ordering. A read that races a write may therefore see some words
+//! old and some new (a torn read), exactly as the transport contract allows,
+//! but never a torn word. Partial words at the edges of a write are merged in
+//! by compare-and-swap so neighbouring bytes are never clobbered.
+//!
+//! This module holds the crate's only `unsafe` code: the allocation of the
+//! word array and the view of externally owned memory (UCX pools).
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use thiserror::Error;
+
+/// Regions are allocated in multiples of this (one cache line).
+pub const REGION_ALIGN: usize = 64;
+
+/// An access outside the region or a misaligned atomic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum RegionAccessError {
+    #[error("offset {offset} + length {len} is outside the region of {size} bytes")]
+    OutOfBounds { offset: u64, len: u64, size: u64 },
+    #[error("offset {offset} is not 8-byte aligned")]
+    Misaligned { offset: u64 },
+}
+
+enum Backing {
+    /// Allocated here with this layout; freed on drop.
+    Heap(Layout),
+    /// Owned by someone else (e.g. a UCX memory handle) and kept alive by
+    /// this value until the region drops.
+    External(#[allow(dead_code)] Box<dyn Send + Sync>),
+}
+
+/// The memory of one registered region.
+pub struct RegionMem {
+    words: NonNull<AtomicU64>,
+    len_words: usize,
+    backing: Backing,
+}
+
+// SAFETY: the memory is only ever accessed through `&AtomicU64`, which is
+// `Sync`; the pointer is owned (or kept alive by `backing`) for the lifetime
+// of the value.
+unsafe impl Send for RegionMem {}
+// SAFETY: as above.
+unsafe impl Sync for RegionMem {}
+
+impl RegionMem {
+    /// Allocates `len` bytes (rounded up to a cache line), zeroed. Large
+    /// regions are mapped lazily by the OS, so reserving generously is cheap.
+    pub fn zeroed(len: usize) -> Option<RegionMem> {
+        let len = len.max(REGION_ALIGN).div_ceil(REGION_ALIGN) * REGION_ALIGN;
+        let align = if len >= 1 << 21 { 4096 } else { REGION_ALIGN };
+        let layout = Layout::from_size_align(len, align).ok()?;
+        // SAFETY: `layout` has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let words = NonNull::new(ptr.cast::<AtomicU64>())?;
+        Some(RegionMem {
+            words,
+            len_words: len / 8,
+            backing: Backing::Heap(layout),
+        })
+    }
+
+    /// Views memory owned elsewhere as a region.
+    ///
+    /// # Safety
+    /// `ptr` must be 8-byte aligned and valid for reads and writes of `len`
+    /// bytes for as long as `owner` lives, and while this region exists that
+    /// memory must be accessed only atomically (through regions or by
+    /// hardware that performs 8-byte-atomic accesses, such as an RDMA NIC).
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize, owner: Box<dyn Send + Sync>) -> RegionMem {
+        assert_eq!(ptr as usize % 8, 0, "region memory must be 8-byte aligned");
+        let words = NonNull::new(ptr.cast::<AtomicU64>()).expect("non-null region memory");
+        RegionMem {
+            words,
+            len_words: len / 8,
+            backing: Backing::External(owner),
+        }
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `words` points to `len_words` initialised 8-byte words that
+        // live as long as `self` (see `zeroed` and `from_raw`); `AtomicU64`
+        // has the size and alignment of `u64`, and zero is a valid value.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr(), self.len_words) }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len_words * 8
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len_words == 0
+    }
+
+    /// The base address, for backends that must hand it to hardware.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.words.as_ptr().cast()
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the region.
+    pub fn check(&self, offset: u64, len: u64) -> Result<(), RegionAccessError> {
+        let size = self.len() as u64;
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(RegionAccessError::OutOfBounds { offset, len, size }),
+        }
+    }
+
+    /// The 8-byte word at `offset`, which must be aligned.
+    pub fn word(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
+        if offset % 8 != 0 {
+            return Err(RegionAccessError::Misaligned { offset });
+        }
+        self.check(offset, 8)?;
+        Ok(&self.words()[(offset / 8) as usize])
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` into `out`, loading words
+    /// in increasing address order.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RegionAccessError> {
+        self.check(offset, out.len() as u64)?;
+        let words = self.words();
+        let mut pos = offset as usize;
+        let mut done = 0;
+        while done < out.len() {
+            let w = words[pos / 8].load(Ordering::Acquire).to_le_bytes();
+            let in_word = pos % 8;
+            let n = (8 - in_word).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&w[in_word..in_word + n]);
+            done += n;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes into a new vector.
+    pub fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, RegionAccessError> {
+        let mut v = vec![0; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Stores `data` at `offset`, storing words in increasing address order.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {
+        self.check(offset, data.len() as u64)?;
+        let words = self.words();
+        let mut pos = offset as usize;
+        let mut done = 0;
+        while done < data.len() {
+            let in_word = pos % 8;
+            let n = (8 - in_word).min(data.len() - done);
+            let word = &words[pos / 8];
+            if n == 8 {
+                let v = u64::from_le_bytes(data[done..done + 8].try_into().expect("8 bytes"));
+                word.store(v, Ordering::Release);
+            } else {
+                // Merge the partial word without clobbering its other bytes.
+                let mut cur = word.load(Ordering::Acquire);
+                loop {
+                    let mut b = cur.to_le_bytes();
+                    b[in_word..in_word + n].copy_from_slice(&data[done..done + n]);
+                    match word.compare_exchange_weak(
+                        cur,
+                        u64::from_le_bytes(b),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => break,
+                        Err(actual) => cur = actual,
+                    }
+                }
+            }
+            done += n;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Loads the aligned word at `offset`.
+    pub fn load_u64(&self, offset: u64) -> Result<u64, RegionAccessError> {
+        Ok(self.word(offset)?.load(Ordering::Acquire))
+    }
+
+    /// Stores the aligned word at `offset`.
+    pub fn store_u64(&self, offset: u64, v: u64) -> Result<(), RegionAccessError> {
+        self.word(offset)?.store(v, Ordering::Release);
+        Ok(())
+    }
+
+    /// Compare-and-swap on the aligned word at `offset`; returns the value
+    /// found (equal to `expected` iff the swap happened), like RDMA CAS.
+    pub fn cas_u64(&self, offset: u64, expected: u64, new: u64) -> Result<u64, RegionAccessError> {
+        let w = self.word(offset)?;
+        Ok(
+            match w.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// Fetch-and-add (wrapping) on the aligned word at `offset`; returns the
+    /// previous value, like RDMA FAA.
+    pub fn faa_u64(&self, offset: u64, add: u64) -> Result<u64, RegionAccessError> {
+        Ok(self.word(offset)?.fetch_add(add, Ordering::AcqRel))
+    }
+}
+
+impl Drop for RegionMem {
+    fn drop(&mut self) {
+        if let Backing::Heap(layout) = self.backing {
+            // SAFETY: allocated in `zeroed` with exactly this layout, and no
+            // reference into it outlives `self`.
+            unsafe { std::alloc::dealloc(self.words.as_ptr().cast(), layout) };
+        }
+    }
+}
+
+impl std::fmt::Debug for RegionMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionMem")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn rounds_up_and_zeroes() {
+        let r = RegionMem::zeroed(100).unwrap();
+        assert_eq!(r.len(), 128);
+        assert_eq!(r.read_vec(0, 128).unwrap(), vec![0; 128]);
+    }
+
+    #[test]
+    fn atomics_check_alignment_and_bounds() {
+        let r = RegionMem::zeroed(64).unwrap();
+        assert_eq!(
+            r.cas_u64(3, 0, 1),
+            Err(RegionAccessError::Misaligned { offset: 3 })
+        );
+        assert!(matches!(
+            r.faa_u64(64, 1),
+            Err(RegionAccessError::OutOfBounds { .. })
+        ));
+        assert_eq!(r.cas_u64(8, 0, 5).unwrap(), 0);
+        assert_eq!(
+            r.cas_u64(8, 0, 6).unwrap(),
+            5,
+            "failed CAS returns the value found"
+        );
+        assert_eq!(r.faa_u64(8, 2).unwrap(), 5);
+        assert_eq!(r.load_u64(8).unwrap(), 7);
+    }
+
+    #[test]
+    fn out_of_bounds_and_overflowing_ranges_are_refused() {
+        let r = RegionMem::zeroed(64).unwrap();
+        let mut b = [0u8; 8];
+        assert!(r.read(60, &mut b).is_err());
+        assert!(r.read(u64::MAX - 2, &mut b).is_err());
+        assert!(r.write(57, &b).is_err());
+    }
+
+    proptest! {
+        // Reads and writes at any offset and length behave like a byte array.
+        #[test]
+        fn behaves_like_a_byte_array(ops in prop::collection::vec((0u64..200, prop::collection::vec(any::<u8>(), 0..40)), 1..30)) {
+            let r = RegionMem::zeroed(256).unwrap();
+            let mut model = vec![0u8; 256];
+            for (off, data) in ops {
+                let end = off as usize + data.len();
+                let res = r.write(off, &data);
+                if end <= 256 {
+                    prop_assert!(res.is_ok());
+                    model[off as usize..end].copy_from_slice(&data);
+                } else {
+                    prop_assert!(res.is_err());
+                }
+            }
+            prop_assert_eq!(r.read_vec(0, 256).unwrap(), model);
+        }
+    }
+}

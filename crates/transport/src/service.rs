@@ -1,0 +1,287 @@
+//! Services: the handlers a node runs for RPCs, and the name directory.
+//!
+//! A node's [`ServiceTable`] maps service ids to handlers. Engines register
+//! services and publish regions under names (namespaced by engine instance);
+//! clients resolve names through the directory, service 0, which every node
+//! serves. The table also measures the CPU time of every handler run, which
+//! travels back in the reply and is charged to the caller's counters.
+
+use crate::addr::{AccessKey, NodeId, RegionId, RemoteRegion, ServiceId};
+use crate::cputime::thread_cpu_ns;
+use crate::error::{ErrorCode, ServiceError};
+use crate::wire::{WireReader, WireWriter};
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Who is calling, and where.
+#[derive(Debug, Clone, Copy)]
+pub struct RpcContext {
+    pub caller: NodeId,
+    pub node: NodeId,
+}
+
+/// An RPC handler. It runs on one of the node's handler threads and must not
+/// block for long: on a weak memory node every handler thread is precious.
+pub trait Service: Send + Sync {
+    fn handle(&self, ctx: &RpcContext, request: &[u8]) -> Result<Vec<u8>, ServiceError>;
+}
+
+impl<F> Service for F
+where
+    F: Fn(&RpcContext, &[u8]) -> Result<Vec<u8>, ServiceError> + Send + Sync,
+{
+    fn handle(&self, ctx: &RpcContext, request: &[u8]) -> Result<Vec<u8>, ServiceError> {
+        self(ctx, request)
+    }
+}
+
+/// What comes back from an RPC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub result: Result<Vec<u8>, ServiceError>,
+    /// CPU time the handler thread spent serving the request.
+    pub server_cpu_ns: u64,
+}
+
+impl Reply {
+    /// Encodes the reply for backends that send it as bytes:
+    /// `status u8 (0 = ok, else ErrorCode) | cpu_ns u64 | payload or message`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = WireWriter::new();
+        match &self.result {
+            Ok(p) => {
+                w.u8(0).u64(self.server_cpu_ns).raw(p);
+            }
+            Err(e) => {
+                w.u8(e.code as u8)
+                    .u64(self.server_cpu_ns)
+                    .raw(e.message.as_bytes());
+            }
+        }
+        w.finish()
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Reply, crate::wire::WireError> {
+        let mut r = WireReader::new(buf);
+        let status = r.u8()?;
+        let server_cpu_ns = r.u64()?;
+        let rest = r.raw(r.remaining())?.to_vec();
+        let result = if status == 0 {
+            Ok(rest)
+        } else {
+            let code = ErrorCode::from_u8(status)
+                .ok_or_else(|| crate::wire::WireError(format!("unknown reply status {status}")))?;
+            Err(ServiceError::new(
+                code,
+                String::from_utf8_lossy(&rest).into_owned(),
+            ))
+        };
+        Ok(Reply {
+            result,
+            server_cpu_ns,
+        })
+    }
+}
+
+/// Directory requests (service 0): `op u8 | name str`.
+pub(crate) mod directory {
+    pub const RESOLVE_SERVICE: u8 = 1;
+    pub const RESOLVE_REGION: u8 = 2;
+}
+
+type Handler = Arc<dyn Service>;
+
+/// The services and published regions of one node.
+#[derive(Default)]
+pub struct ServiceTable {
+    handlers: RwLock<HashMap<u32, (String, Handler)>>,
+    names: RwLock<HashMap<String, ServiceId>>,
+    regions: RwLock<HashMap<String, RemoteRegion>>,
+    next_id: AtomicU32,
+    served: AtomicU64,
+    handler_cpu_ns: AtomicU64,
+}
+
+impl ServiceTable {
+    pub fn new() -> Self {
+        Self {
+            next_id: AtomicU32::new(1),
+            ..Default::default()
+        }
+    }
+
+    /// Registers `handler` under `name`; the name must be new on this node.
+    pub fn register(
+        &self,
+        name: &str,
+        handler: Arc<dyn Service>,
+    ) -> Result<ServiceId, ServiceError> {
+        let mut names = self.names.write();
+        if names.contains_key(name) {
+            return Err(ServiceError::failed(format!(
+                "service {name:?} is already registered"
+            )));
+        }
+        let id = ServiceId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        self.handlers
+            .write()
+            .insert(id.0, (name.to_string(), handler));
+        names.insert(name.to_string(), id);
+        Ok(id)
+    }
+
+    /// Removes the service registered under `name`, if any.
+    pub fn unregister(&self, name: &str) {
+        if let Some(id) = self.names.write().remove(name) {
+            self.handlers.write().remove(&id.0);
+        }
+    }
+
+    /// Makes `region` findable under `name` (replacing an older entry).
+    pub fn publish_region(&self, name: &str, region: RemoteRegion) {
+        self.regions.write().insert(name.to_string(), region);
+    }
+
+    /// Removes a published region name.
+    pub fn unpublish_region(&self, name: &str) {
+        self.regions.write().remove(name);
+    }
+
+    pub fn resolve_service(&self, name: &str) -> Option<ServiceId> {
+        self.names.read().get(name).copied()
+    }
+
+    pub fn resolve_region(&self, name: &str) -> Option<RemoteRegion> {
+        self.regions.read().get(name).copied()
+    }
+
+    /// RPCs served and the handler CPU they took, since the node started.
+    pub fn served(&self) -> (u64, u64) {
+        (
+            self.served.load(Ordering::Relaxed),
+            self.handler_cpu_ns.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Runs the handler for `service` and measures its CPU time. A panicking
+    /// handler becomes an error reply; the handler thread survives.
+    pub fn dispatch(&self, ctx: &RpcContext, service: ServiceId, request: &[u8]) -> Reply {
+        let start = thread_cpu_ns();
+        let result = if service == ServiceId::DIRECTORY {
+            self.directory(ctx.node, request)
+        } else {
+            let handler = self.handlers.read().get(&service.0).map(|(_, h)| h.clone());
+            match handler {
+                None => Err(ServiceError::new(
+                    ErrorCode::UnknownService,
+                    format!("no service with id {} on node {}", service.0, ctx.node),
+                )),
+                Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(ctx, request)))
+                    .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked"))),
+            }
+        };
+        let server_cpu_ns = thread_cpu_ns().saturating_sub(start);
+        self.served.fetch_add(1, Ordering::Relaxed);
+        self.handler_cpu_ns
+            .fetch_add(server_cpu_ns, Ordering::Relaxed);
+        Reply {
+            result,
+            server_cpu_ns,
+        }
+    }
+
+    fn directory(&self, node: NodeId, request: &[u8]) -> Result<Vec<u8>, ServiceError> {
+        let mut r = WireReader::new(request);
+        let op = r.u8()?;
+        let name = r.str()?;
+        r.end()?;
+        let mut w = WireWriter::new();
+        match op {
+            directory::RESOLVE_SERVICE => {
+                let id = self.resolve_service(name).ok_or_else(|| {
+                    ServiceError::new(
+                        ErrorCode::UnknownService,
+                        format!("no service named {name:?} on node {node}"),
+                    )
+                })?;
+                w.u32(id.0);
+            }
+            directory::RESOLVE_REGION => {
+                let reg = self.resolve_region(name).ok_or_else(|| {
+                    ServiceError::failed(format!("no region named {name:?} on node {node}"))
+                })?;
+                w.u16(reg.node.0).u32(reg.id.0).u64(reg.key.0).u64(reg.len);
+            }
+            op => {
+                return Err(ServiceError::malformed(format!(
+                    "unknown directory op {op}"
+                )));
+            }
+        }
+        Ok(w.finish())
+    }
+}
+
+pub(crate) fn decode_region(buf: &[u8]) -> Result<RemoteRegion, crate::wire::WireError> {
+    let mut r = WireReader::new(buf);
+    let reg = RemoteRegion {
+        node: NodeId(r.u16()?),
+        id: RegionId(r.u32()?),
+        key: AccessKey(r.u64()?),
+        len: r.u64()?,
+    };
+    r.end()?;
+    Ok(reg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> RpcContext {
+        RpcContext {
+            caller: NodeId(1),
+            node: NodeId(0),
+        }
+    }
+
+    #[test]
+    fn unknown_service_and_panics_become_error_replies() {
+        let t = ServiceTable::new();
+        let r = t.dispatch(&ctx(), ServiceId(99), b"x");
+        assert_eq!(r.result.unwrap_err().code, ErrorCode::UnknownService);
+        let id = t
+            .register(
+                "boom",
+                Arc::new(
+                    |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> { panic!("boom") },
+                ),
+            )
+            .unwrap();
+        let r = t.dispatch(&ctx(), id, b"");
+        assert_eq!(r.result.unwrap_err().code, ErrorCode::Failed);
+    }
+
+    #[test]
+    fn duplicate_names_are_refused() {
+        let t = ServiceTable::new();
+        let h: Arc<dyn Service> = Arc::new(|_: &RpcContext, r: &[u8]| Ok(r.to_vec()));
+        t.register("echo", h.clone()).unwrap();
+        assert!(t.register("echo", h).is_err());
+    }
+
+    #[test]
+    fn reply_encoding_round_trips() {
+        for result in [Ok(vec![1, 2, 3]), Err(ServiceError::malformed("bad"))] {
+            let r = Reply {
+                result,
+                server_cpu_ns: 77,
+            };
+            assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
+        }
+        assert!(Reply::decode(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    }
+}
