@@ -1,0 +1,16 @@
+//! # dmkv-testkit: the test suites every engine runs
+//!
+//! - [`oracle`]: random operation sequences applied to an engine and to a
+//!   `BTreeMap`, compared result by result (driven by proptest, so failures
+//!   shrink), single- and multi-client.
+//! - [`history`]: several threads x tasks racing writers against readers,
+//!   with or without torn reads injected; every read is checked to return a
+//!   value some write produced and never a value older than a write that
+//!   completed before the read began.
+//! - [`bad_input`]: reserved keys, oversized values, scans where unsupported.
+//! - [`reference`]: a trivially correct engine to test the suites and the
+//!   harness themselves.
+
+#![forbid(unsafe_code)]
+
+pub mod reference;
