@@ -117,7 +117,10 @@ impl SlabAllocator {
     /// Blocks of `block` bytes (a multiple of 8) from `[start, end)` of
     /// `region`.
     pub fn new(name: &str, region: &Region, block: u64, start: u64, end: u64) -> SlabAllocator {
-        assert!(block > 0 && block % 8 == 0, "blocks are whole words");
+        assert!(
+            block > 0 && block.is_multiple_of(8),
+            "blocks are whole words"
+        );
         assert!(
             start <= end && end <= region.len(),
             "slab range inside the region"
@@ -145,8 +148,10 @@ impl SlabAllocator {
 
     /// Index of the block at `offset`, if it is a block boundary of this slab.
     pub fn index_of(&self, offset: u64) -> Option<u64> {
-        (offset >= self.start && offset < self.end && (offset - self.start) % self.block == 0)
-            .then(|| (offset - self.start) / self.block)
+        (offset >= self.start
+            && offset < self.end
+            && (offset - self.start).is_multiple_of(self.block))
+        .then(|| (offset - self.start) / self.block)
     }
 
     /// Offset of block `index`.
@@ -274,7 +279,9 @@ impl SizeClassAllocator {
 
     pub fn free(&self, offset: u64, size: u64) -> Result<(), AllocError> {
         let class = self.class_size(size)?;
-        if offset % class.min(64) != 0 || offset < self.bump.start || offset + class > self.bump.end
+        if !offset.is_multiple_of(class.min(64))
+            || offset < self.bump.start
+            || offset + class > self.bump.end
         {
             return Err(AllocError::BadFree {
                 offset,

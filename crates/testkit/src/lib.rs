@@ -13,4 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bad_input;
+pub mod history;
+pub mod oracle;
 pub mod reference;

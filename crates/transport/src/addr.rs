@@ -61,7 +61,7 @@ pub struct RemoteAddr {
 }
 
 impl RemoteAddr {
-    pub fn add(self, bytes: u64) -> RemoteAddr {
+    pub fn offset_by(self, bytes: u64) -> RemoteAddr {
         RemoteAddr {
             offset: self.offset + bytes,
             ..self

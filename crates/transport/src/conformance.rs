@@ -330,11 +330,10 @@ impl Rendezvous {
         *g += 1;
         self.max_inside.fetch_max(*g, Ordering::SeqCst);
         self.cv.notify_all();
-        let ok = !self
+        !self
             .cv
             .wait_while_for(&mut g, |inside| *inside < self.n, Duration::from_secs(10))
-            .timed_out();
-        ok
+            .timed_out()
     }
 }
 

@@ -118,7 +118,7 @@ impl RegionMem {
 
     /// The 8-byte word at `offset`, which must be aligned.
     pub fn word(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(RegionAccessError::Misaligned { offset });
         }
         self.check(offset, 8)?;

@@ -150,6 +150,13 @@ impl ServiceTable {
         self.regions.write().remove(name);
     }
 
+    /// Names of the registered services (the directory is not listed).
+    pub fn service_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.names.read().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
     pub fn resolve_service(&self, name: &str) -> Option<ServiceId> {
         self.names.read().get(name).copied()
     }
