@@ -113,7 +113,8 @@ pub fn handle(tree: &XTree, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
             let n = r.u32()? as usize;
             r.end()?;
             // `more`: pairs were left out for size, so the client continues.
-            let pairs = tree.scan(start, n)?;
+            let limit = n.min(SCAN_MAX_PAIRS);
+            let pairs = tree.scan(start, limit)?;
             let mut body = WireWriter::new();
             let mut taken = 0u32;
             for (k, v) in &pairs {
@@ -123,9 +124,8 @@ pub fn handle(tree: &XTree, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
                 body.u64(*k).bytes(v);
                 taken += 1;
             }
-            w.bool((taken as usize) < pairs.len())
-                .u32(taken)
-                .raw(&body.finish());
+            let more = (taken as usize) < pairs.len() || (pairs.len() == limit && limit < n);
+            w.bool(more).u32(taken).raw(&body.finish());
         }
         LOAD => {
             let n = r.count(12)?;

@@ -21,6 +21,10 @@ pub const FIND_LEAF: u8 = 10;
 /// (at most 100 pairs of small values) never reach it.
 pub const SCAN_REPLY_BYTES: usize = 256 * 1024;
 
+/// Most pairs one SCAN reply can hold (each takes at least 12 bytes), so a
+/// hostile `n` cannot make the node collect more than it can send.
+pub const SCAN_MAX_PAIRS: usize = SCAN_REPLY_BYTES / 12;
+
 /// Bytes of LOAD requests the client packs into one RPC.
 pub const LOAD_REQUEST_BYTES: usize = 256 * 1024;
 

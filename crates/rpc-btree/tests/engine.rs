@@ -160,3 +160,26 @@ fn hinted_updates_over_rpc() {
         assert!(c.update_hinted(7, b"x", bad).await.is_err());
     });
 }
+
+#[test]
+fn long_scans_continue_past_the_reply_limit() {
+    let mut o = opts(16, 1, 1);
+    o.knobs.set("value_bytes", &(4 << 20).to_string());
+    let d = LocalDeployment::deploy(&SPEC, &o).unwrap();
+    let (ep, s) = d.client(0).unwrap();
+    let big = vec![3u8; dmkv_xtree::MAX_VALUE_LEN];
+    block_on(async {
+        for k in 0..40u64 {
+            assert!(s.insert(k, &big).await.unwrap());
+        }
+        ep.reset_counters();
+        let got = labeled(OpKind::Scan, s.scan(0, 100)).await.unwrap();
+        assert_eq!(got.len(), 40);
+        assert!(got.iter().all(|(_, v)| *v == big));
+        let got = labeled(OpKind::Scan, s.scan(5, 20)).await.unwrap();
+        assert_eq!(got.first().map(|p| p.0), Some(5));
+        assert_eq!(got.len(), 20);
+    });
+    // 256 KiB replies hold 15 values of 16 KiB: 40 pairs take 3 RPCs, 20 take 2.
+    assert_eq!(ep.counters().get(OpKind::Scan).rpcs, 5);
+}

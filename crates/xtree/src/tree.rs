@@ -1091,12 +1091,18 @@ impl XTree {
         let mut node = self.root().node;
         let mut path = Vec::new();
         loop {
+            // A node's level never changes, so its meta word tells a leaf
+            // even while another handler is writing that leaf (whose other
+            // words must not be parsed unvalidated).
+            let meta = self
+                .node_mem(node)
+                .load(self.geo.payload_word(Geometry::META));
+            if meta & 0xFF == 0 {
+                return (node, path);
+            }
             let img = self
                 .read_locked(node)
                 .expect("inner nodes are valid while the tree lock is held");
-            if img.level() == 0 {
-                return (node, path);
-            }
             let (j, child) = img
                 .child_for(key)
                 .expect("inner nodes on a descent from the root cover the key");
