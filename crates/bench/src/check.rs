@@ -239,3 +239,122 @@ impl Checker<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Trace, TraceOp, TraceOpKind};
+    use dmkv_api::payload::make_value;
+
+    /// Keys 10, 20, 30, 40, 50 loaded; 35 inserted later (absent now).
+    fn plan() -> Plan {
+        let mut ops: Vec<TraceOp> = [10, 20, 30, 40, 50]
+            .map(|key| TraceOp {
+                kind: TraceOpKind::Read,
+                key,
+            })
+            .to_vec();
+        ops.push(TraceOp {
+            kind: TraceOpKind::Insert,
+            key: 35,
+        });
+        Plan::from_trace(
+            &Trace {
+                ops,
+                lines: 6,
+                ignored_lines: 0,
+            },
+            1,
+            1,
+            &[],
+        )
+        .unwrap()
+    }
+
+    fn pairs(keys: &[u64]) -> Vec<(u64, Vec<u8>)> {
+        keys.iter().map(|&k| (k, make_value(k, 1, 8))).collect()
+    }
+
+    fn scan(start: u64, n: usize, keys: &[u64]) -> Findings {
+        let plan = plan();
+        let states = KeyStates::new(plan.keys().len(), plan.loaded());
+        let c = Checker {
+            plan: &plan,
+            states: &states,
+        };
+        let mut f = Findings::default();
+        c.scan(start, n, states.stamp(), &pairs(keys), &mut f);
+        f
+    }
+
+    #[test]
+    fn correct_scans_pass() {
+        assert_eq!(scan(0, 10, &[10, 20, 30, 40, 50]).total(), 0);
+        assert_eq!(scan(15, 2, &[20, 30]).total(), 0);
+        assert_eq!(scan(31, 1, &[40]).total(), 0);
+        assert_eq!(scan(51, 5, &[]).total(), 0);
+        assert_eq!(scan(0, 0, &[]).total(), 0);
+    }
+
+    #[test]
+    fn wrong_scans_are_caught() {
+        let cases: [(u64, usize, &[u64], Problem); 8] = [
+            (0, 10, &[10, 30, 40, 50], Problem::Missing),
+            (0, 3, &[10, 20, 40], Problem::Missing),
+            (0, 10, &[10, 20, 30, 40], Problem::Missing),
+            (0, 2, &[10, 20, 30], Problem::BadScan),
+            (0, 10, &[20, 10, 30, 40, 50], Problem::BadScan),
+            (0, 10, &[10, 10, 20, 30, 40, 50], Problem::BadScan),
+            (25, 10, &[20, 30, 40, 50], Problem::BadScan),
+            (0, 10, &[10, 20, 30, 35, 40, 50], Problem::Unexpected),
+        ];
+        for (start, n, keys, problem) in cases {
+            let f = scan(start, n, keys);
+            assert!(f.count(problem) > 0, "scan({start}, {n}) = {keys:?}: {f:?}");
+        }
+        assert_eq!(
+            scan(0, 10, &[7, 10, 20, 30, 40, 50]).count(Problem::ForeignKey),
+            1
+        );
+    }
+
+    #[test]
+    fn values_must_be_the_keys_and_from_the_run() {
+        let plan = plan();
+        let states = KeyStates::new(plan.keys().len(), plan.loaded());
+        let c = Checker {
+            plan: &plan,
+            states: &states,
+        };
+        let i = plan.index_of(20).unwrap();
+        assert_eq!(c.value(i, &make_value(20, 1, 8)), Ok(1));
+        assert_eq!(
+            c.value(i, &make_value(30, 1, 8)).unwrap_err().0,
+            Problem::CorruptValue
+        );
+        assert_eq!(
+            c.value(i, &make_value(20, 2, 8)).unwrap_err().0,
+            Problem::FutureVersion
+        );
+        assert_eq!(states.next_version(i), 2);
+        assert_eq!(c.value(i, &make_value(20, 2, 8)), Ok(2));
+        let mut f = Findings::default();
+        let absent = plan.index_of(35).unwrap();
+        c.get(
+            "get",
+            absent,
+            states.stamp(),
+            Some(&make_value(35, 0, 8)),
+            &mut f,
+        );
+        assert_eq!(f.count(Problem::Unexpected), 1);
+        assert_eq!(f.count(Problem::FutureVersion), 1);
+        c.get("get", i, states.stamp(), None, &mut f);
+        assert_eq!(f.count(Problem::Missing), 1);
+        c.outcome("update", i, Some(true), false, &mut f);
+        c.outcome("update", i, None, false, &mut f);
+        assert_eq!(f.count(Problem::WrongResult), 1);
+        assert_eq!(f.total(), 4);
+        assert_eq!(f.samples.len(), 4);
+    }
+}
