@@ -67,10 +67,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
     /// Keys loaded before the run.
-    #[arg(long, value_name = "N", default_value_t = defaults::KEYS)]
+    #[arg(long, value_name = "N", default_value_t = defaults::KEYS, conflicts_with = "trace")]
     pub keys: u64,
     /// Operations in the run.
-    #[arg(long, value_name = "N", default_value_t = defaults::OPS)]
+    #[arg(long, value_name = "N", default_value_t = defaults::OPS, conflicts_with = "trace")]
     pub ops: u64,
     /// Value size in bytes (at least 8: values check themselves).
     #[arg(long, value_name = "BYTES", default_value_t = defaults::VALUE_SIZE)]

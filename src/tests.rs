@@ -263,10 +263,9 @@ fn shell_reads_a_script_from_stdin() {
 }
 
 #[test]
-fn a_failing_run_exits_1() {
+fn a_trace_replays_through_the_cli() {
     // A trace that inserts a key twice: the second insert must say the key
-    // exists; the reference engine does, so this passes, and proves the
-    // replay path end to end through the CLI.
+    // exists, and the read must find the first value.
     let dir = std::env::temp_dir().join(format!("dmkv-cli-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("t.log");
@@ -289,5 +288,111 @@ fn a_failing_run_exits_1() {
         "{}",
         o.out
     );
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--keys",
+            "5",
+        ],
+        "cannot be used with",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The reference engine with a load that loses the first pair of every
+/// chunk: a wrong engine the harness must catch.
+mod lossy {
+    use async_trait::async_trait;
+    use dmkv_api::{
+        Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvStore, Result, ServeArgs,
+    };
+    use dmkv_memnode::NodeRuntime;
+    use dmkv_testkit::reference::Reference;
+    use dmkv_transport::{Endpoint, NodeId};
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    pub struct LossyLoad;
+
+    impl EngineSpec for LossyLoad {
+        fn name(&self) -> &'static str {
+            "lossy-load"
+        }
+        fn about(&self) -> &'static str {
+            "loses a pair per load chunk"
+        }
+        fn knobs(&self) -> &'static [KnobSpec] {
+            &[]
+        }
+        fn serve(&self, rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
+            Reference.serve(rt, args)
+        }
+        fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
+            Ok(Arc::new(Lossy(Reference.connect(args)?)))
+        }
+    }
+
+    struct Lossy(Arc<dyn Engine>);
+
+    #[async_trait(?Send)]
+    impl Engine for Lossy {
+        fn name(&self) -> &'static str {
+            "lossy-load"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn home_node(&self, thread: usize) -> NodeId {
+            self.0.home_node(thread)
+        }
+        async fn client(&self, ep: Rc<Endpoint>, thread: usize) -> Result<Rc<dyn KvStore>> {
+            self.0.client(ep, thread).await
+        }
+        async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
+            self.0.load(ep, &pairs[1..]).await
+        }
+        async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
+            self.0.stats(ep).await
+        }
+        fn client_cache_bytes(&self) -> u64 {
+            0
+        }
+    }
+}
+
+#[test]
+fn a_wrong_engine_fails_the_run_with_exit_code_1() {
+    let registry = crate::engines::Registry {
+        engines: &[&dmkv_testkit::reference::Reference, &lossy::LossyLoad],
+        default_set: &["reference", "lossy-load"],
+    };
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let argv = ["dmkv", "bench", "--keys", "100", "--ops", "200", "--verify"]
+        .map(OsString::from)
+        .to_vec();
+    let code = run(
+        &registry,
+        argv,
+        &mut Io {
+            stdin: &mut "".as_bytes(),
+            stdin_is_terminal: false,
+            out: &mut out,
+            err: &mut err,
+            progress: false,
+        },
+    );
+    let (out, err) = (
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    );
+    assert_eq!(code, EXIT_FAILED, "{out}\n{err}");
+    assert!(err.contains("FAILED: lossy-load"), "{err}");
+    assert!(out.contains("relative to reference"), "{out}");
+    assert!(out.contains("FAILED: 0 mismatched, 1 missing"), "{out}");
+    assert!(out.contains("lossy-load: verify: key"), "{out}");
 }
