@@ -312,14 +312,6 @@ pub struct EngineReport {
     pub ok: bool,
 }
 
-impl EngineReport {
-    pub fn by_op_order(&self) -> impl Iterator<Item = (&'static str, &OpReport)> {
-        OpType::ALL
-            .iter()
-            .filter_map(|t| self.by_op.get(t.name()).map(|r| (t.name(), r)))
-    }
-}
-
 /// Writes the reports as JSON: an object for one engine, an array for more.
 pub fn write_json(path: &Path, reports: &[EngineReport]) -> io::Result<()> {
     let text = if reports.len() == 1 {

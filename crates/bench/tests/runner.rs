@@ -6,7 +6,7 @@ mod support;
 
 use dmkv_bench::report::EngineReport;
 use dmkv_bench::{BenchConfig, BenchError, Dist, KeysetSpec, Workload, WorkloadSource};
-use support::{Fault, Faulty, NAIVE_VALUE, NaiveSlots, choice, reference, small};
+use support::{Fault, Faulty, KEYS, NAIVE_VALUE, NaiveSlots, OPS, choice, reference, small};
 
 fn run_one(cfg: &BenchConfig) -> EngineReport {
     let outcome = dmkv_bench::run(cfg).expect("the run starts");
@@ -75,21 +75,17 @@ fn reference_passes_every_workload_with_torn_reads_and_verify() {
         let r = run_one(&cfg);
         assert_clean(&r);
         assert_counters_add_up(&r);
-        assert_eq!(r.keys, 2_000);
-        assert_eq!(r.load.keys, 2_000);
+        assert_eq!(r.keys, KEYS);
+        assert_eq!(r.load.keys, KEYS);
         assert_eq!((r.threads, r.tasks_per_thread), (2, 4));
         if w == Workload::Load {
             assert_eq!(r.ops, 0);
-            assert_eq!(r.verify.checked, 2_000);
+            assert_eq!(r.verify.checked, KEYS);
             continue;
         }
-        assert_eq!(r.ops, 4_000, "{w}");
+        assert_eq!(r.ops, OPS, "{w}");
         let inserts = r.by_op.get("insert").map_or(0, |o| o.count);
-        assert_eq!(
-            r.verify.checked,
-            2_000 + inserts,
-            "{w}: every key read back"
-        );
+        assert_eq!(r.verify.checked, KEYS + inserts, "{w}: every key read back");
         // The reference engine: one RPC, one round trip, no verbs per op.
         for (name, o) in &r.by_op {
             let rpcs = if name == "rmw" { 2.0 } else { 1.0 };
@@ -104,27 +100,30 @@ fn reference_passes_every_workload_with_torn_reads_and_verify() {
 fn per_op_counters_are_exact() {
     let r = run_one(&small(vec![reference()], Workload::YcsbC));
     let get = &r.by_op["get"];
-    assert_eq!(get.count, 4_000);
+    assert_eq!(get.count, OPS);
     // A get request is op (1) + key (8); its reply is found (1) + length
     // (4) + the 8-byte value; every key exists in YCSB C.
     assert_eq!(get.per_op.bytes_written, 9.0);
     assert_eq!(get.per_op.bytes_read, 13.0);
     assert_eq!(r.per_op.bytes_read, 13.0);
-    assert_eq!(r.counters_by_kind["get"].rpcs, 4_000);
-    // The load went in chunks of 4096 pairs: one RPC per 1024 pairs in the
-    // reference engine, so 2 RPCs for 2000 keys.
-    assert_eq!(r.load.per_key.rpcs * 2_000.0, 2.0);
+    assert_eq!(r.counters_by_kind["get"].rpcs, OPS);
+    // The load went in one chunk of 4096 pairs or fewer: one RPC per 1024
+    // pairs in the reference engine.
+    assert_eq!(
+        (r.load.per_key.rpcs * KEYS as f64).round() as u64,
+        KEYS.div_ceil(1024)
+    );
     // --verify read every key once, one RPC each.
-    assert_eq!(r.verify_counters.rpcs, 2_000);
+    assert_eq!(r.verify_counters.rpcs, KEYS);
     // Memory-node figures cover the run: the stats service is not called in
     // process, so every RPC served was one of the run's.
-    assert_eq!(r.memnode.rpcs_served, 4_000);
+    assert_eq!(r.memnode.rpcs_served, OPS);
     assert!(r.memnode.handler_cpu_ns > 0);
 
     let f = run_one(&small(vec![reference()], Workload::YcsbF));
     let rmw = &f.by_op["rmw"];
     let reads = f.by_op["get"].count;
-    assert_eq!(rmw.count + reads, 4_000);
+    assert_eq!(rmw.count + reads, OPS);
     // A read-modify-write is one op charged as a get and an update.
     assert_eq!(f.counters_by_kind["get"].rpcs, reads + rmw.count);
     assert_eq!(f.counters_by_kind["update"].rpcs, rmw.count);
@@ -188,8 +187,8 @@ fn wrong_engines_are_caught() {
         Fault::DropFirstLoadedPairPerChunk,
         Workload::YcsbC,
     );
-    // 2000 keys in chunks of 100: one key lost per chunk.
-    assert_eq!(r.verify.missing, 20);
+    // Chunks of 100 keys: one key lost per chunk.
+    assert_eq!(r.verify.missing, KEYS / 100);
     assert_eq!(r.verify.mismatches, 0);
     assert!(r.checks.by_problem["missing"] > 0, "{:?}", r.checks);
 

@@ -27,12 +27,16 @@ pub fn reference() -> EngineChoice {
     choice(&Reference)
 }
 
+/// Keys and operations of [`small`] runs.
+pub const KEYS: u64 = 1_000;
+pub const OPS: u64 = 2_000;
+
 /// A small, quick configuration of `workload` on `engines`.
 pub fn small(engines: Vec<EngineChoice>, workload: Workload) -> BenchConfig {
     let mut cfg = BenchConfig::new(engines);
     cfg.workload = WorkloadSource::Synthetic(workload);
-    cfg.keys = 2_000;
-    cfg.ops = 4_000;
+    cfg.keys = KEYS;
+    cfg.ops = OPS;
     cfg.threads = 2;
     cfg.tasks = 4;
     cfg.verify = true;
