@@ -19,8 +19,8 @@ pub struct Registry {
 /// testing the harness) can be chosen with `--engine reference` but is not
 /// one of the designs compared by default.
 pub const REGISTRY: Registry = Registry {
-    engines: &[&Reference],
-    default_set: &[],
+    engines: &[&dmkv_rpc_btree::SPEC, &dmkv_cell::SPEC, &Reference],
+    default_set: &["rpc-btree", "cell"],
 };
 
 impl Registry {
