@@ -110,6 +110,13 @@ pub struct BenchArgs {
     /// An engine setting, e.g. --set xstore.submodels=500000 (repeatable).
     #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
     pub set: Vec<String>,
+    /// Local transport: copy every read in pieces, yielding between them, so
+    /// that concurrent writes tear it (engines must detect and retry).
+    #[arg(long)]
+    pub torn_reads: bool,
+    /// Local transport: add this network latency to every round trip.
+    #[arg(long, value_name = "MICROS", default_value_t = 0)]
+    pub rtt_us: u64,
 }
 
 #[derive(Debug, Args)]
@@ -284,6 +291,8 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     cfg.data_dir = a.data_dir;
     cfg.verify = a.verify;
     cfg.seed = a.seed;
+    cfg.local.faults.torn_reads = a.torn_reads;
+    cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.progress = io.progress;
     cfg.validate().map_err(bench_failure)?;
     // Fail on an unwritable report path before spending minutes on a run.
