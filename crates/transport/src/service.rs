@@ -70,14 +70,15 @@ struct Pending {
 
 impl Pending {
     fn try_send(&mut self) {
-        if let (Some(cpu), Some(_)) = (self.handler_cpu_ns, &self.answer) {
-            if let Some(send) = self.send.take() {
-                let result = self.answer.take().expect("checked above");
-                send(Reply {
-                    result,
-                    server_cpu_ns: cpu,
-                });
-            }
+        let (Some(server_cpu_ns), true) = (self.handler_cpu_ns, self.answer.is_some()) else {
+            return;
+        };
+        if let Some(send) = self.send.take() {
+            let result = self.answer.take().expect("checked above");
+            send(Reply {
+                result,
+                server_cpu_ns,
+            });
         }
     }
 }
