@@ -797,10 +797,8 @@ impl Client {
         let reply = self.call(p, w.finish()).await?;
         let mut r = WireReader::new(&reply);
         let done = wire(r.bool())?;
-        if op == OP_UPDATE {
-            if wire(r.bool())? && hinted {
-                ClientStats::bump(&self.stats().hints_used);
-            }
+        if op == OP_UPDATE && wire(r.bool())? && hinted {
+            ClientStats::bump(&self.stats().hints_used);
         }
         wire(r.end())?;
         Ok(done)

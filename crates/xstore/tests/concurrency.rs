@@ -5,7 +5,7 @@
 use dmkv_api::ConnectArgs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_api::{EngineSpec, Knobs, KvStore, ServeArgs};
+use dmkv_api::{EngineSpec, Knobs, ServeArgs};
 use dmkv_memnode::NodeRuntime;
 use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
 use dmkv_testkit::history::{RaceConfig, race};

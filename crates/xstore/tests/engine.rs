@@ -2,9 +2,9 @@
 //! absent keys, oracle (single and multi-client), races with splits and
 //! retraining, torn reads, bad input, cache modes, partitions.
 
+use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_api::{Knobs, KvStore};
 use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{OpKind, labeled};

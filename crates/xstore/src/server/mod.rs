@@ -44,6 +44,9 @@ const WALK_CHUNK: usize = 4096;
 /// Stripes ordering writes to one key with their log versions.
 const STRIPES: usize = 1024;
 
+/// Key-value pairs of a scan.
+type Pairs = Vec<(u64, Vec<u8>)>;
+
 /// Why a full training runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FullReason {
@@ -365,11 +368,7 @@ impl Server {
 
     /// Up to `n` pairs from `start`, stopping early (incomplete) when the
     /// reply would grow past [`MAX_REPLY_BYTES`].
-    fn scan(
-        &self,
-        start: u64,
-        n: usize,
-    ) -> std::result::Result<(Vec<(u64, Vec<u8>)>, bool), ServiceError> {
+    fn scan(&self, start: u64, n: usize) -> std::result::Result<(Pairs, bool), ServiceError> {
         let mut out = Vec::new();
         let mut bytes = 64;
         let mut cursor = start;
@@ -721,7 +720,7 @@ impl Server {
                 .map_err(|e| PublishError::Full(e.to_string()))?;
             for l in &chunk {
                 for &k in &l.info.keys {
-                    if rank % stride == 0 {
+                    if rank.is_multiple_of(stride) {
                         samples.push((k, rank));
                     }
                     rank += 1;

@@ -90,7 +90,7 @@ impl Generation {
     /// The sub-models whose TT names `leaf`.
     pub fn subs_of_leaf(&self, leaf: u32) -> Option<(u32, u32)> {
         let w = self.leaf_subs.get(leaf as usize)?.load(Ordering::Acquire);
-        (w != NO_SUBS).then(|| ((w >> 32) as u32, w as u32))
+        (w != NO_SUBS).then_some(((w >> 32) as u32, w as u32))
     }
 
     fn note_leaves(&self, i: u32, entries: &[u64]) {
