@@ -195,6 +195,16 @@ impl PartClient {
         Some(new)
     }
 
+    /// Drops sub-model `i` of `g` from the cache (its TT block was reused:
+    /// the record is stale).
+    pub fn evict_sub(&self, g: &GenCache, i: u32) {
+        if let Some(slot) = g.subs.get(i as usize)
+            && let Some(old) = slot.write().take()
+        {
+            self.account(-old.bytes());
+        }
+    }
+
     /// Applies the model part of a fallback reply.
     pub fn install_update(&self, update: ModelUpdate) {
         match update {

@@ -233,12 +233,7 @@ impl Client {
                                 return Ok(Lookup::Fallback(FallbackCause::Model));
                             }
                             // Retrained since the record was read: re-read it.
-                            if let Some(gc) = p.cached_gen()
-                                && gc.header.generation == g.header.generation
-                                && let Some(slot) = gc.subs.get(i as usize)
-                            {
-                                *slot.write() = None;
-                            }
+                            p.evict_sub(&g, i);
                             continue 'model;
                         };
                         targets.extend(raw.iter().map(|&w| {
