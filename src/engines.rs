@@ -25,7 +25,7 @@ pub const REGISTRY: Registry = Registry {
         &dmkv_cell::SPEC,
         &Reference,
     ],
-    default_set: &["rpc-btree", "cell"],
+    default_set: &["xstore", "rpc-btree", "cell"],
 };
 
 impl Registry {
