@@ -75,6 +75,9 @@ pub struct LocalAlloc {
     /// Freed value blocks by class: (offset, tag they were freed with).
     free: HashMap<u64, Vec<(u64, u8)>>,
     pub chunks: u64,
+    /// A task of this client is fetching a chunk: others wait for it
+    /// instead of fetching (and wasting) chunks of their own.
+    pub fetching: bool,
 }
 
 impl LocalAlloc {

@@ -51,7 +51,7 @@ impl GAddr {
     pub const NULL: GAddr = GAddr(0);
     pub fn new(mn: usize, offset: u64) -> GAddr {
         assert!(offset < 1 << GADDR_OFFSET_BITS && mn < 1 << 16);
-        GAddr(offset | (mn as u64) << GADDR_OFFSET_BITS)
+        GAddr(offset | ((mn as u64) << GADDR_OFFSET_BITS))
     }
     pub fn mn(self) -> usize {
         (self.0 >> GADDR_OFFSET_BITS) as usize
@@ -121,7 +121,7 @@ pub fn block_bytes(len: usize) -> usize {
 pub fn encode_block(key: u64, tag: u8, value: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; block_bytes(value.len())];
     b[0..8].copy_from_slice(&key.to_le_bytes());
-    let lt = value.len() as u64 | u64::from(tag) << 32;
+    let lt = value.len() as u64 | (u64::from(tag) << 32);
     b[8..16].copy_from_slice(&lt.to_le_bytes());
     b[24..24 + value.len()].copy_from_slice(value);
     let sum = block_checksum(&b[0..16], value);
@@ -298,7 +298,7 @@ impl NodeImage {
         };
         self.set_word(at + 8, w);
         let bm = self.word(W_BITMAP) & !(1 << i);
-        self.set_word(W_BITMAP, bm | u64::from(ool) << i);
+        self.set_word(W_BITMAP, bm | (u64::from(ool) << i));
     }
     /// The entry holding `key`.
     pub fn leaf_find(&self, key: u64) -> Option<usize> {
@@ -345,7 +345,7 @@ impl NodeImage {
             self.set_word(at + 8, 0);
         }
         let level = u64::from(self.level());
-        self.set_word(W_HEADER, level | (entries.len() as u64) << 8);
+        self.set_word(W_HEADER, level | ((entries.len() as u64) << 8));
     }
     /// The child whose range holds `key` (the node must cover `key`).
     pub fn inner_child(&self, key: u64) -> Option<GAddr> {

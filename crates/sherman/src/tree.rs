@@ -249,10 +249,18 @@ impl Ctx<'_> {
         res
     }
 
+    /// Gets a new chunk on `mn` for this client, or waits while another of
+    /// its tasks gets one.
     async fn fetch_chunk(&self, mn: usize) -> Result<()> {
+        if std::mem::replace(&mut self.alloc.borrow_mut()[mn].fetching, true) {
+            yield_now().await;
+            return Ok(());
+        }
         let src = self.t.chunks[mn];
-        let off = src.fetch(self.ep).await?;
-        self.alloc.borrow_mut()[mn].add_chunk(off, src.chunk);
+        let got = src.fetch(self.ep).await;
+        let mut a = self.alloc.borrow_mut();
+        a[mn].fetching = false;
+        a[mn].add_chunk(got?, src.chunk);
         self.t.stats.chunks.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

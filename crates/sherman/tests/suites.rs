@@ -204,3 +204,52 @@ fn per_operation_costs() {
     assert_eq!(stats["height"], 3, "{stats}");
     assert!(d.engine.client_cache_bytes() > 0);
 }
+
+/// Invariants 3 and 5: a second compute process whose index cache predates
+/// many splits still finds every key (moving right along sibling links) and
+/// sees the new values.
+#[test]
+fn a_stale_index_cache_in_another_process_sees_new_values() {
+    use dmkv_api::{ConnectArgs, EngineSpec};
+    use dmkv_transport::NodeHost;
+    let d = deploy_with(1, 1, SMALL);
+    let other = SPEC
+        .connect(ConnectArgs {
+            fabric: d.cluster.fabric(),
+            compute_node: d.cluster.add_node(0).id(),
+            serve: d.args.clone(),
+            threads: 1,
+        })
+        .unwrap();
+    let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
+    let b = block_on(other.client(ep_b, 0)).unwrap();
+    let (_ep, a) = d.client(0).unwrap();
+    let keys: Vec<u64> = (1..=200).map(|i| i * 1000).collect();
+    block_on(async {
+        for &k in &keys {
+            assert!(a.insert(k, &make_value(k, 1, 8)).await.unwrap());
+        }
+        for &k in &keys {
+            assert!(b.get(k).await.unwrap().is_some());
+        }
+        // Process A splits every leaf many times over.
+        for &k in &keys {
+            for j in 1..8 {
+                assert!(a.insert(k + j, &make_value(k + j, 1, 8)).await.unwrap());
+            }
+            assert!(a.update(k, &make_value(k, 2, 24)).await.unwrap());
+        }
+        for &k in &keys {
+            assert_eq!(
+                b.get(k).await.unwrap(),
+                Some(make_value(k, 2, 24)),
+                "key {k}"
+            );
+            assert_eq!(b.get(k + 3).await.unwrap(), Some(make_value(k + 3, 1, 8)));
+        }
+        let all = b.scan(0, 10_000).await.unwrap();
+        assert_eq!(all.len(), keys.len() * 8);
+    });
+    let s = block_on(other.stats(&d.endpoint(0))).unwrap();
+    assert!(s["move_rights"].as_u64().unwrap() > 0, "{s}");
+}
