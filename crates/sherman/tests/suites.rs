@@ -253,3 +253,73 @@ fn a_stale_index_cache_in_another_process_sees_new_values() {
     let s = block_on(other.stats(&d.endpoint(0))).unwrap();
     assert!(s["move_rights"].as_u64().unwrap() > 0, "{s}");
 }
+
+/// Invariant 2 under contention: two compute processes (separate local lock
+/// tables), three tasks each, all writing keys of the same few leaves with
+/// latency injected so that lock holders wait on the network. Local
+/// handovers and global CAS retries both happen, and every key ends with its
+/// owner's last value.
+#[test]
+fn hierarchical_locks_under_contention_from_two_processes() {
+    use dmkv_api::{ConnectArgs, EngineSpec, KvStore};
+    use dmkv_transport::NodeHost;
+    use dmkv_transport::exec::{LocalTask, run_tasks};
+    use dmkv_transport::local::Faults;
+    use std::time::Duration;
+    let d = deploy_with(1, 1, &[]);
+    let other = SPEC
+        .connect(ConnectArgs {
+            fabric: d.cluster.fabric(),
+            compute_node: d.cluster.add_node(0).id(),
+            serve: d.args.clone(),
+            threads: 1,
+        })
+        .unwrap();
+    d.cluster.set_faults(Faults {
+        round_trip_latency: Duration::from_micros(50),
+        ..Faults::default()
+    });
+    let engines = [d.engine.clone(), other];
+    std::thread::scope(|s| {
+        for (p, engine) in engines.iter().enumerate() {
+            let d = &d;
+            s.spawn(move || {
+                let ep =
+                    std::rc::Rc::new(d.cluster.fabric().endpoint(engine.home_node(0)).unwrap());
+                let store = block_on(engine.client(ep, 0)).unwrap();
+                let store: &dyn KvStore = &*store;
+                let tasks: Vec<LocalTask<'_, ()>> = (0..3u64)
+                    .map(|t| {
+                        Box::pin(async move {
+                            // 6 writers share 24 keys in one or two leaves.
+                            let me = p as u64 * 3 + t;
+                            for round in 1..=40u32 {
+                                for j in 0..4u64 {
+                                    let k = 100 + j * 6 + me;
+                                    store.upsert(k, &make_value(k, round, 8)).await.unwrap();
+                                }
+                            }
+                        }) as LocalTask<'_, ()>
+                    })
+                    .collect();
+                run_tasks(tasks);
+            });
+        }
+    });
+    d.cluster.set_faults(Faults::default());
+    let (ep, store) = d.client(0).unwrap();
+    block_on(async {
+        for k in 100..124u64 {
+            assert_eq!(
+                store.get(k).await.unwrap(),
+                Some(make_value(k, 40, 8)),
+                "key {k}"
+            );
+        }
+    });
+    let a = block_on(engines[0].stats(&ep)).unwrap();
+    let b = block_on(engines[1].stats(&ep)).unwrap();
+    let sum = |f: &str| a[f].as_u64().unwrap() + b[f].as_u64().unwrap();
+    assert!(sum("lock_handovers") > 0, "{a} {b}");
+    assert!(sum("lock_retries") > 0, "{a} {b}");
+}
