@@ -8,7 +8,7 @@
 //! reader moves right along sibling links; the stale copy is then dropped.
 
 use crate::layout::{GAddr, NodeImage};
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 use rand::Rng;
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -30,7 +30,7 @@ impl Cached {
 /// Cached inner nodes by (level, low fence).
 pub struct IndexCache {
     budget: u64,
-    inner: Mutex<Inner>,
+    inner: RwLock<Inner>,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
@@ -58,7 +58,7 @@ impl IndexCache {
     pub fn new(budget: u64) -> IndexCache {
         IndexCache {
             budget,
-            inner: Mutex::new(Inner::default()),
+            inner: RwLock::new(Inner::default()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -67,7 +67,7 @@ impl IndexCache {
 
     /// The lowest cached node above `min_level` covering `key`.
     pub fn lookup(&self, key: u64, min_level: u8, max_level: u8) -> Option<Hit> {
-        let inner = self.inner.lock();
+        let inner = self.inner.read();
         for level in min_level..=max_level {
             let found = inner
                 .nodes
@@ -103,7 +103,7 @@ impl IndexCache {
             addr,
             children: n.inner_entries(),
         };
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner.write();
         let add = c.bytes();
         if let Some(old) = inner.nodes.insert((n.level(), n.low()), c) {
             inner.bytes -= old.bytes();
@@ -130,7 +130,7 @@ impl IndexCache {
 
     /// Drops the copy of the node at (`level`, `low`) if it is `addr`'s.
     pub fn invalidate(&self, level: u8, low: u64, addr: GAddr) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner.write();
         if inner
             .nodes
             .get(&(level, low))
@@ -142,11 +142,11 @@ impl IndexCache {
     }
 
     pub fn bytes(&self) -> u64 {
-        self.inner.lock().bytes
+        self.inner.read().bytes
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().nodes.len()
+        self.inner.read().nodes.len()
     }
 
     pub fn is_empty(&self) -> bool {
