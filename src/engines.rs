@@ -19,7 +19,12 @@ pub struct Registry {
 /// testing the harness) can be chosen with `--engine reference` but is not
 /// one of the designs compared by default.
 pub const REGISTRY: Registry = Registry {
-    engines: &[&Reference],
+    engines: &[
+        &Reference,
+        &dmkv_sherman::SPEC,
+        &dmkv_race::SPEC,
+        &dmkv_rpc_hash::SPEC,
+    ],
     default_set: &[],
 };
 
