@@ -29,22 +29,37 @@ use crate::layout::{
 };
 use crate::ops::{Ctx, subtable_image};
 use dmkv_api::{KvError, Result};
-use dmkv_transport::exec::yield_now;
+use dmkv_transport::exec::sleep;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// Verbs per batch while freezing and copying.
 const BATCH: usize = 128;
+/// Backoff of a client waiting for another's split.
+const MIN_BACKOFF: Duration = Duration::from_micros(2);
+const MAX_BACKOFF: Duration = Duration::from_micros(128);
 
 pub async fn split(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> {
     let mut b = ctx.ep.batch();
     let c = b.cas(ctx.t.dir.at(DIR_LOCK), 0, ctx.t.lock_tag);
     if ctx.run(b).await?.word(c) != 0 {
-        // Another client is resizing; its split may make room.
+        // Another client is resizing; its split may make room. Poll the
+        // 8-byte lock word (not the whole directory), backing off, until it
+        // is free.
         ctx.t
             .stats
             .resize_lock_waits
             .fetch_add(1, Ordering::Relaxed);
-        yield_now().await;
+        let mut pause = MIN_BACKOFF;
+        loop {
+            sleep(pause).await;
+            pause = (pause * 2).min(MAX_BACKOFF);
+            let mut b = ctx.ep.batch();
+            let r = b.read(ctx.t.dir.at(DIR_LOCK), 8);
+            if ctx.run(b).await?.take_read(r) == [0u8; 8] {
+                break;
+            }
+        }
         return ctx.refresh_dir().await;
     }
     let res = split_locked(ctx, h, seen).await;
