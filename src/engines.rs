@@ -23,9 +23,12 @@ pub const REGISTRY: Registry = Registry {
         &dmkv_xstore::SPEC,
         &dmkv_rpc_btree::SPEC,
         &dmkv_cell::SPEC,
+        &dmkv_sherman::SPEC,
+        &dmkv_race::SPEC,
+        &dmkv_rpc_hash::SPEC,
         &Reference,
     ],
-    default_set: &["xstore", "rpc-btree", "cell"],
+    default_set: &["xstore", "rpc-btree", "cell", "sherman", "race", "rpc-hash"],
 };
 
 impl Registry {
