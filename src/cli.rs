@@ -271,12 +271,30 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             "{NO_UCX}: --transport ucx is unavailable; use --transport local"
         )));
     }
-    let engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
-    let mut cfg = BenchConfig::new(engines);
-    cfg.workload = match (a.trace, a.workload) {
+    let mut engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
+    let workload = match (a.trace, a.workload) {
         (Some(path), _) => WorkloadSource::Trace(path),
         (None, w) => WorkloadSource::Synthetic(w.unwrap_or(Workload::YcsbC)),
     };
+    // The default comparison leaves out engines that cannot run a scanning
+    // workload (hash designs); engines named with --engine are refused instead.
+    if a.engine.is_none()
+        && matches!(&workload, WorkloadSource::Synthetic(w) if w.has_run_phase() && w.mix().scan > 0)
+    {
+        engines.retain(|e| {
+            let scans = e.spec.capabilities().scan;
+            if !scans {
+                let _ = writeln!(
+                    io.err,
+                    "note: leaving out {}: it has no ordered scans, which this workload needs",
+                    e.spec.name()
+                );
+            }
+            scans
+        });
+    }
+    let mut cfg = BenchConfig::new(engines);
+    cfg.workload = workload;
     cfg.dist = a.dist;
     cfg.keyset = a.keyset.unwrap_or(KeysetSpec::Uniform);
     cfg.keys = a.keys;

@@ -361,6 +361,9 @@ mod lossy {
     pub struct LossyLoad;
 
     impl EngineSpec for LossyLoad {
+        fn capabilities(&self) -> Capabilities {
+            Reference.capabilities()
+        }
         fn name(&self) -> &'static str {
             "lossy-load"
         }

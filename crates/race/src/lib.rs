@@ -180,6 +180,9 @@ impl Config {
 }
 
 impl EngineSpec for RaceSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         NAME
     }

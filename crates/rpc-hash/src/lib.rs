@@ -113,6 +113,9 @@ fn handle(t: &ClusterTable, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
 }
 
 impl EngineSpec for RpcHashSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         NAME
     }

@@ -159,6 +159,9 @@ impl Config {
 }
 
 impl EngineSpec for ShermanSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         NAME
     }

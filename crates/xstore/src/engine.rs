@@ -41,6 +41,9 @@ pub static SPEC: XStoreSpec = XStoreSpec;
 const LOAD_BYTES: usize = 256 * 1024;
 
 impl EngineSpec for XStoreSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         "xstore"
     }
