@@ -683,7 +683,9 @@ impl RolexClient {
     async fn finish(&self, g: &Group<'_>, writes: Vec<Write>, final_lt: u64) -> Result<()> {
         let sh = &self.sh;
         let gk = (g.mc.m, g.j);
-        let keep = sh.locks.hand_over_wanted(gk);
+        // Hand the lock over locally only while the model is ACTIVE: once
+        // the memory node wants it (retraining, bulk load), release it.
+        let keep = g.state == ModelState::Active as u64 && sh.locks.hand_over_wanted(gk);
         let lt_addr = self.lt_addr(g.mc, g.j)?;
         let mut b = self.ep.batch();
         let mut slt_updates = Vec::new();

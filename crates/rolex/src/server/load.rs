@@ -15,10 +15,10 @@ use crate::layout::value::{FatPtr, block_bytes, encode_block};
 use crate::remote::{H_ALLOC, H_CAPACITY, Remote};
 use crate::train::train_keys;
 use dmkv_api::{KvError, Result};
-use dmkv_transport::exec::sleep;
+use dmkv_transport::exec::yield_now;
 use dmkv_transport::{Batch, Endpoint};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Verbs per doorbell batch on the bulk path.
 const BATCH: usize = 256;
@@ -69,6 +69,17 @@ impl Server {
             r.record(m, rl.lt_word(j))
                 .ok_or_else(|| corrupt("record outside its region"))
         };
+        // Writers stop handing locks over locally on a model that is not
+        // ACTIVE, so the CASes below find them free soon.
+        let state = r
+            .record(m, W_STATE)
+            .ok_or_else(|| corrupt("record outside its region"))?;
+        ep.cas(
+            state,
+            ModelState::Active as u64,
+            ModelState::Training as u64,
+        )
+        .await?;
         let words = words_of(&ep.read(addr(0)?, n * 8).await?);
         let mut finals = vec![None; n];
         let mut b = ep.batch();
@@ -86,15 +97,19 @@ impl Server {
             }
         }
         for (j, f) in finals.iter_mut().enumerate() {
+            let mut w = words[j];
             while f.is_none() {
-                let w = u64::from_le_bytes(ep.read(addr(j)?, 8).await?.try_into().expect("8"));
                 if w == RETIRED {
                     return Err(corrupt("model retired by somebody else"));
                 }
-                if w & LOCK_BIT == 0 && ep.cas(addr(j)?, w, RETIRED).await? == w {
-                    *f = Some(w);
+                let expected = w & !LOCK_BIT;
+                let got = ep.cas(addr(j)?, expected, RETIRED).await?;
+                if got == expected {
+                    *f = Some(expected);
                 } else {
-                    sleep(Duration::from_micros(20)).await;
+                    w = got;
+                    std::hint::spin_loop();
+                    yield_now().await;
                 }
             }
         }
