@@ -160,7 +160,7 @@ mod tests {
                     slt_slots: 16,
                     region: 0,
                 };
-                let mut check = |k: u64| -> Result<(), TestCaseError> {
+                let check = |k: u64| -> Result<(), TestCaseError> {
                     if k < p.low || k >= p.high { return Ok(()); }
                     let g = group(model, k);
                     let (lo, hi) = p.leaf_range(k, slots);
