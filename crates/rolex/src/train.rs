@@ -4,7 +4,7 @@
 //! A model's training points are, per leaf at position `r` in the model:
 //! its fence `(low, r·δ)` — for `r = 0` only when the leaf is empty, for
 //! `r > 0` when the leaf is empty or its first key is above its fence — and
-//! its keys `(key_s, r·δ + s)`. With these points every key of the model's
+//! its keys `(key_s, r·δ + ⌊s·δ/count⌋)`. With these points every key of the model's
 //! range, trained or not, is predicted within one leaf of its group (see
 //! docs/rolex.md, invariant 4).
 
@@ -63,11 +63,16 @@ pub fn leaf_points(
     } else {
         leaf.keys.first().is_none_or(|k| leaf.low < *k)
     };
+    // A leaf's keys are spread evenly over its δ labels, so partly filled
+    // leaves (after splits) do not turn the CDF into a sawtooth that eats
+    // the error budget; labels stay within [r·δ, r·δ + δ).
+    let count = leaf.keys.len().max(1) as i64;
+    let d = slots as i64;
     fence.then_some((leaf.low, base)).into_iter().chain(
         leaf.keys
             .iter()
             .enumerate()
-            .map(move |(s, k)| (*k, base + s as i64)),
+            .map(move |(s, k)| (*k, base + s as i64 * d / count)),
     )
 }
 
