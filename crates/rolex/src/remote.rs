@@ -6,8 +6,8 @@
 //! - leaves: `alloc_num u64 | capacity u64 | ... ` then leaf `n` at byte
 //!   `LEAF_BASE + n * leaf_bytes` (Eq. 3). A leaf is allocated by FAA on
 //!   `alloc_num` (§3.3).
-//! - models: `magic u64 | capacity u64 | ...` then model records, allocated
-//!   by memory node 0 (the only node that trains).
+//! - models: `magic u64 | capacity u64 | used u64 | ...` then model
+//!   records, allocated by memory node 0 (the only node that trains).
 //! - values: `bump u64 | capacity u64 | ...` then out-of-line value blocks,
 //!   allocated by FAA on `bump` (bytes).
 //!
@@ -24,6 +24,8 @@ pub const VALUE_BASE: u64 = 64;
 /// Header words of leaf, model and value regions.
 pub const H_ALLOC: u64 = 0;
 pub const H_CAPACITY: u64 = 8;
+/// Model regions: bytes in use (written by node 0 after it writes records).
+pub const H_USED: u64 = 16;
 pub const MODELS_MAGIC: u64 = 0x534C_4544_4F4D_5852; // "RXMODELS"
 
 /// The regions of one instance, as seen by a client or by memory node 0.

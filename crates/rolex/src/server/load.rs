@@ -134,7 +134,25 @@ impl Server {
             }
         }
         // Freeze every model and collect what is stored.
-        let refs = self.dir.lock().refs.clone();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        // Only the models whose ranges meet the new keys' range are rebuilt
+        // (the harness loads ascending chunks: then that is about one model
+        // per call, and a whole load costs O(keys)).
+        let (first, last, range_low, range_high, refs) = {
+            let st = self.dir.lock();
+            let d = crate::layout::meta::Directory {
+                version: st.version,
+                lows: st.lows.clone(),
+                refs: st.refs.clone(),
+                upper: crate::upper::UpperIndex::default(),
+            };
+            let at = |k: u64| d.lows.partition_point(|l| *l <= k) - 1;
+            let (a, b) = (at(fresh[0].0), at(fresh[fresh.len() - 1].0));
+            let high = st.lows.get(b + 1).copied().unwrap_or(u64::MAX);
+            (a, b, st.lows[a], high, st.refs[a..=b].to_vec())
+        };
         let mut frozen: Vec<(ModelRef, RecordLayout, Vec<u64>)> = Vec::new();
         let mut old: Vec<(LeafId, Leaf)> = Vec::new();
         let res = async {
@@ -161,7 +179,8 @@ impl Server {
                 let leaves = read_leaves(ep, &r, &cfg.leaf, &ids).await?;
                 old.extend(ids.into_iter().zip(leaves));
             }
-            self.rebuild(ep, &r, &old, fresh).await
+            self.rebuild(ep, &r, &old, fresh, range_low, range_high, first)
+                .await
         }
         .await;
         let (lows, new_refs) = match res {
@@ -189,9 +208,18 @@ impl Server {
         post.flush().await?;
         {
             let mut st = self.dir.lock();
-            self.publish(&mut st, lows, new_refs)
+            // The directory may not have changed meanwhile: retrains and
+            // loads publish one at a time.
+            let mut all_lows = st.lows[..first].to_vec();
+            all_lows.extend(lows);
+            all_lows.extend_from_slice(&st.lows[last + 1..]);
+            let mut all_refs = st.refs[..first].to_vec();
+            all_refs.extend(new_refs);
+            all_refs.extend_from_slice(&st.refs[last + 1..]);
+            self.publish(&mut st, all_lows, all_refs)
                 .map_err(KvError::Exhausted)?;
         }
+        self.note_model_usage(ep, &r).await?;
         for (m, _, _) in &frozen {
             if let Some(a) = r.record(*m, W_STATE) {
                 ep.write(a, &(ModelState::Retired as u64).to_le_bytes())
@@ -208,6 +236,9 @@ impl Server {
         r: &Remote,
         old: &[(LeafId, Leaf)],
         fresh: Vec<(u64, Vec<u8>)>,
+        range_low: u64,
+        range_high: u64,
+        first_model: usize,
     ) -> Result<(Vec<u64>, Vec<ModelRef>)> {
         let cfg = &self.cfg;
         let slots = cfg.slots();
@@ -237,18 +268,18 @@ impl Server {
         // Models round robin over the leaf regions.
         let nodes = r.nodes();
         let models = segs.len().max(1);
-        if models > cfg.max_models {
+        if models + self.dir.lock().refs.len() > cfg.max_models {
             return Err(KvError::Exhausted(format!(
                 "{models} models exceed the directory's {} (raise rolex.max_models)",
                 cfg.max_models
             )));
         }
-        let region_of = |i: usize| (i % nodes) as u8;
+        let region_of = |i: usize| ((first_model + i) % nodes) as u8;
         let mut leaves_needed = vec![0u64; nodes];
         let mut value_bytes = vec![0u64; nodes];
         for i in 0..models {
             let (s, e) = segs.get(i).map_or((0, 0), |s| (s.start, s.end));
-            let g = i % nodes;
+            let g = region_of(i) as usize;
             leaves_needed[g] += ((e - s).div_ceil(slots)).max(1) as u64;
             for (_, v) in &merged[s..e] {
                 if let Val::New(v) = v
@@ -292,8 +323,8 @@ impl Server {
                 Some(sg) => (sg.start, sg.end, Some(sg.line), sg.err),
                 None => (0, 0, None, 1),
             };
-            let low = if i == 0 { 0 } else { keys[s] };
-            let high = segs.get(i + 1).map_or(u64::MAX, |n| keys[n.start]);
+            let low = if i == 0 { range_low } else { keys[s] };
+            let high = segs.get(i + 1).map_or(range_high, |n| keys[n.start]);
             let n = (e - s).div_ceil(slots).max(1);
             let mut lt = Vec::with_capacity(n);
             for j in 0..n {

@@ -17,12 +17,14 @@ use crate::layout::meta::{
     W_POLLS, W_QHEAD, W_QTAIL, W_QUEUE, W_RETRAINS, W_SLOTS, W_SLT, W_UHEAD, W_UTAIL,
 };
 use crate::layout::record::{ModelParams, ModelState, encode_record};
-use crate::remote::{H_ALLOC, H_CAPACITY, LEAF_BASE, MODEL_BASE, MODELS_MAGIC, Remote, VALUE_BASE};
+use crate::remote::{
+    H_ALLOC, H_CAPACITY, H_USED, LEAF_BASE, MODEL_BASE, MODELS_MAGIC, Remote, VALUE_BASE,
+};
 use dmkv_api::{KvError, Result, ServeArgs};
 use dmkv_memnode::{NodeRuntime, WorkerPool};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{
-    Endpoint, Fabric, NodeId, RegionMem, RemoteRegion, RpcContext, ServiceError, WireReader,
+    Endpoint, NodeHost, NodeId, RegionMem, RemoteRegion, RpcContext, ServiceError, WireReader,
     WireWriter, thread_cpu_ns,
 };
 use parking_lot::Mutex;
@@ -78,7 +80,10 @@ pub struct Server {
     pub cfg: Config,
     node: NodeId,
     node_ids: Vec<NodeId>,
-    fabric: Arc<dyn Fabric>,
+    /// Weak: the admin service's handler holds the server, and the host
+    /// holds the handler; a strong reference would keep a dropped cluster
+    /// alive.
+    host: Weak<dyn NodeHost>,
     region_names: [String; 3],
     meta: Arc<RegionMem>,
     meta_layout: MetaLayout,
@@ -132,6 +137,12 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
         .mem
         .store_u64(H_CAPACITY, cfg.value_bytes)
         .expect("header");
+    models.mem.store_u64(H_USED, MODEL_BASE).expect("header");
+    spawn_accountant(
+        Arc::downgrade(rt),
+        [leaves.clone(), models.clone(), values.clone()],
+        cfg.leaf.bytes() as u64,
+    );
     if args.node_index != 0 {
         return Ok(());
     }
@@ -155,7 +166,7 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
     let server = Arc::new(Server {
         node: rt.id(),
         node_ids: args.node_ids(),
-        fabric: rt.host().fabric(),
+        host: Arc::downgrade(rt.host()),
         region_names: [
             args.name(names::LEAVES),
             args.name(names::MODELS),
@@ -182,6 +193,26 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
     let pool = rt.worker_pool(&args.name("rolex-retrain"), server.cfg.retrain_threads);
     spawn_poller(Arc::downgrade(&server), Arc::downgrade(&pool));
     Ok(())
+}
+
+/// Keeps the node's figure of memory in use current: leaves and value
+/// blocks are allocated one-sided (FAA), records by node 0, so the runtime's
+/// allocators do not see them. Bookkeeping for reports only (a few loads
+/// every 20 ms); it ends with the node's runtime.
+fn spawn_accountant(rt: Weak<NodeRuntime>, regions: [dmkv_memnode::Region; 3], leaf_bytes: u64) {
+    std::thread::Builder::new()
+        .name("rolex-account".into())
+        .spawn(move || {
+            while rt.upgrade().is_some() {
+                let [leaves, models, values] = &regions;
+                let word = |r: &dmkv_memnode::Region, off: u64| r.mem.load_u64(off).unwrap_or(0);
+                leaves.set_used(LEAF_BASE + word(leaves, H_ALLOC).saturating_mul(leaf_bytes));
+                models.set_used(word(models, H_USED));
+                values.set_used(word(values, H_ALLOC));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .expect("spawn the ROLEX accountant");
 }
 
 /// The memory node checks the CirQ every `poll_us` (a few loads of local
@@ -287,8 +318,10 @@ impl Server {
     fn retrain_next(self: Arc<Self>) {
         let Some(m) = self.pop() else { return };
         let start_cpu = thread_cpu_ns();
-        let ep = self.endpoint();
-        let res = block_on(self.retrain(&ep, m));
+        let res = match self.endpoint() {
+            Ok(ep) => block_on(self.retrain(&ep, m)),
+            Err(e) => Err(e),
+        };
         if res.is_err() {
             self.stats.retrain_aborts.fetch_add(1, Ordering::Relaxed);
         }
@@ -297,6 +330,18 @@ impl Server {
             .fetch_add(thread_cpu_ns().saturating_sub(start_cpu), Ordering::Relaxed);
         self.meta_faa(W_INFLIGHT, u64::MAX);
         self.meta_faa(W_RETRAINS, 1);
+    }
+
+    /// Records each model region's bytes in use in its header (for the
+    /// nodes' memory figures).
+    pub(crate) async fn note_model_usage(&self, ep: &Endpoint, r: &Remote) -> Result<()> {
+        let bump = self.dir.lock().bump.clone();
+        let mut b = ep.batch();
+        for (i, used) in bump.iter().enumerate() {
+            b.write(r.models[i].at(H_USED), used.to_le_bytes().to_vec());
+        }
+        b.run().await?;
+        Ok(())
     }
 
     pub(crate) async fn publishing(&self) -> Publishing<'_> {
@@ -310,10 +355,12 @@ impl Server {
         Publishing(&self.publish_busy)
     }
 
-    fn endpoint(&self) -> Endpoint {
-        self.fabric
-            .endpoint(self.node)
-            .expect("node 0 can make endpoints")
+    fn endpoint(&self) -> Result<Endpoint> {
+        let host = self
+            .host
+            .upgrade()
+            .ok_or_else(|| KvError::Config("memory node 0 is shutting down".into()))?;
+        Ok(host.fabric().endpoint(self.node)?)
     }
 
     /// The regions of every node (resolved through the directories of the
@@ -438,7 +485,9 @@ impl Server {
                     loads.bytes = loads.bytes.saturating_sub(b);
                     p
                 };
-                let ep = self.endpoint();
+                let ep = self
+                    .endpoint()
+                    .map_err(|e| ServiceError::failed(e.to_string()))?;
                 let start = thread_cpu_ns();
                 let res = block_on(self.bulk_load(&ep, pairs));
                 self.stats
@@ -452,7 +501,9 @@ impl Server {
             ops::STATS => {
                 r.end()?;
                 let mut figures = self.figures();
-                let ep = self.endpoint();
+                let ep = self
+                    .endpoint()
+                    .map_err(|e| ServiceError::failed(e.to_string()))?;
                 let (trained, synonyms) = block_on(self.table_figures(&ep))
                     .map_err(|e| ServiceError::failed(e.to_string()))?;
                 figures.push(("trained_leaves", trained));

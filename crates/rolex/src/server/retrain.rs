@@ -294,6 +294,7 @@ impl Server {
         }
         ep.write(addr(W_STATE)?, &(ModelState::Retired as u64).to_le_bytes())
             .await?;
+        self.note_model_usage(ep, r).await?;
         for (nm, nref) in models.iter().zip(&refs) {
             if nm.slt[0] > self.cfg.retrain_threshold {
                 self.push(*nref);
