@@ -19,8 +19,8 @@ pub struct Registry {
 /// testing the harness) can be chosen with `--engine reference` but is not
 /// one of the designs compared by default.
 pub const REGISTRY: Registry = Registry {
-    engines: &[&Reference],
-    default_set: &[],
+    engines: &[&Reference, &dmkv_rolex::SPEC],
+    default_set: &["rolex"],
 };
 
 impl Registry {
