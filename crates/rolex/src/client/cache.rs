@@ -6,7 +6,7 @@
 //! triggers a refresh.
 
 use crate::io::{Link, Tables, chain};
-use crate::layout::entry::unlocked;
+use crate::layout::entry::{RETIRED, unlocked};
 use crate::layout::meta::{Directory, ModelRef};
 use crate::layout::record::{ModelParams, ModelState};
 use parking_lot::{Mutex, RwLock};
@@ -54,10 +54,15 @@ impl ModelCache {
     /// Replaces the cached tables with freshly read ones.
     pub fn install(&self, t: &Tables) {
         let mut c = self.tables.lock();
-        c.lt = t.lt.iter().map(|w| unlocked(*w)).collect();
+        // A RETIRED word stays one (masking its lock bit would make it
+        // look like an entry).
+        c.lt =
+            t.lt.iter()
+                .map(|w| if *w == RETIRED { *w } else { unlocked(*w) })
+                .collect();
         c.slt = t.slt.clone();
         c.state = t.state;
-        if t.state == ModelState::Retired as u64 {
+        if t.state == ModelState::Retired as u64 || t.state == ModelState::Freezing as u64 {
             self.retired.store(true, Ordering::Release);
         }
     }
@@ -91,7 +96,7 @@ impl ModelCache {
 
     /// Records what this process itself wrote (it holds the lock).
     pub fn set_lt(&self, j: usize, w: u64) {
-        self.tables.lock().lt[j] = unlocked(w);
+        self.tables.lock().lt[j] = if w == RETIRED { w } else { unlocked(w) };
     }
 
     pub fn set_slt(&self, s: usize, w: u64) {

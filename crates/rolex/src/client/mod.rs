@@ -12,6 +12,7 @@ use crate::layout::meta::{
     Directory, W_INFLIGHT, W_LEAF_BYTES, W_NODES, W_QHEAD, W_QTAIL, W_ROOT, W_SLOTS, W_SLT,
     W_UHEAD, W_UTAIL, decode_root,
 };
+use crate::layout::record::ModelState;
 use crate::layout::value::MAX_VALUE_LEN;
 use crate::remote::{H_ALLOC, Remote};
 use crate::server::ops as admin;
@@ -242,6 +243,18 @@ impl Shared {
                 // Its leaves still answer reads; the new directory is not
                 // out yet.
                 return Ok(mc);
+            }
+            if waits % 16 == 15 {
+                // A retrain that failed puts the model back in service.
+                let a = self
+                    .remote
+                    .record(m, crate::layout::record::W_STATE)
+                    .ok_or_else(|| corrupt("bad model reference"))?;
+                let st = u64::from_le_bytes(ep.read(a, 8).await?.try_into().expect("8"));
+                if st != ModelState::Retired as u64 && st != ModelState::Freezing as u64 {
+                    mc.retired.store(false, Ordering::Release);
+                    return Ok(mc);
+                }
             }
             waits += 1;
             sleep(Duration::from_micros((20 * waits as u64).min(1000))).await;

@@ -31,6 +31,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// Every retry path awaits [`backoff`]: with the local backend, verbs
+/// complete without suspending, so a retry loop that never yields would keep
+/// the other tasks of its thread (maybe the holder of the lock it waits for)
+/// from running.
+///
 /// Attempts before an operation gives up (each failed attempt means the
 /// cache was stale or a leaf was being written; a live system converges in
 /// a few).
@@ -126,7 +131,8 @@ impl RolexClient {
     /// Notes what the 16-byte state/slot_use read says about the cache.
     fn observe(&self, mc: &ModelCache, b: &[u8]) -> (u64, u64) {
         let w = words_of(b);
-        if w[0] == ModelState::Retired as u64 && !mc.retired.swap(true, Ordering::AcqRel) {
+        let going = w[0] == ModelState::Retired as u64 || w[0] == ModelState::Freezing as u64;
+        if going && !mc.retired.swap(true, Ordering::AcqRel) {
             bump(&self.sh.stats.retired_noticed);
         }
         if mc.note_slot_use(w[1]) {
@@ -168,6 +174,7 @@ impl RolexClient {
             let (lo, hi) = mc.p.leaf_range(key, layout.slots());
             let Some(chains) = mc.chains(lo, hi) else {
                 sh.refresh_tables(&self.ep, &mc).await?;
+                backoff(attempt).await;
                 continue;
             };
             let ids: Vec<LeafId> = chains.iter().flatten().map(|l| l.entry.into()).collect();
@@ -215,6 +222,7 @@ impl RolexClient {
             let (lo, hi) = mc.p.leaf_range(key, slots);
             let Some(mut chains) = mc.chains(lo, hi) else {
                 sh.refresh_tables(&self.ep, &mc).await?;
+                backoff(attempt).await;
                 continue;
             };
             if kind == Kind::Insert {
@@ -281,12 +289,18 @@ impl RolexClient {
                 ));
             }
             self.observe(&mc, &res.take_read(si));
+            if mc.retired.load(Ordering::Acquire) {
+                // Being replaced: take no lock, wait for the new models.
+                backoff(attempt).await;
+                continue;
+            }
             let images: Vec<Vec<u8>> = (0..read).map(|i| res.take_read(i)).collect();
             // The group: the last trained leaf whose (immutable) low fence is
             // at or below the key.
             let lows: Vec<Key> = idx.iter().map(|&i| word(&images[i][8..16])).collect();
             let Some(g) = lows.iter().rposition(|l| *l <= key) else {
                 self.refresh_after_miss(&mc).await?;
+                backoff(attempt).await;
                 continue;
             };
             let high = if g + 1 < lows.len() {
@@ -784,6 +798,7 @@ impl RolexClient {
             let hi = (hi + (n - out.len()).div_ceil(slots)).min(nl - 1);
             let Some(chains) = mc.chains(lo, hi) else {
                 sh.refresh_tables(&self.ep, &mc).await?;
+                backoff(attempt).await;
                 continue;
             };
             let ids: Vec<LeafId> = chains.iter().flatten().map(|l| l.entry.into()).collect();

@@ -12,7 +12,7 @@
 //! word 7   err u32 (measured max error, positions) | leaves u32 (LT size)
 //! word 8   SLT slots u32 | leaf region u32
 //! word 9   urgent flag (CAS 0 -> 1 by the first writer that finds the SLT full)
-//! word 10  state: 1 active, 2 training, 3 retired, 4 failed
+//! word 10  state: 1 active, 2 training, 3 retired, 4 failed, 5 freezing
 //! word 11  SLT[0] = slot_use (next free SLT slot; FAA by writers)
 //! ...      SLT[1..S]
 //! ...      LT[0..leaves]
@@ -53,6 +53,9 @@ pub enum ModelState {
     /// Retraining failed for lack of space; writers that need a new SLT slot
     /// get an `Exhausted` error.
     Failed = 4,
+    /// The memory node is freezing it (CASing its LT entries to RETIRED):
+    /// writers stop taking its locks and wait for the new directory.
+    Freezing = 5,
 }
 
 impl ModelState {
@@ -62,6 +65,7 @@ impl ModelState {
             2 => ModelState::Training,
             3 => ModelState::Retired,
             4 => ModelState::Failed,
+            5 => ModelState::Freezing,
             _ => return None,
         })
     }

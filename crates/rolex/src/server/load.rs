@@ -229,7 +229,9 @@ impl Server {
         Ok(())
     }
 
-    /// Writes the merged pairs into new leaves and models and publishes them.
+    /// Writes the merged pairs of `[range_low, range_high)` into new leaves
+    /// and models, which replace models `first_model..`; the caller publishes.
+    #[allow(clippy::too_many_arguments)]
     async fn rebuild(
         &self,
         ep: &Endpoint,

@@ -28,10 +28,10 @@ use crate::remote::Remote;
 use crate::train::{LeafKeys, train_leaves};
 use dmkv_api::{KvError, Result};
 use dmkv_transport::Endpoint;
-use dmkv_transport::exec::sleep;
+use dmkv_transport::exec::yield_now;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Where a leaf hangs in a new model: its LT entry or an SLT slot.
 #[derive(Debug, Clone, Copy)]
@@ -53,15 +53,20 @@ impl Server {
         ep: &Endpoint,
         addr: dmkv_transport::RemoteAddr,
     ) -> Result<Option<u64>> {
+        let mut w = u64::from_le_bytes(ep.read(addr, 8).await?.try_into().expect("8"));
+        let mut spins = 0u32;
         loop {
-            let w = u64::from_le_bytes(ep.read(addr, 8).await?.try_into().expect("8"));
             if w == RETIRED {
                 return Ok(None);
             }
-            if w & LOCK_BIT == 0 && ep.cas(addr, w, w | LOCK_BIT).await? == w {
-                return Ok(Some(w));
+            let expected = w & !LOCK_BIT;
+            let got = ep.cas(addr, expected, expected | LOCK_BIT).await?;
+            if got == expected {
+                return Ok(Some(expected));
             }
-            sleep(Duration::from_micros(20)).await;
+            w = got;
+            polite_spin(&mut spins);
+            yield_now().await;
         }
     }
 
@@ -192,7 +197,15 @@ impl Server {
 
         // 4. Swap, alone among publishers.
         let _publishing = self.publishing().await;
-        if u64::from_le_bytes(ep.read(addr(W_STATE)?, 8).await?.try_into().expect("8"))
+        // Writers that see FREEZING stop taking this model's locks, so the
+        // freeze below waits only for the holders of the moment.
+        if ep
+            .cas(
+                addr(W_STATE)?,
+                ModelState::Training as u64,
+                ModelState::Freezing as u64,
+            )
+            .await?
             != ModelState::Training as u64
         {
             return Err(corrupt("model retired during retraining"));
@@ -229,13 +242,21 @@ impl Server {
         let mut finals = vec![0u64; n];
         for (j, f) in finals.iter_mut().enumerate() {
             let lt = addr(rl.lt_word(j))?;
+            let mut w = u64::from_le_bytes(ep.read(lt, 8).await?.try_into().expect("8"));
+            let mut spins = 0u32;
             loop {
-                let w = u64::from_le_bytes(ep.read(lt, 8).await?.try_into().expect("8"));
-                if w != RETIRED && w & LOCK_BIT == 0 && ep.cas(lt, w, RETIRED).await? == w {
-                    *f = w;
+                if w == RETIRED {
+                    return Err(corrupt("model retired during retraining"));
+                }
+                let expected = w & !LOCK_BIT;
+                let got = ep.cas(lt, expected, RETIRED).await?;
+                if got == expected {
+                    *f = expected;
                     break;
                 }
-                sleep(Duration::from_micros(20)).await;
+                w = got;
+                polite_spin(&mut spins);
+                yield_now().await;
             }
         }
         let frozen = self
@@ -423,4 +444,16 @@ pub(crate) fn check_tiling<'a>(
         )));
     }
     Ok(())
+}
+
+/// Waiting for a lock a compute node holds: give the CPU back (the holder
+/// may need it on a small memory node), and sleep a little once it takes
+/// long.
+pub(crate) fn polite_spin(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros(10));
+    }
 }
