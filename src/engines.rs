@@ -19,8 +19,17 @@ pub struct Registry {
 /// testing the harness) can be chosen with `--engine reference` but is not
 /// one of the designs compared by default.
 pub const REGISTRY: Registry = Registry {
-    engines: &[&Reference, &dmkv_rolex::SPEC],
-    default_set: &["rolex"],
+    engines: &[
+        &dmkv_xstore::SPEC,
+        &dmkv_rpc_btree::SPEC,
+        &dmkv_cell::SPEC,
+        &dmkv_sherman::SPEC,
+        &dmkv_race::SPEC,
+        &dmkv_rpc_hash::SPEC,
+        &dmkv_rolex::SPEC,
+        &Reference,
+    ],
+    default_set: &["xstore", "rpc-btree", "cell", "sherman", "race", "rpc-hash", "rolex"],
 };
 
 impl Registry {

@@ -53,6 +53,9 @@ impl EngineSpec for RolexSpec {
     fn knobs(&self) -> &'static [KnobSpec] {
         KNOBS
     }
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn serve(&self, rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
         crate::server::serve(rt, args)
     }
