@@ -29,7 +29,15 @@ pub const REGISTRY: Registry = Registry {
         &dmkv_rolex::SPEC,
         &Reference,
     ],
-    default_set: &["xstore", "rpc-btree", "cell", "sherman", "race", "rpc-hash", "rolex"],
+    default_set: &[
+        "xstore",
+        "rpc-btree",
+        "cell",
+        "sherman",
+        "race",
+        "rpc-hash",
+        "rolex",
+    ],
 };
 
 impl Registry {
