@@ -28,6 +28,13 @@ impl Region {
     pub fn is_empty(&self) -> bool {
         self.remote.len == 0
     }
+
+    /// Sets the bytes of this region in use, for engines that hand out its
+    /// space themselves (one-sided FAA allocation) rather than through an
+    /// allocator of this crate.
+    pub fn set_used(&self, bytes: u64) {
+        self.used.store(bytes.min(self.len()), Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Region {
