@@ -10,6 +10,7 @@ use dmkv_api::{EngineSpec, Knobs, ServeArgs};
 use dmkv_memnode::NodeRuntime;
 use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
 use dmkv_testkit::history::{RaceConfig, race};
+use dmkv_testkit::oracle::spread_key;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
 use dmkv_transport::local::{Faults, LocalCluster, LocalConfig};
 use dmkv_transport::{Endpoint, NodeHost, NodeId};
@@ -48,6 +49,9 @@ fn deploy(knobs: &[(&str, &str)], memnodes: usize, torn: bool) -> LocalDeploymen
 
 #[test]
 fn races_with_splits_and_retraining() {
+    // The race's keys are spread_key(0..200): split them over three
+    // memory nodes, so that scans cross partitions.
+    let bounds = format!("{},{}", spread_key(70), spread_key(140));
     for (torn, mode) in [
         (false, "full"),
         (true, "full"),
@@ -55,8 +59,13 @@ fn races_with_splits_and_retraining() {
         (true, "top-only"),
     ] {
         let d = deploy(
-            &[("slots", "4"), ("keys_per_model", "8"), ("cache", mode)],
-            2,
+            &[
+                ("slots", "4"),
+                ("keys_per_model", "8"),
+                ("cache", mode),
+                ("bounds", &bounds),
+            ],
+            3,
             torn,
         );
         let cfg = RaceConfig {
@@ -78,7 +87,9 @@ fn races_with_splits_and_retraining() {
 
 #[test]
 fn races_with_long_values() {
-    let d = deploy(&[("slots", "5")], 1, true);
+    // spread_key(0..64) over two memory nodes.
+    let bounds = spread_key(32).to_string();
+    let d = deploy(&[("slots", "5"), ("bounds", &bounds)], 2, true);
     let cfg = RaceConfig {
         value_len: 40,
         torn_reads: true,

@@ -5,7 +5,7 @@
 use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
+use dmkv_testkit::oracle::{check_multi, check_single, op_strategy, spread_key};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{OpKind, labeled};
 use dmkv_xstore::SPEC;
@@ -26,6 +26,16 @@ fn deploy(knobs: &[(&str, &str)], memnodes: usize, expected: u64) -> LocalDeploy
         },
     )
     .unwrap()
+}
+
+/// `xstore.bounds` splitting the testkit's keys `spread_key(0..key_space)`
+/// evenly over `parts` memory nodes (an even split of the whole u64 space
+/// would put them all on the first).
+fn testkit_bounds(parts: usize, key_space: u64) -> String {
+    (1..parts as u64)
+        .map(|j| spread_key(key_space * j / parts as u64).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn key(i: u64) -> u64 {
@@ -115,6 +125,96 @@ fn absent_keys_between_submodels_and_partitions_are_absent() {
         let s = stats(&d);
         assert_eq!(s["client"]["fallbacks"], 0, "absent keys need no RPC: {s}");
         assert_eq!(c.rpcs, 0);
+    }
+}
+
+/// SCAN across partitions (§5.5): after the lookup of the start on one
+/// memory node, the leaves of the rest of that partition and the first
+/// leaves of the following partitions (predicted from their TTs) are read
+/// in one batch: two round trips in all for a scan over four memory nodes
+/// (one of them empty), three with out-of-line values.
+#[test]
+fn scans_across_partitions_read_every_node_in_one_round_trip() {
+    for value_len in [8usize, 40] {
+        let mut k = Knobs::new();
+        k.set("bounds", "1000,2000,3000");
+        let d = LocalDeployment::deploy(
+            &SPEC,
+            &DeployOptions {
+                memnodes: 4,
+                knobs: k,
+                expected_keys: 1000,
+                value_size: value_len as u32,
+                ..DeployOptions::default()
+            },
+        )
+        .unwrap();
+        // 100 keys in [0, 1000), 3 in [1000, 2000), none in [2000, 3000),
+        // 200 from 3000.
+        let keys: Vec<u64> = (0..100u64)
+            .map(|i| i * 10 + 5)
+            .chain([1500, 1501, 1502])
+            .chain((0..200u64).map(|i| 3000 + i * 10 + 5))
+            .collect();
+        let pairs: Vec<(u64, Vec<u8>)> = keys
+            .iter()
+            .map(|&k| (k, make_value(k, 1, value_len)))
+            .collect();
+        let ep0 = d.endpoint(0);
+        block_on(d.engine.load(&ep0, &pairs)).unwrap();
+        let (ep, kv) = d.client(0).unwrap();
+        let per_scan = if value_len == 8 { 2 } else { 3 };
+        block_on(async {
+            // From the last keys of partition 0 over the small and the
+            // empty partition into the last one.
+            for (start, n) in [(900u64, 20usize), (985, 5), (996, 4), (1502, 3), (1503, 2)] {
+                ep.reset_counters();
+                let got = kv.scan(start, n).await.unwrap();
+                let want: Vec<u64> = keys
+                    .iter()
+                    .copied()
+                    .filter(|&k| k >= start)
+                    .take(n)
+                    .collect();
+                assert_eq!(
+                    got.iter().map(|p| p.0).collect::<Vec<_>>(),
+                    want,
+                    "scan({start}, {n})"
+                );
+                for (k, v) in &got {
+                    assert_eq!(check_value(*k, v), Ok(1));
+                }
+                let c = ep.counters().sum(&OpKind::ALL);
+                assert_eq!(c.rpcs, 0, "scan({start}, {n})");
+                assert_eq!(
+                    c.round_trips, per_scan,
+                    "scan({start}, {n}) over several nodes: {c:?}"
+                );
+            }
+            // Every start, every length up to the end: the oracle's answer.
+            for start in (0..3200u64).step_by(37) {
+                for n in [1usize, 7, 60, 400] {
+                    let got = kv.scan(start, n).await.unwrap();
+                    let want: Vec<u64> = keys
+                        .iter()
+                        .copied()
+                        .filter(|&k| k >= start)
+                        .take(n)
+                        .collect();
+                    assert_eq!(
+                        got.iter().map(|p| p.0).collect::<Vec<_>>(),
+                        want,
+                        "scan({start}, {n})"
+                    );
+                }
+            }
+        });
+        let s = stats(&d);
+        assert_eq!(s["client"]["fallbacks"], 0, "{s}");
+        assert!(
+            s["client"]["scan_partition_crossings"].as_u64().unwrap() > 0,
+            "{s}"
+        );
     }
 }
 
@@ -291,7 +391,12 @@ fn oracle_single_client_scenarios() {
             ("speculation", "off"),
         ],
     ] {
-        for memnodes in [1, 2] {
+        for memnodes in [1, 3] {
+            let bounds = testkit_bounds(memnodes, 300);
+            let mut knobs = knobs.clone();
+            if memnodes > 1 {
+                knobs.push(("bounds", &bounds));
+            }
             let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
                 cases: 6,
                 ..ProptestConfig::default()
@@ -312,9 +417,15 @@ fn oracle_single_client_scenarios() {
 
 #[test]
 fn oracle_multi_client() {
+    // check_multi(2 threads x 3 tasks) uses spread_key(0..144).
+    let bounds = testkit_bounds(2, 144);
     for knobs in [
-        vec![("slots", "4")],
-        vec![("slots", "4"), ("cache", "models-only")],
+        vec![("slots", "4"), ("bounds", &bounds)],
+        vec![
+            ("slots", "4"),
+            ("cache", "models-only"),
+            ("bounds", &bounds),
+        ],
     ] {
         let d = deploy(&knobs, 2, 4000);
         check_multi(&d, 2, 3, 150, 7).unwrap();
