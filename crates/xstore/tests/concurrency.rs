@@ -306,13 +306,18 @@ fn kill_and_recover_keeps_every_acknowledged_write() {
         type Log = BTreeMap<u64, (Option<u32>, Option<u32>)>;
         let node = NodeId(o.args.nodes[0]);
         let acked = AtomicU64::new(0);
+        // Both clients exist before anyone writes (the crash comes after
+        // 300 acknowledged writes).
+        let started = std::sync::Barrier::new(2);
         let logs: Vec<Log> = std::thread::scope(|s| {
             let writers: Vec<_> = (0..2usize)
                 .map(|t| {
                     let o = &o;
                     let acked = &acked;
+                    let started = &started;
                     s.spawn(move || {
                         let (_ep, kv) = o.client();
+                        started.wait();
                         let log: RefCell<Log> = RefCell::default();
                         let tasks: Vec<LocalTask<'_, ()>> = (0..3usize)
                             .map(|j| {

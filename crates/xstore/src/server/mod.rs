@@ -215,6 +215,18 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
     Ok(server)
 }
 
+/// When a request's reply may leave.
+enum Answer {
+    Now,
+    /// Once this log record is durable.
+    AfterLog(Ticket),
+    /// Once the committed model covers every loaded key (and, `settle`,
+    /// the retraining workers are idle).
+    AfterTraining {
+        settle: bool,
+    },
+}
+
 /// One write operation.
 enum Write<'a> {
     Insert(&'a [u8]),
@@ -250,8 +262,26 @@ impl Server {
     /// else is answered at once.
     pub fn handle(&self, req: &[u8], responder: Responder) {
         match self.serve_request(req) {
-            Ok((reply, None)) => responder.reply(Ok(reply)),
-            Ok((reply, Some(ticket))) => {
+            Ok((reply, Answer::Now)) => responder.reply(Ok(reply)),
+            Ok((reply, Answer::AfterTraining { settle })) => {
+                // Training (and settling) may take seconds: wait on a
+                // thread of its own, not on a handler thread.
+                let Some(me) = self.me.upgrade() else {
+                    return responder.reply(Err(ServiceError::failed("the server is going away")));
+                };
+                // If the thread cannot start, the closure is dropped and
+                // with it the responder, which then answers with an error.
+                let _ = std::thread::Builder::new()
+                    .name("xstore-prepare".into())
+                    .spawn(move || {
+                        me.prepare();
+                        if settle {
+                            me.pool.wait_idle();
+                        }
+                        responder.reply(Ok(reply));
+                    });
+            }
+            Ok((reply, Answer::AfterLog(ticket))) => {
                 let wal = self.wal.as_ref().expect("tickets come from the log");
                 wal.when_durable(
                     &ticket,
@@ -268,16 +298,13 @@ impl Server {
         }
     }
 
-    /// Performs one request: the reply, and the log record it must wait
-    /// for, if any.
-    fn serve_request(
-        &self,
-        req: &[u8],
-    ) -> std::result::Result<(Vec<u8>, Option<Ticket>), ServiceError> {
+    /// Performs one request: the reply, and when it may be sent.
+    fn serve_request(&self, req: &[u8]) -> std::result::Result<(Vec<u8>, Answer), ServiceError> {
         let mut r = WireReader::new(req);
         let op = r.u8()?;
         let mut w = WireWriter::new();
         let mut ticket = None;
+        let mut answer = Answer::Now;
         match op {
             OP_GET => {
                 let key = r.u64()?;
@@ -365,12 +392,13 @@ impl Server {
             }
             OP_PREPARE => {
                 r.end()?;
-                self.prepare();
+                if self.load_dirty.load(Ordering::SeqCst) {
+                    answer = Answer::AfterTraining { settle: false };
+                }
             }
             OP_SETTLE => {
                 r.end()?;
-                self.prepare();
-                self.pool.wait_idle();
+                answer = Answer::AfterTraining { settle: true };
             }
             OP_STATS => {
                 r.end()?;
@@ -378,7 +406,10 @@ impl Server {
             }
             op => return Err(ServiceError::malformed(format!("unknown opcode {op}"))),
         }
-        Ok((w.finish(), ticket))
+        if let Some(t) = ticket {
+            answer = Answer::AfterLog(t);
+        }
+        Ok((w.finish(), answer))
     }
 
     fn check_key(&self, key: u64) -> std::result::Result<(), ServiceError> {
