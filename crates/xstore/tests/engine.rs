@@ -82,7 +82,23 @@ fn a_get_is_one_batch_and_one_value_read_with_no_rpc() {
 #[test]
 fn absent_keys_between_submodels_and_partitions_are_absent() {
     for memnodes in [1, 3] {
-        let d = deploy(&[("keys_per_model", "16")], memnodes, 4000);
+        // key(0..8000) lies far below 2^63: split it explicitly, between
+        // present keys (key(odd) is never loaded).
+        let edges: Vec<u64> = if memnodes == 3 {
+            vec![key(2667), key(5333)]
+        } else {
+            Vec::new()
+        };
+        let bounds = edges
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut knobs = vec![("keys_per_model", "16")];
+        if memnodes > 1 {
+            knobs.push(("bounds", &bounds));
+        }
+        let d = deploy(&knobs, memnodes, 4000);
         let present: Vec<u64> = (0..4000).map(|i| key(i * 2)).collect();
         load(&d, present.iter().copied());
         let (ep, kv) = d.client(0).unwrap();
@@ -95,8 +111,7 @@ fn absent_keys_between_submodels_and_partitions_are_absent() {
                 .map(|w| w[0] + (w[1] - w[0]) / 2)
                 .collect();
             probes.extend([0, 1, present[0] - 1, u64::MAX, u64::MAX - 1]);
-            for b in 1..memnodes as u64 {
-                let edge = ((u64::MAX as u128 + 1) * b as u128 / memnodes as u128) as u64;
+            for &edge in &edges {
                 probes.extend([edge - 1, edge, edge + 1]);
             }
             for k in probes {
@@ -109,8 +124,19 @@ fn absent_keys_between_submodels_and_partitions_are_absent() {
                 assert!(kv.get(k).await.unwrap().is_some(), "present key {k:#x}");
             }
             // Scans from absent starts return the next keys, across
-            // partitions too.
-            for (j, w) in present.windows(2).enumerate().step_by(97) {
+            // partitions too (every start near an edge included).
+            // The windows whose 5-key scans cross an edge.
+            let near_edge = |j: usize| {
+                edges.iter().any(|&e| {
+                    let at = present.partition_point(|&k| k < e);
+                    j + 6 >= at && j < at
+                })
+            };
+            for (j, w) in present
+                .windows(2)
+                .enumerate()
+                .filter(|(j, _)| j % 97 == 0 || near_edge(*j))
+            {
                 let start = w[0] + 1;
                 let got = kv.scan(start, 5).await.unwrap();
                 let want: Vec<u64> = present[j + 1..].iter().take(5).copied().collect();
@@ -125,6 +151,12 @@ fn absent_keys_between_submodels_and_partitions_are_absent() {
         let s = stats(&d);
         assert_eq!(s["client"]["fallbacks"], 0, "absent keys need no RPC: {s}");
         assert_eq!(c.rpcs, 0);
+        for p in s["partitions"].as_array().unwrap() {
+            assert!(
+                p["keys"].as_u64().unwrap() > 1000,
+                "every node holds keys: {p}"
+            );
+        }
     }
 }
 
