@@ -1,0 +1,638 @@
+//! The issuing side: one UCX worker per endpoint (per compute thread).
+//!
+//! The worker is driven by the thread's executor while its tasks wait
+//! ([`exec::register_idle_hook`]); every completion and RPC reply happens
+//! inside that progress call. Per node the endpoint keeps a session (a UCX
+//! endpoint to the node's worker, and the node's endpoint back to ours for
+//! replies) and a cache of remote keys fetched over the control connection.
+//!
+//! A batch is checked whole before anything is posted (node, region, access
+//! key, bounds, alignment). Verbs to memory the transport maps into this
+//! process (shared memory) are then executed directly, word by word, like
+//! the `local` backend does; the others are posted with `ucp_get_nbx`,
+//! `ucp_put_nbx` and `ucp_atomic_op_nbx`, with a fence between verbs to the
+//! same node whose order matters and a flush per node that was written, and
+//! the batch waits once for all of them.
+
+use crate::cluster::{ClusterInner, Peer};
+use crate::control;
+use crate::ffi::{Ep, MappedView, Op, Rkey, UcxError, Worker};
+use crate::server::{AM_REPLY, AM_REQUEST};
+use dmkv_transport::exec::{self, IdleHookGuard};
+use dmkv_transport::region::RegionAccessError;
+use dmkv_transport::{
+    EndpointBackend, NodeId, OpFuture, RemoteAddr, Reply, Result, ServiceId, TransportError, Verb,
+    VerbResult, WireReader, WireWriter,
+};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// How often waiting tasks are woken to re-check timeouts and node failures
+/// even when UCX reports no progress.
+const RECHECK: Duration = Duration::from_micros(100);
+
+#[derive(Default)]
+struct Slot {
+    reply: Option<Vec<u8>>,
+    waker: Option<Waker>,
+}
+
+type Rpcs = Rc<RefCell<HashMap<u64, Slot>>>;
+
+/// A remote key fetched for one region.
+struct Cached {
+    key: u64,
+    base: u64,
+    len: u64,
+    // The view (if any) before the rkey it borrows from.
+    view: Option<MappedView>,
+    rkey: Rc<Rkey>,
+}
+
+struct Conn {
+    peer: Arc<Peer>,
+    session: u32,
+    token: u64,
+    generation: Cell<u64>,
+    rkeys: RefCell<HashMap<u32, Rc<Cached>>>,
+    ep: Ep,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.rkeys.borrow_mut().clear();
+        let mut w = WireWriter::new();
+        w.u32(self.session);
+        if !self.peer.is_down() {
+            self.peer.send(control::CLOSE_SESSION, &w.finish());
+        }
+    }
+}
+
+struct State {
+    cluster: Arc<ClusterInner>,
+    node: NodeId,
+    conns: RefCell<HashMap<NodeId, Rc<Conn>>>,
+    rpcs: Rpcs,
+    next_rid: Cell<u64>,
+    waiters: RefCell<Vec<Waker>>,
+    last_wake: Cell<Instant>,
+    address: Vec<u8>,
+    // Last: everything above may hold UCX objects of this worker.
+    worker: Worker,
+}
+
+impl State {
+    fn wake_all(&self) {
+        let ws: Vec<Waker> = self.waiters.borrow_mut().drain(..).collect();
+        for w in ws {
+            w.wake();
+        }
+        let slot_wakers: Vec<Waker> = self
+            .rpcs
+            .borrow_mut()
+            .values_mut()
+            .filter_map(|s| s.waker.take())
+            .collect();
+        for w in slot_wakers {
+            w.wake();
+        }
+        self.last_wake.set(Instant::now());
+    }
+
+    /// The idle hook: drive UCX, then let waiting tasks look again.
+    fn idle(&self) {
+        let progressed = self.worker.progress();
+        if progressed || self.last_wake.get().elapsed() >= RECHECK {
+            self.wake_all();
+        }
+    }
+
+    fn ucx_error(&self, node: NodeId, e: UcxError) -> TransportError {
+        if e.is_peer_failure() {
+            TransportError::NodeDown(node)
+        } else {
+            TransportError::Backend(format!("to node {node}: {e}"))
+        }
+    }
+
+    /// The session with `node`, opened on first use.
+    fn conn(&self, node: NodeId) -> Result<Rc<Conn>> {
+        if let Some(c) = self.conns.borrow().get(&node) {
+            if c.peer.is_down() || c.ep.failed().is_some() {
+                return Err(TransportError::NodeDown(node));
+            }
+            return Ok(c.clone());
+        }
+        let peer = self.cluster.peer(node)?;
+        if peer.is_down() {
+            return Err(TransportError::NodeDown(node));
+        }
+        let (kind, body) = peer.request(control::OPEN_SESSION, |w| {
+            w.bytes(&self.address);
+        })?;
+        let mut r = WireReader::new(&body);
+        if kind != control::SESSION {
+            let _ = r.u8();
+            let why = r.str().unwrap_or("?").to_string();
+            return Err(TransportError::Backend(format!(
+                "node {node} refused a session: {why}"
+            )));
+        }
+        let session = r.u32()?;
+        let token = r.u64()?;
+        let ep = self
+            .worker
+            .connect(&peer.worker_address)
+            .map_err(|e| self.ucx_error(node, e))?;
+        let c = Rc::new(Conn {
+            generation: Cell::new(peer.generation.load(std::sync::atomic::Ordering::Acquire)),
+            peer,
+            session,
+            token,
+            rkeys: RefCell::new(HashMap::new()),
+            ep,
+        });
+        self.conns.borrow_mut().insert(node, c.clone());
+        Ok(c)
+    }
+
+    /// The remote key for `addr`'s region, fetched by presenting its access
+    /// key to the owning node (a wrong key is refused there).
+    fn rkey(&self, conn: &Conn, addr: &RemoteAddr) -> Result<Rc<Cached>> {
+        let g = conn
+            .peer
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        if g != conn.generation.get() {
+            if conn.peer.is_down() {
+                return Err(TransportError::NodeDown(addr.node));
+            }
+            let inv = conn.peer.invalidated.read();
+            conn.rkeys.borrow_mut().retain(|r, _| !inv.contains(r));
+            conn.generation.set(g);
+        }
+        if let Some(c) = conn.rkeys.borrow().get(&addr.region.0)
+            && c.key == addr.key.0
+        {
+            return Ok(c.clone());
+        }
+        let (kind, body) = conn.peer.request(control::FETCH_RKEY, |w| {
+            w.u32(addr.region.0).u64(addr.key.0);
+        })?;
+        let mut r = WireReader::new(&body);
+        if kind == control::DENIED {
+            return Err(match r.u8()? {
+                control::DENIED_NO_REGION => TransportError::NoSuchRegion {
+                    node: addr.node,
+                    region: addr.region,
+                },
+                control::DENIED_WRONG_KEY => TransportError::AccessDenied {
+                    node: addr.node,
+                    region: addr.region,
+                },
+                _ => TransportError::Backend(format!(
+                    "node {} refused a remote key: {}",
+                    addr.node,
+                    r.str().unwrap_or("?")
+                )),
+            });
+        }
+        let base = r.u64()?;
+        let len = r.u64()?;
+        let packed = r.bytes()?;
+        r.end()?;
+        let rkey = Rc::new(
+            conn.ep
+                .unpack_rkey(packed)
+                .map_err(|e| self.ucx_error(addr.node, e))?,
+        );
+        let view = if self.cluster.config.direct_shm {
+            rkey.mapped_view(base, len as usize)
+        } else {
+            None
+        };
+        let c = Rc::new(Cached {
+            key: addr.key.0,
+            base,
+            len,
+            view,
+            rkey,
+        });
+        conn.rkeys.borrow_mut().insert(addr.region.0, c.clone());
+        Ok(c)
+    }
+}
+
+/// A verb checked and ready to post.
+struct Prepared {
+    verb: Verb,
+    conn: Rc<Conn>,
+    target: Rc<Cached>,
+}
+
+fn access_error(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
+    match e {
+        RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
+            node: addr.node,
+            region: addr.region,
+            offset,
+            len,
+            size,
+        },
+        RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
+    }
+}
+
+fn verb_addr(v: &Verb) -> &RemoteAddr {
+    match v {
+        Verb::Read { addr, .. }
+        | Verb::Write { addr, .. }
+        | Verb::Cas { addr, .. }
+        | Verb::Faa { addr, .. } => addr,
+    }
+}
+
+/// Checks a verb against its region: bounds, and alignment for atomics.
+fn check_range(v: &Verb, len: u64) -> Result<()> {
+    let addr = verb_addr(v);
+    let (n, atomic) = match v {
+        Verb::Read { len, .. } => (*len as u64, false),
+        Verb::Write { data, .. } => (data.len() as u64, false),
+        Verb::Cas { .. } | Verb::Faa { .. } => (8, true),
+    };
+    if atomic && !addr.offset.is_multiple_of(8) {
+        return Err(TransportError::Misaligned {
+            offset: addr.offset,
+        });
+    }
+    match addr.offset.checked_add(n) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(access_error(
+            addr,
+            RegionAccessError::OutOfBounds {
+                offset: addr.offset,
+                len: n,
+                size: len,
+            },
+        )),
+    }
+}
+
+/// Executes a verb on memory mapped into this process.
+fn perform_direct(view: &MappedView, v: Verb) -> Result<VerbResult> {
+    let mem = view.mem();
+    let addr = *verb_addr(&v);
+    let map = |e| access_error(&addr, e);
+    Ok(match v {
+        Verb::Read { addr, len } => {
+            let mut buf = vec![0; len];
+            mem.read(addr.offset, &mut buf).map_err(map)?;
+            VerbResult::Read(buf)
+        }
+        Verb::Write { addr, data } => {
+            mem.write(addr.offset, &data).map_err(map)?;
+            VerbResult::Write
+        }
+        Verb::Cas {
+            addr,
+            expected,
+            new,
+        } => VerbResult::Cas(mem.cas_u64(addr.offset, expected, new).map_err(map)?),
+        Verb::Faa { addr, add } => VerbResult::Faa(mem.faa_u64(addr.offset, add).map_err(map)?),
+    })
+}
+
+enum Posted {
+    Done(VerbResult),
+    Read(NodeId, Op),
+    Write(NodeId, Op),
+    Cas(NodeId, Op),
+    Faa(NodeId, Op),
+}
+
+/// A UCX endpoint backend: one per issuing thread.
+pub(crate) struct UcxEndpoint {
+    state: Rc<State>,
+    _hook: IdleHookGuard,
+}
+
+impl UcxEndpoint {
+    pub(crate) fn new(cluster: Arc<ClusterInner>, node: NodeId) -> Result<UcxEndpoint> {
+        let worker = Worker::new(&cluster.ctx)
+            .map_err(|e| TransportError::Backend(format!("UCX worker: {e}")))?;
+        let address = worker
+            .address()
+            .map_err(|e| TransportError::Backend(format!("UCX worker address: {e}")))?;
+        let rpcs: Rpcs = Rc::default();
+        {
+            let rpcs = rpcs.clone();
+            worker
+                .set_am_handler(
+                    AM_REPLY,
+                    Box::new(move |header: &[u8], data: &[u8]| {
+                        let Ok(rid) = <[u8; 8]>::try_from(header).map(u64::from_le_bytes) else {
+                            return;
+                        };
+                        let waker = {
+                            let mut rpcs = rpcs.borrow_mut();
+                            let Some(slot) = rpcs.get_mut(&rid) else {
+                                // Its caller gave up (timeout): drop it.
+                                return;
+                            };
+                            slot.reply = Some(data.to_vec());
+                            slot.waker.take()
+                        };
+                        if let Some(w) = waker {
+                            w.wake();
+                        }
+                    }),
+                )
+                .map_err(|e| TransportError::Backend(format!("UCX handler: {e}")))?;
+        }
+        let state = Rc::new(State {
+            cluster,
+            node,
+            conns: RefCell::new(HashMap::new()),
+            rpcs,
+            next_rid: Cell::new(1),
+            waiters: RefCell::new(Vec::new()),
+            last_wake: Cell::new(Instant::now()),
+            address,
+            worker,
+        });
+        let s = Rc::downgrade(&state);
+        let hook = exec::register_idle_hook(Rc::new(move || {
+            if let Some(s) = s.upgrade() {
+                s.idle();
+            }
+        }));
+        Ok(UcxEndpoint { state, _hook: hook })
+    }
+
+    fn prepare(&self, v: Verb) -> Result<Prepared> {
+        let addr = *verb_addr(&v);
+        let conn = self.state.conn(addr.node)?;
+        let target = self.state.rkey(&conn, &addr)?;
+        check_range(&v, target.len)?;
+        Ok(Prepared {
+            verb: v,
+            conn,
+            target,
+        })
+    }
+
+    fn post(&self, p: Prepared) -> Result<Posted> {
+        let node = verb_addr(&p.verb).node;
+        let raddr = |a: &RemoteAddr| p.target.base + a.offset;
+        let ep = &p.conn.ep;
+        let err = |e| self.state.ucx_error(node, e);
+        Ok(match p.verb {
+            Verb::Read { addr, len } => Posted::Read(
+                node,
+                ep.get(raddr(&addr), len, &p.target.rkey).map_err(err)?,
+            ),
+            Verb::Write { addr, data } => Posted::Write(
+                node,
+                ep.put(raddr(&addr), data, &p.target.rkey).map_err(err)?,
+            ),
+            Verb::Cas {
+                addr,
+                expected,
+                new,
+            } => Posted::Cas(
+                node,
+                ep.cas(raddr(&addr), expected, new, &p.target.rkey)
+                    .map_err(err)?,
+            ),
+            Verb::Faa { addr, add } => Posted::Faa(
+                node,
+                ep.faa(raddr(&addr), add, &p.target.rkey).map_err(err)?,
+            ),
+        })
+    }
+}
+
+impl Drop for UcxEndpoint {
+    fn drop(&mut self) {
+        // Close sessions (and their UCX endpoints) while the worker lives.
+        let conns: Vec<_> = self.state.conns.borrow_mut().drain().collect();
+        drop(conns);
+    }
+}
+
+fn op_status(node: NodeId, op: &Op) -> Option<Result<()>> {
+    op.poll().map(|s| {
+        if s == 0 {
+            Ok(())
+        } else {
+            let e = UcxError {
+                status: s,
+                what: "a verb",
+            };
+            Err(if e.is_peer_failure() {
+                TransportError::NodeDown(node)
+            } else {
+                TransportError::Backend(format!("to node {node}: {e}"))
+            })
+        }
+    })
+}
+
+impl EndpointBackend for UcxEndpoint {
+    fn local_node(&self) -> NodeId {
+        self.state.node
+    }
+
+    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
+        // Check everything before anything is posted.
+        let mut plan = Vec::with_capacity(verbs.len());
+        for v in verbs {
+            match self.prepare(v) {
+                Ok(p) => plan.push(p),
+                Err(e) => return OpFuture::ready(Err(e)),
+            }
+        }
+        // A node's verbs go direct only if all of them can (so their order
+        // holds).
+        let mut indirect: Vec<NodeId> = Vec::new();
+        for p in &plan {
+            let n = verb_addr(&p.verb).node;
+            if p.target.view.is_none() && !indirect.contains(&n) {
+                indirect.push(n);
+            }
+        }
+        if indirect.is_empty() {
+            let results: Result<Vec<VerbResult>> = plan
+                .into_iter()
+                .map(|p| {
+                    perform_direct(
+                        p.target.view.as_ref().expect("every verb has a view"),
+                        p.verb,
+                    )
+                })
+                .collect();
+            return OpFuture::ready(results);
+        }
+        let state = self.state.clone();
+        let mut posted: Vec<Posted> = Vec::with_capacity(plan.len());
+        // Per node: whether the last posted verb was a read only, and the
+        // endpoint to flush if it was written.
+        let mut last: HashMap<NodeId, bool> = HashMap::new();
+        let mut written: Vec<(NodeId, Ep)> = Vec::new();
+        for p in plan {
+            let node = verb_addr(&p.verb).node;
+            if !indirect.contains(&node) {
+                let view = p.target.view.as_ref().expect("direct node");
+                match perform_direct(view, p.verb) {
+                    Ok(r) => posted.push(Posted::Done(r)),
+                    Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+                }
+                continue;
+            }
+            let is_read = matches!(p.verb, Verb::Read { .. });
+            if let Some(&prev_read) = last.get(&node)
+                && !(prev_read && is_read)
+                && let Err(e) = state.worker.fence()
+            {
+                return OpFuture::boxed(finish_err(posted, state.ucx_error(node, e)));
+            }
+            last.insert(node, is_read);
+            if matches!(p.verb, Verb::Write { .. }) && !written.iter().any(|(n, _)| *n == node) {
+                written.push((node, p.conn.ep.clone()));
+            }
+            match self.post(p) {
+                Ok(op) => posted.push(op),
+                Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+            }
+        }
+        // A put completes locally; a flush completes when it is done at the
+        // target.
+        let mut flushes = Vec::new();
+        for (node, ep) in written {
+            match ep.flush() {
+                Ok(op) => flushes.push((node, op)),
+                Err(e) => return OpFuture::boxed(finish_err(posted, state.ucx_error(node, e))),
+            }
+        }
+        OpFuture::boxed(async move {
+            std::future::poll_fn(|cx| {
+                let mut done = true;
+                for p in &posted {
+                    if let Posted::Read(n, op)
+                    | Posted::Write(n, op)
+                    | Posted::Cas(n, op)
+                    | Posted::Faa(n, op) = p
+                    {
+                        match op_status(*n, op) {
+                            None => done = false,
+                            Some(Err(e)) => return Poll::Ready(Err(e)),
+                            Some(Ok(())) => {}
+                        }
+                    }
+                }
+                for (n, op) in &flushes {
+                    match op_status(*n, op) {
+                        None => done = false,
+                        Some(Err(e)) => return Poll::Ready(Err(e)),
+                        Some(Ok(())) => {}
+                    }
+                }
+                if done {
+                    Poll::Ready(Ok(()))
+                } else {
+                    state.waiters.borrow_mut().push(cx.waker().clone());
+                    Poll::Pending
+                }
+            })
+            .await?;
+            Ok(posted
+                .into_iter()
+                .map(|p| match p {
+                    Posted::Done(r) => r,
+                    Posted::Read(_, mut op) => VerbResult::Read(op.take_bytes()),
+                    Posted::Write(..) => VerbResult::Write,
+                    Posted::Cas(_, op) => VerbResult::Cas(op.reply_word()),
+                    Posted::Faa(_, op) => VerbResult::Faa(op.reply_word()),
+                })
+                .collect())
+        })
+    }
+
+    fn call(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+    ) -> OpFuture<'_, Result<Reply>> {
+        let state = &self.state;
+        let conn = match state.conn(node) {
+            Ok(c) => c,
+            Err(e) => return OpFuture::ready(Err(e)),
+        };
+        let rid = state.next_rid.get();
+        state.next_rid.set(rid + 1);
+        let mut h = WireWriter::with_capacity(crate::server::REQUEST_HEADER);
+        h.u32(conn.session)
+            .u64(conn.token)
+            .u64(rid)
+            .u32(service.0)
+            .u16(state.node.0);
+        state.rpcs.borrow_mut().insert(rid, Slot::default());
+        let send = match conn.ep.am_send(AM_REQUEST, h.finish(), request) {
+            Ok(op) => op,
+            Err(e) => {
+                state.rpcs.borrow_mut().remove(&rid);
+                return OpFuture::ready(Err(state.ucx_error(node, e)));
+            }
+        };
+        let deadline = Instant::now() + state.cluster.config.rpc_timeout;
+        let state = self.state.clone();
+        OpFuture::boxed(async move {
+            /// Forgets the reply slot however the call ends.
+            struct Forget<'a>(&'a State, u64);
+            impl Drop for Forget<'_> {
+                fn drop(&mut self) {
+                    self.0.rpcs.borrow_mut().remove(&self.1);
+                }
+            }
+            let _forget = Forget(&state, rid);
+            let bytes = std::future::poll_fn(|cx| {
+                if let Some(reply) = state
+                    .rpcs
+                    .borrow_mut()
+                    .get_mut(&rid)
+                    .and_then(|s| s.reply.take())
+                {
+                    return Poll::Ready(Ok(reply));
+                }
+                if let Some(Err(e)) = op_status(node, &send) {
+                    return Poll::Ready(Err(e));
+                }
+                if conn.peer.is_down() || conn.ep.failed().is_some() {
+                    return Poll::Ready(Err(TransportError::NodeDown(node)));
+                }
+                if Instant::now() >= deadline {
+                    return Poll::Ready(Err(TransportError::Timeout { node }));
+                }
+                if let Some(s) = state.rpcs.borrow_mut().get_mut(&rid) {
+                    s.waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            })
+            .await?;
+            Ok(Reply::decode(&bytes)?)
+        })
+    }
+}
+
+/// A batch that failed after some verbs were posted: wait for those (their
+/// buffers must outlive them), then report the error.
+async fn finish_err(posted: Vec<Posted>, e: TransportError) -> Result<Vec<VerbResult>> {
+    drop(posted);
+    Err(e)
+}
