@@ -28,6 +28,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -158,6 +159,7 @@ impl State {
             ep,
         });
         self.conns.borrow_mut().insert(node, c.clone());
+        self.cluster.stats.sessions.fetch_add(1, Relaxed);
         Ok(c)
     }
 
@@ -181,6 +183,7 @@ impl State {
         {
             return Ok(c.clone());
         }
+        self.cluster.stats.rkey_fetches.fetch_add(1, Relaxed);
         let (kind, body) = conn.peer.request(control::FETCH_RKEY, |w| {
             w.u32(addr.region.0).u64(addr.key.0);
         })?;
@@ -466,6 +469,15 @@ impl EndpointBackend for UcxEndpoint {
                 indirect.push(n);
             }
         }
+        let stats = &self.state.cluster.stats;
+        let direct = plan
+            .iter()
+            .filter(|p| !indirect.contains(&verb_addr(&p.verb).node))
+            .count() as u64;
+        stats.direct_verbs.fetch_add(direct, Relaxed);
+        stats
+            .posted_verbs
+            .fetch_add(plan.len() as u64 - direct, Relaxed);
         if indirect.is_empty() {
             let results: Result<Vec<VerbResult>> = plan
                 .into_iter()

@@ -69,6 +69,9 @@ impl UcxConfig {
     }
 }
 
+/// A control answer: its frame kind and the body after the request id.
+type Answer = (u8, Vec<u8>);
+
 /// A control connection to a serving node (see [`crate::control`]).
 pub(crate) struct Peer {
     pub(crate) id: NodeId,
@@ -76,7 +79,7 @@ pub(crate) struct Peer {
     pub(crate) worker_address: Vec<u8>,
     stream: TcpStream,
     write_lock: Mutex<()>,
-    pending: Mutex<HashMap<u64, Sender<(u8, Vec<u8>)>>>,
+    pending: Mutex<HashMap<u64, Sender<Answer>>>,
     next_rid: AtomicU64,
     down: AtomicBool,
     /// Bumped on every invalidation (and when the node goes down).
@@ -163,7 +166,29 @@ impl Peer {
     }
 }
 
+/// What this process's endpoints did, for tests and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UcxStats {
+    /// Verbs executed directly on peer memory mapped into this process.
+    pub direct_verbs: u64,
+    /// Verbs posted through `ucp_get/put/atomic_op_nbx`.
+    pub posted_verbs: u64,
+    /// Remote keys fetched over control connections.
+    pub rkey_fetches: u64,
+    /// Sessions opened (one per endpoint and node it talks to).
+    pub sessions: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct StatCounters {
+    pub(crate) direct_verbs: AtomicU64,
+    pub(crate) posted_verbs: AtomicU64,
+    pub(crate) rkey_fetches: AtomicU64,
+    pub(crate) sessions: AtomicU64,
+}
+
 pub(crate) struct ClusterInner {
+    pub(crate) stats: StatCounters,
     pub(crate) config: UcxConfig,
     pub(crate) ctx: Arc<Context>,
     pub(crate) local: NodeId,
@@ -271,6 +296,7 @@ impl UcxCluster {
             .map_err(|e| TransportError::Backend(format!("UCX context: {e}")))?;
         Ok(UcxCluster {
             inner: Arc::new(ClusterInner {
+                stats: StatCounters::default(),
                 secret: config.secret.clone().into(),
                 config,
                 ctx,
@@ -280,6 +306,17 @@ impl UcxCluster {
                 connecting: Mutex::new(()),
             }),
         })
+    }
+
+    /// What this process's endpoints have done so far.
+    pub fn stats(&self) -> UcxStats {
+        let s = &self.inner.stats;
+        UcxStats {
+            direct_verbs: s.direct_verbs.load(Ordering::Relaxed),
+            posted_verbs: s.posted_verbs.load(Ordering::Relaxed),
+            rkey_fetches: s.rkey_fetches.load(Ordering::Relaxed),
+            sessions: s.sessions.load(Ordering::Relaxed),
+        }
     }
 
     /// The node this process issues as.

@@ -248,7 +248,10 @@ impl Context {
             unsafe { sys::ucp_mem_query(memh, &mut attr) },
             "ucp_mem_query",
         )?;
-        if attr.address.is_null() || attr.length < len || attr.address as usize % 64 != 0 {
+        if attr.address.is_null()
+            || attr.length < len
+            || !(attr.address as usize).is_multiple_of(64)
+        {
             return Err(UcxError::new(
                 ucs_status_t::UCS_ERR_NO_MEMORY,
                 "ucp_mem_map returned unusable memory",
@@ -341,6 +344,8 @@ struct WorkerInner {
     /// Keeps the context alive while the worker exists.
     _ctx: Arc<Context>,
     h: sys::ucp_worker_h,
+    /// Boxed twice: UCP gets a thin pointer to the inner (fat) box.
+    #[allow(clippy::vec_box)]
     handlers: RefCell<Vec<Box<Box<AmHandler>>>>,
 }
 
@@ -856,7 +861,7 @@ impl Rkey {
             return None;
         }
         let p = self.local_ptr(raddr)?;
-        if p as usize % 8 != 0 {
+        if !(p as usize).is_multiple_of(8) {
             return None;
         }
         // The whole range must be mapped contiguously.

@@ -40,5 +40,5 @@ mod control;
 mod ffi;
 mod server;
 
-pub use cluster::{UcxCluster, UcxConfig};
+pub use cluster::{UcxCluster, UcxConfig, UcxStats};
 pub use server::UcxNode;
