@@ -35,6 +35,13 @@ use std::time::{Duration, Instant};
 /// How often waiting tasks are woken to re-check timeouts and node failures
 /// even when UCX reports no progress.
 const RECHECK: Duration = Duration::from_micros(100);
+/// How long an idle thread with operations in flight spins on UCX before it
+/// sleeps on the worker's event fd (so that on a small machine the serving
+/// threads get the CPU instead of spinning clients).
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(30);
+/// The longest such a sleep lasts (other wake-ups, such as timers, are not
+/// seen while sleeping).
+const SLEEP: i32 = 1;
 
 #[derive(Default)]
 struct Slot {
@@ -82,6 +89,8 @@ struct State {
     next_rid: Cell<u64>,
     waiters: RefCell<Vec<Waker>>,
     last_wake: Cell<Instant>,
+    idle_since: Cell<Option<Instant>>,
+    event_fd: Option<i32>,
     address: Vec<u8>,
     // Last: everything above may hold UCX objects of this worker.
     worker: Worker,
@@ -105,10 +114,28 @@ impl State {
         self.last_wake.set(Instant::now());
     }
 
-    /// The idle hook: drive UCX, then let waiting tasks look again.
+    /// The idle hook: drive UCX, then let waiting tasks look again. With
+    /// operations in flight and nothing happening for a while, sleep until
+    /// UCX has an event (or briefly); with none, give the CPU away.
     fn idle(&self) {
-        let progressed = self.worker.progress();
-        if progressed || self.last_wake.get().elapsed() >= RECHECK {
+        if self.worker.progress() {
+            self.idle_since.set(None);
+            self.wake_all();
+            return;
+        }
+        let now = Instant::now();
+        let since = *self.idle_since.get().get_or_insert(now);
+        self.idle_since.set(Some(since));
+        let in_flight = !self.waiters.borrow().is_empty() || !self.rpcs.borrow().is_empty();
+        if !in_flight {
+            std::thread::yield_now();
+        } else if now - since >= SPIN_BEFORE_SLEEP
+            && let Some(fd) = self.event_fd
+            && self.worker.arm()
+        {
+            crate::ffi::poll_readable(&[fd], SLEEP);
+        }
+        if self.last_wake.get().elapsed() >= RECHECK {
             self.wake_all();
         }
     }
@@ -357,7 +384,10 @@ impl UcxEndpoint {
                 )
                 .map_err(|e| TransportError::Backend(format!("UCX handler: {e}")))?;
         }
+        let event_fd = worker.event_fd().ok();
         let state = Rc::new(State {
+            idle_since: Cell::new(None),
+            event_fd,
             cluster,
             node,
             conns: RefCell::new(HashMap::new()),

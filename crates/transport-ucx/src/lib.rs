@@ -24,6 +24,9 @@
 //!   (or direct word-by-word access where shared memory maps the node's
 //!   region here), batches posted at once and awaited once, RPC over active
 //!   messages.
+//! - [`deploy`]: `dmkv memnode` (a node with the admin service that installs
+//!   engines by name) and [`deploy::UcxDeployment`], the compute side beside
+//!   the in-process `LocalDeployment`.
 //! - `ffi`: the only `unsafe` code: bindgen bindings over the system's
 //!   `<ucp/api/ucp.h>` and safe wrappers.
 //!
@@ -37,6 +40,7 @@
 mod client;
 mod cluster;
 mod control;
+pub mod deploy;
 mod ffi;
 mod server;
 

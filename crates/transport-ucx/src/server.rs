@@ -110,6 +110,9 @@ pub(crate) struct NodeInner {
     invalidate_seq: AtomicU64,
     stopped: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Most bytes of regions registered at once (`u64::MAX`: no limit).
+    pool_limit: AtomicU64,
+    registered: AtomicU64,
 }
 
 impl NodeInner {
@@ -204,6 +207,8 @@ impl UcxNode {
             invalidate_seq: AtomicU64::new(1),
             stopped: AtomicBool::new(false),
             threads: Mutex::new(vec![progress]),
+            pool_limit: AtomicU64::new(u64::MAX),
+            registered: AtomicU64::new(0),
         });
         for h in 0..handler_threads {
             let node = inner.clone();
@@ -233,6 +238,14 @@ impl UcxNode {
     /// one-sided verbs over TCP, moving RPC messages).
     pub fn progress_cpu_ns(&self) -> u64 {
         self.inner.progress_cpu_ns.load(Ordering::Relaxed)
+    }
+
+    /// Limits the bytes of regions registered at once (`None`: no limit);
+    /// a registration beyond it fails.
+    pub fn set_pool_limit(&self, bytes: Option<u64>) {
+        self.inner
+            .pool_limit
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Client processes connected now.
@@ -283,12 +296,24 @@ impl NodeHost for UcxNode {
             .max(dmkv_transport::region::REGION_ALIGN)
             .div_ceil(dmkv_transport::region::REGION_ALIGN)
             * dmkv_transport::region::REGION_ALIGN;
-        let mem = Arc::new(
-            inner
-                .ctx
-                .map_memory(len)
-                .map_err(|e| TransportError::Backend(format!("region of {len} bytes: {e}")))?,
-        );
+        let limit = inner.pool_limit.load(Ordering::Relaxed);
+        let before = inner.registered.fetch_add(len as u64, Ordering::AcqRel);
+        if before.saturating_add(len as u64) > limit {
+            inner.registered.fetch_sub(len as u64, Ordering::AcqRel);
+            return Err(TransportError::Backend(format!(
+                "region of {len} bytes exceeds node {}'s pool ({before} of {limit} bytes in use)",
+                inner.id
+            )));
+        }
+        let mem = match inner.ctx.map_memory(len) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                inner.registered.fetch_sub(len as u64, Ordering::AcqRel);
+                return Err(TransportError::Backend(format!(
+                    "region of {len} bytes: {e}"
+                )));
+            }
+        };
         let key = AccessKey(rand::random());
         let id = inner.next_region.fetch_add(1, Ordering::Relaxed);
         let view = Arc::new(mem.region_mem());
@@ -306,9 +331,13 @@ impl NodeHost for UcxNode {
 
     fn deregister_region(&self, id: RegionId) {
         let inner = &self.inner;
-        if inner.regions.write().remove(&id.0).is_none() {
+        let Some(gone) = inner.regions.write().remove(&id.0) else {
             return;
-        }
+        };
+        inner
+            .registered
+            .fetch_sub(gone.mem.len() as u64, Ordering::AcqRel);
+        drop(gone);
         // Tell every client process that holds the rkey, and wait until each
         // has acknowledged (it then refuses new accesses with the old key).
         let holders: Vec<Arc<ServerConn>> = inner
@@ -691,11 +720,19 @@ fn handle_frame(
                     control::write_frame(&conn.stream, control::DENIED, &w.finish())
                 }
                 Some((_, mem)) => {
-                    w.u64(mem.remote_base())
-                        .u64(mem.len() as u64)
-                        .bytes(mem.packed_rkey());
-                    conn.held.lock().insert(region, mem);
-                    control::write_frame(&conn.stream, control::RKEY, &w.finish())
+                    conn.held.lock().insert(region, mem.clone());
+                    // Deregistration removes the region first and then looks
+                    // for holders: if it ran between our lookup and the insert
+                    // above it did not see us, so look again.
+                    if node.regions.read().contains_key(&region) {
+                        w.u64(mem.remote_base())
+                            .u64(mem.len() as u64)
+                            .bytes(mem.packed_rkey());
+                        control::write_frame(&conn.stream, control::RKEY, &w.finish())
+                    } else {
+                        w.u8(control::DENIED_NO_REGION).str("no such region");
+                        control::write_frame(&conn.stream, control::DENIED, &w.finish())
+                    }
                 }
             }
             .map_err(|_| ())
