@@ -134,10 +134,10 @@ fn admin_request(op: u8, engine: &str, args: &ServeArgs) -> Vec<u8> {
     w.finish()
 }
 
-/// How to start a memory-node child process: given its node id and the
-/// cluster secret, a command that runs `dmkv memnode` on loopback with
+/// How to start a memory-node child process: given its node id, the
+/// cluster secret and its number of handler threads, a command that runs `dmkv memnode` on loopback with
 /// `--exit-on-stdin-eof` and prints [`LISTENING`] and its address.
-pub type SpawnMemnode = Arc<dyn Fn(NodeId, &[u8]) -> Command + Send + Sync>;
+pub type SpawnMemnode = Arc<dyn Fn(NodeId, &[u8], usize) -> Command + Send + Sync>;
 
 /// Where the memory nodes of a UCX deployment come from.
 #[derive(Clone)]
@@ -264,8 +264,12 @@ impl UcxDeployment {
                     })?;
                     let mut addrs = Vec::new();
                     for i in 0..opts.memnodes {
-                        let (child, addr) =
-                            start_child(spawn, NodeId(i as u16), &ucx.config.secret)?;
+                        let (child, addr) = start_child(
+                            spawn,
+                            NodeId(i as u16),
+                            &ucx.config.secret,
+                            opts.handler_threads,
+                        )?;
                         children.push(child);
                         addrs.push(addr);
                     }
@@ -386,13 +390,26 @@ impl Drop for UcxDeployment {
     }
 }
 
+/// A fresh random cluster secret (hex), for memory nodes started as
+/// children of this process.
+pub fn fresh_secret() -> Vec<u8> {
+    use rand::RngCore;
+    let mut b = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<String>()
+        .into_bytes()
+}
+
 /// Starts one memory-node child and reads the address it listens on.
 fn start_child(
     spawn: &SpawnMemnode,
     id: NodeId,
     secret: &[u8],
+    handler_threads: usize,
 ) -> Result<(ChildNode, String), KvError> {
-    let mut cmd = spawn(id, secret);
+    let mut cmd = spawn(id, secret, handler_threads);
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
     let mut child = cmd
         .spawn()
