@@ -172,3 +172,121 @@ pub fn deployer(
     opts.spawn = Some(spawn);
     Ok(Arc::new(UcxDeployer { opts }))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The UCX commands, run in-process against a memory node served by the
+    //! test over loopback.
+    use crate::cli::{EXIT_OK, EXIT_USAGE, Io, run};
+    use crate::engines::REGISTRY;
+    use std::ffi::OsString;
+
+    fn dmkv(args: &[&str]) -> (i32, String, String) {
+        let mut input: &[u8] = b"";
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let argv: Vec<OsString> = std::iter::once("dmkv")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
+        let code = run(
+            &REGISTRY,
+            argv,
+            &mut Io {
+                stdin: &mut input,
+                stdin_is_terminal: false,
+                out: &mut out,
+                err: &mut err,
+                progress: false,
+            },
+        );
+        (
+            code,
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    #[test]
+    fn bench_over_ucx_against_a_listed_memory_node_verifies() {
+        let dir = std::env::temp_dir().join(format!("dmkv-ucx-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "cli-test-secret\n").unwrap();
+        let node = super::Memnode::start(
+            &super::MemnodeOptions {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                node: dmkv_transport::NodeId(0),
+                handler_threads: 1,
+                pool_bytes: None,
+                config: super::UcxConfig::tcp_loopback(b"cli-test-secret".to_vec()),
+            },
+            super::lookup(&REGISTRY),
+        )
+        .unwrap();
+        let addr = node.listen_addr().to_string();
+        let json = dir.join("out.json");
+        let (code, out, err) = dmkv(&[
+            "bench",
+            "--transport",
+            "ucx",
+            "--memnode-addr",
+            &addr,
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--engine",
+            "reference",
+            "--keys",
+            "2000",
+            "--ops",
+            "2000",
+            "--verify",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert_eq!(code, EXIT_OK, "{out}\n{err}");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(r["transport"], "ucx");
+        assert_eq!(r["verify"]["mismatches"], 0);
+        assert_eq!(r["verify"]["checked"], 2000);
+        assert!(r["memnode"]["progress_cpu_ns"].as_u64().is_some());
+        // The same node refuses a client with another secret.
+        std::fs::write(&secret, "another secret").unwrap();
+        let (code, _, err) = dmkv(&[
+            "bench",
+            "--transport",
+            "ucx",
+            "--memnode-addr",
+            &addr,
+            "--secret-file",
+            secret.to_str().unwrap(),
+            "--engine",
+            "reference",
+        ]);
+        assert_ne!(code, EXIT_OK);
+        assert!(err.contains("secret"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn memnode_needs_a_secret_and_ucx_flags_need_ucx() {
+        let (code, _, err) = dmkv(&[
+            "memnode",
+            "--listen",
+            "127.0.0.1:0",
+            "--secret-file",
+            "/nonexistent/secret",
+        ]);
+        assert_eq!(code, EXIT_USAGE, "{err}");
+        assert!(err.contains("secret"), "{err}");
+        let (code, _, err) = dmkv(&[
+            "bench",
+            "--engine",
+            "reference",
+            "--memnode-addr",
+            "127.0.0.1:1",
+        ]);
+        assert_eq!(code, EXIT_USAGE, "{err}");
+        assert!(err.contains("--transport ucx"), "{err}");
+    }
+}
