@@ -14,10 +14,10 @@
 //! same node whose order matters and a flush per node that was written, and
 //! the batch waits once for all of them.
 
-use crate::cluster::{ClusterInner, Peer};
+use crate::cluster::{ClusterInner, Peer, VerbPath};
 use crate::control;
 use crate::ffi::{Ep, MappedView, Op, Rkey, UcxError, Worker};
-use crate::server::{AM_REPLY, AM_REQUEST};
+use crate::server::{AM_REPLY, AM_REQUEST, AM_VERBS};
 use dmkv_transport::exec::{self, IdleHookGuard};
 use dmkv_transport::region::RegionAccessError;
 use dmkv_transport::{
@@ -51,8 +51,18 @@ struct Slot {
 
 type Rpcs = Rc<RefCell<HashMap<u64, Slot>>>;
 
+/// How a node's verbs travel in a batch (a node takes the lowest path any
+/// of its verbs has, so that they keep their order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    Messages,
+    Ucx,
+    Direct,
+}
+
 /// A remote key fetched for one region.
 struct Cached {
+    path: Path,
     key: u64,
     base: u64,
     len: u64,
@@ -241,12 +251,19 @@ impl State {
                 .unpack_rkey(packed)
                 .map_err(|e| self.ucx_error(addr.node, e))?,
         );
-        let view = if self.cluster.config.direct_shm {
-            rkey.mapped_view(base, len as usize)
+        let view = match self.cluster.config.verbs {
+            VerbPath::Auto => rkey.mapped_view(base, len as usize),
+            VerbPath::Ucx | VerbPath::Messages => None,
+        };
+        let path = if view.is_some() {
+            Path::Direct
+        } else if self.cluster.config.verbs == VerbPath::Ucx || self.cluster.native_rma {
+            Path::Ucx
         } else {
-            None
+            Path::Messages
         };
         let c = Rc::new(Cached {
+            path,
             key: addr.key.0,
             base,
             len,
@@ -262,7 +279,10 @@ impl State {
 struct Prepared {
     verb: Verb,
     conn: Rc<Conn>,
-    target: Rc<Cached>,
+    /// The region's key and mapping (not fetched for the message path,
+    /// where the node checks every verb itself).
+    target: Option<Rc<Cached>>,
+    path: Path,
 }
 
 fn access_error(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
@@ -339,6 +359,8 @@ fn perform_direct(view: &MappedView, v: Verb) -> Result<VerbResult> {
 
 enum Posted {
     Done(VerbResult),
+    /// Carried by a verbs message to this node; filled in from its reply.
+    Message(NodeId),
     Read(NodeId, Op),
     Write(NodeId, Op),
     Cas(NodeId, Op),
@@ -410,42 +432,49 @@ impl UcxEndpoint {
     fn prepare(&self, v: Verb) -> Result<Prepared> {
         let addr = *verb_addr(&v);
         let conn = self.state.conn(addr.node)?;
+        if self.state.cluster.config.verbs == VerbPath::Messages {
+            return Ok(Prepared {
+                verb: v,
+                conn,
+                target: None,
+                path: Path::Messages,
+            });
+        }
         let target = self.state.rkey(&conn, &addr)?;
         check_range(&v, target.len)?;
         Ok(Prepared {
             verb: v,
             conn,
-            target,
+            path: target.path,
+            target: Some(target),
         })
     }
 
     fn post(&self, p: Prepared) -> Result<Posted> {
         let node = verb_addr(&p.verb).node;
-        let raddr = |a: &RemoteAddr| p.target.base + a.offset;
+        let target = p.target.as_ref().expect("the UCX path has a remote key");
+        let raddr = |a: &RemoteAddr| target.base + a.offset;
         let ep = &p.conn.ep;
         let err = |e| self.state.ucx_error(node, e);
         Ok(match p.verb {
-            Verb::Read { addr, len } => Posted::Read(
-                node,
-                ep.get(raddr(&addr), len, &p.target.rkey).map_err(err)?,
-            ),
-            Verb::Write { addr, data } => Posted::Write(
-                node,
-                ep.put(raddr(&addr), data, &p.target.rkey).map_err(err)?,
-            ),
+            Verb::Read { addr, len } => {
+                Posted::Read(node, ep.get(raddr(&addr), len, &target.rkey).map_err(err)?)
+            }
+            Verb::Write { addr, data } => {
+                Posted::Write(node, ep.put(raddr(&addr), data, &target.rkey).map_err(err)?)
+            }
             Verb::Cas {
                 addr,
                 expected,
                 new,
             } => Posted::Cas(
                 node,
-                ep.cas(raddr(&addr), expected, new, &p.target.rkey)
+                ep.cas(raddr(&addr), expected, new, &target.rkey)
                     .map_err(err)?,
             ),
-            Verb::Faa { addr, add } => Posted::Faa(
-                node,
-                ep.faa(raddr(&addr), add, &p.target.rkey).map_err(err)?,
-            ),
+            Verb::Faa { addr, add } => {
+                Posted::Faa(node, ep.faa(raddr(&addr), add, &target.rkey).map_err(err)?)
+            }
         })
     }
 }
@@ -490,32 +519,29 @@ impl EndpointBackend for UcxEndpoint {
                 Err(e) => return OpFuture::ready(Err(e)),
             }
         }
-        // A node's verbs go direct only if all of them can (so their order
-        // holds).
-        let mut indirect: Vec<NodeId> = Vec::new();
+        // Each node's verbs take the lowest path any of them has, so they
+        // keep their order.
+        let mut node_path: HashMap<NodeId, Path> = HashMap::new();
         for p in &plan {
-            let n = verb_addr(&p.verb).node;
-            if p.target.view.is_none() && !indirect.contains(&n) {
-                indirect.push(n);
-            }
+            let e = node_path.entry(verb_addr(&p.verb).node).or_insert(p.path);
+            *e = (*e).min(p.path);
         }
+        let path_of = |p: &Prepared| node_path[&verb_addr(&p.verb).node];
         let stats = &self.state.cluster.stats;
-        let direct = plan
-            .iter()
-            .filter(|p| !indirect.contains(&verb_addr(&p.verb).node))
-            .count() as u64;
-        stats.direct_verbs.fetch_add(direct, Relaxed);
-        stats
-            .posted_verbs
-            .fetch_add(plan.len() as u64 - direct, Relaxed);
-        if indirect.is_empty() {
+        for p in &plan {
+            match path_of(p) {
+                Path::Direct => &stats.direct_verbs,
+                Path::Ucx => &stats.posted_verbs,
+                Path::Messages => &stats.message_verbs,
+            }
+            .fetch_add(1, Relaxed);
+        }
+        if plan.iter().all(|p| path_of(p) == Path::Direct) {
             let results: Result<Vec<VerbResult>> = plan
                 .into_iter()
                 .map(|p| {
-                    perform_direct(
-                        p.target.view.as_ref().expect("every verb has a view"),
-                        p.verb,
-                    )
+                    let view = p.target.as_ref().and_then(|t| t.view.as_ref());
+                    perform_direct(view.expect("a direct verb has a view"), p.verb)
                 })
                 .collect();
             return OpFuture::ready(results);
@@ -526,30 +552,44 @@ impl EndpointBackend for UcxEndpoint {
         // endpoint to flush if it was written.
         let mut last: HashMap<NodeId, bool> = HashMap::new();
         let mut written: Vec<(NodeId, Ep)> = Vec::new();
+        // Per node on the message path: its connection and its verbs.
+        let mut messages: Vec<(NodeId, Rc<Conn>, Vec<Verb>)> = Vec::new();
         for p in plan {
             let node = verb_addr(&p.verb).node;
-            if !indirect.contains(&node) {
-                let view = p.target.view.as_ref().expect("direct node");
-                match perform_direct(view, p.verb) {
-                    Ok(r) => posted.push(Posted::Done(r)),
-                    Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+            match path_of(&p) {
+                Path::Direct => {
+                    let view = p.target.as_ref().and_then(|t| t.view.as_ref());
+                    match perform_direct(view.expect("a direct verb has a view"), p.verb) {
+                        Ok(r) => posted.push(Posted::Done(r)),
+                        Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+                    }
                 }
-                continue;
-            }
-            let is_read = matches!(p.verb, Verb::Read { .. });
-            if let Some(&prev_read) = last.get(&node)
-                && !(prev_read && is_read)
-                && let Err(e) = state.worker.fence()
-            {
-                return OpFuture::boxed(finish_err(posted, state.ucx_error(node, e)));
-            }
-            last.insert(node, is_read);
-            if matches!(p.verb, Verb::Write { .. }) && !written.iter().any(|(n, _)| *n == node) {
-                written.push((node, p.conn.ep.clone()));
-            }
-            match self.post(p) {
-                Ok(op) => posted.push(op),
-                Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+                Path::Messages => {
+                    match messages.iter_mut().find(|(n, ..)| *n == node) {
+                        Some((_, _, vs)) => vs.push(p.verb),
+                        None => messages.push((node, p.conn.clone(), vec![p.verb])),
+                    }
+                    posted.push(Posted::Message(node));
+                }
+                Path::Ucx => {
+                    let is_read = matches!(p.verb, Verb::Read { .. });
+                    if let Some(&prev_read) = last.get(&node)
+                        && !(prev_read && is_read)
+                        && let Err(e) = state.worker.fence()
+                    {
+                        return OpFuture::boxed(finish_err(posted, state.ucx_error(node, e)));
+                    }
+                    last.insert(node, is_read);
+                    if matches!(p.verb, Verb::Write { .. })
+                        && !written.iter().any(|(n, _)| *n == node)
+                    {
+                        written.push((node, p.conn.ep.clone()));
+                    }
+                    match self.post(p) {
+                        Ok(op) => posted.push(op),
+                        Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+                    }
+                }
             }
         }
         // A put completes locally; a flush completes when it is done at the
@@ -561,7 +601,47 @@ impl EndpointBackend for UcxEndpoint {
                 Err(e) => return OpFuture::boxed(finish_err(posted, state.ucx_error(node, e))),
             }
         }
+        // One message per node on the message path.
+        let mut sent: Vec<SentVerbs> = Vec::new();
+        for (node, conn, vs) in messages {
+            let rid = state.next_rid.get();
+            state.next_rid.set(rid + 1);
+            let mut h = WireWriter::with_capacity(crate::server::VERBS_HEADER);
+            h.u32(conn.session).u64(conn.token).u64(rid);
+            state.rpcs.borrow_mut().insert(rid, Slot::default());
+            match conn
+                .ep
+                .am_send(AM_VERBS, h.finish(), crate::verbs::encode(&vs))
+            {
+                Ok(op) => sent.push(SentVerbs {
+                    node,
+                    conn,
+                    rid,
+                    verbs: vs,
+                    send: op,
+                }),
+                Err(e) => {
+                    state.rpcs.borrow_mut().remove(&rid);
+                    let e = state.ucx_error(node, e);
+                    drop(sent);
+                    return OpFuture::boxed(finish_err(posted, e));
+                }
+            }
+        }
+        let deadline = Instant::now() + state.cluster.config.rpc_timeout;
         OpFuture::boxed(async move {
+            /// Forgets the reply slots however the batch ends.
+            struct Forget<'a>(&'a State, Vec<u64>);
+            impl Drop for Forget<'_> {
+                fn drop(&mut self) {
+                    let mut rpcs = self.0.rpcs.borrow_mut();
+                    for rid in &self.1 {
+                        rpcs.remove(rid);
+                    }
+                }
+            }
+            let _forget = Forget(&state, sent.iter().map(|s| s.rid).collect());
+            let mut replies: Vec<Option<Vec<u8>>> = vec![None; sent.len()];
             std::future::poll_fn(|cx| {
                 let mut done = true;
                 for p in &posted {
@@ -584,6 +664,33 @@ impl EndpointBackend for UcxEndpoint {
                         Some(Ok(())) => {}
                     }
                 }
+                for (i, m) in sent.iter().enumerate() {
+                    if replies[i].is_some() {
+                        continue;
+                    }
+                    let reply = state
+                        .rpcs
+                        .borrow_mut()
+                        .get_mut(&m.rid)
+                        .and_then(|s| s.reply.take());
+                    if let Some(r) = reply {
+                        replies[i] = Some(r);
+                        continue;
+                    }
+                    done = false;
+                    if let Some(Err(e)) = op_status(m.node, &m.send) {
+                        return Poll::Ready(Err(e));
+                    }
+                    if m.conn.peer.is_down() || m.conn.ep.failed().is_some() {
+                        return Poll::Ready(Err(TransportError::NodeDown(m.node)));
+                    }
+                    if Instant::now() >= deadline {
+                        return Poll::Ready(Err(TransportError::Timeout { node: m.node }));
+                    }
+                    if let Some(s) = state.rpcs.borrow_mut().get_mut(&m.rid) {
+                        s.waker = Some(cx.waker().clone());
+                    }
+                }
                 if done {
                     Poll::Ready(Ok(()))
                 } else {
@@ -592,10 +699,22 @@ impl EndpointBackend for UcxEndpoint {
                 }
             })
             .await?;
+            // Results of each message, in the order its verbs were posted.
+            let mut from_messages: HashMap<NodeId, std::vec::IntoIter<VerbResult>> = HashMap::new();
+            for (m, r) in sent.iter().zip(replies) {
+                let r = r.expect("every reply arrived");
+                let results = crate::verbs::decode_reply(m.node, &m.verbs, &r)?;
+                from_messages.insert(m.node, results.into_iter());
+            }
+            // A node's message verbs appear in `posted` in posting order.
             Ok(posted
                 .into_iter()
                 .map(|p| match p {
                     Posted::Done(r) => r,
+                    Posted::Message(node) => from_messages
+                        .get_mut(&node)
+                        .and_then(|it| it.next())
+                        .expect("one result per message verb"),
                     Posted::Read(_, mut op) => VerbResult::Read(op.take_bytes()),
                     Posted::Write(..) => VerbResult::Write,
                     Posted::Cas(_, op) => VerbResult::Cas(op.reply_word()),
@@ -670,6 +789,15 @@ impl EndpointBackend for UcxEndpoint {
             Ok(Reply::decode(&bytes)?)
         })
     }
+}
+
+/// The verbs message of one batch to one node.
+struct SentVerbs {
+    node: NodeId,
+    conn: Rc<Conn>,
+    rid: u64,
+    verbs: Vec<Verb>,
+    send: Op,
 }
 
 /// A batch that failed after some verbs were posted: wait for those (their

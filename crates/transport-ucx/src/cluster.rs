@@ -14,6 +14,35 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// How one-sided verbs travel to a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerbPath {
+    /// Direct word-by-word access where the transport maps the node's region
+    /// into this process (shared memory); else `ucp_get/put/atomic_op_nbx`
+    /// if this host has RDMA devices (InfiniBand/RoCE) and `UCX_TLS` does
+    /// not exclude them; else messages served by the node's progress thread.
+    Auto,
+    /// Always `ucp_get/put/atomic_op_nbx`, whatever the transport (over TCP
+    /// that is UCX's own emulation; see docs/ucx.md for its failure mode).
+    Ucx,
+    /// Always messages served by the node's progress thread.
+    Messages,
+}
+
+/// Whether this host has RDMA devices that `tls` (UCX_TLS) allows.
+fn native_rma(tls: Option<&str>) -> bool {
+    let devices = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| d.count() > 0)
+        .unwrap_or(false);
+    let env = std::env::var("UCX_TLS").ok();
+    let tls = tls.or(env.as_deref()).unwrap_or("all");
+    let allowed = tls.split(',').any(|t| {
+        let t = t.trim().trim_start_matches('^');
+        t == "all" || t == "ib" || t.starts_with("rc") || t.starts_with("dc")
+    }) && !tls.starts_with('^');
+    devices && allowed
+}
+
 /// How a process uses UCX.
 #[derive(Debug, Clone)]
 pub struct UcxConfig {
@@ -28,10 +57,8 @@ pub struct UcxConfig {
     pub settings: Vec<(String, String)>,
     /// How long a caller waits for an RPC reply.
     pub rpc_timeout: Duration,
-    /// Access peer memory that the transport maps into this process (shared
-    /// memory) directly, word by word, instead of through `ucp_get/put`.
-    /// This keeps the contract's ordering guarantees (see docs/ucx.md).
-    pub direct_shm: bool,
+    /// How one-sided verbs travel (see [`VerbPath`]).
+    pub verbs: VerbPath,
     /// How long to wait for a control connection to a node.
     pub connect_timeout: Duration,
 }
@@ -45,7 +72,7 @@ impl UcxConfig {
             net_devices: None,
             settings: Vec::new(),
             rpc_timeout: Duration::from_secs(30),
-            direct_shm: true,
+            verbs: VerbPath::Auto,
             connect_timeout: Duration::from_secs(10),
         }
     }
@@ -173,6 +200,8 @@ pub struct UcxStats {
     pub direct_verbs: u64,
     /// Verbs posted through `ucp_get/put/atomic_op_nbx`.
     pub posted_verbs: u64,
+    /// Verbs sent as messages to the node's progress thread.
+    pub message_verbs: u64,
     /// Remote keys fetched over control connections.
     pub rkey_fetches: u64,
     /// Sessions opened (one per endpoint and node it talks to).
@@ -183,11 +212,14 @@ pub struct UcxStats {
 pub(crate) struct StatCounters {
     pub(crate) direct_verbs: AtomicU64,
     pub(crate) posted_verbs: AtomicU64,
+    pub(crate) message_verbs: AtomicU64,
     pub(crate) rkey_fetches: AtomicU64,
     pub(crate) sessions: AtomicU64,
 }
 
 pub(crate) struct ClusterInner {
+    /// RDMA devices usable here (for [`VerbPath::Auto`]).
+    pub(crate) native_rma: bool,
     pub(crate) stats: StatCounters,
     pub(crate) config: UcxConfig,
     pub(crate) ctx: Arc<Context>,
@@ -296,6 +328,7 @@ impl UcxCluster {
             .map_err(|e| TransportError::Backend(format!("UCX context: {e}")))?;
         Ok(UcxCluster {
             inner: Arc::new(ClusterInner {
+                native_rma: native_rma(config.tls.as_deref()),
                 stats: StatCounters::default(),
                 secret: config.secret.clone().into(),
                 config,
@@ -314,6 +347,7 @@ impl UcxCluster {
         UcxStats {
             direct_verbs: s.direct_verbs.load(Ordering::Relaxed),
             posted_verbs: s.posted_verbs.load(Ordering::Relaxed),
+            message_verbs: s.message_verbs.load(Ordering::Relaxed),
             rkey_fetches: s.rkey_fetches.load(Ordering::Relaxed),
             sessions: s.sessions.load(Ordering::Relaxed),
         }

@@ -43,6 +43,7 @@ mod control;
 pub mod deploy;
 mod ffi;
 mod server;
+mod verbs;
 
-pub use cluster::{UcxCluster, UcxConfig, UcxStats};
+pub use cluster::{UcxCluster, UcxConfig, UcxStats, VerbPath};
 pub use server::UcxNode;

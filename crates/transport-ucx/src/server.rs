@@ -38,6 +38,11 @@ use std::time::{Duration, Instant};
 /// Active-message ids.
 pub(crate) const AM_REQUEST: u32 = 1;
 pub(crate) const AM_REPLY: u32 = 2;
+/// One-sided verbs carried as a message and executed by the progress thread
+/// (the TCP path; see `docs/ucx.md`). Same header as a request without the
+/// service and caller; the reply comes back as `AM_REPLY`.
+pub(crate) const AM_VERBS: u32 = 3;
+pub(crate) const VERBS_HEADER: usize = 4 + 8 + 8;
 
 /// RPC request header: `session u32 | token u64 | request id u64 |
 /// service u32 | caller u16`.
@@ -51,10 +56,13 @@ pub const RELEASE_GRACE: Duration = Duration::from_secs(2);
 /// How long deregistration waits for client processes to acknowledge.
 pub const INVALIDATE_TIMEOUT: Duration = Duration::from_secs(5);
 
-struct RegionEntry {
-    key: AccessKey,
+pub(crate) struct RegionEntry {
+    pub(crate) key: AccessKey,
     mem: Arc<MappedMemory>,
+    pub(crate) view: Arc<RegionMem>,
 }
+
+type Regions = Arc<RwLock<HashMap<u32, RegionEntry>>>;
 
 enum Cmd {
     OpenSession {
@@ -96,7 +104,7 @@ pub(crate) struct NodeInner {
     cluster: Weak<ClusterInner>,
     secret: Arc<[u8]>,
     services: ServiceTable,
-    regions: RwLock<HashMap<u32, RegionEntry>>,
+    regions: Regions,
     next_region: AtomicU32,
     handler_threads: usize,
     progress_cpu_ns: Arc<AtomicU64>,
@@ -158,6 +166,7 @@ impl UcxNode {
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
         let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
         let progress_cpu_ns = Arc::new(AtomicU64::new(0));
+        let regions: Regions = Arc::default();
 
         // The progress thread makes the worker (it is used only there) and
         // reports its address.
@@ -166,6 +175,7 @@ impl UcxNode {
             let ctx = ctx.clone();
             let cmd_tx = cmd_tx.clone();
             let cpu = progress_cpu_ns.clone();
+            let regions = regions.clone();
             std::thread::Builder::new()
                 .name(format!("dmkv-{id}-progress"))
                 .spawn(move || {
@@ -178,6 +188,7 @@ impl UcxNode {
                         cpu,
                         handler_threads,
                         addr_tx,
+                        regions,
                     )
                 })
                 .map_err(|e| TransportError::Backend(format!("spawn progress thread: {e}")))?
@@ -193,7 +204,7 @@ impl UcxNode {
             cluster,
             secret,
             services: ServiceTable::new(),
-            regions: RwLock::new(HashMap::new()),
+            regions,
             next_region: AtomicU32::new(0),
             handler_threads,
             progress_cpu_ns,
@@ -317,7 +328,14 @@ impl NodeHost for UcxNode {
         let key = AccessKey(rand::random());
         let id = inner.next_region.fetch_add(1, Ordering::Relaxed);
         let view = Arc::new(mem.region_mem());
-        inner.regions.write().insert(id, RegionEntry { key, mem });
+        inner.regions.write().insert(
+            id,
+            RegionEntry {
+                key,
+                mem,
+                view: view.clone(),
+            },
+        );
         Ok((
             RemoteRegion {
                 node: inner.id,
@@ -421,6 +439,7 @@ fn progress_thread(
     cpu: Arc<AtomicU64>,
     handler_threads: usize,
     addr_tx: Sender<std::result::Result<Vec<u8>, ffi::UcxError>>,
+    regions: Regions,
 ) {
     let worker = match Worker::new(&ctx).and_then(|w| w.address().map(|a| (w, a))) {
         Ok((w, a)) => {
@@ -482,6 +501,31 @@ fn progress_thread(
             .set_am_handler(AM_REQUEST, Box::new(handler))
             .is_err()
         {
+            return;
+        }
+    }
+    {
+        // Verbs carried as messages: checked and executed here, on the
+        // progress thread, as UCX's own emulation would be.
+        let tokens = tokens.clone();
+        let cmd_tx = cmd_tx.clone();
+        let handler = move |header: &[u8], data: &[u8]| {
+            let mut r = WireReader::new(header);
+            let parsed = (|| Ok::<_, dmkv_transport::WireError>((r.u32()?, r.u64()?, r.u64()?)))();
+            let Ok((session, token, rid)) = parsed else {
+                return;
+            };
+            if tokens.borrow().get(&session) != Some(&token) {
+                return;
+            }
+            let reply = crate::verbs::serve(&regions.read(), data);
+            let _ = cmd_tx.send(Cmd::Reply {
+                session,
+                rid,
+                reply,
+            });
+        };
+        if worker.set_am_handler(AM_VERBS, Box::new(handler)).is_err() {
             return;
         }
     }

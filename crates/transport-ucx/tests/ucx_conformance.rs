@@ -10,7 +10,7 @@
 
 use dmkv_transport::conformance::{Target, TestCluster};
 use dmkv_transport::{Fabric, NodeHost, NodeId};
-use dmkv_transport_ucx::{UcxCluster, UcxConfig, UcxNode};
+use dmkv_transport_ucx::{UcxCluster, UcxConfig, UcxNode, VerbPath};
 use std::sync::Arc;
 
 /// Makes clusters whose processes use `config`.
@@ -106,8 +106,21 @@ mod shm_nbx {
     use super::*;
     fn config(secret: Vec<u8>) -> UcxConfig {
         UcxConfig {
-            direct_shm: false,
+            verbs: VerbPath::Ucx,
             ..UcxConfig::shm_loopback(secret)
+        }
+    }
+    dmkv_transport::conformance_tests!(Ucx { config });
+}
+
+/// TCP through UCX's own emulation of `ucp_get/put/atomic_op_nbx` (served
+/// by the node's progress thread inside UCX) rather than dmkv's messages.
+mod tcp_nbx {
+    use super::*;
+    fn config(secret: Vec<u8>) -> UcxConfig {
+        UcxConfig {
+            verbs: VerbPath::Ucx,
+            ..UcxConfig::tcp_loopback(secret)
         }
     }
     dmkv_transport::conformance_tests!(Ucx { config });
