@@ -18,7 +18,7 @@
 use crate::server::RegionEntry;
 use dmkv_transport::region::RegionAccessError;
 use dmkv_transport::{
-    NodeId, RegionId, RemoteAddr, Result, TransportError, Verb, VerbResult, WireReader, WireWriter,
+    NodeId, RegionId, Result, TransportError, Verb, VerbResult, WireReader, WireWriter,
 };
 use std::collections::HashMap;
 
