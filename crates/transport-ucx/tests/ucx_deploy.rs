@@ -14,10 +14,14 @@ use dmkv_transport_ucx::UcxConfig;
 use dmkv_transport_ucx::deploy::{Memnode, MemnodeOptions, UcxDeployOptions, UcxDeployment};
 use std::sync::Arc;
 
+const ENGINES: &[&dyn EngineSpec] = &[
+    &Reference,
+    &dmkv_cell::CellSpec,
+    &dmkv_rpc_btree::RpcBtreeSpec,
+];
+
 fn lookup() -> dmkv_transport_ucx::deploy::EngineLookup {
-    Arc::new(|name: &str| {
-        (name == Reference.name()).then_some(&Reference as &'static dyn EngineSpec)
-    })
+    Arc::new(|name: &str| ENGINES.iter().copied().find(|e| e.name() == name))
 }
 
 fn memnode(id: u16, config: &UcxConfig) -> Memnode {
@@ -119,4 +123,74 @@ fn unknown_engines_and_wrong_secrets_are_refused() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("secret"), "{e}");
+}
+
+/// Engines that read one-sided (cell: one-sided traversal with a cache of
+/// upper levels; writes by rpc-btree's service) and by RPC, over TCP (verbs
+/// as messages) and shared memory (direct), from two compute threads, with
+/// every value checked and a scan over all keys.
+#[test]
+fn one_sided_and_rpc_engines_run_unchanged() {
+    for config in [
+        UcxConfig::tcp_loopback(b"deploy".to_vec()),
+        UcxConfig::shm_loopback(b"deploy".to_vec()),
+    ] {
+        for spec in [
+            &dmkv_cell::CellSpec as &dyn EngineSpec,
+            &dmkv_rpc_btree::RpcBtreeSpec,
+        ] {
+            let m0 = memnode(0, &config);
+            let mut ucx = UcxDeployOptions::new(config.clone());
+            ucx.memnodes = vec![m0.listen_addr().to_string()];
+            let dep = UcxDeployment::deploy(
+                spec,
+                &DeployOptions {
+                    threads: 2,
+                    expected_keys: 4000,
+                    ..DeployOptions::default()
+                },
+                &ucx,
+            )
+            .unwrap();
+            let (ep0, kv0) = dep.client(0).unwrap();
+            let pairs: Vec<(u64, Vec<u8>)> = (1..=1000u64)
+                .map(|k| (k * 7, (k * 7).to_le_bytes().to_vec()))
+                .collect();
+            block_on(dep.engine.load(&ep0, &pairs)).unwrap();
+            std::thread::scope(|s| {
+                for t in 0..2u64 {
+                    let dep = &dep;
+                    s.spawn(move || {
+                        let (_ep, kv) = dep.client(t as usize).unwrap();
+                        block_on(async {
+                            for k in 1..=1000u64 {
+                                let key = k * 7;
+                                let got = kv.get(key).await.unwrap();
+                                assert_eq!(got, Some(key.to_le_bytes().to_vec()), "{key}");
+                            }
+                            for k in 0..150u64 {
+                                let key = 100_000 + k * 2 + t;
+                                assert!(kv.insert(key, &key.to_le_bytes()).await.unwrap());
+                            }
+                        });
+                    });
+                }
+            });
+            let all = block_on(kv0.scan(0, 10_000)).unwrap();
+            assert_eq!(all.len(), 1300, "{}", spec.name());
+            assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+            for (k, v) in &all {
+                assert_eq!(v, &k.to_le_bytes().to_vec());
+            }
+            let verbs = ep0.counters().sum(&dmkv_transport::OpKind::ALL);
+            eprintln!(
+                "{} over {:?}: client 0 used {} verbs and {} rpcs; {:?}",
+                spec.name(),
+                config.tls,
+                verbs.verbs,
+                verbs.rpcs,
+                dep.cluster().stats()
+            );
+        }
+    }
 }
