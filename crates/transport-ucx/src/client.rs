@@ -7,12 +7,13 @@
 //! replies) and a cache of remote keys fetched over the control connection.
 //!
 //! A batch is checked whole before anything is posted (node, region, access
-//! key, bounds, alignment). Verbs to memory the transport maps into this
-//! process (shared memory) are then executed directly, word by word, like
-//! the `local` backend does; the others are posted with `ucp_get_nbx`,
-//! `ucp_put_nbx` and `ucp_atomic_op_nbx`, with a fence between verbs to the
-//! same node whose order matters and a flush per node that was written, and
-//! the batch waits once for all of them.
+//! key, bounds, alignment). Each node's verbs then take one path
+//! ([`VerbPath`]): executed directly, word by word, on memory the transport
+//! maps into this process (shared memory), like the `local` backend does;
+//! posted with `ucp_get_nbx`, `ucp_put_nbx` and `ucp_atomic_op_nbx`, with a
+//! fence between verbs whose order matters and a flush per node that was
+//! written; or sent as one message per node to the node's progress thread
+//! (the TCP path, [`crate::verbs`]). The batch waits once for all of them.
 
 use crate::cluster::{ClusterInner, Peer, VerbPath};
 use crate::control;
