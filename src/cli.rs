@@ -118,6 +118,13 @@ pub struct BenchArgs {
     /// An engine setting, e.g. --set xstore.submodels=500000 (repeatable).
     #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
     pub set: Vec<String>,
+    /// Local transport: copy every read in pieces, yielding between them, so
+    /// that concurrent writes tear it (engines must detect and retry).
+    #[arg(long)]
+    pub torn_reads: bool,
+    /// Local transport: add this network latency to every round trip.
+    #[arg(long, value_name = "MICROS", default_value_t = 0)]
+    pub rtt_us: u64,
 }
 
 #[derive(Debug, Args)]
@@ -291,12 +298,30 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             "--memnode-addr and --secret-file need --transport ucx",
         ));
     }
-    let engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
-    let mut cfg = BenchConfig::new(engines);
-    cfg.workload = match (a.trace, a.workload) {
+    let mut engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
+    let workload = match (a.trace, a.workload) {
         (Some(path), _) => WorkloadSource::Trace(path),
         (None, w) => WorkloadSource::Synthetic(w.unwrap_or(Workload::YcsbC)),
     };
+    // The default comparison leaves out engines that cannot run a scanning
+    // workload (hash designs); engines named with --engine are refused instead.
+    if a.engine.is_none()
+        && matches!(&workload, WorkloadSource::Synthetic(w) if w.has_run_phase() && w.mix().scan > 0)
+    {
+        engines.retain(|e| {
+            let scans = e.spec.capabilities().scan;
+            if !scans {
+                let _ = writeln!(
+                    io.err,
+                    "note: leaving out {}: it has no ordered scans, which this workload needs",
+                    e.spec.name()
+                );
+            }
+            scans
+        });
+    }
+    let mut cfg = BenchConfig::new(engines);
+    cfg.workload = workload;
     cfg.dist = a.dist;
     cfg.keyset = a.keyset.unwrap_or(KeysetSpec::Uniform);
     cfg.keys = a.keys;
@@ -311,6 +336,8 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     cfg.data_dir = a.data_dir;
     cfg.verify = a.verify;
     cfg.seed = a.seed;
+    cfg.local.faults.torn_reads = a.torn_reads;
+    cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.progress = io.progress;
     #[cfg(feature = "ucx")]
     if a.transport == Transport::Ucx {

@@ -19,8 +19,16 @@ pub struct Registry {
 /// testing the harness) can be chosen with `--engine reference` but is not
 /// one of the designs compared by default.
 pub const REGISTRY: Registry = Registry {
-    engines: &[&Reference],
-    default_set: &[],
+    engines: &[
+        &dmkv_xstore::SPEC,
+        &dmkv_rpc_btree::SPEC,
+        &dmkv_cell::SPEC,
+        &dmkv_sherman::SPEC,
+        &dmkv_race::SPEC,
+        &dmkv_rpc_hash::SPEC,
+        &Reference,
+    ],
+    default_set: &["xstore", "rpc-btree", "cell", "sherman", "race", "rpc-hash"],
 };
 
 impl Registry {

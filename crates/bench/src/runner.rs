@@ -77,13 +77,9 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
         (WorkloadSource::Synthetic(w), None) => w.has_run_phase() && w.mix().scan > 0,
         _ => false,
     };
-    let size_hint = match &trace {
-        Some(t) => t.ops.len() as u64,
-        None => cfg.keys.saturating_add(cfg.ops),
-    };
     let mut reserved: Vec<u64> = Vec::new();
     for e in &cfg.engines {
-        let caps = preflight(cfg, e, size_hint)?;
+        let caps = preflight(e)?;
         if needs_scan && !caps.scan {
             return Err(BenchError::input(format!(
                 "engine {} has no ordered scans, which this workload needs",
@@ -144,17 +140,11 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
     Ok(outcome)
 }
 
-/// Deploys `e` once to learn what it accepts (knobs, reserved keys, value
-/// sizes, scans) before any key is generated.
-fn preflight(
-    cfg: &BenchConfig,
-    e: &EngineChoice,
-    size_hint: u64,
-) -> Result<Capabilities, BenchError> {
-    let dep = cfg
-        .deployer
-        .deploy(e.spec, &cfg.deploy_options(e, size_hint))?;
-    Ok(dep.engine().capabilities())
+/// What `e` accepts (knobs, reserved keys, value sizes, scans), checked
+/// before any key is generated; nothing is deployed.
+fn preflight(e: &EngineChoice) -> Result<Capabilities, BenchError> {
+    e.knobs.check(e.spec.name(), e.spec.knobs())?;
+    Ok(e.spec.capabilities())
 }
 
 /// Runs `f`, turning a panic into its message.
@@ -325,6 +315,15 @@ fn load(
         })?;
         bar.inc(chunk.len() as u64);
     }
+    // Background work the load started (training models, resizing) finishes
+    // before the run, so that the run measures the workload alone; its time
+    // counts as loading.
+    block_on(labeled(OpKind::Load, dep.engine().settle(ep))).map_err(|e| {
+        BenchError::run(format!(
+            "{}: settling after the load failed: {e}",
+            dep.engine().name()
+        ))
+    })?;
     let seconds = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     Ok((seconds, *ep.counters().get(OpKind::Load)))
