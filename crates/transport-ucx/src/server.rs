@@ -416,12 +416,18 @@ fn handler_thread(node: Arc<NodeInner>, rx: Receiver<Job>) {
             caller: job.caller,
             node: node.id,
         };
-        let reply = node.services.dispatch(&ctx, job.service, &job.payload);
-        node.send_cmd(Cmd::Reply {
-            session: job.session,
-            rid: job.rid,
-            reply: reply.encode(),
-        });
+        // The reply goes out whenever the service produces it (at once, or
+        // later from another thread for a deferred service).
+        let n = node.clone();
+        let (session, rid) = (job.session, job.rid);
+        node.services
+            .dispatch(&ctx, job.service, &job.payload, move |reply| {
+                n.send_cmd(Cmd::Reply {
+                    session,
+                    rid,
+                    reply: reply.encode(),
+                });
+            });
     }
 }
 
