@@ -33,6 +33,7 @@ cargo test --release -p dmkv-transport-ucx --features ucx
 step "ucx: dmkv bench --transport ucx against --transport local"
 cargo build --release --features ucx
 bash scripts/ucx-bench-smoke.sh target/release/dmkv
+UCX_TLS=tcp bash scripts/ucx-bench-smoke.sh target/release/dmkv
 
 step "ucx: multi-host test in network namespaces"
 if ip netns add dmkv-ci-probe 2>/dev/null; then

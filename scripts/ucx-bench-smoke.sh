@@ -15,9 +15,15 @@ trap 'rm -rf "$OUT"' EXIT
 # The engines this build knows (the CLI lists them when asked for none).
 engines=$("$DMKV" bench --engine __list__ 2>&1 | sed -n 's/.*(known: \(.*\)).*/\1/p' | tr -d ' ' || true)
 [ -n "$engines" ] || { echo "could not list engines" >&2; exit 1; }
+[ -z "$ENGINES" ] || engines=$ENGINES
 echo "engines: $engines"
 
-args=(--workload ycsb-c --keys 20000 --ops 20000 --threads 1 --tasks 4 --verify --seed 7 "$@")
+# One task per thread by default: with several, tasks interleave where verbs
+# really take time (UCX) and not where they complete at once (local), and a
+# design whose cache fills on demand (cell) then pays a few more misses.
+TASKS=${TASKS:-1}
+ENGINES=${ENGINES:-}
+args=(--workload ycsb-c --keys 20000 --ops 20000 --threads 1 --tasks "$TASKS" --verify --seed 7 "$@")
 for e in ${engines//,/ }; do
     "$DMKV" bench --transport local --engine "$e" "${args[@]}" --json "$OUT/$e-local.json" >/dev/null
     "$DMKV" bench --transport ucx --engine "$e" "${args[@]}" --json "$OUT/$e-ucx.json"
