@@ -146,4 +146,10 @@ pub trait NodeHost: Send + Sync {
     fn fabric(&self) -> Arc<dyn Fabric>;
     /// Number of RPC handler threads serving this node.
     fn handler_threads(&self) -> usize;
+    /// CPU time a backend's own progress thread on this node has used so far
+    /// (e.g. UCX over TCP, which emulates one-sided verbs with messages that
+    /// the target's CPU serves). Zero for backends that have none.
+    fn progress_cpu_ns(&self) -> u64 {
+        0
+    }
 }
