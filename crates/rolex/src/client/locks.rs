@@ -20,7 +20,12 @@ pub type GroupKey = (ModelRef, usize);
 #[derive(Default)]
 struct LockState {
     busy: bool,
-    held_remote: bool,
+    /// The LT entry's value (lock bit clear) while the remote lock is kept
+    /// for the next local task. The next holder must use this word, not
+    /// its model cache: a concurrent table refresh may have put an older
+    /// LT value there, and releasing or relinking from an older word would
+    /// drop synonym leaves.
+    held_remote: Option<u64>,
     waiters: u32,
     handovers: u32,
 }
@@ -40,11 +45,11 @@ impl LockTable {
         }
     }
 
-    /// Waits until this task may work on `key`; returns whether the remote
-    /// lock is already held (handed over).
-    pub async fn acquire(&self, key: GroupKey) -> bool {
+    /// Waits until this task may work on `key`; returns the LT entry's
+    /// value if the remote lock is already held (handed over).
+    pub async fn acquire(&self, key: GroupKey) -> Option<u64> {
         if !self.enabled {
-            return false;
+            return None;
         }
         let mut waiting = false;
         loop {
@@ -78,9 +83,9 @@ impl LockTable {
             .is_some_and(|e| e.waiters > 0 && e.handovers < self.max)
     }
 
-    /// Ends this task's turn; `still_held` if the remote lock was kept for
-    /// the next local task.
-    pub fn release(&self, key: GroupKey, still_held: bool) {
+    /// Ends this task's turn; `still_held` carries the LT entry's value
+    /// (lock bit clear) if the remote lock was kept for the next local task.
+    pub fn release(&self, key: GroupKey, still_held: Option<u64>) {
         if !self.enabled {
             return;
         }
@@ -88,7 +93,7 @@ impl LockTable {
         let Some(e) = m.get_mut(&key) else { return };
         e.busy = false;
         e.held_remote = still_held;
-        if still_held {
+        if still_held.is_some() {
             e.handovers += 1;
         } else {
             e.handovers = 0;
@@ -121,18 +126,21 @@ mod tests {
             .map(|_| {
                 Box::pin(async {
                     let held = t.acquire(key).await;
-                    handed.set(handed.get() + held as u32);
+                    if let Some(lt) = held {
+                        assert_eq!(lt, 77, "the handed-over LT value comes through");
+                    }
+                    handed.set(handed.get() + held.is_some() as u32);
                     inside.set(inside.get() + 1);
                     assert_eq!(inside.get(), 1);
                     yield_now().await;
                     inside.set(inside.get() - 1);
                     let keep = t.hand_over_wanted(key);
-                    t.release(key, keep);
+                    t.release(key, keep.then_some(77));
                 }) as LocalTask<'_, ()>
             })
             .collect();
         run_tasks(tasks);
         assert_eq!(handed.get(), 2, "two hand-overs, then a remote release");
-        assert!(t.map.lock().is_empty() || !t.map.lock()[&key].held_remote);
+        assert!(t.map.lock().is_empty() || t.map.lock()[&key].held_remote.is_none());
     }
 }

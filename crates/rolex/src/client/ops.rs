@@ -368,7 +368,7 @@ impl RolexClient {
         j: usize,
         low: Key,
         high: Key,
-        held: bool,
+        held: Option<u64>,
     ) -> Result<Outcome> {
         let sh = &self.sh;
         let gk = (mc.m, j);
@@ -378,14 +378,15 @@ impl RolexClient {
             j,
             low,
             high,
-            lt: mc.lt(j),
+            lt: held.unwrap_or_else(|| mc.lt(j)),
             links: Vec::new(),
             leaves: Vec::new(),
             state: 0,
             slot_use: 0,
         };
-        if held {
+        if let Some(lt) = held {
             bump(&sh.stats.lock_handovers);
+            mc.set_lt(j, lt);
             if let Err(e) = self.reread(&mut g, None).await {
                 return Err(self.bail(&g, lt_addr, e).await);
             }
@@ -418,7 +419,7 @@ impl RolexClient {
                     break;
                 }
                 if got == RETIRED {
-                    sh.locks.release(gk, false);
+                    sh.locks.release(gk, None);
                     mc.retired.store(true, Ordering::Release);
                     return Ok(Outcome::Retry);
                 }
@@ -441,7 +442,7 @@ impl RolexClient {
     /// Releases the lock after an error (best effort) and passes the error on.
     async fn bail(&self, g: &Group<'_>, lt_addr: RemoteAddr, e: KvError) -> KvError {
         let _ = self.ep.write(lt_addr, &g.lt.to_le_bytes()).await;
-        self.sh.locks.release((g.mc.m, g.j), false);
+        self.sh.locks.release((g.mc.m, g.j), None);
         e
     }
 
@@ -728,7 +729,7 @@ impl RolexClient {
             g.mc.set_slt(s, w);
         }
         g.mc.set_lt(g.j, final_lt);
-        sh.locks.release(gk, keep);
+        sh.locks.release(gk, keep.then_some(final_lt));
         Ok(())
     }
 
