@@ -434,7 +434,8 @@ impl Ctx<'_> {
     /// After claiming slot `off` tentatively: re-reads the buckets and
     /// decides against other claims and visible slots of the same key. The
     /// lowest claim wins unless the key is already visible; a higher claim
-    /// waits for lower ones to decide.
+    /// waits for lower ones to decide, and the lowest strikes out higher
+    /// ones before it turns visible (a struck claim starts its put over).
     async fn settle_insert(
         &self,
         h: &KeyHash,
@@ -490,6 +491,30 @@ impl Ctx<'_> {
             }
             if lower_claim {
                 yield_now().await;
+                continue;
+            }
+            // Higher claims of the same key are struck out before this one
+            // becomes visible. Without this, a higher claim that decided to
+            // win before this (lower) claim landed and a lower claim that
+            // read the higher one while it was still tentative would both
+            // become visible: two winners. A strike that fails means the
+            // higher claim turned visible first; the next read sees it and
+            // this claim loses.
+            let higher: Vec<(u64, Slot)> = same
+                .iter()
+                .copied()
+                .filter(|(o, s)| s.is_tentative() && *o > off)
+                .collect();
+            if !higher.is_empty() {
+                let mut cas = self.ep.batch();
+                for (o, s) in &higher {
+                    cas.cas(self.addr_in(entry, *o)?, s.0, 0);
+                }
+                self.run(cas).await?;
+                self.t
+                    .stats
+                    .insert_conflicts
+                    .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let mut cas = self.ep.batch();
