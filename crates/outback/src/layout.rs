@@ -277,7 +277,8 @@ impl TableLayout {
 /// word 2  applied     the last rebuild whose buffered inserts/deletes are applied
 /// word 3  body_len    bytes of the body
 /// word 4  body_check  checksum64 of the body
-/// 64..    body        (see `publish::encode_view`)
+/// word 5  built       full builds completed (bulk loads wait for theirs)
+/// 64..    body        (see `publish::ViewDesc`)
 /// ```
 pub mod ctl {
     pub const COUNTDOWN: u64 = 0;
@@ -285,9 +286,10 @@ pub mod ctl {
     pub const APPLIED: u64 = 16;
     pub const BODY_LEN: u64 = 24;
     pub const BODY_CHECK: u64 = 32;
+    pub const BUILT: u64 = 40;
     pub const HEADER_BYTES: u64 = 64;
-    /// Bytes of the header a poll reads (countdown .. body_check).
-    pub const POLL_BYTES: usize = 40;
+    /// Bytes of the header a poll reads (countdown .. built).
+    pub const POLL_BYTES: usize = 48;
     pub const BODY: u64 = HEADER_BYTES;
 }
 
