@@ -96,6 +96,11 @@ pub fn heap_layout(args: &ServeArgs, cfg: &Config) -> HeapLayout {
 
 /// Installs Outback on one memory node.
 pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<()> {
+    serve_node(rt, args).map(|_| ())
+}
+
+/// [`serve`], returning the node's server (tests look inside it).
+pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<Arc<NodeServer>> {
     let cfg = Config::from_knobs(&args.knobs)?;
     let shards = args.nodes.len();
     if shards == 0 || shards > u16::MAX as usize {
@@ -150,12 +155,13 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<()> {
         takeovers: Mutex::new(HashMap::new()),
         init: AtomicU8::new(if no_mirrors { INIT_READY } else { INIT_NONE }),
     });
+    let handler = server.clone();
     rt.register_service(
         &args.name(SERVICE),
-        Arc::new(move |_: &RpcContext, req: &[u8]| server.handle(req)),
+        Arc::new(move |_: &RpcContext, req: &[u8]| handler.handle(req)),
     )
     .map_err(cerr)?;
-    Ok(())
+    Ok(server)
 }
 
 pub(crate) fn write_heap_header(region: &Region, layout: &HeapLayout) {
@@ -186,7 +192,8 @@ pub(crate) fn new_shard(
 }
 
 impl NodeServer {
-    pub(crate) fn shard(&self, p: u16) -> Result<Option<Arc<ShardServer>>, ServiceError> {
+    /// The shard `p` if this node serves it.
+    pub fn shard(&self, p: u16) -> Result<Option<Arc<ShardServer>>, ServiceError> {
         let shards = self.shards.read();
         match shards.get(p as usize) {
             Some(s) => Ok(s.clone()),

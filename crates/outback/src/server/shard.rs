@@ -345,6 +345,12 @@ impl ShardServer {
                 )));
             }
         }
+        if hint.is_some_and(|h| h as usize >= SLOTS) {
+            return Err(ServiceError::malformed(format!(
+                "outback: slot {} out of range",
+                hint.unwrap_or_default()
+            )));
+        }
         if !self.ready.load(Ordering::Acquire) {
             return Ok(status_reply(Status::Recovering));
         }
