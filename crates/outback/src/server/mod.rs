@@ -18,6 +18,9 @@ pub mod replica;
 pub mod shard;
 pub mod table;
 
+#[cfg(test)]
+mod tests;
+
 use crate::config::Config;
 use crate::layout::{HeapLayout, block_words, ctl};
 use crate::proto::{DataReq, ReplyHead, Status, op};
