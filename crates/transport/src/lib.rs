@@ -43,6 +43,7 @@ pub mod endpoint;
 pub mod error;
 pub mod exec;
 pub mod local;
+mod parker;
 #[allow(unsafe_code)]
 pub mod region;
 pub mod service;
