@@ -152,7 +152,9 @@ pub fn seq_offset(words: u64) -> u64 {
 }
 
 fn word(b: &[u8], i: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(i * 8..i * 8 + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+    ))
 }
 
 /// The front of a block as a GET reply carries it (key length, value

@@ -188,8 +188,8 @@ fn cuckoo_insert(
         if nodes[n].depth >= MAX_PATH || nodes.len() >= MAX_VISITS {
             continue;
         }
-        for s in 0..SLOTS {
-            let k = table[b as usize][s];
+        let row = table[b as usize];
+        for (s, &k) in row.iter().enumerate() {
             let [a0, a1] = cand(k);
             let alt = if a0 == b { a1 } else { a0 };
             if alt == b {

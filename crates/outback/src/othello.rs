@@ -34,7 +34,12 @@ pub struct Othello {
 impl Othello {
     /// An Othello of no keys: every key looks up 0.
     pub fn empty() -> Othello {
-        Othello::with_bits(0, MIN_CELLS, MIN_CELLS, vec![0; words(MIN_CELLS, MIN_CELLS)])
+        Othello::with_bits(
+            0,
+            MIN_CELLS,
+            MIN_CELLS,
+            vec![0; words(MIN_CELLS, MIN_CELLS)],
+        )
     }
 
     fn with_bits(seed: u64, ma: u32, mb: u32, bits: Vec<u64>) -> Othello {

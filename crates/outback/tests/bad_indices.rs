@@ -27,10 +27,7 @@ fn bad_indices_get_error_replies() {
         other => panic!("{what}: want a malformed-request error, got {other:?}"),
     };
     // The table the store starts with has 2 buckets of 4 slots.
-    let bad_bucket = Target {
-        bucket: 2,
-        ..good
-    };
+    let bad_bucket = Target { bucket: 2, ..good };
     let far_bucket = Target {
         bucket: u32::MAX,
         ..good
@@ -49,22 +46,70 @@ fn bad_indices_get_error_replies() {
         malformed(call(DataReq::Get { t, slot: 0 }.encode()), what);
         malformed(call(DataReq::MakeupGet { t, key: 9 }.encode()), what);
         malformed(
-            call(DataReq::Insert { t, key: 9, value: b"v", upsert: false }.encode()),
+            call(
+                DataReq::Insert {
+                    t,
+                    key: 9,
+                    value: b"v",
+                    upsert: false,
+                }
+                .encode(),
+            ),
             what,
         );
-        malformed(call(DataReq::Update { t, slot: 0, key: 9, value: b"v" }.encode()), what);
+        malformed(
+            call(
+                DataReq::Update {
+                    t,
+                    slot: 0,
+                    key: 9,
+                    value: b"v",
+                }
+                .encode(),
+            ),
+            what,
+        );
         malformed(call(DataReq::Delete { t, slot: 0, key: 9 }.encode()), what);
     }
     malformed(call(DataReq::Get { t: good, slot: 4 }.encode()), "slot 4");
-    malformed(call(DataReq::Get { t: good, slot: 255 }.encode()), "slot 255");
     malformed(
-        call(DataReq::Update { t: good, slot: 7, key: 9, value: b"v" }.encode()),
+        call(DataReq::Get { t: good, slot: 255 }.encode()),
+        "slot 255",
+    );
+    malformed(
+        call(
+            DataReq::Update {
+                t: good,
+                slot: 7,
+                key: 9,
+                value: b"v",
+            }
+            .encode(),
+        ),
         "update slot 7",
     );
-    malformed(call(DataReq::Delete { t: good, slot: 4, key: 9 }.encode()), "delete slot 4");
+    malformed(
+        call(
+            DataReq::Delete {
+                t: good,
+                slot: 4,
+                key: 9,
+            }
+            .encode(),
+        ),
+        "delete slot 4",
+    );
     let huge = vec![0u8; dmkv_outback::CAPS.max_value_len + 1];
     malformed(
-        call(DataReq::Insert { t: good, key: 9, value: &huge, upsert: true }.encode()),
+        call(
+            DataReq::Insert {
+                t: good,
+                key: 9,
+                value: &huge,
+                upsert: true,
+            }
+            .encode(),
+        ),
         "oversized value",
     );
     // A wrong epoch is not an error: it is how stale locators are told.
@@ -106,7 +151,10 @@ fn bad_indices_get_error_replies() {
     w.u8(op::TAKEOVER).u16(1);
     let r = call(w.finish()).unwrap();
     let first = ReplyHead::read(&mut WireReader::new(&r)).unwrap().status;
-    assert!(matches!(first, Status::Refused | Status::Recovering), "{first:?}");
+    assert!(
+        matches!(first, Status::Refused | Status::Recovering),
+        "{first:?}"
+    );
     // The store still works, on every shard.
     let (_ep, store) = d.client(0).unwrap();
     block_on(async {

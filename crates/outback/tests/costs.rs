@@ -36,7 +36,11 @@ fn a_get_is_one_rpc_and_the_locator_is_small() {
         assert_eq!((c.rpcs, c.round_trips, c.verbs), (GETS, GETS, 0), "{c:?}");
         // Reply: status, flags, seed, then key length, value length, key and
         // the 8-byte value; request: op, target (18 bytes), slot.
-        assert_eq!((c.bytes_read, c.bytes_written), (GETS * 35, GETS * 20), "{c:?}");
+        assert_eq!(
+            (c.bytes_read, c.bytes_written),
+            (GETS * 35, GETS * 20),
+            "{c:?}"
+        );
         assert!(c.memnode_cpu_ns > 0);
         let present_cpu = c.memnode_cpu_ns / GETS;
         // Absent keys: one RPC each too (no overflow after a build).
@@ -48,7 +52,11 @@ fn a_get_is_one_rpc_and_the_locator_is_small() {
             }
         });
         let c = *cep.counters().get(OpKind::Get);
-        assert_eq!((c.rpcs, c.round_trips, c.verbs), (GETS / 4, GETS / 4, 0), "{c:?}");
+        assert_eq!(
+            (c.rpcs, c.round_trips, c.verbs),
+            (GETS / 4, GETS / 4, 0),
+            "{c:?}"
+        );
         let st = block_on(d.engine.stats(&ep)).unwrap();
         let bits = st["client_bits_per_key"].as_f64().unwrap();
         let load = st["load_factor"].as_f64().unwrap();
@@ -56,9 +64,15 @@ fn a_get_is_one_rpc_and_the_locator_is_small() {
             "load factor {load:.3}: {bits:.2} bits/key (paper {:.2}), {present_cpu} ns memnode CPU/GET",
             st["paper_bits_per_key"].as_f64().unwrap(),
         );
-        assert!(bits <= max_bits && bits >= 4.0, "{bits} bits per key at ε={lf}");
+        assert!(
+            bits <= max_bits && bits >= 4.0,
+            "{bits} bits per key at ε={lf}"
+        );
         let want: f64 = lf.parse().unwrap();
-        assert!((want - 0.01..=want + 0.001).contains(&load), "load factor {load} at ε={lf}");
+        assert!(
+            (want - 0.01..=want + 0.001).contains(&load),
+            "load factor {load} at ε={lf}"
+        );
         assert_eq!(st["makeup_gets"].as_u64().unwrap(), 0, "{st}");
     }
 }

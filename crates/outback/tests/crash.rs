@@ -47,10 +47,9 @@ fn crash_one_of_three(knobs: dmkv_api::Knobs, victim: usize) {
                             let v = acked[i].load(Ordering::Relaxed) + 1;
                             match store.upsert(keys[i], &make_value(keys[i], v, 8)).await {
                                 Ok(false) => acked[i].store(v, Ordering::Relaxed),
-                                other => errors.lock().push(format!(
-                                    "upsert {:#x} v{v}: {other:?}",
-                                    keys[i]
-                                )),
+                                other => errors
+                                    .lock()
+                                    .push(format!("upsert {:#x} v{v}: {other:?}", keys[i])),
                             }
                             done.fetch_add(1, Ordering::Relaxed);
                         }
@@ -71,9 +70,9 @@ fn crash_one_of_three(knobs: dmkv_api::Knobs, victim: usize) {
                                         keys[i]
                                     )),
                                 },
-                                other => errors
-                                    .lock()
-                                    .push(format!("get {:#x}: {other:?}", keys[i])),
+                                other => {
+                                    errors.lock().push(format!("get {:#x}: {other:?}", keys[i]))
+                                }
                             }
                         }
                     }));
@@ -83,13 +82,22 @@ fn crash_one_of_three(knobs: dmkv_api::Knobs, victim: usize) {
         }
     });
     let errors = errors.into_inner();
-    assert!(errors.is_empty(), "{} errors; first: {}", errors.len(), errors[0]);
+    assert!(
+        errors.is_empty(),
+        "{} errors; first: {}",
+        errors.len(),
+        errors[0]
+    );
     // Every acknowledged write is there, from whichever node serves it now.
     let (_ep, store) = d.client(0).unwrap();
     block_on(async {
         for (i, &k) in keys.iter().enumerate() {
             let v = store.get(k).await.unwrap().expect("key present");
-            assert_eq!(check_value(k, &v), Ok(acked[i].load(Ordering::Relaxed)), "{k:#x}");
+            assert_eq!(
+                check_value(k, &v),
+                Ok(acked[i].load(Ordering::Relaxed)),
+                "{k:#x}"
+            );
         }
     });
     let st = block_on(d.engine.stats(&ep)).unwrap();

@@ -78,7 +78,12 @@ fn inserts_racing_resizes(memnodes: usize) {
         }
     });
     let errors = errors.into_inner();
-    assert!(errors.is_empty(), "{} errors, first: {}", errors.len(), errors[0]);
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {}",
+        errors.len(),
+        errors[0]
+    );
     let (_ep, store) = d.client(0).unwrap();
     block_on(async {
         for i in 0..KEYS {
@@ -96,7 +101,12 @@ fn inserts_racing_resizes(memnodes: usize) {
     println!(
         "memnodes {memnodes}: resizes {}, buffered {}, stale {}, makeups {}",
         st["resizes"],
-        st["per_shard"].as_array().unwrap().iter().map(|s| s["buffered_writes"].as_u64().unwrap()).sum::<u64>(),
+        st["per_shard"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["buffered_writes"].as_u64().unwrap())
+            .sum::<u64>(),
         st["stale_retries"],
         st["makeup_gets"]
     );
@@ -149,14 +159,24 @@ fn concurrent_inserts_into_one_bucket() {
     let (_ep, store) = d.client(0).unwrap();
     block_on(async {
         for &k in &keys {
-            assert_eq!(store.get(k).await.unwrap().map(|v| check_value(k, &v)), Some(Ok(1)));
+            assert_eq!(
+                store.get(k).await.unwrap().map(|v| check_value(k, &v)),
+                Some(Ok(1))
+            );
         }
         // The bucket and its overflow cache are full and cannot split.
-        let more = store.insert(spread_key(99), &make_value(spread_key(99), 1, 8)).await;
+        let more = store
+            .insert(spread_key(99), &make_value(spread_key(99), 1, 8))
+            .await;
         assert!(matches!(more, Err(KvError::Exhausted(_))), "{more:?}");
         // Deleting makes room again (an overflow key moves into the slot).
         assert!(store.delete(keys[0]).await.unwrap());
-        assert!(store.insert(spread_key(99), &make_value(spread_key(99), 1, 8)).await.unwrap());
+        assert!(
+            store
+                .insert(spread_key(99), &make_value(spread_key(99), 1, 8))
+                .await
+                .unwrap()
+        );
         for &k in &keys[1..] {
             assert!(store.get(k).await.unwrap().is_some(), "{k:#x}");
         }
@@ -175,7 +195,12 @@ fn bulk_loads_build_then_inserts_split_and_nothing_is_lost() {
     let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
     for chunk in 0..2u64 {
         let pairs: Vec<(u64, Vec<u8>)> = (chunk * 2000..(chunk + 1) * 2000)
-            .map(|i| (spread_key(i), make_value(spread_key(i), 0, 8 + (i % 40) as usize)))
+            .map(|i| {
+                (
+                    spread_key(i),
+                    make_value(spread_key(i), 0, 8 + (i % 40) as usize),
+                )
+            })
             .collect();
         model.extend(pairs.iter().cloned());
         block_on(d.engine.load(&ep, &pairs)).unwrap();
@@ -183,7 +208,10 @@ fn bulk_loads_build_then_inserts_split_and_nothing_is_lost() {
     let st = stats(&d);
     assert!(st["full_builds"].as_u64().unwrap() >= 2, "{st}");
     let lf = st["load_factor"].as_f64().unwrap();
-    assert!((0.85..=0.951).contains(&lf), "load factor {lf} after a build at 0.95");
+    assert!(
+        (0.85..=0.951).contains(&lf),
+        "load factor {lf} after a build at 0.95"
+    );
     let (_ep, store) = d.client(0).unwrap();
     block_on(async {
         for i in 4000..7000u64 {

@@ -11,7 +11,11 @@ fn insert_get_update_delete() {
             assert!(s.insert(k, &k.to_le_bytes()).await.unwrap(), "insert {k}");
         }
         for k in 1..200u64 {
-            assert_eq!(s.get(k).await.unwrap(), Some(k.to_le_bytes().to_vec()), "get {k}");
+            assert_eq!(
+                s.get(k).await.unwrap(),
+                Some(k.to_le_bytes().to_vec()),
+                "get {k}"
+            );
         }
         assert!(!s.insert(5, b"x").await.unwrap());
         assert!(s.update(5, b"xyz").await.unwrap());

@@ -186,7 +186,13 @@ impl Shared {
     }
 
     /// Reads `len` bytes of a region in chunks (one round trip each).
-    async fn read_all(&self, ep: &Endpoint, r: RemoteRegion, at: u64, len: usize) -> Result<Vec<u8>> {
+    async fn read_all(
+        &self,
+        ep: &Endpoint,
+        r: RemoteRegion,
+        at: u64,
+        len: usize,
+    ) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(len);
         while out.len() < len {
             let n = (len - out.len()).min(READ_CHUNK);
@@ -278,7 +284,9 @@ impl Shared {
         };
         *slot.view.write() = Some(Arc::new(view));
         slot.installs.fetch_add(1, Ordering::AcqRel);
-        self.counters.locator_fetches.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .locator_fetches
+            .fetch_add(1, Ordering::Relaxed);
         // Count down once per publication (paper Fig. 8: FAA on N_cNode).
         if slot.counted.fetch_max(desc.version, Ordering::AcqRel) < desc.version {
             ep.faa(ctl_r.at(ctl::COUNTDOWN), u64::MAX).await?;
@@ -302,10 +310,7 @@ impl Shared {
         let othello: Othello = decode_locator(&bytes, t).map_err(malformed)?;
         let bkt = self.region(ep, owner, &table_name(p, t.id)).await?;
         let words = self.read_all(ep, bkt, 0, t.buckets as usize * 8).await?;
-        let seeds = words
-            .chunks_exact(8)
-            .map(|w| AtomicU8::new(w[0]))
-            .collect();
+        let seeds = words.chunks_exact(8).map(|w| AtomicU8::new(w[0])).collect();
         Ok(TableView {
             desc: *t,
             othello: Arc::new(othello),
@@ -366,13 +371,18 @@ impl Shared {
     }
 
     /// A view of shard `p` from its current owner, fetching one if needed.
-    async fn ensure_view(&self, ep: &Endpoint, p: u16, deadline: Instant) -> Result<Arc<ShardView>> {
+    async fn ensure_view(
+        &self,
+        ep: &Endpoint,
+        p: u16,
+        deadline: Instant,
+    ) -> Result<Arc<ShardView>> {
         loop {
             let owner = self.owner(p);
-            if let Some(v) = self.current(p) {
-                if v.owner == owner {
-                    return Ok(v);
-                }
+            if let Some(v) = self.current(p)
+                && v.owner == owner
+            {
+                return Ok(v);
             }
             match labeled(OpKind::Other, self.fetch(ep, p)).await {
                 Ok(_) => {}
@@ -570,7 +580,7 @@ impl Engine for OutbackEngine {
         let mut asked: HashMap<NodeId, Vec<serde_json::Value>> = HashMap::new();
         for p in 0..sh.nodes.len() as u16 {
             let owner = sh.owner(p);
-            if !asked.contains_key(&owner) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = asked.entry(owner) {
                 let mut w = WireWriter::new();
                 w.u8(op::STATS);
                 let r = Reply::parse(sh.call(ep, owner, w.finish()).await?)?;
@@ -579,7 +589,7 @@ impl Engine for OutbackEngine {
                     .map_err(malformed)?
                     .to_string();
                 let v: serde_json::Value = serde_json::from_str(&text).map_err(malformed)?;
-                asked.insert(owner, v.as_array().cloned().unwrap_or_default());
+                slot.insert(v.as_array().cloned().unwrap_or_default());
             }
             if let Some(s) = asked[&owner]
                 .iter()
@@ -666,7 +676,10 @@ impl Engine for OutbackEngine {
                 let mut w = WireWriter::new();
                 w.u8(op::STATS);
                 let r = Reply::parse(sh.call(ep, owner, w.finish()).await?)?;
-                let text = WireReader::new(&r.rest).str().map_err(malformed)?.to_string();
+                let text = WireReader::new(&r.rest)
+                    .str()
+                    .map_err(malformed)?
+                    .to_string();
                 let v: serde_json::Value = serde_json::from_str(&text).map_err(malformed)?;
                 let busy = v
                     .as_array()
@@ -896,10 +909,7 @@ impl Client {
     }
 
     async fn makeup_get(&self, key: u64, deadline: Instant) -> Result<Option<Vec<u8>>> {
-        self.sh
-            .counters
-            .makeup_gets
-            .fetch_add(1, Ordering::Relaxed);
+        self.sh.counters.makeup_gets.fetch_add(1, Ordering::Relaxed);
         let x = self
             .exchange(key, deadline, |v, t| {
                 let b = t.bucket(key);
@@ -950,7 +960,10 @@ impl Client {
                     let (ticket, applied) =
                         (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
                     let p = self.sh.ring.shard_of(key);
-                    match self.await_ticket(&x.view, p, ticket, applied, deadline).await? {
+                    match self
+                        .await_ticket(&x.view, p, ticket, applied, deadline)
+                        .await?
+                    {
                         Some(s) => s,
                         None => continue,
                     }
@@ -1057,7 +1070,10 @@ impl KvStore for Client {
                     let (ticket, applied) =
                         (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
                     let p = self.sh.ring.shard_of(key);
-                    match self.await_ticket(&x.view, p, ticket, applied, deadline).await? {
+                    match self
+                        .await_ticket(&x.view, p, ticket, applied, deadline)
+                        .await?
+                    {
                         Some(s) => s,
                         None => continue,
                     }

@@ -71,10 +71,10 @@ impl NodeCtx {
     pub fn with_endpoint<R>(&self, f: impl FnOnce(&Endpoint) -> R) -> Result<R, ServiceError> {
         let me = self as *const NodeCtx as usize;
         let ep = ENDPOINT.with(|cell| -> Result<Rc<Endpoint>, ServiceError> {
-            if let Some((owner, ep)) = &*cell.borrow() {
-                if *owner == me {
-                    return Ok(ep.clone());
-                }
+            if let Some((owner, ep)) = &*cell.borrow()
+                && *owner == me
+            {
+                return Ok(ep.clone());
             }
             let rt = self.runtime()?;
             let ep = Rc::new(

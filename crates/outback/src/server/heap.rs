@@ -59,7 +59,9 @@ impl Heap {
     pub fn adopt(region: Region, layout: HeapLayout, high_water: u64, dead: &[(u64, u64)]) -> Heap {
         let end = layout.data_start + layout.data_len;
         let bump = BumpAllocator::new("outback heap", &region, high_water.min(end), end);
-        let free: Vec<Mutex<Vec<u64>>> = (0..=MAX_BLOCK_WORDS).map(|_| Mutex::new(Vec::new())).collect();
+        let free: Vec<Mutex<Vec<u64>>> = (0..=MAX_BLOCK_WORDS)
+            .map(|_| Mutex::new(Vec::new()))
+            .collect();
         for &(addr, words) in dead {
             free[words as usize].lock().push(addr);
         }
@@ -154,10 +156,7 @@ impl Heap {
 /// Walks the blocks of a heap image through its start bitmap: each block's
 /// header gives its length; complete blocks with a non-zero sequence number
 /// and a valid check are live. `read` reads bytes of the image.
-pub fn scan(
-    layout: &HeapLayout,
-    read: impl Fn(u64, usize) -> Option<Vec<u8>>,
-) -> Scan {
+pub fn scan(layout: &HeapLayout, read: impl Fn(u64, usize) -> Option<Vec<u8>>) -> Scan {
     let mut out = Scan {
         high_water: layout.data_start,
         ..Default::default()

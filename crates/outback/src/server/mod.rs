@@ -33,9 +33,7 @@ use crate::server::table::WriteOp;
 use dmkv_api::{KvError, ServeArgs};
 use dmkv_memnode::{NodeRuntime, Region, WorkerPool};
 use dmkv_transport::exec::block_on;
-use dmkv_transport::{
-    NodeId, RpcContext, ServiceError, TransportError, WireReader, WireWriter,
-};
+use dmkv_transport::{NodeId, RpcContext, ServiceError, TransportError, WireReader, WireWriter};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -107,7 +105,9 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     let cfg = Config::from_knobs(&args.knobs)?;
     let shards = args.nodes.len();
     if shards == 0 || shards > u16::MAX as usize {
-        return Err(KvError::Config("outback needs 1..65535 memory nodes".into()));
+        return Err(KvError::Config(
+            "outback needs 1..65535 memory nodes".into(),
+        ));
     }
     let own = args.node_index as u16;
     let pool = rt.worker_pool("outback", 1);
@@ -121,7 +121,11 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     });
     let cerr = |e: ServiceError| KvError::Config(e.to_string());
     let layout = heap_layout(args, &cfg);
-    let heap = Heap::create(ctx.region(&format!("s{own}/heap"), layout.region_len()).map_err(cerr)?, layout);
+    let heap = Heap::create(
+        ctx.region(&format!("s{own}/heap"), layout.region_len())
+            .map_err(cerr)?,
+        layout,
+    );
     let shard = new_shard(&ctx, own, heap, 0).map_err(cerr)?;
     let table = rebuild::empty_table(&ctx, own, 0, &cfg).map_err(cerr)?;
     shard.install(table);
@@ -338,13 +342,16 @@ impl NodeServer {
                         s.kick();
                     }
                 }
-                let shards: Vec<serde_json::Value> = served.iter().map(|s| s.stats_json()).collect();
+                let shards: Vec<serde_json::Value> =
+                    served.iter().map(|s| s.stats_json()).collect();
                 let mut w = WireWriter::new();
                 ReplyHead::new(Status::Ok).write(&mut w);
                 w.str(&serde_json::Value::Array(shards).to_string());
                 Ok(w.finish())
             }
-            other => Err(ServiceError::malformed(format!("outback: unknown op {other}"))),
+            other => Err(ServiceError::malformed(format!(
+                "outback: unknown op {other}"
+            ))),
         }
     }
 

@@ -340,7 +340,10 @@ fn finish(
     shard.publish_progress();
     let held = started.elapsed().as_nanos() as u64;
     shard.stats.rebuild_ns.fetch_add(held, Ordering::Relaxed);
-    shard.stats.rebuild_max_ns.fetch_max(held, Ordering::Relaxed);
+    shard
+        .stats
+        .rebuild_max_ns
+        .fetch_max(held, Ordering::Relaxed);
     if published {
         shard.await_countdown();
     }
@@ -352,7 +355,10 @@ fn finish(
 
 /// Applies one write where the current directory sends its key; the bucket
 /// is computed with the table's Othello, as a compute node would.
-pub(crate) fn apply_routed(shard: &Arc<ShardServer>, op: &WriteOp) -> Result<Outcome, ServiceError> {
+pub(crate) fn apply_routed(
+    shard: &Arc<ShardServer>,
+    op: &WriteOp,
+) -> Result<Outcome, ServiceError> {
     let key = op.key();
     let id = shard.dir.lock().route(key);
     let t = shard
@@ -374,7 +380,9 @@ pub(crate) fn apply_routed(shard: &Arc<ShardServer>, op: &WriteOp) -> Result<Out
 fn split(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<(), ServiceError> {
     let d = t.local_depth.load(Ordering::Acquire);
     if d >= shard.ctx.cfg.max_global_depth {
-        return Err(ServiceError::exhausted("outback: the table is at the maximum depth"));
+        return Err(ServiceError::exhausted(
+            "outback: the table is at the maximum depth",
+        ));
     }
     let mut snaps = Vec::new();
     snapshot(shard, t, &mut snaps)?;
@@ -448,8 +456,11 @@ fn full(
     }
     let loaded: Vec<(u64, SlotWord)> = std::mem::take(&mut *shard.loaded.lock());
     // Loaded pairs replace stored ones with the same key.
-    let loaded_keys: HashMap<u64, usize> =
-        loaded.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
+    let loaded_keys: HashMap<u64, usize> = loaded
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| (*k, i))
+        .collect();
     let (kept, superseded): (Vec<Snap>, Vec<Snap>) = snaps
         .into_iter()
         .partition(|s| !loaded_keys.contains_key(&s.key));
@@ -506,7 +517,10 @@ fn full(
     }
     let mut by_pos: HashMap<(u32, u32), Vec<Pos>> = HashMap::new();
     for (i, s) in kept.iter().enumerate() {
-        by_pos.entry((s.table, s.bucket)).or_default().push(Pos::Kept(i));
+        by_pos
+            .entry((s.table, s.bucket))
+            .or_default()
+            .push(Pos::Kept(i));
     }
     for (i, s) in superseded.iter().enumerate() {
         by_pos

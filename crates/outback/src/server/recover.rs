@@ -18,12 +18,13 @@ use crate::layout::{HeapLayout, SlotWord, header_words, seq_offset};
 use crate::proto::{ReplyHead, Status, op};
 use crate::ring::replicas_of;
 use crate::server::heap::{Heap, scan};
-use crate::server::{MirrorImage, NodeServer, SERVICE, Takeover, mirror_name, mirror_prefix, new_shard, rebuild};
+use crate::server::{
+    MirrorImage, NodeServer, SERVICE, Takeover, mirror_name, mirror_prefix, new_shard, rebuild,
+};
 use dmkv_memnode::Region;
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{
-    AccessKey, NodeId, RegionId, RemoteRegion, ServiceError, TransportError, WireReader,
-    WireWriter,
+    AccessKey, NodeId, RegionId, RemoteRegion, ServiceError, TransportError, WireReader, WireWriter,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -96,7 +97,9 @@ fn is_down(node: &NodeServer, s: u16) -> bool {
     matches!(
         node.ctx
             .with_endpoint(|ep| block_on(ep.lookup_service(target, &name))),
-        Ok(Err(TransportError::NodeDown(_) | TransportError::UnknownNode(_)))
+        Ok(Err(
+            TransportError::NodeDown(_) | TransportError::UnknownNode(_)
+        ))
     )
 }
 
@@ -112,7 +115,9 @@ fn refence(node: &NodeServer, p: u16) -> Result<Region, ServiceError> {
             .ok_or_else(|| ServiceError::failed("outback: no mirror of that shard here"))?;
         (img.region.clone(), img.generation)
     };
-    let fresh = node.ctx.region(&mirror_name(p, g + 1), layout.region_len())?;
+    let fresh = node
+        .ctx
+        .region(&mirror_name(p, g + 1), layout.region_len())?;
     let end = extent(&layout, &old);
     let mut at = 0;
     while at < end {
@@ -197,7 +202,10 @@ fn decode_fence(reply: &[u8]) -> Option<RemoteRegion> {
 }
 
 /// The takeover itself, on the worker.
-fn run(node: &Arc<NodeServer>, p: u16) -> Result<Arc<crate::server::shard::ShardServer>, ServiceError> {
+fn run(
+    node: &Arc<NodeServer>,
+    p: u16,
+) -> Result<Arc<crate::server::shard::ShardServer>, ServiceError> {
     let ctx = &node.ctx;
     let o = order(node, p);
     let me = o
@@ -205,7 +213,9 @@ fn run(node: &Arc<NodeServer>, p: u16) -> Result<Arc<crate::server::shard::Shard
         .position(|&s| s == node.own)
         .ok_or_else(|| ServiceError::failed("outback: not a mirror of that shard"))?;
     if o[..me].iter().any(|&s| !is_down(node, s)) {
-        return Err(ServiceError::failed("outback: an earlier holder of the shard is alive"));
+        return Err(ServiceError::failed(
+            "outback: an earlier holder of the shard is alive",
+        ));
     }
     // 1. Fence: my copy, then the later holders'.
     let region = refence(node, p)?;
@@ -221,10 +231,10 @@ fn run(node: &Arc<NodeServer>, p: u16) -> Result<Arc<crate::server::shard::Shard
                 ep.call(target, svc, w.finish()).await
             })
         })?;
-        if let Ok(reply) = reply {
-            if let Some(r) = decode_fence(&reply) {
-                later.push((target, r));
-            }
+        if let Ok(reply) = reply
+            && let Some(r) = decode_fence(&reply)
+        {
+            later.push((target, r));
         }
     }
     // 2. Scan.
@@ -280,7 +290,10 @@ fn run(node: &Arc<NodeServer>, p: u16) -> Result<Arc<crate::server::shard::Shard
     {
         let mut loaded = shard.loaded.lock();
         for (&key, &(addr, words, _)) in &best {
-            loaded.push((key, SlotWord::new(crate::hash::fingerprint(key), words, addr)));
+            loaded.push((
+                key,
+                SlotWord::new(crate::hash::fingerprint(key), words, addr),
+            ));
         }
     }
     shard

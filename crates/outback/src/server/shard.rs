@@ -212,7 +212,9 @@ impl ShardServer {
     fn target(&self, t: &Target) -> Result<Result<Arc<Table>, Vec<u8>>, ServiceError> {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         if self.rebuilding.load(Ordering::Relaxed) {
-            self.stats.ops_during_rebuild.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .ops_during_rebuild
+                .fetch_add(1, Ordering::Relaxed);
         }
         let tables = self.tables.read();
         match tables.get(t.table as usize) {
@@ -268,12 +270,17 @@ impl ShardServer {
             Err(reply) => return Ok(reply),
         };
         if s as usize >= SLOTS {
-            return Err(ServiceError::malformed(format!("outback: slot {s} out of range")));
+            return Err(ServiceError::malformed(format!(
+                "outback: slot {s} out of range"
+            )));
         }
         self.stats.gets.fetch_add(1, Ordering::Relaxed);
         let heap = &self.heap;
         let (seed, w, front) = table.read_slot_and_block(t.bucket, s as usize, |w| {
-            heap.read(w.addr(), (w.len_words().saturating_sub(BLOCK_TAIL_WORDS) * 8) as usize)
+            heap.read(
+                w.addr(),
+                (w.len_words().saturating_sub(BLOCK_TAIL_WORDS) * 8) as usize,
+            )
         })?;
         // After the snapshot: a rebuild that moved this bucket's keys bumped
         // the epoch before touching them (invariant 7).
@@ -312,10 +319,9 @@ impl ShardServer {
         let seed = g.seed();
         let out = match found {
             Some(e) => {
-                let front = self.heap.read(
-                    e.addr(),
-                    ((e.len_words() - BLOCK_TAIL_WORDS) * 8) as usize,
-                )?;
+                let front = self
+                    .heap
+                    .read(e.addr(), ((e.len_words() - BLOCK_TAIL_WORDS) * 8) as usize)?;
                 let mut out = self.head(Status::Ok, seed, 0);
                 out.raw(&front);
                 out
@@ -337,13 +343,13 @@ impl ShardServer {
         op: WriteOp,
         hint: Option<u8>,
     ) -> Result<Vec<u8>, ServiceError> {
-        if let WriteOp::Insert { value, .. } | WriteOp::Update { value, .. } = &op {
-            if value.len() > MAX_VALUE_LEN {
-                return Err(ServiceError::malformed(format!(
-                    "outback: a value of {} bytes exceeds {MAX_VALUE_LEN}",
-                    value.len()
-                )));
-            }
+        if let WriteOp::Insert { value, .. } | WriteOp::Update { value, .. } = &op
+            && value.len() > MAX_VALUE_LEN
+        {
+            return Err(ServiceError::malformed(format!(
+                "outback: a value of {} bytes exceeds {MAX_VALUE_LEN}",
+                value.len()
+            )));
         }
         if hint.is_some_and(|h| h as usize >= SLOTS) {
             return Err(ServiceError::malformed(format!(
@@ -539,24 +545,25 @@ impl ShardServer {
         let fp = fingerprint(key);
         let holds = |s: usize| -> Result<Option<Loc>, ServiceError> {
             let w = table.slot(b, s);
-            Ok((!w.is_empty() && w.fp() == fp && self.heap.key_at(w.addr())? == key)
-                .then_some(Loc::Slot(s, w)))
+            Ok(
+                (!w.is_empty() && w.fp() == fp && self.heap.key_at(w.addr())? == key)
+                    .then_some(Loc::Slot(s, w)),
+            )
         };
         let s = slot(key, seed);
-        if let Some(h) = hint.map(usize::from).filter(|&h| h < SLOTS && h != s) {
-            if let Some(l) = holds(h)? {
-                return Ok(Some(l));
-            }
+        if let Some(h) = hint.map(usize::from).filter(|&h| h < SLOTS && h != s)
+            && let Some(l) = holds(h)?
+        {
+            return Ok(Some(l));
         }
         if let Some(l) = holds(s)? {
             return Ok(Some(l));
         }
-        if table.slot(b, s).cache() {
-            if let Some((ob, e)) = table.overflow.lock().get(key) {
-                if ob == b {
-                    return Ok(Some(Loc::Overflow(e)));
-                }
-            }
+        if table.slot(b, s).cache()
+            && let Some((ob, e)) = table.overflow.lock().get(key)
+            && ob == b
+        {
+            return Ok(Some(Loc::Overflow(e)));
         }
         Ok(None)
     }
@@ -581,8 +588,7 @@ impl ShardServer {
             ops.push(MirrorOp::Start { addr: blk.addr });
         }
         ops.extend_from_slice(extra);
-        self.replicas
-            .forward(&self.ctx, &self.heap.layout, &ops)?;
+        self.replicas.forward(&self.ctx, &self.heap.layout, &ops)?;
         self.heap.write(blk.addr, &bytes)?;
         if blk.fresh {
             self.heap.mark_start(blk.addr);
@@ -767,7 +773,9 @@ impl ShardServer {
     /// mirror); they join the index at the next full build.
     pub fn load(&self, pairs: &[(u64, &[u8])]) -> Result<(), ServiceError> {
         if !self.ready.load(Ordering::Acquire) {
-            return Err(ServiceError::failed("outback: the shard is not ready for loads"));
+            return Err(ServiceError::failed(
+                "outback: the shard is not ready for loads",
+            ));
         }
         let mut ops = Vec::with_capacity(pairs.len() * 2);
         let mut local = Vec::with_capacity(pairs.len());
@@ -860,13 +868,18 @@ impl ShardServer {
             c.registered.iter().all(|id| c.acks.contains(id))
         };
         let timeout = Duration::from_millis(self.ctx.cfg.pre_resize_timeout_ms);
-        self.live_tables().iter().any(|t| match t.state.load(Ordering::Acquire) {
-            state::REBUILDING => true,
-            state::PRE_RESIZE => {
-                all_told || t.pre_resize_since.lock().is_some_and(|s| s.elapsed() >= timeout)
-            }
-            _ => false,
-        })
+        self.live_tables()
+            .iter()
+            .any(|t| match t.state.load(Ordering::Acquire) {
+                state::REBUILDING => true,
+                state::PRE_RESIZE => {
+                    all_told
+                        || t.pre_resize_since
+                            .lock()
+                            .is_some_and(|s| s.elapsed() >= timeout)
+                }
+                _ => false,
+            })
     }
 
     /// After an insert: s_slow starts PRE_RESIZE, s_stop stops inserts
@@ -954,7 +967,9 @@ impl ShardServer {
         let body = view.encode();
         let mem = &self.ctl.mem;
         if ctl::BODY + body.len() as u64 > self.ctl.len() {
-            return Err(ServiceError::exhausted("outback: the control region is too small"));
+            return Err(ServiceError::exhausted(
+                "outback: the control region is too small",
+            ));
         }
         let w = |off: u64, v: u64| mem.store_u64(off, v).expect("control header");
         mem.write(ctl::BODY, &body).expect("body fits");
@@ -980,7 +995,11 @@ impl ShardServer {
         let deadline = Instant::now() + Duration::from_millis(self.ctx.cfg.countdown_timeout_ms);
         let poll = Duration::from_millis(self.ctx.cfg.countdown_poll_ms.max(1));
         while Instant::now() < deadline {
-            let left = self.ctl.mem.load_u64(ctl::COUNTDOWN).expect("control header") as i64;
+            let left = self
+                .ctl
+                .mem
+                .load_u64(ctl::COUNTDOWN)
+                .expect("control header") as i64;
             if left <= 0 {
                 return;
             }
@@ -992,7 +1011,10 @@ impl ShardServer {
     pub fn stats_json(&self) -> serde_json::Value {
         let tables = self.live_tables();
         let slots: u64 = tables.iter().map(|t| t.slots_total()).sum();
-        let in_slots: u64 = tables.iter().map(|t| t.slot_keys.load(Ordering::Relaxed)).sum();
+        let in_slots: u64 = tables
+            .iter()
+            .map(|t| t.slot_keys.load(Ordering::Relaxed))
+            .sum();
         let overflow: u64 = tables
             .iter()
             .map(|t| t.overflow_len.load(Ordering::Relaxed) as u64)

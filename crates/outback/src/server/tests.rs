@@ -59,8 +59,16 @@ fn target(s: &NodeServer, id: u32, key: u64) -> (Target, u8) {
 
 fn insert(s: &Arc<NodeServer>, key: u64, v: &[u8]) -> Vec<u8> {
     let (t, _) = target(s, 0, key);
-    s.handle(&DataReq::Insert { t, key, value: v, upsert: false }.encode())
-        .unwrap()
+    s.handle(
+        &DataReq::Insert {
+            t,
+            key,
+            value: v,
+            upsert: false,
+        }
+        .encode(),
+    )
+    .unwrap()
 }
 
 fn get(s: &Arc<NodeServer>, key: u64) -> Option<Vec<u8>> {
@@ -103,7 +111,16 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     let (ticket, applied) = (r.u64().unwrap(), r.u64().unwrap());
     assert_eq!(applied, 0);
     let (t, sl) = target(&s, 0, 3);
-    let del = s.handle(&DataReq::Delete { t, slot: sl, key: 3 }.encode()).unwrap();
+    let del = s
+        .handle(
+            &DataReq::Delete {
+                t,
+                slot: sl,
+                key: 3,
+            }
+            .encode(),
+        )
+        .unwrap();
     let (h, mut r) = head(&del);
     assert_eq!(h.status, Status::Buffered);
     let del_ticket = r.u64().unwrap();
@@ -111,7 +128,15 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     // visible yet.
     let (t, sl) = target(&s, 0, 2);
     let up = s
-        .handle(&DataReq::Update { t, slot: sl, key: 2, value: b"upd" }.encode())
+        .handle(
+            &DataReq::Update {
+                t,
+                slot: sl,
+                key: 2,
+                value: b"upd",
+            }
+            .encode(),
+        )
         .unwrap();
     assert_eq!(head(&up).0.status, Status::Ok);
     assert_eq!(get(&s, 100), None);
@@ -146,7 +171,9 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
         epoch: old_epoch,
         ..target(&s, 0, 1).0
     };
-    let r = s.handle(&DataReq::Get { t: stale, slot: 0 }.encode()).unwrap();
+    let r = s
+        .handle(&DataReq::Get { t: stale, slot: 0 }.encode())
+        .unwrap();
     assert_eq!(head(&r).0.status, Status::Stale);
     // The new view is published with its directory.
     let v = crate::publish::ViewDesc::decode(
@@ -155,7 +182,11 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
             .mem
             .read_vec(
                 crate::layout::ctl::BODY,
-                shard.ctl.mem.load_u64(crate::layout::ctl::BODY_LEN).unwrap() as usize,
+                shard
+                    .ctl
+                    .mem
+                    .load_u64(crate::layout::ctl::BODY_LEN)
+                    .unwrap() as usize,
             )
             .unwrap(),
     )
