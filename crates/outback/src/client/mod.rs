@@ -79,6 +79,10 @@ struct ShardSlot {
     counted: AtomicU64,
     /// This compute node's id at each node that served the shard.
     computes: Mutex<HashMap<NodeId, u32>>,
+    /// Blocks were bulk-loaded and no build has been asked for yet.
+    unbuilt: AtomicBool,
+    /// A thread is asking for the build and waiting for it.
+    building: AtomicBool,
 }
 
 /// State shared by a compute process's threads.
@@ -402,6 +406,79 @@ impl Shared {
         }
     }
 
+    /// Completes a bulk load of shard `p`: asks for the full build that
+    /// indexes every block loaded so far, waits for it (polling the control
+    /// region one-sided) and fetches the new locator. Loads only ship
+    /// blocks, so several load calls cost one build, done when the store is
+    /// first used (a client is made, an operation, stats, settle).
+    async fn complete_load(&self, ep: &Endpoint, p: u16) -> Result<()> {
+        let slot = &self.slots[p as usize];
+        let deadline = Instant::now() + OP_DEADLINE;
+        loop {
+            if !slot.unbuilt.load(Ordering::Acquire) && !slot.building.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if slot
+                .building
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                sleep(Duration::from_micros(100)).await;
+                continue;
+            }
+            let r = if slot.unbuilt.swap(false, Ordering::AcqRel) {
+                self.build(ep, p, deadline).await
+            } else {
+                Ok(())
+            };
+            slot.building.store(false, Ordering::Release);
+            match r {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    slot.unbuilt.store(true, Ordering::Release);
+                    match node_down(&e) {
+                        Some(n) => self.failover(ep, p, n).await?,
+                        None => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn build(&self, ep: &Endpoint, p: u16, deadline: Instant) -> Result<()> {
+        let owner = self.ensure_view(ep, p, deadline).await?.owner;
+        let mut w = WireWriter::new();
+        w.u8(op::BUILD).u16(p);
+        let r = Reply::parse(self.call(ep, owner, w.finish()).await?)?;
+        if r.head.status != Status::Ok {
+            return Err(KvError::Transport(TransportError::Backend(format!(
+                "outback: build refused by node {owner}: {:?}",
+                r.head.status
+            ))));
+        }
+        let ticket = WireReader::new(&r.rest).u64().map_err(malformed)?;
+        let ctl_r = self.region(ep, owner, &ctl_name(p)).await?;
+        loop {
+            let h = self.ctl_header(ep, ctl_r).await?;
+            if h[5] >= ticket {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(KvError::Transport(TransportError::Timeout { node: owner }));
+            }
+            sleep(Duration::from_micros(200)).await;
+        }
+        self.fetch(ep, p).await?;
+        Ok(())
+    }
+
+    async fn complete_loads(&self, ep: &Endpoint) -> Result<()> {
+        for p in 0..self.nodes.len() as u16 {
+            self.complete_load(ep, p).await?;
+        }
+        Ok(())
+    }
+
     /// While a shard is resizing, polls its control region (one-sided, at
     /// most every `poll_us`) and fetches a newly published locator.
     async fn maybe_poll(&self, ep: &Endpoint, p: u16, v: &ShardView) -> Result<()> {
@@ -465,6 +542,8 @@ pub fn connect(args: dmkv_api::ConnectArgs) -> Result<Arc<dyn Engine>> {
                 last_poll_us: AtomicU64::new(0),
                 counted: AtomicU64::new(0),
                 computes: Mutex::new(HashMap::new()),
+                unbuilt: AtomicBool::new(false),
+                building: AtomicBool::new(false),
             })
             .collect(),
         cfg,
@@ -538,6 +617,7 @@ impl Engine for OutbackEngine {
     }
 
     async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
+        self.sh.complete_loads(&ep).await?;
         Ok(Rc::new(Client {
             sh: self.sh.clone(),
             ep,
@@ -576,6 +656,7 @@ impl Engine for OutbackEngine {
 
     async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
         let sh = &self.sh;
+        sh.complete_loads(ep).await?;
         let mut per_shard = Vec::new();
         let mut asked: HashMap<NodeId, Vec<serde_json::Value>> = HashMap::new();
         for p in 0..sh.nodes.len() as u16 {
@@ -669,6 +750,7 @@ impl Engine for OutbackEngine {
 
     async fn settle(&self, ep: &Endpoint) -> Result<()> {
         let sh = &self.sh;
+        sh.complete_loads(ep).await?;
         let deadline = Instant::now() + OP_DEADLINE;
         for p in 0..sh.nodes.len() as u16 {
             loop {
@@ -702,7 +784,7 @@ impl Engine for OutbackEngine {
 }
 
 impl OutbackEngine {
-    /// LOAD every pair of shard `p`, then BUILD, wait for the build, fetch.
+    /// LOAD every pair of shard `p` (the build comes with first use).
     async fn load_shard(
         &self,
         ep: &Endpoint,
@@ -735,22 +817,7 @@ impl OutbackEngine {
             }
             i += n;
         }
-        let mut w = WireWriter::new();
-        w.u8(op::BUILD).u16(p);
-        let r = Reply::parse(sh.call(ep, owner, w.finish()).await?)?;
-        let ticket = WireReader::new(&r.rest).u64().map_err(malformed)?;
-        let ctl_r = sh.region(ep, owner, &ctl_name(p)).await?;
-        loop {
-            let h = sh.ctl_header(ep, ctl_r).await?;
-            if h[5] >= ticket {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(KvError::Transport(TransportError::Timeout { node: owner }));
-            }
-            sleep(Duration::from_micros(200)).await;
-        }
-        sh.fetch(ep, p).await?;
+        sh.slots[p as usize].unbuilt.store(true, Ordering::Release);
         Ok(())
     }
 }
@@ -788,6 +855,10 @@ impl Client {
                 return Err(KvError::Transport(TransportError::Timeout {
                     node: sh.owner(p),
                 }));
+            }
+            let slot = &sh.slots[p as usize];
+            if slot.unbuilt.load(Ordering::Acquire) || slot.building.load(Ordering::Acquire) {
+                labeled(OpKind::Setup, sh.complete_load(ep, p)).await?;
             }
             let view = sh.ensure_view(ep, p, deadline).await?;
             if let Err(e) = sh.maybe_poll(ep, p, &view).await {
