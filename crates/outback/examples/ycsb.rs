@@ -30,6 +30,10 @@ fn key(i: u64) -> u64 {
 
 struct Run {
     ops: u64,
+    gets: u64,
+    inserts: u64,
+    /// Operations completed in each 250 ms window of the run.
+    timeline: Vec<u64>,
     secs: f64,
     counters: CounterTable,
     stats: serde_json::Value,
@@ -80,10 +84,26 @@ fn run(
     let present = AtomicU64::new(keys);
     let next_new = AtomicU64::new(keys);
     let issued = AtomicU64::new(0);
+    let completed = AtomicU64::new(0);
+    let gets = AtomicU64::new(0);
+    let inserts = AtomicU64::new(0);
+    let timeline = Mutex::new(Vec::new());
     let counters = Mutex::new(CounterTable::default());
     let errors = Mutex::new(Vec::<String>::new());
     let start = Instant::now();
     std::thread::scope(|s| {
+        {
+            let (completed, timeline) = (&completed, &timeline);
+            s.spawn(move || {
+                let mut last = 0;
+                while last < ops {
+                    std::thread::sleep(std::time::Duration::from_millis(250));
+                    let now = completed.load(Ordering::Relaxed);
+                    timeline.lock().push(now - last);
+                    last = now;
+                }
+            });
+        }
         if let Some(at) = crash_at {
             let (issued, d) = (&issued, d);
             s.spawn(move || {
@@ -97,6 +117,7 @@ fn run(
         for t in 0..threads {
             let (present, next_new, issued, counters, errors) =
                 (&present, &next_new, &issued, &counters, &errors);
+            let (completed, gets, inserts) = (&completed, &gets, &inserts);
             s.spawn(move || {
                 let (ep, store) = d.client(t).expect("client");
                 let store = &*store;
@@ -112,6 +133,7 @@ fn run(
                                 x = dmkv_outback::hash::mix64(x);
                                 let insert = matches!(mix, Mix::Inserts(p) if x % 100 < p);
                                 if insert {
+                                    inserts.fetch_add(1, Ordering::Relaxed);
                                     let i = next_new.fetch_add(1, Ordering::Relaxed);
                                     let k = key(i);
                                     match labeled(
@@ -128,6 +150,7 @@ fn run(
                                         }
                                     }
                                 } else {
+                                    gets.fetch_add(1, Ordering::Relaxed);
                                     // Uniform over keys loaded or inserted
                                     // before (some inserts may still be in
                                     // flight: absent is then allowed).
@@ -148,6 +171,7 @@ fn run(
                                         }
                                     }
                                 }
+                                completed.fetch_add(1, Ordering::Relaxed);
                             }
                         }) as LocalTask<'_, ()>
                     })
@@ -182,6 +206,9 @@ fn run(
     let stats = block_on(d.engine.stats(&ep0)).unwrap_or_default();
     Run {
         ops,
+        gets: gets.load(Ordering::Relaxed),
+        inserts: inserts.load(Ordering::Relaxed),
+        timeline: timeline.into_inner(),
         secs,
         counters: counters.into_inner(),
         stats,
@@ -190,26 +217,26 @@ fn run(
     }
 }
 
-fn per_op(r: &Run, kind: OpKind) -> String {
-    let c = r.counters.get(kind);
-    let n = c.rpcs.max(1) as f64;
-    let _ = n;
+fn per_insert(r: &Run) -> String {
+    let c = r.counters.get(OpKind::Insert);
+    let n = r.inserts.max(1) as f64;
     format!(
-        "{}: rpcs {} round_trips {} verbs {} memnode_cpu_ns {}",
-        kind.name(),
-        c.rpcs,
-        c.round_trips,
-        c.verbs,
-        c.memnode_cpu_ns
+        "per INSERT ({}): rpcs {:.3} round_trips {:.3} verbs {:.3} memnode_cpu_ns {:.0}",
+        r.inserts,
+        c.rpcs as f64 / n,
+        c.round_trips as f64 / n,
+        c.verbs as f64 / n,
+        c.memnode_cpu_ns as f64 / n
     )
 }
 
-fn report(name: &str, r: &Run, gets: u64) {
+fn report(name: &str, r: &Run) {
     let c = r.counters.get(OpKind::Get);
-    let g = gets.max(1) as f64;
+    let g = r.gets.max(1) as f64;
     println!(
-        "{name:10} {:>10.0} ops/s  per GET: rpcs {:.3} round_trips {:.3} verbs {:.3} bytes_read {:.1} memnode_cpu_ns {:.0}  client_cache_bytes {}  verify: {} missing",
+        "{name:10} {:>10.0} ops/s  per GET ({}): rpcs {:.3} round_trips {:.3} verbs {:.3} bytes_read {:.1} memnode_cpu_ns {:.0}  client_cache_bytes {}  verify: {} missing",
         r.ops as f64 / r.secs,
+        r.gets,
         c.rpcs as f64 / g,
         c.round_trips as f64 / g,
         c.verbs as f64 / g,
@@ -222,28 +249,38 @@ fn report(name: &str, r: &Run, gets: u64) {
 
 fn outback_figures(r: &Run) {
     let s = &r.stats;
+    let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
     println!(
-        "  outback: keys {} load_factor {:.3} client_bits_per_key {:.2} (paper {:.2}) makeup_gets {} reseeds {} overflow_keys {} resizes {} full_builds {} \
-         write_stall_ms total {:.1} max {:.1} resize_total_ms {:.1} throughput_during_rebuild {:.0} ops/s takeovers {} takeover_ms {:.1} replica_bytes {}",
+        "  outback: keys {} load_factor {:.3} client_bits_per_key {:.2} (paper {:.2}) makeup_gets {} reseeds {} overflow_keys {}",
         s["keys"],
-        s["load_factor"].as_f64().unwrap_or(0.0),
-        s["client_bits_per_key"].as_f64().unwrap_or(0.0),
-        s["paper_bits_per_key"].as_f64().unwrap_or(0.0),
+        f("load_factor"),
+        f("client_bits_per_key"),
+        f("paper_bits_per_key"),
         s["makeup_gets"],
         s["reseeds"],
         s["overflow_keys"],
+    );
+    println!(
+        "  resizes {} (ms total {:.1}, max {:.1}, until fetched {:.1}), requests served during resizes {} ({:.0}/s); full builds {} ({:.1} ms)",
         s["resizes"],
+        f("resize_ms_total"),
+        f("resize_ms_max"),
+        f("resize_until_fetched_ms_total"),
+        s["requests_during_resize"],
+        f("requests_per_s_during_resize"),
         s["full_builds"],
-        s["resize_write_stall_ms_total"].as_f64().unwrap_or(0.0),
-        s["resize_write_stall_ms_max"].as_f64().unwrap_or(0.0),
-        s["resize_total_ms"].as_f64().unwrap_or(0.0),
-        s["throughput_during_rebuild_ops_per_s"]
-            .as_f64()
-            .unwrap_or(0.0),
+        f("full_build_ms_total"),
+    );
+    println!(
+        "  takeovers {} ({:.1} ms, {} keys recovered), failovers {}, replica verbs {} bytes {}",
         s["takeovers"],
-        s["takeover_ms"].as_f64().unwrap_or(0.0),
+        f("takeover_ms"),
+        s["recovered_keys"],
+        s["failovers"],
+        s["replica_verbs"],
         s["replica_bytes"],
     );
+    println!("  ops per 250 ms window: {:?}", r.timeline);
 }
 
 fn main() {
@@ -259,12 +296,12 @@ fn main() {
         "c" => {
             let d = deploy(&dmkv_outback::SPEC, 1, threads, keys);
             let o = run(&d, keys, ops, threads, tasks, Mix::Reads, None);
-            report("outback", &o, ops);
+            report("outback", &o);
             outback_figures(&o);
             drop(d);
             let d = deploy(&dmkv_rpc_btree::SPEC, 1, threads, keys);
             let b = run(&d, keys, ops, threads, tasks, Mix::Reads, None);
-            report("rpc-btree", &b, ops);
+            report("rpc-btree", &b);
             let cpu = |r: &Run| r.counters.get(OpKind::Get).memnode_cpu_ns as f64 / ops as f64;
             println!(
                 "outback / rpc-btree: throughput {:.2}x, memnode CPU per GET {:.2}x",
@@ -280,9 +317,8 @@ fn main() {
             };
             let d = deploy(&dmkv_outback::SPEC, memnodes, threads, keys + ops);
             let r = run(&d, keys, ops, threads, tasks, mix, crash);
-            let gets = r.counters.get(OpKind::Get).rpcs.max(1);
-            report("outback", &r, gets);
-            println!("  {}", per_op(&r, OpKind::Insert));
+            report("outback", &r);
+            println!("  {}", per_insert(&r));
             outback_figures(&r);
         }
         other => panic!("unknown workload {other}"),

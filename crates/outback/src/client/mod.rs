@@ -690,9 +690,15 @@ impl Engine for OutbackEngine {
         let keys = sum("keys");
         let slots = sum("slots");
         let cache = self.client_cache_bytes();
-        let resizes = sum("splits");
-        let rebuild_ns = sum("rebuild_ns");
-        let ops_during = sum("ops_during_rebuild");
+        let split_ns = sum("split_ns");
+        let full_ns = sum("full_build_ns");
+        let per_s = |n: u64, ns: u64| {
+            if ns > 0 {
+                n as f64 / (ns as f64 / 1e9)
+            } else {
+                0.0
+            }
+        };
         let c = &sh.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Ok(serde_json::json!({
@@ -717,17 +723,15 @@ impl Engine for OutbackEngine {
             "overflow_inserts": sum("overflow_inserts"),
             "promotions": sum("promotions"),
             "fallback_keys": sum("fallback_keys"),
-            "resizes": resizes,
+            "resizes": sum("splits"),
+            "resize_ms_total": split_ns as f64 / 1e6,
+            "resize_ms_max": max("split_max_ns") as f64 / 1e6,
+            "resize_until_fetched_ms_total": sum("resize_total_ns") as f64 / 1e6,
+            "requests_during_resize": sum("requests_during_split"),
+            "requests_per_s_during_resize": per_s(sum("requests_during_split"), split_ns),
             "full_builds": sum("full_builds"),
-            "resize_write_stall_ms_total": rebuild_ns as f64 / 1e6,
-            "resize_write_stall_ms_max": max("rebuild_max_ns") as f64 / 1e6,
-            "resize_total_ms": sum("resize_total_ns") as f64 / 1e6,
-            "ops_served_during_rebuild": ops_during,
-            "throughput_during_rebuild_ops_per_s": if rebuild_ns > 0 {
-                ops_during as f64 / (rebuild_ns as f64 / 1e9)
-            } else {
-                0.0
-            },
+            "full_build_ms_total": full_ns as f64 / 1e6,
+            "requests_per_s_during_full_build": per_s(sum("requests_during_full"), full_ns),
             "takeovers": sum("takeovers"),
             "takeover_ms": sum("takeover_ns") as f64 / 1e6,
             "recovered_keys": sum("recovered_keys"),

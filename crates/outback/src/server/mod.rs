@@ -141,6 +141,7 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
             .region(&mirror_name(p, 0), layout.region_len())
             .map_err(cerr)?;
         write_heap_header(&region, &layout);
+        account_mirror(&region, &layout);
         mirrors[p as usize] = Some(MirrorImage {
             region,
             generation: 0,
@@ -169,6 +170,16 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     )
     .map_err(cerr)?;
     Ok(server)
+}
+
+/// Sets a mirror's accounted use (the node's `memory_used`) to the part of
+/// it that holds blocks: the primary writes it one-sided, so only a look at
+/// its start bitmap tells how far it goes. The allocator made here hands
+/// out nothing; making it is how a region's use is declared.
+pub(crate) fn account_mirror(region: &Region, layout: &HeapLayout) {
+    let end = layout.data_start + layout.data_len;
+    let used = recover::extent(layout, region);
+    let _ = dmkv_memnode::BumpAllocator::new("outback mirror", region, used, end);
 }
 
 pub(crate) fn write_heap_header(region: &Region, layout: &HeapLayout) {
@@ -344,6 +355,9 @@ impl NodeServer {
                 }
                 let shards: Vec<serde_json::Value> =
                     served.iter().map(|s| s.stats_json()).collect();
+                for m in self.mirrors.lock().iter().flatten() {
+                    account_mirror(&m.region, &self.layout);
+                }
                 let mut w = WireWriter::new();
                 ReplyHead::new(Status::Ok).write(&mut w);
                 w.str(&serde_json::Value::Array(shards).to_string());

@@ -276,7 +276,13 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
     let build_target = shard.build_requested.load(Ordering::Acquire);
     // Freeze: from here inserts and deletes to these tables are buffered.
     shard.resize_pending.store(true, Ordering::Release);
-    shard.rebuilding.store(true, Ordering::Release);
+    shard.rebuilding.store(
+        match job {
+            Job::Full => crate::server::shard::REBUILD_FULL,
+            Job::Split(_) => crate::server::shard::REBUILD_SPLIT,
+        },
+        Ordering::Release,
+    );
     for t in &old {
         t.state.store(state::REBUILDING, Ordering::Release);
     }
@@ -327,7 +333,9 @@ fn finish(
     {
         shard.resize_pending.store(false, Ordering::Release);
     }
-    shard.rebuilding.store(false, Ordering::Release);
+    shard
+        .rebuilding
+        .store(crate::server::shard::REBUILD_NONE, Ordering::Release);
     for (ticket, op) in ops {
         let upsert = matches!(op, WriteOp::Insert { upsert: true, .. });
         let r = apply_routed(shard, &op);
@@ -339,18 +347,20 @@ fn finish(
     shard.applied.fetch_add(1, Ordering::AcqRel);
     shard.publish_progress();
     let held = started.elapsed().as_nanos() as u64;
-    shard.stats.rebuild_ns.fetch_add(held, Ordering::Relaxed);
-    shard
-        .stats
-        .rebuild_max_ns
-        .fetch_max(held, Ordering::Relaxed);
+    let st = &shard.stats;
+    if job == Job::Full {
+        st.full_build_ns.fetch_add(held, Ordering::Relaxed);
+    } else {
+        st.split_ns.fetch_add(held, Ordering::Relaxed);
+        st.split_max_ns.fetch_max(held, Ordering::Relaxed);
+    }
     if published {
         shard.await_countdown();
     }
-    shard
-        .stats
-        .resize_total_ns
-        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    if job != Job::Full {
+        st.resize_total_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
 }
 
 /// Applies one write where the current directory sends its key; the bucket

@@ -69,6 +69,8 @@ pub fn takeover(node: &Arc<NodeServer>, p: u16) -> Status {
                     .takeover_ns
                     .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 me.shards.write()[p as usize] = Some(shard);
+                // The mirror is now this node's heap of shard `p`.
+                me.mirrors.lock()[p as usize] = None;
             }
             Err(_) => {
                 t.insert(p, Takeover::Refused);
@@ -132,6 +134,7 @@ fn refence(node: &NodeServer, p: u16) -> Result<Region, ServiceError> {
             .map_err(|e| ServiceError::failed(format!("outback: mirror copy: {e}")))?;
         at += n;
     }
+    crate::server::account_mirror(&fresh, &layout);
     node.mirrors.lock()[p as usize] = Some(MirrorImage {
         region: fresh.clone(),
         generation: g + 1,
@@ -141,7 +144,7 @@ fn refence(node: &NodeServer, p: u16) -> Result<Region, ServiceError> {
 }
 
 /// End of the last block whose start bit is set (or of the bitmap).
-fn extent(layout: &HeapLayout, r: &Region) -> u64 {
+pub(crate) fn extent(layout: &HeapLayout, r: &Region) -> u64 {
     let words = layout.data_len / 8;
     let bitmap_words = words.div_ceil(64);
     let mut end = layout.data_start;

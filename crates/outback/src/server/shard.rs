@@ -30,7 +30,11 @@ use dmkv_transport::{ServiceError, WireWriter};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+pub const REBUILD_NONE: u8 = 0;
+pub const REBUILD_FULL: u8 = 1;
+pub const REBUILD_SPLIT: u8 = 2;
 use std::time::{Duration, Instant};
 
 /// Result of a write.
@@ -119,7 +123,9 @@ pub struct ShardServer {
     computes: Mutex<Computes>,
     /// A table is in PRE_RESIZE or being rebuilt: replies carry PRE_RESIZE.
     pub(crate) resize_pending: AtomicBool,
-    pub(crate) rebuilding: AtomicBool,
+    /// Which rebuild is running: [`REBUILD_NONE`], [`REBUILD_FULL`] or
+    /// [`REBUILD_SPLIT`] (for the figures of requests served meanwhile).
+    pub(crate) rebuilding: AtomicU8,
     tickets: Mutex<Tickets>,
     /// Bulk-loaded keys waiting for the next full build: (key, entry, seq).
     pub(crate) loaded: Mutex<Vec<(u64, SlotWord)>>,
@@ -167,7 +173,7 @@ impl ShardServer {
             seq: AtomicU64::new(first_seq),
             computes: Mutex::new(Computes::default()),
             resize_pending: AtomicBool::new(false),
-            rebuilding: AtomicBool::new(false),
+            rebuilding: AtomicU8::new(REBUILD_NONE),
             tickets: Mutex::new(Tickets::default()),
             loaded: Mutex::new(Vec::new()),
             build_requested: AtomicU64::new(0),
@@ -210,12 +216,12 @@ impl ShardServer {
     /// The table a request names, or the reply it gets instead: STALE for a
     /// retired table, an error for one that never existed.
     fn target(&self, t: &Target) -> Result<Result<Arc<Table>, Vec<u8>>, ServiceError> {
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        if self.rebuilding.load(Ordering::Relaxed) {
-            self.stats
-                .ops_during_rebuild
-                .fetch_add(1, Ordering::Relaxed);
+        match self.rebuilding.load(Ordering::Relaxed) {
+            REBUILD_SPLIT => &self.stats.requests_during_split,
+            REBUILD_FULL => &self.stats.requests_during_full,
+            _ => &self.stats.requests,
         }
+        .fetch_add(1, Ordering::Relaxed);
         let tables = self.tables.read();
         match tables.get(t.table as usize) {
             Some(Some(tb)) => {
@@ -274,7 +280,6 @@ impl ShardServer {
                 "outback: slot {s} out of range"
             )));
         }
-        self.stats.gets.fetch_add(1, Ordering::Relaxed);
         let heap = &self.heap;
         let (seed, w, front) = table.read_slot_and_block(t.bucket, s as usize, |w| {
             heap.read(
@@ -1033,8 +1038,7 @@ impl ShardServer {
             "locator_bytes": tables.iter().map(|t| t.othello.bytes() + t.buckets as u64).sum::<u64>(),
             "heap_live_bytes": self.heap.live_bytes(),
             "heap_carved_bytes": self.heap.carved_bytes(),
-            "requests": l(&s.requests),
-            "gets": l(&s.gets),
+            "requests_outside_rebuilds": l(&s.requests),
             "makeup_gets": l(&s.makeup_gets),
             "stale_replies": l(&s.stale_replies),
             "reseeds": l(&s.reseeds),
@@ -1044,10 +1048,12 @@ impl ShardServer {
             "splits": l(&s.splits),
             "full_builds": l(&s.full_builds),
             "fallback_keys": l(&s.fallback_keys),
-            "rebuild_ns": l(&s.rebuild_ns),
-            "rebuild_max_ns": l(&s.rebuild_max_ns),
+            "split_ns": l(&s.split_ns),
+            "split_max_ns": l(&s.split_max_ns),
             "resize_total_ns": l(&s.resize_total_ns),
-            "ops_during_rebuild": l(&s.ops_during_rebuild),
+            "full_build_ns": l(&s.full_build_ns),
+            "requests_during_split": l(&s.requests_during_split),
+            "requests_during_full": l(&s.requests_during_full),
             "takeovers": l(&s.takeovers),
             "takeover_ns": l(&s.takeover_ns),
             "recovered_keys": l(&s.recovered_keys),

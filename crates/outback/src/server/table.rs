@@ -308,7 +308,6 @@ impl Table {
 /// Counts kept per shard (all relaxed; they are statistics).
 #[derive(Default)]
 pub struct ShardStats {
-    pub gets: AtomicU64,
     pub makeup_gets: AtomicU64,
     pub stale_replies: AtomicU64,
     pub reseeds: AtomicU64,
@@ -318,13 +317,16 @@ pub struct ShardStats {
     pub splits: AtomicU64,
     pub full_builds: AtomicU64,
     pub fallback_keys: AtomicU64,
-    /// Sum and max over rebuilds of the time writes were held (ns).
-    pub rebuild_ns: AtomicU64,
-    pub rebuild_max_ns: AtomicU64,
-    /// Sum over rebuilds of the time until every compute node fetched.
+    /// Sum and max over splits (resizes) of the time from REBUILDING until
+    /// the buffered writes were applied (ns).
+    pub split_ns: AtomicU64,
+    pub split_max_ns: AtomicU64,
+    /// Sum over splits of the time until every compute node fetched.
     pub resize_total_ns: AtomicU64,
-    /// Requests served while a rebuild was running.
-    pub ops_during_rebuild: AtomicU64,
+    pub full_build_ns: AtomicU64,
+    /// Requests served while a split / a full build was running.
+    pub requests_during_split: AtomicU64,
+    pub requests_during_full: AtomicU64,
     pub requests: AtomicU64,
     pub takeovers: AtomicU64,
     pub takeover_ns: AtomicU64,
