@@ -32,6 +32,7 @@ use dmkv_transport::{
     WireWriter, labeled,
 };
 use parking_lot::{Mutex, RwLock};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -619,6 +620,8 @@ impl Engine for OutbackEngine {
     async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
         self.sh.complete_loads(&ep).await?;
         Ok(Rc::new(Client {
+            views: RefCell::new(vec![None; self.sh.nodes.len()]),
+            services: RefCell::new(HashMap::new()),
             sh: self.sh.clone(),
             ep,
         }))
@@ -826,10 +829,17 @@ impl OutbackEngine {
     }
 }
 
+/// A view and the install count it was current at.
+type CachedView = (u64, Arc<ShardView>);
+
 /// A compute thread's handle.
 pub struct Client {
     sh: Arc<Shared>,
     ep: Rc<Endpoint>,
+    /// Per shard, the view this thread last used and the install count it
+    /// was current at (so the hot path takes no shared lock).
+    views: RefCell<Vec<Option<CachedView>>>,
+    services: RefCell<HashMap<NodeId, ServiceId>>,
 }
 
 /// What one exchange produced.
@@ -842,6 +852,33 @@ struct Exchange {
 }
 
 impl Client {
+    /// The current view of shard `p`, from this thread's cache when no new
+    /// one was installed since.
+    async fn view(&self, p: u16, deadline: Instant) -> Result<Arc<ShardView>> {
+        let installs = self.sh.slots[p as usize].installs.load(Ordering::Acquire);
+        if let Some((i, v)) = &self.views.borrow()[p as usize]
+            && *i == installs
+        {
+            return Ok(v.clone());
+        }
+        let v = self.sh.ensure_view(&self.ep, p, deadline).await?;
+        self.views.borrow_mut()[p as usize] = Some((installs, v.clone()));
+        Ok(v)
+    }
+
+    async fn call(&self, node: NodeId, payload: Vec<u8>) -> Result<Vec<u8>> {
+        let cached = self.services.borrow().get(&node).copied();
+        let svc = match cached {
+            Some(s) => s,
+            None => {
+                let s = self.sh.service(&self.ep, node).await?;
+                self.services.borrow_mut().insert(node, s);
+                s
+            }
+        };
+        Ok(self.ep.call(node, svc, payload).await?)
+    }
+
     /// Sends the request `make` builds for `key` (from the current view) and
     /// handles everything that is not an answer: a node down (failover),
     /// STALE (fetch, retry), NOT_OWNER / RECOVERING (wait, retry).
@@ -864,7 +901,7 @@ impl Client {
             if slot.unbuilt.load(Ordering::Acquire) || slot.building.load(Ordering::Acquire) {
                 labeled(OpKind::Setup, sh.complete_load(ep, p)).await?;
             }
-            let view = sh.ensure_view(ep, p, deadline).await?;
+            let view = self.view(p, deadline).await?;
             if let Err(e) = sh.maybe_poll(ep, p, &view).await {
                 if let Some(n) = node_down(&e) {
                     sh.failover(ep, p, n).await?;
@@ -874,7 +911,7 @@ impl Client {
             }
             let table = view.table_for(key).clone();
             let (payload, bucket, used_seed) = make(&view, &table);
-            let reply = match sh.call(ep, view.owner, payload).await {
+            let reply = match self.call(view.owner, payload).await {
                 Ok(r) => Reply::parse(r)?,
                 Err(e) => match node_down(&e) {
                     Some(n) => {
