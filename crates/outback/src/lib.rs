@@ -35,7 +35,7 @@ pub mod publish;
 pub mod ring;
 pub mod server;
 
-use dmkv_api::{ConnectArgs, Engine, EngineSpec, KnobSpec, Result, ServeArgs};
+use dmkv_api::{Capabilities, ConnectArgs, Engine, EngineSpec, KnobSpec, Result, ServeArgs};
 use dmkv_memnode::NodeRuntime;
 use std::sync::Arc;
 
@@ -57,6 +57,9 @@ impl EngineSpec for OutbackSpec {
     }
     fn knobs(&self) -> &'static [KnobSpec] {
         config::KNOBS
+    }
+    fn capabilities(&self) -> Capabilities {
+        CAPS
     }
     fn serve(&self, rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
         server::serve(rt, args)

@@ -1,0 +1,875 @@
+//! The per-thread client: GET and SCAN one-sided through the learned cache
+//! (§5.2), writes by RPC (§5.3), fallbacks, speculative execution.
+//!
+//! A lookup (Fig. 7) predicts the logical leaves `[s, e]` of a key, reads
+//! them in one doorbell batch (more if the range is wider than
+//! `xstore.batch_limit`), checks each leaf's incarnation against its TT
+//! entry, and searches the keys. Then:
+//! - found in a consistent leaf image: the key is there (whatever the
+//!   incarnation), and its value is read in a second round trip;
+//! - a leaf's incarnation differs (it split since training): the entry is
+//!   invalidated and, unless the key is in the split leaf, its right
+//!   sibling is read once (speculative execution, §5.3.2); if the key is
+//!   not there either, the GET falls back to the server;
+//! - not found, every incarnation as expected: the key is absent if the
+//!   leaves read provably cover it (docs/xstore.md, invariant 6), else the
+//!   read range is extended by one leaf on the uncovered side, a bounded
+//!   number of times, before falling back.
+
+use crate::cache::{GenCache, PartClient, SubCache};
+use crate::config::{CacheMode, XStoreConfig};
+use crate::layout::{SubRecord, TtEntry};
+use crate::stats::{ClientStats, FallbackCause};
+use crate::wire::*;
+use async_trait::async_trait;
+use dmkv_api::{Key, KvError, KvStore, Result};
+use dmkv_transport::{Endpoint, WireReader, WireWriter};
+use dmkv_xtree::view::{parse_block, parse_slot_line};
+use dmkv_xtree::{FatPtr, KeysView, NodeView, SlotValue, ViewError};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Consecutive torn or locked leaf reads before a lookup falls back.
+const TORN_RETRIES: usize = 64;
+/// Leaves a lookup may add to a prediction to prove a key absent.
+const MAX_EXTENSIONS: usize = 4;
+
+/// What every client thread of one engine shares.
+pub struct Shared {
+    pub cfg: XStoreConfig,
+    pub parts: Vec<PartClient>,
+    /// Read whole leaves (values or fat pointers included) instead of the
+    /// key lines: when values are expected out of line.
+    pub whole_leaves: bool,
+    pub stats: Arc<ClientStats>,
+}
+
+impl Shared {
+    pub fn part_of(&self, key: Key) -> &PartClient {
+        &self.parts[self.cfg.partition_of(key)]
+    }
+}
+
+/// A leaf image, as read for a lookup.
+enum Image {
+    Keys(KeysView),
+    Whole(NodeView),
+}
+
+impl Image {
+    fn keys(&self) -> &KeysView {
+        match self {
+            Image::Keys(k) => k,
+            Image::Whole(n) => &n.keys,
+        }
+    }
+}
+
+/// A leaf read: its node number, the TT entry it was read for, its image.
+struct Leaf {
+    node: u32,
+    entry: Option<TtEntry>,
+    image: Image,
+}
+
+/// Where a lookup found its key.
+struct Found {
+    leaf: u32,
+    slot: usize,
+    image: Image,
+}
+
+enum Lookup {
+    Found(Found),
+    Absent,
+    Fallback(FallbackCause),
+}
+
+/// The TT access a lookup has: cached entries (full) or entries read for
+/// it (models-only, top-only).
+struct SubView {
+    record: SubRecord,
+    cached: Option<Arc<SubCache>>,
+}
+
+/// A compute thread's handle.
+pub struct Client {
+    ep: Rc<Endpoint>,
+    sh: Arc<Shared>,
+}
+
+impl Client {
+    pub fn new(ep: Rc<Endpoint>, sh: Arc<Shared>) -> Client {
+        Client { ep, sh }
+    }
+
+    fn stats(&self) -> &ClientStats {
+        &self.sh.stats
+    }
+
+    // ---- leaves --------------------------------------------------------------
+
+    /// Reads `leaves` in doorbell batches of at most `batch_limit` and parses
+    /// them. `Err(None)` if one was torn or locked (retry the lookup).
+    async fn read_leaves(
+        &self,
+        p: &PartClient,
+        leaves: &[(u32, Option<TtEntry>)],
+        whole: bool,
+    ) -> Result<std::result::Result<Vec<Leaf>, Option<ViewError>>> {
+        let geo = &p.geo;
+        let span = if whole {
+            geo.node_span()
+        } else {
+            geo.key_span()
+        };
+        let len = span.len(geo);
+        let nb = geo.node_bytes() as u64;
+        let limit = self.sh.cfg.batch_limit;
+        if leaves.len() > limit {
+            ClientStats::bump(&self.stats().wide_predictions);
+        }
+        let mut out = Vec::with_capacity(leaves.len());
+        let mut failed = None;
+        for chunk in leaves.chunks(limit) {
+            let mut b = self.ep.batch();
+            for (node, _) in chunk {
+                b.read(p.nodes.at(*node as u64 * nb), len);
+            }
+            let mut res = b.run().await?;
+            ClientStats::bump(&self.stats().leaf_batches);
+            self.stats()
+                .leaves_read
+                .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            for (i, (node, entry)) in chunk.iter().enumerate() {
+                let bytes = res.take_read(i);
+                let parsed = if whole {
+                    NodeView::parse(geo, &bytes).map(Image::Whole)
+                } else {
+                    KeysView::parse(geo, span, &bytes).map(Image::Keys)
+                };
+                match parsed {
+                    Ok(image) if image.keys().is_leaf() => out.push(Leaf {
+                        node: *node,
+                        entry: *entry,
+                        image,
+                    }),
+                    Ok(_) => failed = Some(Some(ViewError::Malformed("not a leaf".into()))),
+                    Err(e) if e.is_transient() => {
+                        if failed.is_none() {
+                            failed = Some(None);
+                        }
+                    }
+                    Err(e) => failed = Some(Some(e)),
+                }
+            }
+        }
+        Ok(match failed {
+            None => Ok(out),
+            Some(e) => Err(e),
+        })
+    }
+
+    /// The sub-model for `key` in `g` and access to its TT, per cache mode.
+    /// `None`: the model could not be had consistently.
+    async fn sub_view(&self, p: &PartClient, g: &GenCache, i: u32) -> Result<Option<SubView>> {
+        match p.mode {
+            CacheMode::Full | CacheMode::ModelsOnly => {
+                Ok(p.sub(&self.ep, g, i).await?.map(|s| SubView {
+                    record: s.record,
+                    cached: (p.mode == CacheMode::Full).then_some(s),
+                }))
+            }
+            CacheMode::TopOnly => Ok(p.read_record(&self.ep, g, i).await?.map(|record| SubView {
+                record,
+                cached: None,
+            })),
+        }
+    }
+
+    /// TT entries `first..=last` of `v`: cached, or read one-sided.
+    /// `None`: the TT block changed (the record is stale).
+    async fn entries(
+        &self,
+        p: &PartClient,
+        v: &SubView,
+        first: u32,
+        last: u32,
+    ) -> Result<Option<Vec<u64>>> {
+        match &v.cached {
+            Some(s) => Ok(Some((first..=last).map(|n| s.entry(n)).collect())),
+            None => p.read_tt(&self.ep, &v.record, first, last).await,
+        }
+    }
+
+    /// LOOKUP (Fig. 7) of `key` in partition `p`.
+    async fn lookup(&self, p: &PartClient, key: Key, whole: bool) -> Result<Lookup> {
+        ClientStats::bump(&self.stats().lookups);
+        let mut torn = 0;
+        'model: for _ in 0..crate::cache::MODEL_RETRIES {
+            let g = p.generation(&self.ep).await?;
+            let i = g.header.route(key);
+            let Some(v) = self.sub_view(p, &g, i).await? else {
+                // The generation moved on: learn the new header.
+                p.fetch_header(&self.ep).await?;
+                continue 'model;
+            };
+            let t = v.record.tt_len;
+            let Some((mut s, mut e)) = v.record.leaf_range(key, g.header.slots) else {
+                return Ok(Lookup::Fallback(FallbackCause::Model));
+            };
+            // Leaves read so far, by logical number.
+            let mut read: Vec<(u32, Leaf)> = Vec::new();
+            let mut want: Vec<u32> = (s..=e).collect();
+            let mut extensions = 0;
+            loop {
+                if !want.is_empty() {
+                    // Entries for each contiguous run of wanted leaves, then
+                    // every leaf in one batch.
+                    let mut targets: Vec<(u32, Option<TtEntry>)> = Vec::new();
+                    for (lo, hi) in runs(&want) {
+                        let Some(raw) = self.entries(p, &v, lo, hi).await? else {
+                            if p.mode == CacheMode::Full {
+                                return Ok(Lookup::Fallback(FallbackCause::Model));
+                            }
+                            // Retrained since the record was read: re-read it.
+                            p.evict_sub(&g, i);
+                            continue 'model;
+                        };
+                        targets.extend(raw.iter().map(|&w| {
+                            let e = TtEntry::unpack(w);
+                            (e.leaf, Some(e))
+                        }));
+                    }
+                    if targets.iter().any(|(_, e)| !e.is_some_and(|e| e.valid)) {
+                        return Ok(Lookup::Fallback(FallbackCause::InvalidEntry));
+                    }
+                    match self.read_leaves(p, &targets, whole).await? {
+                        Ok(leaves) => {
+                            for (n, l) in want.iter().zip(leaves) {
+                                read.push((*n, l));
+                            }
+                        }
+                        Err(None) => {
+                            ClientStats::bump(&self.stats().torn_retries);
+                            torn += 1;
+                            if torn >= TORN_RETRIES {
+                                return Ok(Lookup::Fallback(FallbackCause::Torn));
+                            }
+                            read.clear();
+                            want = (s..=e).collect();
+                            continue;
+                        }
+                        Err(Some(_)) => return Ok(Lookup::Fallback(FallbackCause::Incarnation)),
+                    }
+                    read.sort_by_key(|x| x.0);
+                    want.clear();
+                }
+                // Search every image; a key found in a consistent image is
+                // there, split or not.
+                let mut stale = Vec::new();
+                for (n, l) in read.iter() {
+                    let entry = l.entry.expect("read through the TT");
+                    if l.image.keys().incarnation() != entry.incarnation {
+                        stale.push(*n);
+                    }
+                }
+                if let Some(pos) = read
+                    .iter()
+                    .position(|(_, l)| l.image.keys().find(key).is_some())
+                {
+                    let (n, l) = read.swap_remove(pos);
+                    if stale.contains(&n) {
+                        ClientStats::bump(&self.stats().found_in_split_leaf);
+                    }
+                    let slot = l.image.keys().find(key).expect("just found");
+                    return Ok(Lookup::Found(Found {
+                        leaf: l.node,
+                        slot,
+                        image: l.image,
+                    }));
+                }
+                if !stale.is_empty() {
+                    // Invalidate (Fig. 7, line 18) and speculate.
+                    if let Some(c) = &v.cached {
+                        for (n, l) in read.iter().filter(|(n, _)| stale.contains(n)) {
+                            c.invalidate(*n, l.entry.expect("read through the TT").pack());
+                        }
+                    }
+                    if !self.sh.cfg.speculation {
+                        return Ok(Lookup::Fallback(FallbackCause::Incarnation));
+                    }
+                    ClientStats::bump(&self.stats().speculations);
+                    let siblings: Vec<(u32, Option<TtEntry>)> = read
+                        .iter()
+                        .filter(|(n, _)| stale.contains(n))
+                        .map(|(_, l)| l.image.keys().header.next)
+                        .filter(|&next| next != 0)
+                        .map(|next| (next, None))
+                        .collect();
+                    if siblings.is_empty() {
+                        return Ok(Lookup::Fallback(FallbackCause::Incarnation));
+                    }
+                    let sibs = match self.read_leaves(p, &siblings, whole).await? {
+                        Ok(s) => s,
+                        Err(_) => return Ok(Lookup::Fallback(FallbackCause::Incarnation)),
+                    };
+                    for l in sibs {
+                        if let Some(slot) = l.image.keys().find(key) {
+                            ClientStats::bump(&self.stats().speculative_hits);
+                            return Ok(Lookup::Found(Found {
+                                leaf: l.node,
+                                slot,
+                                image: l.image,
+                            }));
+                        }
+                    }
+                    return Ok(Lookup::Fallback(FallbackCause::Incarnation));
+                }
+                // Absent from every leaf read; all are as trained, so their
+                // ranges are those of training and contiguous. Absent for
+                // sure if they cover the key (invariant 6).
+                let (left_ok, right_ok) = coverage(&read, key, s, e, t);
+                if left_ok && right_ok {
+                    return Ok(Lookup::Absent);
+                }
+                extensions += 1;
+                if extensions > MAX_EXTENSIONS {
+                    return Ok(Lookup::Fallback(FallbackCause::Coverage));
+                }
+                ClientStats::bump(&self.stats().coverage_extensions);
+                if !left_ok {
+                    s -= 1;
+                    want.push(s);
+                }
+                if !right_ok {
+                    e += 1;
+                    want.push(e);
+                }
+                want.sort_unstable();
+            }
+        }
+        Ok(Lookup::Fallback(FallbackCause::Model))
+    }
+
+    /// The value of a found key: from the image (whole leaves, inline), or
+    /// its slot line, or its block. `None`: the leaf or block changed since
+    /// the image was read (retry the lookup).
+    async fn read_value(&self, p: &PartClient, key: Key, f: &Found) -> Result<Option<Vec<u8>>> {
+        let geo = &p.geo;
+        let base = f.leaf as u64 * geo.node_bytes() as u64;
+        let fat = match &f.image {
+            Image::Whole(n) => match n.value(f.slot) {
+                SlotValue::Inline(b) => return Ok(Some(b.to_vec())),
+                SlotValue::OutOfLine(fat) => fat,
+            },
+            Image::Keys(k) => {
+                let span = geo.slot_span(f.slot);
+                let bytes = self
+                    .ep
+                    .read(p.nodes.at(base + span.offset() as u64), span.len(geo))
+                    .await?;
+                let Ok(word) = parse_slot_line(geo, f.slot, k.version, &bytes) else {
+                    return Ok(None);
+                };
+                match SlotValue::decode(&k.meta, f.slot, word) {
+                    SlotValue::Inline(b) => return Ok(Some(b.to_vec())),
+                    SlotValue::OutOfLine(fat) => fat,
+                }
+            }
+        };
+        self.read_block(p, key, fat).await
+    }
+
+    async fn read_block(&self, p: &PartClient, key: Key, fat: FatPtr) -> Result<Option<Vec<u8>>> {
+        let bytes = self
+            .ep
+            .read(p.values.at(fat.offset), fat.block_len())
+            .await?;
+        Ok(parse_block(key, fat, &bytes).ok())
+    }
+
+    fn want(&self, p: &PartClient) -> u8 {
+        match p.mode {
+            CacheMode::Full => WANT_RECORD_AND_TT,
+            CacheMode::ModelsOnly => WANT_RECORD,
+            CacheMode::TopOnly => WANT_NOTHING,
+        }
+    }
+
+    fn generation(&self, p: &PartClient) -> u32 {
+        p.cached_gen().map_or(0, |g| g.header.generation)
+    }
+
+    async fn call(&self, p: &PartClient, req: Vec<u8>) -> Result<Vec<u8>> {
+        Ok(self.ep.call(p.node, p.service, req).await?)
+    }
+
+    /// GET by the server, refreshing the model (the fallback path).
+    async fn fallback_get(
+        &self,
+        p: &PartClient,
+        key: Key,
+        cause: FallbackCause,
+    ) -> Result<Option<Vec<u8>>> {
+        self.stats().fallback(cause);
+        let mut w = WireWriter::new();
+        w.u8(OP_GET)
+            .u64(key)
+            .u32(self.generation(p))
+            .u8(self.want(p));
+        let reply = self.call(p, w.finish()).await?;
+        let mut r = WireReader::new(&reply);
+        let v = if wire(r.bool())? {
+            Some(wire(r.bytes())?.to_vec())
+        } else {
+            None
+        };
+        let update = wire(ModelUpdate::decode(&mut r))?;
+        wire(r.end())?;
+        p.install_update(update);
+        Ok(v)
+    }
+
+    // ---- SCAN ----------------------------------------------------------------
+
+    /// SCAN within partition `p` from `cursor`, appending to `out` until it
+    /// holds `n` pairs or the partition ends. One-sided: a lookup of the
+    /// start reading whole leaves, then the following leaves predicted from
+    /// the TT counts in one batch (§5.2.2), along the chain of right links;
+    /// any stale leaf or broken chain falls back to the server from the
+    /// first key not yet returned.
+    async fn scan_part(
+        &self,
+        p: &PartClient,
+        mut cursor: Key,
+        n: usize,
+        out: &mut Vec<(Key, Vec<u8>)>,
+    ) -> Result<()> {
+        match self.scan_one_sided(p, &mut cursor, n, out).await? {
+            None => Ok(()),
+            Some(cause) => {
+                self.stats().fallback(cause);
+                self.scan_by_rpc(p, cursor, n, out).await
+            }
+        }
+    }
+
+    /// The one-sided part of [`Self::scan_part`]; on `Some(cause)`, `out`
+    /// holds what was proven so far and `cursor` is where to continue.
+    async fn scan_one_sided(
+        &self,
+        p: &PartClient,
+        cursor: &mut Key,
+        n: usize,
+        out: &mut Vec<(Key, Vec<u8>)>,
+    ) -> Result<Option<FallbackCause>> {
+        let start = *cursor;
+        let mut pending = Vec::new();
+        let r = self.scan_walk(p, start, cursor, n, out, &mut pending).await;
+        self.resolve_blocks(p, out, &mut pending).await?;
+        r
+    }
+
+    async fn scan_walk(
+        &self,
+        p: &PartClient,
+        start: Key,
+        cursor: &mut Key,
+        n: usize,
+        out: &mut Vec<(Key, Vec<u8>)>,
+        pending: &mut Vec<(usize, Key, FatPtr)>,
+    ) -> Result<Option<FallbackCause>> {
+        // Round 1: the predicted leaves of the start, whole, each as
+        // trained, extended left until they provably hold the start.
+        let mut tries = 0;
+        let (g, mut i, mut v, s, mut batch) = loop {
+            tries += 1;
+            if tries > crate::cache::MODEL_RETRIES {
+                return Ok(Some(FallbackCause::Model));
+            }
+            let g = p.generation(&self.ep).await?;
+            let i = g.header.route(start);
+            let Some(v) = self.sub_view(p, &g, i).await? else {
+                p.fetch_header(&self.ep).await?;
+                continue;
+            };
+            let Some((mut s, e)) = v.record.leaf_range(start, g.header.slots) else {
+                return Ok(Some(FallbackCause::Model));
+            };
+            let mut ext = 0;
+            let mut torn = 0;
+            let leaves = loop {
+                let Some(raw) = self.entries(p, &v, s, e).await? else {
+                    return Ok(Some(FallbackCause::Model));
+                };
+                let entries: Vec<TtEntry> = raw.iter().map(|&w| TtEntry::unpack(w)).collect();
+                if entries.iter().any(|x| !x.valid) {
+                    return Ok(Some(FallbackCause::InvalidEntry));
+                }
+                let targets: Vec<(u32, Option<TtEntry>)> =
+                    entries.iter().map(|x| (x.leaf, Some(*x))).collect();
+                let leaves = match self.read_leaves(p, &targets, true).await? {
+                    Ok(l) => l,
+                    Err(None) => {
+                        ClientStats::bump(&self.stats().torn_retries);
+                        torn += 1;
+                        if torn >= TORN_RETRIES {
+                            return Ok(Some(FallbackCause::Torn));
+                        }
+                        continue;
+                    }
+                    Err(Some(_)) => return Ok(Some(FallbackCause::ScanChain)),
+                };
+                if leaves.iter().any(|l| {
+                    l.image.keys().incarnation() != l.entry.expect("read via the TT").incarnation
+                }) {
+                    if let Some(c) = &v.cached {
+                        for (j, l) in leaves.iter().enumerate() {
+                            let en = l.entry.expect("read via the TT");
+                            if l.image.keys().incarnation() != en.incarnation {
+                                c.invalidate(s + j as u32, en.pack());
+                            }
+                        }
+                    }
+                    return Ok(Some(FallbackCause::ScanChain));
+                }
+                let left_ok = s == 0
+                    || leaves
+                        .iter()
+                        .any(|l| l.image.keys().keys.iter().any(|&k| k <= start));
+                if left_ok {
+                    break leaves;
+                }
+                ext += 1;
+                if ext > MAX_EXTENSIONS {
+                    return Ok(Some(FallbackCause::Coverage));
+                }
+                ClientStats::bump(&self.stats().coverage_extensions);
+                s -= 1;
+            };
+            break (g, i, v, s, leaves);
+        };
+        let mut lln = s + batch.len() as u32;
+        let mut prev_next: Option<u32> = None;
+        loop {
+            ClientStats::bump(&self.stats().scan_rounds);
+            // Each leaf after the first must be the right link of the one
+            // before it (invariant 4 of docs/xtree.md: then no key is missed
+            // or returned twice).
+            for l in &batch {
+                if prev_next.is_some_and(|want| want != l.node) {
+                    return Ok(Some(FallbackCause::ScanChain));
+                }
+                prev_next = Some(l.image.keys().header.next);
+                ClientStats::bump(&self.stats().scan_leaves);
+                let Image::Whole(img) = &l.image else {
+                    unreachable!("scans read whole leaves")
+                };
+                for (k, sv) in img.sorted_pairs() {
+                    if k < start || out.len() >= n {
+                        continue;
+                    }
+                    match sv {
+                        SlotValue::Inline(b) => out.push((k, b.to_vec())),
+                        SlotValue::OutOfLine(f) => {
+                            pending.push((out.len(), k, f));
+                            out.push((k, Vec::new()));
+                        }
+                    }
+                    *cursor = k.saturating_add(1);
+                }
+            }
+            if out.len() >= n {
+                return Ok(None);
+            }
+            let last_node = batch.last().map(|l| l.node);
+            if prev_next == Some(0) {
+                // The rightmost leaf of this partition's tree.
+                *cursor = p.hi.saturating_add(1);
+                return Ok(None);
+            }
+            // The next leaves, enough by their TT counts for what is
+            // missing, along this TT and on into the next sub-models'.
+            let missing = n - out.len();
+            let limit = self.sh.cfg.batch_limit;
+            let mut plan: Vec<TtEntry> = Vec::new();
+            let mut have = 0usize;
+            while have < missing && plan.len() < limit {
+                if lln >= v.record.tt_len {
+                    let mut j = i + 1;
+                    let next = loop {
+                        if j >= g.header.submodels {
+                            break None;
+                        }
+                        match self.sub_view(p, &g, j).await? {
+                            Some(nv) if nv.record.tt_len > 0 => break Some(nv),
+                            Some(_) => j += 1,
+                            None => break None,
+                        }
+                    };
+                    let Some(nv) = next else {
+                        break;
+                    };
+                    i = j;
+                    v = nv;
+                    lln = 0;
+                    // A leaf straddling both intervals heads this TT too.
+                    let Some(head) = self.entries(p, &v, 0, 0).await? else {
+                        break;
+                    };
+                    let taken = plan.last().map(|x| x.leaf).or(last_node);
+                    if Some(TtEntry::unpack(head[0]).leaf) == taken {
+                        lln = 1;
+                        continue;
+                    }
+                }
+                let upto = (lln + (limit - plan.len()) as u32 - 1).min(v.record.tt_len - 1);
+                let Some(raw) = self.entries(p, &v, lln, upto).await? else {
+                    break;
+                };
+                for w in raw {
+                    let x = TtEntry::unpack(w);
+                    plan.push(x);
+                    lln += 1;
+                    have += (x.count as usize).max(1);
+                    if have >= missing || plan.len() >= limit {
+                        break;
+                    }
+                }
+            }
+            if plan.is_empty() || plan.iter().any(|x| !x.valid) {
+                return Ok(Some(FallbackCause::ScanChain));
+            }
+            let targets: Vec<(u32, Option<TtEntry>)> =
+                plan.iter().map(|x| (x.leaf, Some(*x))).collect();
+            batch = match self.read_leaves(p, &targets, true).await? {
+                Ok(l) => l,
+                Err(_) => return Ok(Some(FallbackCause::ScanChain)),
+            };
+        }
+    }
+
+    /// Reads the blocks of out-of-line values collected by a scan in one
+    /// batch. A block that changed since its leaf was read (updated or
+    /// deleted meanwhile) is read again through a GET of its key; a key
+    /// deleted meanwhile is dropped from the result.
+    async fn resolve_blocks(
+        &self,
+        p: &PartClient,
+        out: &mut Vec<(Key, Vec<u8>)>,
+        pending: &mut Vec<(usize, Key, FatPtr)>,
+    ) -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut b = self.ep.batch();
+        let idx: Vec<usize> = pending
+            .iter()
+            .map(|(_, _, f)| b.read(p.values.at(f.offset), f.block_len()))
+            .collect();
+        let mut res = b.run().await?;
+        let mut gone = Vec::new();
+        for ((at, k, f), i) in pending.drain(..).zip(idx) {
+            let bytes = res.take_read(i);
+            match parse_block(k, f, &bytes) {
+                Ok(v) => out[at].1 = v,
+                Err(_) => match self.get_in(p, k).await? {
+                    Some(v) => out[at].1 = v,
+                    None => gone.push(at),
+                },
+            }
+        }
+        for at in gone.into_iter().rev() {
+            out.remove(at);
+        }
+        Ok(())
+    }
+
+    /// SCAN by the server from `cursor` (the fallback path).
+    async fn scan_by_rpc(
+        &self,
+        p: &PartClient,
+        mut cursor: Key,
+        n: usize,
+        out: &mut Vec<(Key, Vec<u8>)>,
+    ) -> Result<()> {
+        while out.len() < n && cursor <= p.hi {
+            let mut w = WireWriter::new();
+            let want = (n - out.len()).min(MAX_SCAN as usize) as u32;
+            w.u8(OP_SCAN)
+                .u64(cursor)
+                .u32(want)
+                .u32(self.generation(p))
+                .u8(self.want(p));
+            let reply = self.call(p, w.finish()).await?;
+            let mut r = WireReader::new(&reply);
+            let count = wire(r.count(12))?;
+            let mut last = None;
+            for _ in 0..count {
+                let k = wire(r.u64())?;
+                let v = wire(r.bytes())?.to_vec();
+                if k < cursor || last.is_some_and(|l| k <= l) || k > p.hi {
+                    return Err(KvError::Corrupt(format!(
+                        "node {} returned key {k:#x} out of order in a scan",
+                        p.node
+                    )));
+                }
+                last = Some(k);
+                out.push((k, v));
+            }
+            let complete = wire(r.bool())?;
+            let update = wire(ModelUpdate::decode(&mut r))?;
+            wire(r.end())?;
+            p.install_update(update);
+            if complete {
+                return Ok(());
+            }
+            match last {
+                Some(l) if l < u64::MAX => cursor = l + 1,
+                _ => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// GET within partition `p`.
+    async fn get_in(&self, p: &PartClient, key: Key) -> Result<Option<Vec<u8>>> {
+        for _ in 0..TORN_RETRIES {
+            match self.lookup(p, key, self.sh.whole_leaves).await? {
+                Lookup::Absent => return Ok(None),
+                Lookup::Fallback(c) => return self.fallback_get(p, key, c).await,
+                Lookup::Found(f) => {
+                    if let Some(v) = self.read_value(p, key, &f).await? {
+                        return Ok(Some(v));
+                    }
+                    ClientStats::bump(&self.stats().value_retries);
+                }
+            }
+        }
+        self.fallback_get(p, key, FallbackCause::Torn).await
+    }
+
+    /// The position hint for UPDATE (§5.3.1): the leaf the cached model
+    /// predicts, when the cache holds its TT entry (no extra round trip).
+    fn hint(&self, p: &PartClient, key: Key) -> Option<TtEntry> {
+        if !self.sh.cfg.hints {
+            return None;
+        }
+        let g = p.cached_gen()?;
+        let s = g.sub(g.header.route(key))?;
+        if s.tt.is_empty() {
+            return None;
+        }
+        let pos = s.record.position(key).max(0);
+        let n = ((pos / g.header.slots as i64) as u32).min(s.record.tt_len - 1);
+        let e = TtEntry::unpack(s.entry(n));
+        e.valid.then_some(e)
+    }
+
+    async fn write_rpc(&self, op: u8, key: Key, value: Option<&[u8]>) -> Result<bool> {
+        let p = self.sh.part_of(key);
+        let mut w = WireWriter::new();
+        w.u8(op).u64(key);
+        if let Some(v) = value {
+            w.bytes(v);
+        }
+        let hinted = if op == OP_UPDATE {
+            match self.hint(p, key) {
+                Some(e) => {
+                    ClientStats::bump(&self.stats().hints_sent);
+                    w.u8(1).u32(e.leaf).u32(e.incarnation);
+                    true
+                }
+                None => {
+                    w.u8(0);
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        let reply = self.call(p, w.finish()).await?;
+        let mut r = WireReader::new(&reply);
+        let done = wire(r.bool())?;
+        if op == OP_UPDATE && wire(r.bool())? && hinted {
+            ClientStats::bump(&self.stats().hints_used);
+        }
+        wire(r.end())?;
+        Ok(done)
+    }
+}
+
+/// A reply that does not parse.
+fn wire<T>(r: std::result::Result<T, dmkv_transport::WireError>) -> Result<T> {
+    r.map_err(|e| KvError::Transport(e.into()))
+}
+
+/// Maximal runs of consecutive numbers in sorted `v`, as (first, last).
+fn runs(v: &[u32]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for &x in v {
+        match out.last_mut() {
+            Some((_, hi)) if *hi + 1 == x => *hi = x,
+            _ => out.push((x, x)),
+        }
+    }
+    out
+}
+
+/// Whether the leaves read prove `key`'s leaf among them: some key at or
+/// below `key` (or the TT's first leaf, which covers the interval's start)
+/// and some key above it (or the TT's last leaf).
+fn coverage(read: &[(u32, Leaf)], key: Key, s: u32, e: u32, t: u32) -> (bool, bool) {
+    let left = s == 0
+        || read
+            .iter()
+            .any(|(_, l)| l.image.keys().keys.iter().any(|&k| k <= key));
+    let right = e + 1 >= t
+        || read
+            .iter()
+            .any(|(_, l)| l.image.keys().keys.iter().any(|&k| k > key));
+    (left, right)
+}
+
+#[async_trait(?Send)]
+impl KvStore for Client {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        ClientStats::bump(&self.stats().gets);
+        let p = self.sh.part_of(key);
+        self.get_in(p, key).await
+    }
+
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write_rpc(OP_INSERT, key, Some(value)).await
+    }
+
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write_rpc(OP_UPDATE, key, Some(value)).await
+    }
+
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write_rpc(OP_UPSERT, key, Some(value)).await
+    }
+
+    async fn delete(&self, key: Key) -> Result<bool> {
+        self.write_rpc(OP_DELETE, key, None).await
+    }
+
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        ClientStats::bump(&self.stats().scans);
+        let mut out = Vec::new();
+        let mut part = self.sh.cfg.partition_of(start);
+        let mut cursor = start;
+        while out.len() < n && part < self.sh.parts.len() {
+            let p = &self.sh.parts[part];
+            self.scan_part(p, cursor, n, &mut out).await?;
+            part += 1;
+            if let Some(next) = self.sh.parts.get(part) {
+                cursor = next.lo;
+            }
+        }
+        out.truncate(n);
+        Ok(out)
+    }
+}
