@@ -26,9 +26,18 @@ pub const REGISTRY: Registry = Registry {
         &dmkv_sherman::SPEC,
         &dmkv_race::SPEC,
         &dmkv_rpc_hash::SPEC,
+        &dmkv_outback::SPEC,
         &Reference,
     ],
-    default_set: &["xstore", "rpc-btree", "cell", "sherman", "race", "rpc-hash"],
+    default_set: &[
+        "xstore",
+        "rpc-btree",
+        "cell",
+        "sherman",
+        "race",
+        "rpc-hash",
+        "outback",
+    ],
 };
 
 impl Registry {
