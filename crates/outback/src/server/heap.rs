@@ -145,6 +145,13 @@ impl Heap {
             .map_err(|e| ServiceError::failed(format!("outback: bad block address: {e}")))
     }
 
+    pub fn read_into(&self, addr: u64, out: &mut [u8]) -> Result<(), ServiceError> {
+        self.region
+            .mem
+            .read(addr, out)
+            .map_err(|e| ServiceError::failed(format!("outback: bad block address: {e}")))
+    }
+
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), ServiceError> {
         self.region
             .mem

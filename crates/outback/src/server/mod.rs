@@ -230,8 +230,19 @@ impl NodeServer {
             op::GET..=op::DELETE => {
                 let d = DataReq::decode(opcode, &mut r)?;
                 let t = *d.target();
-                let Some(shard) = self.shard(t.shard)? else {
-                    return Ok(status_reply(Status::NotOwner));
+                // Held for the request (no reference counting on the hot
+                // path); a takeover installs a shard under the write lock.
+                let shards = self.shards.read();
+                let shard = match shards.get(t.shard as usize) {
+                    Some(Some(s)) => s,
+                    Some(None) => return Ok(status_reply(Status::NotOwner)),
+                    None => {
+                        return Err(ServiceError::malformed(format!(
+                            "outback: shard {} out of range ({} shards)",
+                            t.shard,
+                            shards.len()
+                        )));
+                    }
                 };
                 match d {
                     DataReq::Get { t, slot } => shard.get(&t, slot),

@@ -216,12 +216,7 @@ impl ShardServer {
     /// The table a request names, or the reply it gets instead: STALE for a
     /// retired table, an error for one that never existed.
     fn target(&self, t: &Target) -> Result<Result<Arc<Table>, Vec<u8>>, ServiceError> {
-        match self.rebuilding.load(Ordering::Relaxed) {
-            REBUILD_SPLIT => &self.stats.requests_during_split,
-            REBUILD_FULL => &self.stats.requests_during_full,
-            _ => &self.stats.requests,
-        }
-        .fetch_add(1, Ordering::Relaxed);
+        self.count_request();
         let tables = self.tables.read();
         match tables.get(t.table as usize) {
             Some(Some(tb)) => {
@@ -240,6 +235,15 @@ impl ShardServer {
                 self.id, t.table
             ))),
         }
+    }
+
+    fn count_request(&self) {
+        match self.rebuilding.load(Ordering::Relaxed) {
+            REBUILD_SPLIT => &self.stats.requests_during_split,
+            REBUILD_FULL => &self.stats.requests_during_full,
+            _ => &self.stats.requests,
+        }
+        .fetch_add(1, Ordering::Relaxed);
     }
 
     fn stale(&self) -> Vec<u8> {
@@ -271,31 +275,41 @@ impl ShardServer {
     /// GET (paper §4.3.1): the slot the client computed, and the front of
     /// the block it points at. Nothing is hashed or compared here.
     pub fn get(self: &Arc<Self>, t: &Target, s: u8) -> Result<Vec<u8>, ServiceError> {
-        let table = match self.target(t)? {
-            Ok(tb) => tb,
-            Err(reply) => return Ok(reply),
-        };
         if s as usize >= SLOTS {
             return Err(ServiceError::malformed(format!(
                 "outback: slot {s} out of range"
             )));
         }
-        let heap = &self.heap;
-        let (seed, w, front) = table.read_slot_and_block(t.bucket, s as usize, |w| {
-            heap.read(
-                w.addr(),
-                (w.len_words().saturating_sub(BLOCK_TAIL_WORDS) * 8) as usize,
-            )
-        })?;
+        // The lean path: no reference counting, one allocation (the reply,
+        // into which the block is copied straight from the heap).
+        let tables = self.tables.read();
+        let Some(Some(table)) = tables.get(t.table as usize) else {
+            drop(tables);
+            return self
+                .target(t)
+                .map(|r| r.err().unwrap_or_else(|| self.stale()));
+        };
+        if t.bucket >= table.buckets {
+            drop(tables);
+            return self
+                .target(t)
+                .map(|r| r.err().unwrap_or_else(|| self.stale()));
+        }
+        self.count_request();
+        let mut out = Vec::with_capacity(64);
+        let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, &mut out)?;
         // After the snapshot: a rebuild that moved this bucket's keys bumped
         // the epoch before touching them (invariant 7).
         if table.epoch.load(Ordering::Acquire) != t.epoch {
+            drop(tables);
             return Ok(self.stale());
         }
-        let mut out = self.head(Status::Ok, seed, if w.cache() { FLAG_CACHE } else { 0 });
-        out.raw(&front);
+        drop(tables);
+        out[0] = Status::Ok as u8;
+        out[1] = self.flags() | if w.cache() { FLAG_CACHE } else { 0 };
+        out[2] = seed;
         self.noticed(t.compute);
-        Ok(out.finish())
+        Ok(out)
     }
 
     /// MAKEUP GET: the overflow cache first, then every block of the bucket.

@@ -11,7 +11,11 @@
 //! a GET that validates saw a slot and a block that belonged together.
 
 use crate::hash::slot;
-use crate::layout::{ControlWord, SlotWord, TableLayout};
+use crate::layout::{BLOCK_TAIL_WORDS, ControlWord, SlotWord, TableLayout};
+use crate::server::heap::Heap;
+
+/// Bytes of a reply's head (status, flags, seed).
+const REPLY_HEAD: usize = 3;
 use crate::ludo::SLOTS;
 use crate::othello::Othello;
 use dmkv_memnode::Region;
@@ -226,14 +230,17 @@ impl Table {
         }
     }
 
-    /// The GET read: a consistent (seed, slot, first `front` bytes of the
-    /// block) snapshot of bucket `b`, slot `s`, without locking.
+    /// The GET read: a consistent snapshot of bucket `b`'s seed, slot `s`
+    /// and the front of the block it points at (key length, value length,
+    /// key, value), without locking. `out` gets three bytes of room for the
+    /// reply head, then the block front.
     pub fn read_slot_and_block(
         &self,
         b: u32,
         s: usize,
-        read_block: impl Fn(SlotWord) -> Result<Vec<u8>, ServiceError>,
-    ) -> Result<(u8, SlotWord, Vec<u8>), ServiceError> {
+        heap: &Heap,
+        out: &mut Vec<u8>,
+    ) -> Result<(u8, SlotWord), ServiceError> {
         let word = self.control(b);
         let mut i = 0;
         loop {
@@ -243,16 +250,18 @@ impl Table {
                 continue;
             }
             let w = self.slot(b, s);
-            let block = if w.is_empty() {
-                Vec::new()
-            } else {
-                read_block(w)?
-            };
+            out.clear();
+            out.resize(REPLY_HEAD, 0);
+            if !w.is_empty() {
+                let n = (w.len_words().saturating_sub(BLOCK_TAIL_WORDS) * 8) as usize;
+                out.resize(REPLY_HEAD + n, 0);
+                heap.read_into(w.addr(), &mut out[REPLY_HEAD..])?;
+            }
             // The loads above are acquire loads, so this one is not hoisted
             // above them.
             let v2 = word.load(Ordering::Acquire);
             if v1 == v2 {
-                return Ok((ControlWord(v1).seed(), w, block));
+                return Ok((ControlWord(v1).seed(), w));
             }
             spin(&mut i);
         }
