@@ -15,6 +15,7 @@ pub mod heap;
 pub mod rebuild;
 pub mod recover;
 pub mod replica;
+pub mod seqlock;
 pub mod shard;
 pub mod table;
 

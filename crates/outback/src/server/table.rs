@@ -13,6 +13,7 @@
 use crate::hash::slot;
 use crate::layout::{BLOCK_TAIL_WORDS, ControlWord, SlotWord, TableLayout};
 use crate::server::heap::Heap;
+use crate::server::seqlock;
 
 /// Bytes of a reply's head (status, flags, seed).
 const REPLY_HEAD: usize = 3;
@@ -136,7 +137,8 @@ pub struct Table {
 /// The lock on one bucket; dropping it publishes the (possibly new) seed
 /// with a new version.
 pub struct BucketGuard<'a> {
-    word: &'a std::sync::atomic::AtomicU64,
+    table: &'a Table,
+    bucket: u32,
     prev: ControlWord,
     seed: u8,
 }
@@ -152,17 +154,39 @@ impl BucketGuard<'_> {
 
 impl Drop for BucketGuard<'_> {
     fn drop(&mut self) {
-        self.word
-            .store(self.prev.next(self.seed).0, Ordering::Release);
+        let t = self.table;
+        seqlock::unlock(
+            &Mem(&t.region.mem),
+            t.layout.control(self.bucket),
+            self.prev,
+            self.seed,
+        );
     }
 }
 
-fn spin(i: &mut u32) {
-    *i += 1;
-    if *i < 64 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
+/// A region's words for [`seqlock`]. Offsets come from the table layout and
+/// are inside the region by construction.
+pub(crate) struct Mem<'a>(pub &'a dmkv_transport::RegionMem);
+
+impl seqlock::Words for Mem<'_> {
+    fn load(&self, at: u64) -> u64 {
+        self.0.load_u64(at).expect("word inside its region")
+    }
+    fn store(&self, at: u64, v: u64) {
+        self.0.store_u64(at, v).expect("word inside its region")
+    }
+    fn cas(&self, at: u64, expected: u64, new: u64) -> u64 {
+        self.0
+            .cas_u64(at, expected, new)
+            .expect("word inside its region")
+    }
+    fn pause(&self, spins: &mut u32) {
+        *spins += 1;
+        if *spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -176,27 +200,12 @@ impl Table {
 
     /// Locks bucket `b` (which the caller has checked is in range).
     pub fn lock(&self, b: u32) -> BucketGuard<'_> {
-        let word = self.control(b);
-        let mut i = 0;
-        loop {
-            let cur = ControlWord(word.load(Ordering::Acquire));
-            if !cur.locked()
-                && word
-                    .compare_exchange_weak(
-                        cur.0,
-                        cur.with_lock().0,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok()
-            {
-                return BucketGuard {
-                    word,
-                    prev: cur,
-                    seed: cur.seed(),
-                };
-            }
-            spin(&mut i);
+        let prev = seqlock::lock(&Mem(&self.region.mem), self.layout.control(b));
+        BucketGuard {
+            table: self,
+            bucket: b,
+            prev,
+            seed: prev.seed(),
         }
     }
 
@@ -241,14 +250,8 @@ impl Table {
         heap: &Heap,
         out: &mut Vec<u8>,
     ) -> Result<(u8, SlotWord), ServiceError> {
-        let word = self.control(b);
-        let mut i = 0;
-        loop {
-            let v1 = word.load(Ordering::Acquire);
-            if ControlWord(v1).locked() {
-                spin(&mut i);
-                continue;
-            }
+        let mem = Mem(&self.region.mem);
+        let (c, w) = seqlock::read(&mem, self.layout.control(b), || {
             let w = self.slot(b, s);
             out.clear();
             out.resize(REPLY_HEAD, 0);
@@ -257,14 +260,9 @@ impl Table {
                 out.resize(REPLY_HEAD + n, 0);
                 heap.read_into(w.addr(), &mut out[REPLY_HEAD..])?;
             }
-            // The loads above are acquire loads, so this one is not hoisted
-            // above them.
-            let v2 = word.load(Ordering::Acquire);
-            if v1 == v2 {
-                return Ok((ControlWord(v1).seed(), w));
-            }
-            spin(&mut i);
-        }
+            Ok::<_, ServiceError>(w)
+        })?;
+        Ok((c.seed(), w))
     }
 
     /// Sets the cache bits of bucket `b` to exactly the slots the bucket's
