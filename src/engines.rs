@@ -27,6 +27,7 @@ pub const REGISTRY: Registry = Registry {
         &dmkv_race::SPEC,
         &dmkv_rpc_hash::SPEC,
         &dmkv_outback::SPEC,
+        &dmkv_rolex::SPEC,
         &Reference,
     ],
     default_set: &[
@@ -37,6 +38,7 @@ pub const REGISTRY: Registry = Registry {
         "race",
         "rpc-hash",
         "outback",
+        "rolex",
     ],
 };
 

@@ -65,8 +65,10 @@ impl Image {
     }
 }
 
-/// A leaf read: its node number, the TT entry it was read for, its image.
+/// A leaf read: its partition and node number, the TT entry it was read
+/// for, its image.
 struct Leaf {
+    part: usize,
     node: u32,
     entry: Option<TtEntry>,
     image: Image,
@@ -77,6 +79,37 @@ struct Found {
     leaf: u32,
     slot: usize,
     image: Image,
+}
+
+/// An out-of-line value a scan still has to read: its place in the
+/// result, its partition, key and block.
+struct Pending {
+    at: usize,
+    part: usize,
+    key: Key,
+    fat: FatPtr,
+}
+
+/// Where a one-sided scan stopped.
+enum ScanStop {
+    /// Go on in partition `.0` from key `.1` with a fresh one-sided lookup
+    /// (`.0` = the number of partitions: nothing is left).
+    At(usize, Key),
+    /// Go on in partition `.0` from key `.1` by the server.
+    Fallback(usize, Key, FallbackCause),
+}
+
+/// Where a scan's plan of the next leaves stands: partition, model
+/// generation, sub-model, its TT, the next logical leaf, and the last leaf
+/// planned or read in this partition (a leaf straddling two sub-models
+/// heads the second's TT too and is not read twice).
+struct PlanCursor {
+    part: usize,
+    g: Arc<GenCache>,
+    i: u32,
+    v: SubView,
+    lln: u32,
+    last: Option<u32>,
 }
 
 enum Lookup {
@@ -109,47 +142,64 @@ impl Client {
 
     // ---- leaves --------------------------------------------------------------
 
-    /// Reads `leaves` in doorbell batches of at most `batch_limit` and parses
-    /// them. `Err(None)` if one was torn or locked (retry the lookup).
+    /// Reads `leaves` of partition `p` in doorbell batches of at most
+    /// `batch_limit` and parses them. `Err(None)` if one was torn or locked
+    /// (retry the lookup).
     async fn read_leaves(
         &self,
         p: &PartClient,
         leaves: &[(u32, Option<TtEntry>)],
         whole: bool,
     ) -> Result<std::result::Result<Vec<Leaf>, Option<ViewError>>> {
-        let geo = &p.geo;
-        let span = if whole {
-            geo.node_span()
-        } else {
-            geo.key_span()
-        };
-        let len = span.len(geo);
-        let nb = geo.node_bytes() as u64;
+        let targets: Vec<(usize, u32, Option<TtEntry>)> =
+            leaves.iter().map(|&(n, e)| (p.index, n, e)).collect();
+        self.read_leaves_in(&targets, whole).await
+    }
+
+    /// Reads `(partition, leaf, entry)` targets, of one or several memory
+    /// nodes, in doorbell batches of at most `batch_limit` (one round trip
+    /// per batch whatever nodes it reaches) and parses them.
+    async fn read_leaves_in(
+        &self,
+        leaves: &[(usize, u32, Option<TtEntry>)],
+        whole: bool,
+    ) -> Result<std::result::Result<Vec<Leaf>, Option<ViewError>>> {
         let limit = self.sh.cfg.batch_limit;
         if leaves.len() > limit {
             ClientStats::bump(&self.stats().wide_predictions);
         }
+        let span_of = |p: &PartClient| {
+            if whole {
+                p.geo.node_span()
+            } else {
+                p.geo.key_span()
+            }
+        };
         let mut out = Vec::with_capacity(leaves.len());
         let mut failed = None;
         for chunk in leaves.chunks(limit) {
             let mut b = self.ep.batch();
-            for (node, _) in chunk {
-                b.read(p.nodes.at(*node as u64 * nb), len);
+            for (part, node, _) in chunk {
+                let p = &self.sh.parts[*part];
+                let nb = p.geo.node_bytes() as u64;
+                b.read(p.nodes.at(*node as u64 * nb), span_of(p).len(&p.geo));
             }
             let mut res = b.run().await?;
             ClientStats::bump(&self.stats().leaf_batches);
             self.stats()
                 .leaves_read
                 .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            for (i, (node, entry)) in chunk.iter().enumerate() {
+            for (i, (part, node, entry)) in chunk.iter().enumerate() {
+                let geo = &self.sh.parts[*part].geo;
                 let bytes = res.take_read(i);
                 let parsed = if whole {
                     NodeView::parse(geo, &bytes).map(Image::Whole)
                 } else {
-                    KeysView::parse(geo, span, &bytes).map(Image::Keys)
+                    KeysView::parse(geo, span_of(&self.sh.parts[*part]), &bytes).map(Image::Keys)
                 };
                 match parsed {
                     Ok(image) if image.keys().is_leaf() => out.push(Leaf {
+                        part: *part,
                         node: *node,
                         entry: *entry,
                         image,
@@ -433,60 +483,32 @@ impl Client {
 
     // ---- SCAN ----------------------------------------------------------------
 
-    /// SCAN within partition `p` from `cursor`, appending to `out` until it
-    /// holds `n` pairs or the partition ends. One-sided: a lookup of the
-    /// start reading whole leaves, then the following leaves predicted from
-    /// the TT counts in one batch (§5.2.2), along the chain of right links;
-    /// any stale leaf or broken chain falls back to the server from the
-    /// first key not yet returned.
-    async fn scan_part(
-        &self,
-        p: &PartClient,
-        mut cursor: Key,
-        n: usize,
-        out: &mut Vec<(Key, Vec<u8>)>,
-    ) -> Result<()> {
-        match self.scan_one_sided(p, &mut cursor, n, out).await? {
-            None => Ok(()),
-            Some(cause) => {
-                self.stats().fallback(cause);
-                self.scan_by_rpc(p, cursor, n, out).await
-            }
-        }
-    }
-
-    /// The one-sided part of [`Self::scan_part`]; on `Some(cause)`, `out`
-    /// holds what was proven so far and `cursor` is where to continue.
-    async fn scan_one_sided(
-        &self,
-        p: &PartClient,
-        cursor: &mut Key,
-        n: usize,
-        out: &mut Vec<(Key, Vec<u8>)>,
-    ) -> Result<Option<FallbackCause>> {
-        let start = *cursor;
-        let mut pending = Vec::new();
-        let r = self.scan_walk(p, start, cursor, n, out, &mut pending).await;
-        self.resolve_blocks(p, out, &mut pending).await?;
-        r
-    }
-
+    /// The one-sided part of a SCAN from `start` in partition `first`
+    /// (§5.2.2, §5.5): a lookup of the start reading whole leaves, then the
+    /// following leaves predicted from the TT counts, read in one batch
+    /// per round, along the chain of right links. When the TTs of a
+    /// partition run out before `n` pairs, the plan goes on with the next
+    /// partition's first leaves (its first sub-model's TT, which starts at
+    /// the partition's first key), in the same batch: one round trip for
+    /// every memory node involved. Appends to `out` (out-of-line values to
+    /// `pending`) and says where the scan stopped.
     async fn scan_walk(
         &self,
-        p: &PartClient,
+        first: usize,
         start: Key,
-        cursor: &mut Key,
         n: usize,
         out: &mut Vec<(Key, Vec<u8>)>,
-        pending: &mut Vec<(usize, Key, FatPtr)>,
-    ) -> Result<Option<FallbackCause>> {
+        pending: &mut Vec<Pending>,
+    ) -> Result<ScanStop> {
+        let p = &self.sh.parts[first];
+        let fallback = |cause| ScanStop::Fallback(first, start, cause);
         // Round 1: the predicted leaves of the start, whole, each as
         // trained, extended left until they provably hold the start.
         let mut tries = 0;
-        let (g, mut i, mut v, s, mut batch) = loop {
+        let (g, i, v, s, mut batch) = loop {
             tries += 1;
             if tries > crate::cache::MODEL_RETRIES {
-                return Ok(Some(FallbackCause::Model));
+                return Ok(fallback(FallbackCause::Model));
             }
             let g = p.generation(&self.ep).await?;
             let i = g.header.route(start);
@@ -495,17 +517,17 @@ impl Client {
                 continue;
             };
             let Some((mut s, e)) = v.record.leaf_range(start, g.header.slots) else {
-                return Ok(Some(FallbackCause::Model));
+                return Ok(fallback(FallbackCause::Model));
             };
             let mut ext = 0;
             let mut torn = 0;
             let leaves = loop {
                 let Some(raw) = self.entries(p, &v, s, e).await? else {
-                    return Ok(Some(FallbackCause::Model));
+                    return Ok(fallback(FallbackCause::Model));
                 };
                 let entries: Vec<TtEntry> = raw.iter().map(|&w| TtEntry::unpack(w)).collect();
                 if entries.iter().any(|x| !x.valid) {
-                    return Ok(Some(FallbackCause::InvalidEntry));
+                    return Ok(fallback(FallbackCause::InvalidEntry));
                 }
                 let targets: Vec<(u32, Option<TtEntry>)> =
                     entries.iter().map(|x| (x.leaf, Some(*x))).collect();
@@ -515,11 +537,11 @@ impl Client {
                         ClientStats::bump(&self.stats().torn_retries);
                         torn += 1;
                         if torn >= TORN_RETRIES {
-                            return Ok(Some(FallbackCause::Torn));
+                            return Ok(fallback(FallbackCause::Torn));
                         }
                         continue;
                     }
-                    Err(Some(_)) => return Ok(Some(FallbackCause::ScanChain)),
+                    Err(Some(_)) => return Ok(fallback(FallbackCause::ScanChain)),
                 };
                 if leaves.iter().any(|l| {
                     l.image.keys().incarnation() != l.entry.expect("read via the TT").incarnation
@@ -532,7 +554,7 @@ impl Client {
                             }
                         }
                     }
-                    return Ok(Some(FallbackCause::ScanChain));
+                    return Ok(fallback(FallbackCause::ScanChain));
                 }
                 let left_ok = s == 0
                     || leaves
@@ -543,23 +565,62 @@ impl Client {
                 }
                 ext += 1;
                 if ext > MAX_EXTENSIONS {
-                    return Ok(Some(FallbackCause::Coverage));
+                    return Ok(fallback(FallbackCause::Coverage));
                 }
                 ClientStats::bump(&self.stats().coverage_extensions);
                 s -= 1;
             };
             break (g, i, v, s, leaves);
         };
-        let mut lln = s + batch.len() as u32;
+        let last = batch.last().map(|l| l.node);
+        let mut plan = PlanCursor {
+            part: first,
+            g,
+            i,
+            lln: s + batch.len() as u32,
+            v,
+            last,
+        };
+        // Where the chain of leaves processed so far stands: its partition,
+        // the first key not yet covered there (`None`: past the largest
+        // key), the last image's right link.
+        let mut at = first;
+        let mut next = Some(start);
         let mut prev_next: Option<u32> = None;
+        let parts = self.sh.parts.len();
+        let part_start = |q: usize| ScanStop::At(q, self.sh.parts.get(q).map_or(0, |x| x.lo));
+        let resume = |at: usize, next: Option<Key>| match next {
+            Some(k) => ScanStop::At(at, k),
+            None => ScanStop::At(parts, 0),
+        };
+        let fall_back = |at: usize, next: Option<Key>| match next {
+            Some(k) => ScanStop::Fallback(at, k, FallbackCause::ScanChain),
+            None => ScanStop::At(parts, 0),
+        };
         loop {
             ClientStats::bump(&self.stats().scan_rounds);
-            // Each leaf after the first must be the right link of the one
-            // before it (invariant 4 of docs/xtree.md: then no key is missed
-            // or returned twice).
             for l in &batch {
-                if prev_next.is_some_and(|want| want != l.node) {
-                    return Ok(Some(FallbackCause::ScanChain));
+                if l.part != at {
+                    // A planned partition head: the chain before it must
+                    // have reached its partition's rightmost leaf, and it
+                    // must be as trained (then it starts at its
+                    // partition's first key, invariant 1).
+                    if prev_next != Some(0) || l.part != at + 1 {
+                        return Ok(fall_back(at, next));
+                    }
+                    at = l.part;
+                    next = Some(self.sh.parts[at].lo);
+                    let en = l.entry.expect("planned via the TT");
+                    if l.image.keys().incarnation() != en.incarnation {
+                        // Split since training: look its start up afresh.
+                        return Ok(part_start(at));
+                    }
+                    ClientStats::bump(&self.stats().scan_partition_crossings);
+                } else if prev_next.is_some_and(|want| want != l.node) {
+                    // Each leaf after the first must be the right link of
+                    // the one before it (invariant 4 of docs/xtree.md: then
+                    // no key is missed or returned twice).
+                    return Ok(fall_back(at, next));
                 }
                 prev_next = Some(l.image.keys().header.next);
                 ClientStats::bump(&self.stats().scan_leaves);
@@ -573,92 +634,153 @@ impl Client {
                     match sv {
                         SlotValue::Inline(b) => out.push((k, b.to_vec())),
                         SlotValue::OutOfLine(f) => {
-                            pending.push((out.len(), k, f));
+                            pending.push(Pending {
+                                at: out.len(),
+                                part: at,
+                                key: k,
+                                fat: f,
+                            });
                             out.push((k, Vec::new()));
                         }
                     }
-                    *cursor = k.saturating_add(1);
+                    next = k.checked_add(1);
                 }
             }
             if out.len() >= n {
-                return Ok(None);
+                return Ok(resume(at, next));
             }
-            let last_node = batch.last().map(|l| l.node);
-            if prev_next == Some(0) {
-                // The rightmost leaf of this partition's tree.
-                *cursor = p.hi.saturating_add(1);
-                return Ok(None);
+            // The chain reached this partition's rightmost leaf: every key
+            // of it from the start is in `out`.
+            let ended = prev_next == Some(0);
+            if ended && plan.part == at && !self.plan_next_partition(&mut plan).await? {
+                return Ok(part_start(at + 1));
             }
-            // The next leaves, enough by their TT counts for what is
-            // missing, along this TT and on into the next sub-models'.
-            let missing = n - out.len();
-            let limit = self.sh.cfg.batch_limit;
-            let mut plan: Vec<TtEntry> = Vec::new();
-            let mut have = 0usize;
-            while have < missing && plan.len() < limit {
-                if lln >= v.record.tt_len {
-                    let mut j = i + 1;
-                    let next = loop {
-                        if j >= g.header.submodels {
-                            break None;
-                        }
-                        match self.sub_view(p, &g, j).await? {
-                            Some(nv) if nv.record.tt_len > 0 => break Some(nv),
-                            Some(_) => j += 1,
-                            None => break None,
-                        }
-                    };
-                    let Some(nv) = next else {
-                        break;
-                    };
-                    i = j;
-                    v = nv;
-                    lln = 0;
-                    // A leaf straddling both intervals heads this TT too.
-                    let Some(head) = self.entries(p, &v, 0, 0).await? else {
-                        break;
-                    };
-                    let taken = plan.last().map(|x| x.leaf).or(last_node);
-                    if Some(TtEntry::unpack(head[0]).leaf) == taken {
-                        lln = 1;
-                        continue;
-                    }
-                }
-                let upto = (lln + (limit - plan.len()) as u32 - 1).min(v.record.tt_len - 1);
-                let Some(raw) = self.entries(p, &v, lln, upto).await? else {
-                    break;
-                };
-                for w in raw {
-                    let x = TtEntry::unpack(w);
-                    plan.push(x);
-                    lln += 1;
-                    have += (x.count as usize).max(1);
-                    if have >= missing || plan.len() >= limit {
-                        break;
-                    }
-                }
+            let targets = self.plan_leaves(&mut plan, n - out.len()).await?;
+            if targets.is_empty() || targets.iter().any(|t| !t.2.is_some_and(|e| e.valid)) {
+                return Ok(if ended {
+                    // Nothing to predict the next partition with.
+                    part_start(at + 1)
+                } else {
+                    fall_back(at, next)
+                });
             }
-            if plan.is_empty() || plan.iter().any(|x| !x.valid) {
-                return Ok(Some(FallbackCause::ScanChain));
-            }
-            let targets: Vec<(u32, Option<TtEntry>)> =
-                plan.iter().map(|x| (x.leaf, Some(*x))).collect();
-            batch = match self.read_leaves(p, &targets, true).await? {
+            batch = match self.read_leaves_in(&targets, true).await? {
                 Ok(l) => l,
-                Err(_) => return Ok(Some(FallbackCause::ScanChain)),
+                Err(_) if ended => return Ok(part_start(at + 1)),
+                Err(_) => return Ok(fall_back(at, next)),
             };
         }
     }
 
+    /// Moves `plan` to the first leaf of the partition after its own (the
+    /// head of its first sub-model with a TT). False if there is none or
+    /// its model cannot be had.
+    async fn plan_next_partition(&self, plan: &mut PlanCursor) -> Result<bool> {
+        let q = plan.part + 1;
+        let Some(pc) = self.sh.parts.get(q) else {
+            return Ok(false);
+        };
+        let g = pc.generation(&self.ep).await?;
+        for j in 0..g.header.submodels {
+            match self.sub_view(pc, &g, j).await? {
+                // Its first leaf covers the partition's first key
+                // (invariant 1) only if its interval starts there.
+                Some(v) if v.record.tt_len > 0 && v.record.base != pc.lo => return Ok(false),
+                Some(v) if v.record.tt_len > 0 => {
+                    *plan = PlanCursor {
+                        part: q,
+                        g,
+                        i: j,
+                        v,
+                        lln: 0,
+                        last: None,
+                    };
+                    return Ok(true);
+                }
+                Some(_) => {}
+                None => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
+    /// The next leaves after `plan`, enough by their TT counts for
+    /// `missing` pairs (at most one batch), along this TT, on into the next
+    /// sub-models' TTs, and on into the next partitions'.
+    async fn plan_leaves(
+        &self,
+        plan: &mut PlanCursor,
+        missing: usize,
+    ) -> Result<Vec<(usize, u32, Option<TtEntry>)>> {
+        let limit = self.sh.cfg.batch_limit;
+        let mut out: Vec<(usize, u32, Option<TtEntry>)> = Vec::new();
+        let mut have = 0usize;
+        while have < missing && out.len() < limit {
+            if plan.lln >= plan.v.record.tt_len {
+                let p = &self.sh.parts[plan.part];
+                let mut j = plan.i + 1;
+                let next = loop {
+                    if j >= plan.g.header.submodels {
+                        break None;
+                    }
+                    match self.sub_view(p, &plan.g, j).await? {
+                        Some(nv) if nv.record.tt_len > 0 => break Some(nv),
+                        Some(_) => j += 1,
+                        None => return Ok(out),
+                    }
+                };
+                match next {
+                    Some(nv) => {
+                        plan.i = j;
+                        plan.v = nv;
+                        plan.lln = 0;
+                        // A leaf straddling both intervals heads this TT too.
+                        let Some(head) = self.entries(p, &plan.v, 0, 0).await? else {
+                            return Ok(out);
+                        };
+                        if Some(TtEntry::unpack(head[0]).leaf) == plan.last {
+                            plan.lln = 1;
+                            continue;
+                        }
+                    }
+                    None => {
+                        // This partition's TTs end here; its chain must end
+                        // too, which processing checks.
+                        if !self.plan_next_partition(plan).await? {
+                            return Ok(out);
+                        }
+                    }
+                }
+            }
+            let p = &self.sh.parts[plan.part];
+            let upto = (plan.lln + (limit - out.len()) as u32 - 1).min(plan.v.record.tt_len - 1);
+            let Some(raw) = self.entries(p, &plan.v, plan.lln, upto).await? else {
+                return Ok(out);
+            };
+            for w in raw {
+                let x = TtEntry::unpack(w);
+                out.push((plan.part, x.leaf, Some(x)));
+                plan.lln += 1;
+                plan.last = Some(x.leaf);
+                // An empty leaf adds nothing; the batch limit bounds the plan.
+                have += x.count as usize;
+                if have >= missing || out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Reads the blocks of out-of-line values collected by a scan in one
-    /// batch. A block that changed since its leaf was read (updated or
-    /// deleted meanwhile) is read again through a GET of its key; a key
-    /// deleted meanwhile is dropped from the result.
+    /// batch (over every memory node involved). A block that changed since
+    /// its leaf was read (updated or deleted meanwhile) is read again
+    /// through a GET of its key; a key deleted meanwhile is dropped from
+    /// the result.
     async fn resolve_blocks(
         &self,
-        p: &PartClient,
         out: &mut Vec<(Key, Vec<u8>)>,
-        pending: &mut Vec<(usize, Key, FatPtr)>,
+        pending: &mut Vec<Pending>,
     ) -> Result<()> {
         if pending.is_empty() {
             return Ok(());
@@ -666,17 +788,22 @@ impl Client {
         let mut b = self.ep.batch();
         let idx: Vec<usize> = pending
             .iter()
-            .map(|(_, _, f)| b.read(p.values.at(f.offset), f.block_len()))
+            .map(|x| {
+                b.read(
+                    self.sh.parts[x.part].values.at(x.fat.offset),
+                    x.fat.block_len(),
+                )
+            })
             .collect();
         let mut res = b.run().await?;
         let mut gone = Vec::new();
-        for ((at, k, f), i) in pending.drain(..).zip(idx) {
+        for (x, i) in pending.drain(..).zip(idx) {
             let bytes = res.take_read(i);
-            match parse_block(k, f, &bytes) {
-                Ok(v) => out[at].1 = v,
-                Err(_) => match self.get_in(p, k).await? {
-                    Some(v) => out[at].1 = v,
-                    None => gone.push(at),
+            match parse_block(x.key, x.fat, &bytes) {
+                Ok(v) => out[x.at].1 = v,
+                Err(_) => match self.get_in(&self.sh.parts[x.part], x.key).await? {
+                    Some(v) => out[x.at].1 = v,
+                    None => gone.push(x.at),
                 },
             }
         }
@@ -858,15 +985,23 @@ impl KvStore for Client {
 
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         ClientStats::bump(&self.stats().scans);
+        let parts = &self.sh.parts;
         let mut out = Vec::new();
         let mut part = self.sh.cfg.partition_of(start);
-        let mut cursor = start;
-        while out.len() < n && part < self.sh.parts.len() {
-            let p = &self.sh.parts[part];
-            self.scan_part(p, cursor, n, &mut out).await?;
-            part += 1;
-            if let Some(next) = self.sh.parts.get(part) {
-                cursor = next.lo;
+        let mut from = start;
+        while out.len() < n && part < parts.len() {
+            let mut pending = Vec::new();
+            let stop = self.scan_walk(part, from, n, &mut out, &mut pending).await;
+            self.resolve_blocks(&mut out, &mut pending).await?;
+            match stop? {
+                ScanStop::At(q, k) => (part, from) = (q, k),
+                ScanStop::Fallback(q, k, cause) => {
+                    // From the first key not yet returned, by the server.
+                    self.stats().fallback(cause);
+                    self.scan_by_rpc(&parts[q], k, n, &mut out).await?;
+                    part = q + 1;
+                    from = parts.get(part).map_or(0, |x| x.lo);
+                }
             }
         }
         out.truncate(n);

@@ -70,6 +70,8 @@ pub struct ClientStats {
     pub hints_used: AtomicU64,
     pub scan_leaves: AtomicU64,
     pub scan_rounds: AtomicU64,
+    /// Scans that went on into the next partition within a batch (§5.5).
+    pub scan_partition_crossings: AtomicU64,
 }
 
 impl ClientStats {
@@ -120,6 +122,7 @@ impl ClientStats {
             "update_hints": {"sent": ld(&self.hints_sent), "used": ld(&self.hints_used)},
             "scan_leaves": ld(&self.scan_leaves),
             "scan_rounds": ld(&self.scan_rounds),
+            "scan_partition_crossings": ld(&self.scan_partition_crossings),
         })
     }
 }

@@ -5,7 +5,7 @@
 use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
+use dmkv_testkit::oracle::{check_multi, check_single, op_strategy, spread_key};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{OpKind, labeled};
 use dmkv_xstore::SPEC;
@@ -26,6 +26,16 @@ fn deploy(knobs: &[(&str, &str)], memnodes: usize, expected: u64) -> LocalDeploy
         },
     )
     .unwrap()
+}
+
+/// `xstore.bounds` splitting the testkit's keys `spread_key(0..key_space)`
+/// evenly over `parts` memory nodes (an even split of the whole u64 space
+/// would put them all on the first).
+fn testkit_bounds(parts: usize, key_space: u64) -> String {
+    (1..parts as u64)
+        .map(|j| spread_key(key_space * j / parts as u64).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn key(i: u64) -> u64 {
@@ -72,7 +82,23 @@ fn a_get_is_one_batch_and_one_value_read_with_no_rpc() {
 #[test]
 fn absent_keys_between_submodels_and_partitions_are_absent() {
     for memnodes in [1, 3] {
-        let d = deploy(&[("keys_per_model", "16")], memnodes, 4000);
+        // key(0..8000) lies far below 2^63: split it explicitly, between
+        // present keys (key(odd) is never loaded).
+        let edges: Vec<u64> = if memnodes == 3 {
+            vec![key(2667), key(5333)]
+        } else {
+            Vec::new()
+        };
+        let bounds = edges
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut knobs = vec![("keys_per_model", "16")];
+        if memnodes > 1 {
+            knobs.push(("bounds", &bounds));
+        }
+        let d = deploy(&knobs, memnodes, 4000);
         let present: Vec<u64> = (0..4000).map(|i| key(i * 2)).collect();
         load(&d, present.iter().copied());
         let (ep, kv) = d.client(0).unwrap();
@@ -85,8 +111,7 @@ fn absent_keys_between_submodels_and_partitions_are_absent() {
                 .map(|w| w[0] + (w[1] - w[0]) / 2)
                 .collect();
             probes.extend([0, 1, present[0] - 1, u64::MAX, u64::MAX - 1]);
-            for b in 1..memnodes as u64 {
-                let edge = ((u64::MAX as u128 + 1) * b as u128 / memnodes as u128) as u64;
+            for &edge in &edges {
                 probes.extend([edge - 1, edge, edge + 1]);
             }
             for k in probes {
@@ -99,8 +124,19 @@ fn absent_keys_between_submodels_and_partitions_are_absent() {
                 assert!(kv.get(k).await.unwrap().is_some(), "present key {k:#x}");
             }
             // Scans from absent starts return the next keys, across
-            // partitions too.
-            for (j, w) in present.windows(2).enumerate().step_by(97) {
+            // partitions too (every start near an edge included).
+            // The windows whose 5-key scans cross an edge.
+            let near_edge = |j: usize| {
+                edges.iter().any(|&e| {
+                    let at = present.partition_point(|&k| k < e);
+                    j + 6 >= at && j < at
+                })
+            };
+            for (j, w) in present
+                .windows(2)
+                .enumerate()
+                .filter(|(j, _)| j % 97 == 0 || near_edge(*j))
+            {
                 let start = w[0] + 1;
                 let got = kv.scan(start, 5).await.unwrap();
                 let want: Vec<u64> = present[j + 1..].iter().take(5).copied().collect();
@@ -115,6 +151,102 @@ fn absent_keys_between_submodels_and_partitions_are_absent() {
         let s = stats(&d);
         assert_eq!(s["client"]["fallbacks"], 0, "absent keys need no RPC: {s}");
         assert_eq!(c.rpcs, 0);
+        for p in s["partitions"].as_array().unwrap() {
+            assert!(
+                p["keys"].as_u64().unwrap() > 1000,
+                "every node holds keys: {p}"
+            );
+        }
+    }
+}
+
+/// SCAN across partitions (§5.5): after the lookup of the start on one
+/// memory node, the leaves of the rest of that partition and the first
+/// leaves of the following partitions (predicted from their TTs) are read
+/// in one batch: two round trips in all for a scan over four memory nodes
+/// (one of them empty), three with out-of-line values.
+#[test]
+fn scans_across_partitions_read_every_node_in_one_round_trip() {
+    for value_len in [8usize, 40] {
+        let mut k = Knobs::new();
+        k.set("bounds", "1000,2000,3000");
+        let d = LocalDeployment::deploy(
+            &SPEC,
+            &DeployOptions {
+                memnodes: 4,
+                knobs: k,
+                expected_keys: 1000,
+                value_size: value_len as u32,
+                ..DeployOptions::default()
+            },
+        )
+        .unwrap();
+        // 100 keys in [0, 1000), 3 in [1000, 2000), none in [2000, 3000),
+        // 200 from 3000.
+        let keys: Vec<u64> = (0..100u64)
+            .map(|i| i * 10 + 5)
+            .chain([1500, 1501, 1502])
+            .chain((0..200u64).map(|i| 3000 + i * 10 + 5))
+            .collect();
+        let pairs: Vec<(u64, Vec<u8>)> = keys
+            .iter()
+            .map(|&k| (k, make_value(k, 1, value_len)))
+            .collect();
+        let ep0 = d.endpoint(0);
+        block_on(d.engine.load(&ep0, &pairs)).unwrap();
+        let (ep, kv) = d.client(0).unwrap();
+        let per_scan = if value_len == 8 { 2 } else { 3 };
+        block_on(async {
+            // From the last keys of partition 0 over the small and the
+            // empty partition into the last one.
+            for (start, n) in [(900u64, 20usize), (985, 5), (996, 4), (1502, 3), (1503, 2)] {
+                ep.reset_counters();
+                let got = kv.scan(start, n).await.unwrap();
+                let want: Vec<u64> = keys
+                    .iter()
+                    .copied()
+                    .filter(|&k| k >= start)
+                    .take(n)
+                    .collect();
+                assert_eq!(
+                    got.iter().map(|p| p.0).collect::<Vec<_>>(),
+                    want,
+                    "scan({start}, {n})"
+                );
+                for (k, v) in &got {
+                    assert_eq!(check_value(*k, v), Ok(1));
+                }
+                let c = ep.counters().sum(&OpKind::ALL);
+                assert_eq!(c.rpcs, 0, "scan({start}, {n})");
+                assert_eq!(
+                    c.round_trips, per_scan,
+                    "scan({start}, {n}) over several nodes: {c:?}"
+                );
+            }
+            // Every start, every length up to the end: the oracle's answer.
+            for start in (0..3200u64).step_by(37) {
+                for n in [1usize, 7, 60, 400] {
+                    let got = kv.scan(start, n).await.unwrap();
+                    let want: Vec<u64> = keys
+                        .iter()
+                        .copied()
+                        .filter(|&k| k >= start)
+                        .take(n)
+                        .collect();
+                    assert_eq!(
+                        got.iter().map(|p| p.0).collect::<Vec<_>>(),
+                        want,
+                        "scan({start}, {n})"
+                    );
+                }
+            }
+        });
+        let s = stats(&d);
+        assert_eq!(s["client"]["fallbacks"], 0, "{s}");
+        assert!(
+            s["client"]["scan_partition_crossings"].as_u64().unwrap() > 0,
+            "{s}"
+        );
     }
 }
 
@@ -291,7 +423,12 @@ fn oracle_single_client_scenarios() {
             ("speculation", "off"),
         ],
     ] {
-        for memnodes in [1, 2] {
+        for memnodes in [1, 3] {
+            let bounds = testkit_bounds(memnodes, 300);
+            let mut knobs = knobs.clone();
+            if memnodes > 1 {
+                knobs.push(("bounds", &bounds));
+            }
             let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
                 cases: 6,
                 ..ProptestConfig::default()
@@ -312,9 +449,15 @@ fn oracle_single_client_scenarios() {
 
 #[test]
 fn oracle_multi_client() {
+    // check_multi(2 threads x 3 tasks) uses spread_key(0..144).
+    let bounds = testkit_bounds(2, 144);
     for knobs in [
-        vec![("slots", "4")],
-        vec![("slots", "4"), ("cache", "models-only")],
+        vec![("slots", "4"), ("bounds", &bounds)],
+        vec![
+            ("slots", "4"),
+            ("cache", "models-only"),
+            ("bounds", &bounds),
+        ],
     ] {
         let d = deploy(&knobs, 2, 4000);
         check_multi(&d, 2, 3, 150, 7).unwrap();

@@ -26,7 +26,9 @@ use crate::model::{TrainedSub, interval_starts, train_submodel, train_top};
 use crate::wire::*;
 use dmkv_api::{KvError, Result, ServeArgs};
 use dmkv_memnode::{NodeRuntime, WorkerPool};
-use dmkv_transport::{RegionMem, RpcContext, ServiceError, WireReader, WireWriter, thread_cpu_ns};
+use dmkv_transport::{
+    RegionMem, Responder, RpcContext, ServiceError, WireReader, WireWriter, thread_cpu_ns,
+};
 use dmkv_xtree::{Geometry, Header, LeafRef, MAX_VALUE_LEN, SplitEvent, XTree};
 pub use models::{Generation, ModelStore, PublishError, Published};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -34,7 +36,7 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
-use wal::Wal;
+use wal::{Ticket, Wal};
 
 /// Keys sampled for training the top model ("the top model can be trained
 /// over sampled data", §5.1).
@@ -96,7 +98,10 @@ pub struct Server {
     models: ModelStore,
     pool: Arc<WorkerPool>,
     wal: Option<Wal>,
-    stripes: Vec<Mutex<()>>,
+    /// Per key stripe, when logging: serializes a key's writes with their
+    /// log versions, and remembers the ticket of the stripe's last record
+    /// (a write that changes nothing is answered once that is durable).
+    stripes: Vec<Mutex<Option<Ticket>>>,
     /// Loads (exclusive) against writes (shared), when logging.
     load_gate: RwLock<()>,
     /// Pairs were bulk-loaded since the last full training started.
@@ -175,7 +180,7 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
         models,
         pool,
         wal,
-        stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        stripes: (0..STRIPES).map(|_| Mutex::new(None)).collect(),
         load_gate: RwLock::new(()),
         load_dirty: AtomicBool::new(false),
         full: Mutex::new(FullState::default()),
@@ -202,12 +207,24 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
         }
     })));
     let s = server.clone();
-    rt.register_service(
+    rt.register_deferred_service(
         &args.name(SERVICE),
-        Arc::new(move |_: &RpcContext, req: &[u8]| s.handle(req)),
+        Arc::new(move |_: &RpcContext, req: &[u8], r: Responder| s.handle(req, r)),
     )
     .map_err(config_err)?;
     Ok(server)
+}
+
+/// When a request's reply may leave.
+enum Answer {
+    Now,
+    /// Once this log record is durable.
+    AfterLog(Ticket),
+    /// Once the committed model covers every loaded key (and, `settle`,
+    /// the retraining workers are idle).
+    AfterTraining {
+        settle: bool,
+    },
 }
 
 /// One write operation.
@@ -231,13 +248,63 @@ impl Server {
         self.wal.as_ref().map(|w| w.dir().to_path_buf())
     }
 
+    /// The durability log, when `xstore.durability=on` (tests use its
+    /// fault injection: [`Wal::hold`], [`Wal::crash`]).
+    pub fn wal(&self) -> Option<&Wal> {
+        self.wal.as_ref()
+    }
+
     // ---- the service -----------------------------------------------------
 
-    /// Serves one request. Nothing in it is trusted.
-    pub fn handle(&self, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceError> {
+    /// Serves one request (on an RPC handler thread). Nothing in it is
+    /// trusted. A write that must be durable first is answered by the
+    /// logger thread once its batch is synced (group commit); everything
+    /// else is answered at once.
+    pub fn handle(&self, req: &[u8], responder: Responder) {
+        match self.serve_request(req) {
+            Ok((reply, Answer::Now)) => responder.reply(Ok(reply)),
+            Ok((reply, Answer::AfterTraining { settle })) => {
+                // Training (and settling) may take seconds: wait on a
+                // thread of its own, not on a handler thread.
+                let Some(me) = self.me.upgrade() else {
+                    return responder.reply(Err(ServiceError::failed("the server is going away")));
+                };
+                // If the thread cannot start, the closure is dropped and
+                // with it the responder, which then answers with an error.
+                let _ = std::thread::Builder::new()
+                    .name("xstore-prepare".into())
+                    .spawn(move || {
+                        me.prepare();
+                        if settle {
+                            me.pool.wait_idle();
+                        }
+                        responder.reply(Ok(reply));
+                    });
+            }
+            Ok((reply, Answer::AfterLog(ticket))) => {
+                let wal = self.wal.as_ref().expect("tickets come from the log");
+                wal.when_durable(
+                    &ticket,
+                    Box::new(move |durable| {
+                        responder.reply(
+                            durable
+                                .map(|()| reply)
+                                .map_err(|e| ServiceError::failed(format!("log: {e}"))),
+                        )
+                    }),
+                );
+            }
+            Err(e) => responder.reply(Err(e)),
+        }
+    }
+
+    /// Performs one request: the reply, and when it may be sent.
+    fn serve_request(&self, req: &[u8]) -> std::result::Result<(Vec<u8>, Answer), ServiceError> {
         let mut r = WireReader::new(req);
         let op = r.u8()?;
         let mut w = WireWriter::new();
+        let mut ticket = None;
+        let mut answer = Answer::Now;
         match op {
             OP_GET => {
                 let key = r.u64()?;
@@ -285,7 +352,8 @@ impl Server {
                 } else {
                     Write::Upsert(v)
                 };
-                let (done, _) = self.write(key, op)?;
+                let (done, _, t) = self.write(key, op)?;
+                ticket = t;
                 w.bool(done);
             }
             OP_UPDATE => {
@@ -300,13 +368,15 @@ impl Server {
                     b => return Err(ServiceError::malformed(format!("hint flag {b}"))),
                 };
                 r.end()?;
-                let (done, used) = self.write(key, Write::Update(v, hint))?;
+                let (done, used, t) = self.write(key, Write::Update(v, hint))?;
+                ticket = t;
                 w.bool(done).bool(used);
             }
             OP_DELETE => {
                 let key = r.u64()?;
                 r.end()?;
-                let (done, _) = self.write(key, Write::Delete)?;
+                let (done, _, t) = self.write(key, Write::Delete)?;
+                ticket = t;
                 w.bool(done);
             }
             OP_LOAD => {
@@ -318,16 +388,17 @@ impl Server {
                     pairs.push((k, value(&mut r)?));
                 }
                 r.end()?;
-                self.load(&pairs)?;
+                ticket = self.load(&pairs)?;
             }
             OP_PREPARE => {
                 r.end()?;
-                self.prepare();
+                if self.load_dirty.load(Ordering::SeqCst) {
+                    answer = Answer::AfterTraining { settle: false };
+                }
             }
             OP_SETTLE => {
                 r.end()?;
-                self.prepare();
-                self.pool.wait_idle();
+                answer = Answer::AfterTraining { settle: true };
             }
             OP_STATS => {
                 r.end()?;
@@ -335,7 +406,10 @@ impl Server {
             }
             op => return Err(ServiceError::malformed(format!("unknown opcode {op}"))),
         }
-        Ok(w.finish())
+        if let Some(t) = ticket {
+            answer = Answer::AfterLog(t);
+        }
+        Ok((w.finish(), answer))
     }
 
     fn check_key(&self, key: u64) -> std::result::Result<(), ServiceError> {
@@ -393,14 +467,21 @@ impl Server {
 
     // ---- writes and durability --------------------------------------------
 
-    /// Applies a write; with durability, logs it and returns only once the
-    /// record is durable. Returns (done, hint used).
-    fn write(&self, key: u64, op: Write<'_>) -> std::result::Result<(bool, bool), ServiceError> {
+    /// Applies a write; with durability, appends its record to the worker's
+    /// log. Returns (done, hint used, the record the reply must wait for):
+    /// the write's own record, or, for a write that changed nothing, the
+    /// last record of its key's stripe if that is not durable yet (the
+    /// answer "exists" or "missing" may rest on it).
+    fn write(
+        &self,
+        key: u64,
+        op: Write<'_>,
+    ) -> std::result::Result<(bool, bool, Option<Ticket>), ServiceError> {
         self.check_key(key)?;
         let logged = self.wal.as_ref();
-        let (done, hint_used, record) = {
+        let (done, hint_used, ticket) = {
             let _gate = logged.map(|_| self.load_gate.read());
-            let _stripe = logged.map(|_| self.stripes[stripe(key)].lock());
+            let mut stripe = logged.map(|_| self.stripes[stripe(key)].lock());
             // (answer, hint used, whether the store changed)
             let (done, used, changed) = match op {
                 Write::Insert(v) => {
@@ -421,56 +502,66 @@ impl Server {
                     (d, false, d)
                 }
             };
-            let record = match (logged, changed) {
-                (Some(wal), true) => Some(LogRecord {
-                    version: wal.next_version(),
-                    key,
-                    op: match op {
-                        Write::Insert(v) | Write::Upsert(v) | Write::Update(v, _) => {
-                            LogOp::Put(v.to_vec())
-                        }
-                        Write::Delete => LogOp::Delete,
-                    },
-                }),
+            let ticket = match (logged, stripe.as_deref_mut()) {
+                (Some(wal), Some(last)) if changed => {
+                    let record = LogRecord {
+                        version: wal.next_version(),
+                        key,
+                        op: match op {
+                            Write::Insert(v) | Write::Upsert(v) | Write::Update(v, _) => {
+                                LogOp::Put(v.to_vec())
+                            }
+                            Write::Delete => LogOp::Delete,
+                        },
+                    };
+                    let t = wal
+                        .append(&[record], false)
+                        .map_err(|e| ServiceError::failed(format!("log: {e}")))?;
+                    last.clone_from(&t);
+                    t
+                }
+                (Some(_), Some(last)) => last.clone().filter(|t| !t.is_durable()),
                 _ => None,
             };
-            (done, used, record)
+            (done, used, ticket)
         };
-        if let (Some(wal), Some(rec)) = (logged, record) {
-            wal.append_and_wait(&[rec])
-                .map_err(|e| ServiceError::failed(format!("log: {e}")))?;
-        }
         self.catch_up_after_load();
         self.maybe_resize();
-        Ok((done, hint_used))
+        Ok((done, hint_used, ticket))
     }
 
-    fn load(&self, pairs: &[(u64, &[u8])]) -> std::result::Result<(), ServiceError> {
+    /// Bulk-loads `pairs`; with durability, logs them as one run of records
+    /// and returns the ticket of the last.
+    fn load(&self, pairs: &[(u64, &[u8])]) -> std::result::Result<Option<Ticket>, ServiceError> {
         // Before the tree changes, so that its splits queue no retraining.
         self.load_dirty.store(true, Ordering::SeqCst);
-        let records = {
-            let _excl = self.wal.as_ref().map(|_| self.load_gate.write());
+        let Some(wal) = &self.wal else {
             self.tree.bulk_load(pairs)?;
-            self.wal.as_ref().map(|wal| {
-                let mut sorted: Vec<&(u64, &[u8])> = pairs.iter().collect();
-                // Duplicates within a load: the last one wins, as in
-                // bulk_load's upserts of sorted pairs.
-                sorted.sort_by_key(|p| p.0);
-                sorted
-                    .iter()
-                    .map(|(k, v)| LogRecord {
-                        version: wal.next_version(),
-                        key: *k,
-                        op: LogOp::Put(v.to_vec()),
-                    })
-                    .collect::<Vec<_>>()
-            })
+            return Ok(None);
         };
-        if let (Some(wal), Some(recs)) = (&self.wal, records) {
-            wal.append_and_wait(&recs)
-                .map_err(|e| ServiceError::failed(format!("log: {e}")))?;
+        // No write runs meanwhile (they hold the gate shared), so the
+        // stripes are free and versions follow the load's order.
+        let _excl = self.load_gate.write();
+        self.tree.bulk_load(pairs)?;
+        let mut sorted: Vec<&(u64, &[u8])> = pairs.iter().collect();
+        // Duplicates within a load: the last one wins, as in bulk_load's
+        // upserts of sorted pairs.
+        sorted.sort_by_key(|p| p.0);
+        let records: Vec<LogRecord> = sorted
+            .iter()
+            .map(|(k, v)| LogRecord {
+                version: wal.next_version(),
+                key: *k,
+                op: LogOp::Put(v.to_vec()),
+            })
+            .collect();
+        let ticket = wal
+            .append(&records, true)
+            .map_err(|e| ServiceError::failed(format!("log: {e}")))?;
+        for (k, _) in pairs {
+            self.stripes[stripe(*k)].lock().clone_from(&ticket);
         }
-        Ok(())
+        Ok(ticket)
     }
 
     // ---- retraining --------------------------------------------------------
@@ -856,13 +947,21 @@ impl Server {
         });
         if let Some(w) = &self.wal {
             let wc = &w.counters;
+            let batches = ld(&wc.batches);
+            let (writes, write_batches) = (ld(&wc.write_records), ld(&wc.write_batches));
             v["durability"] = json!({
                 "dir": w.dir().display().to_string(),
                 "log_sync": format!("{:?}", self.cfg.log_sync),
                 "records": ld(&wc.records),
                 "bytes": ld(&wc.bytes),
-                "batches": ld(&wc.batches),
+                "batches": batches,
                 "syncs": ld(&wc.syncs),
+                "write_records": writes,
+                "write_batches": write_batches,
+                "writes_per_batch": if write_batches == 0 { 0.0 } else { writes as f64 / write_batches as f64 },
+                "max_batch_writes": ld(&wc.max_batch_writes),
+                "io_us_per_batch": if batches == 0 { 0.0 } else { ld(&wc.io_ns) as f64 / batches as f64 / 1000.0 },
+                "logger_cpu_ns": ld(&wc.logger_cpu_ns),
             });
         }
         v

@@ -1,14 +1,16 @@
 //! Durability (§5.4): per-worker write-ahead logs on the memory node's
-//! local disk, a batching logger thread per log, and recovery.
+//! local disk, a group-committing logger thread per log, and recovery.
 //!
 //! A worker (RPC handler thread) applies a write to XTree, appends the
-//! record `(key, value or delete, version)` to its own log buffer, and
-//! waits until its logger thread reports the record durable; only then is
-//! the write acknowledged. The logger writes out whatever has accumulated
-//! since its last write as one batch, then (with `log_sync=fsync`)
-//! `fdatasync`s the file once for the batch. "Durable" means: after
-//! `fdatasync` returned (fsync), or after `write(2)` returned (none: the
-//! record survives a crash of the process but not of the machine).
+//! record `(key, value or delete, version)` to its own log buffer
+//! ([`Wal::append`]) and hands the request's reply to the log
+//! ([`Wal::when_durable`]); it does not wait, and serves the next request.
+//! The worker's logger thread writes out everything buffered since its last
+//! batch with one `write(2)`, then (with `log_sync=fsync`) `fdatasync`s the
+//! file once for the whole batch, and only then sends the replies of every
+//! write in it (group commit). "Durable" means: after `fdatasync` returned
+//! (fsync), or after `write(2)` returned (none: the record survives a crash
+//! of the process but not of the machine).
 //!
 //! Versions are assigned by the writer while it holds its key's stripe
 //! lock, so versions of one key are in the order the writes were applied;
@@ -20,14 +22,16 @@
 
 use crate::config::LogSync;
 use crate::layout::{LogOp, LogRecord};
+use dmkv_transport::thread_cpu_ns;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{JoinHandle, ThreadId};
+use std::time::Instant;
 
 /// What recovery found.
 #[derive(Debug, Default)]
@@ -41,21 +45,66 @@ pub struct Recovered {
     pub files: u64,
 }
 
+/// Called once a record is durable (`Ok`) or can no longer become durable
+/// (`Err`: the log failed or was crashed).
+pub type Waiter = Box<dyn FnOnce(Result<(), String>) + Send>;
+
 #[derive(Default)]
 struct LogState {
     buf: Vec<u8>,
+    /// Records in `buf`, and how many of them are writes (not loads).
+    buffered: u64,
+    buffered_writes: u64,
+    /// Sequence number of the last record appended (the first is 1).
     appended: u64,
+    /// Every record up to this sequence number is durable.
     durable: u64,
+    /// Waiting for a sequence number to become durable.
+    waiters: Vec<(u64, Waiter)>,
     failed: Option<String>,
     stop: bool,
 }
 
-struct WorkerLog {
+/// One worker's log: its buffer, its logger thread's file.
+pub struct WorkerLog {
+    index: usize,
     state: Mutex<LogState>,
-    /// The logger waits on it for records; writers wait on it for
-    /// durability.
+    /// The logger waits on it for records.
     wake: Condvar,
-    done: Condvar,
+}
+
+impl WorkerLog {
+    /// Fails every waiter and every later append with `why`.
+    fn fail(&self, why: String) -> Vec<Waiter> {
+        let mut st = self.state.lock();
+        if st.failed.is_none() {
+            st.failed = Some(why);
+        }
+        st.buf.clear();
+        st.buffered = 0;
+        st.buffered_writes = 0;
+        st.waiters.drain(..).map(|(_, w)| w).collect()
+    }
+}
+
+/// Where a record sits: in which worker log, at which sequence number.
+#[derive(Clone)]
+pub struct Ticket {
+    log: Arc<WorkerLog>,
+    lsn: u64,
+}
+
+impl Ticket {
+    /// Whether the record is durable already.
+    pub fn is_durable(&self) -> bool {
+        self.log.state.lock().durable >= self.lsn
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ticket(w{}, #{})", self.log.index, self.lsn)
+    }
 }
 
 /// Figures for `engine_stats`.
@@ -63,8 +112,19 @@ struct WorkerLog {
 pub struct WalCounters {
     pub records: AtomicU64,
     pub bytes: AtomicU64,
+    /// Batches written (one `write(2)` each) and `fdatasync`s.
     pub batches: AtomicU64,
     pub syncs: AtomicU64,
+    /// Records of single writes (not bulk loads), and the batches that
+    /// held any: their ratio is the group-commit factor of the writes.
+    pub write_records: AtomicU64,
+    pub write_batches: AtomicU64,
+    /// Most write records one batch held.
+    pub max_batch_writes: AtomicU64,
+    /// Wall time in `write(2)` and `fdatasync` (reported, never asserted).
+    pub io_ns: AtomicU64,
+    /// CPU time of the logger threads.
+    pub logger_cpu_ns: AtomicU64,
 }
 
 /// The logs of one memory node.
@@ -76,7 +136,24 @@ pub struct Wal {
     logs: Mutex<HashMap<ThreadId, Arc<WorkerLog>>>,
     loggers: Mutex<Vec<(Arc<WorkerLog>, JoinHandle<()>)>>,
     next_version: AtomicU64,
+    /// Fault injection (tests): loggers start no batch while set.
+    held: Arc<AtomicBool>,
+    /// Fault injection (tests): the logs were crashed; nothing more is
+    /// written.
+    crashed: Arc<AtomicBool>,
     pub counters: Arc<WalCounters>,
+}
+
+/// While alive, no logger starts writing a batch (see [`Wal::hold`]).
+pub struct LogHold<'a> {
+    wal: &'a Wal,
+}
+
+impl Drop for LogHold<'_> {
+    fn drop(&mut self) {
+        self.wal.held.store(false, Ordering::SeqCst);
+        self.wal.wake_all();
+    }
 }
 
 fn io(what: &str, path: &Path, e: std::io::Error) -> String {
@@ -163,6 +240,8 @@ impl Wal {
             logs: Mutex::new(HashMap::new()),
             loggers: Mutex::new(Vec::new()),
             next_version: AtomicU64::new(rec.max_version + 1),
+            held: Arc::new(AtomicBool::new(false)),
+            crashed: Arc::new(AtomicBool::new(false)),
             counters: Arc::new(WalCounters::default()),
         };
         if !files.is_empty() {
@@ -221,81 +300,204 @@ impl Wal {
             .open(&path)
             .map_err(|e| io("opening", &path, e))?;
         let log = Arc::new(WorkerLog {
+            index: w,
             state: Mutex::new(LogState::default()),
             wake: Condvar::new(),
-            done: Condvar::new(),
         });
         let l = log.clone();
-        let sync = self.sync;
-        let counters = self.counters.clone();
+        let ctx = LoggerCtx {
+            sync: self.sync,
+            counters: self.counters.clone(),
+            held: self.held.clone(),
+            crashed: self.crashed.clone(),
+        };
         let handle = std::thread::Builder::new()
             .name(format!("xstore-log-w{w}"))
-            .spawn(move || logger(&l, &mut file, &path, sync, &counters))
+            .spawn(move || logger(&l, &mut file, &path, &ctx))
             .map_err(|e| format!("starting a logger thread: {e}"))?;
         self.loggers.lock().push((log.clone(), handle));
         logs.insert(me, log.clone());
         Ok(log)
     }
 
-    /// Appends `records` to the calling worker's log and waits until they
-    /// are durable.
-    pub fn append_and_wait(&self, records: &[LogRecord]) -> Result<(), String> {
+    /// Appends `records` to the calling worker's log buffer and returns the
+    /// ticket of the last one (all of them are durable when it is). Nothing
+    /// waits: the logger writes the buffer out in its next batch. `bulk`:
+    /// they come from a load (counted apart from single writes).
+    pub fn append(&self, records: &[LogRecord], bulk: bool) -> Result<Option<Ticket>, String> {
         if records.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let log = self.worker_log()?;
         let mut st = log.state.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
         let before = st.buf.len();
         for r in records {
             r.encode_into(&mut st.buf);
         }
-        self.counters
-            .records
-            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        let n = records.len() as u64;
+        st.buffered += n;
+        st.appended += n;
+        if !bulk {
+            st.buffered_writes += n;
+            self.counters.write_records.fetch_add(n, Ordering::Relaxed);
+        }
+        let lsn = st.appended;
+        self.counters.records.fetch_add(n, Ordering::Relaxed);
         self.counters
             .bytes
             .fetch_add((st.buf.len() - before) as u64, Ordering::Relaxed);
-        st.appended += 1;
-        let lsn = st.appended;
+        drop(st);
         log.wake.notify_one();
-        while st.durable < lsn {
-            if let Some(e) = &st.failed {
-                return Err(e.clone());
-            }
-            log.done.wait(&mut st);
+        Ok(Some(Ticket { log, lsn }))
+    }
+
+    /// Runs `then` once `ticket`'s record is durable: at once on this
+    /// thread if it is already, else on the logger thread right after the
+    /// batch holding it is synced. `then` gets an error if the record can
+    /// no longer become durable.
+    pub fn when_durable(&self, ticket: &Ticket, then: Waiter) {
+        let mut st = ticket.log.state.lock();
+        if st.durable >= ticket.lsn {
+            drop(st);
+            then(Ok(()));
+        } else if let Some(e) = st.failed.clone() {
+            drop(st);
+            then(Err(e));
+        } else {
+            st.waiters.push((ticket.lsn, then));
         }
-        Ok(())
+    }
+
+    /// Appends `records` and blocks until they are durable (recovery
+    /// tests; the service never blocks a handler thread on the log).
+    pub fn append_and_wait(&self, records: &[LogRecord]) -> Result<(), String> {
+        let Some(t) = self.append(records, false)? else {
+            return Ok(());
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.when_durable(
+            &t,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv()
+            .unwrap_or_else(|_| Err("the logger went away".into()))
+    }
+
+    /// Fault injection: no logger starts a batch until the returned guard
+    /// is dropped, so that records accumulate (and their writes stay
+    /// unacknowledged) deterministically.
+    pub fn hold(&self) -> LogHold<'_> {
+        self.held.store(true, Ordering::SeqCst);
+        LogHold { wal: self }
+    }
+
+    /// Fault injection: the machine loses power. Batches not yet handed to
+    /// `write(2)` are discarded, their writers get an error, and nothing is
+    /// written from now on (what a batch already written survives, as
+    /// after a process crash; with `log_sync=fsync`, every acknowledged
+    /// record was synced before).
+    pub fn crash(&self) {
+        self.crashed.store(true, Ordering::SeqCst);
+        let logs: Vec<Arc<WorkerLog>> = self.logs.lock().values().cloned().collect();
+        for log in logs {
+            let waiters = log.fail("the memory node crashed".into());
+            log.wake.notify_all();
+            for w in waiters {
+                w(Err("the memory node crashed".into()));
+            }
+        }
+    }
+
+    /// Replies (or other waiters) waiting for records to become durable.
+    pub fn waiting(&self) -> usize {
+        let logs: Vec<Arc<WorkerLog>> = self.logs.lock().values().cloned().collect();
+        logs.iter().map(|l| l.state.lock().waiters.len()).sum()
+    }
+
+    fn wake_all(&self) {
+        for log in self.logs.lock().values() {
+            let _st = log.state.lock();
+            log.wake.notify_all();
+        }
     }
 }
 
-/// The logger thread of one worker log: writes out each accumulated batch
-/// and syncs it once.
-fn logger(log: &WorkerLog, file: &mut File, path: &Path, sync: LogSync, c: &WalCounters) {
+struct LoggerCtx {
+    sync: LogSync,
+    counters: Arc<WalCounters>,
+    held: Arc<AtomicBool>,
+    crashed: Arc<AtomicBool>,
+}
+
+/// The logger thread of one worker log (group commit): takes everything
+/// buffered since its last batch, writes it with one `write(2)`, syncs it
+/// once, then runs the waiters of every record it made durable. Records
+/// buffered while it writes and syncs form the next batch.
+fn logger(log: &WorkerLog, file: &mut File, path: &Path, ctx: &LoggerCtx) {
+    let c = &ctx.counters;
     loop {
-        let (batch, upto) = {
+        let (batch, upto, writes) = {
             let mut st = log.state.lock();
-            while st.buf.is_empty() && !st.stop {
+            while !st.stop && (st.buf.is_empty() || ctx.held.load(Ordering::SeqCst)) {
                 log.wake.wait(&mut st);
             }
-            if st.buf.is_empty() && st.stop {
-                return;
+            if st.buf.is_empty() || ctx.crashed.load(Ordering::SeqCst) {
+                if st.stop {
+                    break;
+                }
+                continue;
             }
-            (std::mem::take(&mut st.buf), st.appended)
+            st.buffered = 0;
+            let writes = std::mem::take(&mut st.buffered_writes);
+            (std::mem::take(&mut st.buf), st.appended, writes)
         };
-        let res = file.write_all(&batch).and_then(|_| match sync {
+        let cpu = thread_cpu_ns();
+        let wall = Instant::now();
+        let res = file.write_all(&batch).and_then(|_| match ctx.sync {
             LogSync::Fsync => {
                 c.syncs.fetch_add(1, Ordering::Relaxed);
                 file.sync_data()
             }
             LogSync::None => Ok(()),
         });
+        c.io_ns
+            .fetch_add(wall.elapsed().as_nanos() as u64, Ordering::Relaxed);
         c.batches.fetch_add(1, Ordering::Relaxed);
-        let mut st = log.state.lock();
-        match res {
-            Ok(()) => st.durable = upto,
-            Err(e) => st.failed = Some(io("writing", path, e)),
+        if writes > 0 {
+            c.write_batches.fetch_add(1, Ordering::Relaxed);
+            c.max_batch_writes.fetch_max(writes, Ordering::Relaxed);
         }
-        log.done.notify_all();
+        let done: Vec<(Waiter, Result<(), String>)> = match res {
+            Ok(()) => {
+                let mut st = log.state.lock();
+                st.durable = upto;
+                let (ready, wait): (Vec<_>, Vec<_>) =
+                    st.waiters.drain(..).partition(|(lsn, _)| *lsn <= upto);
+                st.waiters = wait;
+                ready.into_iter().map(|(_, w)| (w, Ok(()))).collect()
+            }
+            Err(e) => {
+                let why = io("writing", path, e);
+                log.fail(why.clone())
+                    .into_iter()
+                    .map(|w| (w, Err(why.clone())))
+                    .collect()
+            }
+        };
+        for (w, r) in done {
+            w(r);
+        }
+        c.logger_cpu_ns
+            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
+    }
+    // Stopped: whoever still waits learns that nothing more is written.
+    for w in log.fail("the log was closed".into()) {
+        w(Err("the log was closed".into()));
     }
 }
 
@@ -379,6 +581,78 @@ mod tests {
         assert_eq!(left.len(), 1, "{left:?}");
         let (_wal, again) = Wal::open(Some(dir.clone()), LogSync::None).unwrap();
         assert_eq!(again.pairs, vec![(1, b"new".to_vec())]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn put(wal: &Wal, key: u64, v: &[u8]) -> LogRecord {
+        LogRecord {
+            version: wal.next_version(),
+            key,
+            op: LogOp::Put(v.to_vec()),
+        }
+    }
+
+    /// Records appended while the logger is held form one batch and one
+    /// fdatasync; none is reported durable before it.
+    #[test]
+    fn group_commit_syncs_a_batch_once_and_answers_after() {
+        let dir = std::env::temp_dir().join(format!("xstore-wal-group-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (wal, _) = Wal::open(Some(dir.clone()), LogSync::Fsync).unwrap();
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let hold = wal.hold();
+        let mut tickets = Vec::new();
+        for k in 0..8u64 {
+            let t = wal.append(&[put(&wal, k, b"v")], false).unwrap().unwrap();
+            let d = done.clone();
+            wal.when_durable(&t, Box::new(move |r| d.lock().push((k, r))));
+            tickets.push(t);
+        }
+        assert!(done.lock().is_empty(), "nothing is durable while held");
+        assert!(tickets.iter().all(|t| !t.is_durable()));
+        drop(hold);
+        // The logger answers from its thread: wait for all eight.
+        while done.lock().len() < 8 {
+            std::thread::yield_now();
+        }
+        assert!(done.lock().iter().all(|(_, r)| r.is_ok()));
+        assert!(tickets.iter().all(|t| t.is_durable()));
+        let c = &wal.counters;
+        assert_eq!(c.syncs.load(Ordering::Relaxed), 1);
+        assert_eq!(c.write_batches.load(Ordering::Relaxed), 1);
+        assert_eq!(c.max_batch_writes.load(Ordering::Relaxed), 8);
+        // A ticket already durable runs its waiter at once.
+        let (tx, rx) = std::sync::mpsc::channel();
+        wal.when_durable(&tickets[0], Box::new(move |r| tx.send(r).unwrap()));
+        assert_eq!(rx.try_recv().unwrap(), Ok(()));
+        drop(wal);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A crash loses what was never written and fails its waiters; what was
+    /// durable before is recovered.
+    #[test]
+    fn a_crash_fails_unwritten_records_and_keeps_durable_ones() {
+        let dir = std::env::temp_dir().join(format!("xstore-wal-crash-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let (wal, _) = Wal::open(Some(dir.clone()), LogSync::Fsync).unwrap();
+            wal.append_and_wait(&[put(&wal, 1, b"kept")]).unwrap();
+            let hold = wal.hold();
+            let t = wal
+                .append(&[put(&wal, 2, b"lost")], false)
+                .unwrap()
+                .unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            wal.when_durable(&t, Box::new(move |r| tx.send(r).unwrap()));
+            wal.crash();
+            assert!(rx.recv().unwrap().is_err(), "an unwritten record fails");
+            assert!(wal.append(&[put(&wal, 3, b"late")], false).is_err());
+            drop(hold);
+        }
+        let (_wal, rec) = Wal::open(Some(dir.clone()), LogSync::Fsync).unwrap();
+        assert_eq!(rec.pairs, vec![(1, b"kept".to_vec())]);
+        drop(_wal);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
