@@ -14,8 +14,13 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "buckets of each shard's table before the first bulk load",
     },
     KnobSpec {
+        name: "table_keys",
+        default: "262144",
+        help: "most keys per table after a full build (more go to several tables, so a later split moves fewer keys and stalls fewer inserts)",
+    },
+    KnobSpec {
         name: "overflow_ratio",
-        default: "0.0625",
+        default: "0.03125",
         help: "overflow cache capacity of a table, as a fraction of its slots",
     },
     KnobSpec {
@@ -80,6 +85,7 @@ pub const KNOBS: &[KnobSpec] = &[
 pub struct Config {
     pub load_factor: f64,
     pub initial_buckets: u32,
+    pub table_keys: u64,
     pub overflow_ratio: f64,
     pub slow_fill: f64,
     pub stop_fill: f64,
@@ -101,6 +107,7 @@ impl Config {
         let c = Config {
             load_factor: g("load_factor")?,
             initial_buckets: u("initial_buckets")? as u32,
+            table_keys: u("table_keys")?,
             overflow_ratio: g("overflow_ratio")?,
             slow_fill: g("slow_fill")?,
             stop_fill: g("stop_fill")?,
@@ -120,6 +127,9 @@ impl Config {
         }
         if c.initial_buckets == 0 || c.initial_buckets > 1 << 30 {
             return bad("initial_buckets must be in [1, 2^30]");
+        }
+        if c.table_keys == 0 {
+            return bad("table_keys must be at least 1");
         }
         if !(0.0..=1.0).contains(&c.overflow_ratio) || c.overflow_ratio == 0.0 {
             return bad("overflow_ratio must be in (0, 1]");

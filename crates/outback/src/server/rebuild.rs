@@ -34,9 +34,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-/// Full builds split the shard into tables of at most this many keys.
-const MAX_TABLE_KEYS: usize = 1 << 24;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Job {
     Full,
@@ -485,7 +482,7 @@ fn full(
     }
     let n = kept.len() + loaded_unique.len();
     let mut depth = 0u8;
-    while n >> depth > MAX_TABLE_KEYS && depth < shard.ctx.cfg.max_global_depth {
+    while (n >> depth) as u64 > shard.ctx.cfg.table_keys && depth < shard.ctx.cfg.max_global_depth {
         depth += 1;
     }
     let parts = 1usize << depth;
