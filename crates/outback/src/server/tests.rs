@@ -100,7 +100,18 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     for k in 1..=6u64 {
         assert_eq!(head(&insert(&s, k, b"old")).0.status, Status::Ok);
     }
-    // The table stops at s_stop; the job has not run yet.
+    // The table stops at s_stop; the job has not run yet. Hold the job
+    // flag so that the requests below (which kick the job once every
+    // compute node has seen PRE_RESIZE) cannot start it before the test does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shard
+        .job_active
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "a job is still running");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let t0 = shard.table(0).unwrap();
     t0.state.store(state::REBUILDING, Ordering::Release);
     shard.resize_pending.store(true, Ordering::Release);
@@ -147,6 +158,8 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     assert_eq!(head(&pending).0.status, Status::Recovering);
     // Run the rebuild (a split) and wait for it.
     let old_epoch = t0.epoch.load(Ordering::Acquire);
+    assert_eq!(shard.stats.splits.load(Ordering::Relaxed), 0);
+    shard.job_active.store(false, Ordering::Release);
     shard.kick();
     let deadline = Instant::now() + Duration::from_secs(10);
     while shard.applied.load(Ordering::Acquire) == 0 {

@@ -4,6 +4,45 @@
 
 use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
+use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
+use std::time::Duration;
+
+/// How long one deployment may live in a test before the whole test binary
+/// is stopped. Every test here finishes in a few seconds; a bug that makes
+/// one wait forever (a lost wake-up, a takeover that never ends) must fail
+/// the run with a message instead of eating CI's time limit.
+pub const TEST_LIMIT: Duration = Duration::from_secs(60);
+
+/// Stops the process if it is not dropped within its limit.
+pub struct Watchdog {
+    _alive: Sender<()>,
+}
+
+pub fn watchdog(what: &str, limit: Duration) -> Watchdog {
+    let (tx, rx) = channel::<()>();
+    let what = what.to_string();
+    std::thread::spawn(move || {
+        if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+            eprintln!("watchdog: {what} still running after {limit:?}; stopping the test binary");
+            std::process::exit(101);
+        }
+    });
+    Watchdog { _alive: tx }
+}
+
+/// A deployment guarded by a watchdog (dropped after the deployment, so a
+/// teardown that hangs is caught too).
+pub struct Deployed {
+    d: LocalDeployment,
+    _watchdog: Watchdog,
+}
+
+impl std::ops::Deref for Deployed {
+    type Target = LocalDeployment;
+    fn deref(&self) -> &LocalDeployment {
+        &self.d
+    }
+}
 
 /// Knobs that make resizes happen with few keys.
 pub fn small_tables() -> Knobs {
@@ -18,8 +57,13 @@ pub fn small_tables() -> Knobs {
     k
 }
 
-pub fn deploy_with(knobs: Knobs, memnodes: usize, threads: usize) -> LocalDeployment {
-    LocalDeployment::deploy(
+pub fn deploy_with(knobs: Knobs, memnodes: usize, threads: usize) -> Deployed {
+    let what = format!(
+        "{} (outback, {memnodes} memory nodes)",
+        std::thread::current().name().unwrap_or("a test")
+    );
+    let watchdog = watchdog(&what, TEST_LIMIT);
+    let d = LocalDeployment::deploy(
         &dmkv_outback::SPEC,
         &DeployOptions {
             memnodes,
@@ -28,9 +72,13 @@ pub fn deploy_with(knobs: Knobs, memnodes: usize, threads: usize) -> LocalDeploy
             ..Default::default()
         },
     )
-    .expect("deploy outback")
+    .expect("deploy outback");
+    Deployed {
+        d,
+        _watchdog: watchdog,
+    }
 }
 
-pub fn deploy() -> LocalDeployment {
+pub fn deploy() -> Deployed {
     deploy_with(small_tables(), 1, 2)
 }
