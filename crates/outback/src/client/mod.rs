@@ -48,7 +48,7 @@ pub const CAPS: Capabilities = Capabilities {
 };
 
 /// How long one operation keeps retrying through rebuilds and failovers.
-const OP_DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const OP_DEADLINE: Duration = Duration::from_secs(60);
 /// Pairs per LOAD message, and bytes.
 const LOAD_PAIRS: usize = 2048;
 const LOAD_BYTES: usize = 1 << 20;

@@ -338,6 +338,7 @@ fn finish(
         let r = apply_routed(shard, &op);
         shard.settle_ticket(ticket, r, upsert);
     }
+    shard.forget_old_outcomes(Instant::now());
     if job == Job::Full {
         shard.build_done.store(build_target, Ordering::Release);
     }

@@ -105,10 +105,21 @@ enum TicketState {
     Failed(ServiceError),
 }
 
+/// How long the outcome of a buffered write is kept for its client to ask
+/// for it. A client gives up on an operation `OP_DEADLINE` after starting
+/// it, so it never asks later than that after the outcome is recorded; the
+/// margin is for clocks read at different moments. Counting rebuilds
+/// instead (as an earlier version did, four) lost outcomes when small tables
+/// split several times while a client's poll was delayed: the client got
+/// "unknown or forgotten" for a write that had been applied.
+pub(crate) const OUTCOME_KEEP: Duration =
+    Duration::from_secs(2 * crate::client::OP_DEADLINE.as_secs());
+
 #[derive(Default)]
 struct Tickets {
     next: u64,
-    map: HashMap<u64, (u64, TicketState)>,
+    /// Ticket -> (when it was issued or settled, state).
+    map: HashMap<u64, (Instant, TicketState)>,
 }
 
 pub struct ShardServer {
@@ -460,7 +471,7 @@ impl ShardServer {
             let mut tk = self.tickets.lock();
             tk.next += 1;
             let id = tk.next;
-            tk.map.insert(id, (applied, TicketState::Pending));
+            tk.map.insert(id, (Instant::now(), TicketState::Pending));
             id
         };
         buf.ops.push((ticket, op));
@@ -475,17 +486,20 @@ impl ShardServer {
         outcome: Result<Outcome, ServiceError>,
         upsert: bool,
     ) {
-        let mut tk = self.tickets.lock();
-        let generation = self.applied.load(Ordering::Acquire);
         let st = match outcome {
             Ok(o) => TicketState::Done(o, upsert),
             Err(e) => TicketState::Failed(e),
         };
-        tk.map.insert(ticket, (generation, st));
-        // Forget outcomes nobody asked for after a few rebuilds (pending
-        // writes are always kept).
-        tk.map
-            .retain(|_, (g, st)| matches!(st, TicketState::Pending) || *g + 4 > generation);
+        self.tickets.lock().map.insert(ticket, (Instant::now(), st));
+    }
+
+    /// Forgets outcomes recorded more than `OUTCOME_KEEP` before `now`
+    /// that nobody asked for (pending writes are always kept). Called once
+    /// per rebuild, after its buffered writes are settled.
+    pub(crate) fn forget_old_outcomes(&self, now: Instant) {
+        self.tickets.lock().map.retain(|_, (at, st)| {
+            matches!(st, TicketState::Pending) || now.saturating_duration_since(*at) < OUTCOME_KEEP
+        });
     }
 
     /// RESULT: the outcome of buffered write `ticket` (taken once).

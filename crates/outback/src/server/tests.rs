@@ -210,3 +210,37 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
         1
     );
 }
+
+fn result_status(s: &Arc<NodeServer>, ticket: u64) -> Result<Status, String> {
+    let mut w = WireWriter::new();
+    w.u8(op::RESULT).u16(0).u64(ticket);
+    match s.handle(&w.finish()) {
+        Ok(r) => Ok(head(&r).0.status),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn outcomes_wait_for_their_client_however_many_rebuilds_pass() {
+    let (_c, _rt, s) = node();
+    let shard = s.shard(0).unwrap().unwrap();
+    shard.settle_ticket(7, Ok(super::shard::Outcome::Inserted), false);
+    shard.settle_ticket(8, Ok(super::shard::Outcome::Exists), false);
+    // Many rebuilds complete before the client asks (small tables split
+    // in quick succession): the outcomes are still there.
+    for _ in 0..20 {
+        shard.applied.fetch_add(1, Ordering::AcqRel);
+        shard.forget_old_outcomes(Instant::now());
+    }
+    assert_eq!(result_status(&s, 7), Ok(Status::Ok));
+    // Taken once.
+    assert!(result_status(&s, 7).is_err());
+    // Past the time any client could still ask, it is forgotten.
+    shard.forget_old_outcomes(Instant::now() + super::shard::OUTCOME_KEEP + Duration::from_secs(1));
+    let gone = result_status(&s, 8);
+    assert!(
+        gone.as_ref()
+            .is_err_and(|e| e.contains("unknown or forgotten")),
+        "{gone:?}"
+    );
+}
