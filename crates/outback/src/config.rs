@@ -15,8 +15,8 @@ pub const KNOBS: &[KnobSpec] = &[
     },
     KnobSpec {
         name: "table_keys",
-        default: "262144",
-        help: "most keys per table after a full build (more go to several tables, so a later split moves fewer keys and stalls fewer inserts)",
+        default: "16384",
+        help: "keys per table after a full build, about (more go to several tables, so a later split moves fewer keys and stalls fewer inserts)",
     },
     KnobSpec {
         name: "overflow_ratio",
@@ -180,6 +180,9 @@ mod tests {
         assert!(Config::from_knobs(&k).is_err());
         let mut k = Knobs::new();
         k.set("load_factor", "2");
+        assert!(Config::from_knobs(&k).is_err());
+        let mut k = Knobs::new();
+        k.set("table_keys", "0");
         assert!(Config::from_knobs(&k).is_err());
     }
 }

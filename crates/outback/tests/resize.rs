@@ -189,7 +189,10 @@ fn concurrent_inserts_into_one_bucket() {
 
 #[test]
 fn bulk_loads_build_then_inserts_split_and_nothing_is_lost() {
-    let d = common::deploy_with(common::small_tables(), 1, 1);
+    let mut knobs = common::small_tables();
+    // 4000 loaded keys: a full build makes four tables of about 1000.
+    knobs.set("table_keys", "1000");
+    let d = common::deploy_with(knobs, 1, 1);
     let ep = d.endpoint(0);
     // Two load calls with disjoint chunks, as the harness may do.
     let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -208,6 +211,12 @@ fn bulk_loads_build_then_inserts_split_and_nothing_is_lost() {
     // Both loads are indexed by one full build, at first use.
     let st = stats(&d);
     assert_eq!(st["full_builds"].as_u64().unwrap(), 1, "{st}");
+    let shard = &st["per_shard"][0];
+    assert_eq!(
+        (shard["tables"].as_u64(), shard["global_depth"].as_u64()),
+        (Some(4), Some(2)),
+        "{st}"
+    );
     let lf = st["load_factor"].as_f64().unwrap();
     assert!(
         (0.85..=0.951).contains(&lf),
