@@ -26,6 +26,7 @@ pub const REGISTRY: Registry = Registry {
         &dmkv_sherman::SPEC,
         &dmkv_race::SPEC,
         &dmkv_rpc_hash::SPEC,
+        &dmkv_outback::SPEC,
         &dmkv_rolex::SPEC,
         &Reference,
     ],
@@ -36,6 +37,7 @@ pub const REGISTRY: Registry = Registry {
         "sherman",
         "race",
         "rpc-hash",
+        "outback",
         "rolex",
     ],
 };

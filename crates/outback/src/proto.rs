@@ -1,0 +1,308 @@
+//! The RPC messages between compute and memory nodes, built with
+//! [`WireWriter`] and parsed with [`WireReader`] (bounds-checked; a short or
+//! over-long payload is a malformed request, never a panic).
+//!
+//! Every data request names its target: shard, table, the table epoch the
+//! client believes in, bucket, and the caller's compute-node id. A GET adds
+//! only the slot (paper §4.3.1: the memory node computes nothing); writes
+//! add the key and value. Replies start with [`ReplyHead`].
+
+use dmkv_transport::{WireError, WireReader, WireWriter};
+
+pub mod op {
+    pub const GET: u8 = 1;
+    pub const MAKEUP_GET: u8 = 2;
+    pub const INSERT: u8 = 3;
+    pub const UPSERT: u8 = 4;
+    pub const UPDATE: u8 = 5;
+    pub const DELETE: u8 = 6;
+    /// The outcome of a buffered insert or delete.
+    pub const RESULT: u8 = 7;
+    pub const LOAD: u8 = 8;
+    pub const BUILD: u8 = 9;
+    pub const REGISTER: u8 = 10;
+    pub const DEREGISTER: u8 = 11;
+    /// Resolve replica mirrors (once, after every node is served).
+    pub const INIT: u8 = 12;
+    pub const TAKEOVER: u8 = 13;
+    pub const FENCE: u8 = 14;
+    pub const STATS: u8 = 15;
+}
+
+/// Outcome of a request, first byte of every data reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// Done (found, inserted, updated, deleted, ready).
+    Ok = 0,
+    NotFound = 1,
+    /// Insert of an existing key (an upsert reports an update this way).
+    Exists = 2,
+    /// The table epoch is not current: fetch the new locator and retry.
+    Stale = 3,
+    /// The table is being rebuilt: the insert/delete is buffered and will be
+    /// applied afterwards; ask for its [`op::RESULT`] then.
+    Buffered = 4,
+    /// This node does not serve the shard (ask a replica to take over).
+    NotOwner = 5,
+    /// Not ready yet (taking over, initialising, result pending): retry.
+    Recovering = 6,
+    /// Refused (takeover of a shard whose primary is alive).
+    Refused = 7,
+}
+
+impl Status {
+    pub fn from_u8(v: u8) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::NotFound,
+            2 => Status::Exists,
+            3 => Status::Stale,
+            4 => Status::Buffered,
+            5 => Status::NotOwner,
+            6 => Status::Recovering,
+            7 => Status::Refused,
+            _ => return None,
+        })
+    }
+}
+
+/// Reply flag: the shard is preparing or running a resize (PRE_RESIZE).
+pub const FLAG_PRE_RESIZE: u8 = 1;
+/// Reply flag (GET): the slot's cache bit is set.
+pub const FLAG_CACHE: u8 = 2;
+
+/// `status u8 | flags u8 | seed u8`: the bucket's latest seed rides on every
+/// data reply, which is how compute nodes learn new seeds lazily.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyHead {
+    pub status: Status,
+    pub flags: u8,
+    pub seed: u8,
+}
+
+impl ReplyHead {
+    pub fn new(status: Status) -> ReplyHead {
+        ReplyHead {
+            status,
+            flags: 0,
+            seed: 0,
+        }
+    }
+    pub fn write(&self, w: &mut WireWriter) {
+        w.u8(self.status as u8).u8(self.flags).u8(self.seed);
+    }
+    pub fn read(r: &mut WireReader<'_>) -> Result<ReplyHead, WireError> {
+        let status = r.u8()?;
+        Ok(ReplyHead {
+            status: Status::from_u8(status)
+                .ok_or_else(|| WireError(format!("unknown status {status}")))?,
+            flags: r.u8()?,
+            seed: r.u8()?,
+        })
+    }
+    pub fn pre_resize(&self) -> bool {
+        self.flags & FLAG_PRE_RESIZE != 0
+    }
+    pub fn cache(&self) -> bool {
+        self.flags & FLAG_CACHE != 0
+    }
+}
+
+/// Which bucket of which table a request is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub shard: u16,
+    pub table: u32,
+    pub epoch: u32,
+    pub bucket: u32,
+    pub compute: u32,
+}
+
+impl Target {
+    pub fn write(&self, w: &mut WireWriter) {
+        w.u16(self.shard)
+            .u32(self.table)
+            .u32(self.epoch)
+            .u32(self.bucket)
+            .u32(self.compute);
+    }
+    pub fn read(r: &mut WireReader<'_>) -> Result<Target, WireError> {
+        Ok(Target {
+            shard: r.u16()?,
+            table: r.u32()?,
+            epoch: r.u32()?,
+            bucket: r.u32()?,
+            compute: r.u32()?,
+        })
+    }
+}
+
+/// A data request, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataReq<'a> {
+    Get {
+        t: Target,
+        slot: u8,
+    },
+    MakeupGet {
+        t: Target,
+        key: u64,
+    },
+    /// Insert (`upsert` false) or upsert.
+    Insert {
+        t: Target,
+        key: u64,
+        value: &'a [u8],
+        upsert: bool,
+    },
+    Update {
+        t: Target,
+        slot: u8,
+        key: u64,
+        value: &'a [u8],
+    },
+    Delete {
+        t: Target,
+        slot: u8,
+        key: u64,
+    },
+}
+
+impl DataReq<'_> {
+    pub fn target(&self) -> &Target {
+        match self {
+            DataReq::Get { t, .. }
+            | DataReq::MakeupGet { t, .. }
+            | DataReq::Insert { t, .. }
+            | DataReq::Update { t, .. }
+            | DataReq::Delete { t, .. } => t,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = WireWriter::with_capacity(32);
+        match self {
+            DataReq::Get { t, slot } => {
+                w.u8(op::GET);
+                t.write(&mut w);
+                w.u8(*slot);
+            }
+            DataReq::MakeupGet { t, key } => {
+                w.u8(op::MAKEUP_GET);
+                t.write(&mut w);
+                w.u64(*key);
+            }
+            DataReq::Insert {
+                t,
+                key,
+                value,
+                upsert,
+            } => {
+                w.u8(if *upsert { op::UPSERT } else { op::INSERT });
+                t.write(&mut w);
+                w.u64(*key).bytes(value);
+            }
+            DataReq::Update {
+                t,
+                slot,
+                key,
+                value,
+            } => {
+                w.u8(op::UPDATE);
+                t.write(&mut w);
+                w.u8(*slot).u64(*key).bytes(value);
+            }
+            DataReq::Delete { t, slot, key } => {
+                w.u8(op::DELETE);
+                t.write(&mut w);
+                w.u8(*slot).u64(*key);
+            }
+        }
+        w.finish()
+    }
+
+    /// Parses a data request whose op byte `op` was already read.
+    pub fn decode<'a>(op: u8, r: &mut WireReader<'a>) -> Result<DataReq<'a>, WireError> {
+        let t = Target::read(r)?;
+        let req = match op {
+            op::GET => DataReq::Get { t, slot: r.u8()? },
+            op::MAKEUP_GET => DataReq::MakeupGet { t, key: r.u64()? },
+            op::INSERT | op::UPSERT => DataReq::Insert {
+                t,
+                key: r.u64()?,
+                value: r.bytes()?,
+                upsert: op == op::UPSERT,
+            },
+            op::UPDATE => DataReq::Update {
+                t,
+                slot: r.u8()?,
+                key: r.u64()?,
+                value: r.bytes()?,
+            },
+            op::DELETE => DataReq::Delete {
+                t,
+                slot: r.u8()?,
+                key: r.u64()?,
+            },
+            other => return Err(WireError(format!("op {other} is not a data request"))),
+        };
+        r.end()?;
+        Ok(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_requests_round_trip_and_reject_cuts() {
+        let t = Target {
+            shard: 2,
+            table: 7,
+            epoch: 3,
+            bucket: 99,
+            compute: 1,
+        };
+        let reqs = [
+            DataReq::Get { t, slot: 3 },
+            DataReq::MakeupGet { t, key: 5 },
+            DataReq::Insert {
+                t,
+                key: 5,
+                value: b"abc",
+                upsert: true,
+            },
+            DataReq::Update {
+                t,
+                slot: 1,
+                key: 6,
+                value: b"",
+            },
+            DataReq::Delete { t, slot: 0, key: 8 },
+        ];
+        for req in reqs {
+            let buf = req.encode();
+            let mut r = WireReader::new(&buf);
+            let op = r.u8().unwrap();
+            assert_eq!(DataReq::decode(op, &mut r).unwrap(), req);
+            for cut in 1..buf.len() {
+                let mut r = WireReader::new(&buf[..cut]);
+                let op = r.u8().unwrap();
+                assert!(DataReq::decode(op, &mut r).is_err());
+            }
+        }
+        let mut w = WireWriter::new();
+        ReplyHead {
+            status: Status::Buffered,
+            flags: FLAG_PRE_RESIZE,
+            seed: 200,
+        }
+        .write(&mut w);
+        let b = w.finish();
+        let h = ReplyHead::read(&mut WireReader::new(&b)).unwrap();
+        assert!(h.pre_resize() && !h.cache() && h.seed == 200);
+        assert!(ReplyHead::read(&mut WireReader::new(&[9, 0, 0])).is_err());
+    }
+}

@@ -1,0 +1,605 @@
+//! Index rebuilds on the memory node's worker (paper §4.4, Fig. 7–8).
+//!
+//! Two kinds, one protocol:
+//! - **split** (extendible hashing): a table over its thresholds keeps its
+//!   locator and the keys whose directory bit stays 0; the others move to a
+//!   new table with a freshly built Othello and seeds; the directory doubles
+//!   when the table's local depth reaches the global depth;
+//! - **full build**: every key of the shard (including bulk-loaded and
+//!   recovered ones) into freshly built tables (bulk loads, takeovers).
+//!
+//! Protocol: the affected tables go to REBUILDING (inserts and deletes are
+//! buffered from then on; GET and UPDATE go on), their keys are
+//! snapshotted bucket by bucket under the bucket locks, new tables are built
+//! off to the side, then the switch: the old tables' epochs are bumped
+//! (requests naming the old epoch get STALE), every bucket is passed under
+//! its lock (a barrier for writers that checked the old epoch) while the
+//! moving keys' current entries are copied, the new tables and directory are
+//! installed and published, the buffered writes are applied, and the worker
+//! waits for compute nodes to count down their fetches.
+
+use crate::config::Config;
+use crate::hash::{candidates, dir};
+use crate::layout::{SlotWord, TableLayout, seq_offset};
+use crate::ludo::{self, LudoBuild};
+use crate::publish::{encode_locator, locator_len, locator_name, table_name, table_prefix};
+use crate::server::ctx::NodeCtx;
+use crate::server::replica::MirrorOp;
+use crate::server::shard::{Directory, Outcome, ShardServer};
+use crate::server::table::{Buffer, Overflow, Table, WriteOp, state};
+use dmkv_transport::ServiceError;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Job {
+    Full,
+    Split(u32),
+}
+
+/// Runs rebuilds until none is due; the shard's `job_active` flag is held.
+pub fn run(shard: Arc<ShardServer>) {
+    loop {
+        while let Some(job) = next_job(&shard) {
+            if let Err(e) = execute(&shard, job) {
+                // Stop here rather than retry at once; the next trigger
+                // (an insert over a threshold, a BUILD) runs us again.
+                *shard.last_error.lock() = Some(e.to_string());
+                shard.job_active.store(false, Ordering::Release);
+                return;
+            }
+        }
+        shard.job_active.store(false, Ordering::Release);
+        // Work that arrived after the last check and found the flag held.
+        if next_job(&shard).is_none()
+            || shard
+                .job_active
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+    }
+}
+
+fn next_job(shard: &ShardServer) -> Option<Job> {
+    if shard.build_requested.load(Ordering::Acquire) > shard.build_done.load(Ordering::Acquire) {
+        return Some(Job::Full);
+    }
+    if !shard.split_ready() {
+        return None;
+    }
+    let tables = shard.live_tables();
+    // Tables stopped at s_stop first, then those in PRE_RESIZE.
+    tables
+        .iter()
+        .find(|t| t.state.load(Ordering::Acquire) == state::REBUILDING)
+        .or_else(|| {
+            tables
+                .iter()
+                .find(|t| t.state.load(Ordering::Acquire) == state::PRE_RESIZE)
+        })
+        .map(|t| Job::Split(t.id))
+}
+
+/// Creates a table (regions, seeds, locator) for `build`.
+pub(crate) fn create_table(
+    ctx: &NodeCtx,
+    shard: u16,
+    id: u32,
+    build: LudoBuild,
+    local_depth: u8,
+) -> Result<Arc<Table>, ServiceError> {
+    let layout = TableLayout::new(build.buckets);
+    let region = ctx.region(&table_name(shard, id), layout.region_len())?;
+    let loc = encode_locator(&build.othello);
+    let locator = ctx.region(
+        &locator_name(shard, id),
+        locator_len(build.othello.ma(), build.othello.mb()),
+    )?;
+    locator
+        .mem
+        .write(0, &loc)
+        .map_err(|e| ServiceError::failed(format!("outback: locator region: {e}")))?;
+    let t = Table {
+        id,
+        buckets: build.buckets,
+        layout,
+        region,
+        locator,
+        bucket_seed: build.bucket_seed,
+        othello: build.othello,
+        epoch: AtomicU32::new(1),
+        local_depth: AtomicU8::new(local_depth),
+        state: AtomicU8::new(state::NORMAL),
+        pre_resize_since: Mutex::new(None),
+        overflow: Mutex::new(Overflow::default()),
+        overflow_len: AtomicUsize::new(0),
+        overflow_cap: ctx.cfg.overflow_capacity(build.buckets),
+        slot_keys: AtomicU64::new(0),
+        buffer: Mutex::new(Buffer::default()),
+    };
+    t.init_seeds(&build.seeds);
+    Ok(Arc::new(t))
+}
+
+/// Builds and creates a table holding `keys` (entries filled later).
+fn new_table(
+    shard: &ShardServer,
+    keys: &[u64],
+    buckets: u32,
+    local_depth: u8,
+) -> Result<(Arc<Table>, LudoBuild), ServiceError> {
+    let id = shard.next_table.fetch_add(1, Ordering::AcqRel);
+    let build = ludo::build(keys, buckets, rand::random(), rand::random());
+    shard
+        .stats
+        .fallback_keys
+        .fetch_add(build.fallback as u64, Ordering::Relaxed);
+    let placement = LudoBuild {
+        othello: crate::othello::Othello::empty(),
+        ..build.clone()
+    };
+    let t = create_table(&shard.ctx, shard.id, id, build, local_depth)?;
+    Ok((t, placement))
+}
+
+/// The table for a shard that has no keys yet.
+pub(crate) fn empty_table(
+    ctx: &NodeCtx,
+    shard: u16,
+    id: u32,
+    cfg: &Config,
+) -> Result<Arc<Table>, ServiceError> {
+    let build = ludo::build(&[], cfg.initial_buckets, rand::random(), rand::random());
+    create_table(ctx, shard, id, build, 0)
+}
+
+/// A key's position in a table at snapshot time.
+#[derive(Debug, Clone, Copy)]
+struct Snap {
+    key: u64,
+    table: u32,
+    bucket: u32,
+    /// `None`: in the overflow cache.
+    slot: Option<u8>,
+}
+
+/// Every key of `t` and where it is, bucket by bucket under the locks
+/// (inserts and deletes are already buffered, so the set is then fixed).
+fn snapshot(shard: &ShardServer, t: &Table, out: &mut Vec<Snap>) -> Result<(), ServiceError> {
+    for b in 0..t.buckets {
+        let _g = t.lock(b);
+        for s in 0..ludo::SLOTS {
+            let w = t.slot(b, s);
+            if !w.is_empty() {
+                out.push(Snap {
+                    key: shard.heap.key_at(w.addr())?,
+                    table: t.id,
+                    bucket: b,
+                    slot: Some(s as u8),
+                });
+            }
+        }
+        for &key in t.overflow.lock().keys_of(b) {
+            out.push(Snap {
+                key,
+                table: t.id,
+                bucket: b,
+                slot: None,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The current entry of a snapshotted key (under its bucket's lock); with
+/// `clear`, the key leaves the table.
+fn take_entry(
+    shard: &ShardServer,
+    t: &Table,
+    s: &Snap,
+    clear: bool,
+) -> Result<SlotWord, ServiceError> {
+    let e = match s.slot {
+        Some(slot) => {
+            let w = t.slot(s.bucket, slot as usize);
+            if w.is_empty() || shard.heap.key_at(w.addr())? != s.key {
+                return Err(ServiceError::failed(format!(
+                    "outback: key {:#x} moved during a rebuild (bug)",
+                    s.key
+                )));
+            }
+            if clear {
+                t.set_slot(s.bucket, slot as usize, w.cleared());
+                t.slot_keys.fetch_sub(1, Ordering::Relaxed);
+            }
+            w.entry()
+        }
+        None => {
+            let mut o = t.overflow.lock();
+            let (_, e) = o.get(s.key).ok_or_else(|| {
+                ServiceError::failed(format!(
+                    "outback: overflow key {:#x} vanished during a rebuild (bug)",
+                    s.key
+                ))
+            })?;
+            if clear {
+                o.remove(s.key);
+                t.overflow_len.fetch_sub(1, Ordering::Relaxed);
+            }
+            e
+        }
+    };
+    Ok(e)
+}
+
+/// Puts `entries` (key, entry) into the freshly built `t` at the placements
+/// of `build` (same order).
+fn fill(t: &Table, build: &LudoBuild, entries: &[(u64, SlotWord)]) {
+    let mut overflow = t.overflow.lock();
+    let mut cache_buckets = Vec::new();
+    for (i, &(key, e)) in entries.iter().enumerate() {
+        let p = build.placement[i];
+        match p.slot {
+            Some(s) => {
+                t.set_slot(p.bucket, s as usize, e);
+                t.slot_keys.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                overflow.insert(key, p.bucket, e);
+                t.overflow_len.fetch_add(1, Ordering::Relaxed);
+                cache_buckets.push(p.bucket);
+            }
+        }
+    }
+    for b in cache_buckets {
+        t.refresh_cache_bits(b, build.seeds[b as usize], overflow.keys_of(b));
+    }
+}
+
+fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
+    let started = Instant::now();
+    let old: Vec<Arc<Table>> = match job {
+        Job::Full => shard.live_tables(),
+        Job::Split(id) => shard.table(id).into_iter().collect(),
+    };
+    if old.is_empty() && job != Job::Full {
+        return Ok(());
+    }
+    let build_target = shard.build_requested.load(Ordering::Acquire);
+    // Freeze: from here inserts and deletes to these tables are buffered.
+    shard.resize_pending.store(true, Ordering::Release);
+    shard.rebuilding.store(
+        match job {
+            Job::Full => crate::server::shard::REBUILD_FULL,
+            Job::Split(_) => crate::server::shard::REBUILD_SPLIT,
+        },
+        Ordering::Release,
+    );
+    for t in &old {
+        t.state.store(state::REBUILDING, Ordering::Release);
+    }
+    let result = match job {
+        Job::Full => full(shard, &old, build_target, started),
+        Job::Split(_) => split(shard, &old[0], started),
+    };
+    if let Err(e) = result {
+        // Failed before the switch (regions, depth): the tables serve on
+        // and the buffered writes are applied to them.
+        for t in &old {
+            t.state.store(state::NORMAL, Ordering::Release);
+        }
+        let ops = drain(&old, false);
+        finish(shard, ops, job, build_target, started, false);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Takes the buffered writes of `tables`; `retire` leaves the buffers
+/// closed for good (retired tables), else open for the next rebuild.
+fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp)> {
+    let mut ops = Vec::new();
+    for t in tables {
+        let mut b = t.buffer.lock();
+        ops.append(&mut b.ops);
+        b.drained = retire;
+    }
+    ops.sort_by_key(|(ticket, _)| *ticket);
+    ops
+}
+
+/// Applies buffered writes through the new directory, records their
+/// outcomes, publishes progress and waits for the countdown.
+fn finish(
+    shard: &Arc<ShardServer>,
+    ops: Vec<(u64, WriteOp)>,
+    job: Job,
+    build_target: u64,
+    started: Instant,
+    published: bool,
+) {
+    if !shard
+        .live_tables()
+        .iter()
+        .any(|t| t.state.load(Ordering::Acquire) != state::NORMAL)
+    {
+        shard.resize_pending.store(false, Ordering::Release);
+    }
+    shard
+        .rebuilding
+        .store(crate::server::shard::REBUILD_NONE, Ordering::Release);
+    for (ticket, op) in ops {
+        let upsert = matches!(op, WriteOp::Insert { upsert: true, .. });
+        let r = apply_routed(shard, &op);
+        shard.settle_ticket(ticket, r, upsert);
+    }
+    shard.forget_old_outcomes(Instant::now());
+    if job == Job::Full {
+        shard.build_done.store(build_target, Ordering::Release);
+    }
+    shard.applied.fetch_add(1, Ordering::AcqRel);
+    shard.publish_progress();
+    let held = started.elapsed().as_nanos() as u64;
+    let st = &shard.stats;
+    if job == Job::Full {
+        st.full_build_ns.fetch_add(held, Ordering::Relaxed);
+    } else {
+        st.split_ns.fetch_add(held, Ordering::Relaxed);
+        st.split_max_ns.fetch_max(held, Ordering::Relaxed);
+    }
+    if published {
+        shard.await_countdown();
+    }
+    if job != Job::Full {
+        st.resize_total_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Applies one write where the current directory sends its key; the bucket
+/// is computed with the table's Othello, as a compute node would.
+pub(crate) fn apply_routed(
+    shard: &Arc<ShardServer>,
+    op: &WriteOp,
+) -> Result<Outcome, ServiceError> {
+    let key = op.key();
+    let id = shard.dir.lock().route(key);
+    let t = shard
+        .table(id)
+        .ok_or_else(|| ServiceError::failed("outback: directory names a retired table (bug)"))?;
+    let c = candidates(key, t.bucket_seed, t.buckets);
+    let b = c[t.othello.lookup(key) as usize];
+    let mut g = t.lock(b);
+    let r = shard.apply(&t, b, &mut g, op, None);
+    drop(g);
+    if matches!(r, Ok(Outcome::Inserted)) {
+        shard.check_thresholds(&t);
+    }
+    r
+}
+
+/// Split (extendible hashing): the keys of `t` whose next directory bit is
+/// 1 move to a new table of the same size.
+fn split(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<(), ServiceError> {
+    let d = t.local_depth.load(Ordering::Acquire);
+    if d >= shard.ctx.cfg.max_global_depth {
+        return Err(ServiceError::exhausted(
+            "outback: the table is at the maximum depth",
+        ));
+    }
+    let mut snaps = Vec::new();
+    snapshot(shard, t, &mut snaps)?;
+    let moving: Vec<Snap> = snaps
+        .into_iter()
+        .filter(|s| dir(s.key) >> d & 1 == 1)
+        .collect();
+    let keys: Vec<u64> = moving.iter().map(|s| s.key).collect();
+    let (nt, build) = new_table(shard, &keys, t.buckets, d + 1)?;
+
+    // Switch.
+    t.epoch.fetch_add(1, Ordering::AcqRel);
+    let mut by_bucket: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, s) in moving.iter().enumerate() {
+        by_bucket.entry(s.bucket).or_default().push(i);
+    }
+    let mut entries = vec![(0u64, SlotWord::default()); moving.len()];
+    for b in 0..t.buckets {
+        let g = t.lock(b);
+        if let Some(items) = by_bucket.get(&b) {
+            for &i in items {
+                entries[i] = (moving[i].key, take_entry(shard, t, &moving[i], true)?);
+            }
+            let o = t.overflow.lock();
+            t.refresh_cache_bits(b, g.seed(), o.keys_of(b));
+        }
+        drop(g);
+    }
+    fill(&nt, &build, &entries);
+    shard.install(nt.clone());
+    {
+        let mut dirs = shard.dir.lock();
+        if d == dirs.global_depth {
+            let copy = dirs.entries.clone();
+            dirs.entries.extend(copy);
+            dirs.global_depth += 1;
+        }
+        for (i, e) in dirs.entries.iter_mut().enumerate() {
+            if *e == t.id && (i >> d) & 1 == 1 {
+                *e = nt.id;
+            }
+        }
+    }
+    t.local_depth.store(d + 1, Ordering::Release);
+    // Overflow keys that stay may now fit the slots the movers freed.
+    let waiting = t.overflow.lock().buckets();
+    for b in waiting {
+        let mut g = t.lock(b);
+        shard.promote(t, b, &mut g)?;
+    }
+    t.state.store(state::NORMAL, Ordering::Release);
+    *t.pre_resize_since.lock() = None;
+    let ops = drain(std::slice::from_ref(t), false);
+    shard.stats.splits.fetch_add(1, Ordering::Relaxed);
+    shard.publish()?;
+    finish(shard, ops, Job::Split(t.id), 0, started, true);
+    Ok(())
+}
+
+/// Full build: every key of the shard, plus bulk-loaded ones, into new
+/// tables sized for them at the target load factor.
+fn full(
+    shard: &Arc<ShardServer>,
+    old: &[Arc<Table>],
+    build_target: u64,
+    started: Instant,
+) -> Result<(), ServiceError> {
+    let mut snaps = Vec::new();
+    for t in old {
+        snapshot(shard, t, &mut snaps)?;
+    }
+    let loaded: Vec<(u64, SlotWord)> = std::mem::take(&mut *shard.loaded.lock());
+    // Loaded pairs replace stored ones with the same key.
+    let loaded_keys: HashMap<u64, usize> = loaded
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| (*k, i))
+        .collect();
+    let (kept, superseded): (Vec<Snap>, Vec<Snap>) = snaps
+        .into_iter()
+        .partition(|s| !loaded_keys.contains_key(&s.key));
+    let mut loaded_unique: Vec<(u64, SlotWord)> = Vec::with_capacity(loaded_keys.len());
+    let mut dup_loads: Vec<SlotWord> = Vec::new();
+    for (i, (k, e)) in loaded.iter().enumerate() {
+        if loaded_keys[k] == i {
+            loaded_unique.push((*k, *e));
+        } else {
+            dup_loads.push(*e);
+        }
+    }
+    let n = kept.len() + loaded_unique.len();
+    let mut depth = 0u8;
+    while (n >> depth) as u64 > shard.ctx.cfg.table_keys && depth < shard.ctx.cfg.max_global_depth {
+        depth += 1;
+    }
+    let parts = 1usize << depth;
+    let part = |k: u64| (dir(k) & (parts as u64 - 1)) as usize;
+    // Keys per part: kept snapshots (entries read at the switch) and
+    // loaded entries.
+    enum Src {
+        Kept(usize),
+        Loaded(SlotWord),
+    }
+    let mut part_keys: Vec<Vec<u64>> = vec![Vec::new(); parts];
+    let mut part_src: Vec<Vec<Src>> = (0..parts).map(|_| Vec::new()).collect();
+    for (i, s) in kept.iter().enumerate() {
+        part_keys[part(s.key)].push(s.key);
+        part_src[part(s.key)].push(Src::Kept(i));
+    }
+    for &(k, e) in &loaded_unique {
+        part_keys[part(k)].push(k);
+        part_src[part(k)].push(Src::Loaded(e));
+    }
+    let cfg = &shard.ctx.cfg;
+    let mut built = Vec::with_capacity(parts);
+    for keys in &part_keys {
+        let buckets = if keys.is_empty() {
+            cfg.initial_buckets
+        } else {
+            cfg.buckets_for(keys.len())
+        };
+        built.push(new_table(shard, keys, buckets, depth)?);
+    }
+
+    // Switch: every old bucket is passed under its lock after the epoch
+    // bump; current entries of kept keys are read there.
+    let mut current: Vec<SlotWord> = vec![SlotWord::default(); kept.len()];
+    let mut old_entries: Vec<SlotWord> = Vec::with_capacity(superseded.len());
+    enum Pos {
+        Kept(usize),
+        Superseded(usize),
+    }
+    let mut by_pos: HashMap<(u32, u32), Vec<Pos>> = HashMap::new();
+    for (i, s) in kept.iter().enumerate() {
+        by_pos
+            .entry((s.table, s.bucket))
+            .or_default()
+            .push(Pos::Kept(i));
+    }
+    for (i, s) in superseded.iter().enumerate() {
+        by_pos
+            .entry((s.table, s.bucket))
+            .or_default()
+            .push(Pos::Superseded(i));
+    }
+    for t in old {
+        t.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+    for t in old {
+        for b in 0..t.buckets {
+            let g = t.lock(b);
+            if let Some(items) = by_pos.get(&(t.id, b)) {
+                for item in items {
+                    match *item {
+                        Pos::Kept(i) => current[i] = take_entry(shard, t, &kept[i], false)?,
+                        Pos::Superseded(i) => {
+                            old_entries.push(take_entry(shard, t, &superseded[i], false)?)
+                        }
+                    }
+                }
+            }
+            drop(g);
+        }
+    }
+    for (p, (nt, build)) in built.iter().enumerate() {
+        let entries: Vec<(u64, SlotWord)> = part_src[p]
+            .iter()
+            .zip(&part_keys[p])
+            .map(|(src, &k)| match src {
+                Src::Kept(i) => (k, current[*i]),
+                Src::Loaded(e) => (k, *e),
+            })
+            .collect();
+        fill(nt, build, &entries);
+        shard.install(nt.clone());
+    }
+    *shard.dir.lock() = Directory {
+        global_depth: depth,
+        entries: built.iter().map(|(t, _)| t.id).collect(),
+    };
+    for t in old {
+        shard.retire(t.id);
+    }
+    // Blocks replaced by loaded pairs die (mirrors first).
+    old_entries.extend(dup_loads);
+    if !old_entries.is_empty() {
+        let kills: Vec<MirrorOp> = old_entries
+            .iter()
+            .map(|e| MirrorOp::Kill {
+                addr: e.addr(),
+                words: e.len_words(),
+            })
+            .collect();
+        shard
+            .replicas
+            .forward(&shard.ctx, &shard.heap.layout, &kills)?;
+        for e in &old_entries {
+            shard
+                .heap
+                .write(e.addr() + seq_offset(e.len_words()), &[0; 8])?;
+            shard.heap.free(e.addr(), e.len_words());
+        }
+    }
+    let ops = drain(old, true);
+    shard.stats.full_builds.fetch_add(1, Ordering::Relaxed);
+    shard.publish()?;
+    finish(shard, ops, Job::Full, build_target, started, true);
+    for t in old {
+        shard.ctx.withdraw(&table_prefix(shard.id, t.id));
+    }
+    Ok(())
+}

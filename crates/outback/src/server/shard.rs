@@ -1,0 +1,1099 @@
+//! One shard on the memory node that serves it: its tables and directory,
+//! heap and mirrors, and the data operations of paper §4.3.
+//!
+//! - GET reads the slot the client named and returns the KV block's front,
+//!   the bucket's latest seed and the slot's cache bit (O(1): no hashing,
+//!   no key comparison).
+//! - MAKEUP GET searches the overflow cache, then the bucket's blocks.
+//! - INSERT takes the bucket lock, computes the slot with the latest seed
+//!   and resolves the three cases (empty slot; re-seed; overflow cache).
+//! - UPDATE / DELETE verify the full key at the slot the client named (the
+//!   fingerprint first), falling back to the slot under the latest seed and
+//!   the overflow cache.
+//!
+//! Every change of the heap is forwarded to the mirrors before it is
+//! applied locally and before the reply (invariant 9).
+
+use crate::hash::{fingerprint, slot};
+use crate::layout::{
+    BLOCK_TAIL_WORDS, MAX_VALUE_LEN, SlotWord, block_words, ctl, encode_block, seq_offset,
+};
+use crate::ludo::{SLOTS, find_seed};
+use crate::proto::{FLAG_CACHE, FLAG_PRE_RESIZE, ReplyHead, Status, Target};
+use crate::publish::{TableDesc, ViewDesc};
+use crate::server::ctx::NodeCtx;
+use crate::server::heap::Heap;
+use crate::server::replica::{MirrorOp, ReplicaSet};
+use crate::server::table::{BucketGuard, ShardStats, Table, WriteOp, state};
+use dmkv_memnode::Region;
+use dmkv_transport::{ServiceError, WireWriter};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+pub const REBUILD_NONE: u8 = 0;
+pub const REBUILD_FULL: u8 = 1;
+pub const REBUILD_SPLIT: u8 = 2;
+use std::time::{Duration, Instant};
+
+/// Result of a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Inserted,
+    Updated,
+    Exists,
+    NotFound,
+    Deleted,
+    Buffered { ticket: u64 },
+}
+
+impl Outcome {
+    pub fn status(self) -> Status {
+        match self {
+            Outcome::Inserted | Outcome::Updated | Outcome::Deleted => Status::Ok,
+            Outcome::Exists => Status::Exists,
+            Outcome::NotFound => Status::NotFound,
+            Outcome::Buffered { .. } => Status::Buffered,
+        }
+    }
+    /// The status an upsert reports: Ok if it inserted, Exists if it updated.
+    pub fn upsert_status(self) -> Status {
+        match self {
+            Outcome::Updated => Status::Exists,
+            o => o.status(),
+        }
+    }
+}
+
+/// Where a key is in its bucket.
+#[derive(Debug, Clone, Copy)]
+enum Loc {
+    Slot(usize, SlotWord),
+    Overflow(SlotWord),
+}
+
+/// The extendible-hashing directory (memory-node copy).
+#[derive(Debug, Clone)]
+pub struct Directory {
+    pub global_depth: u8,
+    pub entries: Vec<u32>,
+}
+
+impl Directory {
+    pub fn route(&self, key: u64) -> u32 {
+        let mask = (1u64 << self.global_depth) - 1;
+        self.entries[(crate::hash::dir(key) & mask) as usize]
+    }
+}
+
+#[derive(Default)]
+struct Computes {
+    registered: HashSet<u32>,
+    next: u32,
+    /// Compute nodes that have seen PRE_RESIZE since the current resize
+    /// began.
+    acks: HashSet<u32>,
+}
+
+/// Most compute nodes one shard tracks.
+const MAX_COMPUTES: usize = 4096;
+
+enum TicketState {
+    Pending,
+    Done(Outcome, bool),
+    Failed(ServiceError),
+}
+
+/// How long the outcome of a buffered write is kept for its client to ask
+/// for it. A client gives up on an operation `OP_DEADLINE` after starting
+/// it, so it never asks later than that after the outcome is recorded; the
+/// margin is for clocks read at different moments. Counting rebuilds
+/// instead (as an earlier version did, four) lost outcomes when small tables
+/// split several times while a client's poll was delayed: the client got
+/// "unknown or forgotten" for a write that had been applied.
+pub(crate) const OUTCOME_KEEP: Duration =
+    Duration::from_secs(2 * crate::client::OP_DEADLINE.as_secs());
+
+#[derive(Default)]
+struct Tickets {
+    next: u64,
+    /// Ticket -> (when it was issued or settled, state).
+    map: HashMap<u64, (Instant, TicketState)>,
+}
+
+pub struct ShardServer {
+    pub id: u16,
+    pub ctx: Arc<NodeCtx>,
+    pub heap: Heap,
+    pub replicas: ReplicaSet,
+    pub ctl: Region,
+    pub(crate) tables: RwLock<Vec<Option<Arc<Table>>>>,
+    pub(crate) dir: Mutex<Directory>,
+    seq: AtomicU64,
+    computes: Mutex<Computes>,
+    /// A table is in PRE_RESIZE or being rebuilt: replies carry PRE_RESIZE.
+    pub(crate) resize_pending: AtomicBool,
+    /// Which rebuild is running: [`REBUILD_NONE`], [`REBUILD_FULL`] or
+    /// [`REBUILD_SPLIT`] (for the figures of requests served meanwhile).
+    pub(crate) rebuilding: AtomicU8,
+    tickets: Mutex<Tickets>,
+    /// Bulk-loaded keys waiting for the next full build: (key, entry, seq).
+    pub(crate) loaded: Mutex<Vec<(u64, SlotWord)>>,
+    pub(crate) build_requested: AtomicU64,
+    pub(crate) build_done: AtomicU64,
+    /// Rebuilds completed (their buffered writes applied).
+    pub(crate) applied: AtomicU64,
+    pub(crate) job_active: AtomicBool,
+    pub(crate) next_table: AtomicU32,
+    publish_version: AtomicU64,
+    /// Writes are accepted (mirrors resolved).
+    pub ready: AtomicBool,
+    /// The last rebuild failure, for `engine_stats`.
+    pub(crate) last_error: Mutex<Option<String>>,
+    pub stats: ShardStats,
+}
+
+/// The reply of a refused or redirected data request.
+pub fn status_reply(status: Status) -> Vec<u8> {
+    let mut w = WireWriter::with_capacity(3);
+    ReplyHead::new(status).write(&mut w);
+    w.finish()
+}
+
+impl ShardServer {
+    pub fn new(
+        id: u16,
+        ctx: Arc<NodeCtx>,
+        heap: Heap,
+        ctl: Region,
+        first_seq: u64,
+        first_table: u32,
+    ) -> ShardServer {
+        ShardServer {
+            id,
+            ctx,
+            heap,
+            replicas: ReplicaSet::default(),
+            ctl,
+            tables: RwLock::new(Vec::new()),
+            dir: Mutex::new(Directory {
+                global_depth: 0,
+                entries: vec![],
+            }),
+            seq: AtomicU64::new(first_seq),
+            computes: Mutex::new(Computes::default()),
+            resize_pending: AtomicBool::new(false),
+            rebuilding: AtomicU8::new(REBUILD_NONE),
+            tickets: Mutex::new(Tickets::default()),
+            loaded: Mutex::new(Vec::new()),
+            build_requested: AtomicU64::new(0),
+            build_done: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
+            job_active: AtomicBool::new(false),
+            next_table: AtomicU32::new(first_table),
+            publish_version: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            last_error: Mutex::new(None),
+            stats: ShardStats::default(),
+        }
+    }
+
+    // ------------------------------------------------------------ lookup
+
+    pub fn live_tables(&self) -> Vec<Arc<Table>> {
+        self.tables.read().iter().flatten().cloned().collect()
+    }
+
+    pub fn table(&self, id: u32) -> Option<Arc<Table>> {
+        self.tables.read().get(id as usize).cloned().flatten()
+    }
+
+    pub(crate) fn install(&self, t: Arc<Table>) {
+        let mut v = self.tables.write();
+        let i = t.id as usize;
+        if v.len() <= i {
+            v.resize(i + 1, None);
+        }
+        v[i] = Some(t);
+    }
+
+    pub(crate) fn retire(&self, id: u32) {
+        if let Some(slot) = self.tables.write().get_mut(id as usize) {
+            *slot = None;
+        }
+    }
+
+    /// The table a request names, or the reply it gets instead: STALE for a
+    /// retired table, an error for one that never existed.
+    fn target(&self, t: &Target) -> Result<Result<Arc<Table>, Vec<u8>>, ServiceError> {
+        self.count_request();
+        let tables = self.tables.read();
+        match tables.get(t.table as usize) {
+            Some(Some(tb)) => {
+                if t.bucket >= tb.buckets {
+                    return Err(ServiceError::malformed(format!(
+                        "outback: bucket {} out of range (table {} has {})",
+                        t.bucket, t.table, tb.buckets
+                    )));
+                }
+                Ok(Ok(tb.clone()))
+            }
+            Some(None) => Ok(Err(self.stale())),
+            None if t.table < self.next_table.load(Ordering::Acquire) => Ok(Err(self.stale())),
+            None => Err(ServiceError::malformed(format!(
+                "outback: shard {} has no table {}",
+                self.id, t.table
+            ))),
+        }
+    }
+
+    fn count_request(&self) {
+        match self.rebuilding.load(Ordering::Relaxed) {
+            REBUILD_SPLIT => &self.stats.requests_during_split,
+            REBUILD_FULL => &self.stats.requests_during_full,
+            _ => &self.stats.requests,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn stale(&self) -> Vec<u8> {
+        self.stats.stale_replies.fetch_add(1, Ordering::Relaxed);
+        status_reply(Status::Stale)
+    }
+
+    fn flags(&self) -> u8 {
+        if self.resize_pending.load(Ordering::Relaxed) {
+            FLAG_PRE_RESIZE
+        } else {
+            0
+        }
+    }
+
+    fn head(&self, status: Status, seed: u8, extra: u8) -> WireWriter {
+        let mut w = WireWriter::with_capacity(48);
+        ReplyHead {
+            status,
+            flags: self.flags() | extra,
+            seed,
+        }
+        .write(&mut w);
+        w
+    }
+
+    // ---------------------------------------------------------------- GET
+
+    /// GET (paper §4.3.1): the slot the client computed, and the front of
+    /// the block it points at. Nothing is hashed or compared here.
+    pub fn get(self: &Arc<Self>, t: &Target, s: u8) -> Result<Vec<u8>, ServiceError> {
+        if s as usize >= SLOTS {
+            return Err(ServiceError::malformed(format!(
+                "outback: slot {s} out of range"
+            )));
+        }
+        // The lean path: no reference counting, one allocation (the reply,
+        // into which the block is copied straight from the heap).
+        let tables = self.tables.read();
+        let Some(Some(table)) = tables.get(t.table as usize) else {
+            drop(tables);
+            return self
+                .target(t)
+                .map(|r| r.err().unwrap_or_else(|| self.stale()));
+        };
+        if t.bucket >= table.buckets {
+            drop(tables);
+            return self
+                .target(t)
+                .map(|r| r.err().unwrap_or_else(|| self.stale()));
+        }
+        self.count_request();
+        let mut out = Vec::with_capacity(64);
+        let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, &mut out)?;
+        // After the snapshot: a rebuild that moved this bucket's keys bumped
+        // the epoch before touching them (invariant 7).
+        if table.epoch.load(Ordering::Acquire) != t.epoch {
+            drop(tables);
+            return Ok(self.stale());
+        }
+        drop(tables);
+        out[0] = Status::Ok as u8;
+        out[1] = self.flags() | if w.cache() { FLAG_CACHE } else { 0 };
+        out[2] = seed;
+        self.noticed(t.compute);
+        Ok(out)
+    }
+
+    /// MAKEUP GET: the overflow cache first, then every block of the bucket.
+    pub fn makeup_get(self: &Arc<Self>, t: &Target, key: u64) -> Result<Vec<u8>, ServiceError> {
+        let table = match self.target(t)? {
+            Ok(tb) => tb,
+            Err(reply) => return Ok(reply),
+        };
+        self.stats.makeup_gets.fetch_add(1, Ordering::Relaxed);
+        let g = table.lock(t.bucket);
+        if table.epoch.load(Ordering::Acquire) != t.epoch {
+            drop(g);
+            return Ok(self.stale());
+        }
+        let found = match table.overflow.lock().get(key) {
+            Some((b, e)) if b == t.bucket => Some(e),
+            _ => None,
+        };
+        let found = match found {
+            Some(e) => Some(e),
+            None => (0..SLOTS)
+                .map(|s| table.slot(t.bucket, s))
+                .filter(|w| !w.is_empty())
+                .find(|w| self.heap.key_at(w.addr()).is_ok_and(|k| k == key)),
+        };
+        let seed = g.seed();
+        let out = match found {
+            Some(e) => {
+                let front = self
+                    .heap
+                    .read(e.addr(), ((e.len_words() - BLOCK_TAIL_WORDS) * 8) as usize)?;
+                let mut out = self.head(Status::Ok, seed, 0);
+                out.raw(&front);
+                out
+            }
+            None => self.head(Status::NotFound, seed, 0),
+        };
+        drop(g);
+        self.noticed(t.compute);
+        Ok(out.finish())
+    }
+
+    // ------------------------------------------------------------- writes
+
+    /// INSERT, UPSERT, UPDATE or DELETE; `hint` is the slot the client
+    /// computed (UPDATE, DELETE).
+    pub fn write(
+        self: &Arc<Self>,
+        t: &Target,
+        op: WriteOp,
+        hint: Option<u8>,
+    ) -> Result<Vec<u8>, ServiceError> {
+        if let WriteOp::Insert { value, .. } | WriteOp::Update { value, .. } = &op
+            && value.len() > MAX_VALUE_LEN
+        {
+            return Err(ServiceError::malformed(format!(
+                "outback: a value of {} bytes exceeds {MAX_VALUE_LEN}",
+                value.len()
+            )));
+        }
+        if hint.is_some_and(|h| h as usize >= SLOTS) {
+            return Err(ServiceError::malformed(format!(
+                "outback: slot {} out of range",
+                hint.unwrap_or_default()
+            )));
+        }
+        if !self.ready.load(Ordering::Acquire) {
+            return Ok(status_reply(Status::Recovering));
+        }
+        let table = match self.target(t)? {
+            Ok(tb) => tb,
+            Err(reply) => return Ok(reply),
+        };
+        let upsert = matches!(op, WriteOp::Insert { upsert: true, .. });
+        let mut g = table.lock(t.bucket);
+        if table.epoch.load(Ordering::Acquire) != t.epoch {
+            drop(g);
+            return Ok(self.stale());
+        }
+        let rebuilding = table.state.load(Ordering::Acquire) == state::REBUILDING;
+        let mut applied = 0;
+        let outcome = match &op {
+            WriteOp::Insert { key, value, .. } if rebuilding => {
+                // An upsert of a present key is an update, served at once.
+                match self.locate(&table, t.bucket, g.seed(), *key, None)? {
+                    Some(loc) if upsert => {
+                        self.replace(&table, t.bucket, loc, *key, value)?;
+                        Outcome::Updated
+                    }
+                    Some(_) => Outcome::Exists,
+                    None => match self.buffer(&table, op.clone()) {
+                        Some((o, a)) => {
+                            applied = a;
+                            o
+                        }
+                        None => {
+                            drop(g);
+                            return Ok(self.stale());
+                        }
+                    },
+                }
+            }
+            WriteOp::Delete { .. } if rebuilding => match self.buffer(&table, op.clone()) {
+                Some((o, a)) => {
+                    applied = a;
+                    o
+                }
+                None => {
+                    drop(g);
+                    return Ok(self.stale());
+                }
+            },
+            _ => self.apply(&table, t.bucket, &mut g, &op, hint)?,
+        };
+        let seed = g.seed();
+        drop(g);
+        if matches!(outcome, Outcome::Inserted) {
+            self.check_thresholds(&table);
+        }
+        let mut out = self.head(
+            if upsert {
+                outcome.upsert_status()
+            } else {
+                outcome.status()
+            },
+            seed,
+            0,
+        );
+        if let Outcome::Buffered { ticket } = outcome {
+            out.u64(ticket).u64(applied);
+        }
+        self.noticed(t.compute);
+        Ok(out.finish())
+    }
+
+    /// Queues a write on a table being rebuilt; `None` if the rebuild has
+    /// already taken the buffer (the caller answers STALE). Also returns the
+    /// count of completed rebuilds read under the buffer lock: the rebuild
+    /// that applies this write completes after it, so a client waiting for
+    /// the count to move past it cannot miss its outcome.
+    fn buffer(&self, table: &Table, op: WriteOp) -> Option<(Outcome, u64)> {
+        let mut buf = table.buffer.lock();
+        if buf.drained {
+            return None;
+        }
+        let applied = self.applied.load(Ordering::Acquire);
+        let ticket = {
+            let mut tk = self.tickets.lock();
+            tk.next += 1;
+            let id = tk.next;
+            tk.map.insert(id, (Instant::now(), TicketState::Pending));
+            id
+        };
+        buf.ops.push((ticket, op));
+        self.stats.buffered.fetch_add(1, Ordering::Relaxed);
+        Some((Outcome::Buffered { ticket }, applied))
+    }
+
+    /// Records the outcome of a buffered write.
+    pub(crate) fn settle_ticket(
+        &self,
+        ticket: u64,
+        outcome: Result<Outcome, ServiceError>,
+        upsert: bool,
+    ) {
+        let st = match outcome {
+            Ok(o) => TicketState::Done(o, upsert),
+            Err(e) => TicketState::Failed(e),
+        };
+        self.tickets.lock().map.insert(ticket, (Instant::now(), st));
+    }
+
+    /// Forgets outcomes recorded more than `OUTCOME_KEEP` before `now`
+    /// that nobody asked for (pending writes are always kept). Called once
+    /// per rebuild, after its buffered writes are settled.
+    pub(crate) fn forget_old_outcomes(&self, now: Instant) {
+        self.tickets.lock().map.retain(|_, (at, st)| {
+            matches!(st, TicketState::Pending) || now.saturating_duration_since(*at) < OUTCOME_KEEP
+        });
+    }
+
+    /// RESULT: the outcome of buffered write `ticket` (taken once).
+    pub fn result(&self, ticket: u64) -> Result<Vec<u8>, ServiceError> {
+        let mut tk = self.tickets.lock();
+        match tk.map.get(&ticket) {
+            None => Err(ServiceError::failed(format!(
+                "outback: no buffered write with ticket {ticket} (unknown or forgotten)"
+            ))),
+            Some((_, TicketState::Pending)) => Ok(status_reply(Status::Recovering)),
+            Some((_, TicketState::Failed(e))) => {
+                let e = e.clone();
+                tk.map.remove(&ticket);
+                Err(e)
+            }
+            Some((_, TicketState::Done(o, upsert))) => {
+                let s = if *upsert {
+                    o.upsert_status()
+                } else {
+                    o.status()
+                };
+                tk.map.remove(&ticket);
+                Ok(status_reply(s))
+            }
+        }
+    }
+
+    /// Applies a write to bucket `b` of `table`, locked by `g`.
+    pub(crate) fn apply(
+        &self,
+        table: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        op: &WriteOp,
+        hint: Option<u8>,
+    ) -> Result<Outcome, ServiceError> {
+        let loc = self.locate(table, b, g.seed(), op.key(), hint)?;
+        Ok(match (op, loc) {
+            (WriteOp::Insert { upsert: false, .. }, Some(_)) => Outcome::Exists,
+            (
+                WriteOp::Insert {
+                    key,
+                    value,
+                    upsert: true,
+                }
+                | WriteOp::Update { key, value },
+                Some(loc),
+            ) => {
+                self.replace(table, b, loc, *key, value)?;
+                Outcome::Updated
+            }
+            (WriteOp::Insert { key, value, .. }, None) => {
+                self.place_new(table, b, g, *key, value)?;
+                Outcome::Inserted
+            }
+            (WriteOp::Update { .. } | WriteOp::Delete { .. }, None) => Outcome::NotFound,
+            (WriteOp::Delete { key }, Some(loc)) => {
+                self.remove(table, b, g, *key, loc)?;
+                Outcome::Deleted
+            }
+        })
+    }
+
+    /// Finds `key` in bucket `b`: at the client's slot, at its slot under
+    /// the latest seed, or in the overflow cache (only if that slot's cache
+    /// bit says some overflow key hashes there). Fingerprints are compared
+    /// before reading a block's key.
+    fn locate(
+        &self,
+        table: &Table,
+        b: u32,
+        seed: u8,
+        key: u64,
+        hint: Option<u8>,
+    ) -> Result<Option<Loc>, ServiceError> {
+        let fp = fingerprint(key);
+        let holds = |s: usize| -> Result<Option<Loc>, ServiceError> {
+            let w = table.slot(b, s);
+            Ok(
+                (!w.is_empty() && w.fp() == fp && self.heap.key_at(w.addr())? == key)
+                    .then_some(Loc::Slot(s, w)),
+            )
+        };
+        let s = slot(key, seed);
+        if let Some(h) = hint.map(usize::from).filter(|&h| h < SLOTS && h != s)
+            && let Some(l) = holds(h)?
+        {
+            return Ok(Some(l));
+        }
+        if let Some(l) = holds(s)? {
+            return Ok(Some(l));
+        }
+        if table.slot(b, s).cache()
+            && let Some((ob, e)) = table.overflow.lock().get(key)
+            && ob == b
+        {
+            return Ok(Some(Loc::Overflow(e)));
+        }
+        Ok(None)
+    }
+
+    /// Writes a new block for (key, value) to the mirrors and then locally;
+    /// `extra` ops (kills) ride along in the same forwarding round trip.
+    fn new_block(
+        &self,
+        key: u64,
+        value: &[u8],
+        extra: &[MirrorOp],
+    ) -> Result<SlotWord, ServiceError> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let bytes = encode_block(key, value, seq);
+        let blk = self.heap.alloc(block_words(value.len()))?;
+        let mut ops = Vec::with_capacity(2 + extra.len());
+        ops.push(MirrorOp::Write {
+            addr: blk.addr,
+            data: bytes.clone(),
+        });
+        if blk.fresh {
+            ops.push(MirrorOp::Start { addr: blk.addr });
+        }
+        ops.extend_from_slice(extra);
+        self.replicas.forward(&self.ctx, &self.heap.layout, &ops)?;
+        self.heap.write(blk.addr, &bytes)?;
+        if blk.fresh {
+            self.heap.mark_start(blk.addr);
+        }
+        Ok(SlotWord::new(fingerprint(key), blk.words, blk.addr))
+    }
+
+    /// Marks a block dead locally and recycles it (mirrors already have the
+    /// kill).
+    fn kill_local(&self, e: SlotWord) -> Result<(), ServiceError> {
+        self.heap
+            .write(e.addr() + seq_offset(e.len_words()), &[0; 8])?;
+        self.heap.free(e.addr(), e.len_words());
+        Ok(())
+    }
+
+    fn kill_op(e: SlotWord) -> MirrorOp {
+        MirrorOp::Kill {
+            addr: e.addr(),
+            words: e.len_words(),
+        }
+    }
+
+    /// A new value for a present key, out of place: the new block and the
+    /// old block's kill go to the mirrors first.
+    fn replace(
+        &self,
+        table: &Table,
+        b: u32,
+        loc: Loc,
+        key: u64,
+        value: &[u8],
+    ) -> Result<(), ServiceError> {
+        let old = match loc {
+            Loc::Slot(_, w) | Loc::Overflow(w) => w.entry(),
+        };
+        let new = self.new_block(key, value, &[Self::kill_op(old)])?;
+        match loc {
+            Loc::Slot(s, w) => table.set_slot(b, s, new.with_cache(w.cache())),
+            Loc::Overflow(_) => table.overflow.lock().insert(key, b, new),
+        }
+        self.kill_local(old)
+    }
+
+    /// The insert cases of paper §4.3.2.
+    fn place_new(
+        &self,
+        table: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        key: u64,
+        value: &[u8],
+    ) -> Result<(), ServiceError> {
+        let s = slot(key, g.seed());
+        let at = table.slot(b, s);
+        // Case 1: the slot is empty.
+        if at.is_empty() {
+            let e = self.new_block(key, value, &[])?;
+            table.set_slot(b, s, e.with_cache(at.cache()));
+            table.slot_keys.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        // Case 2: another slot is free: find a seed for all the keys.
+        let members = self.members(table, b)?;
+        if members.len() < SLOTS {
+            let mut keys: Vec<u64> = members.iter().map(|m| m.0).collect();
+            keys.push(key);
+            if let Some(seed) = find_seed(&keys) {
+                let e = self.new_block(key, value, &[])?;
+                let mut all = members;
+                all.push((key, e));
+                let overflow = table.overflow.lock();
+                table.rearrange(b, g, &all, seed, overflow.keys_of(b));
+                drop(overflow);
+                table.slot_keys.fetch_add(1, Ordering::Relaxed);
+                self.stats.reseeds.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        // Case 3: the overflow cache, with the slot's cache bit set.
+        if table.overflow_len.load(Ordering::Relaxed) >= table.overflow_cap {
+            return Err(ServiceError::exhausted(format!(
+                "outback: the overflow cache of table {} in shard {} is full ({} keys) and the \
+                 table cannot be split further (outback.max_global_depth)",
+                table.id, self.id, table.overflow_cap
+            )));
+        }
+        let e = self.new_block(key, value, &[])?;
+        table.overflow.lock().insert(key, b, e);
+        table.overflow_len.fetch_add(1, Ordering::Relaxed);
+        table.set_slot(b, s, table.slot(b, s).with_cache(true));
+        self.stats.overflow_inserts.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The keys and entries in bucket `b`'s slots.
+    fn members(&self, table: &Table, b: u32) -> Result<Vec<(u64, SlotWord)>, ServiceError> {
+        let mut m = Vec::with_capacity(SLOTS);
+        for s in 0..SLOTS {
+            let w = table.slot(b, s);
+            if !w.is_empty() {
+                m.push((self.heap.key_at(w.addr())?, w.entry()));
+            }
+        }
+        Ok(m)
+    }
+
+    /// DELETE: the kill goes to the mirrors first; then, if overflow keys
+    /// wait on this bucket, as many as fit move into it under a new seed.
+    fn remove(
+        &self,
+        table: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        key: u64,
+        loc: Loc,
+    ) -> Result<(), ServiceError> {
+        let old = match loc {
+            Loc::Slot(_, w) | Loc::Overflow(w) => w.entry(),
+        };
+        self.replicas
+            .forward(&self.ctx, &self.heap.layout, &[Self::kill_op(old)])?;
+        match loc {
+            Loc::Slot(s, w) => {
+                table.set_slot(b, s, w.cleared());
+                table.slot_keys.fetch_sub(1, Ordering::Relaxed);
+            }
+            Loc::Overflow(_) => {
+                let mut o = table.overflow.lock();
+                o.remove(key);
+                table.overflow_len.fetch_sub(1, Ordering::Relaxed);
+                table.refresh_cache_bits(b, g.seed(), o.keys_of(b));
+            }
+        }
+        self.kill_local(old)?;
+        self.promote(table, b, g)
+    }
+
+    /// Moves overflow keys of bucket `b` into its free slots when a seed
+    /// separates them from the bucket's keys.
+    pub(crate) fn promote(
+        &self,
+        table: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+    ) -> Result<(), ServiceError> {
+        let mut o = table.overflow.lock();
+        loop {
+            let waiting: Vec<u64> = o.keys_of(b).to_vec();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            let members = self.members(table, b)?;
+            if members.len() >= SLOTS {
+                return Ok(());
+            }
+            let mut moved = false;
+            for k in waiting {
+                let mut keys: Vec<u64> = members.iter().map(|m| m.0).collect();
+                keys.push(k);
+                if let Some(seed) = find_seed(&keys) {
+                    let (_, e) = o.remove(k).expect("listed overflow key");
+                    table.overflow_len.fetch_sub(1, Ordering::Relaxed);
+                    let mut all = members.clone();
+                    all.push((k, e));
+                    table.rearrange(b, g, &all, seed, o.keys_of(b));
+                    table.slot_keys.fetch_add(1, Ordering::Relaxed);
+                    self.stats.promotions.fetch_add(1, Ordering::Relaxed);
+                    moved = true;
+                    break;
+                }
+            }
+            if !moved {
+                return Ok(());
+            }
+        }
+    }
+
+    // ----------------------------------------------------- bulk loading
+
+    /// LOAD: writes blocks (mirrors first, all in one round trip per
+    /// mirror); they join the index at the next full build.
+    pub fn load(&self, pairs: &[(u64, &[u8])]) -> Result<(), ServiceError> {
+        if !self.ready.load(Ordering::Acquire) {
+            return Err(ServiceError::failed(
+                "outback: the shard is not ready for loads",
+            ));
+        }
+        let mut ops = Vec::with_capacity(pairs.len() * 2);
+        let mut local = Vec::with_capacity(pairs.len());
+        for &(key, value) in pairs {
+            if value.len() > MAX_VALUE_LEN {
+                return Err(ServiceError::malformed(format!(
+                    "outback: a value of {} bytes exceeds {MAX_VALUE_LEN}",
+                    value.len()
+                )));
+            }
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+            let bytes = encode_block(key, value, seq);
+            let blk = self.heap.alloc(block_words(value.len()))?;
+            ops.push(MirrorOp::Write {
+                addr: blk.addr,
+                data: bytes.clone(),
+            });
+            if blk.fresh {
+                ops.push(MirrorOp::Start { addr: blk.addr });
+            }
+            local.push((key, blk, bytes));
+        }
+        self.replicas.forward(&self.ctx, &self.heap.layout, &ops)?;
+        let mut loaded = self.loaded.lock();
+        for (key, blk, bytes) in local {
+            self.heap.write(blk.addr, &bytes)?;
+            if blk.fresh {
+                self.heap.mark_start(blk.addr);
+            }
+            loaded.push((key, SlotWord::new(fingerprint(key), blk.words, blk.addr)));
+        }
+        Ok(())
+    }
+
+    /// BUILD: asks for a full rebuild that includes every key loaded so
+    /// far; returns the build number to wait for in the control region.
+    pub fn request_build(self: &Arc<Self>) -> u64 {
+        let n = self.build_requested.fetch_add(1, Ordering::AcqRel) + 1;
+        self.kick();
+        n
+    }
+
+    // ------------------------------------------- compute nodes, PRE_RESIZE
+
+    pub fn register(&self) -> Result<u32, ServiceError> {
+        let mut c = self.computes.lock();
+        if c.registered.len() >= MAX_COMPUTES {
+            return Err(ServiceError::exhausted(format!(
+                "outback: shard {} already tracks {MAX_COMPUTES} compute nodes",
+                self.id
+            )));
+        }
+        c.next += 1;
+        let id = c.next;
+        c.registered.insert(id);
+        Ok(id)
+    }
+
+    pub fn deregister(&self, id: u32) {
+        self.computes.lock().registered.remove(&id);
+    }
+
+    pub fn registered(&self) -> usize {
+        self.computes.lock().registered.len()
+    }
+
+    /// Called after every data request: while a resize is pending, counts
+    /// the compute nodes that have now been told (paper Fig. 8 ①②).
+    fn noticed(self: &Arc<Self>, compute: u32) {
+        if !self.resize_pending.load(Ordering::Relaxed) {
+            return;
+        }
+        {
+            let mut c = self.computes.lock();
+            if c.registered.contains(&compute) {
+                c.acks.insert(compute);
+            }
+        }
+        if self.split_ready() {
+            self.kick();
+        }
+    }
+
+    /// Whether a table in PRE_RESIZE may start its rebuild: every compute
+    /// node has seen PRE_RESIZE, or the wait timed out, or a table is
+    /// already stopped at s_stop.
+    pub(crate) fn split_ready(&self) -> bool {
+        let all_told = {
+            let c = self.computes.lock();
+            c.registered.iter().all(|id| c.acks.contains(id))
+        };
+        let timeout = Duration::from_millis(self.ctx.cfg.pre_resize_timeout_ms);
+        self.live_tables()
+            .iter()
+            .any(|t| match t.state.load(Ordering::Acquire) {
+                state::REBUILDING => true,
+                state::PRE_RESIZE => {
+                    all_told
+                        || t.pre_resize_since
+                            .lock()
+                            .is_some_and(|s| s.elapsed() >= timeout)
+                }
+                _ => false,
+            })
+    }
+
+    /// After an insert: s_slow starts PRE_RESIZE, s_stop stops inserts
+    /// (paper §4.4).
+    pub(crate) fn check_thresholds(self: &Arc<Self>, table: &Table) {
+        let cfg = &self.ctx.cfg;
+        if table.local_depth.load(Ordering::Relaxed) >= cfg.max_global_depth {
+            return;
+        }
+        let over = table.overflow_len.load(Ordering::Relaxed) as f64;
+        let cap = table.overflow_cap as f64;
+        let load = table.slot_keys.load(Ordering::Relaxed) as f64 / table.slots_total() as f64;
+        if over >= cfg.stop_fill * cap {
+            let prev = table.state.swap(state::REBUILDING, Ordering::AcqRel);
+            if prev != state::REBUILDING {
+                self.resize_pending.store(true, Ordering::Release);
+                self.kick();
+            }
+        } else if (over >= cfg.slow_fill * cap || load >= cfg.slow_load)
+            && table
+                .state
+                .compare_exchange(
+                    state::NORMAL,
+                    state::PRE_RESIZE,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        {
+            *table.pre_resize_since.lock() = Some(Instant::now());
+            if !self.resize_pending.swap(true, Ordering::AcqRel) {
+                self.computes.lock().acks.clear();
+            }
+            if self.split_ready() {
+                self.kick();
+            }
+        }
+    }
+
+    /// Starts the background rebuild job unless it is running.
+    pub fn kick(self: &Arc<Self>) {
+        if self
+            .job_active
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let me = self.clone();
+            if self
+                .ctx
+                .submit(move || crate::server::rebuild::run(me))
+                .is_err()
+            {
+                self.job_active.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    // --------------------------------------------------------- publishing
+
+    pub(crate) fn desc(t: &Table) -> TableDesc {
+        TableDesc {
+            id: t.id,
+            epoch: t.epoch.load(Ordering::Acquire),
+            buckets: t.buckets,
+            local_depth: t.local_depth.load(Ordering::Acquire),
+            bucket_seed: t.bucket_seed,
+            othello_seed: t.othello.seed(),
+            ma: t.othello.ma(),
+            mb: t.othello.mb(),
+        }
+    }
+
+    /// Writes the current directory and tables into the control region for
+    /// compute nodes to fetch (paper Fig. 8 ③), with the countdown set to
+    /// the number of compute nodes.
+    pub(crate) fn publish(&self) -> Result<u64, ServiceError> {
+        let version = self.publish_version.fetch_add(1, Ordering::AcqRel) + 1;
+        let dir = self.dir.lock().clone();
+        let view = ViewDesc {
+            version,
+            global_depth: dir.global_depth,
+            dir: dir.entries,
+            tables: self.live_tables().iter().map(|t| Self::desc(t)).collect(),
+        };
+        let body = view.encode();
+        let mem = &self.ctl.mem;
+        if ctl::BODY + body.len() as u64 > self.ctl.len() {
+            return Err(ServiceError::exhausted(
+                "outback: the control region is too small",
+            ));
+        }
+        let w = |off: u64, v: u64| mem.store_u64(off, v).expect("control header");
+        mem.write(ctl::BODY, &body).expect("body fits");
+        w(ctl::BODY_LEN, body.len() as u64);
+        w(ctl::BODY_CHECK, dmkv_api::checksum64(&body));
+        w(ctl::COUNTDOWN, self.registered() as u64);
+        w(ctl::VERSION, version);
+        Ok(version)
+    }
+
+    /// Publishes the count of completed rebuilds and full builds.
+    pub(crate) fn publish_progress(&self) {
+        let mem = &self.ctl.mem;
+        mem.store_u64(ctl::BUILT, self.build_done.load(Ordering::Acquire))
+            .expect("control header");
+        mem.store_u64(ctl::APPLIED, self.applied.load(Ordering::Acquire))
+            .expect("control header");
+    }
+
+    /// Waits (on the worker) until every compute node has fetched the last
+    /// publication or the timeout passes (paper: checked twice a second).
+    pub(crate) fn await_countdown(&self) {
+        let deadline = Instant::now() + Duration::from_millis(self.ctx.cfg.countdown_timeout_ms);
+        let poll = Duration::from_millis(self.ctx.cfg.countdown_poll_ms.max(1));
+        while Instant::now() < deadline {
+            let left = self
+                .ctl
+                .mem
+                .load_u64(ctl::COUNTDOWN)
+                .expect("control header") as i64;
+            if left <= 0 {
+                return;
+            }
+            std::thread::sleep(poll);
+        }
+    }
+
+    /// Figures for `engine_stats`.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let tables = self.live_tables();
+        let slots: u64 = tables.iter().map(|t| t.slots_total()).sum();
+        let in_slots: u64 = tables
+            .iter()
+            .map(|t| t.slot_keys.load(Ordering::Relaxed))
+            .sum();
+        let overflow: u64 = tables
+            .iter()
+            .map(|t| t.overflow_len.load(Ordering::Relaxed) as u64)
+            .sum();
+        let s = &self.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "shard": self.id,
+            "tables": tables.len(),
+            "global_depth": self.dir.lock().global_depth,
+            "buckets": tables.iter().map(|t| t.buckets as u64).sum::<u64>(),
+            "slots": slots,
+            "keys_in_slots": in_slots,
+            "overflow_keys": overflow,
+            "keys": in_slots + overflow,
+            "locator_bytes": tables.iter().map(|t| t.othello.bytes() + t.buckets as u64).sum::<u64>(),
+            "heap_live_bytes": self.heap.live_bytes(),
+            "heap_carved_bytes": self.heap.carved_bytes(),
+            "requests_outside_rebuilds": l(&s.requests),
+            "makeup_gets": l(&s.makeup_gets),
+            "stale_replies": l(&s.stale_replies),
+            "reseeds": l(&s.reseeds),
+            "overflow_inserts": l(&s.overflow_inserts),
+            "promotions": l(&s.promotions),
+            "buffered_writes": l(&s.buffered),
+            "splits": l(&s.splits),
+            "full_builds": l(&s.full_builds),
+            "fallback_keys": l(&s.fallback_keys),
+            "split_ns": l(&s.split_ns),
+            "split_max_ns": l(&s.split_max_ns),
+            "resize_total_ns": l(&s.resize_total_ns),
+            "full_build_ns": l(&s.full_build_ns),
+            "requests_during_split": l(&s.requests_during_split),
+            "requests_during_full": l(&s.requests_during_full),
+            "takeovers": l(&s.takeovers),
+            "takeover_ns": l(&s.takeover_ns),
+            "recovered_keys": l(&s.recovered_keys),
+            "mirrors": self.replicas.configured(),
+            "live_mirrors": self.replicas.live().len(),
+            "replica_verbs": l(&self.replicas.verbs),
+            "replica_bytes": l(&self.replicas.bytes),
+            "replica_round_trips": l(&self.replicas.round_trips),
+            "registered_compute_nodes": self.registered(),
+            "last_rebuild_error": self.last_error.lock().clone(),
+            "busy": self.job_active.load(Ordering::Acquire)
+                || self.resize_pending.load(Ordering::Acquire),
+        })
+    }
+}

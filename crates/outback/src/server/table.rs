@@ -1,0 +1,341 @@
+//! One DMPH table on the memory node: its buckets and latest seeds (in a
+//! registered region), its overflow cache, and the buffer of inserts and
+//! deletes that arrive while it is being rebuilt.
+//!
+//! Concurrency (invariants 3–5 of `docs/outback.md`): every writer of a
+//! bucket holds the lock bit of the bucket's control word and leaves the
+//! word with a new version; a GET reads the control word, the slot and the
+//! KV block, and the control word again, and retries unless both reads saw
+//! the same unlocked word (a seqlock). Blocks are only written, recycled or
+//! killed by a writer that holds the lock of the bucket pointing at them, so
+//! a GET that validates saw a slot and a block that belonged together.
+
+use crate::hash::slot;
+use crate::layout::{BLOCK_TAIL_WORDS, ControlWord, SlotWord, TableLayout};
+use crate::server::heap::Heap;
+use crate::server::seqlock;
+
+/// Bytes of a reply's head (status, flags, seed).
+const REPLY_HEAD: usize = 3;
+use crate::ludo::SLOTS;
+use crate::othello::Othello;
+use dmkv_memnode::Region;
+use dmkv_transport::ServiceError;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// Table states (`Table::state`).
+pub mod state {
+    pub const NORMAL: u8 = 0;
+    /// Over s_slow: compute nodes are being told PRE_RESIZE.
+    pub const PRE_RESIZE: u8 = 1;
+    /// Being rebuilt: inserts and deletes are buffered.
+    pub const REBUILDING: u8 = 2;
+}
+
+/// A write that can be buffered during a rebuild.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    Insert {
+        key: u64,
+        value: Vec<u8>,
+        upsert: bool,
+    },
+    Update {
+        key: u64,
+        value: Vec<u8>,
+    },
+    Delete {
+        key: u64,
+    },
+}
+
+impl WriteOp {
+    pub fn key(&self) -> u64 {
+        match self {
+            WriteOp::Insert { key, .. } | WriteOp::Update { key, .. } | WriteOp::Delete { key } => {
+                *key
+            }
+        }
+    }
+}
+
+/// Inserts and deletes held back while the table is rebuilt (paper §4.4).
+#[derive(Default)]
+pub struct Buffer {
+    pub ops: Vec<(u64, WriteOp)>,
+    /// Set when the rebuild took the buffer; later writers must retry.
+    pub drained: bool,
+}
+
+/// Keys that did not fit their bucket, with their slot entries.
+#[derive(Default)]
+pub struct Overflow {
+    by_key: HashMap<u64, (u32, SlotWord)>,
+    by_bucket: HashMap<u32, Vec<u64>>,
+}
+
+impl Overflow {
+    pub fn get(&self, key: u64) -> Option<(u32, SlotWord)> {
+        self.by_key.get(&key).copied()
+    }
+    pub fn insert(&mut self, key: u64, bucket: u32, entry: SlotWord) {
+        if self.by_key.insert(key, (bucket, entry)).is_none() {
+            self.by_bucket.entry(bucket).or_default().push(key);
+        }
+    }
+    pub fn remove(&mut self, key: u64) -> Option<(u32, SlotWord)> {
+        let (b, e) = self.by_key.remove(&key)?;
+        if let Some(v) = self.by_bucket.get_mut(&b) {
+            v.retain(|k| *k != key);
+            if v.is_empty() {
+                self.by_bucket.remove(&b);
+            }
+        }
+        Some((b, e))
+    }
+    pub fn keys_of(&self, bucket: u32) -> &[u64] {
+        self.by_bucket.get(&bucket).map_or(&[], |v| v.as_slice())
+    }
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+    pub fn buckets(&self) -> Vec<u32> {
+        self.by_bucket.keys().copied().collect()
+    }
+}
+
+pub struct Table {
+    pub id: u32,
+    pub buckets: u32,
+    pub layout: TableLayout,
+    /// Control words and buckets.
+    pub region: Region,
+    /// The published Othello (compute nodes read it one-sided).
+    pub locator: Region,
+    pub bucket_seed: u64,
+    pub othello: Othello,
+    /// Bumped when the table's keys or directory position change; requests
+    /// naming an older epoch are answered STALE.
+    pub epoch: AtomicU32,
+    pub local_depth: AtomicU8,
+    pub state: AtomicU8,
+    pub pre_resize_since: Mutex<Option<Instant>>,
+    pub overflow: Mutex<Overflow>,
+    pub overflow_len: AtomicUsize,
+    pub overflow_cap: usize,
+    /// Keys held in slots.
+    pub slot_keys: AtomicU64,
+    pub buffer: Mutex<Buffer>,
+}
+
+/// The lock on one bucket; dropping it publishes the (possibly new) seed
+/// with a new version.
+pub struct BucketGuard<'a> {
+    table: &'a Table,
+    bucket: u32,
+    prev: ControlWord,
+    seed: u8,
+}
+
+impl BucketGuard<'_> {
+    pub fn seed(&self) -> u8 {
+        self.seed
+    }
+    pub fn set_seed(&mut self, seed: u8) {
+        self.seed = seed;
+    }
+}
+
+impl Drop for BucketGuard<'_> {
+    fn drop(&mut self) {
+        let t = self.table;
+        seqlock::unlock(
+            &Mem(&t.region.mem),
+            t.layout.control(self.bucket),
+            self.prev,
+            self.seed,
+        );
+    }
+}
+
+/// A region's words for [`seqlock`]. Offsets come from the table layout and
+/// are inside the region by construction.
+pub(crate) struct Mem<'a>(pub &'a dmkv_transport::RegionMem);
+
+impl seqlock::Words for Mem<'_> {
+    fn load(&self, at: u64) -> u64 {
+        self.0.load_u64(at).expect("word inside its region")
+    }
+    fn store(&self, at: u64, v: u64) {
+        self.0.store_u64(at, v).expect("word inside its region")
+    }
+    fn cas(&self, at: u64, expected: u64, new: u64) -> u64 {
+        self.0
+            .cas_u64(at, expected, new)
+            .expect("word inside its region")
+    }
+    fn pause(&self, spins: &mut u32) {
+        *spins += 1;
+        if *spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Table {
+    fn control(&self, b: u32) -> &std::sync::atomic::AtomicU64 {
+        self.region
+            .mem
+            .word(self.layout.control(b))
+            .expect("control word inside the table region")
+    }
+
+    /// Locks bucket `b` (which the caller has checked is in range).
+    pub fn lock(&self, b: u32) -> BucketGuard<'_> {
+        let prev = seqlock::lock(&Mem(&self.region.mem), self.layout.control(b));
+        BucketGuard {
+            table: self,
+            bucket: b,
+            prev,
+            seed: prev.seed(),
+        }
+    }
+
+    /// The latest seed of bucket `b` (without locking).
+    pub fn seed(&self, b: u32) -> u8 {
+        ControlWord(self.control(b).load(Ordering::Acquire)).seed()
+    }
+
+    pub fn slot(&self, b: u32, s: usize) -> SlotWord {
+        SlotWord(
+            self.region
+                .mem
+                .load_u64(self.layout.slot(b, s))
+                .expect("slot inside the table region"),
+        )
+    }
+
+    /// Stores a slot; only under the bucket's lock.
+    pub fn set_slot(&self, b: u32, s: usize, w: SlotWord) {
+        self.region
+            .mem
+            .store_u64(self.layout.slot(b, s), w.0)
+            .expect("slot inside the table region");
+    }
+
+    /// Writes the initial seeds of a freshly built table.
+    pub fn init_seeds(&self, seeds: &[u8]) {
+        for (b, &s) in seeds.iter().enumerate() {
+            self.control(b as u32)
+                .store(ControlWord::initial(s).0, Ordering::Release);
+        }
+    }
+
+    /// The GET read: a consistent snapshot of bucket `b`'s seed, slot `s`
+    /// and the front of the block it points at (key length, value length,
+    /// key, value), without locking. `out` gets three bytes of room for the
+    /// reply head, then the block front.
+    pub fn read_slot_and_block(
+        &self,
+        b: u32,
+        s: usize,
+        heap: &Heap,
+        out: &mut Vec<u8>,
+    ) -> Result<(u8, SlotWord), ServiceError> {
+        let mem = Mem(&self.region.mem);
+        let (c, w) = seqlock::read(&mem, self.layout.control(b), || {
+            let w = self.slot(b, s);
+            out.clear();
+            out.resize(REPLY_HEAD, 0);
+            if !w.is_empty() {
+                let n = (w.len_words().saturating_sub(BLOCK_TAIL_WORDS) * 8) as usize;
+                out.resize(REPLY_HEAD + n, 0);
+                heap.read_into(w.addr(), &mut out[REPLY_HEAD..])?;
+            }
+            Ok::<_, ServiceError>(w)
+        })?;
+        Ok((c.seed(), w))
+    }
+
+    /// Sets the cache bits of bucket `b` to exactly the slots the bucket's
+    /// overflow keys hash to under `seed` (invariant 6).
+    pub fn refresh_cache_bits(&self, b: u32, seed: u8, overflow_keys: &[u64]) {
+        let mut want = [false; SLOTS];
+        for &k in overflow_keys {
+            want[slot(k, seed)] = true;
+        }
+        for (s, &on) in want.iter().enumerate() {
+            let w = self.slot(b, s);
+            if w.cache() != on {
+                self.set_slot(b, s, w.with_cache(on));
+            }
+        }
+    }
+
+    /// Rewrites bucket `b` (locked by `g`) to hold `members` under `seed`.
+    pub fn rearrange(
+        &self,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        members: &[(u64, SlotWord)],
+        seed: u8,
+        overflow_keys: &[u64],
+    ) {
+        let mut new = [SlotWord::default(); SLOTS];
+        for &(k, e) in members {
+            new[slot(k, seed)] = e.entry();
+        }
+        let mut cache = [false; SLOTS];
+        for &k in overflow_keys {
+            cache[slot(k, seed)] = true;
+        }
+        for s in 0..SLOTS {
+            self.set_slot(b, s, new[s].with_cache(cache[s]));
+        }
+        g.set_seed(seed);
+    }
+
+    pub fn slots_total(&self) -> u64 {
+        self.buckets as u64 * SLOTS as u64
+    }
+
+    pub fn keys(&self) -> u64 {
+        self.slot_keys.load(Ordering::Relaxed) + self.overflow_len.load(Ordering::Relaxed) as u64
+    }
+}
+
+/// Counts kept per shard (all relaxed; they are statistics).
+#[derive(Default)]
+pub struct ShardStats {
+    pub makeup_gets: AtomicU64,
+    pub stale_replies: AtomicU64,
+    pub reseeds: AtomicU64,
+    pub overflow_inserts: AtomicU64,
+    pub promotions: AtomicU64,
+    pub buffered: AtomicU64,
+    pub splits: AtomicU64,
+    pub full_builds: AtomicU64,
+    pub fallback_keys: AtomicU64,
+    /// Sum and max over splits (resizes) of the time from REBUILDING until
+    /// the buffered writes were applied (ns).
+    pub split_ns: AtomicU64,
+    pub split_max_ns: AtomicU64,
+    /// Sum over splits of the time until every compute node fetched.
+    pub resize_total_ns: AtomicU64,
+    pub full_build_ns: AtomicU64,
+    /// Requests served while a split / a full build was running.
+    pub requests_during_split: AtomicU64,
+    pub requests_during_full: AtomicU64,
+    pub requests: AtomicU64,
+    pub takeovers: AtomicU64,
+    pub takeover_ns: AtomicU64,
+    pub recovered_keys: AtomicU64,
+}

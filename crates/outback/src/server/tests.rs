@@ -1,0 +1,246 @@
+//! The rebuild protocol step by step, on one memory node driven with raw
+//! requests: writes that arrive while a table is being rebuilt are
+//! buffered (inserts, deletes) or served (updates), and applied afterwards;
+//! requests naming the old epoch are told STALE.
+
+use super::{NodeServer, serve_node};
+use crate::hash::{candidates, slot};
+use crate::proto::{DataReq, ReplyHead, Status, Target, op};
+use crate::server::table::state;
+use dmkv_api::{Knobs, ServeArgs};
+use dmkv_memnode::NodeRuntime;
+use dmkv_transport::local::{LocalCluster, LocalConfig};
+use dmkv_transport::{WireReader, WireWriter};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+fn node() -> (LocalCluster, Arc<NodeRuntime>, Arc<NodeServer>) {
+    let c = LocalCluster::new(LocalConfig::default());
+    let rt = NodeRuntime::new(c.add_node(1));
+    let mut knobs = Knobs::new();
+    knobs.set("initial_buckets", "4");
+    knobs.set("countdown_timeout_ms", "10");
+    knobs.set("heap_mb", "4");
+    let args = ServeArgs {
+        instance: "t/outback".into(),
+        knobs,
+        node_index: 0,
+        nodes: vec![rt.id().0],
+        expected_keys: 100,
+        value_size: 8,
+        cache_mb: 0,
+        data_dir: None,
+    };
+    let s = serve_node(&rt, &args).unwrap();
+    (c, rt, s)
+}
+
+fn head(reply: &[u8]) -> (ReplyHead, WireReader<'_>) {
+    let mut r = WireReader::new(reply);
+    (ReplyHead::read(&mut r).unwrap(), r)
+}
+
+/// The request target and slot a compute node would compute for `key` in
+/// table `id` with the latest seed.
+fn target(s: &NodeServer, id: u32, key: u64) -> (Target, u8) {
+    let shard = s.shard(0).unwrap().unwrap();
+    let t = shard.table(id).unwrap();
+    let b = candidates(key, t.bucket_seed, t.buckets)[t.othello.lookup(key) as usize];
+    let tgt = Target {
+        shard: 0,
+        table: id,
+        epoch: t.epoch.load(Ordering::Acquire),
+        bucket: b,
+        compute: 1,
+    };
+    (tgt, slot(key, t.seed(b)) as u8)
+}
+
+fn insert(s: &Arc<NodeServer>, key: u64, v: &[u8]) -> Vec<u8> {
+    let (t, _) = target(s, 0, key);
+    s.handle(
+        &DataReq::Insert {
+            t,
+            key,
+            value: v,
+            upsert: false,
+        }
+        .encode(),
+    )
+    .unwrap()
+}
+
+fn get(s: &Arc<NodeServer>, key: u64) -> Option<Vec<u8>> {
+    let shard = s.shard(0).unwrap().unwrap();
+    let id = shard.dir.lock().route(key);
+    let (t, sl) = target(s, id, key);
+    let reply = s.handle(&DataReq::MakeupGet { t, key }.encode()).unwrap();
+    let _ = sl;
+    let (h, r) = head(&reply);
+    match h.status {
+        Status::Ok => Some(
+            crate::layout::BlockFront::parse(&reply[3..])
+                .unwrap()
+                .value
+                .to_vec(),
+        ),
+        Status::NotFound => None,
+        other => panic!("get {key}: {other:?} {}", r.remaining()),
+    }
+}
+
+#[test]
+fn writes_during_a_rebuild_are_buffered_then_applied() {
+    let (_c, _rt, s) = node();
+    let shard = s.shard(0).unwrap().unwrap();
+    let mut w = WireWriter::new();
+    w.u8(op::REGISTER).u16(0);
+    assert_eq!(head(&s.handle(&w.finish()).unwrap()).0.status, Status::Ok);
+    for k in 1..=6u64 {
+        assert_eq!(head(&insert(&s, k, b"old")).0.status, Status::Ok);
+    }
+    // The table stops at s_stop; the job has not run yet. Hold the job
+    // flag so that the requests below (which kick the job once every
+    // compute node has seen PRE_RESIZE) cannot start it before the test does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shard
+        .job_active
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "a job is still running");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t0 = shard.table(0).unwrap();
+    t0.state.store(state::REBUILDING, Ordering::Release);
+    shard.resize_pending.store(true, Ordering::Release);
+    let buffered = insert(&s, 100, b"new");
+    let (h, mut r) = head(&buffered);
+    assert_eq!(h.status, Status::Buffered);
+    assert!(h.pre_resize(), "replies carry PRE_RESIZE while resizing");
+    let (ticket, applied) = (r.u64().unwrap(), r.u64().unwrap());
+    assert_eq!(applied, 0);
+    let (t, sl) = target(&s, 0, 3);
+    let del = s
+        .handle(
+            &DataReq::Delete {
+                t,
+                slot: sl,
+                key: 3,
+            }
+            .encode(),
+        )
+        .unwrap();
+    let (h, mut r) = head(&del);
+    assert_eq!(h.status, Status::Buffered);
+    let del_ticket = r.u64().unwrap();
+    // Updates are served at once, GETs too; the buffered writes are not
+    // visible yet.
+    let (t, sl) = target(&s, 0, 2);
+    let up = s
+        .handle(
+            &DataReq::Update {
+                t,
+                slot: sl,
+                key: 2,
+                value: b"upd",
+            }
+            .encode(),
+        )
+        .unwrap();
+    assert_eq!(head(&up).0.status, Status::Ok);
+    assert_eq!(get(&s, 100), None);
+    assert_eq!(get(&s, 3), Some(b"old".to_vec()));
+    let mut w = WireWriter::new();
+    w.u8(op::RESULT).u16(0).u64(ticket);
+    let pending = s.handle(&w.finish()).unwrap();
+    assert_eq!(head(&pending).0.status, Status::Recovering);
+    // Run the rebuild (a split) and wait for it.
+    let old_epoch = t0.epoch.load(Ordering::Acquire);
+    assert_eq!(shard.stats.splits.load(Ordering::Relaxed), 0);
+    shard.job_active.store(false, Ordering::Release);
+    shard.kick();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shard.applied.load(Ordering::Acquire) == 0 {
+        assert!(Instant::now() < deadline, "the rebuild did not finish");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(shard.stats.splits.load(Ordering::Relaxed), 1);
+    assert_eq!(shard.live_tables().len(), 2);
+    for (tk, want) in [(ticket, Status::Ok), (del_ticket, Status::Ok)] {
+        let mut w = WireWriter::new();
+        w.u8(op::RESULT).u16(0).u64(tk);
+        assert_eq!(head(&s.handle(&w.finish()).unwrap()).0.status, want);
+    }
+    assert_eq!(get(&s, 100), Some(b"new".to_vec()));
+    assert_eq!(get(&s, 3), None);
+    assert_eq!(get(&s, 2), Some(b"upd".to_vec()));
+    for k in [1u64, 4, 5, 6] {
+        assert_eq!(get(&s, k), Some(b"old".to_vec()), "key {k}");
+    }
+    // A request naming the old epoch of the split table is told STALE.
+    let stale = Target {
+        epoch: old_epoch,
+        ..target(&s, 0, 1).0
+    };
+    let r = s
+        .handle(&DataReq::Get { t: stale, slot: 0 }.encode())
+        .unwrap();
+    assert_eq!(head(&r).0.status, Status::Stale);
+    // The new view is published with its directory.
+    let v = crate::publish::ViewDesc::decode(
+        &shard
+            .ctl
+            .mem
+            .read_vec(
+                crate::layout::ctl::BODY,
+                shard
+                    .ctl
+                    .mem
+                    .load_u64(crate::layout::ctl::BODY_LEN)
+                    .unwrap() as usize,
+            )
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!((v.global_depth, v.tables.len()), (1, 2));
+    assert_eq!(
+        shard.ctl.mem.load_u64(crate::layout::ctl::APPLIED).unwrap(),
+        1
+    );
+}
+
+fn result_status(s: &Arc<NodeServer>, ticket: u64) -> Result<Status, String> {
+    let mut w = WireWriter::new();
+    w.u8(op::RESULT).u16(0).u64(ticket);
+    match s.handle(&w.finish()) {
+        Ok(r) => Ok(head(&r).0.status),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn outcomes_wait_for_their_client_however_many_rebuilds_pass() {
+    let (_c, _rt, s) = node();
+    let shard = s.shard(0).unwrap().unwrap();
+    shard.settle_ticket(7, Ok(super::shard::Outcome::Inserted), false);
+    shard.settle_ticket(8, Ok(super::shard::Outcome::Exists), false);
+    // Many rebuilds complete before the client asks (small tables split
+    // in quick succession): the outcomes are still there.
+    for _ in 0..20 {
+        shard.applied.fetch_add(1, Ordering::AcqRel);
+        shard.forget_old_outcomes(Instant::now());
+    }
+    assert_eq!(result_status(&s, 7), Ok(Status::Ok));
+    // Taken once.
+    assert!(result_status(&s, 7).is_err());
+    // Past the time any client could still ask, it is forgotten.
+    shard.forget_old_outcomes(Instant::now() + super::shard::OUTCOME_KEEP + Duration::from_secs(1));
+    let gone = result_status(&s, 8);
+    assert!(
+        gone.as_ref()
+            .is_err_and(|e| e.contains("unknown or forgotten")),
+        "{gone:?}"
+    );
+}
