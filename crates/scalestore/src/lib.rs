@@ -18,10 +18,22 @@
 #![deny(unsafe_code)]
 
 pub mod btree;
+pub mod engine;
+pub mod frames;
 pub mod guard;
 pub mod latch;
 pub mod local;
+pub mod msg;
+pub mod node;
 pub mod page;
 pub mod pid;
+pub mod provider;
+mod registry;
+pub mod ssd;
+pub mod worker;
 
+pub use engine::{SCALESTORE, ScaleStoreSpec};
 pub use local::{BTREE_LOCAL, BTreeLocalSpec, LocalPager};
+
+/// The `scalestore` engine spec (the name the engine registry expects).
+pub static SPEC: &ScaleStoreSpec = &SCALESTORE;
