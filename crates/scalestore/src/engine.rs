@@ -224,7 +224,8 @@ impl EngineSpec for ScaleStoreSpec {
 fn create_tree(node: &ScaleNode) -> Result<()> {
     let mut pages = Vec::new();
     for _ in 0..2 {
-        let (pid, fi) = node.alloc_here(0, 0)?;
+        let (pid, fi, epoch) = node.alloc_here(0, 0)?;
+        node.frames.frame(fi).meta.lock().epoch = epoch;
         let slot = node
             .take_slot()
             .ok_or_else(|| KvError::Exhausted("no cache slot for the catalog".into()))?;

@@ -170,6 +170,9 @@ pub struct Meta {
     /// Conflict epoch at which this node's possession was granted.
     pub epoch: u64,
     pub awaiting: Awaiting,
+    /// The directory lists this node as a sharer but its copy failed: the
+    /// next request says "retry" so the directory stops counting on it.
+    pub phantom: bool,
     pub dir: Option<Dir>,
 }
 

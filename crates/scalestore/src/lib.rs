@@ -28,7 +28,7 @@ pub mod node;
 pub mod page;
 pub mod pid;
 pub mod provider;
-mod registry;
+pub mod registry;
 pub mod ssd;
 pub mod worker;
 

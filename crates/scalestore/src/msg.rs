@@ -153,7 +153,8 @@ pub enum Reply {
     /// The shard is now hosted by this node index.
     Moved(u8),
     /// A page id allocated on the directory.
-    Allocated(Pid),
+    /// ... at this conflict epoch.
+    Allocated(Pid, u64),
 }
 
 impl Reply {
@@ -179,8 +180,8 @@ impl Reply {
             Reply::Moved(n) => {
                 w.u8(5).u8(n);
             }
-            Reply::Allocated(p) => {
-                w.u8(6).u64(p.0);
+            Reply::Allocated(p, e) => {
+                w.u8(6).u64(p.0).u64(e);
             }
         }
         pad(w)
@@ -206,7 +207,7 @@ impl Reply {
             3 => Reply::Done,
             4 => Reply::Gone,
             5 => Reply::Moved(r.u8()?),
-            6 => Reply::Allocated(Pid(r.u64()?)),
+            6 => Reply::Allocated(Pid(r.u64()?), r.u64()?),
             s => return Err(WireError(format!("reply status {s}"))),
         })
     }
@@ -436,7 +437,7 @@ mod tests {
             }),
             Reply::Busy,
             Reply::Moved(3),
-            Reply::Allocated(Pid::new(1, 2)),
+            Reply::Allocated(Pid::new(1, 2), 9),
         ];
         for r in replies {
             assert_eq!(Reply::decode(&r.encode()).unwrap(), r);

@@ -78,6 +78,17 @@ pub struct Member {
 pub struct Shard {
     pub file: PageFile,
     pub next_slot: AtomicU64,
+    /// Source of conflict epochs: directory entries come and go (an entry
+    /// whose page is only on the SSD is dropped), but a page's epochs must
+    /// only grow, so they are drawn from one clock per shard.
+    pub clock: AtomicU64,
+}
+
+impl Shard {
+    /// A fresh, larger epoch.
+    pub fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::AcqRel) + 1
+    }
 }
 
 /// Counters for `engine_stats`.
@@ -249,6 +260,7 @@ impl ScaleNode {
         let s = Arc::new(Shard {
             file: PageFile::create(&path)?,
             next_slot: AtomicU64::new(next_slot),
+            clock: AtomicU64::new(1),
         });
         self.shards.write().insert(id, s.clone());
         self.set_host(id, self.index);
@@ -307,7 +319,7 @@ impl ScaleNode {
 
     /// Allocates a page id in a shard hosted here, the directory entry
     /// making `owner` its exclusive (dirty) owner.
-    pub fn alloc_here(&self, shard: u8, owner: u8) -> Result<(Pid, u32), KvError> {
+    pub fn alloc_here(&self, shard: u8, owner: u8) -> Result<(Pid, u32, u64), KvError> {
         let s = self
             .shard(shard)
             .ok_or_else(|| corrupt(format!("shard {shard} not hosted here")))?;
@@ -322,9 +334,10 @@ impl ScaleNode {
         m.dir = Some(Dir {
             owners: Owners::Exclusive(owner),
             dirty: true,
+            epoch: s.tick(),
             ..Dir::on_ssd()
         });
-        Ok((pid, fi))
+        Ok((pid, fi, m.dir.as_ref().expect("just set").epoch))
     }
 
     // ---- sending from handler threads --------------------------------------
@@ -434,8 +447,12 @@ impl ScaleNode {
         if f.pid() != pid {
             return Ok(Reply::Busy);
         }
-        let mut d = m.dir.take().unwrap_or_else(Dir::on_ssd);
-        let res = self.grant_entry(fi, &mut d, &mut m, r, pid, want, retry, offset);
+        let shard = self.shard(pid.shard()).ok_or_else(|| corrupt(format!("{pid}: shard not here")))?;
+        let mut d = m.dir.take().unwrap_or_else(|| Dir {
+            epoch: shard.tick(),
+            ..Dir::on_ssd()
+        });
+        let res = self.grant_entry(&shard, fi, &mut d, &mut m, r, pid, want, retry, offset);
         m.dir = Some(d);
         res
     }
@@ -443,6 +460,7 @@ impl ScaleNode {
     #[allow(clippy::too_many_arguments)]
     fn grant_entry(
         &self,
+        shard: &Shard,
         fi: u32,
         d: &mut Dir,
         m: &mut crate::frames::Meta,
@@ -514,9 +532,14 @@ impl ScaleNode {
                 };
                 Source::Written
             }
-            (Owners::Exclusive(n), _) if n == r => Source::Kept,
+            (Owners::Exclusive(n), _) if n == r => {
+                if std::env::var("SS_DEBUG").is_ok() {
+                    eprintln!("dir {} grant {pid} to {r} {want:?}: already X(r) epoch {}", self.index, d.epoch);
+                }
+                Source::Kept
+            }
             (Owners::Exclusive(n), w) => {
-                d.epoch += 1;
+                d.epoch = shard.tick();
                 d.prev_dirty = d.dirty;
                 d.dirty = true;
                 if n == me && my_copy && f.latch.try_exclusive() {
@@ -555,6 +578,9 @@ impl ScaleNode {
             }
             (Owners::Shared(set), Want::Shared) => {
                 if set & (1 << r) != 0 {
+                    if std::env::var("SS_DEBUG").is_ok() {
+                        eprintln!("dir {} grant {pid} to {r} {want:?}: already in S({set:b}) epoch {}", self.index, d.epoch);
+                    }
                     Source::Kept
                 } else {
                     d.owners = Owners::Shared(set | 1 << r);
@@ -580,7 +606,7 @@ impl ScaleNode {
                     d.dirty = true;
                     Source::Kept
                 } else {
-                    d.epoch += 1;
+                    d.epoch = shard.tick();
                     d.prev_dirty = d.dirty;
                     d.dirty = true;
                     d.owners = Owners::Exclusive(r);
@@ -662,6 +688,9 @@ impl ScaleNode {
                 // Deadlock avoidance (§3.4.3): our own pending grant is newer,
                 // so this request concerns the copy we held before it. Our
                 // worker waits for the network and does not touch the page.
+                if std::env::var("SS_DEBUG").is_ok() {
+                    eprintln!("node {} stale move {pid} epoch {epoch} (mine {g}) need_page {need_page} from {r} local {l:?}", self.index);
+                }
                 if l.mode == Possession::None {
                     return Ok(if need_page { Reply::Gone } else { Reply::Done });
                 }
@@ -677,6 +706,11 @@ impl ScaleNode {
                 return Ok(Reply::Busy);
             }
             Awaiting::No => {}
+        }
+        if l.mode != Possession::None && epoch < m.epoch {
+            // A late request for a grant older than our current possession:
+            // the copy it concerned is long gone (we obtained this one after).
+            return Ok(if need_page { Reply::Gone } else { Reply::Done });
         }
         if !try_latch(|| f.latch.try_exclusive()) {
             f.set_waiting(true);
@@ -757,6 +791,11 @@ impl ScaleNode {
         Ok(Reply::Done)
     }
 
+    /// [`Self::serve_ssd_fetch`] for this node's own worker.
+    pub fn ssd_fetch_local(&self, pid: Pid, epoch: u64, offset: u64) -> Result<Reply, KvError> {
+        self.serve_ssd_fetch(self.index, pid, epoch, offset)
+    }
+
     /// The message handler (§3.5): one protocol message from `ctx.caller`.
     pub fn handle(&self, ctx: &RpcContext, req: &[u8]) -> Result<Vec<u8>, ServiceError> {
         let r = self
@@ -819,7 +858,7 @@ impl ScaleNode {
             }
             Request::Alloc => self
                 .alloc_here(self.index, r)
-                .map(|(p, _)| Reply::Allocated(p)),
+                .map(|(p, _, e)| Reply::Allocated(p, e)),
             Request::Stats => return Ok(self.stats_bytes()),
         };
         reply.map(|r| r.encode()).map_err(|e| match e {
@@ -1005,4 +1044,29 @@ fn pick(set: u64) -> u8 {
         }
     }
     unreachable!("a non-empty bitmap has a member")
+}
+
+impl ScaleNode {
+    /// Frames that are latched, awaited or waited for (for diagnosing hangs).
+    pub fn debug_dump(&self) -> String {
+        let mut out = String::new();
+        for i in 0..self.frames.high_water() {
+            let f = self.frames.frame(i);
+            let l = f.local();
+            let m = f.meta.lock();
+            if f.latch.is_latched() || l.waiting || m.awaiting != Awaiting::No || m.dir.as_ref().is_some_and(|d| d.transfer.is_some() || d.evicting) {
+                out.push_str(&format!(
+                    "node {} frame {i} {} latched={} x={} local={l:?} meta.epoch={} awaiting={:?} dir={:?}\n",
+                    self.index,
+                    f.pid(),
+                    f.latch.is_latched(),
+                    f.latch.is_exclusive(),
+                    m.epoch,
+                    m.awaiting,
+                    m.dir.as_ref().map(|d| (d.owners, d.epoch, d.dirty))
+                ));
+            }
+        }
+        out
+    }
 }

@@ -28,3 +28,9 @@ pub fn lookup(instance: &str, id: NodeId) -> Option<Arc<ScaleNode>> {
         .find(|(i, n, _)| i == instance && *n == id)
         .and_then(|(_, _, w)| w.upgrade())
 }
+
+/// Diagnostic dump of every node of `instance` in this process.
+pub fn debug_dump(instance: &str) -> String {
+    let nodes: Vec<Arc<ScaleNode>> = NODES.lock().iter().filter(|(i, _, _)| i == instance).filter_map(|(_, _, w)| w.upgrade()).collect();
+    nodes.iter().map(|n| n.debug_dump()).collect()
+}

@@ -215,7 +215,18 @@ impl Worker {
 
     /// The remote invocation path with the frame latched exclusively:
     /// obtains `want` ownership and the page into `slot`.
-    async fn obtain(
+    async fn obtain(&self, fi: u32, pid: Pid, want: Want, retry: bool, slot: u32) -> PageResult<Outcome> {
+        let res = self.obtain_inner(fi, pid, want, retry, slot).await;
+        if let Err(e) = &res {
+            if std::env::var("SS_DEBUG").is_ok() {
+                eprintln!("node {} obtain {pid} {want:?}: {e:?}", self.node.index);
+            }
+            self.node.frames.frame(fi).meta.lock().awaiting = Awaiting::No;
+        }
+        res
+    }
+
+    async fn obtain_inner(
         &self,
         fi: u32,
         pid: Pid,
@@ -226,7 +237,11 @@ impl Worker {
         let node = &self.node;
         let f = node.frames.frame(fi);
         let offset = ScaleNode::offset_of(slot);
-        f.meta.lock().awaiting = Awaiting::Unknown;
+        let retry = {
+            let mut m = f.meta.lock();
+            m.awaiting = Awaiting::Unknown;
+            retry || m.phantom
+        };
         let g = match self.request(pid, want, retry, offset).await {
             Ok(Some(g)) => g,
             Ok(None) => {
@@ -239,6 +254,9 @@ impl Worker {
             }
         };
         f.meta.lock().awaiting = Awaiting::Known(g.epoch);
+        if std::env::var("SS_DEBUG").is_ok() {
+            eprintln!("node {} {pid} {want:?} retry {retry} granted {g:?}", node.index);
+        }
         let mut invalidate = g.invalidate;
         let mut ok = true;
         match g.source {
@@ -247,30 +265,25 @@ impl Worker {
                     Counters::add(&node.stats.pages_remote, 1);
                 }
             }
-            Source::Kept => {
-                if f.local().mode == Possession::None {
-                    return Err(corrupt(format!(
-                        "{pid}: told to keep a copy this node does not hold"
-                    )));
-                }
+            Source::Kept if f.local().mode != Possession::None => {}
+            Source::Kept if want == Want::Shared => {
+                // The directory lists us, but our copy failed earlier (or was
+                // taken): ask again saying so.
+                ok = false;
             }
-            Source::Move(n) => {
+            Source::Kept | Source::Move(_) => {
                 // Take the page from the predecessor; if it turns out not to
-                // hold it (a sharer whose copy failed), try the others.
-                let mut cands = vec![n];
-                cands.extend((0..64u8).filter(|i| invalidate & (1 << i) != 0));
+                // hold it (a sharer whose copy failed), try the others; if
+                // nobody does, the SSD copy is current.
+                let mut cands = match g.source {
+                    Source::Move(n) => vec![n],
+                    _ => Vec::new(),
+                };
+                cands.extend((0..64u8).filter(|i| invalidate & (1 << i) != 0 && *i != node.index));
                 let mut got = false;
                 for c in cands {
                     let r = self
-                        .until_done(
-                            c,
-                            Request::Move {
-                                pid,
-                                epoch: g.epoch,
-                                need_page: true,
-                                offset,
-                            },
-                        )
+                        .until_done(c, Request::Move { pid, epoch: g.epoch, need_page: true, offset })
                         .await?;
                     invalidate &= !(1 << c);
                     if r == Reply::Done {
@@ -281,16 +294,11 @@ impl Worker {
                 }
                 if !got {
                     let dir = node.host_of(pid.shard()).expect("known directory");
-                    let r = self
-                        .until_done(
-                            dir,
-                            Request::SsdFetch {
-                                pid,
-                                epoch: g.epoch,
-                                offset,
-                            },
-                        )
-                        .await?;
+                    let r = if dir == node.index {
+                        node.ssd_fetch_local(pid, g.epoch, offset).map_err(fatal)?
+                    } else {
+                        self.until_done(dir, Request::SsdFetch { pid, epoch: g.epoch, offset }).await?
+                    };
                     if r != Reply::Done {
                         return Err(corrupt(format!("{pid}: SSD fetch failed: {r:?}")));
                     }
@@ -342,6 +350,7 @@ impl Worker {
         }
         let mut m = f.meta.lock();
         m.awaiting = Awaiting::No;
+        m.phantom = !ok;
         if ok {
             m.epoch = g.epoch;
             f.set_local(Local {
@@ -520,19 +529,18 @@ impl Pager for Worker {
     async fn allocate(&self) -> PageResult<Fixed> {
         let node = &self.node;
         let shard = node.alloc_target();
-        let (pid, fi) = if shard == node.index && node.directs(Pid::new(shard, 0)) {
-            let (pid, fi) = node.alloc_here(shard, node.index).map_err(fatal)?;
-            (pid, fi)
+        let (pid, fi, epoch) = if shard == node.index && node.directs(Pid::new(shard, 0)) {
+            node.alloc_here(shard, node.index).map_err(fatal)?
         } else {
-            let pid = match self.until_done(shard, Request::Alloc).await? {
-                Reply::Allocated(p) => p,
+            let (pid, epoch) = match self.until_done(shard, Request::Alloc).await? {
+                Reply::Allocated(p, e) => (p, e),
                 r => return Err(corrupt(format!("unexpected allocation reply {r:?}"))),
             };
             let fi = node
                 .frames
                 .find_or_insert(pid)
                 .map_err(|_| fatal(KvError::Exhausted("the frame table is full".into())))?;
-            (pid, fi)
+            (pid, fi, epoch)
         };
         let f = node.frames.frame(fi);
         acquire_with(|| f.latch.try_exclusive()).await;
@@ -544,7 +552,7 @@ impl Pager for Worker {
             }
         };
         node.page(slot).fill(&[0u8; PAGE_SIZE]);
-        f.meta.lock().epoch = 0;
+        f.meta.lock().epoch = epoch;
         f.set_local(Local {
             mode: Possession::Exclusive,
             waiting: false,

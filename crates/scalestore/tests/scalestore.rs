@@ -185,9 +185,12 @@ fn debug_multi() {
                 let ep = d2.endpoint(0);
                 let st = block_on(d2.engine.stats(&ep)).unwrap();
                 eprintln!("{}", st);
+                eprintln!("{}", dmkv_scalestore::registry::debug_dump(&d2.args.instance));
             }
         });
-        let r = check_multi(&d, 3, 2, 300, 5);
+        let r: Result<(), String> = if std::env::var("RACE").is_ok() {
+            race(&d, &RaceConfig { torn_reads: std::env::var("TORN").is_ok(), threads: 3, keys: 300, loaded: 200, value_len: 128, ..Default::default() }).map(|_| ())
+        } else { check_multi(&d, 3, 2, 300, 5) };
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         r.unwrap();
     });
