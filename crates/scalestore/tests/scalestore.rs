@@ -195,3 +195,29 @@ fn debug_multi() {
         r.unwrap();
     });
 }
+
+#[test]
+#[ignore]
+fn debug_evict() {
+    let d = deploy(opts(3, 3, 1));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let d2 = &d;
+        let done2 = &done;
+        s.spawn(move || {
+            for _ in 0..10 {
+                std::thread::sleep(std::time::Duration::from_secs(3));
+                if done2.load(std::sync::atomic::Ordering::Relaxed) { return; }
+                let ep = d2.endpoint(0);
+                let st = block_on(d2.engine.stats(&ep)).unwrap();
+                eprintln!("{}", st);
+                eprintln!("{}", dmkv_scalestore::registry::debug_dump(&d2.args.instance));
+            }
+        });
+        let n = 30_000u64;
+        let pairs: Vec<(u64, Vec<u8>)> = (0..n).map(|i| (i * 7 + 1, make_value(i * 7 + 1, 1, 128))).collect();
+        let ep = d.endpoint(0);
+        block_on(d.engine.load(&ep, &pairs)).unwrap();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
