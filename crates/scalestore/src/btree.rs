@@ -52,7 +52,7 @@ pub const MAX_VALUE_LEN: usize = 1024;
 /// Optimistic restarts after which reads fall back to shared latches.
 const OPTIMISTIC_TRIES: u32 = 12;
 
-const _: () = assert!(CHILD_BASE + MAX_INNER_KEYS + 1 <= PAGE_SIZE / 8);
+const _: () = assert!(CHILD_BASE + MAX_INNER_KEYS < PAGE_SIZE / 8);
 const _: () = assert!(3 * (MAX_VALUE_LEN + SLOT_BYTES) + HDR_BYTES <= PAGE_SIZE);
 
 /// Decoded word 0.
@@ -427,7 +427,6 @@ impl<'a, P: Pager> BTree<'a, P> {
             if tries >= OPTIMISTIC_TRIES {
                 // Forward progress under heavy contention: read latched.
                 let pid = leaf.pid();
-                drop(leaf);
                 let s = SharedGuard::fix(self.pager, pid).await?;
                 let p = s.page();
                 let m = Meta::decode(p.word(0)?).filter(|m| m.level == 0);
@@ -469,7 +468,6 @@ impl<'a, P: Pager> BTree<'a, P> {
                     };
                     let (pairs, f) = if tries >= OPTIMISTIC_TRIES {
                         let pid = leaf.pid();
-                        drop(leaf);
                         let s: SharedGuard<'_, P> = SharedGuard::fix(self.pager, pid).await?;
                         read(&s.page())?
                     } else {
@@ -577,7 +575,6 @@ impl<'a, P: Pager> BTree<'a, P> {
         let root = Pid(cat.page().word(1)?);
         cat.check()?;
         if root == pid {
-            drop(cat);
             let cx = ExclusiveGuard::fix(self.pager, self.pager.catalog()).await?;
             if Pid(cx.page().word(1)?) != pid {
                 return Err(PageError::Restart);
@@ -623,7 +620,6 @@ impl<'a, P: Pager> BTree<'a, P> {
             node.check()?;
             node = next;
         };
-        drop(node);
         let px = ExclusiveGuard::fix(self.pager, parent).await?;
         let mut pb = PageBuf::default();
         px.page().load(&mut pb);

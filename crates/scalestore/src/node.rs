@@ -347,10 +347,8 @@ impl ScaleNode {
         let key = self as *const ScaleNode as usize;
         HANDLER_EPS.with(|m| {
             let mut m = m.borrow_mut();
-            if let Some(ep) = m.get(&key) {
-                if ep.node() == self.id {
-                    return Ok(ep.clone());
-                }
+            if let Some(ep) = m.get(&key).filter(|ep| ep.node() == self.id) {
+                return Ok(ep.clone());
             }
             let ep = Rc::new(self.fabric.endpoint(self.id)?);
             m.insert(key, ep.clone());
@@ -361,7 +359,7 @@ impl ScaleNode {
     /// Writes a page into member `to`'s cache at `offset` (one-sided), or
     /// into this node's own cache.
     fn deliver(&self, to: u8, offset: u64, bytes: &[u8]) -> Result<(), KvError> {
-        if offset % PAGE_SIZE as u64 != 0 {
+        if !offset.is_multiple_of(PAGE_SIZE as u64) {
             return Err(KvError::Corrupt(format!(
                 "page offset {offset} is not page-aligned"
             )));
@@ -447,7 +445,9 @@ impl ScaleNode {
         if f.pid() != pid {
             return Ok(Reply::Busy);
         }
-        let shard = self.shard(pid.shard()).ok_or_else(|| corrupt(format!("{pid}: shard not here")))?;
+        let shard = self
+            .shard(pid.shard())
+            .ok_or_else(|| corrupt(format!("{pid}: shard not here")))?;
         let mut d = m.dir.take().unwrap_or_else(|| Dir {
             epoch: shard.tick(),
             ..Dir::on_ssd()
@@ -534,7 +534,10 @@ impl ScaleNode {
             }
             (Owners::Exclusive(n), _) if n == r => {
                 if std::env::var("SS_DEBUG").is_ok() {
-                    eprintln!("dir {} grant {pid} to {r} {want:?}: already X(r) epoch {}", self.index, d.epoch);
+                    eprintln!(
+                        "dir {} grant {pid} to {r} {want:?}: already X(r) epoch {}",
+                        self.index, d.epoch
+                    );
                 }
                 Source::Kept
             }
@@ -579,7 +582,10 @@ impl ScaleNode {
             (Owners::Shared(set), Want::Shared) => {
                 if set & (1 << r) != 0 {
                     if std::env::var("SS_DEBUG").is_ok() {
-                        eprintln!("dir {} grant {pid} to {r} {want:?}: already in S({set:b}) epoch {}", self.index, d.epoch);
+                        eprintln!(
+                            "dir {} grant {pid} to {r} {want:?}: already in S({set:b}) epoch {}",
+                            self.index, d.epoch
+                        );
                     }
                     Source::Kept
                 } else {
@@ -636,7 +642,7 @@ impl ScaleNode {
             // Our workers yield to the coming transfer (§3.4 fairness).
             f.set_waiting(true);
         }
-        if fifo && source != Source::Kept || fifo && invalidate != 0 {
+        if fifo && (source != Source::Kept || invalidate != 0) {
             d.transfer = Some(r);
         }
         if local {
@@ -654,12 +660,12 @@ impl ScaleNode {
         if let Some(fi) = self.frames.find(pid) {
             let f = self.frames.frame(fi);
             let mut m = f.meta.lock();
-            if f.pid() == pid {
-                if let Some(d) = m.dir.as_mut() {
-                    if d.transfer == Some(r) {
-                        d.transfer = None;
-                    }
-                }
+            if let Some(d) = m
+                .dir
+                .as_mut()
+                .filter(|d| f.pid() == pid && d.transfer == Some(r))
+            {
+                d.transfer = None;
             }
         }
     }
@@ -689,7 +695,10 @@ impl ScaleNode {
                 // so this request concerns the copy we held before it. Our
                 // worker waits for the network and does not touch the page.
                 if std::env::var("SS_DEBUG").is_ok() {
-                    eprintln!("node {} stale move {pid} epoch {epoch} (mine {g}) need_page {need_page} from {r} local {l:?}", self.index);
+                    eprintln!(
+                        "node {} stale move {pid} epoch {epoch} (mine {g}) need_page {need_page} from {r} local {l:?}",
+                        self.index
+                    );
                 }
                 if l.mode == Possession::None {
                     return Ok(if need_page { Reply::Gone } else { Reply::Done });
@@ -809,7 +818,7 @@ impl ScaleNode {
         }
         let q = Request::decode(req)?;
         let check_offset = |o: u64| -> Result<(), ServiceError> {
-            if o % PAGE_SIZE as u64 != 0 {
+            if !o.is_multiple_of(PAGE_SIZE as u64) {
                 return Err(ServiceError::malformed(format!(
                     "page offset {o} is not page-aligned"
                 )));
@@ -876,7 +885,7 @@ impl ScaleNode {
         let mut accepted = vec![false; entries.len()];
         let mut pulls: Vec<(usize, u32)> = Vec::new();
         for (i, e) in entries.iter().enumerate() {
-            if self.check_pid(e.pid).is_err() || e.offset % PAGE_SIZE as u64 != 0 {
+            if self.check_pid(e.pid).is_err() || !e.offset.is_multiple_of(PAGE_SIZE as u64) {
                 continue;
             }
             let Some(fi) = self.frames.find(e.pid) else {
@@ -1054,7 +1063,13 @@ impl ScaleNode {
             let f = self.frames.frame(i);
             let l = f.local();
             let m = f.meta.lock();
-            if f.latch.is_latched() || l.waiting || m.awaiting != Awaiting::No || m.dir.as_ref().is_some_and(|d| d.transfer.is_some() || d.evicting) {
+            if f.latch.is_latched()
+                || l.waiting
+                || m.awaiting != Awaiting::No
+                || m.dir
+                    .as_ref()
+                    .is_some_and(|d| d.transfer.is_some() || d.evicting)
+            {
                 out.push_str(&format!(
                     "node {} frame {i} {} latched={} x={} local={l:?} meta.epoch={} awaiting={:?} dir={:?}\n",
                     self.index,

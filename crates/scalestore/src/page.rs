@@ -13,7 +13,7 @@ pub const PAGE_SIZE: usize = 4096;
 /// Words per page.
 pub const PAGE_WORDS: usize = PAGE_SIZE / 8;
 
-const _: () = assert!(PAGE_SIZE.is_power_of_two() && PAGE_SIZE % 8 == 0);
+const _: () = assert!(PAGE_SIZE.is_power_of_two() && PAGE_SIZE.is_multiple_of(8));
 
 /// An access outside the page; from an optimistic read it means "restart".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,6 +31,11 @@ pub fn lookup(instance: &str, id: NodeId) -> Option<Arc<ScaleNode>> {
 
 /// Diagnostic dump of every node of `instance` in this process.
 pub fn debug_dump(instance: &str) -> String {
-    let nodes: Vec<Arc<ScaleNode>> = NODES.lock().iter().filter(|(i, _, _)| i == instance).filter_map(|(_, _, w)| w.upgrade()).collect();
+    let nodes: Vec<Arc<ScaleNode>> = NODES
+        .lock()
+        .iter()
+        .filter(|(i, _, _)| i == instance)
+        .filter_map(|(_, _, w)| w.upgrade())
+        .collect();
     nodes.iter().map(|n| n.debug_dump()).collect()
 }

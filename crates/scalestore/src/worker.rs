@@ -215,7 +215,14 @@ impl Worker {
 
     /// The remote invocation path with the frame latched exclusively:
     /// obtains `want` ownership and the page into `slot`.
-    async fn obtain(&self, fi: u32, pid: Pid, want: Want, retry: bool, slot: u32) -> PageResult<Outcome> {
+    async fn obtain(
+        &self,
+        fi: u32,
+        pid: Pid,
+        want: Want,
+        retry: bool,
+        slot: u32,
+    ) -> PageResult<Outcome> {
         let res = self.obtain_inner(fi, pid, want, retry, slot).await;
         if let Err(e) = &res {
             if std::env::var("SS_DEBUG").is_ok() {
@@ -255,7 +262,10 @@ impl Worker {
         };
         f.meta.lock().awaiting = Awaiting::Known(g.epoch);
         if std::env::var("SS_DEBUG").is_ok() {
-            eprintln!("node {} {pid} {want:?} retry {retry} granted {g:?}", node.index);
+            eprintln!(
+                "node {} {pid} {want:?} retry {retry} granted {g:?}",
+                node.index
+            );
         }
         let mut invalidate = g.invalidate;
         let mut ok = true;
@@ -283,7 +293,15 @@ impl Worker {
                 let mut got = false;
                 for c in cands {
                     let r = self
-                        .until_done(c, Request::Move { pid, epoch: g.epoch, need_page: true, offset })
+                        .until_done(
+                            c,
+                            Request::Move {
+                                pid,
+                                epoch: g.epoch,
+                                need_page: true,
+                                offset,
+                            },
+                        )
                         .await?;
                     invalidate &= !(1 << c);
                     if r == Reply::Done {
@@ -297,7 +315,15 @@ impl Worker {
                     let r = if dir == node.index {
                         node.ssd_fetch_local(pid, g.epoch, offset).map_err(fatal)?
                     } else {
-                        self.until_done(dir, Request::SsdFetch { pid, epoch: g.epoch, offset }).await?
+                        self.until_done(
+                            dir,
+                            Request::SsdFetch {
+                                pid,
+                                epoch: g.epoch,
+                                offset,
+                            },
+                        )
+                        .await?
                     };
                     if r != Reply::Done {
                         return Err(corrupt(format!("{pid}: SSD fetch failed: {r:?}")));

@@ -105,7 +105,7 @@ fn data_larger_than_all_caches() {
                     .map(|task| {
                         let store = store.clone();
                         Box::pin(async move {
-                            for i in (task as u64..n).step_by(2 * 7) {
+                            for i in (task as u64..n).step_by(2 * 5) {
                                 let k = i * 7 + 1;
                                 let v = store
                                     .get(k)
@@ -185,12 +185,28 @@ fn debug_multi() {
                 let ep = d2.endpoint(0);
                 let st = block_on(d2.engine.stats(&ep)).unwrap();
                 eprintln!("{}", st);
-                eprintln!("{}", dmkv_scalestore::registry::debug_dump(&d2.args.instance));
+                eprintln!(
+                    "{}",
+                    dmkv_scalestore::registry::debug_dump(&d2.args.instance)
+                );
             }
         });
         let r: Result<(), String> = if std::env::var("RACE").is_ok() {
-            race(&d, &RaceConfig { torn_reads: std::env::var("TORN").is_ok(), threads: 3, keys: 300, loaded: 200, value_len: 128, ..Default::default() }).map(|_| ())
-        } else { check_multi(&d, 3, 2, 300, 5) };
+            race(
+                &d,
+                &RaceConfig {
+                    torn_reads: std::env::var("TORN").is_ok(),
+                    threads: 3,
+                    keys: 300,
+                    loaded: 200,
+                    value_len: 128,
+                    ..Default::default()
+                },
+            )
+            .map(|_| ())
+        } else {
+            check_multi(&d, 3, 2, 300, 5)
+        };
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         r.unwrap();
     });
@@ -207,15 +223,22 @@ fn debug_evict() {
         s.spawn(move || {
             for _ in 0..10 {
                 std::thread::sleep(std::time::Duration::from_secs(3));
-                if done2.load(std::sync::atomic::Ordering::Relaxed) { return; }
+                if done2.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
                 let ep = d2.endpoint(0);
                 let st = block_on(d2.engine.stats(&ep)).unwrap();
                 eprintln!("{}", st);
-                eprintln!("{}", dmkv_scalestore::registry::debug_dump(&d2.args.instance));
+                eprintln!(
+                    "{}",
+                    dmkv_scalestore::registry::debug_dump(&d2.args.instance)
+                );
             }
         });
         let n = 30_000u64;
-        let pairs: Vec<(u64, Vec<u8>)> = (0..n).map(|i| (i * 7 + 1, make_value(i * 7 + 1, 1, 128))).collect();
+        let pairs: Vec<(u64, Vec<u8>)> = (0..n)
+            .map(|i| (i * 7 + 1, make_value(i * 7 + 1, 1, 128)))
+            .collect();
         let ep = d.endpoint(0);
         block_on(d.engine.load(&ep, &pairs)).unwrap();
         done.store(true, std::sync::atomic::Ordering::Relaxed);
