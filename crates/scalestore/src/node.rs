@@ -532,15 +532,7 @@ impl ScaleNode {
                 };
                 Source::Written
             }
-            (Owners::Exclusive(n), _) if n == r => {
-                if std::env::var("SS_DEBUG").is_ok() {
-                    eprintln!(
-                        "dir {} grant {pid} to {r} {want:?}: already X(r) epoch {}",
-                        self.index, d.epoch
-                    );
-                }
-                Source::Kept
-            }
+            (Owners::Exclusive(n), _) if n == r => Source::Kept,
             (Owners::Exclusive(n), w) => {
                 d.epoch = shard.tick();
                 d.prev_dirty = d.dirty;
@@ -581,12 +573,6 @@ impl ScaleNode {
             }
             (Owners::Shared(set), Want::Shared) => {
                 if set & (1 << r) != 0 {
-                    if std::env::var("SS_DEBUG").is_ok() {
-                        eprintln!(
-                            "dir {} grant {pid} to {r} {want:?}: already in S({set:b}) epoch {}",
-                            self.index, d.epoch
-                        );
-                    }
                     Source::Kept
                 } else {
                     d.owners = Owners::Shared(set | 1 << r);
@@ -694,12 +680,6 @@ impl ScaleNode {
                 // Deadlock avoidance (§3.4.3): our own pending grant is newer,
                 // so this request concerns the copy we held before it. Our
                 // worker waits for the network and does not touch the page.
-                if std::env::var("SS_DEBUG").is_ok() {
-                    eprintln!(
-                        "node {} stale move {pid} epoch {epoch} (mine {g}) need_page {need_page} from {r} local {l:?}",
-                        self.index
-                    );
-                }
                 if l.mode == Possession::None {
                     return Ok(if need_page { Reply::Gone } else { Reply::Done });
                 }

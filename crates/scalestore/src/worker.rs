@@ -224,10 +224,7 @@ impl Worker {
         slot: u32,
     ) -> PageResult<Outcome> {
         let res = self.obtain_inner(fi, pid, want, retry, slot).await;
-        if let Err(e) = &res {
-            if std::env::var("SS_DEBUG").is_ok() {
-                eprintln!("node {} obtain {pid} {want:?}: {e:?}", self.node.index);
-            }
+        if res.is_err() {
             self.node.frames.frame(fi).meta.lock().awaiting = Awaiting::No;
         }
         res
@@ -261,12 +258,6 @@ impl Worker {
             }
         };
         f.meta.lock().awaiting = Awaiting::Known(g.epoch);
-        if std::env::var("SS_DEBUG").is_ok() {
-            eprintln!(
-                "node {} {pid} {want:?} retry {retry} granted {g:?}",
-                node.index
-            );
-        }
         let mut invalidate = g.invalidate;
         let mut ok = true;
         match g.source {
