@@ -1,1 +1,36 @@
-fn main() {}
+//! `dmkv`: the benchmark harness (`dmkv bench`), a memory node for
+//! multi-process runs (`dmkv memnode`, with the `ucx` feature) and an
+//! interactive shell on an in-process engine (`dmkv shell`).
+
+#![forbid(unsafe_code)]
+
+mod cli;
+mod engines;
+mod shell;
+
+use std::io::{IsTerminal, Write};
+
+fn main() {
+    let stdin = std::io::stdin();
+    let stdin_is_terminal = stdin.is_terminal();
+    let mut stdin = stdin.lock();
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr();
+    let progress = err.is_terminal();
+    let code = cli::run(
+        &engines::REGISTRY,
+        std::env::args_os().collect(),
+        &mut cli::Io {
+            stdin: &mut stdin,
+            stdin_is_terminal,
+            out: &mut out,
+            err: &mut err,
+            progress,
+        },
+    );
+    let _ = out.flush();
+    std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests;

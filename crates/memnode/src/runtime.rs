@@ -2,8 +2,8 @@
 
 use crate::workers::WorkerPool;
 use dmkv_transport::{
-    NodeHost, NodeId, RegionMem, RemoteRegion, RpcContext, Service, ServiceError, ServiceId,
-    TransportError, WireError, WireReader, WireWriter,
+    DeferredService, NodeHost, NodeId, RegionMem, RemoteRegion, RpcContext, Service, ServiceError,
+    ServiceId, TransportError, WireError, WireReader, WireWriter,
 };
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -184,6 +184,18 @@ impl NodeRuntime {
         handler: Arc<dyn Service>,
     ) -> Result<ServiceId, ServiceError> {
         let id = self.host.services().register(name, handler)?;
+        self.services.lock().push(name.to_string());
+        Ok(id)
+    }
+
+    /// Registers a service that answers through a `Responder`, possibly later
+    /// and from another thread (see `DeferredService`).
+    pub fn register_deferred_service(
+        &self,
+        name: &str,
+        handler: Arc<dyn DeferredService>,
+    ) -> Result<ServiceId, ServiceError> {
+        let id = self.host.services().register_deferred(name, handler)?;
         self.services.lock().push(name.to_string());
         Ok(id)
     }

@@ -486,6 +486,64 @@ pub fn deregistered_region_is_refused(t: &dyn Target) {
     assert!(matches!(e, TransportError::NoSuchRegion { .. }), "{e}");
 }
 
+/// A deferred service answers later from another thread; callers wait for it
+/// while other requests are served, and an abandoned request fails cleanly.
+pub fn deferred_replies(t: &dyn Target) {
+    let c = t.cluster(1, 1);
+    let parked: Arc<Mutex<Vec<crate::service::Responder>>> = Arc::default();
+    let p = parked.clone();
+    let node = c.server(0);
+    let svc = node
+        .services()
+        .register_deferred(
+            "later",
+            Arc::new(
+                move |_: &RpcContext, req: &[u8], r: crate::service::Responder| match req {
+                    b"park" => p.lock().push(r),
+                    b"drop" => drop(r),
+                    _ => r.reply(Ok(req.to_vec())),
+                },
+            ),
+        )
+        .unwrap();
+    let echo = node.services().register("echo", Arc::new(echo)).unwrap();
+    let ep = endpoint(&*c);
+    let id = node.id();
+    let releaser = {
+        let parked = parked.clone();
+        std::thread::spawn(move || {
+            // Answer the parked request from this thread once it is there.
+            for _ in 0..1000 {
+                if let Some(r) = parked.lock().pop() {
+                    r.reply(Ok(b"released".to_vec()));
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            false
+        })
+    };
+    let tasks: Vec<LocalTask<'_, Vec<u8>>> = vec![
+        Box::pin(async { ep.call(id, svc, b"park".to_vec()).await.unwrap() }),
+        // The single handler thread is free while the first request waits.
+        Box::pin(async { ep.call(id, echo, vec![1, 2]).await.unwrap() }),
+        Box::pin(async { ep.call(id, svc, b"now".to_vec()).await.unwrap() }),
+    ];
+    assert_eq!(
+        run_tasks(tasks),
+        vec![b"released".to_vec(), vec![2, 1], b"now".to_vec()]
+    );
+    assert!(releaser.join().unwrap());
+    let e = block_on(ep.call(id, svc, b"drop".to_vec())).unwrap_err();
+    assert!(
+        e.service_error()
+            .unwrap()
+            .message
+            .contains("without replying"),
+        "{e}"
+    );
+}
+
 /// Expands every conformance check into a `#[test]` for a backend: pass an
 /// expression that evaluates to a [`Target`].
 #[macro_export]
@@ -526,6 +584,10 @@ macro_rules! conformance_tests {
         #[test]
         fn conformance_crash_isolates_the_node() {
             $crate::conformance::crash_isolates_the_node(&$target)
+        }
+        #[test]
+        fn conformance_deferred_replies() {
+            $crate::conformance::deferred_replies(&$target)
         }
         #[test]
         fn conformance_deregistered_region_is_refused() {

@@ -11,6 +11,7 @@
 //! Timers ([`sleep`]) work under any executor: short waits spin, longer ones
 //! are woken by one shared timer thread.
 
+use crate::parker::Parker;
 use parking_lot::{Condvar, Mutex};
 use std::cell::RefCell;
 use std::cmp::Reverse;
@@ -21,7 +22,6 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 /// How long an idle executor spins before it parks.
@@ -31,9 +31,7 @@ const TIMER_SPIN_THRESHOLD: Duration = Duration::from_micros(200);
 
 struct Shared {
     ready: Vec<AtomicBool>,
-    any_ready: AtomicBool,
-    parked: AtomicBool,
-    thread: Thread,
+    parker: Parker,
 }
 
 struct TaskWaker {
@@ -47,10 +45,7 @@ impl Wake for TaskWaker {
     }
     fn wake_by_ref(self: &Arc<Self>) {
         self.shared.ready[self.index].store(true, Ordering::SeqCst);
-        self.shared.any_ready.store(true, Ordering::SeqCst);
-        if self.shared.parked.load(Ordering::SeqCst) {
-            self.shared.thread.unpark();
-        }
+        self.shared.parker.notify();
     }
 }
 
@@ -63,9 +58,7 @@ pub fn run_tasks<'a, T>(mut tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
     let n = tasks.len();
     let shared = Arc::new(Shared {
         ready: (0..n).map(|_| AtomicBool::new(true)).collect(),
-        any_ready: AtomicBool::new(true),
-        parked: AtomicBool::new(false),
-        thread: std::thread::current(),
+        parker: Parker::new(),
     });
     let wakers: Vec<Waker> = (0..n)
         .map(|index| {
@@ -78,7 +71,7 @@ pub fn run_tasks<'a, T>(mut tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
     let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
     let mut remaining = n;
     while remaining > 0 {
-        shared.any_ready.store(false, Ordering::SeqCst);
+        shared.parker.take();
         let mut polled = false;
         for i in 0..n {
             if results[i].is_some() || !shared.ready[i].swap(false, Ordering::SeqCst) {
@@ -111,7 +104,7 @@ fn idle(shared: &Shared) {
     let start = Instant::now();
     let hooks = IDLE_HOOKS.with(|h| h.borrow().clone());
     loop {
-        if shared.any_ready.load(Ordering::SeqCst) {
+        if shared.parker.is_notified() {
             return;
         }
         if !hooks.is_empty() {
@@ -125,11 +118,7 @@ fn idle(shared: &Shared) {
             std::hint::spin_loop();
             continue;
         }
-        shared.parked.store(true, Ordering::SeqCst);
-        if !shared.any_ready.load(Ordering::SeqCst) {
-            std::thread::park_timeout(Duration::from_millis(10));
-        }
-        shared.parked.store(false, Ordering::SeqCst);
+        shared.parker.park();
         return;
     }
 }

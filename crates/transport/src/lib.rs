@@ -43,6 +43,7 @@ pub mod endpoint;
 pub mod error;
 pub mod exec;
 pub mod local;
+mod parker;
 #[allow(unsafe_code)]
 pub mod region;
 pub mod service;
@@ -55,5 +56,5 @@ pub use cputime::thread_cpu_ns;
 pub use endpoint::{Batch, BatchResult, Endpoint};
 pub use error::{ErrorCode, Result, ServiceError, TransportError};
 pub use region::RegionMem;
-pub use service::{Reply, RpcContext, Service, ServiceTable};
+pub use service::{DeferredService, Reply, Responder, RpcContext, Service, ServiceTable};
 pub use wire::{WireError, WireReader, WireWriter};

@@ -160,8 +160,11 @@ impl NodeState {
                 caller: req.from,
                 node: self.id,
             };
-            let reply = self.services.dispatch(&ctx, req.service, &req.payload);
-            let _ = req.reply.send(reply);
+            let reply = req.reply;
+            self.services
+                .dispatch(&ctx, req.service, &req.payload, move |r| {
+                    let _ = reply.send(r);
+                });
         }
     }
 }

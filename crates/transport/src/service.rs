@@ -38,6 +38,83 @@ where
     }
 }
 
+/// An RPC handler that may answer later, from any thread: it receives a
+/// [`Responder`] and calls [`Responder::reply`] when it has the answer (for
+/// example a directory that queues a request until a page is free).
+pub trait DeferredService: Send + Sync {
+    fn handle(&self, ctx: &RpcContext, request: &[u8], responder: Responder);
+}
+
+impl<F> DeferredService for F
+where
+    F: Fn(&RpcContext, &[u8], Responder) + Send + Sync,
+{
+    fn handle(&self, ctx: &RpcContext, request: &[u8], responder: Responder) {
+        self(ctx, request, responder)
+    }
+}
+
+type SendReply = Box<dyn FnOnce(Reply) + Send>;
+
+/// Shared between a deferred request's handler run and its responder: the
+/// reply goes out once both the answer and the handler's CPU time are known.
+#[derive(Default)]
+struct Pending {
+    /// CPU time of the `handle` call, once it returned.
+    handler_cpu_ns: Option<u64>,
+    answer: Option<Result<Vec<u8>, ServiceError>>,
+    /// The responder was dropped without a reply.
+    abandoned: bool,
+    send: Option<SendReply>,
+}
+
+impl Pending {
+    fn try_send(&mut self) {
+        let (Some(server_cpu_ns), true) = (self.handler_cpu_ns, self.answer.is_some()) else {
+            return;
+        };
+        if let Some(send) = self.send.take() {
+            let result = self.answer.take().expect("checked above");
+            send(Reply {
+                result,
+                server_cpu_ns,
+            });
+        }
+    }
+}
+
+/// The right to answer one deferred request. The reply carries the CPU time
+/// of the handler's `handle` call (work done later for it on other threads is
+/// accounted where it runs). Dropping a responder without replying answers
+/// with an error, so no caller waits for a reply that cannot come.
+pub struct Responder {
+    pending: Arc<parking_lot::Mutex<Pending>>,
+    replied: bool,
+}
+
+impl Responder {
+    /// Answers the request.
+    pub fn reply(mut self, result: Result<Vec<u8>, ServiceError>) {
+        self.replied = true;
+        let mut p = self.pending.lock();
+        p.answer = Some(result);
+        p.try_send();
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        if !self.replied {
+            let mut p = self.pending.lock();
+            p.answer = Some(Err(ServiceError::failed(
+                "the service dropped the request without replying",
+            )));
+            p.abandoned = true;
+            p.try_send();
+        }
+    }
+}
+
 /// What comes back from an RPC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
@@ -92,7 +169,11 @@ pub(crate) mod directory {
     pub const RESOLVE_REGION: u8 = 2;
 }
 
-type Handler = Arc<dyn Service>;
+#[derive(Clone)]
+enum Handler {
+    Now(Arc<dyn Service>),
+    Deferred(Arc<dyn DeferredService>),
+}
 
 /// The services and published regions of one node.
 #[derive(Default)]
@@ -119,6 +200,20 @@ impl ServiceTable {
         name: &str,
         handler: Arc<dyn Service>,
     ) -> Result<ServiceId, ServiceError> {
+        self.insert(name, Handler::Now(handler))
+    }
+
+    /// Registers a handler that answers through a [`Responder`], possibly
+    /// later and from another thread.
+    pub fn register_deferred(
+        &self,
+        name: &str,
+        handler: Arc<dyn DeferredService>,
+    ) -> Result<ServiceId, ServiceError> {
+        self.insert(name, Handler::Deferred(handler))
+    }
+
+    fn insert(&self, name: &str, handler: Handler) -> Result<ServiceId, ServiceError> {
         let mut names = self.names.write();
         if names.contains_key(name) {
             return Err(ServiceError::failed(format!(
@@ -173,31 +268,79 @@ impl ServiceTable {
         )
     }
 
-    /// Runs the handler for `service` and measures its CPU time. A panicking
-    /// handler becomes an error reply; the handler thread survives.
-    pub fn dispatch(&self, ctx: &RpcContext, service: ServiceId, request: &[u8]) -> Reply {
+    /// Runs the handler for `service`, measures its CPU time, and hands the
+    /// reply to `send` (at once, or later for a deferred service). A
+    /// panicking handler becomes an error reply; the handler thread survives.
+    pub fn dispatch(
+        &self,
+        ctx: &RpcContext,
+        service: ServiceId,
+        request: &[u8],
+        send: impl FnOnce(Reply) + Send + 'static,
+    ) {
         let start = thread_cpu_ns();
-        let result = if service == ServiceId::DIRECTORY {
-            self.directory(ctx.node, request)
+        let handler = if service == ServiceId::DIRECTORY {
+            None
         } else {
-            let handler = self.handlers.read().get(&service.0).map(|(_, h)| h.clone());
-            match handler {
-                None => Err(ServiceError::new(
-                    ErrorCode::UnknownService,
-                    format!("no service with id {} on node {}", service.0, ctx.node),
-                )),
-                Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(ctx, request)))
-                    .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked"))),
+            match self.handlers.read().get(&service.0).map(|(_, h)| h.clone()) {
+                Some(h) => Some(h),
+                None => {
+                    let error = ServiceError::new(
+                        ErrorCode::UnknownService,
+                        format!("no service with id {} on node {}", service.0, ctx.node),
+                    );
+                    self.finish(start, Err(error), send);
+                    return;
+                }
             }
         };
+        match handler {
+            None => {
+                let result = self.directory(ctx.node, request);
+                self.finish(start, result, send);
+            }
+            Some(Handler::Now(h)) => {
+                let result = std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(ctx, request)))
+                    .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")));
+                self.finish(start, result, send);
+            }
+            Some(Handler::Deferred(h)) => {
+                let pending = Arc::new(parking_lot::Mutex::new(Pending {
+                    send: Some(Box::new(send)),
+                    ..Pending::default()
+                }));
+                let responder = Responder {
+                    pending: pending.clone(),
+                    replied: false,
+                };
+                let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    h.handle(ctx, request, responder)
+                }))
+                .is_err();
+                let cpu = thread_cpu_ns().saturating_sub(start);
+                self.served.fetch_add(1, Ordering::Relaxed);
+                self.handler_cpu_ns.fetch_add(cpu, Ordering::Relaxed);
+                let mut p = pending.lock();
+                if panicked && p.abandoned {
+                    // The responder was dropped while unwinding: say why.
+                    p.answer = Some(Err(ServiceError::failed("the handler panicked")));
+                }
+                p.handler_cpu_ns = Some(cpu);
+                p.try_send();
+            }
+        }
+    }
+
+    /// Sends an immediate reply with the CPU time since `start`.
+    fn finish(&self, start: u64, result: Result<Vec<u8>, ServiceError>, send: impl FnOnce(Reply)) {
         let server_cpu_ns = thread_cpu_ns().saturating_sub(start);
         self.served.fetch_add(1, Ordering::Relaxed);
         self.handler_cpu_ns
             .fetch_add(server_cpu_ns, Ordering::Relaxed);
-        Reply {
+        send(Reply {
             result,
             server_cpu_ns,
-        }
+        });
     }
 
     fn directory(&self, node: NodeId, request: &[u8]) -> Result<Vec<u8>, ServiceError> {
@@ -255,10 +398,18 @@ mod tests {
         }
     }
 
+    /// Dispatches and waits for the reply, however late it comes.
+    fn call(t: &ServiceTable, id: ServiceId, req: &[u8]) -> Reply {
+        let (tx, rx) = std::sync::mpsc::channel();
+        t.dispatch(&ctx(), id, req, move |r| tx.send(r).unwrap());
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a reply")
+    }
+
     #[test]
     fn unknown_service_and_panics_become_error_replies() {
         let t = ServiceTable::new();
-        let r = t.dispatch(&ctx(), ServiceId(99), b"x");
+        let r = call(&t, ServiceId(99), b"x");
         assert_eq!(r.result.unwrap_err().code, ErrorCode::UnknownService);
         let id = t
             .register(
@@ -268,8 +419,53 @@ mod tests {
                 ),
             )
             .unwrap();
-        let r = t.dispatch(&ctx(), id, b"");
+        let r = call(&t, id, b"");
         assert_eq!(r.result.unwrap_err().code, ErrorCode::Failed);
+    }
+
+    #[test]
+    fn deferred_services_reply_late_from_other_threads() {
+        let t = ServiceTable::new();
+        let parked: Arc<parking_lot::Mutex<Vec<Responder>>> = Arc::default();
+        let p = parked.clone();
+        let id = t
+            .register_deferred(
+                "later",
+                Arc::new(move |_: &RpcContext, req: &[u8], r: Responder| match req {
+                    b"now" => r.reply(Ok(b"at once".to_vec())),
+                    b"drop" => drop(r),
+                    b"boom" => panic!("boom"),
+                    _ => p.lock().push(r),
+                }),
+            )
+            .unwrap();
+        assert_eq!(call(&t, id, b"now").result.unwrap(), b"at once");
+        assert!(
+            call(&t, id, b"drop")
+                .result
+                .unwrap_err()
+                .message
+                .contains("without replying")
+        );
+        assert!(
+            call(&t, id, b"boom")
+                .result
+                .unwrap_err()
+                .message
+                .contains("panicked")
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        t.dispatch(&ctx(), id, b"park", move |r| tx.send(r).unwrap());
+        assert!(
+            rx.try_recv().is_err(),
+            "no reply while the request is parked"
+        );
+        let r = parked.lock().pop().unwrap();
+        std::thread::spawn(move || r.reply(Ok(b"late".to_vec())))
+            .join()
+            .unwrap();
+        assert_eq!(rx.recv().unwrap().result.unwrap(), b"late");
+        assert_eq!(t.served().0, 4);
     }
 
     #[test]

@@ -1,0 +1,187 @@
+//! What a benchmark run is told: typed, validated, no globals.
+
+use crate::error::BenchError;
+use crate::keyset::KeysetSpec;
+use crate::workload::{Dist, Workload};
+use dmkv_api::deploy::DeployOptions;
+use dmkv_api::payload::MIN_LEN;
+use dmkv_api::{EngineSpec, Knobs};
+use dmkv_transport::local::LocalConfig;
+use std::path::PathBuf;
+
+/// Defaults of `dmkv bench`, chosen so that comparing about ten engines on
+/// YCSB C finishes well under a minute on a 2-core machine. Change them here.
+pub mod defaults {
+    pub const KEYS: u64 = 100_000;
+    pub const OPS: u64 = 200_000;
+    pub const VALUE_SIZE: usize = 8;
+    /// One compute thread: the other core serves the memory node.
+    pub const THREADS: usize = 1;
+    pub const TASKS: usize = 8;
+    pub const MEMNODE_THREADS: usize = 1;
+    pub const MEMNODES: usize = 1;
+    pub const NODES: usize = 1;
+    pub const CACHE_MB: u64 = 64;
+    pub const SEED: u64 = 1;
+    /// Pairs per `Engine::load` call.
+    pub const LOAD_CHUNK: usize = 4096;
+}
+
+/// One engine of a run, with its `--set` knobs.
+#[derive(Clone)]
+pub struct EngineChoice {
+    pub spec: &'static dyn EngineSpec,
+    pub knobs: Knobs,
+}
+
+impl std::fmt::Debug for EngineChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineChoice")
+            .field("spec", &self.spec.name())
+            .field("knobs", &self.knobs)
+            .finish()
+    }
+}
+
+/// Where the operations come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkloadSource {
+    Synthetic(Workload),
+    /// A YCSB trace to replay (`--trace`).
+    Trace(PathBuf),
+}
+
+/// A whole `dmkv bench` invocation.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Run in this order; ratios are relative to the first.
+    pub engines: Vec<EngineChoice>,
+    pub workload: WorkloadSource,
+    /// None: the workload's natural distribution (latest for D, else uniform).
+    pub dist: Option<Dist>,
+    pub keyset: KeysetSpec,
+    pub keys: u64,
+    pub ops: u64,
+    pub value_size: usize,
+    pub threads: usize,
+    pub tasks: usize,
+    pub memnode_threads: usize,
+    pub memnodes: usize,
+    pub nodes: usize,
+    pub cache_mb: u64,
+    pub data_dir: Option<PathBuf>,
+    pub verify: bool,
+    pub seed: u64,
+    /// Draw progress bars on stderr (indicatif hides them anyway when stderr
+    /// is not a terminal).
+    pub progress: bool,
+    /// The local backend's settings, including injected faults (tests).
+    pub local: LocalConfig,
+    pub load_chunk: usize,
+}
+
+impl BenchConfig {
+    /// The defaults, for `engines`.
+    pub fn new(engines: Vec<EngineChoice>) -> BenchConfig {
+        BenchConfig {
+            engines,
+            workload: WorkloadSource::Synthetic(Workload::YcsbC),
+            dist: None,
+            keyset: KeysetSpec::Uniform,
+            keys: defaults::KEYS,
+            ops: defaults::OPS,
+            value_size: defaults::VALUE_SIZE,
+            threads: defaults::THREADS,
+            tasks: defaults::TASKS,
+            memnode_threads: defaults::MEMNODE_THREADS,
+            memnodes: defaults::MEMNODES,
+            nodes: defaults::NODES,
+            cache_mb: defaults::CACHE_MB,
+            data_dir: None,
+            verify: false,
+            seed: defaults::SEED,
+            progress: false,
+            local: LocalConfig::default(),
+            load_chunk: defaults::LOAD_CHUNK,
+        }
+    }
+
+    /// The distribution in force.
+    pub fn effective_dist(&self) -> Dist {
+        match (&self.dist, &self.workload) {
+            (Some(d), _) => *d,
+            (None, WorkloadSource::Synthetic(w)) => w.natural_dist(),
+            (None, WorkloadSource::Trace(_)) => Dist::Uniform,
+        }
+    }
+
+    /// Checks what can be checked without engines or files.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        if self.engines.is_empty() {
+            return Err(BenchError::input("no engine to run"));
+        }
+        for (i, e) in self.engines.iter().enumerate() {
+            if self.engines[..i]
+                .iter()
+                .any(|o| o.spec.name() == e.spec.name())
+            {
+                return Err(BenchError::input(format!(
+                    "engine {} is listed twice",
+                    e.spec.name()
+                )));
+            }
+            e.knobs.check(e.spec.name(), e.spec.knobs())?;
+        }
+        if self.value_size < MIN_LEN {
+            return Err(BenchError::input(format!(
+                "--value-size {} is too small: values carry their key's checksum and version, so they have at least {MIN_LEN} bytes",
+                self.value_size
+            )));
+        }
+        if u32::try_from(self.value_size).is_err() {
+            return Err(BenchError::input(format!(
+                "--value-size {} is too large",
+                self.value_size
+            )));
+        }
+        for (flag, v) in [
+            ("--threads", self.threads),
+            ("--tasks", self.tasks),
+            ("--memnode-threads", self.memnode_threads),
+            ("--memnodes", self.memnodes),
+            ("--nodes", self.nodes),
+        ] {
+            if v == 0 {
+                return Err(BenchError::input(format!("{flag} must be at least 1")));
+            }
+        }
+        if self.load_chunk == 0 {
+            return Err(BenchError::input(
+                "the load chunk must hold at least one pair",
+            ));
+        }
+        if self.dist.is_some() && matches!(self.workload, WorkloadSource::Trace(_)) {
+            return Err(BenchError::input(
+                "--dist does not apply to a --trace replay",
+            ));
+        }
+        Ok(())
+    }
+
+    /// How to deploy `engine` for a run over `expected_keys` keys.
+    pub fn deploy_options(&self, engine: &EngineChoice, expected_keys: u64) -> DeployOptions {
+        DeployOptions {
+            memnodes: self.memnodes,
+            nodes: self.nodes,
+            handler_threads: self.memnode_threads,
+            knobs: engine.knobs.clone(),
+            expected_keys,
+            value_size: self.value_size as u32,
+            cache_mb: self.cache_mb,
+            data_dir: self.data_dir.clone(),
+            threads: self.threads,
+            local: self.local.clone(),
+            instance: "bench".into(),
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! # dmkv-bench: the benchmark harness behind `dmkv bench`
+//!
+//! A run compares engines on the same ground: one key set and one set of
+//! request streams, generated once from the seed and replayed against every
+//! engine, each deployed on a fresh in-process cluster.
+//!
+//! - [`config`]: what a run is told ([`BenchConfig`]), with the defaults.
+//! - [`keyset`]: the keys (uniform, sequential, normal, lognormal, SOSD
+//!   files); [`trace`]: YCSB traces; [`workload`] and [`dist`]: YCSB's
+//!   workloads and request distributions; [`rng`]: a fully specified PRNG so
+//!   streams are the same everywhere.
+//! - [`plan`]: the key universe and each task's request stream, deterministic
+//!   per (seed, thread, task), and which task owns which key.
+//! - [`runner`]: deploy, load, run T threads x C tasks, verify.
+//! - [`state`] and [`check`]: what the harness knows about every key, and
+//!   how it checks every answer against it; [`metered`]: exact costs per
+//!   operation; [`stats`]: per-thread figures.
+//! - [`report`]: the table, the ratios and the JSON.
+
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod config;
+pub mod dist;
+pub mod error;
+pub mod keyset;
+pub mod metered;
+pub mod plan;
+pub mod report;
+pub mod rng;
+pub mod runner;
+pub mod state;
+pub mod stats;
+pub mod trace;
+pub mod workload;
+
+pub use config::{BenchConfig, EngineChoice, WorkloadSource, defaults};
+pub use error::BenchError;
+pub use keyset::KeysetSpec;
+pub use report::{EngineReport, print_table, write_json};
+pub use runner::{BenchOutcome, EngineFailure, run};
+pub use workload::{Dist, Workload};

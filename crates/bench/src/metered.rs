@@ -1,0 +1,67 @@
+//! Exact per-operation costs.
+//!
+//! An endpoint charges a verb or RPC to its counters only while the issuing
+//! task is being polled, and a compute thread polls one task at a time. So
+//! the difference of the endpoint's counters across each poll of an
+//! operation's future is exactly what that operation cost, whatever the
+//! other tasks of the thread do in between. This is how the harness
+//! attributes costs to report operation types that the transport's
+//! [`OpKind`](dmkv_transport::OpKind) labels do not separate (YCSB F's
+//! read-modify-write is charged to `get` and `update` there).
+
+use dmkv_transport::{Counters, Endpoint, OpKind};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// Everything `ep` has charged so far, over all operation kinds.
+pub fn total(ep: &Endpoint) -> Counters {
+    ep.counters().sum(&OpKind::ALL)
+}
+
+/// `a - b`, field by field; `b` must be an earlier reading of the same
+/// monotone counters.
+pub fn difference(a: &Counters, b: &Counters) -> Counters {
+    Counters {
+        round_trips: a.round_trips - b.round_trips,
+        verbs: a.verbs - b.verbs,
+        reads: a.reads - b.reads,
+        writes: a.writes - b.writes,
+        cas: a.cas - b.cas,
+        faa: a.faa - b.faa,
+        rpcs: a.rpcs - b.rpcs,
+        bytes_read: a.bytes_read - b.bytes_read,
+        bytes_written: a.bytes_written - b.bytes_written,
+        memnode_cpu_ns: a.memnode_cpu_ns - b.memnode_cpu_ns,
+    }
+}
+
+/// Runs `fut` and returns its output with what it cost on `ep`.
+pub fn metered<'a, F: Future>(ep: &'a Endpoint, fut: F) -> Metered<'a, F> {
+    Metered {
+        ep,
+        cost: Counters::default(),
+        inner: Box::pin(fut),
+    }
+}
+
+/// See [`metered`].
+pub struct Metered<'a, F> {
+    ep: &'a Endpoint,
+    cost: Counters,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for Metered<'_, F> {
+    type Output = (F::Output, Counters);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let before = total(this.ep);
+        let polled = this.inner.as_mut().poll(cx);
+        this.cost += difference(&total(this.ep), &before);
+        match polled {
+            Poll::Ready(out) => Poll::Ready((out, this.cost)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,569 @@
+//! Reports: one [`EngineReport`] per engine run, printed as a table (with
+//! ratios to the first engine) and written as JSON.
+//!
+//! Per-operation figures are totals over the run's workload operations
+//! divided by their count; the load and `--verify` are reported apart.
+//! Counters are exact (see [`crate::metered`]); only latency and
+//! throughput depend on the machine.
+
+use crate::check::{Findings, Problem};
+use crate::stats::{Errors, OpFigures, VerifyFigures};
+use crate::workload::OpType;
+use dmkv_memnode::NodeStats;
+use dmkv_transport::Counters;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub mean: f64,
+    pub max: f64,
+}
+
+impl Latency {
+    /// From a histogram of nanoseconds.
+    pub fn from_ns(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Latency {
+            p50: us(h.value_at_quantile(0.50)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            mean: h.mean() / 1000.0,
+            max: us(h.max()),
+        }
+    }
+}
+
+/// Costs per operation (or per loaded key): totals divided by a count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PerOp {
+    /// Network round trips (a verb, a doorbell batch or an RPC).
+    pub round_trips: f64,
+    /// One-sided verbs: reads + writes + cas + faa.
+    pub verbs: f64,
+    pub reads: f64,
+    pub writes: f64,
+    pub cas: f64,
+    pub faa: f64,
+    pub rpcs: f64,
+    pub bytes_read: f64,
+    pub bytes_written: f64,
+    /// CPU time memory-node handlers spent on this operation's RPCs.
+    pub memnode_cpu_ns: f64,
+}
+
+impl PerOp {
+    pub fn new(c: &Counters, n: u64) -> PerOp {
+        if n == 0 {
+            return PerOp::default();
+        }
+        let d = |x: u64| x as f64 / n as f64;
+        PerOp {
+            round_trips: d(c.round_trips),
+            verbs: d(c.verbs),
+            reads: d(c.reads),
+            writes: d(c.writes),
+            cas: d(c.cas),
+            faa: d(c.faa),
+            rpcs: d(c.rpcs),
+            bytes_read: d(c.bytes_read),
+            bytes_written: d(c.bytes_written),
+            memnode_cpu_ns: d(c.memnode_cpu_ns),
+        }
+    }
+}
+
+/// Exact totals of counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    pub round_trips: u64,
+    pub verbs: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub cas: u64,
+    pub faa: u64,
+    pub rpcs: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub memnode_cpu_ns: u64,
+}
+
+impl From<&Counters> for Totals {
+    fn from(c: &Counters) -> Totals {
+        Totals {
+            round_trips: c.round_trips,
+            verbs: c.verbs,
+            reads: c.reads,
+            writes: c.writes,
+            cas: c.cas,
+            faa: c.faa,
+            rpcs: c.rpcs,
+            bytes_read: c.bytes_read,
+            bytes_written: c.bytes_written,
+            memnode_cpu_ns: c.memnode_cpu_ns,
+        }
+    }
+}
+
+/// One operation type's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpReport {
+    pub count: u64,
+    #[serde(flatten)]
+    pub per_op: PerOp,
+    pub latency_us: Latency,
+}
+
+impl OpReport {
+    pub fn new(f: &OpFigures) -> OpReport {
+        OpReport {
+            count: f.count,
+            per_op: PerOp::new(&f.cost, f.count),
+            latency_us: Latency::from_ns(&f.latency),
+        }
+    }
+}
+
+/// The bulk load before the run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadReport {
+    pub keys: u64,
+    pub seconds: f64,
+    pub keys_per_s: f64,
+    /// Costs per loaded key.
+    pub per_key: PerOp,
+}
+
+/// Memory-node figures: differences over the run (from its start to the
+/// end of its last operation), and memory after it; summed over nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MemnodeReport {
+    pub nodes: usize,
+    pub rpcs_served: u64,
+    pub handler_cpu_ns: u64,
+    pub background_cpu_ns: u64,
+    pub background_jobs: u64,
+    /// Bytes of registered memory in use after the run.
+    pub memory_used: u64,
+    /// Bytes of registered memory reserved after the run.
+    pub memory_reserved: u64,
+}
+
+impl MemnodeReport {
+    pub fn new(before: &[NodeStats], after: &[NodeStats]) -> MemnodeReport {
+        let sum = |v: &[NodeStats], f: fn(&NodeStats) -> u64| v.iter().map(f).sum::<u64>();
+        let delta = |f: fn(&NodeStats) -> u64| sum(after, f).saturating_sub(sum(before, f));
+        MemnodeReport {
+            nodes: after.len(),
+            rpcs_served: delta(|s| s.rpcs_served),
+            handler_cpu_ns: delta(|s| s.handler_cpu_ns),
+            background_cpu_ns: delta(|s| s.background_cpu_ns),
+            background_jobs: delta(|s| s.background_jobs),
+            memory_used: sum(after, |s| s.memory_used),
+            memory_reserved: sum(after, |s| s.memory_reserved),
+        }
+    }
+}
+
+/// `--verify`: every key of the universe read back after the run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    pub enabled: bool,
+    pub checked: u64,
+    pub mismatches: u64,
+    pub missing: u64,
+    pub unexpected: u64,
+    pub skipped: u64,
+    pub errors: u64,
+    pub samples: Vec<String>,
+}
+
+impl VerifyReport {
+    pub fn new(v: Option<&VerifyFigures>) -> VerifyReport {
+        match v {
+            None => VerifyReport::default(),
+            Some(v) => VerifyReport {
+                enabled: true,
+                checked: v.checked,
+                mismatches: v.mismatches,
+                missing: v.missing,
+                unexpected: v.unexpected,
+                skipped: v.skipped,
+                errors: v.errors,
+                samples: v.samples.clone(),
+            },
+        }
+    }
+    pub fn failures(&self) -> u64 {
+        self.mismatches + self.missing + self.unexpected + self.errors
+    }
+}
+
+/// Wrong answers found while the workload ran.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ChecksReport {
+    pub failures: u64,
+    pub by_problem: BTreeMap<String, u64>,
+    pub samples: Vec<String>,
+}
+
+impl ChecksReport {
+    pub fn new(f: &Findings) -> ChecksReport {
+        ChecksReport {
+            failures: f.total(),
+            by_problem: Problem::ALL
+                .iter()
+                .filter(|p| f.count(**p) > 0)
+                .map(|p| (p.name().to_string(), f.count(*p)))
+                .collect(),
+            samples: f.samples.clone(),
+        }
+    }
+}
+
+/// Operations that failed with an error, and errors outside operations.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ErrorsReport {
+    pub count: u64,
+    pub by_op: BTreeMap<String, u64>,
+    pub samples: Vec<String>,
+}
+
+impl ErrorsReport {
+    pub fn new(e: &Errors) -> ErrorsReport {
+        let mut by_op: BTreeMap<String, u64> = OpType::ALL
+            .iter()
+            .filter(|t| e.by_op[t.index()] > 0)
+            .map(|t| (t.name().to_string(), e.by_op[t.index()]))
+            .collect();
+        if e.other > 0 {
+            by_op.insert("other".into(), e.other);
+        }
+        ErrorsReport {
+            count: e.total(),
+            by_op,
+            samples: e.samples.clone(),
+        }
+    }
+}
+
+/// What a trace replay read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TraceReport {
+    pub path: String,
+    pub lines: u64,
+    pub operations: u64,
+    pub ignored_lines: u64,
+}
+
+/// One engine's run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineReport {
+    pub engine: String,
+    pub workload: String,
+    pub dist: String,
+    pub keyset: String,
+    /// Keys loaded before the run.
+    pub keys: u64,
+    /// Workload operations run.
+    pub ops: u64,
+    pub value_size: usize,
+    pub threads: usize,
+    pub tasks_per_thread: usize,
+    pub memnode_threads: usize,
+    pub memnodes: usize,
+    pub nodes: usize,
+    pub transport: String,
+    pub seed: u64,
+    /// `--set` knobs of this engine.
+    pub settings: BTreeMap<String, String>,
+    pub throughput_ops_per_s: f64,
+    pub run_seconds: f64,
+    pub latency_us: Latency,
+    pub per_op: PerOp,
+    pub by_op: BTreeMap<String, OpReport>,
+    /// The run's transport counters by operation label, exact totals (YCSB
+    /// F's read-modify-write appears under get and update here).
+    pub counters_by_kind: BTreeMap<String, Totals>,
+    pub load: LoadReport,
+    /// Costs of `--verify` (label `verify`), exact totals.
+    pub verify_counters: Totals,
+    pub client_cache_bytes: u64,
+    /// Registered memory in use on the memory nodes after the run.
+    pub memnode_bytes: u64,
+    pub memnode: MemnodeReport,
+    pub verify: VerifyReport,
+    pub checks: ChecksReport,
+    pub errors: ErrorsReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceReport>,
+    pub engine_stats: serde_json::Value,
+    /// No error, no failed check, no verification failure.
+    pub ok: bool,
+}
+
+/// Writes the reports as JSON: an object for one engine, an array for more.
+pub fn write_json(path: &Path, reports: &[EngineReport]) -> io::Result<()> {
+    let text = if reports.len() == 1 {
+        serde_json::to_string_pretty(&reports[0])
+    } else {
+        serde_json::to_string_pretty(reports)
+    }
+    .map_err(io::Error::other)?;
+    std::fs::write(path, text + "\n")
+}
+
+/// A row of the table: a label and one cell per report.
+type Row = (String, Vec<String>);
+
+fn f2(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+fn f1(x: f64) -> String {
+    format!("{x:.1}")
+}
+
+fn verify_cell(r: &EngineReport) -> String {
+    let v = &r.verify;
+    if !v.enabled {
+        "off".into()
+    } else if v.failures() == 0 {
+        format!("ok ({} keys)", v.checked)
+    } else {
+        format!(
+            "FAILED: {} mismatched, {} missing, {} unexpected, {} errors",
+            v.mismatches, v.missing, v.unexpected, v.errors
+        )
+    }
+}
+
+fn rows(reports: &[EngineReport]) -> Vec<Row> {
+    let col = |f: &dyn Fn(&EngineReport) -> String| reports.iter().map(f).collect::<Vec<_>>();
+    let mut rows: Vec<Row> = vec![
+        (
+            "throughput (ops/s)".into(),
+            col(&|r| format!("{:.0}", r.throughput_ops_per_s)),
+        ),
+        ("latency p50 (us)".into(), col(&|r| f1(r.latency_us.p50))),
+        ("latency p99 (us)".into(), col(&|r| f1(r.latency_us.p99))),
+        ("latency p999 (us)".into(), col(&|r| f1(r.latency_us.p999))),
+        (
+            "round trips / op".into(),
+            col(&|r| f2(r.per_op.round_trips)),
+        ),
+        ("verbs / op".into(), col(&|r| f2(r.per_op.verbs))),
+        (
+            "  read/write/cas/faa".into(),
+            col(&|r| {
+                format!(
+                    "{}/{}/{}/{}",
+                    f2(r.per_op.reads),
+                    f2(r.per_op.writes),
+                    f2(r.per_op.cas),
+                    f2(r.per_op.faa)
+                )
+            }),
+        ),
+        ("rpcs / op".into(), col(&|r| f2(r.per_op.rpcs))),
+        ("bytes read / op".into(), col(&|r| f1(r.per_op.bytes_read))),
+        (
+            "bytes written / op".into(),
+            col(&|r| f1(r.per_op.bytes_written)),
+        ),
+        (
+            "memnode cpu / op (ns)".into(),
+            col(&|r| f1(r.per_op.memnode_cpu_ns)),
+        ),
+        (
+            "memnode bg cpu (ms)".into(),
+            col(&|r| f1(r.memnode.background_cpu_ns as f64 / 1e6)),
+        ),
+        (
+            "client cache (bytes)".into(),
+            col(&|r| r.client_cache_bytes.to_string()),
+        ),
+        (
+            "memnode memory (bytes)".into(),
+            col(&|r| r.memnode_bytes.to_string()),
+        ),
+        (
+            "load (keys/s)".into(),
+            col(&|r| format!("{:.0}", r.load.keys_per_s)),
+        ),
+    ];
+    for t in OpType::ALL {
+        let name = t.name();
+        if !reports.iter().any(|r| r.by_op.contains_key(name)) {
+            continue;
+        }
+        let cell = |f: &dyn Fn(&OpReport) -> String| {
+            col(&|r| r.by_op.get(name).map(f).unwrap_or_else(|| "-".into()))
+        };
+        rows.push((format!("{name}: ops"), cell(&|o| o.count.to_string())));
+        rows.push((
+            format!("{name}: rt / verbs / rpcs"),
+            cell(&|o| {
+                format!(
+                    "{} / {} / {}",
+                    f2(o.per_op.round_trips),
+                    f2(o.per_op.verbs),
+                    f2(o.per_op.rpcs)
+                )
+            }),
+        ));
+        rows.push((
+            format!("{name}: bytes r / w"),
+            cell(&|o| {
+                format!(
+                    "{} / {}",
+                    f1(o.per_op.bytes_read),
+                    f1(o.per_op.bytes_written)
+                )
+            }),
+        ));
+        rows.push((
+            format!("{name}: p50 / p99 (us)"),
+            cell(&|o| format!("{} / {}", f1(o.latency_us.p50), f1(o.latency_us.p99))),
+        ));
+    }
+    rows.push(("verify".into(), col(&|r| verify_cell(r))));
+    rows.push((
+        "check failures".into(),
+        col(&|r| r.checks.failures.to_string()),
+    ));
+    rows.push(("errors".into(), col(&|r| r.errors.count.to_string())));
+    rows
+}
+
+/// `x / base` as a ratio cell.
+fn ratio(x: f64, base: f64) -> String {
+    if base == 0.0 {
+        if x == 0.0 { "-".into() } else { "inf".into() }
+    } else {
+        format!("{:.2}x", x / base)
+    }
+}
+
+fn ratio_rows(reports: &[EngineReport]) -> Vec<Row> {
+    let base = &reports[0];
+    type Metric = (&'static str, fn(&EngineReport) -> f64);
+    let metrics: [Metric; 9] = [
+        ("throughput", |r| r.throughput_ops_per_s),
+        ("latency p50", |r| r.latency_us.p50),
+        ("round trips / op", |r| r.per_op.round_trips),
+        ("verbs / op", |r| r.per_op.verbs),
+        ("rpcs / op", |r| r.per_op.rpcs),
+        ("bytes read / op", |r| r.per_op.bytes_read),
+        ("bytes written / op", |r| r.per_op.bytes_written),
+        ("memnode cpu / op", |r| r.per_op.memnode_cpu_ns),
+        ("client cache", |r| r.client_cache_bytes as f64),
+    ];
+    metrics
+        .iter()
+        .map(|(label, f)| {
+            (
+                label.to_string(),
+                reports[1..].iter().map(|r| ratio(f(r), f(base))).collect(),
+            )
+        })
+        .collect()
+}
+
+fn print_rows(out: &mut dyn Write, header: &[String], rows: &[Row]) -> io::Result<()> {
+    let label_w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(8);
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.1[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    write!(out, "{:label_w$}", "")?;
+    for (h, w) in header.iter().zip(&widths) {
+        write!(out, "  {h:>w$}")?;
+    }
+    writeln!(out)?;
+    for (label, cells) in rows {
+        write!(out, "{label:label_w$}")?;
+        for (c, w) in cells.iter().zip(&widths) {
+            write!(out, "  {c:>w$}")?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// The human report: the run's parameters, one column per engine, ratios to
+/// the first engine when there are several, then samples of anything that
+/// went wrong.
+pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<()> {
+    let Some(first) = reports.first() else {
+        return writeln!(out, "no engine completed its run");
+    };
+    writeln!(
+        out,
+        "dmkv bench: workload {}, dist {}, keyset {}, {} keys loaded, {} ops, {}-byte values",
+        first.workload, first.dist, first.keyset, first.keys, first.ops, first.value_size
+    )?;
+    writeln!(
+        out,
+        "            {} thread(s) x {} task(s), {} memnode(s) x {} handler thread(s), {} node(s), transport {}, seed {}",
+        first.threads,
+        first.tasks_per_thread,
+        first.memnodes,
+        first.memnode_threads,
+        first.nodes,
+        first.transport,
+        first.seed
+    )?;
+    if let Some(t) = &first.trace {
+        writeln!(
+            out,
+            "            trace {}: {} lines, {} operations, {} other lines ignored",
+            t.path, t.lines, t.operations, t.ignored_lines
+        )?;
+    }
+    writeln!(out)?;
+    let header: Vec<String> = reports.iter().map(|r| r.engine.clone()).collect();
+    print_rows(out, &header, &rows(reports))?;
+    if reports.len() > 1 {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "relative to {} (same key set and request stream)",
+            first.engine
+        )?;
+        print_rows(out, &header[1..], &ratio_rows(reports))?;
+    }
+    for r in reports {
+        let samples = r
+            .errors
+            .samples
+            .iter()
+            .map(|s| ("error", s))
+            .chain(r.checks.samples.iter().map(|s| ("check", s)))
+            .chain(r.verify.samples.iter().map(|s| ("verify", s)));
+        let mut any = false;
+        for (what, s) in samples {
+            if !any {
+                writeln!(out)?;
+                any = true;
+            }
+            writeln!(out, "{}: {what}: {s}", r.engine)?;
+        }
+    }
+    Ok(())
+}

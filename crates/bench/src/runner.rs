@@ -1,0 +1,683 @@
+//! The runner: for each engine, deploy it on a fresh in-process cluster,
+//! load the key set, run the request streams with T threads x C tasks,
+//! optionally read every key back, and report.
+//!
+//! Phases of one engine run, and who counts what:
+//!
+//! 1. deploy, then load from the main thread in chunks of sorted keys
+//!    (label `load`, counted on the main thread's endpoint);
+//! 2. each thread makes its endpoint and client (label `setup`), then all
+//!    start together; the run's clock and memory-node figures span from
+//!    that start to the end of the last thread's last operation;
+//! 3. every operation is labelled with its kind and metered exactly; its
+//!    latency, cost, errors and check findings go to its thread's figures;
+//! 4. with `--verify`, after every thread finished, the same threads and
+//!    tasks read back every key of the universe (label `verify`).
+
+use crate::check::Checker;
+use crate::config::{BenchConfig, EngineChoice, WorkloadSource};
+use crate::error::BenchError;
+use crate::metered::metered;
+use crate::plan::{Plan, SyntheticParams};
+use crate::report::{
+    ChecksReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport, OpReport, PerOp,
+    Totals, TraceReport, VerifyReport,
+};
+use crate::state::{KeyStates, LOAD_VERSION};
+use crate::stats::{RunFigures, VerifyFigures};
+use crate::trace::{TraceOpKind, read_trace};
+use crate::workload::{Op, OpType};
+use dmkv_api::deploy::LocalDeployment;
+use dmkv_api::payload::make_value;
+use dmkv_api::{Capabilities, Key, KvStore};
+use dmkv_memnode::NodeStats;
+use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
+use dmkv_transport::{CounterTable, Counters, Endpoint, OpKind, labeled};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::Rc;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// What a whole invocation produced.
+#[derive(Debug, Default)]
+pub struct BenchOutcome {
+    /// One per engine that completed its run, in the order given.
+    pub reports: Vec<EngineReport>,
+    /// Engines whose run could not complete (deploy or load failed, or the
+    /// engine panicked outside an operation).
+    pub failures: Vec<EngineFailure>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineFailure {
+    pub engine: String,
+    pub error: String,
+}
+
+impl BenchOutcome {
+    /// Every engine ran, and nothing failed or was found wrong.
+    pub fn ok(&self) -> bool {
+        self.failures.is_empty() && self.reports.iter().all(|r| r.ok)
+    }
+}
+
+/// Runs `cfg`: every engine on the same key set and request streams.
+pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
+    cfg.validate()?;
+    let trace = match &cfg.workload {
+        WorkloadSource::Trace(path) => Some(read_trace(path)?),
+        WorkloadSource::Synthetic(_) => None,
+    };
+    let needs_scan = match (&cfg.workload, &trace) {
+        (_, Some(t)) => t.ops.iter().any(|o| matches!(o.kind, TraceOpKind::Scan(_))),
+        (WorkloadSource::Synthetic(w), None) => w.has_run_phase() && w.mix().scan > 0,
+        _ => false,
+    };
+    let size_hint = match &trace {
+        Some(t) => t.ops.len() as u64,
+        None => cfg.keys.saturating_add(cfg.ops),
+    };
+    let mut reserved: Vec<u64> = Vec::new();
+    for e in &cfg.engines {
+        let caps = preflight(cfg, e, size_hint)?;
+        if needs_scan && !caps.scan {
+            return Err(BenchError::input(format!(
+                "engine {} has no ordered scans, which this workload needs",
+                e.spec.name()
+            )));
+        }
+        if cfg.value_size > caps.max_value_len {
+            return Err(BenchError::input(format!(
+                "engine {} takes values of at most {} bytes; --value-size is {}",
+                e.spec.name(),
+                caps.max_value_len,
+                cfg.value_size
+            )));
+        }
+        reserved.extend_from_slice(caps.reserved_keys);
+    }
+    let plan = match (&cfg.workload, &trace) {
+        (_, Some(t)) => Plan::from_trace(t, cfg.threads, cfg.tasks, &reserved)?,
+        (WorkloadSource::Synthetic(w), None) => Plan::synthetic(
+            &SyntheticParams {
+                workload: *w,
+                dist: cfg.effective_dist(),
+                keyset: cfg.keyset.clone(),
+                keys: cfg.keys,
+                ops: cfg.ops,
+                threads: cfg.threads,
+                tasks: cfg.tasks,
+                seed: cfg.seed,
+            },
+            &reserved,
+        )?,
+        (WorkloadSource::Trace(_), None) => unreachable!("the trace was read above"),
+    };
+    let trace_report = match (&cfg.workload, &trace) {
+        (WorkloadSource::Trace(p), Some(t)) => Some(TraceReport {
+            path: p.display().to_string(),
+            lines: t.lines,
+            operations: t.ops.len() as u64,
+            ignored_lines: t.ignored_lines,
+        }),
+        _ => None,
+    };
+    let mut outcome = BenchOutcome::default();
+    for e in &cfg.engines {
+        let result = catch(|| run_engine(cfg, &plan, e, trace_report.clone()));
+        match result {
+            Ok(Ok(report)) => outcome.reports.push(report),
+            Ok(Err(err)) => outcome.failures.push(EngineFailure {
+                engine: e.spec.name().into(),
+                error: err.to_string(),
+            }),
+            Err(panic) => outcome.failures.push(EngineFailure {
+                engine: e.spec.name().into(),
+                error: format!("panicked: {panic}"),
+            }),
+        }
+    }
+    Ok(outcome)
+}
+
+/// Deploys `e` once to learn what it accepts (knobs, reserved keys, value
+/// sizes, scans) before any key is generated.
+fn preflight(
+    cfg: &BenchConfig,
+    e: &EngineChoice,
+    size_hint: u64,
+) -> Result<Capabilities, BenchError> {
+    let dep = LocalDeployment::deploy(e.spec, &cfg.deploy_options(e, size_hint))?;
+    Ok(dep.engine.capabilities())
+}
+
+/// Runs `f`, turning a panic into its message.
+fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
+}
+
+fn progress_bar(cfg: &BenchConfig, len: u64, msg: String) -> ProgressBar {
+    if !cfg.progress {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{msg:<28} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(msg);
+    bar
+}
+
+/// One engine's figures from its run's threads.
+struct Phases {
+    figures: RunFigures,
+    run_seconds: f64,
+    run_table: CounterTable,
+    verify: Option<VerifyFigures>,
+    verify_table: CounterTable,
+    nodes_after: Vec<NodeStats>,
+}
+
+fn run_engine(
+    cfg: &BenchConfig,
+    plan: &Plan,
+    choice: &EngineChoice,
+    trace: Option<TraceReport>,
+) -> Result<EngineReport, BenchError> {
+    let name = choice.spec.name();
+    let dep = LocalDeployment::deploy(
+        choice.spec,
+        &cfg.deploy_options(choice, plan.keys().len() as u64),
+    )?;
+    let main_ep = dep.endpoint(0);
+    let (load_seconds, load_cost) = load(cfg, plan, &dep, &main_ep)?;
+    let states = KeyStates::new(plan.keys().len(), plan.loaded());
+    let nodes_before = dep.node_stats();
+    let phases = run_threads(cfg, plan, &dep, &states);
+    let engine_stats = match block_on(labeled(OpKind::Setup, dep.engine.stats(&main_ep))) {
+        Ok(v) => v,
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    };
+    let memnode = MemnodeReport::new(&nodes_before, &phases.nodes_after);
+    let ops = phases.figures.ops();
+    let loaded = plan.loaded() as u64;
+    let verify = VerifyReport::new(phases.verify.as_ref());
+    let checks = ChecksReport::new(&phases.figures.findings);
+    let errors = ErrorsReport::new(&phases.figures.errors);
+    let ok = errors.count == 0 && checks.failures == 0 && verify.failures() == 0;
+    let (workload, dist, keyset) = match &cfg.workload {
+        WorkloadSource::Synthetic(w) => (
+            w.to_string(),
+            cfg.effective_dist().to_string(),
+            cfg.keyset.to_string(),
+        ),
+        WorkloadSource::Trace(p) => (
+            format!("trace:{}", p.display()),
+            "trace".to_string(),
+            "trace".to_string(),
+        ),
+    };
+    Ok(EngineReport {
+        engine: name.into(),
+        workload,
+        dist,
+        keyset,
+        keys: loaded,
+        ops,
+        value_size: cfg.value_size,
+        threads: cfg.threads,
+        tasks_per_thread: cfg.tasks,
+        memnode_threads: cfg.memnode_threads,
+        memnodes: cfg.memnodes,
+        nodes: cfg.nodes,
+        transport: "local".into(),
+        seed: cfg.seed,
+        settings: choice
+            .knobs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        throughput_ops_per_s: if phases.run_seconds > 0.0 {
+            ops as f64 / phases.run_seconds
+        } else {
+            0.0
+        },
+        run_seconds: phases.run_seconds,
+        latency_us: Latency::from_ns(&phases.figures.overall),
+        per_op: PerOp::new(&phases.figures.cost(), ops),
+        by_op: OpType::ALL
+            .iter()
+            .filter(|t| phases.figures.by_op[t.index()].count > 0)
+            .map(|t| {
+                (
+                    t.name().to_string(),
+                    OpReport::new(&phases.figures.by_op[t.index()]),
+                )
+            })
+            .collect(),
+        counters_by_kind: OpKind::ALL
+            .iter()
+            .filter(|k| *phases.run_table.get(**k) != Counters::default())
+            .map(|k| (k.name().to_string(), Totals::from(phases.run_table.get(*k))))
+            .collect::<BTreeMap<_, _>>(),
+        load: LoadReport {
+            keys: loaded,
+            seconds: load_seconds,
+            keys_per_s: if load_seconds > 0.0 {
+                loaded as f64 / load_seconds
+            } else {
+                0.0
+            },
+            per_key: PerOp::new(&load_cost, loaded),
+        },
+        verify_counters: Totals::from(&phases.verify_table.sum(&OpKind::ALL)),
+        client_cache_bytes: dep.engine.client_cache_bytes(),
+        memnode_bytes: memnode.memory_used,
+        memnode,
+        verify,
+        checks,
+        errors,
+        trace,
+        engine_stats,
+        ok,
+    })
+}
+
+/// Loads the plan's loaded keys in ascending key order, in chunks, from the
+/// main thread. Returns the time it took and what it cost.
+fn load(
+    cfg: &BenchConfig,
+    plan: &Plan,
+    dep: &LocalDeployment,
+    ep: &Endpoint,
+) -> Result<(f64, Counters), BenchError> {
+    let order = plan.load_order();
+    let bar = progress_bar(
+        cfg,
+        order.len() as u64,
+        format!("{}: load", dep.engine.name()),
+    );
+    let start = Instant::now();
+    for chunk in order.chunks(cfg.load_chunk) {
+        let pairs: Vec<(Key, Vec<u8>)> = chunk
+            .iter()
+            .map(|&i| {
+                let key = plan.key(i);
+                (key, make_value(key, LOAD_VERSION, cfg.value_size))
+            })
+            .collect();
+        block_on(labeled(OpKind::Load, dep.engine.load(ep, &pairs)))
+            .map_err(|e| BenchError::run(format!("{}: loading failed: {e}", dep.engine.name())))?;
+        bar.inc(chunk.len() as u64);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    Ok((seconds, *ep.counters().get(OpKind::Load)))
+}
+
+/// Shared by the threads of one engine run.
+struct Ctx<'a> {
+    cfg: &'a BenchConfig,
+    plan: &'a Plan,
+    states: &'a KeyStates,
+    dep: &'a LocalDeployment,
+    /// Threads + the main thread: clients made / run done / verify may start.
+    barrier: Barrier,
+    run_bar: ProgressBar,
+    verify_bar: ProgressBar,
+}
+
+impl Ctx<'_> {
+    fn checker(&self) -> Checker<'_> {
+        Checker {
+            plan: self.plan,
+            states: self.states,
+        }
+    }
+}
+
+/// What one thread hands back.
+#[derive(Default)]
+struct ThreadResult {
+    figures: RunFigures,
+    run_table: CounterTable,
+    verify: VerifyFigures,
+    verify_table: CounterTable,
+}
+
+fn run_threads(
+    cfg: &BenchConfig,
+    plan: &Plan,
+    dep: &LocalDeployment,
+    states: &KeyStates,
+) -> Phases {
+    let name = dep.engine.name();
+    let ctx = Ctx {
+        cfg,
+        plan,
+        states,
+        dep,
+        barrier: Barrier::new(cfg.threads + 1),
+        run_bar: progress_bar(cfg, plan.total_ops(), format!("{name}: run")),
+        verify_bar: if cfg.verify {
+            progress_bar(cfg, plan.keys().len() as u64, format!("{name}: verify"))
+        } else {
+            ProgressBar::hidden()
+        },
+    };
+    std::thread::scope(|s| {
+        let ctx = &ctx;
+        let handles: Vec<_> = (0..cfg.threads)
+            .map(|t| {
+                std::thread::Builder::new()
+                    .name(format!("bench-{t}"))
+                    .spawn_scoped(s, move || thread_main(ctx, t))
+                    .expect("spawn a compute thread")
+            })
+            .collect();
+        ctx.barrier.wait();
+        let start = Instant::now();
+        ctx.barrier.wait();
+        let run_seconds = start.elapsed().as_secs_f64();
+        let nodes_after = dep.node_stats();
+        ctx.run_bar.finish_and_clear();
+        ctx.barrier.wait();
+        let mut figures = RunFigures::default();
+        let mut run_table = CounterTable::default();
+        let mut verify = VerifyFigures::default();
+        let mut verify_table = CounterTable::default();
+        for h in handles {
+            // Threads catch their own panics, so a join error is a harness bug.
+            let r = h.join().expect("compute threads do not panic");
+            figures.merge(&r.figures);
+            run_table.merge(&r.run_table);
+            verify.merge(&r.verify);
+            verify_table.merge(&r.verify_table);
+        }
+        ctx.verify_bar.finish_and_clear();
+        Phases {
+            figures,
+            run_seconds,
+            run_table,
+            verify: cfg.verify.then_some(verify),
+            verify_table,
+            nodes_after,
+        }
+    })
+}
+
+/// One compute thread. It always reaches the three barriers, whatever fails,
+/// so that the main thread never waits forever.
+fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
+    let mut res = ThreadResult::default();
+    let client: Option<(Rc<Endpoint>, Rc<dyn KvStore>)> = match catch(|| ctx.dep.client(thread)) {
+        Ok(Ok(c)) => Some(c),
+        Ok(Err(e)) => {
+            res.figures
+                .errors
+                .push_other(format!("thread {thread}: making a client failed: {e}"));
+            None
+        }
+        Err(p) => {
+            res.figures
+                .errors
+                .push_other(format!("thread {thread}: making a client panicked: {p}"));
+            None
+        }
+    };
+    if let Some((ep, _)) = &client {
+        ep.reset_counters();
+    }
+    ctx.barrier.wait();
+    if let Some((ep, kv)) = &client {
+        let figures = RefCell::new(RunFigures::default());
+        let ran = catch(|| {
+            let tasks: Vec<LocalTask<'_, ()>> = (0..ctx.cfg.tasks)
+                .map(|task| {
+                    Box::pin(run_task(ctx, ep, &**kv, thread, task, &figures)) as LocalTask<'_, ()>
+                })
+                .collect();
+            run_tasks(tasks);
+        });
+        let mut figures = figures.into_inner();
+        if let Err(p) = ran {
+            figures
+                .errors
+                .push_other(format!("thread {thread}: the run panicked: {p}"));
+        }
+        res.figures.merge(&figures);
+        res.run_table = ep.counters();
+        ep.reset_counters();
+    }
+    ctx.barrier.wait();
+    ctx.barrier.wait();
+    if let (true, Some((ep, kv))) = (ctx.cfg.verify, &client) {
+        let verify = RefCell::new(VerifyFigures::default());
+        let ran = catch(|| {
+            let tasks: Vec<LocalTask<'_, ()>> = (0..ctx.cfg.tasks)
+                .map(|task| {
+                    Box::pin(verify_task(ctx, &**kv, thread, task, &verify)) as LocalTask<'_, ()>
+                })
+                .collect();
+            run_tasks(tasks);
+        });
+        let mut verify = verify.into_inner();
+        if let Err(p) = ran {
+            verify.errors += 1;
+            verify.note(|| format!("thread {thread}: verification panicked: {p}"));
+        }
+        res.verify = verify;
+        res.verify_table = ep.counters();
+    }
+    res
+}
+
+/// Ops between progress bar updates.
+const PROGRESS_STEP: u64 = 256;
+
+async fn run_task(
+    ctx: &Ctx<'_>,
+    ep: &Endpoint,
+    kv: &dyn KvStore,
+    thread: usize,
+    task: usize,
+    figures: &RefCell<RunFigures>,
+) {
+    let mut unreported = 0;
+    for op in ctx.plan.stream(thread, task) {
+        execute(ctx, ep, kv, op, figures).await;
+        unreported += 1;
+        if unreported == PROGRESS_STEP {
+            ctx.run_bar.inc(unreported);
+            unreported = 0;
+        }
+    }
+    ctx.run_bar.inc(unreported);
+}
+
+/// Issues `fut` labelled `kind`: its output, latency and exact cost.
+async fn call<F: Future>(ep: &Endpoint, kind: OpKind, fut: F) -> (F::Output, Duration, Counters) {
+    let start = Instant::now();
+    let (out, cost) = metered(ep, labeled(kind, fut)).await;
+    (out, start.elapsed(), cost)
+}
+
+/// Runs one operation, checks its answer and records it.
+async fn execute(
+    ctx: &Ctx<'_>,
+    ep: &Endpoint,
+    kv: &dyn KvStore,
+    op: Op,
+    figures: &RefCell<RunFigures>,
+) {
+    let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
+    let size = ctx.cfg.value_size;
+    let ty = op.op_type();
+    match op {
+        Op::Read(i) => {
+            let key = plan.key(i);
+            let t0 = states.stamp();
+            let (r, lat, cost) = call(ep, OpKind::Get, kv.get(key)).await;
+            let f = &mut *figures.borrow_mut();
+            f.record(ty, lat, cost);
+            match r {
+                Ok(v) => check.get("get", i, t0, v.as_deref(), &mut f.findings),
+                Err(e) => f.errors.push(ty, key, &e),
+            }
+        }
+        Op::Update(i) => {
+            let key = plan.key(i);
+            let value = make_value(key, states.next_version(i), size);
+            let t0 = states.stamp();
+            let (r, lat, cost) = call(ep, OpKind::Update, kv.update(key, &value)).await;
+            let f = &mut *figures.borrow_mut();
+            f.record(ty, lat, cost);
+            match r {
+                Ok(b) => check.outcome(
+                    "update",
+                    i,
+                    states.stable_existence(i, t0),
+                    b,
+                    &mut f.findings,
+                ),
+                Err(e) => f.errors.push(ty, key, &e),
+            }
+        }
+        Op::Insert(i) | Op::Delete(i) => {
+            // Only this task (the key's owner) inserts or deletes this key.
+            let insert = ty == OpType::Insert;
+            let key = plan.key(i);
+            let before = states.settled_existence(i);
+            states.begin_change(i);
+            let (r, lat, cost) = if insert {
+                let value = make_value(key, states.next_version(i), size);
+                call(ep, OpKind::Insert, kv.insert(key, &value)).await
+            } else {
+                call(ep, OpKind::Delete, kv.delete(key)).await
+            };
+            // An insert succeeds iff the key was absent; a delete iff present.
+            let expected = before.map(|exists| exists != insert);
+            let after = match &r {
+                // A wrong answer leaves the key's existence unknown.
+                Ok(got) if expected.is_some_and(|e| e != *got) => None,
+                Ok(true) => Some(insert),
+                Ok(false) => before,
+                Err(_) => None,
+            };
+            states.end_change(i, after);
+            let f = &mut *figures.borrow_mut();
+            f.record(ty, lat, cost);
+            match r {
+                Ok(got) => check.outcome(ty.name(), i, expected, got, &mut f.findings),
+                Err(e) => f.errors.push(ty, key, &e),
+            }
+        }
+        Op::Scan(i, n) => {
+            let key = plan.key(i);
+            let t0 = states.stamp();
+            let (r, lat, cost) = call(ep, OpKind::Scan, kv.scan(key, n as usize)).await;
+            let f = &mut *figures.borrow_mut();
+            f.record(ty, lat, cost);
+            match r {
+                Ok(items) => check.scan(key, n as usize, t0, &items, &mut f.findings),
+                Err(e) => f.errors.push(ty, key, &e),
+            }
+        }
+        Op::Rmw(i) => {
+            let key = plan.key(i);
+            let t0 = states.stamp();
+            let (r, read_lat, read_cost) = call(ep, OpKind::Get, kv.get(key)).await;
+            match r {
+                Ok(v) => check.get(
+                    "rmw",
+                    i,
+                    t0,
+                    v.as_deref(),
+                    &mut figures.borrow_mut().findings,
+                ),
+                Err(e) => {
+                    let f = &mut *figures.borrow_mut();
+                    f.record(ty, read_lat, read_cost);
+                    f.errors.push(ty, key, &e);
+                    return;
+                }
+            }
+            let value = make_value(key, states.next_version(i), size);
+            let t1 = states.stamp();
+            let (r, write_lat, write_cost) = call(ep, OpKind::Update, kv.update(key, &value)).await;
+            let f = &mut *figures.borrow_mut();
+            f.record(ty, read_lat + write_lat, read_cost + write_cost);
+            match r {
+                Ok(b) => check.outcome(
+                    "rmw update",
+                    i,
+                    states.stable_existence(i, t1),
+                    b,
+                    &mut f.findings,
+                ),
+                Err(e) => f.errors.push(ty, key, &e),
+            }
+        }
+    }
+}
+
+/// Reads back this task's share of the universe after the run, when every
+/// key's existence is settled.
+async fn verify_task(
+    ctx: &Ctx<'_>,
+    kv: &dyn KvStore,
+    thread: usize,
+    task: usize,
+    out: &RefCell<VerifyFigures>,
+) {
+    let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
+    let mut unreported = 0;
+    for i in plan.verify_indices(thread, task) {
+        unreported += 1;
+        if unreported == PROGRESS_STEP {
+            ctx.verify_bar.inc(unreported);
+            unreported = 0;
+        }
+        let key = plan.key(i);
+        let Some(expected) = states.settled_existence(i) else {
+            out.borrow_mut().skipped += 1;
+            continue;
+        };
+        let r = labeled(OpKind::Verify, kv.get(key)).await;
+        let v = &mut *out.borrow_mut();
+        v.checked += 1;
+        match r {
+            Err(e) => {
+                v.errors += 1;
+                v.note(|| format!("get of key {key} failed: {e}"));
+            }
+            Ok(Some(_)) if !expected => {
+                v.unexpected += 1;
+                v.note(|| format!("key {key} should be absent but was found"));
+            }
+            Ok(Some(value)) => {
+                if let Err((_, m)) = check.value(i, &value) {
+                    v.mismatches += 1;
+                    v.note(|| m);
+                }
+            }
+            Ok(None) if expected => {
+                v.missing += 1;
+                v.note(|| format!("key {key} should be present but was not found"));
+            }
+            Ok(None) => {}
+        }
+    }
+    ctx.verify_bar.inc(unreported);
+}

@@ -1,0 +1,172 @@
+//! What a thread accumulates during a run: per operation type a count, the
+//! exact costs and a latency histogram; errors; check findings.
+
+use crate::check::{Findings, MAX_SAMPLES};
+use crate::workload::OpType;
+use dmkv_transport::Counters;
+use hdrhistogram::Histogram;
+use std::time::Duration;
+
+/// Latencies are recorded in nanoseconds, from 1 ns to an hour, with three
+/// significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// One operation type's figures.
+#[derive(Debug, Clone)]
+pub struct OpFigures {
+    pub count: u64,
+    pub cost: Counters,
+    /// Nanoseconds.
+    pub latency: Histogram<u64>,
+}
+
+impl Default for OpFigures {
+    fn default() -> Self {
+        OpFigures {
+            count: 0,
+            cost: Counters::default(),
+            latency: new_histogram(),
+        }
+    }
+}
+
+/// Operation errors (transport failures, refusals): not results.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Errors {
+    pub by_op: [u64; OpType::COUNT],
+    /// Errors outside operations: making a client, a panic in a thread.
+    pub other: u64,
+    pub samples: Vec<String>,
+}
+
+impl Errors {
+    pub fn push_other(&mut self, msg: String) {
+        self.other += 1;
+        if self.samples.len() < MAX_SAMPLES {
+            self.samples.push(msg);
+        }
+    }
+    pub fn push(&mut self, op: OpType, key: u64, error: &dyn std::fmt::Display) {
+        self.by_op[op.index()] += 1;
+        if self.samples.len() < MAX_SAMPLES {
+            self.samples
+                .push(format!("{} of key {key}: {error}", op.name()));
+        }
+    }
+    pub fn total(&self) -> u64 {
+        self.by_op.iter().sum::<u64>() + self.other
+    }
+    pub fn merge(&mut self, o: &Errors) {
+        self.other += o.other;
+        for (a, b) in self.by_op.iter_mut().zip(o.by_op) {
+            *a += b;
+        }
+        for s in &o.samples {
+            if self.samples.len() < MAX_SAMPLES {
+                self.samples.push(s.clone());
+            }
+        }
+    }
+}
+
+/// A thread's (or, merged, the run's) figures.
+#[derive(Debug, Clone)]
+pub struct RunFigures {
+    pub by_op: [OpFigures; OpType::COUNT],
+    pub overall: Histogram<u64>,
+    pub errors: Errors,
+    pub findings: Findings,
+}
+
+impl Default for RunFigures {
+    fn default() -> Self {
+        RunFigures {
+            by_op: Default::default(),
+            overall: new_histogram(),
+            errors: Errors::default(),
+            findings: Findings::default(),
+        }
+    }
+}
+
+impl RunFigures {
+    /// Records one completed operation.
+    pub fn record(&mut self, op: OpType, latency: Duration, cost: Counters) {
+        let ns = latency.as_nanos().clamp(1, u64::MAX as u128) as u64;
+        let f = &mut self.by_op[op.index()];
+        f.count += 1;
+        f.cost += cost;
+        f.latency.saturating_record(ns);
+        self.overall.saturating_record(ns);
+    }
+
+    pub fn ops(&self) -> u64 {
+        self.by_op.iter().map(|f| f.count).sum()
+    }
+
+    pub fn cost(&self) -> Counters {
+        self.by_op
+            .iter()
+            .fold(Counters::default(), |acc, f| acc + f.cost)
+    }
+
+    pub fn merge(&mut self, o: &RunFigures) {
+        for (a, b) in self.by_op.iter_mut().zip(&o.by_op) {
+            a.count += b.count;
+            a.cost += b.cost;
+            a.latency.add(&b.latency).expect("histograms share bounds");
+        }
+        self.overall
+            .add(&o.overall)
+            .expect("histograms share bounds");
+        self.errors.merge(&o.errors);
+        self.findings.merge(&o.findings);
+    }
+}
+
+/// What `--verify` found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyFigures {
+    /// Keys read back.
+    pub checked: u64,
+    /// Keys whose value was wrong (corrupt or a version never written).
+    pub mismatches: u64,
+    /// Keys that should exist and were not found.
+    pub missing: u64,
+    /// Keys that should not exist and were found.
+    pub unexpected: u64,
+    /// Keys not checked because an earlier error left their existence
+    /// unknown.
+    pub skipped: u64,
+    /// Reads that failed with an error.
+    pub errors: u64,
+    pub samples: Vec<String>,
+}
+
+impl VerifyFigures {
+    pub fn note(&mut self, msg: impl FnOnce() -> String) {
+        if self.samples.len() < MAX_SAMPLES {
+            self.samples.push(msg());
+        }
+    }
+
+    pub fn failures(&self) -> u64 {
+        self.mismatches + self.missing + self.unexpected + self.errors
+    }
+
+    pub fn merge(&mut self, o: &VerifyFigures) {
+        self.checked += o.checked;
+        self.mismatches += o.mismatches;
+        self.missing += o.missing;
+        self.unexpected += o.unexpected;
+        self.skipped += o.skipped;
+        self.errors += o.errors;
+        for s in &o.samples {
+            if self.samples.len() < MAX_SAMPLES {
+                self.samples.push(s.clone());
+            }
+        }
+    }
+}

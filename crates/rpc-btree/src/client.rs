@@ -1,0 +1,170 @@
+//! The compute side of the tree service: one RPC per operation.
+
+use crate::wire::*;
+use async_trait::async_trait;
+use dmkv_api::{Key, KvStore, Result};
+use dmkv_transport::{Endpoint, NodeId, ServiceId, TransportError, WireReader, WireWriter};
+use dmkv_xtree::{HintedUpdate, LeafRef, TreeStats};
+use std::rc::Rc;
+
+/// Where the tree service is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeService {
+    pub node: NodeId,
+    pub service: ServiceId,
+}
+
+/// A thread's RPC client of the tree service. It is a complete `KvStore`
+/// (rpc-btree hands it out as is); `cell` uses it for writes.
+pub struct RpcTreeClient {
+    ep: Rc<Endpoint>,
+    svc: TreeService,
+}
+
+fn parse<T>(
+    reply: &[u8],
+    f: impl FnOnce(&mut WireReader<'_>) -> std::result::Result<T, dmkv_transport::WireError>,
+) -> Result<T> {
+    let mut r = WireReader::new(reply);
+    let v = f(&mut r).map_err(TransportError::from)?;
+    r.end().map_err(TransportError::from)?;
+    Ok(v)
+}
+
+impl RpcTreeClient {
+    pub fn new(ep: Rc<Endpoint>, svc: TreeService) -> RpcTreeClient {
+        RpcTreeClient { ep, svc }
+    }
+
+    async fn call(&self, w: WireWriter) -> Result<Vec<u8>> {
+        Ok(self
+            .ep
+            .call(self.svc.node, self.svc.service, w.finish())
+            .await?)
+    }
+
+    async fn write(&self, op: u8, key: Key, value: &[u8]) -> Result<bool> {
+        let mut w = WireWriter::with_capacity(13 + value.len());
+        w.u8(op).u64(key).bytes(value);
+        let reply = self.call(w).await?;
+        parse(&reply, |r| r.bool())
+    }
+
+    /// UPDATE with a position hint (XStore §5.3.1).
+    pub async fn update_hinted(
+        &self,
+        key: Key,
+        value: &[u8],
+        hint: LeafRef,
+    ) -> Result<HintedUpdate> {
+        let mut w = WireWriter::new();
+        w.u8(UPDATE_HINTED)
+            .u64(key)
+            .u32(hint.node)
+            .u32(hint.incarnation)
+            .bytes(value);
+        let reply = self.call(w).await?;
+        parse(&reply, |r| {
+            Ok(HintedUpdate {
+                updated: r.bool()?,
+                hint_used: r.bool()?,
+            })
+        })
+    }
+
+    /// The leaf holding (or that would hold) `key`.
+    pub async fn find_leaf(&self, key: Key) -> Result<LeafRef> {
+        let mut w = WireWriter::new();
+        w.u8(FIND_LEAF).u64(key);
+        let reply = self.call(w).await?;
+        parse(&reply, |r| {
+            Ok(LeafRef {
+                node: r.u32()?,
+                incarnation: r.u32()?,
+            })
+        })
+    }
+}
+
+/// Loads pairs by LOAD RPCs of up to [`LOAD_REQUEST_BYTES`] each.
+pub async fn load(ep: &Endpoint, svc: TreeService, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
+    let mut i = 0;
+    while i < pairs.len() {
+        let mut body = WireWriter::new();
+        let mut n = 0u32;
+        while i < pairs.len()
+            && (n == 0 || body.len() + 12 + pairs[i].1.len() <= LOAD_REQUEST_BYTES)
+        {
+            body.u64(pairs[i].0).bytes(&pairs[i].1);
+            n += 1;
+            i += 1;
+        }
+        let mut w = WireWriter::with_capacity(5 + body.len());
+        w.u8(LOAD).u32(n).raw(&body.finish());
+        ep.call(svc.node, svc.service, w.finish()).await?;
+    }
+    Ok(())
+}
+
+/// The tree's figures.
+pub async fn stats(ep: &Endpoint, svc: TreeService) -> Result<TreeStats> {
+    let mut w = WireWriter::new();
+    w.u8(STATS);
+    let reply = ep.call(svc.node, svc.service, w.finish()).await?;
+    Ok(decode_stats(&reply).map_err(TransportError::from)?)
+}
+
+#[async_trait(?Send)]
+impl KvStore for RpcTreeClient {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        let mut w = WireWriter::new();
+        w.u8(GET).u64(key);
+        let reply = self.call(w).await?;
+        parse(&reply, |r| {
+            Ok(if r.bool()? {
+                Some(r.bytes()?.to_vec())
+            } else {
+                None
+            })
+        })
+    }
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write(INSERT, key, value).await
+    }
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write(UPDATE, key, value).await
+    }
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write(UPSERT, key, value).await
+    }
+    async fn delete(&self, key: Key) -> Result<bool> {
+        let mut w = WireWriter::new();
+        w.u8(DELETE).u64(key);
+        let reply = self.call(w).await?;
+        parse(&reply, |r| r.bool())
+    }
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut out: Vec<(Key, Vec<u8>)> = Vec::new();
+        let mut from = start;
+        loop {
+            let want = (n - out.len()).min(u32::MAX as usize) as u32;
+            let mut w = WireWriter::new();
+            w.u8(SCAN).u64(from).u32(want);
+            let reply = self.call(w).await?;
+            let (more, pairs) = parse(&reply, |r| {
+                let more = r.bool()?;
+                let k = r.count(12)?;
+                let pairs = (0..k)
+                    .map(|_| Ok((r.u64()?, r.bytes()?.to_vec())))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                Ok((more, pairs))
+            })?;
+            let last = pairs.last().map(|p| p.0);
+            out.extend(pairs);
+            match last {
+                Some(l) if more && out.len() < n && l < u64::MAX => from = l + 1,
+                _ => return Ok(out),
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The memory node's side: an XTree and the RPC service that runs every
+//! operation on it. `cell` installs exactly this and sends its writes here.
+
+use crate::wire::*;
+use dmkv_api::{KnobSpec, KvError, Result, ServeArgs};
+use dmkv_memnode::NodeRuntime;
+use dmkv_transport::{RpcContext, ServiceError, WireReader, WireWriter};
+use dmkv_xtree::{LeafRef, MAX_VALUE_LEN, XTree, XTreeConfig};
+use std::sync::Arc;
+
+/// Knobs every engine built on this service has.
+pub const KNOB_SLOTS: KnobSpec = KnobSpec {
+    name: "slots",
+    default: "16",
+    help: "N, key slots per XTree node (4..=48; the paper uses 16)",
+};
+pub const KNOB_NODES: KnobSpec = KnobSpec {
+    name: "nodes",
+    default: "0",
+    help: "nodes the node region holds (0: sized from the expected key count)",
+};
+pub const KNOB_VALUE_BYTES: KnobSpec = KnobSpec {
+    name: "value_bytes",
+    default: "0",
+    help: "bytes of the out-of-line value region (0: sized from the expected keys and value size)",
+};
+
+/// The tree's sizes from `args` and the knobs above.
+pub fn tree_config(engine: &str, specs: &[KnobSpec], args: &ServeArgs) -> Result<XTreeConfig> {
+    let k = &args.knobs;
+    let slots: usize = k.get(engine, specs, KNOB_SLOTS.name)?;
+    let mut cfg = XTreeConfig::sized_for(args.expected_keys, args.value_size, slots)
+        .map_err(|e| KvError::Config(format!("{engine}.slots: {e}")))?;
+    let nodes: u64 = k.get(engine, specs, KNOB_NODES.name)?;
+    if nodes > 0 {
+        cfg.max_nodes = nodes;
+    }
+    let value_bytes: u64 = k.get(engine, specs, KNOB_VALUE_BYTES.name)?;
+    if value_bytes > 0 {
+        cfg.value_region_bytes = value_bytes;
+    }
+    Ok(cfg)
+}
+
+/// Builds the tree on the first memory node of `args` and registers its
+/// service; other nodes get nothing (the baselines use one memory node).
+pub fn serve_tree(
+    rt: &Arc<NodeRuntime>,
+    args: &ServeArgs,
+    engine: &str,
+    specs: &[KnobSpec],
+) -> Result<Option<Arc<XTree>>> {
+    if args.node_index != 0 {
+        return Ok(None);
+    }
+    let cfg = tree_config(engine, specs, args)?;
+    let tree = XTree::create(rt, &args.name(NODE_REGION), &args.name(VALUE_REGION), cfg)
+        .map_err(|e| KvError::Config(e.to_string()))?;
+    let t = tree.clone();
+    rt.register_service(
+        &args.name(SERVICE),
+        Arc::new(move |_: &RpcContext, req: &[u8]| handle(&t, req)),
+    )
+    .map_err(|e| KvError::Config(e.to_string()))?;
+    Ok(Some(tree))
+}
+
+fn value<'a>(r: &mut WireReader<'a>) -> std::result::Result<&'a [u8], ServiceError> {
+    let v = r.bytes()?;
+    if v.len() > MAX_VALUE_LEN {
+        return Err(ServiceError::malformed(format!(
+            "value of {} bytes exceeds {MAX_VALUE_LEN}",
+            v.len()
+        )));
+    }
+    Ok(v)
+}
+
+/// Serves one request. Nothing in it is trusted: every field is parsed with
+/// bounds checks, lengths are limited, trailing bytes are refused, and node
+/// numbers in hints are checked by the tree.
+pub fn handle(tree: &XTree, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceError> {
+    let mut r = WireReader::new(req);
+    let op = r.u8()?;
+    let mut w = WireWriter::new();
+    match op {
+        GET => {
+            let key = r.u64()?;
+            r.end()?;
+            match tree.get(key)? {
+                Some(v) => w.bool(true).bytes(&v),
+                None => w.bool(false),
+            };
+        }
+        INSERT | UPDATE | UPSERT => {
+            let key = r.u64()?;
+            let v = value(&mut r)?;
+            r.end()?;
+            let res = match op {
+                INSERT => tree.insert(key, v)?,
+                UPDATE => tree.update(key, v)?,
+                _ => tree.upsert(key, v)?,
+            };
+            w.bool(res);
+        }
+        DELETE => {
+            let key = r.u64()?;
+            r.end()?;
+            w.bool(tree.delete(key)?);
+        }
+        SCAN => {
+            let start = r.u64()?;
+            let n = r.u32()? as usize;
+            r.end()?;
+            // `more`: pairs were left out for size, so the client continues.
+            let limit = n.min(SCAN_MAX_PAIRS);
+            let pairs = tree.scan(start, limit)?;
+            let mut body = WireWriter::new();
+            let mut taken = 0u32;
+            for (k, v) in &pairs {
+                if taken > 0 && body.len() + 12 + v.len() > SCAN_REPLY_BYTES {
+                    break;
+                }
+                body.u64(*k).bytes(v);
+                taken += 1;
+            }
+            let more = (taken as usize) < pairs.len() || (pairs.len() == limit && limit < n);
+            w.bool(more).u32(taken).raw(&body.finish());
+        }
+        LOAD => {
+            let n = r.count(12)?;
+            let mut pairs = Vec::with_capacity(n);
+            for _ in 0..n {
+                let k = r.u64()?;
+                pairs.push((k, value(&mut r)?));
+            }
+            r.end()?;
+            tree.bulk_load(&pairs)?;
+        }
+        STATS => {
+            r.end()?;
+            return Ok(encode_stats(&tree.stats()));
+        }
+        UPDATE_HINTED => {
+            let key = r.u64()?;
+            let hint = LeafRef {
+                node: r.u32()?,
+                incarnation: r.u32()?,
+            };
+            let v = value(&mut r)?;
+            r.end()?;
+            let res = tree.update_hinted(key, v, hint)?;
+            w.bool(res.updated).bool(res.hint_used);
+        }
+        FIND_LEAF => {
+            let key = r.u64()?;
+            r.end()?;
+            let leaf = tree.find_leaf(key)?;
+            w.u32(leaf.node).u32(leaf.incarnation);
+        }
+        op => return Err(ServiceError::malformed(format!("unknown tree op {op}"))),
+    }
+    Ok(w.finish())
+}

@@ -1,0 +1,1199 @@
+//! The memory node's side of XTree: structural operations on the tree in a
+//! registered region, run by RPC handler threads.
+//!
+//! Concurrency (docs/xtree.md, *Concurrency on the memory node*): a tree-wide
+//! reader-writer lock, `structure`, orders structural changes. Operations
+//! that stay inside one leaf (get, scan, update, delete, insert into a leaf
+//! with room) hold it shared and lock only their leaf (`V_0`, by the version
+//! protocol), so handler threads working on different leaves run in
+//! parallel. An insert into a full leaf retries holding it exclusively and
+//! splits, up to the root; inner nodes therefore change only under the
+//! exclusive lock and are stable for anyone holding it shared. Readers on
+//! the node validate leaf images by the version protocol, exactly as
+//! one-sided readers do.
+
+use crate::config::XTreeConfig;
+use crate::layout::{
+    ChildPtr, FatPtr, Geometry, Header, INCARNATION_MASK, INLINE_VALUE_LEN, MAX_VALUE_LEN, Meta,
+    NO_NODE, RootWord, SUPERBLOCK_FORMAT_OFFSET, SUPERBLOCK_ROOT_OFFSET, block_bytes, format_word,
+    next_incarnation,
+};
+use crate::protocol::{NodeWords, commit, lock, unlock_unchanged};
+use crate::view::{NodeView, SlotValue, ViewError, encode_block, parse_block};
+use dmkv_memnode::{AllocError, NodeRuntime, Region, SizeClassAllocator, SlabAllocator};
+use dmkv_transport::{RegionMem, RemoteRegion, ServiceError};
+use parking_lot::RwLock;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use thiserror::Error;
+
+/// Why a tree operation failed. Expected outcomes (absent, present) are
+/// results, not errors.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum XTreeError {
+    /// The node or value region is full. Nothing was changed.
+    #[error("exhausted: {0}")]
+    Exhausted(String),
+    /// A request named a node, length or value the tree cannot accept.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("bad configuration: {0}")]
+    Config(String),
+    /// The tree's own memory failed validation: a bug, never expected.
+    #[error("corrupt tree: {0}")]
+    Corrupt(String),
+}
+
+impl From<XTreeError> for ServiceError {
+    fn from(e: XTreeError) -> ServiceError {
+        match e {
+            XTreeError::Exhausted(m) => ServiceError::exhausted(m),
+            XTreeError::BadRequest(m) => ServiceError::malformed(m),
+            e => ServiceError::failed(e.to_string()),
+        }
+    }
+}
+
+fn exhausted(e: AllocError) -> XTreeError {
+    XTreeError::Exhausted(e.to_string())
+}
+
+/// A leaf named by number and the incarnation it had (a position hint, a
+/// lookup result).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeafRef {
+    pub node: u32,
+    pub incarnation: u32,
+}
+
+/// One leaf as iteration reports it (XStore trains its models on these).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafInfo {
+    pub node: u32,
+    pub incarnation: u32,
+    pub count: u8,
+    /// The leaf's keys, sorted.
+    pub keys: Vec<u64>,
+}
+
+/// A node split, reported to the split hook after the tree lock is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitEvent {
+    /// 0 for a leaf split.
+    pub level: u8,
+    /// The split node, which kept the lower half, with its new incarnation.
+    pub left: LeafRef,
+    pub old_incarnation: u32,
+    /// The new right sibling (incarnation 0).
+    pub right: u32,
+    /// The lowest key of the right sibling's range.
+    pub separator: u64,
+}
+
+/// Called once per split (XStore queues retraining). Runs on the handler
+/// thread that split, after the tree lock is released; keep it short.
+pub type SplitHook = Arc<dyn Fn(&SplitEvent) + Send + Sync>;
+
+/// Result of an update with a position hint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HintedUpdate {
+    /// The key existed and now has the new value.
+    pub updated: bool,
+    /// The hinted leaf (with its incarnation) held the key, so no traversal
+    /// was needed.
+    pub hint_used: bool,
+}
+
+/// Figures for `engine_stats`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TreeStats {
+    pub slots: u64,
+    pub height: u64,
+    pub leaves: u64,
+    pub inner_nodes: u64,
+    pub keys: u64,
+    pub leaf_splits: u64,
+    pub inner_splits: u64,
+    pub max_nodes: u64,
+    pub value_bytes_live: u64,
+    pub value_region_bytes: u64,
+    pub hinted_updates: u64,
+    pub hinted_updates_used: u64,
+}
+
+impl TreeStats {
+    /// Keys per leaf slot.
+    pub fn fill_factor(&self) -> f64 {
+        if self.leaves == 0 {
+            0.0
+        } else {
+            self.keys as f64 / (self.leaves * self.slots) as f64
+        }
+    }
+}
+
+/// What a write does to a key.
+#[derive(Debug, Clone, Copy)]
+enum WriteOp<'a> {
+    Insert(&'a [u8]),
+    Update(&'a [u8]),
+    Upsert(&'a [u8]),
+    Delete,
+}
+
+enum LeafOutcome {
+    Done(bool),
+    /// An insert of a new key into a full leaf: needs a split.
+    Full,
+}
+
+/// Retries of a validated read before the tree reports itself corrupt. A
+/// writer holds a node for a handful of stores, so this is never reached
+/// in a healthy tree.
+const MAX_READ_RETRIES: u32 = 1_000_000;
+
+#[derive(Default)]
+struct Counters {
+    leaves: AtomicU64,
+    inner_nodes: AtomicU64,
+    keys: AtomicU64,
+    leaf_splits: AtomicU64,
+    inner_splits: AtomicU64,
+    hinted: AtomicU64,
+    hinted_used: AtomicU64,
+}
+
+/// The words of one node in the node region.
+struct NodeMem<'a> {
+    mem: &'a RegionMem,
+    base: u64,
+}
+
+impl NodeWords for NodeMem<'_> {
+    fn load(&self, i: usize) -> u64 {
+        self.mem
+            .load_u64(self.base + 8 * i as u64)
+            .expect("node numbers are checked against the region")
+    }
+    fn store(&self, i: usize, v: u64) {
+        self.mem
+            .store_u64(self.base + 8 * i as u64, v)
+            .expect("node numbers are checked against the region")
+    }
+    fn cas(&self, i: usize, expected: u64, new: u64) -> u64 {
+        self.mem
+            .cas_u64(self.base + 8 * i as u64, expected, new)
+            .expect("node numbers are checked against the region")
+    }
+}
+
+/// An XTree on one memory node.
+pub struct XTree {
+    geo: Geometry,
+    cfg: XTreeConfig,
+    nodes: Region,
+    values: Region,
+    node_alloc: SlabAllocator,
+    value_alloc: SizeClassAllocator,
+    /// Shared: operations inside one leaf. Exclusive: splits.
+    structure: RwLock<()>,
+    /// Highest node number handed out; hints above it are refused.
+    high_node: AtomicU32,
+    counters: Counters,
+    split_hook: RwLock<Option<SplitHook>>,
+}
+
+impl XTree {
+    /// Registers the node region `node_region` and the value region
+    /// `value_region` on `rt` and builds an empty tree (one empty leaf).
+    pub fn create(
+        rt: &NodeRuntime,
+        node_region: &str,
+        value_region: &str,
+        cfg: XTreeConfig,
+    ) -> Result<Arc<XTree>, XTreeError> {
+        let geo = Geometry::new(cfg.slots).map_err(|e| XTreeError::Config(e.to_string()))?;
+        if cfg.max_nodes == 0 || cfg.max_nodes >= u32::MAX as u64 {
+            return Err(XTreeError::Config(format!(
+                "max_nodes {} must be between 1 and 2^32 - 2",
+                cfg.max_nodes
+            )));
+        }
+        let nb = geo.node_bytes() as u64;
+        let node_len = (cfg.max_nodes + 1)
+            .checked_mul(nb)
+            .and_then(|l| usize::try_from(l).ok())
+            .ok_or_else(|| XTreeError::Config("node region too large".into()))?;
+        if cfg.value_region_bytes > crate::layout::FAT_OFFSET_MASK {
+            return Err(XTreeError::Config(
+                "value region exceeds the 40-bit offsets of fat pointers".into(),
+            ));
+        }
+        let value_len = cfg.value_region_bytes.max(4096) as usize;
+        let reg = |name: &str, len: usize| {
+            rt.register_region(name, len)
+                .map_err(|e| XTreeError::Config(format!("region {name}: {e}")))
+        };
+        let nodes = reg(node_region, node_len)?;
+        let values = reg(value_region, value_len)?;
+        let node_alloc = SlabAllocator::new(node_region, &nodes, nb, nb, nodes.len());
+        let max_class = (block_bytes(MAX_VALUE_LEN) as u64).next_power_of_two();
+        let value_alloc =
+            SizeClassAllocator::new(value_region, &values, 0, values.len(), 32, max_class);
+        let tree = XTree {
+            geo,
+            cfg,
+            nodes,
+            values,
+            node_alloc,
+            value_alloc,
+            structure: RwLock::new(()),
+            high_node: AtomicU32::new(0),
+            counters: Counters::default(),
+            split_hook: RwLock::new(None),
+        };
+        let root = tree.alloc_node()?;
+        tree.write_node(root, Header::default(), Meta::default(), &[], &[]);
+        tree.counters.leaves.store(1, Ordering::Relaxed);
+        let mem = &tree.nodes.mem;
+        mem.store_u64(SUPERBLOCK_FORMAT_OFFSET, format_word(geo.slots()))
+            .expect("superblock inside the region");
+        mem.store_u64(
+            SUPERBLOCK_ROOT_OFFSET,
+            RootWord {
+                node: root,
+                height: 1,
+            }
+            .pack(),
+        )
+        .expect("superblock inside the region");
+        Ok(Arc::new(tree))
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    pub fn config(&self) -> XTreeConfig {
+        self.cfg
+    }
+
+    /// The node region as clients address it.
+    pub fn node_region(&self) -> RemoteRegion {
+        self.nodes.remote
+    }
+
+    /// The value region as clients address it.
+    pub fn value_region(&self) -> RemoteRegion {
+        self.values.remote
+    }
+
+    /// Installs (or removes) the split hook.
+    pub fn set_split_hook(&self, hook: Option<SplitHook>) {
+        *self.split_hook.write() = hook;
+    }
+
+    /// The current root word.
+    pub fn root(&self) -> RootWord {
+        let w = self
+            .nodes
+            .mem
+            .load_u64(SUPERBLOCK_ROOT_OFFSET)
+            .expect("superblock inside the region");
+        RootWord::unpack(w).expect("the tree writes valid root words")
+    }
+
+    pub fn stats(&self) -> TreeStats {
+        let c = &self.counters;
+        TreeStats {
+            slots: self.geo.slots() as u64,
+            height: self.root().height as u64,
+            leaves: c.leaves.load(Ordering::Relaxed),
+            inner_nodes: c.inner_nodes.load(Ordering::Relaxed),
+            keys: c.keys.load(Ordering::Relaxed),
+            leaf_splits: c.leaf_splits.load(Ordering::Relaxed),
+            inner_splits: c.inner_splits.load(Ordering::Relaxed),
+            max_nodes: self.cfg.max_nodes,
+            value_bytes_live: self.value_alloc.live_bytes(),
+            value_region_bytes: self.values.len(),
+            hinted_updates: c.hinted.load(Ordering::Relaxed),
+            hinted_updates_used: c.hinted_used.load(Ordering::Relaxed),
+        }
+    }
+
+    // ---- public operations -------------------------------------------------
+
+    /// The value of `key`.
+    pub fn get(&self, key: u64) -> Result<Option<Vec<u8>>, XTreeError> {
+        let _shared = self.structure.read();
+        let (leaf, _) = self.descend(key);
+        for _ in 0..MAX_READ_RETRIES {
+            let img = self.read_consistent(leaf)?;
+            let Some(j) = img.keys.find(key) else {
+                return Ok(None);
+            };
+            if let Some(v) = self.resolve(key, img.value(j)) {
+                return Ok(Some(v));
+            }
+            // The block was freed and reused under us: the leaf changed.
+        }
+        Err(XTreeError::Corrupt(format!("get {key:#x} never settled")))
+    }
+
+    /// Inserts a new pair; false (and no change) if `key` is present.
+    pub fn insert(&self, key: u64, value: &[u8]) -> Result<bool, XTreeError> {
+        self.modify(key, WriteOp::Insert(value))
+    }
+
+    /// Replaces the value of a present key; false if it is absent.
+    pub fn update(&self, key: u64, value: &[u8]) -> Result<bool, XTreeError> {
+        self.modify(key, WriteOp::Update(value))
+    }
+
+    /// Inserts or replaces; true if the key was new.
+    pub fn upsert(&self, key: u64, value: &[u8]) -> Result<bool, XTreeError> {
+        self.modify(key, WriteOp::Upsert(value))
+    }
+
+    /// Removes `key`; false if it was absent.
+    pub fn delete(&self, key: u64) -> Result<bool, XTreeError> {
+        self.modify(key, WriteOp::Delete)
+    }
+
+    /// Up to `n` pairs with key >= `start`, in key order. Not atomic across
+    /// leaves (as in the paper); each leaf is read consistently.
+    pub fn scan(&self, start: u64, n: usize) -> Result<Vec<(u64, Vec<u8>)>, XTreeError> {
+        let _shared = self.structure.read();
+        let (mut leaf, _) = self.descend(start);
+        let mut out = Vec::new();
+        while out.len() < n && leaf != NO_NODE {
+            let mut settled = false;
+            for _ in 0..MAX_READ_RETRIES {
+                let img = self.read_consistent(leaf)?;
+                let mut part = Vec::new();
+                let mut complete = true;
+                for (k, sv) in img.sorted_pairs() {
+                    if k < start {
+                        continue;
+                    }
+                    if out.len() + part.len() == n {
+                        break;
+                    }
+                    match self.resolve(k, sv) {
+                        Some(v) => part.push((k, v)),
+                        None => {
+                            complete = false;
+                            break;
+                        }
+                    }
+                }
+                if complete {
+                    out.extend(part);
+                    leaf = img.header().next;
+                    settled = true;
+                    break;
+                }
+            }
+            if !settled {
+                return Err(XTreeError::Corrupt(format!(
+                    "scan at leaf {leaf} never settled"
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads pairs (upserting), holding the tree exclusively once for the
+    /// batch. Sorted input fills leaves left to right, leaving them about
+    /// half full after their splits, as in the paper. On `Exhausted` the
+    /// pairs before the failing one stay loaded.
+    pub fn bulk_load(&self, pairs: &[(u64, &[u8])]) -> Result<(), XTreeError> {
+        for (k, v) in pairs {
+            check_value(*k, v)?;
+        }
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_unstable_by_key(|&i| pairs[i].0);
+        let mut events = Vec::new();
+        let res = {
+            let _excl = self.structure.write();
+            order.iter().try_for_each(|&i| {
+                let (k, v) = pairs[i];
+                self.apply_exclusive(k, WriteOp::Upsert(v), &mut events)
+                    .map(|_| ())
+            })
+        };
+        self.fire(&events);
+        res
+    }
+
+    /// The leaf that holds (or would hold) `key`, with its incarnation.
+    pub fn find_leaf(&self, key: u64) -> Result<LeafRef, XTreeError> {
+        let _shared = self.structure.read();
+        let (leaf, _) = self.descend(key);
+        let img = self.read_consistent(leaf)?;
+        Ok(LeafRef {
+            node: leaf,
+            incarnation: img.header().incarnation,
+        })
+    }
+
+    /// Every leaf in key order (leftmost first, along right links), each
+    /// read consistently. Concurrent writers may change leaves between
+    /// reads; splits wait until the iteration ends.
+    pub fn leaves(&self) -> Result<Vec<LeafInfo>, XTreeError> {
+        let _shared = self.structure.read();
+        let (mut leaf, _) = self.descend(0);
+        let mut out = Vec::new();
+        while leaf != NO_NODE {
+            let img = self.read_consistent(leaf)?;
+            let mut keys = img.keys.keys.clone();
+            keys.sort_unstable();
+            out.push(LeafInfo {
+                node: leaf,
+                incarnation: img.header().incarnation,
+                count: img.header().count,
+                keys,
+            });
+            leaf = img.header().next;
+        }
+        Ok(out)
+    }
+
+    /// UPDATE with a position hint (XStore §5.3.1): if `hint` names a leaf
+    /// of that incarnation holding `key`, update it there without a
+    /// traversal; otherwise traverse. A hint that names no leaf at all is a
+    /// bad request.
+    pub fn update_hinted(
+        &self,
+        key: u64,
+        value: &[u8],
+        hint: LeafRef,
+    ) -> Result<HintedUpdate, XTreeError> {
+        check_value(key, value)?;
+        if hint.node == NO_NODE || hint.node > self.high_node.load(Ordering::Acquire) {
+            return Err(XTreeError::BadRequest(format!(
+                "hint names node {}, which is not a node of this tree",
+                hint.node
+            )));
+        }
+        if hint.incarnation > INCARNATION_MASK {
+            return Err(XTreeError::BadRequest(format!(
+                "hint incarnation {} exceeds 24 bits",
+                hint.incarnation
+            )));
+        }
+        self.counters.hinted.fetch_add(1, Ordering::Relaxed);
+        {
+            let _shared = self.structure.read();
+            let nm = self.node_mem(hint.node);
+            let x = lock(&nm);
+            let img = match self.read_locked(hint.node) {
+                Ok(img) => img,
+                Err(e) => {
+                    unlock_unchanged(&nm, x);
+                    return Err(e);
+                }
+            };
+            if img.level() != 0 {
+                unlock_unchanged(&nm, x);
+                return Err(XTreeError::BadRequest(format!(
+                    "hint names node {}, an inner node",
+                    hint.node
+                )));
+            }
+            if img.header().incarnation == hint.incarnation
+                && let Some(j) = img.keys.find(key)
+            {
+                self.replace_value(&nm, x, &img, j, key, value)?;
+                self.counters.hinted_used.fetch_add(1, Ordering::Relaxed);
+                return Ok(HintedUpdate {
+                    updated: true,
+                    hint_used: true,
+                });
+            }
+            unlock_unchanged(&nm, x);
+        }
+        Ok(HintedUpdate {
+            updated: self.update(key, value)?,
+            hint_used: false,
+        })
+    }
+
+    /// Checks every structural invariant of docs/xtree.md on a quiescent
+    /// tree (it holds the tree exclusively): key ranges nest, inner keys are
+    /// sorted with `K_0` the node's lower bound, child pointers carry their
+    /// children's incarnations and levels step down by one, leaf keys are
+    /// distinct and inside their ranges, out-of-line blocks validate, the
+    /// right links chain the leaves in key order, the root has no right
+    /// sibling, and the counters match. Tests call it after every phase.
+    pub fn check_structure(&self) -> Result<(), String> {
+        let _excl = self.structure.write();
+        let root = self.root();
+        let img = self.read_locked(root.node).map_err(|e| e.to_string())?;
+        if img.header().next != NO_NODE {
+            return Err(format!("root {} has a right sibling", root.node));
+        }
+        if img.level() != root.root_level() {
+            return Err(format!(
+                "root level {} but height {}",
+                img.level(),
+                root.height
+            ));
+        }
+        let mut walk = Walk::default();
+        self.check_node(root.node, img, 0, None, &mut walk)?;
+        for (i, &leaf) in walk.leaves.iter().enumerate() {
+            let next = self
+                .read_locked(leaf)
+                .map_err(|e| e.to_string())?
+                .header()
+                .next;
+            let want = walk.leaves.get(i + 1).copied().unwrap_or(NO_NODE);
+            if next != want {
+                return Err(format!(
+                    "leaf {leaf} links to {next}, the next leaf is {want}"
+                ));
+            }
+        }
+        let c = &self.counters;
+        let figures = [
+            (
+                "leaves",
+                walk.leaves.len() as u64,
+                c.leaves.load(Ordering::Relaxed),
+            ),
+            (
+                "inner nodes",
+                walk.inner,
+                c.inner_nodes.load(Ordering::Relaxed),
+            ),
+            ("keys", walk.keys, c.keys.load(Ordering::Relaxed)),
+        ];
+        for (what, found, counted) in figures {
+            if found != counted {
+                return Err(format!("{found} {what} in the tree, {counted} counted"));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_node(
+        &self,
+        node: u32,
+        img: NodeView,
+        lo: u64,
+        hi: Option<u64>,
+        walk: &mut Walk,
+    ) -> Result<(), String> {
+        let inside = |k: u64| k >= lo && hi.is_none_or(|h| k < h);
+        let keys = &img.keys.keys;
+        if img.level() == 0 {
+            let mut sorted = keys.clone();
+            sorted.sort_unstable();
+            if sorted.windows(2).any(|w| w[0] == w[1]) {
+                return Err(format!("leaf {node} holds a key twice"));
+            }
+            if let Some(k) = keys.iter().find(|&&k| !inside(k)) {
+                return Err(format!(
+                    "leaf {node} holds {k:#x} outside [{lo:#x}, {hi:?})"
+                ));
+            }
+            for (j, &k) in keys.iter().enumerate() {
+                if self.resolve(k, img.value(j)).is_none() {
+                    return Err(format!("leaf {node} slot {j}: its value block is invalid"));
+                }
+            }
+            walk.leaves.push(node);
+            walk.keys += keys.len() as u64;
+            return Ok(());
+        }
+        walk.inner += 1;
+        if keys[0] != lo {
+            return Err(format!(
+                "inner {node}: K_0 {:#x} is not its lower bound {lo:#x}",
+                keys[0]
+            ));
+        }
+        if let Some(k) = keys.iter().find(|&&k| !inside(k)) {
+            return Err(format!(
+                "inner {node}: key {k:#x} outside [{lo:#x}, {hi:?})"
+            ));
+        }
+        for j in 0..keys.len() {
+            let c = img.child(j);
+            let child = self.read_locked(c.node).map_err(|e| e.to_string())?;
+            if child.header().incarnation != c.incarnation {
+                return Err(format!(
+                    "inner {node} points to {} with incarnation {}, it has {}",
+                    c.node,
+                    c.incarnation,
+                    child.header().incarnation
+                ));
+            }
+            if child.level() + 1 != img.level() {
+                return Err(format!(
+                    "inner {node} at level {} has child {} at level {}",
+                    img.level(),
+                    c.node,
+                    child.level()
+                ));
+            }
+            let child_hi = keys.get(j + 1).copied().or(hi);
+            self.check_node(c.node, child, keys[j], child_hi, walk)?;
+        }
+        Ok(())
+    }
+
+    // ---- writes --------------------------------------------------------------
+
+    fn modify(&self, key: u64, op: WriteOp<'_>) -> Result<bool, XTreeError> {
+        if let WriteOp::Insert(v) | WriteOp::Update(v) | WriteOp::Upsert(v) = op {
+            check_value(key, v)?;
+        }
+        {
+            let _shared = self.structure.read();
+            let (leaf, _) = self.descend(key);
+            if let LeafOutcome::Done(b) = self.leaf_apply(leaf, key, op)? {
+                return Ok(b);
+            }
+        }
+        let mut events = Vec::new();
+        let res = {
+            let _excl = self.structure.write();
+            self.apply_exclusive(key, op, &mut events)
+        };
+        self.fire(&events);
+        res
+    }
+
+    fn fire(&self, events: &[SplitEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        let hook = self.split_hook.read().clone();
+        if let Some(h) = hook {
+            events.iter().for_each(|e| h(e));
+        }
+    }
+
+    /// Applies `op` to `key` in `leaf` under the leaf's lock, unless it
+    /// needs a split. The caller holds `structure` (so `leaf` covers `key`).
+    fn leaf_apply(&self, leaf: u32, key: u64, op: WriteOp<'_>) -> Result<LeafOutcome, XTreeError> {
+        let nm = self.node_mem(leaf);
+        let x = lock(&nm);
+        let img = match self.read_locked(leaf) {
+            Ok(img) => img,
+            Err(e) => {
+                unlock_unchanged(&nm, x);
+                return Err(e);
+            }
+        };
+        let count = img.keys.keys.len();
+        let meta = img.keys.meta;
+        let hdr = img.header();
+        match (img.keys.find(key), op) {
+            (Some(_), WriteOp::Insert(_)) | (None, WriteOp::Update(_) | WriteOp::Delete) => {
+                unlock_unchanged(&nm, x);
+                Ok(LeafOutcome::Done(false))
+            }
+            (Some(j), WriteOp::Update(v) | WriteOp::Upsert(v)) => {
+                self.replace_value(&nm, x, &img, j, key, v)?;
+                Ok(LeafOutcome::Done(matches!(op, WriteOp::Update(_))))
+            }
+            (Some(j), WriteOp::Delete) => {
+                // Move the last pair into the hole (XStore §5.3.2).
+                let last = count - 1;
+                let mut m = meta;
+                let mut ch = Vec::with_capacity(5);
+                if j != last {
+                    ch.push((self.geo.key(j), img.keys.keys[last]));
+                    ch.push((self.geo.slot(j), img.slots[last]));
+                    set_bit(&mut m.out_of_line, j, meta.is_out_of_line(last));
+                }
+                set_bit(&mut m.out_of_line, last, false);
+                ch.push((Geometry::META, m.pack()));
+                ch.push((
+                    Geometry::HDR,
+                    Header {
+                        count: last as u8,
+                        ..hdr
+                    }
+                    .pack(),
+                ));
+                commit(&nm, &self.geo, x, &ch);
+                self.counters.keys.fetch_sub(1, Ordering::Relaxed);
+                self.free_value(img.value(j));
+                Ok(LeafOutcome::Done(true))
+            }
+            (None, WriteOp::Insert(v) | WriteOp::Upsert(v)) => {
+                if count == self.geo.slots() {
+                    unlock_unchanged(&nm, x);
+                    return Ok(LeafOutcome::Full);
+                }
+                let (word, oob) = match self.put_value(key, v) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        unlock_unchanged(&nm, x);
+                        return Err(e);
+                    }
+                };
+                // Append (leaves are unsorted).
+                let mut m = meta;
+                set_bit(&mut m.out_of_line, count, oob);
+                let ch = [
+                    (Geometry::HDR, {
+                        Header {
+                            count: count as u8 + 1,
+                            ..hdr
+                        }
+                        .pack()
+                    }),
+                    (Geometry::META, m.pack()),
+                    (self.geo.key(count), key),
+                    (self.geo.slot(count), word),
+                ];
+                commit(&nm, &self.geo, x, &ch);
+                self.counters.keys.fetch_add(1, Ordering::Relaxed);
+                Ok(LeafOutcome::Done(true))
+            }
+        }
+    }
+
+    /// Replaces the value in slot `j` of a leaf locked at `x` and unlocks
+    /// it; frees the old block after the new one is linked.
+    fn replace_value(
+        &self,
+        nm: &NodeMem<'_>,
+        x: u64,
+        img: &NodeView,
+        j: usize,
+        key: u64,
+        value: &[u8],
+    ) -> Result<(), XTreeError> {
+        let (word, oob) = match self.put_value(key, value) {
+            Ok(p) => p,
+            Err(e) => {
+                unlock_unchanged(nm, x);
+                return Err(e);
+            }
+        };
+        let mut m = img.keys.meta;
+        set_bit(&mut m.out_of_line, j, oob);
+        let mut ch = vec![(self.geo.slot(j), word)];
+        if m != img.keys.meta {
+            ch.push((Geometry::META, m.pack()));
+        }
+        commit(nm, &self.geo, x, &ch);
+        self.free_value(img.value(j));
+        Ok(())
+    }
+
+    /// `op` under the exclusive lock: like [`Self::leaf_apply`], splitting
+    /// a full leaf (and its ancestors) as needed.
+    fn apply_exclusive(
+        &self,
+        key: u64,
+        op: WriteOp<'_>,
+        events: &mut Vec<SplitEvent>,
+    ) -> Result<bool, XTreeError> {
+        let (leaf, path) = self.descend(key);
+        if let LeafOutcome::Done(b) = self.leaf_apply(leaf, key, op)? {
+            return Ok(b);
+        }
+        let (WriteOp::Insert(value) | WriteOp::Upsert(value)) = op else {
+            unreachable!("only inserts of new keys need room");
+        };
+        // A split takes at most one new node per level plus a new root;
+        // check first so that a full region changes nothing.
+        let needed = path.len() as u64 + 2;
+        let free = self.node_alloc.capacity_blocks() - self.node_alloc.live();
+        if free < needed {
+            return Err(XTreeError::Exhausted(format!(
+                "node region full: {} of {} nodes in use, a split may need {needed}",
+                self.node_alloc.live(),
+                self.node_alloc.capacity_blocks()
+            )));
+        }
+        let (word, oob) = self.put_value(key, value)?;
+        self.split_leaf(leaf, &path, (key, word, oob), events)?;
+        self.counters.keys.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Splits the full `leaf`, adding the pair `new`: the sorted pairs'
+    /// upper half goes to a new right sibling, written in full before it
+    /// is linked (invariant 3); the leaf keeps the lower half under a new
+    /// incarnation (invariant 1); then the parent learns both.
+    fn split_leaf(
+        &self,
+        leaf: u32,
+        path: &[(u32, usize)],
+        new: (u64, u64, bool),
+        events: &mut Vec<SplitEvent>,
+    ) -> Result<(), XTreeError> {
+        let img = self.read_locked(leaf)?;
+        let meta = img.keys.meta;
+        let mut pairs: Vec<(u64, u64, bool)> = (0..img.keys.keys.len())
+            .map(|j| (img.keys.keys[j], img.slots[j], meta.is_out_of_line(j)))
+            .chain(std::iter::once(new))
+            .collect();
+        pairs.sort_unstable_by_key(|p| p.0);
+        let keep = pairs.len() / 2;
+        let (lower, upper) = pairs.split_at(keep);
+        let separator = upper[0].0;
+        let hdr = img.header();
+        let right = self.alloc_node()?;
+        self.write_leaf(right, 0, hdr.next, upper);
+        let inca = next_incarnation(hdr.incarnation);
+        self.write_leaf(leaf, inca, right, lower);
+        self.counters.leaves.fetch_add(1, Ordering::Relaxed);
+        self.counters.leaf_splits.fetch_add(1, Ordering::Relaxed);
+        events.push(SplitEvent {
+            level: 0,
+            left: LeafRef {
+                node: leaf,
+                incarnation: inca,
+            },
+            old_incarnation: hdr.incarnation,
+            right,
+            separator,
+        });
+        self.insert_into_parent(
+            path,
+            0,
+            ChildPtr {
+                node: leaf,
+                incarnation: inca,
+            },
+            separator,
+            ChildPtr {
+                node: right,
+                incarnation: 0,
+            },
+            events,
+        )
+    }
+
+    fn write_leaf(&self, node: u32, incarnation: u32, next: u32, pairs: &[(u64, u64, bool)]) {
+        let mut meta = Meta::default();
+        for (j, p) in pairs.iter().enumerate() {
+            set_bit(&mut meta.out_of_line, j, p.2);
+        }
+        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let slots: Vec<u64> = pairs.iter().map(|p| p.1).collect();
+        self.write_node(
+            node,
+            Header {
+                incarnation,
+                count: pairs.len() as u8,
+                next,
+            },
+            meta,
+            &keys,
+            &slots,
+        );
+    }
+
+    /// Links `right` (separator `sep`) after `left` in the parent at the
+    /// end of `path`, whose pointer to `left` gets `left`'s new incarnation
+    /// in the same write (invariant 2). Splits the parent if full; makes a
+    /// new root if `left` was the root.
+    fn insert_into_parent(
+        &self,
+        path: &[(u32, usize)],
+        child_level: u8,
+        left: ChildPtr,
+        sep: u64,
+        right: ChildPtr,
+        events: &mut Vec<SplitEvent>,
+    ) -> Result<(), XTreeError> {
+        let Some((&(parent, idx), rest)) = path.split_last() else {
+            // `left` was the root: its lower bound is 0.
+            let root = self.alloc_node()?;
+            self.write_node(
+                root,
+                Header {
+                    incarnation: 0,
+                    count: 2,
+                    next: NO_NODE,
+                },
+                Meta {
+                    level: child_level + 1,
+                    out_of_line: 0,
+                },
+                &[0, sep],
+                &[left.pack(), right.pack()],
+            );
+            self.counters.inner_nodes.fetch_add(1, Ordering::Relaxed);
+            self.nodes
+                .mem
+                .store_u64(
+                    SUPERBLOCK_ROOT_OFFSET,
+                    RootWord {
+                        node: root,
+                        height: child_level as u32 + 2,
+                    }
+                    .pack(),
+                )
+                .expect("superblock inside the region");
+            return Ok(());
+        };
+        let img = self.read_locked(parent)?;
+        let mut keys = img.keys.keys.clone();
+        let mut slots = img.slots.clone();
+        if img.child(idx).node != left.node {
+            return Err(XTreeError::Corrupt(format!(
+                "parent {parent} slot {idx} does not point to {}",
+                left.node
+            )));
+        }
+        slots[idx] = left.pack();
+        keys.insert(idx + 1, sep);
+        slots.insert(idx + 1, right.pack());
+        let hdr = img.header();
+        let meta = img.keys.meta;
+        if keys.len() <= self.geo.slots() {
+            self.write_node(
+                parent,
+                Header {
+                    count: keys.len() as u8,
+                    ..hdr
+                },
+                meta,
+                &keys,
+                &slots,
+            );
+            return Ok(());
+        }
+        let keep = keys.len() / 2;
+        let sibling = self.alloc_node()?;
+        self.write_node(
+            sibling,
+            Header {
+                incarnation: 0,
+                count: (keys.len() - keep) as u8,
+                next: hdr.next,
+            },
+            meta,
+            &keys[keep..],
+            &slots[keep..],
+        );
+        let inca = next_incarnation(hdr.incarnation);
+        self.write_node(
+            parent,
+            Header {
+                incarnation: inca,
+                count: keep as u8,
+                next: sibling,
+            },
+            meta,
+            &keys[..keep],
+            &slots[..keep],
+        );
+        self.counters.inner_nodes.fetch_add(1, Ordering::Relaxed);
+        self.counters.inner_splits.fetch_add(1, Ordering::Relaxed);
+        events.push(SplitEvent {
+            level: meta.level,
+            left: LeafRef {
+                node: parent,
+                incarnation: inca,
+            },
+            old_incarnation: hdr.incarnation,
+            right: sibling,
+            separator: keys[keep],
+        });
+        self.insert_into_parent(
+            rest,
+            meta.level,
+            ChildPtr {
+                node: parent,
+                incarnation: inca,
+            },
+            keys[keep],
+            ChildPtr {
+                node: sibling,
+                incarnation: 0,
+            },
+            events,
+        )
+    }
+
+    /// Writes a node's header, meta, keys and slots through the protocol.
+    fn write_node(&self, node: u32, hdr: Header, meta: Meta, keys: &[u64], slots: &[u64]) {
+        debug_assert_eq!(keys.len(), slots.len());
+        let nm = self.node_mem(node);
+        let x = lock(&nm);
+        let mut ch = Vec::with_capacity(2 + 2 * keys.len());
+        ch.push((Geometry::HDR, hdr.pack()));
+        ch.push((Geometry::META, meta.pack()));
+        ch.extend(keys.iter().enumerate().map(|(j, &k)| (self.geo.key(j), k)));
+        ch.extend(
+            slots
+                .iter()
+                .enumerate()
+                .map(|(j, &s)| (self.geo.slot(j), s)),
+        );
+        commit(&nm, &self.geo, x, &ch);
+    }
+
+    // ---- nodes -------------------------------------------------------------
+
+    fn node_mem(&self, node: u32) -> NodeMem<'_> {
+        NodeMem {
+            mem: &self.nodes.mem,
+            base: node as u64 * self.geo.node_bytes() as u64,
+        }
+    }
+
+    fn alloc_node(&self) -> Result<u32, XTreeError> {
+        let off = self.node_alloc.alloc().map_err(exhausted)?;
+        let node = (off / self.geo.node_bytes() as u64) as u32;
+        self.high_node.fetch_max(node, Ordering::AcqRel);
+        Ok(node)
+    }
+
+    fn snapshot(&self, node: u32) -> Vec<u8> {
+        let nm = self.node_mem(node);
+        self.nodes
+            .mem
+            .read_vec(nm.base, self.geo.node_bytes())
+            .expect("node numbers are checked against the region")
+    }
+
+    /// A node that cannot change under the caller (locked by it, or an
+    /// inner node while `structure` is held), parsed without versions.
+    fn read_locked(&self, node: u32) -> Result<NodeView, XTreeError> {
+        NodeView::parse_locked(&self.geo, &self.snapshot(node))
+            .map_err(|e| XTreeError::Corrupt(format!("node {node}: {e}")))
+    }
+
+    /// A consistent image of a node that writers may be changing.
+    fn read_consistent(&self, node: u32) -> Result<NodeView, XTreeError> {
+        for attempt in 0..MAX_READ_RETRIES {
+            match NodeView::parse(&self.geo, &self.snapshot(node)) {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_transient() => {
+                    if attempt > 64 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(e) => return Err(XTreeError::Corrupt(format!("node {node}: {e}"))),
+            }
+        }
+        Err(XTreeError::Corrupt(format!("node {node} never settled")))
+    }
+
+    /// The leaf covering `key` and the path to it (inner node, child index),
+    /// root first. The caller holds `structure`, so inner nodes are stable.
+    fn descend(&self, key: u64) -> (u32, Vec<(u32, usize)>) {
+        let mut node = self.root().node;
+        let mut path = Vec::new();
+        loop {
+            // A node's level never changes, so its meta word tells a leaf
+            // even while another handler is writing that leaf (whose other
+            // words must not be parsed unvalidated).
+            let meta = self
+                .node_mem(node)
+                .load(self.geo.payload_word(Geometry::META));
+            if meta & 0xFF == 0 {
+                return (node, path);
+            }
+            let img = self
+                .read_locked(node)
+                .expect("inner nodes are valid while the tree lock is held");
+            let (j, child) = img
+                .child_for(key)
+                .expect("inner nodes on a descent from the root cover the key");
+            path.push((node, j));
+            node = child.node;
+        }
+    }
+
+    // ---- values ------------------------------------------------------------
+
+    /// The slot word for `value`: the bytes themselves if 8 long, else a fat
+    /// pointer to a new block, written before it is linked.
+    fn put_value(&self, key: u64, value: &[u8]) -> Result<(u64, bool), XTreeError> {
+        if value.len() == INLINE_VALUE_LEN {
+            return Ok((
+                u64::from_le_bytes(value.try_into().expect("8 bytes")),
+                false,
+            ));
+        }
+        let block = encode_block(key, value);
+        let off = self
+            .value_alloc
+            .alloc(block.len() as u64)
+            .map_err(exhausted)?;
+        self.values
+            .mem
+            .write(off, &block)
+            .expect("allocated blocks lie inside the region");
+        Ok((
+            FatPtr {
+                offset: off,
+                len: value.len() as u32,
+            }
+            .pack(),
+            true,
+        ))
+    }
+
+    /// Frees the block of an unlinked out-of-line value. Readers holding its
+    /// fat pointer detect reuse by the block's key, length and checksum.
+    fn free_value(&self, v: SlotValue) {
+        if let SlotValue::OutOfLine(f) = v {
+            let r = self
+                .value_alloc
+                .free(f.offset, block_bytes(f.len as usize) as u64);
+            debug_assert!(r.is_ok(), "freeing a linked block: {r:?}");
+        }
+    }
+
+    /// The bytes of a slot value, or `None` if its block no longer holds
+    /// this key's value (freed and reused): the caller re-reads the leaf.
+    fn resolve(&self, key: u64, v: SlotValue) -> Option<Vec<u8>> {
+        match v {
+            SlotValue::Inline(b) => Some(b.to_vec()),
+            SlotValue::OutOfLine(f) => {
+                let bytes = self.values.mem.read_vec(f.offset, f.block_len()).ok()?;
+                parse_block(key, f, &bytes).ok()
+            }
+        }
+    }
+}
+
+/// What a structure check has seen so far.
+#[derive(Default)]
+struct Walk {
+    /// Leaves in key order.
+    leaves: Vec<u32>,
+    inner: u64,
+    keys: u64,
+}
+
+fn set_bit(bits: &mut u64, j: usize, on: bool) {
+    if on {
+        *bits |= 1 << j;
+    } else {
+        *bits &= !(1 << j);
+    }
+}
+
+fn check_value(key: u64, value: &[u8]) -> Result<(), XTreeError> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(XTreeError::BadRequest(format!(
+            "value of {} bytes for key {key:#x} exceeds the limit of {MAX_VALUE_LEN}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+impl From<ViewError> for XTreeError {
+    fn from(e: ViewError) -> XTreeError {
+        XTreeError::Corrupt(e.to_string())
+    }
+}

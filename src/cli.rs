@@ -1,0 +1,363 @@
+//! The command line (a contract: scripts and tests rely on these names; see
+//! DESIGN.md). Bad input is one line on stderr and exit code 2; a benchmark
+//! that found wrong answers or errors exits 1.
+
+use crate::engines::Registry;
+use crate::shell;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use dmkv_api::Knobs;
+use dmkv_api::deploy::DeployOptions;
+use dmkv_bench::{
+    BenchConfig, BenchError, Dist, EngineChoice, KeysetSpec, Workload, WorkloadSource, defaults,
+};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+/// Exit codes.
+pub const EXIT_OK: i32 = 0;
+/// Errors, wrong answers or verification failures.
+pub const EXIT_FAILED: i32 = 1;
+/// Bad input.
+pub const EXIT_USAGE: i32 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dmkv",
+    version,
+    about = "A key-value store for disaggregated memory: XStore, ROLEX, Outback and ScaleStore behind one API"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load a key set, run a workload on one or more engines, check every answer, report.
+    Bench(BenchArgs),
+    /// Serve as a memory node for other processes (needs the `ucx` feature).
+    Memnode(MemnodeArgs),
+    /// Deploy an engine in this process and run get/put/delete/scan by hand or from a script on stdin.
+    Shell(ShellArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    Local,
+    Ucx,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Engines to compare, in order (ratios are relative to the first); default: the default comparison set.
+    #[arg(long, value_name = "NAME[,NAME...]")]
+    pub engine: Option<String>,
+    /// ycsb-a ... ycsb-f, insert, load, or mixed:R,U,I,D,S (percentages of read, update, insert, delete, scan).
+    #[arg(long, conflicts_with = "trace")]
+    pub workload: Option<Workload>,
+    /// uniform, zipfian (θ = 0.99, scrambled) or latest; default: latest for ycsb-d, else uniform.
+    #[arg(long, conflicts_with = "trace")]
+    pub dist: Option<Dist>,
+    /// uniform, sequential, normal, lognormal or sosd:PATH.
+    #[arg(long, conflicts_with = "trace", value_name = "KEYSET")]
+    pub keyset: Option<KeysetSpec>,
+    /// Replay a YCSB trace (verbose BasicDB output) instead of a synthetic workload.
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<PathBuf>,
+    /// Keys loaded before the run.
+    #[arg(long, value_name = "N", default_value_t = defaults::KEYS, conflicts_with = "trace")]
+    pub keys: u64,
+    /// Operations in the run.
+    #[arg(long, value_name = "N", default_value_t = defaults::OPS, conflicts_with = "trace")]
+    pub ops: u64,
+    /// Value size in bytes (at least 8: values check themselves).
+    #[arg(long, value_name = "BYTES", default_value_t = defaults::VALUE_SIZE)]
+    pub value_size: usize,
+    /// Compute threads.
+    #[arg(long, value_name = "T", default_value_t = defaults::THREADS)]
+    pub threads: usize,
+    /// Tasks (coroutines) per compute thread.
+    #[arg(long, value_name = "C", default_value_t = defaults::TASKS)]
+    pub tasks: usize,
+    /// RPC handler threads per memory node.
+    #[arg(long, value_name = "M", default_value_t = defaults::MEMNODE_THREADS)]
+    pub memnode_threads: usize,
+    /// Memory nodes an engine spreads over.
+    #[arg(long, value_name = "K", default_value_t = defaults::MEMNODES)]
+    pub memnodes: usize,
+    /// Symmetric nodes (ScaleStore).
+    #[arg(long, value_name = "K", default_value_t = defaults::NODES)]
+    pub nodes: usize,
+    /// Cache per symmetric node, MiB (ScaleStore).
+    #[arg(long, value_name = "MB", default_value_t = defaults::CACHE_MB)]
+    pub cache_mb: u64,
+    /// Where symmetric nodes keep on-disk data (ScaleStore).
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Transport::Local)]
+    pub transport: Transport,
+    /// After the run, read back every key and check it.
+    #[arg(long)]
+    pub verify: bool,
+    /// Write the reports as JSON (an object, or an array for several engines).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Seed of the key set and the request streams.
+    #[arg(long, value_name = "S", default_value_t = defaults::SEED)]
+    pub seed: u64,
+    /// An engine setting, e.g. --set xstore.submodels=500000 (repeatable).
+    #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
+    pub set: Vec<String>,
+    /// Local transport: copy every read in pieces, yielding between them, so
+    /// that concurrent writes tear it (engines must detect and retry).
+    #[arg(long)]
+    pub torn_reads: bool,
+    /// Local transport: add this network latency to every round trip.
+    #[arg(long, value_name = "MICROS", default_value_t = 0)]
+    pub rtt_us: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct MemnodeArgs {
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// RPC handler threads.
+    #[arg(long, value_name = "M", default_value_t = defaults::MEMNODE_THREADS)]
+    pub threads: usize,
+    /// Memory pool size, MiB.
+    #[arg(long, value_name = "MB")]
+    pub pool_mb: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    /// Engine to deploy; default: the first of the default comparison set.
+    #[arg(long, value_name = "NAME")]
+    pub engine: Option<String>,
+    #[arg(long, value_name = "M", default_value_t = defaults::MEMNODE_THREADS)]
+    pub memnode_threads: usize,
+    #[arg(long, value_name = "K", default_value_t = defaults::MEMNODES)]
+    pub memnodes: usize,
+    #[arg(long, value_name = "K", default_value_t = defaults::NODES)]
+    pub nodes: usize,
+    #[arg(long, value_name = "MB", default_value_t = defaults::CACHE_MB)]
+    pub cache_mb: u64,
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// Where a command reads and writes; the binary passes the process's own.
+pub struct Io<'a> {
+    pub stdin: &'a mut dyn BufRead,
+    pub stdin_is_terminal: bool,
+    pub out: &'a mut dyn Write,
+    pub err: &'a mut dyn Write,
+    /// Draw progress bars (on the process's stderr).
+    pub progress: bool,
+}
+
+/// A message for stderr and the exit code that goes with it.
+struct Failure(i32, String);
+
+fn usage(msg: impl Into<String>) -> Failure {
+    Failure(EXIT_USAGE, msg.into())
+}
+
+const NO_UCX: &str = "dmkv was built without the `ucx` feature, so it has no UCX transport";
+
+/// Runs the command line `args` (including the program name) and returns
+/// the process's exit code.
+pub fn run(registry: &Registry, args: Vec<OsString>, io: &mut Io<'_>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e, io),
+    };
+    let result = match cli.command {
+        Command::Bench(args) => bench(registry, args, io),
+        Command::Memnode(_) => Err(usage(format!(
+            "{NO_UCX}: `dmkv memnode` cannot serve other processes (run engines in-process with `dmkv bench --transport local`)"
+        ))),
+        Command::Shell(args) => shell_command(registry, args, io),
+    };
+    match result {
+        Ok(code) => code,
+        Err(Failure(code, msg)) => {
+            let _ = writeln!(io.err, "error: {msg}");
+            code
+        }
+    }
+}
+
+/// Help and version go to stdout with their own exit code; any other clap
+/// error becomes its first line (e.g. `error: invalid value ...`) and exit 2.
+fn clap_error(e: clap::Error, io: &mut Io<'_>) -> i32 {
+    use clap::error::ErrorKind;
+    let text = e.render().to_string();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = write!(io.out, "{text}");
+            EXIT_OK
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+            let _ = write!(io.err, "{text}");
+            EXIT_USAGE
+        }
+        _ => {
+            let first = text.lines().next().unwrap_or("error: bad arguments");
+            let _ = writeln!(io.err, "{first} (see dmkv --help)");
+            EXIT_USAGE
+        }
+    }
+}
+
+/// Parses `--set ENGINE.KNOB=VALUE` flags into knobs per engine name.
+fn parse_sets(registry: &Registry, sets: &[String]) -> Result<BTreeMap<String, Knobs>, Failure> {
+    let mut out: BTreeMap<String, Knobs> = BTreeMap::new();
+    for s in sets {
+        let bad = || usage(format!("--set {s:?} is not ENGINE.KNOB=VALUE"));
+        let (name, value) = s.split_once('=').ok_or_else(bad)?;
+        let (engine, knob) = name.split_once('.').ok_or_else(bad)?;
+        if engine.is_empty() || knob.is_empty() {
+            return Err(bad());
+        }
+        if registry.find(engine).is_none() {
+            return Err(usage(format!(
+                "--set {s}: unknown engine {engine:?} (known: {})",
+                registry.names().join(", ")
+            )));
+        }
+        out.entry(engine.to_string()).or_default().set(knob, value);
+    }
+    Ok(out)
+}
+
+fn choices(
+    registry: &Registry,
+    engine_arg: Option<&str>,
+    sets: &[String],
+    err: &mut dyn Write,
+) -> Result<Vec<EngineChoice>, Failure> {
+    let specs = registry.resolve(engine_arg).map_err(usage)?;
+    let mut knobs = parse_sets(registry, sets)?;
+    let choices: Vec<EngineChoice> = specs
+        .iter()
+        .map(|&spec| EngineChoice {
+            spec,
+            knobs: knobs.remove(spec.name()).unwrap_or_default(),
+        })
+        .collect();
+    for c in &choices {
+        c.knobs
+            .check(c.spec.name(), c.spec.knobs())
+            .map_err(|e| usage(e.to_string()))?;
+    }
+    for engine in knobs.keys() {
+        let _ = writeln!(
+            err,
+            "note: ignoring --set {engine}.*: {engine} is not in this run"
+        );
+    }
+    Ok(choices)
+}
+
+fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
+    if a.transport == Transport::Ucx {
+        return Err(usage(format!(
+            "{NO_UCX}: --transport ucx is unavailable; use --transport local"
+        )));
+    }
+    let engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
+    let mut cfg = BenchConfig::new(engines);
+    cfg.workload = match (a.trace, a.workload) {
+        (Some(path), _) => WorkloadSource::Trace(path),
+        (None, w) => WorkloadSource::Synthetic(w.unwrap_or(Workload::YcsbC)),
+    };
+    cfg.dist = a.dist;
+    cfg.keyset = a.keyset.unwrap_or(KeysetSpec::Uniform);
+    cfg.keys = a.keys;
+    cfg.ops = a.ops;
+    cfg.value_size = a.value_size;
+    cfg.threads = a.threads;
+    cfg.tasks = a.tasks;
+    cfg.memnode_threads = a.memnode_threads;
+    cfg.memnodes = a.memnodes;
+    cfg.nodes = a.nodes;
+    cfg.cache_mb = a.cache_mb;
+    cfg.data_dir = a.data_dir;
+    cfg.verify = a.verify;
+    cfg.seed = a.seed;
+    cfg.local.faults.torn_reads = a.torn_reads;
+    cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
+    cfg.progress = io.progress;
+    cfg.validate().map_err(bench_failure)?;
+    // Fail on an unwritable report path before spending minutes on a run.
+    if let Some(path) = &a.json {
+        std::fs::File::create(path)
+            .map_err(|e| usage(format!("cannot write {}: {e}", path.display())))?;
+    }
+    let outcome = dmkv_bench::run(&cfg).map_err(bench_failure)?;
+    let write = |r: std::io::Result<()>| r.map_err(|e| Failure(EXIT_FAILED, e.to_string()));
+    write(dmkv_bench::print_table(io.out, &outcome.reports))?;
+    for f in &outcome.failures {
+        let _ = writeln!(io.err, "error: engine {}: {}", f.engine, f.error);
+    }
+    if let Some(path) = &a.json {
+        dmkv_bench::write_json(path, &outcome.reports)
+            .map_err(|e| Failure(EXIT_FAILED, format!("cannot write {}: {e}", path.display())))?;
+    }
+    if outcome.ok() {
+        Ok(EXIT_OK)
+    } else {
+        let bad: Vec<&str> = outcome
+            .reports
+            .iter()
+            .filter(|r| !r.ok)
+            .map(|r| r.engine.as_str())
+            .chain(outcome.failures.iter().map(|f| f.engine.as_str()))
+            .collect();
+        let _ = writeln!(
+            io.err,
+            "dmkv bench: FAILED: {} (errors, wrong answers or verification failures; see above)",
+            bad.join(", ")
+        );
+        Ok(EXIT_FAILED)
+    }
+}
+
+fn bench_failure(e: BenchError) -> Failure {
+    match e {
+        BenchError::Input(m) => Failure(EXIT_USAGE, m),
+        BenchError::Run(m) => Failure(EXIT_FAILED, m),
+    }
+}
+
+fn shell_command(registry: &Registry, a: ShellArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
+    let spec = registry.resolve_one(a.engine.as_deref()).map_err(usage)?;
+    let mut engines = choices(registry, Some(spec.name()), &a.set, io.err)?;
+    let knobs = engines.remove(0).knobs;
+    if [a.memnode_threads, a.memnodes, a.nodes].contains(&0) {
+        return Err(usage(
+            "--memnode-threads, --memnodes and --nodes must be at least 1",
+        ));
+    }
+    let opts = DeployOptions {
+        memnodes: a.memnodes,
+        nodes: a.nodes,
+        handler_threads: a.memnode_threads,
+        knobs,
+        cache_mb: a.cache_mb,
+        data_dir: a.data_dir,
+        instance: "shell".into(),
+        ..DeployOptions::default()
+    };
+    match shell::run(spec, &opts, io.stdin, io.out, io.stdin_is_terminal) {
+        Ok(true) => Ok(EXIT_OK),
+        Ok(false) => Ok(EXIT_FAILED),
+        Err(e) => Err(Failure(EXIT_FAILED, e)),
+    }
+}

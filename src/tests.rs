@@ -1,0 +1,440 @@
+//! The command line, run in-process: names, exit codes, one-line errors.
+
+use crate::cli::{EXIT_FAILED, EXIT_OK, EXIT_USAGE, Io, run};
+use crate::engines::REGISTRY;
+use std::ffi::OsString;
+
+struct Outcome {
+    code: i32,
+    out: String,
+    err: String,
+}
+
+fn dmkv_with_stdin(args: &[&str], stdin: &str) -> Outcome {
+    let mut input = stdin.as_bytes();
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let argv: Vec<OsString> = std::iter::once("dmkv")
+        .chain(args.iter().copied())
+        .map(OsString::from)
+        .collect();
+    let code = run(
+        &REGISTRY,
+        argv,
+        &mut Io {
+            stdin: &mut input,
+            stdin_is_terminal: false,
+            out: &mut out,
+            err: &mut err,
+            progress: false,
+        },
+    );
+    Outcome {
+        code,
+        out: String::from_utf8(out).unwrap(),
+        err: String::from_utf8(err).unwrap(),
+    }
+}
+
+fn dmkv(args: &[&str]) -> Outcome {
+    dmkv_with_stdin(args, "")
+}
+
+/// Bad input: exit code 2 and exactly one line on stderr containing `needle`.
+fn assert_usage_error(args: &[&str], needle: &str) {
+    let o = dmkv(args);
+    assert_eq!(o.code, EXIT_USAGE, "{args:?}: {}", o.err);
+    assert_eq!(
+        o.err.lines().count(),
+        1,
+        "{args:?}: one line, got {:?}",
+        o.err
+    );
+    assert!(o.err.starts_with("error"), "{args:?}: {:?}", o.err);
+    assert!(
+        o.err.contains(needle),
+        "{args:?}: {:?} lacks {needle:?}",
+        o.err
+    );
+    assert!(o.out.is_empty(), "{args:?}: nothing on stdout: {:?}", o.out);
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_code_2() {
+    assert_usage_error(&["bench", "--engine", "nope"], "unknown engine \"nope\"");
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--set",
+            "reference.bogus=1",
+        ],
+        "unknown setting reference.bogus",
+    );
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--set", "nodot=1"],
+        "ENGINE.KNOB=VALUE",
+    );
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--set", "xyz.a=1"],
+        "unknown engine",
+    );
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--value-size", "7"],
+        "at least 8 bytes",
+    );
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--workload",
+            "mixed:50,50",
+        ],
+        "five percentages",
+    );
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--workload",
+            "mixed:50,50,10,0,0",
+        ],
+        "sum to 110",
+    );
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--workload", "ycsb-z"],
+        "unknown workload",
+    );
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--dist", "pareto"],
+        "unknown distribution",
+    );
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--keyset",
+            "sosd:/nonexistent/keys",
+        ],
+        "cannot read /nonexistent/keys",
+    );
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--trace",
+            "/nonexistent/trace",
+        ],
+        "cannot read /nonexistent/trace",
+    );
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--threads", "0"],
+        "--threads",
+    );
+    assert_usage_error(&["bench", "--engine", "reference", "--bogus"], "--bogus");
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--trace",
+            "t",
+            "--workload",
+            "ycsb-a",
+        ],
+        "cannot be used with",
+    );
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--json",
+            "/nonexistent/dir/out.json",
+        ],
+        "cannot write",
+    );
+}
+
+#[test]
+fn ucx_is_refused_clearly() {
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--transport", "ucx"],
+        "built without the `ucx` feature",
+    );
+    assert_usage_error(
+        &["memnode", "--listen", "127.0.0.1:7000"],
+        "built without the `ucx` feature",
+    );
+}
+
+#[test]
+fn help_goes_to_stdout() {
+    let o = dmkv(&["bench", "--help"]);
+    assert_eq!(o.code, EXIT_OK);
+    for flag in [
+        "--engine",
+        "--workload",
+        "--dist",
+        "--keyset",
+        "--trace",
+        "--keys",
+        "--ops",
+        "--value-size",
+        "--threads",
+        "--tasks",
+        "--memnode-threads",
+        "--memnodes",
+        "--nodes",
+        "--cache-mb",
+        "--data-dir",
+        "--transport",
+        "--verify",
+        "--json",
+        "--seed",
+        "--set",
+    ] {
+        assert!(o.out.contains(flag), "bench --help lacks {flag}");
+    }
+}
+
+#[test]
+fn bench_runs_the_reference_engine_and_writes_json() {
+    let dir = std::env::temp_dir().join(format!("dmkv-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("out.json");
+    let o = dmkv(&[
+        "bench",
+        "--engine",
+        "reference",
+        "--workload",
+        "ycsb-a",
+        "--keys",
+        "500",
+        "--ops",
+        "2000",
+        "--threads",
+        "2",
+        "--tasks",
+        "2",
+        "--verify",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
+    assert!(
+        o.out.contains("throughput (ops/s)") && o.out.contains("ok (500 keys)"),
+        "{}",
+        o.out
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["engine"], "reference");
+    assert_eq!(v["workload"], "ycsb-a");
+    assert_eq!(v["ops"], 2000);
+    assert_eq!(v["verify"]["checked"], 500);
+    assert_eq!(v["verify"]["mismatches"], 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bench_with_torn_reads_verifies_the_tree_engines() {
+    // Scans and updates race one-sided readers whose reads are torn: cell
+    // must detect the tears (it reports retries) and nothing may be wrong.
+    let dir = std::env::temp_dir().join(format!("dmkv-cli-torn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("out.json");
+    let o = dmkv(&[
+        "bench",
+        "--engine",
+        "rpc-btree,cell",
+        "--workload",
+        "mixed:50,30,10,5,5",
+        "--keys",
+        "2000",
+        "--ops",
+        "4000",
+        "--threads",
+        "2",
+        "--tasks",
+        "4",
+        "--torn-reads",
+        "--verify",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for r in v.as_array().unwrap() {
+        assert_eq!(r["verify"]["mismatches"], 0, "{r}");
+        assert_eq!(r["verify"]["missing"], 0, "{r}");
+    }
+    assert_eq!(v[1]["engine"], "cell");
+    assert!(
+        v[1]["engine_stats"]["torn_retries"].as_u64().unwrap() > 0,
+        "{}",
+        v[1]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn shell_reads_a_script_from_stdin() {
+    let o = dmkv_with_stdin(
+        &["shell", "--engine", "reference"],
+        "put 10 ten\nget 10\nscan 0 5\ndelete 10\nget 10\nquit\n",
+    );
+    assert_eq!(o.code, EXIT_OK, "{}", o.err);
+    assert_eq!(
+        o.out,
+        "inserted\nten\n10 ten\n(1 pairs)\ndeleted\n(not found)\n"
+    );
+    let o = dmkv_with_stdin(&["shell", "--engine", "reference"], "get nope\n");
+    assert_eq!(o.code, EXIT_FAILED);
+    assert!(o.out.starts_with("error:"), "{}", o.out);
+    // Without --engine the shell deploys the first engine of the default set.
+    let o = dmkv_with_stdin(&["shell"], "put 7 seven\nget 7\nquit\n");
+    assert_eq!(o.code, EXIT_OK, "{}", o.err);
+    assert_eq!(o.out, "inserted\nseven\n");
+}
+
+#[test]
+fn a_trace_replays_through_the_cli() {
+    // A trace that inserts a key twice: the second insert must say the key
+    // exists, and the read must find the first value.
+    let dir = std::env::temp_dir().join(format!("dmkv-cli-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.log");
+    std::fs::write(
+        &trace,
+        "INSERT usertable user1 [ field0=a ]\nINSERT usertable user1 [ field0=b ]\nREAD usertable user1 [ <all fields>]\n[OVERALL], RunTime(ms), 10\n",
+    )
+    .unwrap();
+    let o = dmkv(&[
+        "bench",
+        "--engine",
+        "reference",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--verify",
+    ]);
+    assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
+    assert!(
+        o.out.contains("3 operations, 1 other lines ignored"),
+        "{}",
+        o.out
+    );
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--keys",
+            "5",
+        ],
+        "cannot be used with",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The reference engine with a load that loses the first pair of every
+/// chunk: a wrong engine the harness must catch.
+mod lossy {
+    use async_trait::async_trait;
+    use dmkv_api::{
+        Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvStore, Result, ServeArgs,
+    };
+    use dmkv_memnode::NodeRuntime;
+    use dmkv_testkit::reference::Reference;
+    use dmkv_transport::{Endpoint, NodeId};
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    pub struct LossyLoad;
+
+    impl EngineSpec for LossyLoad {
+        fn name(&self) -> &'static str {
+            "lossy-load"
+        }
+        fn about(&self) -> &'static str {
+            "loses a pair per load chunk"
+        }
+        fn knobs(&self) -> &'static [KnobSpec] {
+            &[]
+        }
+        fn serve(&self, rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
+            Reference.serve(rt, args)
+        }
+        fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
+            Ok(Arc::new(Lossy(Reference.connect(args)?)))
+        }
+    }
+
+    struct Lossy(Arc<dyn Engine>);
+
+    #[async_trait(?Send)]
+    impl Engine for Lossy {
+        fn name(&self) -> &'static str {
+            "lossy-load"
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn home_node(&self, thread: usize) -> NodeId {
+            self.0.home_node(thread)
+        }
+        async fn client(&self, ep: Rc<Endpoint>, thread: usize) -> Result<Rc<dyn KvStore>> {
+            self.0.client(ep, thread).await
+        }
+        async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
+            self.0.load(ep, &pairs[1..]).await
+        }
+        async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
+            self.0.stats(ep).await
+        }
+        fn client_cache_bytes(&self) -> u64 {
+            0
+        }
+    }
+}
+
+#[test]
+fn a_wrong_engine_fails_the_run_with_exit_code_1() {
+    let registry = crate::engines::Registry {
+        engines: &[&dmkv_testkit::reference::Reference, &lossy::LossyLoad],
+        default_set: &["reference", "lossy-load"],
+    };
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let argv = ["dmkv", "bench", "--keys", "100", "--ops", "200", "--verify"]
+        .map(OsString::from)
+        .to_vec();
+    let code = run(
+        &registry,
+        argv,
+        &mut Io {
+            stdin: &mut "".as_bytes(),
+            stdin_is_terminal: false,
+            out: &mut out,
+            err: &mut err,
+            progress: false,
+        },
+    );
+    let (out, err) = (
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    );
+    assert_eq!(code, EXIT_FAILED, "{out}\n{err}");
+    assert!(err.contains("FAILED: lossy-load"), "{err}");
+    assert!(out.contains("relative to reference"), "{out}");
+    assert!(out.contains("FAILED: 0 mismatched, 1 missing"), "{out}");
+    assert!(out.contains("lossy-load: verify: key"), "{out}");
+}
