@@ -12,7 +12,9 @@
 //! inserts and removals lock one bucket briefly.
 
 use crate::latch::HybridLatch;
+use crate::msg::{Request, Want};
 use crate::pid::Pid;
+use dmkv_transport::Responder;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::OnceLock;
@@ -30,35 +32,55 @@ pub enum Possession {
     Exclusive = 2,
 }
 
-/// The packed hot-path word of a frame: possession, "a handler waits for
-/// this frame", and the cache slot of the node's copy.
+/// The packed hot-path word of a frame: possession, two flags, and the
+/// cache slot of the node's copy.
 ///
 /// ```text
 /// bits 0..=1  possession (0 none, 1 shared, 2 exclusive)
-/// bit  2      waiting: a message handler needs the frame; workers back off
+/// bit  2      waiting: a remote move is parked here; workers take no new
+///             latches (chaining's fairness: the page leaves in request order)
+/// bit  3      parked: some remote request is parked here; whoever lets go
+///             of the latch kicks the node's re-poll thread
+/// bit  4      fresh: a worker just fetched the page for an optimistic
+///             access; remote moves wait until a local guard let go of it
 /// bits 32..63 cache slot (NONE if no copy is held or being fetched)
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Local {
     pub mode: Possession,
     pub waiting: bool,
+    pub parked: bool,
+    pub fresh: bool,
     pub slot: u32,
 }
 
 const MODE_MASK: u64 = 0b11;
 const WAITING: u64 = 0b100;
+const PARKED: u64 = 0b1000;
+const FRESH: u64 = 0b1_0000;
 const SLOT_SHIFT: u32 = 32;
-const _: () = assert!(MODE_MASK & WAITING == 0 && WAITING < 1 << SLOT_SHIFT);
+const _: () = assert!(
+    MODE_MASK & (WAITING | PARKED | FRESH) == 0
+        && WAITING & (PARKED | FRESH) == 0
+        && PARKED & FRESH == 0
+        && FRESH < 1 << SLOT_SHIFT
+);
 
 impl Local {
     pub const EMPTY: Local = Local {
         mode: Possession::None,
         waiting: false,
+        parked: false,
+        fresh: false,
         slot: NONE,
     };
 
     fn encode(self) -> u64 {
-        self.mode as u64 | if self.waiting { WAITING } else { 0 } | (self.slot as u64) << SLOT_SHIFT
+        self.mode as u64
+            | if self.waiting { WAITING } else { 0 }
+            | if self.parked { PARKED } else { 0 }
+            | if self.fresh { FRESH } else { 0 }
+            | (self.slot as u64) << SLOT_SHIFT
     }
 
     fn decode(w: u64) -> Local {
@@ -69,6 +91,8 @@ impl Local {
                 _ => Possession::None,
             },
             waiting: w & WAITING != 0,
+            parked: w & PARKED != 0,
+            fresh: w & FRESH != 0,
             slot: (w >> SLOT_SHIFT) as u32,
         }
     }
@@ -80,7 +104,7 @@ pub enum Owners {
     /// Only on the SSD.
     None,
     Exclusive(u8),
-    /// Bitmap of node indices.
+    /// Bitmap of node indices (never empty).
     Shared(u64),
 }
 
@@ -108,10 +132,28 @@ impl Owners {
             o => o,
         }
     }
+
+    /// Bitmap of every owner.
+    pub fn bitmap(self) -> u64 {
+        match self {
+            Owners::None => 0,
+            Owners::Exclusive(x) => 1 << x,
+            Owners::Shared(s) => s,
+        }
+    }
+}
+
+/// An ownership request held at the directory until it can be decided (a
+/// FIFO queue position, or an entry busy with an eviction).
+pub struct HeldRequest {
+    pub from: u8,
+    pub want: Want,
+    pub retry: bool,
+    pub offset: u64,
+    pub responder: Responder,
 }
 
 /// The directory entry of a page (kept in the frame on its directory).
-#[derive(Debug, Clone)]
 pub struct Dir {
     pub owners: Owners,
     /// The conflict epoch (§3.4.3): bumped whenever a grant conflicts with
@@ -119,24 +161,32 @@ pub struct Dir {
     pub epoch: u64,
     /// Some cached copy may be newer than the SSD.
     pub dirty: bool,
-    /// `dirty` just before the latest grant (for `SsdFetch`).
+    /// `dirty` just before the latest conflict grant (for `SsdFetch`).
     pub prev_dirty: bool,
-    /// A dirty copy is being pulled by an eviction: grants wait.
+    /// Copies the directory told requesters to take from each sharer
+    /// during that sharer's current possession (owner stability for copy
+    /// sources: its eviction is declined until it served that many).
+    pub copy_grants: Vec<(u8, u32)>,
+    /// A dirty last copy is being pulled by an eviction: requests wait.
     pub evicting: bool,
+    /// Requests waiting for the eviction pull to finish.
+    pub held: Vec<HeldRequest>,
     /// FIFO variant: the requester whose transfer is not acknowledged yet.
     pub transfer: Option<u8>,
-    /// FIFO variant: requesters waiting for their turn.
-    pub queue: VecDeque<u8>,
+    /// FIFO variant: requesters waiting for their turn, answered in order.
+    pub queue: VecDeque<HeldRequest>,
 }
 
 impl Dir {
-    pub fn on_ssd() -> Dir {
+    pub fn new(epoch: u64) -> Dir {
         Dir {
             owners: Owners::None,
-            epoch: 0,
+            epoch,
             dirty: false,
             prev_dirty: false,
+            copy_grants: Vec::new(),
             evicting: false,
+            held: Vec::new(),
             transfer: None,
             queue: VecDeque::new(),
         }
@@ -148,7 +198,28 @@ impl Dir {
             && !self.dirty
             && self.transfer.is_none()
             && self.queue.is_empty()
+            && self.held.is_empty()
             && !self.evicting
+    }
+
+    /// Copies granted from `n` and not yet known to be served.
+    pub fn copies_granted(&self, n: u8) -> u32 {
+        self.copy_grants
+            .iter()
+            .find(|(s, _)| *s == n)
+            .map_or(0, |(_, c)| *c)
+    }
+
+    pub fn note_copy_grant(&mut self, n: u8) {
+        match self.copy_grants.iter_mut().find(|(s, _)| *s == n) {
+            Some((_, c)) => *c += 1,
+            None => self.copy_grants.push((n, 1)),
+        }
+    }
+
+    /// `n`'s possession ended: its copy grants are void.
+    pub fn forget_copies(&mut self, n: u8) {
+        self.copy_grants.retain(|(s, _)| *s != n);
     }
 }
 
@@ -163,9 +234,17 @@ pub enum Awaiting {
     Known(u64),
 }
 
+/// A move, invalidation or copy request for this node's copy that could
+/// not be served yet, with the right to answer it.
+pub struct Parked {
+    pub from: u8,
+    pub request: Request,
+    pub responder: Responder,
+}
+
 /// Protocol state of a frame, changed under its mutex (never held across
 /// an await).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Meta {
     /// Conflict epoch at which this node's possession was granted.
     pub epoch: u64,
@@ -173,7 +252,22 @@ pub struct Meta {
     /// The directory lists this node as a sharer but its copy failed: the
     /// next request says "retry" so the directory stops counting on it.
     pub phantom: bool,
-    pub dir: Option<Dir>,
+    /// Copies of this possession served to other nodes.
+    pub copies_served: u32,
+    /// Requests for this node's copy waiting for the frame.
+    pub parked: Vec<Parked>,
+    pub dir: Option<Box<Dir>>,
+}
+
+impl Meta {
+    /// Whether the frame can leave the translation table once it holds no
+    /// copy (nothing else refers to it).
+    pub fn unused(&self) -> bool {
+        self.awaiting == Awaiting::No
+            && !self.phantom
+            && self.parked.is_empty()
+            && self.dir.as_ref().is_none_or(|d| d.idle())
+    }
 }
 
 /// One frame; see the module documentation.
@@ -203,19 +297,38 @@ impl Frame {
     }
 
     pub fn local(&self) -> Local {
-        Local::decode(self.local.load(Ordering::Acquire))
+        Local::decode(self.local.load(Ordering::SeqCst))
     }
 
     /// Changes the hot-path word (under the frame's mutex, and with the
-    /// latch held exclusively unless the frame's worker is awaiting).
+    /// latch held exclusively unless the frame's worker is awaiting). The
+    /// store is sequentially consistent: a handler that sets `parked` and
+    /// then re-tries the latch, and a worker that lets go of the latch and
+    /// then reads `parked`, cannot both miss each other.
     pub fn set_local(&self, l: Local) {
-        self.local.store(l.encode(), Ordering::Release);
+        self.local.store(l.encode(), Ordering::SeqCst);
     }
 
-    pub fn set_waiting(&self, waiting: bool) {
-        let mut l = self.local();
-        l.waiting = waiting;
-        self.set_local(l);
+    /// Sets the possession and slot, keeping the flags.
+    pub fn set_possession(&self, mode: Possession, slot: u32) {
+        let l = self.local();
+        self.set_local(Local { mode, slot, ..l });
+    }
+
+    pub fn set_fresh(&self, fresh: bool) {
+        let l = self.local();
+        self.set_local(Local { fresh, ..l });
+    }
+
+    /// Sets the two flags from the parked requests (`waiting` only if some
+    /// parked move asks for fairness).
+    pub fn set_flags(&self, waiting: bool, parked: bool) {
+        let l = self.local();
+        self.set_local(Local {
+            waiting,
+            parked,
+            ..l
+        });
     }
 
     /// Records an access in the current global epoch (§4.1): a plain check
@@ -414,7 +527,16 @@ mod tests {
             Local {
                 mode: Possession::Exclusive,
                 waiting: true,
+                parked: false,
+                fresh: true,
                 slot: 7,
+            },
+            Local {
+                mode: Possession::Shared,
+                waiting: false,
+                parked: true,
+                fresh: false,
+                slot: NONE - 1,
             },
         ] {
             assert_eq!(Local::decode(l.encode()), l);

@@ -5,7 +5,9 @@
 //! - [`OptimisticGuard`]: remembers the frame's version; the page may change
 //!   or be evicted underneath, so every read is followed by
 //!   [`OptimisticGuard::check`] (the paper's `hasChanged`), which turns a
-//!   concurrent change into [`PageError::Restart`];
+//!   concurrent change into [`PageError::Restart`] (a pager that just
+//!   fetched the page keeps it here for the guard's first use, see
+//!   [`Fixed::fresh`]);
 //! - [`SharedGuard`]: the page is fixed and nobody writes it;
 //! - [`ExclusiveGuard`]: the page is fixed and only this guard writes it.
 //!
@@ -62,6 +64,11 @@ pub struct Fixed {
     pub frame: u32,
     pub slot: u32,
     pub version: Version,
+    /// An optimistic fix of a page the pager just fetched: until the guard
+    /// is dropped (or any guard of this node lets go of the page), remote
+    /// requests do not take the page away, so that this first use can
+    /// validate (see `worker`). No latch is held.
+    pub fresh: bool,
 }
 
 /// What guards need from a buffer manager.
@@ -75,13 +82,16 @@ pub trait Pager {
     fn fix(&self, pid: Pid, mode: Mode) -> impl Future<Output = PageResult<Fixed>>;
     /// A new zeroed page, fixed exclusively.
     fn allocate(&self) -> impl Future<Output = PageResult<Fixed>>;
-    /// Upgrades an optimistic fix to exclusive without waiting, if this node
-    /// may write the page and nothing changed; `false` means "restart".
+    /// Upgrades an optimistic fix to exclusive without waiting, if this node may write the page and nothing changed; `false`
+    /// means "restart".
     fn try_upgrade_exclusive(&self, f: &Fixed) -> bool;
     /// The catalog page (where the B-tree keeps its root).
     fn catalog(&self) -> Pid;
     /// Counts a restart of an optimistic operation.
     fn note_restart(&self);
+    /// A guard let go of (or downgraded) its latch on `frame`: requests
+    /// waiting for the frame may proceed.
+    fn released(&self, _frame: u32) {}
 }
 
 /// An optimistic fix; see the module documentation.
@@ -148,6 +158,14 @@ impl<'a, P: Pager> OptimisticGuard<'a, P> {
     }
 }
 
+impl<P: Pager> Drop for OptimisticGuard<'_, P> {
+    fn drop(&mut self) {
+        if self.f.fresh {
+            self.pager.released(self.f.frame);
+        }
+    }
+}
+
 /// A shared fix: the page stays put and unchanged until the guard drops.
 pub struct SharedGuard<'a, P: Pager> {
     pager: &'a P,
@@ -172,6 +190,7 @@ impl<'a, P: Pager> SharedGuard<'a, P> {
 impl<P: Pager> Drop for SharedGuard<'_, P> {
     fn drop(&mut self) {
         self.pager.latch(self.f.frame).unlock_shared();
+        self.pager.released(self.f.frame);
     }
 }
 
@@ -208,6 +227,7 @@ impl<'a, P: Pager> ExclusiveGuard<'a, P> {
         this.pager
             .latch(this.f.frame)
             .downgrade_exclusive_to_shared();
+        this.pager.released(this.f.frame);
         SharedGuard {
             pager: this.pager,
             f: this.f,
@@ -221,9 +241,14 @@ impl<'a, P: Pager> ExclusiveGuard<'a, P> {
             .pager
             .latch(this.f.frame)
             .downgrade_exclusive_to_optimistic();
+        this.pager.released(this.f.frame);
         OptimisticGuard {
             pager: this.pager,
-            f: Fixed { version, ..this.f },
+            f: Fixed {
+                version,
+                fresh: false,
+                ..this.f
+            },
         }
     }
 }
@@ -231,5 +256,6 @@ impl<'a, P: Pager> ExclusiveGuard<'a, P> {
 impl<P: Pager> Drop for ExclusiveGuard<'_, P> {
     fn drop(&mut self) {
         self.pager.latch(self.f.frame).unlock_exclusive();
+        self.pager.released(self.f.frame);
     }
 }

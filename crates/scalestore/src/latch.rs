@@ -347,19 +347,47 @@ mod loom_tests {
 }
 
 /// Waits (as a task) until `try_once` succeeds: spins briefly, then lets the
-/// thread's other tasks and other threads run between attempts.
+/// thread's other tasks and other threads run between attempts, and after a
+/// while sleeps between attempts (see [`Backoff`]).
 #[cfg(not(loom))]
 pub async fn acquire_with(mut try_once: impl FnMut() -> bool) {
-    let mut spins = 0u32;
+    let mut b = Backoff::default();
     while !try_once() {
-        spins += 1;
-        if spins < 16 {
+        b.pause().await;
+    }
+}
+
+/// Escalating waits for a task that cannot proceed yet: a few spins, then
+/// yields to the thread's other tasks (and other threads), then short
+/// sleeps, so that a thread whose every task waits parks instead of burning
+/// a core the message handlers and page providers need.
+#[cfg(not(loom))]
+#[derive(Default)]
+pub struct Backoff {
+    round: u32,
+}
+
+#[cfg(not(loom))]
+impl Backoff {
+    /// Spins while waiting is likely to be short.
+    const SPINS: u32 = 16;
+    /// Then yields.
+    const YIELDS: u32 = 64;
+    /// Then sleeps this long (longer than the executor's timer spin
+    /// threshold, so the thread really parks when every task sleeps).
+    const SLEEP: std::time::Duration = std::time::Duration::from_micros(250);
+
+    pub async fn pause(&mut self) {
+        self.round += 1;
+        if self.round <= Self::SPINS {
             std::hint::spin_loop();
-        } else {
-            if spins.is_multiple_of(64) {
+        } else if self.round <= Self::SPINS + Self::YIELDS {
+            if self.round.is_multiple_of(16) {
                 std::thread::yield_now();
             }
             dmkv_transport::exec::yield_now().await;
+        } else {
+            dmkv_transport::exec::sleep(Self::SLEEP).await;
         }
     }
 }

@@ -18,17 +18,21 @@
 #![deny(unsafe_code)]
 
 pub mod btree;
+pub mod directory;
 pub mod engine;
 pub mod frames;
 pub mod guard;
+pub mod handler;
+pub mod holder;
 pub mod latch;
 pub mod local;
+pub mod membership;
 pub mod msg;
 pub mod node;
 pub mod page;
 pub mod pid;
 pub mod provider;
-pub mod registry;
+pub mod repoll;
 pub mod ssd;
 pub mod worker;
 

@@ -129,6 +129,7 @@ impl Pager for LocalPager {
             frame: i as u32,
             slot: i as u32,
             version,
+            fresh: false,
         })
     }
 
@@ -141,6 +142,7 @@ impl Pager for LocalPager {
             frame: i as u32,
             slot: i as u32,
             version: 0,
+            fresh: false,
         })
     }
 

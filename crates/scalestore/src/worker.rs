@@ -1,12 +1,17 @@
 //! A worker: a compute thread's view of its node, implementing [`Pager`]
-//! for the guards (paper §3.2 local hot path, §3.3 remote invocation with
-//! conflict resolution on the requester's side).
+//! for the guards. The local hot path (§3.2) decides without any message;
+//! the remote invocation (§3.3) asks the directory and resolves conflicts
+//! on the requester's side (§3.5): it moves the page from the predecessor
+//! the directory named (which may still be waiting for it: anticipatory
+//! chaining, §3.4.3), or copies it from a sharer, then invalidates the
+//! other sharers, all invalidations in flight at once.
 
-use crate::frames::{Awaiting, Local, NONE, Possession};
+use crate::directory::{Decision, OwnRequest};
+use crate::frames::{Awaiting, NONE, Possession};
 use crate::guard::{Fixed, Mode, PageError, PageResult, Pager};
-use crate::latch::{HybridLatch, acquire_with};
-use crate::msg::{Grant, Kind, Reply, Request, Source, Want};
-use crate::node::{Counters, Protocol, ScaleNode};
+use crate::latch::{Backoff, HybridLatch, acquire_with};
+use crate::msg::{Grant, Reply, Request, Source, Want};
+use crate::node::{Counters, Protocol, ScaleNode, members_of};
 use crate::page::{PAGE_SIZE, PageRef};
 use crate::pid::Pid;
 use dmkv_api::KvError;
@@ -21,17 +26,7 @@ use std::time::{Duration, Instant};
 /// clear error (the page provider frees slots continuously).
 const SLOT_WAIT: Duration = Duration::from_secs(30);
 
-/// How one round of the remote invocation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    Done,
-    /// A copy from a sharer found nothing: ask again with `retry`.
-    CopyFailed,
-    /// The directory was busy or queued us: let go and ask again.
-    Again,
-}
-
-/// A compute thread's pager on its home node.
+/// A compute thread's pager on a node.
 pub struct Worker {
     pub node: Arc<ScaleNode>,
     pub ep: Rc<Endpoint>,
@@ -45,6 +40,14 @@ fn corrupt(m: String) -> PageError {
     PageError::Fatal(KvError::Corrupt(m))
 }
 
+fn need_of(mode: Mode) -> Possession {
+    if mode == Mode::Exclusive {
+        Possession::Exclusive
+    } else {
+        Possession::Shared
+    }
+}
+
 impl Worker {
     pub fn new(node: Arc<ScaleNode>, ep: Rc<Endpoint>) -> Worker {
         Worker { node, ep }
@@ -55,31 +58,14 @@ impl Worker {
         let m = self
             .node
             .member(to)
-            .ok_or_else(|| corrupt(format!("no member {to}")))?;
+            .ok_or_else(|| corrupt(format!("node {to} is no member")))?;
         self.node.stats.sent(q.kind());
         let reply = self
             .ep
             .call(m.node, m.service, q.encode())
             .await
             .map_err(fatal)?;
-        let r =
-            Reply::decode(&reply).map_err(|e| fatal(dmkv_transport::TransportError::from(e)))?;
-        match r {
-            Reply::Busy => Counters::add(&self.node.stats.busy, 1),
-            Reply::Queued => Counters::add(&self.node.stats.queued, 1),
-            Reply::Gone => Counters::add(&self.node.stats.gone, 1),
-            _ => {}
-        }
-        Ok(r)
-    }
-
-    /// Backs off after a busy reply.
-    async fn backoff(&self, round: u32) {
-        Counters::add(&self.node.stats.retries, 1);
-        if round > 4 {
-            std::thread::yield_now();
-        }
-        yield_now().await;
+        Reply::decode(&reply).map_err(|e| fatal(dmkv_transport::TransportError::from(e)))
     }
 
     /// The hot path (§3.2): the page is here in a sufficient mode; latch it
@@ -87,11 +73,7 @@ impl Worker {
     fn hot(&self, pid: Pid, mode: Mode) -> Option<Fixed> {
         let fi = self.node.frames.find(pid)?;
         let f = self.node.frames.frame(fi);
-        let need = if mode == Mode::Exclusive {
-            Possession::Exclusive
-        } else {
-            Possession::Shared
-        };
+        let need = need_of(mode);
         let epoch = self.node.global_epoch.load(Ordering::Relaxed);
         match mode {
             Mode::Optimistic => {
@@ -106,6 +88,7 @@ impl Worker {
                     frame: fi,
                     slot: l.slot,
                     version: v,
+                    fresh: false,
                 })
             }
             Mode::Shared | Mode::Exclusive => {
@@ -128,6 +111,7 @@ impl Worker {
                     } else {
                         f.latch.unlock_exclusive();
                     }
+                    self.node.released(fi);
                     return None;
                 }
                 f.touch(epoch);
@@ -136,48 +120,67 @@ impl Worker {
                     frame: fi,
                     slot: l.slot,
                     version: 0,
+                    fresh: false,
                 })
             }
         }
     }
 
-    /// A free cache slot, waiting for the page provider if needed.
+    /// A free cache slot, waking the page provider and waiting if needed.
     async fn slot(&self) -> PageResult<u32> {
         let start = Instant::now();
+        let mut b = Backoff::default();
         loop {
             if let Some(s) = self.node.take_slot() {
                 return Ok(s);
             }
+            self.node.wake_provider();
             if start.elapsed() > SLOT_WAIT {
                 return Err(fatal(KvError::Exhausted(format!(
                     "node {}: no free cache slot for {:?} (all {} pages latched?)",
                     self.node.index, SLOT_WAIT, self.node.cfg.pages
                 ))));
             }
-            std::thread::yield_now();
-            yield_now().await;
+            b.pause().await;
         }
     }
 
-    /// Asks the directory of `pid` (a message, or a call if it is here);
-    /// `None` if it is busy or queued us (the caller lets go of the frame
-    /// before asking again, so that transfers ahead of it can take its copy).
-    async fn request(
+    /// The directory of `pid` now (following `Moved` answers).
+    fn directory_of(&self, pid: Pid) -> PageResult<u8> {
+        self.node
+            .host_of(pid.shard())
+            .ok_or_else(|| corrupt(format!("{pid}: no directory known")))
+    }
+
+    /// Asks the directory of `pid` (a message, or a call if it is here).
+    async fn ask_directory(
         &self,
         pid: Pid,
         want: Want,
         retry: bool,
         offset: u64,
-    ) -> PageResult<Option<Grant>> {
+    ) -> PageResult<Grant> {
+        let node = &self.node;
+        let mut b = Backoff::default();
         loop {
-            let dir = self
-                .node
-                .host_of(pid.shard())
-                .ok_or_else(|| corrupt(format!("{pid}: no directory known")))?;
-            let reply = if dir == self.node.index && self.node.directs(pid) {
-                self.node
-                    .grant(self.node.index, pid, want, retry, offset)
-                    .map_err(fatal)?
+            let dir = self.directory_of(pid)?;
+            let reply = if dir == node.index {
+                let q = OwnRequest {
+                    from: node.index,
+                    pid,
+                    want,
+                    retry,
+                    offset,
+                };
+                match node.own_request(q, &mut None).map_err(fatal)? {
+                    Decision::Reply(r) => r,
+                    Decision::Busy | Decision::Held => {
+                        // Our own directory is busy with this entry (an
+                        // eviction pull, a FIFO transfer, a handover).
+                        b.pause().await;
+                        continue;
+                    }
+                }
             } else {
                 self.send(
                     dir,
@@ -191,30 +194,42 @@ impl Worker {
                 .await?
             };
             match reply {
-                Reply::Grant(g) => return Ok(Some(g)),
-                Reply::Busy | Reply::Queued => return Ok(None),
-                Reply::Moved(h) => self.node.set_host(pid.shard(), h),
+                Reply::Grant(g) => return Ok(g),
+                Reply::Moved(h) if h != dir => node.set_host(pid.shard(), h),
                 r => return Err(corrupt(format!("{pid}: unexpected directory reply {r:?}"))),
             }
         }
     }
 
-    /// Sends a move/invalidation/copy until it is not busy.
-    async fn until_done(&self, to: u8, q: Request) -> PageResult<Reply> {
-        let mut round = 0;
+    /// Sends `q` about `pid` to its directory, following `Moved`.
+    async fn to_directory(&self, pid: Pid, q: Request) -> PageResult<Reply> {
         loop {
-            match self.send(to, q).await? {
-                Reply::Busy => {
-                    self.backoff(round).await;
-                    round += 1;
+            let dir = self.directory_of(pid)?;
+            let r = if dir == self.node.index {
+                match q {
+                    Request::Ack { pid } => {
+                        self.node.ack(dir, pid, false).map_err(fatal)?;
+                        Reply::Done
+                    }
+                    Request::SsdFetch { pid, epoch, offset } => self
+                        .node
+                        .ssd_fetch(dir, pid, epoch, offset)
+                        .map_err(fatal)?,
+                    _ => unreachable!("only acks and SSD fetches"),
                 }
+            } else {
+                self.send(dir, q).await?
+            };
+            match r {
+                Reply::Moved(h) if h != dir => self.node.set_host(pid.shard(), h),
                 r => return Ok(r),
             }
         }
     }
 
-    /// The remote invocation path with the frame latched exclusively:
-    /// obtains `want` ownership and the page into `slot`.
+    /// The remote invocation path with frame `fi` latched exclusively:
+    /// obtains `want` ownership and the page into `slot`. `Ok(false)`: a copy
+    /// from a sharer found nothing; the caller lets go and asks again.
     async fn obtain(
         &self,
         fi: u32,
@@ -222,10 +237,11 @@ impl Worker {
         want: Want,
         retry: bool,
         slot: u32,
-    ) -> PageResult<Outcome> {
+    ) -> PageResult<bool> {
         let res = self.obtain_inner(fi, pid, want, retry, slot).await;
         if res.is_err() {
             self.node.frames.frame(fi).meta.lock().awaiting = Awaiting::No;
+            self.node.released(fi);
         }
         res
     }
@@ -237,7 +253,7 @@ impl Worker {
         want: Want,
         retry: bool,
         slot: u32,
-    ) -> PageResult<Outcome> {
+    ) -> PageResult<bool> {
         let node = &self.node;
         let f = node.frames.frame(fi);
         let offset = ScaleNode::offset_of(slot);
@@ -246,45 +262,31 @@ impl Worker {
             m.awaiting = Awaiting::Unknown;
             retry || m.phantom
         };
-        let g = match self.request(pid, want, retry, offset).await {
-            Ok(Some(g)) => g,
-            Ok(None) => {
-                f.meta.lock().awaiting = Awaiting::No;
-                return Ok(Outcome::Again);
-            }
-            Err(e) => {
-                f.meta.lock().awaiting = Awaiting::No;
-                return Err(e);
-            }
-        };
+        let g = self.ask_directory(pid, want, retry, offset).await?;
         f.meta.lock().awaiting = Awaiting::Known(g.epoch);
-        let mut invalidate = g.invalidate;
+        // Requests parked on our older copy can be decided now.
+        node.released(fi);
+        let mut invalidate = g.invalidate & !(1 << node.index);
         let mut ok = true;
         match g.source {
-            Source::Written => {
-                if node.host_of(pid.shard()) != Some(node.index) {
-                    Counters::add(&node.stats.pages_remote, 1);
+            Source::Written => {}
+            Source::Kept => {
+                if f.local().mode == Possession::None {
+                    return Err(corrupt(format!(
+                        "{pid}: the directory says we keep a copy we do not have"
+                    )));
                 }
             }
-            Source::Kept if f.local().mode != Possession::None => {}
-            Source::Kept if want == Want::Shared => {
-                // The directory lists us, but our copy failed earlier (or was
-                // taken): ask again saying so.
-                ok = false;
-            }
-            Source::Kept | Source::Move(_) => {
+            Source::Move(n) => {
                 // Take the page from the predecessor; if it turns out not to
                 // hold it (a sharer whose copy failed), try the others; if
-                // nobody does, the SSD copy is current.
-                let mut cands = match g.source {
-                    Source::Move(n) => vec![n],
-                    _ => Vec::new(),
-                };
-                cands.extend((0..64u8).filter(|i| invalidate & (1 << i) != 0 && *i != node.index));
+                // nobody does, the SSD copy is current (checked there).
+                let mut cands = vec![n];
+                cands.extend(members_of(invalidate).filter(|c| *c != n));
                 let mut got = false;
                 for c in cands {
                     let r = self
-                        .until_done(
+                        .send(
                             c,
                             Request::Move {
                                 pid,
@@ -297,55 +299,41 @@ impl Worker {
                     invalidate &= !(1 << c);
                     if r == Reply::Done {
                         got = true;
-                        Counters::add(&node.stats.pages_remote, 1);
                         break;
                     }
                 }
                 if !got {
-                    let dir = node.host_of(pid.shard()).expect("known directory");
-                    let r = if dir == node.index {
-                        node.ssd_fetch_local(pid, g.epoch, offset).map_err(fatal)?
-                    } else {
-                        self.until_done(
-                            dir,
-                            Request::SsdFetch {
-                                pid,
-                                epoch: g.epoch,
-                                offset,
-                            },
-                        )
-                        .await?
+                    let q = Request::SsdFetch {
+                        pid,
+                        epoch: g.epoch,
+                        offset,
                     };
+                    let r = self.to_directory(pid, q).await?;
                     if r != Reply::Done {
-                        return Err(corrupt(format!("{pid}: SSD fetch failed: {r:?}")));
+                        return Err(corrupt(format!("{pid}: SSD fetch answered {r:?}")));
                     }
                 }
             }
             Source::Copy(s) => {
-                match self
-                    .until_done(
-                        s,
-                        Request::Copy {
-                            pid,
-                            epoch: g.epoch,
-                            offset,
-                        },
-                    )
-                    .await?
-                {
-                    Reply::Done => Counters::add(&node.stats.pages_remote, 1),
-                    _ => ok = false,
+                let q = Request::Copy {
+                    pid,
+                    epoch: g.epoch,
+                    offset,
+                };
+                match self.send(s, q).await? {
+                    Reply::Done => {}
+                    Reply::Gone => {
+                        Counters::add(&node.stats.copy_failures, 1);
+                        ok = false;
+                    }
+                    r => return Err(corrupt(format!("{pid}: copy answered {r:?}"))),
                 }
             }
         }
-        if ok {
-            // Invalidate the other sharers, all requests out before waiting.
-            let targets: Vec<u8> = (0..64u8).filter(|i| invalidate & (1 << i) != 0).collect();
-            for t in targets {
-                if t == node.index {
-                    continue;
-                }
-                self.until_done(
+        if ok && invalidate != 0 {
+            // Invalidate the other sharers, all at once (§3.3).
+            let calls = members_of(invalidate).map(|t| {
+                self.send(
                     t,
                     Request::Move {
                         pid,
@@ -354,43 +342,46 @@ impl Worker {
                         offset: 0,
                     },
                 )
-                .await?;
+            });
+            for r in futures::future::join_all(calls).await {
+                match r? {
+                    Reply::Done => {}
+                    r => return Err(corrupt(format!("{pid}: invalidation answered {r:?}"))),
+                }
             }
         }
-        if node.cfg.protocol == Protocol::Fifo && (g.source != Source::Kept || g.invalidate != 0) {
-            let dir = node.host_of(pid.shard()).expect("known directory");
-            if dir == node.index {
-                node.ack(node.index, pid);
-            } else {
-                self.send(dir, Request::Ack { pid }).await?;
+        if node.cfg.protocol == Protocol::Fifo {
+            let r = self.to_directory(pid, Request::Ack { pid }).await?;
+            if r != Reply::Done {
+                return Err(corrupt(format!("{pid}: acknowledgement answered {r:?}")));
             }
         }
-        let mut m = f.meta.lock();
-        m.awaiting = Awaiting::No;
-        m.phantom = !ok;
-        if ok {
-            m.epoch = g.epoch;
-            f.set_local(Local {
-                mode: if want == Want::Exclusive {
+        {
+            let mut m = f.meta.lock();
+            m.awaiting = Awaiting::No;
+            m.phantom = !ok;
+            if ok {
+                m.epoch = g.epoch;
+                m.copies_served = 0;
+                let mode = if want == Want::Exclusive {
                     Possession::Exclusive
                 } else {
                     Possession::Shared
-                },
-                waiting: false,
-                slot,
-            });
-        } else {
-            f.set_local(Local {
-                mode: Possession::None,
-                waiting: false,
-                slot,
-            });
+                };
+                f.set_possession(mode, slot);
+            } else {
+                f.set_possession(Possession::None, slot);
+            }
         }
-        Ok(if ok {
-            Outcome::Done
-        } else {
-            Outcome::CopyFailed
-        })
+        node.released(fi);
+        Ok(ok)
+    }
+
+    /// Latches frame `fi` exclusively for the slow path, waiting while a
+    /// remote request is parked on it (under chaining it goes first).
+    async fn latch_cold(&self, fi: u32) {
+        let f = self.node.frames.frame(fi);
+        acquire_with(|| !f.local().waiting && f.latch.try_exclusive()).await;
     }
 
     /// The slow path: latch the frame exclusively and run the protocol.
@@ -401,15 +392,17 @@ impl Worker {
             .find_or_insert(pid)
             .map_err(|_| fatal(KvError::Exhausted("the frame table is full".into())))?;
         let f = node.frames.frame(fi);
-        acquire_with(|| !f.local().waiting && f.latch.try_exclusive()).await;
+        self.latch_cold(fi).await;
         if f.pid() != pid {
             f.latch.unlock_exclusive();
+            node.released(fi);
             return Ok(None);
         }
-        let need = if mode == Mode::Exclusive {
-            Possession::Exclusive
+        let need = need_of(mode);
+        let want = if mode == Mode::Exclusive {
+            Want::Exclusive
         } else {
-            Possession::Shared
+            Want::Shared
         };
         let mut retry = false;
         loop {
@@ -417,11 +410,6 @@ impl Worker {
             if l.mode >= need {
                 break;
             }
-            let want = if mode == Mode::Exclusive {
-                Want::Exclusive
-            } else {
-                Want::Shared
-            };
             let slot = if l.slot != NONE {
                 l.slot
             } else {
@@ -432,27 +420,25 @@ impl Worker {
                         return Err(e);
                     }
                 };
-                f.set_local(Local {
-                    mode: Possession::None,
-                    waiting: false,
-                    slot: s,
-                });
+                let _m = f.meta.lock();
+                f.set_possession(Possession::None, s);
                 s
             };
             match self.obtain(fi, pid, want, retry, slot).await {
-                Ok(Outcome::Done) => break,
-                Ok(again) => {
-                    // Let go (a transfer ahead of us, or an invalidation, may
-                    // need this frame), then ask again; after a failed copy,
-                    // tell the directory we hold nothing.
-                    if again == Outcome::CopyFailed {
-                        retry = true;
-                    }
+                Ok(true) => break,
+                Ok(false) => {
+                    // Our copy failed (its source was invalidated before it
+                    // served us): let go, so that whoever is ahead of us can
+                    // finish, and ask again telling the directory we hold
+                    // nothing.
+                    retry = true;
                     self.release_empty(fi);
-                    self.backoff(1).await;
-                    acquire_with(|| !f.local().waiting && f.latch.try_exclusive()).await;
+                    std::thread::yield_now();
+                    yield_now().await;
+                    self.latch_cold(fi).await;
                     if f.pid() != pid {
                         f.latch.unlock_exclusive();
+                        node.released(fi);
                         return Ok(None);
                     }
                 }
@@ -464,19 +450,32 @@ impl Worker {
         }
         f.touch(node.global_epoch.load(Ordering::Relaxed));
         let l = f.local();
-        let version = match mode {
-            Mode::Exclusive => 0,
-            Mode::Shared => {
-                f.latch.downgrade_exclusive_to_shared();
-                0
-            }
-            Mode::Optimistic => f.latch.downgrade_exclusive_to_optimistic(),
-        };
-        Ok(Some(Fixed {
+        let fixed = |version, fresh| Fixed {
             pid,
             frame: fi,
             slot: l.slot,
             version,
+            fresh,
+        };
+        Ok(Some(match mode {
+            Mode::Exclusive => fixed(0, false),
+            Mode::Shared => {
+                f.latch.downgrade_exclusive_to_shared();
+                node.released(fi);
+                fixed(0, false)
+            }
+            Mode::Optimistic => {
+                // Keep the page here until the optimistic guard is dropped:
+                // a move parked on it would otherwise take the page before
+                // this first use could validate, and under contention no
+                // optimistic reader would ever finish (see `holder`).
+                {
+                    let _m = f.meta.lock();
+                    f.set_fresh(true);
+                }
+                let v = f.latch.downgrade_exclusive_to_optimistic();
+                fixed(v, true)
+            }
         }))
     }
 
@@ -484,21 +483,50 @@ impl Worker {
     /// frame, if nothing else needs it).
     fn release_empty(&self, fi: u32) {
         let f = self.node.frames.frame(fi);
-        let mut m = f.meta.lock();
-        let l = f.local();
-        if l.mode == Possession::None {
-            if l.slot != NONE {
-                self.node.free_slot(l.slot);
+        {
+            let mut m = f.meta.lock();
+            let l = f.local();
+            if l.mode == Possession::None {
+                if l.slot != NONE {
+                    self.node.free_slot(l.slot);
+                }
+                f.set_possession(Possession::None, NONE);
+                self.node.maybe_remove(fi, &mut m);
             }
-            f.set_local(Local {
-                mode: Possession::None,
-                waiting: l.waiting,
-                slot: NONE,
-            });
-            self.node.maybe_remove(fi, &mut m);
         }
-        drop(m);
         f.latch.unlock_exclusive();
+        self.node.released(fi);
+    }
+
+    /// Allocates a page id on a directory (round-robin or here, §6.5).
+    async fn allocate_pid(&self) -> PageResult<(Pid, u64)> {
+        let node = &self.node;
+        let mut target = node.alloc_target();
+        for _ in 0..64 {
+            if target == node.index && node.allocates() {
+                let (pid, _, epoch) = node.alloc_here(node.index).map_err(fatal)?;
+                return Ok((pid, epoch));
+            }
+            if target == node.index {
+                // We take no allocations (leaving): ask someone who does.
+                target = node
+                    .members()
+                    .into_iter()
+                    .map(|(i, _)| i)
+                    .find(|&i| i != node.index && node.host_of(i) == Some(i))
+                    .ok_or_else(|| {
+                        fatal(KvError::Exhausted("no member takes allocations".into()))
+                    })?;
+            }
+            match self.send(target, Request::Alloc).await? {
+                Reply::Allocated(p, e) if p.shard() == target => return Ok((p, e)),
+                Reply::Moved(h) => target = h,
+                r => return Err(corrupt(format!("unexpected allocation reply {r:?}"))),
+            }
+        }
+        Err(fatal(KvError::Exhausted(
+            "no member took the allocation".into(),
+        )))
     }
 }
 
@@ -513,27 +541,19 @@ impl Pager for Worker {
 
     async fn fix(&self, pid: Pid, mode: Mode) -> PageResult<Fixed> {
         Counters::add(&self.node.stats.fixes, 1);
-        let mut spins = 0u32;
+        let mut b = Backoff::default();
         loop {
             if let Some(f) = self.hot(pid, mode) {
                 Counters::add(&self.node.stats.hot, 1);
                 return Ok(f);
             }
-            // Possessed but latched by someone else: wait on the hot path.
+            // Here in a sufficient mode but latched by someone else, or a
+            // remote request goes first: wait on the hot path.
             if let Some(fi) = self.node.frames.find(pid) {
                 let f = self.node.frames.frame(fi);
                 let l = f.local();
-                let need = if mode == Mode::Exclusive {
-                    Possession::Exclusive
-                } else {
-                    Possession::Shared
-                };
-                if l.mode >= need && f.latch.is_latched() || l.waiting {
-                    spins += 1;
-                    if spins.is_multiple_of(32) {
-                        std::thread::yield_now();
-                    }
-                    yield_now().await;
+                if (l.mode >= need_of(mode) && f.latch.is_latched()) || l.waiting {
+                    b.pause().await;
                     continue;
                 }
             }
@@ -545,20 +565,11 @@ impl Pager for Worker {
 
     async fn allocate(&self) -> PageResult<Fixed> {
         let node = &self.node;
-        let shard = node.alloc_target();
-        let (pid, fi, epoch) = if shard == node.index && node.directs(Pid::new(shard, 0)) {
-            node.alloc_here(shard, node.index).map_err(fatal)?
-        } else {
-            let (pid, epoch) = match self.until_done(shard, Request::Alloc).await? {
-                Reply::Allocated(p, e) => (p, e),
-                r => return Err(corrupt(format!("unexpected allocation reply {r:?}"))),
-            };
-            let fi = node
-                .frames
-                .find_or_insert(pid)
-                .map_err(|_| fatal(KvError::Exhausted("the frame table is full".into())))?;
-            (pid, fi, epoch)
-        };
+        let (pid, epoch) = self.allocate_pid().await?;
+        let fi = node
+            .frames
+            .find_or_insert(pid)
+            .map_err(|_| fatal(KvError::Exhausted("the frame table is full".into())))?;
         let f = node.frames.frame(fi);
         acquire_with(|| f.latch.try_exclusive()).await;
         let slot = match self.slot().await {
@@ -569,25 +580,28 @@ impl Pager for Worker {
             }
         };
         node.page(slot).fill(&[0u8; PAGE_SIZE]);
-        f.meta.lock().epoch = epoch;
-        f.set_local(Local {
-            mode: Possession::Exclusive,
-            waiting: false,
-            slot,
-        });
+        {
+            let mut m = f.meta.lock();
+            m.epoch = epoch;
+            m.copies_served = 0;
+            f.set_possession(Possession::Exclusive, slot);
+        }
         f.touch(node.global_epoch.load(Ordering::Relaxed));
         Ok(Fixed {
             pid,
             frame: fi,
             slot,
             version: 0,
+            fresh: false,
         })
     }
 
     fn try_upgrade_exclusive(&self, f: &Fixed) -> bool {
         let fr = self.node.frames.frame(f.frame);
-        fr.local().mode == Possession::Exclusive
-            && fr.latch.try_upgrade_optimistic_to_exclusive(f.version)
+        if fr.local().mode != Possession::Exclusive || fr.local().waiting {
+            return false;
+        }
+        fr.latch.try_upgrade_optimistic_to_exclusive(f.version)
     }
 
     fn catalog(&self) -> Pid {
@@ -597,15 +611,8 @@ impl Pager for Worker {
     fn note_restart(&self) {
         Counters::add(&self.node.stats.restarts, 1);
     }
-}
 
-/// Kinds counted in `engine_stats`.
-pub fn kind_name(i: usize) -> Option<&'static str> {
-    crate::msg::KINDS
-        .iter()
-        .find(|k| **k as usize == i)
-        .map(|k| k.name())
+    fn released(&self, frame: u32) {
+        self.node.released(frame);
+    }
 }
-
-#[allow(dead_code)]
-fn _kinds_fit(_: Kind) {}
