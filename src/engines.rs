@@ -19,7 +19,13 @@ pub struct Registry {
 /// testing the harness) can be chosen with `--engine reference` but is not
 /// one of the designs compared by default.
 pub const REGISTRY: Registry = Registry {
-    engines: &[&dmkv_rpc_btree::SPEC, &dmkv_cell::SPEC, &Reference],
+    engines: &[
+        &dmkv_rpc_btree::SPEC,
+        &dmkv_cell::SPEC,
+        dmkv_scalestore::SPEC,
+        &dmkv_scalestore::BTREE_LOCAL,
+        &Reference,
+    ],
     default_set: &["rpc-btree", "cell"],
 };
 

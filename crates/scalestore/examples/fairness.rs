@@ -8,8 +8,19 @@
 //! per-node throughput, messages per update, and per-node latency.
 //!
 //! ```text
-//! cargo run --release -p dmkv-scalestore --example fairness -- [--nodes 5] [--seconds 3] [--pages 1] [--protocol chaining,fifo] [--rtt-us 0]
+//! cargo run --release -p dmkv-scalestore --example fairness -- [--nodes 5] [--seconds 3] [--pages 1] [--protocol chaining,fifo] [--rtt-us 0] [--think-us 20]
 //! ```
+//!
+//! In the paper every thread has a core of its own, so a request for the
+//! page reaches its holder within microseconds. In one process on a few
+//! cores the holder's worker could otherwise run for a whole scheduler time
+//! slice on its local hot path (no message needed) before the handler that
+//! parks the next request gets a core, and the figures would measure the
+//! OS scheduler. `--think-us N` (default 20) makes each worker sleep N µs
+//! (an OS sleep, so it gives its core away) after every update: requests
+//! then reach holders between updates, as on dedicated cores, and every
+//! update is a contended acquisition. `--think-us 0` measures raw hot-path
+//! streaks.
 
 use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
@@ -33,6 +44,7 @@ struct Args {
     pages: usize,
     protocols: Vec<String>,
     rtt_us: u64,
+    think_us: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -42,6 +54,7 @@ fn parse() -> Result<Args, String> {
         pages: 1,
         protocols: vec!["chaining".into(), "fifo".into()],
         rtt_us: 0,
+        think_us: 20,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -53,6 +66,7 @@ fn parse() -> Result<Args, String> {
             "--pages" => a.pages = v.parse().map_err(|e| bad(&e))?,
             "--protocol" => a.protocols = v.split(',').map(String::from).collect(),
             "--rtt-us" => a.rtt_us = v.parse().map_err(|e| bad(&e))?,
+            "--think-us" => a.think_us = v.parse().map_err(|e| bad(&e))?,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -129,6 +143,24 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
         })
         .sum();
     let barrier = std::sync::Barrier::new(nodes.len());
+    if std::env::var("FAIRNESS_DUMP").is_ok() {
+        let nodes = nodes.clone();
+        let secs = a.seconds;
+        std::thread::spawn(move || {
+            for _ in 0..(secs as u64 * 2) {
+                std::thread::sleep(Duration::from_millis(500));
+                for n in &nodes {
+                    let sent: u64 = n.stats.sent.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+                    eprintln!(
+                        "node {} sent {sent} parked {} ops-ish\n{}",
+                        n.index,
+                        n.stats.parked_holder.load(Ordering::Relaxed),
+                        n.debug_dump()
+                    );
+                }
+            }
+        });
+    }
     let runs: Vec<NodeRun> = std::thread::scope(|s| {
         let handles: Vec<_> = nodes
             .iter()
@@ -157,6 +189,9 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
                             drop(g);
                             r.latencies_us.push(t.elapsed().as_secs_f64() * 1e6);
                             r.ops += 1;
+                            if a.think_us > 0 {
+                                std::thread::sleep(Duration::from_micros(a.think_us));
+                            }
                         }
                     });
                     r
@@ -193,10 +228,11 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
     );
     let stats = block_on(d.engine.stats(&d.endpoint(0))).map_err(|e| e.to_string())?;
     println!(
-        "\n{protocol}: {} nodes, {} page(s), {:.1} s: {:.0} updates/s in total, Jain's fairness {:.3}, max/min per node {:.2}, {:.2} messages per update",
+        "\n{protocol}: {} nodes, {} page(s), {:.1} s, think {} us: {:.0} updates/s in total, Jain's fairness {:.3}, max/min per node {:.2}, {:.2} messages per update",
         a.nodes,
         a.pages,
         a.seconds,
+        a.think_us,
         sum,
         jain,
         if mn > 0.0 { mx / mn } else { f64::INFINITY },

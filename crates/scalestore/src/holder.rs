@@ -94,6 +94,10 @@ impl ScaleNode {
                 });
                 self.update_flags(fi, &m);
                 self.repoll.note_parked(fi);
+                // Pairs with the fence in `ScaleNode::released` (loom test
+                // `parked_requests_are_never_missed`): if the worker let go
+                // before it could see our flag, we see the latch free.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
                 let free = !f.latch.is_latched();
                 drop(m);
                 // The latch may have been let go before our flags were

@@ -319,6 +319,67 @@ mod loom_tests {
         });
     }
 
+    /// The parking handshake of `holder` and `ScaleNode::released`: a
+    /// handler that could not latch a frame raises its `parked` flag, issues
+    /// a SeqCst fence and looks at the latch again; a worker lets go of the
+    /// latch, issues a SeqCst fence and looks at the flag. At least one of
+    /// them sees the other, so a parked request is always kicked (no
+    /// request waits for the periodic sweep).
+    #[test]
+    fn parked_requests_are_never_missed() {
+        loom::model(|| {
+            let l = Arc::new(HybridLatch::new());
+            assert!(l.try_exclusive());
+            let parked = Arc::new(Data::new(0));
+            let worker = {
+                let (l, parked) = (l.clone(), parked.clone());
+                loom::thread::spawn(move || {
+                    l.unlock_exclusive();
+                    fence(Ordering::SeqCst);
+                    parked.load(Ordering::SeqCst) == 1
+                })
+            };
+            parked.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let handler_saw_free = !l.is_latched();
+            let worker_saw_parked = worker.join().unwrap();
+            assert!(
+                handler_saw_free || worker_saw_parked,
+                "both missed each other: the parked request is never kicked"
+            );
+        });
+    }
+
+    /// Two shared holders race to upgrade: at most one becomes exclusive,
+    /// and only once the other let go.
+    #[test]
+    fn shared_upgrades_exclude_each_other() {
+        loom::model(|| {
+            let l = Arc::new(HybridLatch::new());
+            let inside = Arc::new(Data::new(0));
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let (l, inside) = (l.clone(), inside.clone());
+                    loom::thread::spawn(move || {
+                        while !l.try_shared() {
+                            loom::thread::yield_now();
+                        }
+                        if l.try_upgrade_shared_to_exclusive() {
+                            assert_eq!(inside.fetch_add(1, Ordering::Relaxed), 0);
+                            inside.fetch_sub(1, Ordering::Relaxed);
+                            l.downgrade_exclusive_to_shared();
+                        }
+                        l.unlock_shared();
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(!l.is_latched());
+        });
+    }
+
     /// An optimistic upgrade races a writer: at most one wins, and the
     /// loser's version is stale afterwards.
     #[test]
@@ -349,7 +410,6 @@ mod loom_tests {
 /// Waits (as a task) until `try_once` succeeds: spins briefly, then lets the
 /// thread's other tasks and other threads run between attempts, and after a
 /// while sleeps between attempts (see [`Backoff`]).
-#[cfg(not(loom))]
 pub async fn acquire_with(mut try_once: impl FnMut() -> bool) {
     let mut b = Backoff::default();
     while !try_once() {
@@ -361,13 +421,11 @@ pub async fn acquire_with(mut try_once: impl FnMut() -> bool) {
 /// yields to the thread's other tasks (and other threads), then short
 /// sleeps, so that a thread whose every task waits parks instead of burning
 /// a core the message handlers and page providers need.
-#[cfg(not(loom))]
 #[derive(Default)]
 pub struct Backoff {
     round: u32,
 }
 
-#[cfg(not(loom))]
 impl Backoff {
     /// Spins while waiting is likely to be short.
     const SPINS: u32 = 16;

@@ -510,6 +510,9 @@ impl ScaleNode {
     /// changed what it awaits): parked requests may be servable now.
     pub fn released(&self, fi: u32) {
         let f = self.frames.frame(fi);
+        // Pairs with the fence in `serve_holder` (loom test
+        // `parked_requests_are_never_missed`).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if f.local().fresh {
             // A local access to the fetched page is over.
             let _m = f.meta.lock();
