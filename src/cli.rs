@@ -33,6 +33,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load a key set, run a workload on one or more engines, check every answer, report.
@@ -98,6 +100,14 @@ pub struct BenchArgs {
     pub data_dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Transport::Local)]
     pub transport: Transport,
+    /// With --transport ucx: running memory nodes (`dmkv memnode --listen`)
+    /// to use, in order; without it, --memnodes children start on loopback.
+    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
+    pub memnode_addr: Vec<String>,
+    /// With --transport ucx: a file holding the cluster secret (else the
+    /// DMKV_SECRET environment variable; children started here get a fresh one).
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
     /// After the run, read back every key and check it.
     #[arg(long)]
     pub verify: bool,
@@ -130,6 +140,15 @@ pub struct MemnodeArgs {
     /// Memory pool size, MiB.
     #[arg(long, value_name = "MB")]
     pub pool_mb: Option<u64>,
+    /// This node's id (memory nodes of one engine have distinct ids).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub node_id: u16,
+    /// A file holding the cluster secret (else the DMKV_SECRET environment variable).
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
+    /// Exit when standard input closes (for memory nodes started by `dmkv bench`).
+    #[arg(long)]
+    pub exit_on_stdin_eof: bool,
 }
 
 #[derive(Debug, Args)]
@@ -168,6 +187,7 @@ fn usage(msg: impl Into<String>) -> Failure {
     Failure(EXIT_USAGE, msg.into())
 }
 
+#[cfg(not(feature = "ucx"))]
 const NO_UCX: &str = "dmkv was built without the `ucx` feature, so it has no UCX transport";
 
 /// Runs the command line `args` (including the program name) and returns
@@ -179,6 +199,9 @@ pub fn run(registry: &Registry, args: Vec<OsString>, io: &mut Io<'_>) -> i32 {
     };
     let result = match cli.command {
         Command::Bench(args) => bench(registry, args, io),
+        #[cfg(feature = "ucx")]
+        Command::Memnode(args) => crate::ucx::memnode(registry, args, io.out).map_err(usage),
+        #[cfg(not(feature = "ucx"))]
         Command::Memnode(_) => Err(usage(format!(
             "{NO_UCX}: `dmkv memnode` cannot serve other processes (run engines in-process with `dmkv bench --transport local`)"
         ))),
@@ -266,17 +289,41 @@ fn choices(
 }
 
 fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
+    #[cfg(not(feature = "ucx"))]
     if a.transport == Transport::Ucx {
         return Err(usage(format!(
             "{NO_UCX}: --transport ucx is unavailable; use --transport local"
         )));
     }
-    let engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
-    let mut cfg = BenchConfig::new(engines);
-    cfg.workload = match (a.trace, a.workload) {
+    if a.transport == Transport::Local && (!a.memnode_addr.is_empty() || a.secret_file.is_some()) {
+        return Err(usage(
+            "--memnode-addr and --secret-file need --transport ucx",
+        ));
+    }
+    let mut engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
+    let workload = match (a.trace, a.workload) {
         (Some(path), _) => WorkloadSource::Trace(path),
         (None, w) => WorkloadSource::Synthetic(w.unwrap_or(Workload::YcsbC)),
     };
+    // The default comparison leaves out engines that cannot run a scanning
+    // workload (hash designs); engines named with --engine are refused instead.
+    if a.engine.is_none()
+        && matches!(&workload, WorkloadSource::Synthetic(w) if w.has_run_phase() && w.mix().scan > 0)
+    {
+        engines.retain(|e| {
+            let scans = e.spec.capabilities().scan;
+            if !scans {
+                let _ = writeln!(
+                    io.err,
+                    "note: leaving out {}: it has no ordered scans, which this workload needs",
+                    e.spec.name()
+                );
+            }
+            scans
+        });
+    }
+    let mut cfg = BenchConfig::new(engines);
+    cfg.workload = workload;
     cfg.dist = a.dist;
     cfg.keyset = a.keyset.unwrap_or(KeysetSpec::Uniform);
     cfg.keys = a.keys;
@@ -294,6 +341,11 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.progress = io.progress;
+    #[cfg(feature = "ucx")]
+    if a.transport == Transport::Ucx {
+        cfg.deployer =
+            crate::ucx::deployer(&a.memnode_addr, a.secret_file.as_deref()).map_err(usage)?;
+    }
     cfg.validate().map_err(bench_failure)?;
     // Fail on an unwritable report path before spending minutes on a run.
     if let Some(path) = &a.json {

@@ -20,13 +20,26 @@ pub struct Registry {
 /// one of the designs compared by default.
 pub const REGISTRY: Registry = Registry {
     engines: &[
+        &dmkv_xstore::SPEC,
         &dmkv_rpc_btree::SPEC,
         &dmkv_cell::SPEC,
+        &dmkv_sherman::SPEC,
+        &dmkv_race::SPEC,
+        &dmkv_rpc_hash::SPEC,
+        &dmkv_rolex::SPEC,
         dmkv_scalestore::SPEC,
         &dmkv_scalestore::BTREE_LOCAL,
         &Reference,
     ],
-    default_set: &["rpc-btree", "cell"],
+    default_set: &[
+        "xstore",
+        "rpc-btree",
+        "cell",
+        "sherman",
+        "race",
+        "rpc-hash",
+        "rolex",
+    ],
 };
 
 impl Registry {

@@ -7,6 +7,8 @@
 mod cli;
 mod engines;
 mod shell;
+#[cfg(feature = "ucx")]
+mod ucx;
 
 use std::io::{IsTerminal, Write};
 

@@ -161,6 +161,7 @@ fn bad_input_is_one_line_and_exit_code_2() {
     );
 }
 
+#[cfg(not(feature = "ucx"))]
 #[test]
 fn ucx_is_refused_clearly() {
     assert_usage_error(
@@ -361,6 +362,9 @@ mod lossy {
     pub struct LossyLoad;
 
     impl EngineSpec for LossyLoad {
+        fn capabilities(&self) -> Capabilities {
+            Reference.capabilities()
+        }
         fn name(&self) -> &'static str {
             "lossy-load"
         }

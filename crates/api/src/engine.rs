@@ -101,6 +101,10 @@ pub trait EngineSpec: Send + Sync {
     /// One line on what the design is.
     fn about(&self) -> &'static str;
     fn knobs(&self) -> &'static [KnobSpec];
+    /// What the design accepts (scans, value sizes, reserved keys), known
+    /// before anything is deployed so that key sets can avoid reserved keys.
+    /// `Engine::capabilities` of a connected engine returns the same.
+    fn capabilities(&self) -> Capabilities;
     fn topology(&self) -> Topology {
         Topology::Disaggregated
     }

@@ -1,5 +1,6 @@
 //! What a benchmark run is told: typed, validated, no globals.
 
+use crate::deployment::{Deployer, LocalDeployer};
 use crate::error::BenchError;
 use crate::keyset::KeysetSpec;
 use crate::workload::{Dist, Workload};
@@ -8,6 +9,7 @@ use dmkv_api::payload::MIN_LEN;
 use dmkv_api::{EngineSpec, Knobs};
 use dmkv_transport::local::LocalConfig;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Defaults of `dmkv bench`, chosen so that comparing about ten engines on
 /// YCSB C finishes well under a minute on a 2-core machine. Change them here.
@@ -78,6 +80,8 @@ pub struct BenchConfig {
     /// The local backend's settings, including injected faults (tests).
     pub local: LocalConfig,
     pub load_chunk: usize,
+    /// Where engines are deployed (in process unless told otherwise).
+    pub deployer: Arc<dyn Deployer>,
 }
 
 impl BenchConfig {
@@ -103,6 +107,7 @@ impl BenchConfig {
             progress: false,
             local: LocalConfig::default(),
             load_chunk: defaults::LOAD_CHUNK,
+            deployer: Arc::new(LocalDeployer),
         }
     }
 

@@ -12,6 +12,8 @@
 //! - [`plan`]: the key universe and each task's request stream, deterministic
 //!   per (seed, thread, task), and which task owns which key.
 //! - [`runner`]: deploy, load, run T threads x C tasks, verify.
+//! - [`deployment`]: where engines are deployed (in process by default, or
+//!   through another transport's [`deployment::Deployer`]).
 //! - [`state`] and [`check`]: what the harness knows about every key, and
 //!   how it checks every answer against it; [`metered`]: exact costs per
 //!   operation; [`stats`]: per-thread figures.
@@ -21,6 +23,7 @@
 
 pub mod check;
 pub mod config;
+pub mod deployment;
 pub mod dist;
 pub mod error;
 pub mod keyset;
@@ -35,6 +38,7 @@ pub mod trace;
 pub mod workload;
 
 pub use config::{BenchConfig, EngineChoice, WorkloadSource, defaults};
+pub use deployment::{Deployer, Deployment, LocalDeployer};
 pub use error::BenchError;
 pub use keyset::KeysetSpec;
 pub use report::{EngineReport, print_table, write_json};

@@ -153,6 +153,10 @@ pub struct MemnodeReport {
     pub handler_cpu_ns: u64,
     pub background_cpu_ns: u64,
     pub background_jobs: u64,
+    /// CPU of the transport's progress threads on the memory nodes during
+    /// the run (UCX over TCP serves emulated one-sided verbs there; 0 for
+    /// the in-process transport).
+    pub progress_cpu_ns: u64,
     /// Bytes of registered memory in use after the run.
     pub memory_used: u64,
     /// Bytes of registered memory reserved after the run.
@@ -169,6 +173,7 @@ impl MemnodeReport {
             handler_cpu_ns: delta(|s| s.handler_cpu_ns),
             background_cpu_ns: delta(|s| s.background_cpu_ns),
             background_jobs: delta(|s| s.background_jobs),
+            progress_cpu_ns: delta(|s| s.progress_cpu_ns),
             memory_used: sum(after, |s| s.memory_used),
             memory_reserved: sum(after, |s| s.memory_reserved),
         }
@@ -388,6 +393,10 @@ fn rows(reports: &[EngineReport]) -> Vec<Row> {
         (
             "memnode bg cpu (ms)".into(),
             col(&|r| f1(r.memnode.background_cpu_ns as f64 / 1e6)),
+        ),
+        (
+            "memnode progress cpu (ms)".into(),
+            col(&|r| f1(r.memnode.progress_cpu_ns as f64 / 1e6)),
         ),
         (
             "client cache (bytes)".into(),

@@ -16,6 +16,7 @@
 
 use crate::check::Checker;
 use crate::config::{BenchConfig, EngineChoice, WorkloadSource};
+use crate::deployment::Deployment;
 use crate::error::BenchError;
 use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
@@ -27,7 +28,6 @@ use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
 use crate::trace::{TraceOpKind, read_trace};
 use crate::workload::{Op, OpType};
-use dmkv_api::deploy::LocalDeployment;
 use dmkv_api::payload::make_value;
 use dmkv_api::{Capabilities, Key, KvStore};
 use dmkv_memnode::NodeStats;
@@ -77,13 +77,9 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
         (WorkloadSource::Synthetic(w), None) => w.has_run_phase() && w.mix().scan > 0,
         _ => false,
     };
-    let size_hint = match &trace {
-        Some(t) => t.ops.len() as u64,
-        None => cfg.keys.saturating_add(cfg.ops),
-    };
     let mut reserved: Vec<u64> = Vec::new();
     for e in &cfg.engines {
-        let caps = preflight(cfg, e, size_hint)?;
+        let caps = preflight(e)?;
         if needs_scan && !caps.scan {
             return Err(BenchError::input(format!(
                 "engine {} has no ordered scans, which this workload needs",
@@ -144,15 +140,11 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
     Ok(outcome)
 }
 
-/// Deploys `e` once to learn what it accepts (knobs, reserved keys, value
-/// sizes, scans) before any key is generated.
-fn preflight(
-    cfg: &BenchConfig,
-    e: &EngineChoice,
-    size_hint: u64,
-) -> Result<Capabilities, BenchError> {
-    let dep = LocalDeployment::deploy(e.spec, &cfg.deploy_options(e, size_hint))?;
-    Ok(dep.engine.capabilities())
+/// What `e` accepts (knobs, reserved keys, value sizes, scans), checked
+/// before any key is generated; nothing is deployed.
+fn preflight(e: &EngineChoice) -> Result<Capabilities, BenchError> {
+    e.knobs.check(e.spec.name(), e.spec.knobs())?;
+    Ok(e.spec.capabilities())
 }
 
 /// Runs `f`, turning a panic into its message.
@@ -196,16 +188,17 @@ fn run_engine(
     trace: Option<TraceReport>,
 ) -> Result<EngineReport, BenchError> {
     let name = choice.spec.name();
-    let dep = LocalDeployment::deploy(
+    let dep = cfg.deployer.deploy(
         choice.spec,
         &cfg.deploy_options(choice, plan.keys().len() as u64),
     )?;
+    let dep = &*dep;
     let main_ep = dep.endpoint(0);
-    let (load_seconds, load_cost) = load(cfg, plan, &dep, &main_ep)?;
+    let (load_seconds, load_cost) = load(cfg, plan, dep, &main_ep)?;
     let states = KeyStates::new(plan.keys().len(), plan.loaded());
     let nodes_before = dep.node_stats();
-    let phases = run_threads(cfg, plan, &dep, &states);
-    let engine_stats = match block_on(labeled(OpKind::Setup, dep.engine.stats(&main_ep))) {
+    let phases = run_threads(cfg, plan, dep, &states);
+    let engine_stats = match block_on(labeled(OpKind::Setup, dep.engine().stats(&main_ep))) {
         Ok(v) => v,
         Err(e) => serde_json::json!({ "error": e.to_string() }),
     };
@@ -241,7 +234,7 @@ fn run_engine(
         memnode_threads: cfg.memnode_threads,
         memnodes: cfg.memnodes,
         nodes: cfg.nodes,
-        transport: "local".into(),
+        transport: cfg.deployer.transport().into(),
         seed: cfg.seed,
         settings: choice
             .knobs
@@ -282,7 +275,7 @@ fn run_engine(
             per_key: PerOp::new(&load_cost, loaded),
         },
         verify_counters: Totals::from(&phases.verify_table.sum(&OpKind::ALL)),
-        client_cache_bytes: dep.engine.client_cache_bytes(),
+        client_cache_bytes: dep.engine().client_cache_bytes(),
         memnode_bytes: memnode.memory_used,
         memnode,
         verify,
@@ -299,14 +292,14 @@ fn run_engine(
 fn load(
     cfg: &BenchConfig,
     plan: &Plan,
-    dep: &LocalDeployment,
+    dep: &dyn Deployment,
     ep: &Endpoint,
 ) -> Result<(f64, Counters), BenchError> {
     let order = plan.load_order();
     let bar = progress_bar(
         cfg,
         order.len() as u64,
-        format!("{}: load", dep.engine.name()),
+        format!("{}: load", dep.engine().name()),
     );
     let start = Instant::now();
     for chunk in order.chunks(cfg.load_chunk) {
@@ -317,10 +310,20 @@ fn load(
                 (key, make_value(key, LOAD_VERSION, cfg.value_size))
             })
             .collect();
-        block_on(labeled(OpKind::Load, dep.engine.load(ep, &pairs)))
-            .map_err(|e| BenchError::run(format!("{}: loading failed: {e}", dep.engine.name())))?;
+        block_on(labeled(OpKind::Load, dep.engine().load(ep, &pairs))).map_err(|e| {
+            BenchError::run(format!("{}: loading failed: {e}", dep.engine().name()))
+        })?;
         bar.inc(chunk.len() as u64);
     }
+    // Background work the load started (training models, resizing) finishes
+    // before the run, so that the run measures the workload alone; its time
+    // counts as loading.
+    block_on(labeled(OpKind::Load, dep.engine().settle(ep))).map_err(|e| {
+        BenchError::run(format!(
+            "{}: settling after the load failed: {e}",
+            dep.engine().name()
+        ))
+    })?;
     let seconds = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     Ok((seconds, *ep.counters().get(OpKind::Load)))
@@ -331,7 +334,7 @@ struct Ctx<'a> {
     cfg: &'a BenchConfig,
     plan: &'a Plan,
     states: &'a KeyStates,
-    dep: &'a LocalDeployment,
+    dep: &'a dyn Deployment,
     /// Threads + the main thread: clients made / run done / verify may start.
     barrier: Barrier,
     run_bar: ProgressBar,
@@ -356,13 +359,8 @@ struct ThreadResult {
     verify_table: CounterTable,
 }
 
-fn run_threads(
-    cfg: &BenchConfig,
-    plan: &Plan,
-    dep: &LocalDeployment,
-    states: &KeyStates,
-) -> Phases {
-    let name = dep.engine.name();
+fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &KeyStates) -> Phases {
+    let name = dep.engine().name();
     let ctx = Ctx {
         cfg,
         plan,

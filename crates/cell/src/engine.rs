@@ -42,6 +42,9 @@ pub struct CellSpec;
 pub static SPEC: CellSpec = CellSpec;
 
 impl EngineSpec for CellSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         "cell"
     }

@@ -29,6 +29,13 @@ impl Region {
     pub fn is_empty(&self) -> bool {
         self.remote.len == 0
     }
+
+    /// Sets the bytes of this region in use, for engines that hand out its
+    /// space themselves (one-sided FAA allocation) rather than through an
+    /// allocator of this crate.
+    pub fn set_used(&self, bytes: u64) {
+        self.used.store(bytes.min(self.len()), Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Region {
@@ -51,6 +58,9 @@ pub struct NodeStats {
     /// CPU time of background workers (retraining, resizing, ...).
     pub background_cpu_ns: u64,
     pub background_jobs: u64,
+    /// CPU time of the backend's progress thread on this node (UCX over TCP
+    /// serves emulated one-sided verbs there); 0 on backends without one.
+    pub progress_cpu_ns: u64,
 }
 
 impl NodeStats {
@@ -61,7 +71,8 @@ impl NodeStats {
             .u64(self.rpcs_served)
             .u64(self.handler_cpu_ns)
             .u64(self.background_cpu_ns)
-            .u64(self.background_jobs);
+            .u64(self.background_jobs)
+            .u64(self.progress_cpu_ns);
         w.finish()
     }
 
@@ -74,6 +85,7 @@ impl NodeStats {
             handler_cpu_ns: r.u64()?,
             background_cpu_ns: r.u64()?,
             background_jobs: r.u64()?,
+            progress_cpu_ns: r.u64()?,
         };
         r.end()?;
         Ok(s)
@@ -257,6 +269,7 @@ impl NodeRuntime {
                 + pools.iter().map(|p| p.cpu_ns()).sum::<u64>(),
             background_jobs: self.retired_jobs.load(Ordering::Relaxed)
                 + pools.iter().map(|p| p.jobs_done()).sum::<u64>(),
+            progress_cpu_ns: self.host.progress_cpu_ns(),
         }
     }
 }

@@ -43,6 +43,9 @@ pub fn connect_service(args: &ConnectArgs) -> Result<(Endpoint, TreeService)> {
 }
 
 impl EngineSpec for RpcBtreeSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         "rpc-btree"
     }

@@ -194,6 +194,9 @@ impl ScaleStoreSpec {
 }
 
 impl EngineSpec for ScaleStoreSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         "scalestore"
     }

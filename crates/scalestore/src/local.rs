@@ -174,6 +174,9 @@ const CAPS: Capabilities = Capabilities {
 };
 
 impl EngineSpec for BTreeLocalSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         "btree-local"
     }

@@ -94,6 +94,9 @@ fn handle(map: &Mutex<BTreeMap<u64, Vec<u8>>>, req: &[u8]) -> Result<Vec<u8>, Se
 }
 
 impl EngineSpec for Reference {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
     fn name(&self) -> &'static str {
         "reference"
     }

@@ -62,12 +62,22 @@ pub enum VerbResult {
 /// local backend) or must be awaited. Completing at once costs no allocation.
 pub enum OpFuture<'a, T> {
     Ready(Option<T>),
+    /// Done, but the caller's task yields once before it sees the result, as
+    /// it would while waiting for a real network round trip.
+    ReadyAfterYield(Option<T>, bool),
     Pending(Pin<Box<dyn Future<Output = T> + 'a>>),
 }
 
 impl<'a, T> OpFuture<'a, T> {
     pub fn ready(v: T) -> Self {
         OpFuture::Ready(Some(v))
+    }
+    /// A result obtained at once that is handed over after one yield, so that
+    /// every round trip is a point where the thread's other tasks run (a task
+    /// spinning on a remote lock held by a task of its own thread must not
+    /// starve it).
+    pub fn ready_after_yield(v: T) -> Self {
+        OpFuture::ReadyAfterYield(Some(v), false)
     }
     pub fn boxed(f: impl Future<Output = T> + 'a) -> Self {
         OpFuture::Pending(Box::pin(f))
@@ -79,6 +89,15 @@ impl<T> Future for OpFuture<'_, T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match self.get_mut() {
             OpFuture::Ready(v) => Poll::Ready(v.take().expect("OpFuture polled after completion")),
+            OpFuture::ReadyAfterYield(v, yielded) => {
+                if *yielded {
+                    Poll::Ready(v.take().expect("OpFuture polled after completion"))
+                } else {
+                    *yielded = true;
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            }
             OpFuture::Pending(f) => f.as_mut().poll(cx),
         }
     }
@@ -127,4 +146,10 @@ pub trait NodeHost: Send + Sync {
     fn fabric(&self) -> Arc<dyn Fabric>;
     /// Number of RPC handler threads serving this node.
     fn handler_threads(&self) -> usize;
+    /// CPU time a backend's own progress thread on this node has used so far
+    /// (e.g. UCX over TCP, which emulates one-sided verbs with messages that
+    /// the target's CPU serves). Zero for backends that have none.
+    fn progress_cpu_ns(&self) -> u64 {
+        0
+    }
 }

@@ -544,6 +544,43 @@ pub fn deferred_replies(t: &dyn Target) {
     );
 }
 
+/// Every round trip lets the thread's other tasks run: a task spinning on a
+/// remote lock held by another task of its thread does not starve it.
+pub fn round_trips_let_other_tasks_run(t: &dyn Target) {
+    let c = t.cluster(1, 1);
+    let (region, _mem) = c.server(0).register_region(64).unwrap();
+    let ep = endpoint(&*c);
+    let lock = region.at(0);
+    let ep = &ep;
+    let tasks: Vec<LocalTask<'_, Result<(), String>>> = vec![
+        Box::pin(async move {
+            assert_eq!(
+                ep.cas(lock, 0, 1).await.unwrap(),
+                0,
+                "the holder locks first"
+            );
+            // Suspend while holding the lock (as if waiting on an RPC).
+            crate::exec::yield_now().await;
+            for _ in 0..10 {
+                ep.read(region.at(8), 8).await.unwrap();
+            }
+            ep.write(lock, &0u64.to_le_bytes()).await.unwrap();
+            Ok(())
+        }),
+        Box::pin(async move {
+            for _ in 0..1_000_000 {
+                if ep.cas(lock, 0, 2).await.unwrap() == 0 {
+                    return Ok(());
+                }
+            }
+            Err("the spinning task never saw the lock released".into())
+        }),
+    ];
+    for r in run_tasks(tasks) {
+        r.unwrap();
+    }
+}
+
 /// Expands every conformance check into a `#[test]` for a backend: pass an
 /// expression that evaluates to a [`Target`].
 #[macro_export]
@@ -588,6 +625,10 @@ macro_rules! conformance_tests {
         #[test]
         fn conformance_deferred_replies() {
             $crate::conformance::deferred_replies(&$target)
+        }
+        #[test]
+        fn conformance_round_trips_let_other_tasks_run() {
+            $crate::conformance::round_trips_let_other_tasks_run(&$target)
         }
         #[test]
         fn conformance_deregistered_region_is_refused() {

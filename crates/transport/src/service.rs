@@ -235,6 +235,13 @@ impl ServiceTable {
         }
     }
 
+    /// Drops every handler and published name (the node is going away).
+    pub fn clear(&self) {
+        self.handlers.write().clear();
+        self.names.write().clear();
+        self.regions.write().clear();
+    }
+
     /// Makes `region` findable under `name` (replacing an older entry).
     pub fn publish_region(&self, name: &str, region: RemoteRegion) {
         self.regions.write().insert(name.to_string(), region);

@@ -76,6 +76,15 @@ pub struct LeafInfo {
     pub keys: Vec<u64>,
 }
 
+/// A leaf with its exact key range, `[lower, upper)` (`upper` `None`: the
+/// rightmost leaf), as [`XTree::leaves_covering`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoveredLeaf {
+    pub info: LeafInfo,
+    pub lower: u64,
+    pub upper: Option<u64>,
+}
+
 /// A node split, reported to the split hook after the tree lock is released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitEvent {
@@ -457,6 +466,84 @@ impl XTree {
             leaf = img.header().next;
         }
         Ok(out)
+    }
+
+    /// The leaves whose key ranges intersect `[lo, hi]` (inclusive), in key
+    /// order, each with its exact range, at most `max_leaves` of them. The
+    /// whole walk holds the tree lock shared, so no split happens during it:
+    /// the result is one consistent picture of the leaf level over that
+    /// range (XStore trains a sub-model and its translation table on it).
+    /// Leaves are read consistently; inserts into leaves with room may still
+    /// change their keys between reads.
+    pub fn leaves_covering(
+        &self,
+        lo: u64,
+        hi: u64,
+        max_leaves: usize,
+    ) -> Result<Vec<CoveredLeaf>, XTreeError> {
+        if lo > hi || max_leaves == 0 {
+            return Ok(Vec::new());
+        }
+        let _shared = self.structure.read();
+        let mut out = Vec::new();
+        self.cover(self.root().node, 0, None, lo, hi, max_leaves, &mut out)?;
+        Ok(out)
+    }
+
+    /// Depth-first part of [`Self::leaves_covering`]: `node` covers
+    /// `[lower, upper)` (`None`: no upper bound).
+    #[allow(clippy::too_many_arguments)]
+    fn cover(
+        &self,
+        node: u32,
+        lower: u64,
+        upper: Option<u64>,
+        lo: u64,
+        hi: u64,
+        max_leaves: usize,
+        out: &mut Vec<CoveredLeaf>,
+    ) -> Result<(), XTreeError> {
+        let meta = self
+            .node_mem(node)
+            .load(self.geo.payload_word(Geometry::META));
+        if meta & 0xFF == 0 {
+            let img = self.read_consistent(node)?;
+            let mut keys = img.keys.keys.clone();
+            keys.sort_unstable();
+            out.push(CoveredLeaf {
+                info: LeafInfo {
+                    node,
+                    incarnation: img.header().incarnation,
+                    count: img.header().count,
+                    keys,
+                },
+                lower,
+                upper,
+            });
+            return Ok(());
+        }
+        let img = self.read_locked(node)?;
+        let keys = &img.keys.keys;
+        for j in 0..keys.len() {
+            if out.len() == max_leaves {
+                break;
+            }
+            let child_lower = keys[j];
+            let child_upper = keys.get(j + 1).copied().or(upper);
+            let intersects = child_lower <= hi && child_upper.is_none_or(|u| u > lo);
+            if intersects {
+                self.cover(
+                    img.child(j).node,
+                    child_lower,
+                    child_upper,
+                    lo,
+                    hi,
+                    max_leaves,
+                    out,
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// UPDATE with a position hint (XStore §5.3.1): if `hint` names a leaf

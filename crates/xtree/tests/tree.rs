@@ -365,3 +365,44 @@ fn concurrent_writers_and_readers_on_the_node() {
     check_all(&t, &all);
     assert!(t.stats().leaf_splits > 10);
 }
+
+#[test]
+fn leaves_covering_reports_exact_ranges_in_key_order() {
+    let (_c, _rt, t) = tree(4, 400);
+    for k in (0..200u64).map(|i| 10 + 7 * i) {
+        assert!(t.insert(k, &k.to_le_bytes()).unwrap());
+    }
+    let all = t.leaves().unwrap();
+    let covered = t.leaves_covering(0, u64::MAX, usize::MAX).unwrap();
+    assert_eq!(covered.len(), all.len());
+    assert_eq!(covered[0].lower, 0, "the leftmost leaf starts at 0");
+    assert_eq!(covered.last().unwrap().upper, None);
+    for (i, c) in covered.iter().enumerate() {
+        assert_eq!(c.info, all[i], "same leaves in the same order");
+        if let Some(next) = covered.get(i + 1) {
+            assert_eq!(c.upper, Some(next.lower), "ranges tile the key space");
+        }
+        assert!(
+            c.info
+                .keys
+                .iter()
+                .all(|&k| k >= c.lower && c.upper.is_none_or(|u| k < u))
+        );
+        assert_eq!(t.find_leaf(c.lower).unwrap().node, c.info.node);
+    }
+    // A window: exactly the leaves whose ranges meet [lo, hi].
+    let (lo, hi) = (300u64, 700u64);
+    let w = t.leaves_covering(lo, hi, usize::MAX).unwrap();
+    assert_eq!(w[0].info.node, t.find_leaf(lo).unwrap().node);
+    assert_eq!(w.last().unwrap().info.node, t.find_leaf(hi).unwrap().node);
+    let want: Vec<u32> = covered
+        .iter()
+        .filter(|c| c.lower <= hi && c.upper.is_none_or(|u| u > lo))
+        .map(|c| c.info.node)
+        .collect();
+    assert_eq!(w.iter().map(|c| c.info.node).collect::<Vec<_>>(), want);
+    // A point and a limit.
+    assert_eq!(t.leaves_covering(500, 500, 9).unwrap().len(), 1);
+    assert_eq!(t.leaves_covering(0, u64::MAX, 3).unwrap().len(), 3);
+    assert!(t.leaves_covering(9, 8, 3).unwrap().is_empty());
+}

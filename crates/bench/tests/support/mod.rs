@@ -77,6 +77,9 @@ impl Faulty {
 }
 
 impl EngineSpec for Faulty {
+    fn capabilities(&self) -> Capabilities {
+        Reference.capabilities()
+    }
     fn name(&self) -> &'static str {
         self.name
     }
@@ -213,7 +216,17 @@ pub const SLOTS: u64 = 4_096;
 pub const NAIVE_VALUE: usize = 64;
 const SLOT: u64 = 8 + NAIVE_VALUE as u64;
 
+const NAIVE_CAPS: Capabilities = Capabilities {
+    scan: false,
+    max_value_len: NAIVE_VALUE,
+    reserved_keys: &[],
+    reserved_why: "",
+};
+
 impl EngineSpec for NaiveSlots {
+    fn capabilities(&self) -> Capabilities {
+        NAIVE_CAPS
+    }
     fn name(&self) -> &'static str {
         "naive-slots"
     }
@@ -249,12 +262,7 @@ impl Engine for NaiveEngine {
         "naive-slots"
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            scan: false,
-            max_value_len: NAIVE_VALUE,
-            reserved_keys: &[],
-            reserved_why: "",
-        }
+        NAIVE_CAPS
     }
     fn home_node(&self, _thread: usize) -> NodeId {
         self.compute

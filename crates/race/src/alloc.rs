@@ -1,0 +1,123 @@
+//! Memory allocation: the memory node's CPU hands out coarse pieces by RPC
+//! (KV chunks to clients, subtables to resizers: rare), clients carve KV
+//! blocks from their chunks locally and reuse freed blocks with the next
+//! tag (RACE's two-level allocation).
+//!
+//! The `alloc` service takes exactly one byte, [`ALLOC_CHUNK`] or
+//! [`ALLOC_SUBTABLE`], and replies with an offset (u64); anything else is
+//! refused.
+
+use crate::layout::{KV_UNIT, TAG_MOD};
+use dmkv_api::Result;
+use dmkv_memnode::BumpAllocator;
+use dmkv_transport::{Endpoint, NodeId, ServiceError, ServiceId, WireReader, WireWriter};
+use std::collections::HashMap;
+
+pub const ALLOC_CHUNK: u8 = 1;
+pub const ALLOC_SUBTABLE: u8 = 2;
+
+/// Sizes the service hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocSizes {
+    pub chunk: u64,
+    pub subtable: u64,
+}
+
+pub fn serve_alloc(
+    bump: &BumpAllocator,
+    sizes: AllocSizes,
+    req: &[u8],
+) -> std::result::Result<Vec<u8>, ServiceError> {
+    let mut r = WireReader::new(req);
+    let op = r.u8()?;
+    r.end()?;
+    let size = match op {
+        ALLOC_CHUNK => sizes.chunk,
+        ALLOC_SUBTABLE => sizes.subtable,
+        op => return Err(ServiceError::malformed(format!("unknown alloc op {op}"))),
+    };
+    let off = bump
+        .alloc(size, 64)
+        .map_err(|e| ServiceError::exhausted(format!("race memory pool: {e}")))?;
+    let mut w = WireWriter::new();
+    w.u64(off);
+    Ok(w.finish())
+}
+
+/// A memory node's allocation service, as a client sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct AllocSource {
+    pub node: NodeId,
+    pub service: ServiceId,
+    pub sizes: AllocSizes,
+}
+
+impl AllocSource {
+    /// Asks for a KV chunk or a subtable; returns its offset. A subtable
+    /// comes zeroed (fresh memory is never reused).
+    pub async fn fetch(&self, ep: &Endpoint, op: u8) -> Result<u64> {
+        let mut w = WireWriter::new();
+        w.u8(op);
+        let reply = ep.call(self.node, self.service, w.finish()).await?;
+        let mut r = WireReader::new(&reply);
+        let off = r.u64().map_err(dmkv_transport::TransportError::from)?;
+        r.end().map_err(dmkv_transport::TransportError::from)?;
+        Ok(off)
+    }
+}
+
+/// A client's KV-block allocator on one memory node; never waits (the
+/// caller fetches chunks, so no borrow is held across a network wait).
+#[derive(Debug, Default)]
+pub struct LocalAlloc {
+    next: u64,
+    end: u64,
+    /// Freed blocks by size in units: (offset, tag they were freed with).
+    free: HashMap<u8, Vec<(u64, u8)>>,
+    /// A task of this client is fetching a chunk: others wait for it
+    /// instead of fetching (and wasting) chunks of their own.
+    pub fetching: bool,
+}
+
+impl LocalAlloc {
+    pub fn add_chunk(&mut self, offset: u64, len: u64) {
+        self.next = offset;
+        self.end = offset + len;
+    }
+
+    /// A block of `units` 64-byte units: (offset, tag to write it with).
+    pub fn block(&mut self, units: u8) -> Option<(u64, u8)> {
+        if let Some((off, tag)) = self.free.get_mut(&units).and_then(|l| l.pop()) {
+            return Some((off, (tag + 1) % TAG_MOD));
+        }
+        let size = u64::from(units) * KV_UNIT as u64;
+        if self.end == 0 || self.next + size > self.end {
+            return None;
+        }
+        let at = self.next;
+        self.next += size;
+        Some((at, 0))
+    }
+
+    /// Gives back a block no slot points to any more.
+    pub fn free(&mut self, offset: u64, units: u8, tag: u8) {
+        self.free.entry(units).or_default().push((offset, tag));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carves_and_reuses_with_the_next_tag() {
+        let mut a = LocalAlloc::default();
+        assert_eq!(a.block(1), None);
+        a.add_chunk(4096, 256);
+        assert_eq!(a.block(2), Some((4096, 0)));
+        assert_eq!(a.block(2), Some((4224, 0)));
+        assert_eq!(a.block(1), None, "full");
+        a.free(4096, 2, TAG_MOD - 1);
+        assert_eq!(a.block(2), Some((4096, 0)), "tag wraps");
+    }
+}

@@ -1,0 +1,586 @@
+//! RACE operations from the compute side, all one-sided.
+//!
+//! - get: READ both combined buckets (one batch), READ the KV blocks whose
+//!   fingerprints match (one batch): two round trips.
+//! - insert / update / upsert / delete: the new KV block is written out of
+//!   place in the same batch as the bucket READs, the matching KV blocks are
+//!   read, then one CAS on the slot publishes the change. Inserts claim an
+//!   empty slot *tentatively* and re-read the buckets to settle concurrent
+//!   inserts of the same key before a second CAS makes the slot visible
+//!   (invariant 3 in `docs/race.md`).
+//! - A stale directory cache is noticed by the bucket headers (local depth
+//!   and suffix) and refreshed; a subtable being split has frozen slots:
+//!   readers may use them until the directory moves, writers wait.
+
+use crate::alloc::{ALLOC_CHUNK, AllocSource, LocalAlloc};
+use crate::layout::{
+    BucketHeader, COMBINED_BYTES, Combined, DIR_DEPTH, DIR_ENTRIES, DirEntry, GAddr, KeyHash,
+    MAX_DEPTH, SLOTS_PER_BUCKET, Slot, combined_offset, decode_kv, encode_kv, kv_units,
+};
+use dmkv_api::{Key, KvError, Result};
+use dmkv_transport::exec::yield_now;
+use dmkv_transport::{Batch, BatchResult, Endpoint, RemoteAddr, RemoteRegion};
+use parking_lot::RwLock;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Give up after this many consecutive retries of one operation.
+const MAX_RETRIES: u32 = 1_000_000;
+
+/// The client's copy of the directory.
+#[derive(Debug, Clone, Default)]
+pub struct DirCache {
+    pub depth: u8,
+    pub entries: Vec<DirEntry>,
+}
+
+impl DirCache {
+    pub fn entry(&self, h: &KeyHash) -> DirEntry {
+        self.entries[(h.dir & ((1u64 << self.depth) - 1)) as usize]
+    }
+}
+
+/// Operation kinds counted in `engine_stats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Get = 0,
+    Insert,
+    Update,
+    Upsert,
+    Delete,
+}
+
+pub const KINDS: [(&str, Kind); 5] = [
+    ("get", Kind::Get),
+    ("insert", Kind::Insert),
+    ("update", Kind::Update),
+    ("upsert", Kind::Upsert),
+    ("delete", Kind::Delete),
+];
+
+/// Counters of one compute process.
+#[derive(Default)]
+pub struct RaceStats {
+    pub cas_retries: AtomicU64,
+    pub frozen_waits: AtomicU64,
+    pub dir_refreshes: AtomicU64,
+    pub header_mismatches: AtomicU64,
+    pub kv_retries: AtomicU64,
+    pub insert_conflicts: AtomicU64,
+    pub resizes: AtomicU64,
+    pub resize_lock_waits: AtomicU64,
+    pub ops: [AtomicU64; 5],
+    pub round_trips: [AtomicU64; 5],
+}
+
+/// What every client of a compute process shares.
+pub struct RaceShared {
+    pub groups: u64,
+    pub subtable_bytes: u64,
+    pub pools: Vec<RemoteRegion>,
+    pub dir: RemoteRegion,
+    pub allocs: Vec<AllocSource>,
+    pub cache: RwLock<DirCache>,
+    pub lock_tag: u64,
+    pub stats: RaceStats,
+}
+
+/// How a put treats an existing or missing key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    Insert,
+    Update,
+    Upsert,
+}
+
+/// The candidate buckets of a key as read.
+pub struct Buckets {
+    pub entry: DirEntry,
+    pub combined: [Combined; 2],
+}
+
+impl Buckets {
+    /// Every slot of the (up to four distinct) buckets: (offset in the
+    /// subtable, slot), without duplicates.
+    pub fn slots(&self) -> Vec<(u64, Slot)> {
+        let mut v: Vec<(u64, Slot)> = Vec::with_capacity(4 * SLOTS_PER_BUCKET);
+        for c in &self.combined {
+            for (i, s) in c.slots.iter().enumerate() {
+                let off = c.slot_offset(i);
+                if !v.iter().any(|e| e.0 == off) {
+                    v.push((off, *s));
+                }
+            }
+        }
+        v
+    }
+    fn any_frozen(&self) -> bool {
+        self.combined
+            .iter()
+            .any(|c| c.slots.iter().any(|s| s.is_frozen()))
+    }
+}
+
+enum Resolved {
+    Won,
+    Lost,
+    Retry,
+}
+
+/// One operation's view: shared state, this thread's endpoint and
+/// allocators, and its round-trip count.
+pub struct Ctx<'a> {
+    pub t: &'a RaceShared,
+    pub ep: &'a Endpoint,
+    pub alloc: &'a RefCell<Vec<LocalAlloc>>,
+    pub rtts: Cell<u64>,
+}
+
+impl Ctx<'_> {
+    pub fn pool_at(&self, a: GAddr) -> Result<RemoteAddr> {
+        let p = self.t.pools.get(a.mn).ok_or_else(|| {
+            KvError::Corrupt(format!("address {a:?} names an unknown memory node"))
+        })?;
+        Ok(p.at(a.offset))
+    }
+
+    pub async fn run(&self, b: Batch<'_>) -> Result<BatchResult> {
+        if !b.is_empty() {
+            self.rtts.set(self.rtts.get() + 1);
+        }
+        Ok(b.run().await?)
+    }
+
+    /// Charges this operation to `kind` in the process's counters.
+    pub fn finish(&self, kind: Kind) {
+        self.t.stats.ops[kind as usize].fetch_add(1, Ordering::Relaxed);
+        self.t.stats.round_trips[kind as usize].fetch_add(self.rtts.get(), Ordering::Relaxed);
+    }
+
+    /// Re-reads the directory (global depth and entries) into the cache.
+    pub async fn refresh_dir(&self) -> Result<()> {
+        self.t.stats.dir_refreshes.fetch_add(1, Ordering::Relaxed);
+        let mut depth = self.t.cache.read().depth;
+        for _ in 0..MAX_RETRIES {
+            let mut b = self.ep.batch();
+            let r = b.read(
+                self.t.dir.at(0),
+                (DIR_ENTRIES + 8 * (1u64 << depth)) as usize,
+            );
+            let bytes = self.run(b).await?.take_read(r);
+            let word =
+                |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            let gd = word((DIR_DEPTH / 8) as usize);
+            if gd > u64::from(MAX_DEPTH) {
+                return Err(KvError::Corrupt(format!("global depth {gd}")));
+            }
+            if gd as u8 > depth {
+                depth = gd as u8;
+                continue;
+            }
+            let n = 1usize << gd;
+            let entries: Vec<DirEntry> = (0..n)
+                .map(|i| DirEntry(word(DIR_ENTRIES as usize / 8 + i)))
+                .collect();
+            // Entries being written while we read (a doubling) are retried.
+            if entries.iter().all(|e| e.is_sane(self.t.pools.len())) {
+                *self.t.cache.write() = DirCache {
+                    depth: gd as u8,
+                    entries,
+                };
+                return Ok(());
+            }
+            yield_now().await;
+        }
+        Err(KvError::Corrupt(
+            "the directory never read consistently".into(),
+        ))
+    }
+
+    /// Reads the two combined buckets of `h` (after `pre`, verbs posted in
+    /// the same batch, e.g. a KV block write), refreshing the directory until
+    /// the bucket headers agree with it.
+    async fn read_buckets(&self, h: &KeyHash, pre: Option<(GAddr, Vec<u8>)>) -> Result<Buckets> {
+        let mut pre = pre;
+        for _ in 0..MAX_RETRIES {
+            let entry = self.t.cache.read().entry(h);
+            let st = entry.subtable();
+            let mut b = self.ep.batch();
+            if let Some((at, data)) = pre.take() {
+                b.write(self.pool_at(at)?, data);
+            }
+            let offs = [combined_offset(h.b1), combined_offset(h.b2)];
+            let r0 = b.read(
+                self.pool_at(GAddr {
+                    mn: st.mn,
+                    offset: st.offset + offs[0],
+                })?,
+                COMBINED_BYTES,
+            );
+            let r1 = b.read(
+                self.pool_at(GAddr {
+                    mn: st.mn,
+                    offset: st.offset + offs[1],
+                })?,
+                COMBINED_BYTES,
+            );
+            let mut res = self.run(b).await?;
+            let combined = [
+                Combined::parse(offs[0], &res.take_read(r0)),
+                Combined::parse(offs[1], &res.take_read(r1)),
+            ];
+            let ok = combined.iter().all(|c| {
+                c.headers
+                    .iter()
+                    .all(|hd| hd.matches(entry.local_depth(), h.dir))
+            });
+            if ok {
+                return Ok(Buckets { entry, combined });
+            }
+            self.t
+                .stats
+                .header_mismatches
+                .fetch_add(1, Ordering::Relaxed);
+            self.refresh_dir().await?;
+        }
+        Err(KvError::Corrupt(
+            "bucket headers never matched the directory".into(),
+        ))
+    }
+
+    /// Reads the KV blocks of `slots` in one batch; `None` if one is not what
+    /// its slot names any more (reused or torn).
+    async fn read_kvs(&self, slots: &[(u64, Slot)]) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
+        let mut b = self.ep.batch();
+        let mut idx = Vec::with_capacity(slots.len());
+        for (_, s) in slots {
+            idx.push(b.read(self.pool_at(s.kv())?, usize::from(s.units()) * 64));
+        }
+        let mut res = self.run(b).await?;
+        let mut out = Vec::with_capacity(slots.len());
+        for ((_, s), i) in slots.iter().zip(idx) {
+            match decode_kv(&res.take_read(i), *s) {
+                Some(kv) => out.push(kv),
+                None => {
+                    self.t.stats.kv_retries.fetch_add(1, Ordering::Relaxed);
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Whether the directory no longer sends `h` to `entry` (re-read).
+    async fn moved(&self, h: &KeyHash, entry: DirEntry) -> Result<bool> {
+        self.refresh_dir().await?;
+        Ok(self.t.cache.read().entry(h) != entry)
+    }
+
+    fn addr_in(&self, entry: DirEntry, off: u64) -> Result<RemoteAddr> {
+        let st = entry.subtable();
+        self.pool_at(GAddr {
+            mn: st.mn,
+            offset: st.offset + off,
+        })
+    }
+
+    pub async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        let h = KeyHash::new(key, self.t.groups);
+        for _ in 0..MAX_RETRIES {
+            let b = self.read_buckets(&h, None).await?;
+            let cands: Vec<(u64, Slot)> = b
+                .slots()
+                .into_iter()
+                .filter(|(_, s)| s.is_visible() && s.fp() == h.fp)
+                .collect();
+            let Some(kvs) = self.read_kvs(&cands).await? else {
+                // A block changed under its slot. If the slot is frozen, the
+                // subtable may be retired and the block reused since: only a
+                // fresh directory gets us out.
+                if b.any_frozen() {
+                    self.refresh_dir().await?;
+                }
+                continue;
+            };
+            let found = cands.iter().zip(kvs).find(|(_, kv)| kv.0 == key);
+            // A frozen slot is current only while the directory still sends
+            // the key to this subtable (writers wait for the new ones).
+            let frozen = match &found {
+                Some(((_, s), _)) => s.is_frozen(),
+                None => b.any_frozen(),
+            };
+            if frozen && self.moved(&h, b.entry).await? {
+                continue;
+            }
+            return Ok(found.map(|(_, kv)| kv.1));
+        }
+        Err(KvError::Corrupt(format!(
+            "get of key {key:#x} never settled"
+        )))
+    }
+
+    /// A KV block for (`key`, `value`) on memory node `mn`: its slot (not
+    /// yet tentative) and the bytes to write.
+    async fn new_block(
+        &self,
+        mn: usize,
+        h: &KeyHash,
+        key: Key,
+        value: &[u8],
+    ) -> Result<(Slot, Vec<u8>)> {
+        let units = kv_units(value.len());
+        loop {
+            let fetch = {
+                let mut a = self.alloc.borrow_mut();
+                let a = &mut a[mn];
+                if let Some((off, tag)) = a.block(units) {
+                    let at = GAddr { mn, offset: off };
+                    return Ok((Slot::new(h.fp, at, units, tag), encode_kv(key, tag, value)));
+                }
+                !std::mem::replace(&mut a.fetching, true)
+            };
+            if !fetch {
+                // Another task of this client is fetching a chunk.
+                yield_now().await;
+                continue;
+            }
+            let src = self.t.allocs[mn];
+            let got = src.fetch(self.ep, ALLOC_CHUNK).await;
+            let mut a = self.alloc.borrow_mut();
+            a[mn].fetching = false;
+            a[mn].add_chunk(got?, src.sizes.chunk);
+        }
+    }
+
+    fn free_block(&self, s: Slot) {
+        let at = s.kv();
+        self.alloc.borrow_mut()[at.mn].free(at.offset, s.units(), s.tag());
+    }
+
+    /// Inserts, updates or upserts; returns whether the key existed.
+    pub async fn put(&self, key: Key, value: &[u8], mode: PutMode) -> Result<bool> {
+        let h = KeyHash::new(key, self.t.groups);
+        let mn = self.t.cache.read().entry(&h).subtable().mn;
+        let (mine, block) = self.new_block(mn, &h, key, value).await?;
+        let mut pre = Some((mine.kv(), block));
+        for _ in 0..MAX_RETRIES {
+            let b = self.read_buckets(&h, pre.take()).await?;
+            if b.any_frozen() {
+                // A split of this subtable is under way: wait for it.
+                self.t.stats.frozen_waits.fetch_add(1, Ordering::Relaxed);
+                yield_now().await;
+                self.refresh_dir().await?;
+                continue;
+            }
+            let slots = b.slots();
+            let cands: Vec<(u64, Slot)> = slots
+                .iter()
+                .copied()
+                .filter(|(_, s)| s.is_visible() && s.fp() == h.fp)
+                .collect();
+            let Some(kvs) = self.read_kvs(&cands).await? else {
+                continue;
+            };
+            let existing = cands
+                .iter()
+                .zip(kvs)
+                .find(|(_, kv)| kv.0 == key)
+                .map(|(c, _)| *c);
+            match (mode, existing) {
+                (PutMode::Insert, Some(_)) | (PutMode::Update, None) => {
+                    self.free_block(mine);
+                    return Ok(existing.is_some());
+                }
+                (PutMode::Update | PutMode::Upsert, Some((off, old))) => {
+                    let mut cas = self.ep.batch();
+                    let c = cas.cas(self.addr_in(b.entry, off)?, old.0, mine.0);
+                    if self.run(cas).await?.word(c) != old.0 {
+                        self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    self.free_block(old);
+                    return Ok(true);
+                }
+                (PutMode::Insert | PutMode::Upsert, None) => {
+                    let Some(off) = pick_empty(&b) else {
+                        self.resize(&h, b.entry).await?;
+                        continue;
+                    };
+                    let claim = mine.tentative();
+                    let mut cas = self.ep.batch();
+                    let c = cas.cas(self.addr_in(b.entry, off)?, 0, claim.0);
+                    if self.run(cas).await?.word(c) != 0 {
+                        self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    match self.settle_insert(&h, key, b.entry, off, claim).await? {
+                        Resolved::Won => return Ok(false),
+                        Resolved::Lost if mode == PutMode::Insert => {
+                            self.free_block(mine);
+                            return Ok(true);
+                        }
+                        // An upsert that lost updates the winner's slot; a
+                        // claim dropped by a split starts over.
+                        Resolved::Lost | Resolved::Retry => continue,
+                    }
+                }
+            }
+        }
+        Err(KvError::Corrupt(format!(
+            "write of key {key:#x} never settled"
+        )))
+    }
+
+    /// After claiming slot `off` tentatively: re-reads the buckets and
+    /// decides against other claims and visible slots of the same key. The
+    /// lowest claim wins unless the key is already visible; a higher claim
+    /// waits for lower ones to decide.
+    async fn settle_insert(
+        &self,
+        h: &KeyHash,
+        key: Key,
+        entry: DirEntry,
+        off: u64,
+        claim: Slot,
+    ) -> Result<Resolved> {
+        loop {
+            let mut b = self.ep.batch();
+            let offs = [combined_offset(h.b1), combined_offset(h.b2)];
+            let r0 = b.read(self.addr_in(entry, offs[0])?, COMBINED_BYTES);
+            let r1 = b.read(self.addr_in(entry, offs[1])?, COMBINED_BYTES);
+            let mut res = self.run(b).await?;
+            let bk = Buckets {
+                entry,
+                combined: [
+                    Combined::parse(offs[0], &res.take_read(r0)),
+                    Combined::parse(offs[1], &res.take_read(r1)),
+                ],
+            };
+            let slots = bk.slots();
+            let me = slots.iter().find(|e| e.0 == off).map(|e| e.1);
+            if me != Some(claim) {
+                // Frozen by a split (which drops claims): start over.
+                return Ok(Resolved::Retry);
+            }
+            let others: Vec<(u64, Slot)> = slots
+                .into_iter()
+                .filter(|(o, s)| *o != off && !s.is_empty() && s.fp() == h.fp)
+                .collect();
+            let Some(kvs) = self.read_kvs(&others).await? else {
+                continue;
+            };
+            let same: Vec<(u64, Slot)> = others
+                .iter()
+                .zip(kvs)
+                .filter(|(_, kv)| kv.0 == key)
+                .map(|(o, _)| *o)
+                .collect();
+            let visible = same.iter().any(|(_, s)| s.is_visible());
+            let lower_claim = same.iter().any(|(o, s)| s.is_tentative() && *o < off);
+            if visible {
+                self.t
+                    .stats
+                    .insert_conflicts
+                    .fetch_add(1, Ordering::Relaxed);
+                let mut cas = self.ep.batch();
+                cas.cas(self.addr_in(entry, off)?, claim.0, 0);
+                // If a split froze the claim meanwhile it is dropped anyway.
+                self.run(cas).await?;
+                return Ok(Resolved::Lost);
+            }
+            if lower_claim {
+                yield_now().await;
+                continue;
+            }
+            let mut cas = self.ep.batch();
+            let c = cas.cas(self.addr_in(entry, off)?, claim.0, claim.final_().0);
+            return Ok(if self.run(cas).await?.word(c) == claim.0 {
+                Resolved::Won
+            } else {
+                Resolved::Retry
+            });
+        }
+    }
+
+    pub async fn delete(&self, key: Key) -> Result<bool> {
+        let h = KeyHash::new(key, self.t.groups);
+        for _ in 0..MAX_RETRIES {
+            let b = self.read_buckets(&h, None).await?;
+            if b.any_frozen() {
+                self.t.stats.frozen_waits.fetch_add(1, Ordering::Relaxed);
+                yield_now().await;
+                self.refresh_dir().await?;
+                continue;
+            }
+            let cands: Vec<(u64, Slot)> = b
+                .slots()
+                .into_iter()
+                .filter(|(_, s)| s.is_visible() && s.fp() == h.fp)
+                .collect();
+            let Some(kvs) = self.read_kvs(&cands).await? else {
+                continue;
+            };
+            let Some(((off, old), _)) = cands.iter().zip(kvs).find(|(_, kv)| kv.0 == key) else {
+                return Ok(false);
+            };
+            let mut cas = self.ep.batch();
+            let c = cas.cas(self.addr_in(b.entry, *off)?, old.0, 0);
+            if self.run(cas).await?.word(c) != old.0 {
+                self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.free_block(*old);
+            return Ok(true);
+        }
+        Err(KvError::Corrupt(format!(
+            "delete of key {key:#x} never settled"
+        )))
+    }
+
+    /// Splits the subtable `entry` names (if it still does), under the
+    /// directory's resize lock; see [`crate::resize`].
+    async fn resize(&self, h: &KeyHash, entry: DirEntry) -> Result<()> {
+        if entry.local_depth() >= MAX_DEPTH {
+            return Err(KvError::Exhausted(format!(
+                "race: a subtable at the maximum depth {MAX_DEPTH} is full"
+            )));
+        }
+        crate::resize::split(self, h, entry).await
+    }
+}
+
+/// An empty slot among the buckets, preferring the emptier combined bucket
+/// and main buckets over the shared overflow bucket.
+fn pick_empty(b: &Buckets) -> Option<u64> {
+    let empties = |c: &Combined| c.slots.iter().filter(|s| s.is_empty()).count();
+    let mut order = [0usize, 1];
+    if empties(&b.combined[1]) > empties(&b.combined[0]) {
+        order = [1, 0];
+    }
+    for ci in order {
+        let c = &b.combined[ci];
+        // The main bucket is the first of an even pair, the second of an odd.
+        let main_first = (c.offset / 64).is_multiple_of(3);
+        let buckets = if main_first { [0, 1] } else { [1, 0] };
+        for bucket in buckets {
+            for i in 0..SLOTS_PER_BUCKET {
+                let idx = bucket * SLOTS_PER_BUCKET + i;
+                if c.slots[idx].is_empty() && !c.slots[idx].is_frozen() {
+                    return Some(c.slot_offset(idx));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Bucket headers of a subtable owning suffix `suffix` at `local_depth`.
+pub fn subtable_image(groups: u64, local_depth: u8, suffix: u64) -> Vec<u8> {
+    let mut img = vec![0u8; (groups * crate::layout::GROUP_BYTES) as usize];
+    let hdr = BucketHeader::new(local_depth, suffix).0.to_le_bytes();
+    for b in 0..groups * 3 {
+        let at = (b * 64) as usize;
+        img[at..at + 8].copy_from_slice(&hdr);
+    }
+    img
+}

@@ -1,0 +1,296 @@
+//! # dmkv-rpc-hash: the memory node does everything (Outback's RPC-Cluster)
+//!
+//! The baseline Outback (VLDB'24, §3 and §5.1) argues against: a chained hash
+//! table with associativity and 14-bit fingerprints (Cluster hashing, from
+//! DrTM+H) that lives on the memory node and is driven by RPC. A client
+//! sends the key (and value); the memory node hashes it, probes the main
+//! bucket's slots by fingerprint, compares keys in the KV blocks, follows the
+//! chain of indirect buckets, and replies. One round trip per operation, and
+//! all index work on the memory node's CPU, which is what the benchmark's
+//! `memnode_cpu_ns` shows.
+//!
+//! - [`table`]: the table itself (layout, probing, chaining, allocation);
+//! - [`proto`]: the request and reply encoding (bounds-checked; the handler
+//!   trusts nothing a client sends);
+//! - this file: the engine spec, the service and the client.
+//!
+//! With `--memnodes K` keys are sharded over K tables by a multiplicative
+//! hash of the key; the memory node still does all of the table's work.
+
+#![forbid(unsafe_code)]
+
+pub mod proto;
+pub mod table;
+
+use async_trait::async_trait;
+use dmkv_api::{
+    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
+    ServeArgs,
+};
+use dmkv_memnode::NodeRuntime;
+use dmkv_transport::exec::block_on;
+use dmkv_transport::{Endpoint, NodeId, RpcContext, ServiceError, ServiceId};
+use proto::{Reply, Request};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use table::{ClusterTable, MAX_VALUE_LEN, PutMode, TableConfig, TableError};
+
+/// The engine spec; register it as `rpc-hash`.
+pub struct RpcHashSpec;
+
+/// The spec of `rpc-hash`.
+pub static SPEC: RpcHashSpec = RpcHashSpec;
+
+const NAME: &str = "rpc-hash";
+
+const KNOBS: &[KnobSpec] = &[KnobSpec {
+    name: "buckets",
+    default: "0",
+    help: "main buckets per memory node (a power of two; 0 = sized for the expected keys at ~75% slot occupancy)",
+}];
+
+/// Keys are stored whole in KV blocks and empty slots are the zero word, so
+/// no key is reserved.
+pub const CAPS: Capabilities = Capabilities {
+    scan: false,
+    max_value_len: MAX_VALUE_LEN,
+    reserved_keys: &[],
+    reserved_why: "rpc-hash reserves no keys",
+};
+
+fn config_for(args: &ServeArgs) -> Result<TableConfig> {
+    let shards = args.nodes.len().max(1) as u64;
+    let mut cfg = TableConfig::for_keys(
+        args.expected_keys.div_ceil(shards),
+        u64::from(args.value_size),
+    );
+    let buckets: u64 = args.knobs.get(NAME, KNOBS, "buckets")?;
+    if buckets != 0 {
+        if !buckets.is_power_of_two() {
+            return Err(KvError::Config(format!(
+                "{NAME}.buckets={buckets} is not a power of two"
+            )));
+        }
+        cfg.main_buckets = buckets;
+        cfg.indirect_buckets = cfg.indirect_buckets.max(buckets / 2 + 64);
+    }
+    Ok(cfg)
+}
+
+fn handle(t: &ClusterTable, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceError> {
+    let reply = match Request::decode(req)? {
+        Request::Get { key } => Reply::Value(t.get(key)),
+        Request::Put { mode, key, value } => Reply::Existed(
+            t.put(key, value, mode)
+                .map_err(|TableError::Exhausted(m)| ServiceError::exhausted(m))?,
+        ),
+        Request::Delete { key } => Reply::Existed(t.delete(key)),
+        Request::Load { pairs } => {
+            for (k, v) in pairs {
+                t.put(k, v, PutMode::Upsert)
+                    .map_err(|TableError::Exhausted(m)| ServiceError::exhausted(m))?;
+            }
+            Reply::Done
+        }
+        Request::Stats => {
+            let c = &t.counters;
+            let (chain_mean, chain_max) = t.chain_lengths();
+            Reply::Stats(proto::TableStats {
+                keys: c.keys.load(Ordering::Relaxed),
+                main_buckets: t.main_buckets(),
+                slots: t.slots(),
+                lookups: c.lookups.load(Ordering::Relaxed),
+                buckets_visited: c.buckets_visited.load(Ordering::Relaxed),
+                slots_probed: c.slots_probed.load(Ordering::Relaxed),
+                keys_compared: c.keys_compared.load(Ordering::Relaxed),
+                chain_mean,
+                chain_max,
+            })
+        }
+    };
+    Ok(reply.encode())
+}
+
+impl EngineSpec for RpcHashSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn about(&self) -> &'static str {
+        "Outback's RPC-Cluster baseline: chained hash table with 14-bit fingerprints on the memory node, one RPC per operation"
+    }
+    fn knobs(&self) -> &'static [KnobSpec] {
+        KNOBS
+    }
+    fn serve(&self, rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
+        let cfg = config_for(args)?;
+        let buckets =
+            rt.register_region(&args.name("buckets"), cfg.bucket_region_bytes() as usize)?;
+        let kv = rt.register_region(&args.name("kv"), cfg.kv_region_bytes() as usize)?;
+        let table = Arc::new(ClusterTable::new(&buckets, &kv, cfg));
+        rt.register_service(
+            &args.name("op"),
+            Arc::new(move |_: &RpcContext, req: &[u8]| handle(&table, req)),
+        )
+        .map_err(|e| KvError::Config(e.to_string()))?;
+        Ok(())
+    }
+    fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
+        let ep = args.fabric.endpoint(args.compute_node)?;
+        let mut shards = Vec::new();
+        for node in args.serve.node_ids() {
+            let svc = block_on(ep.lookup_service(node, &args.serve.name("op")))?;
+            shards.push((node, svc));
+        }
+        if shards.is_empty() {
+            return Err(KvError::Config(format!("{NAME} needs a memory node")));
+        }
+        Ok(Arc::new(RpcHashEngine {
+            shards: Arc::new(shards),
+            compute: args.compute_node,
+        }))
+    }
+}
+
+/// The memory node (and its service) holding `key`.
+fn shard_of(shards: &[(NodeId, ServiceId)], key: Key) -> (NodeId, ServiceId) {
+    // Fibonacci hashing of the key: a multiply and a shift, only to pick the
+    // node; the table's hashing and probing happen there.
+    let i = ((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % shards.len() as u64) as usize;
+    shards[i]
+}
+
+struct RpcHashEngine {
+    shards: Arc<Vec<(NodeId, ServiceId)>>,
+    compute: NodeId,
+}
+
+async fn call(ep: &Endpoint, to: (NodeId, ServiceId), req: Request<'_>) -> Result<Reply> {
+    let bytes = ep.call(to.0, to.1, req.encode()).await?;
+    Ok(Reply::decode(&bytes, &req).map_err(dmkv_transport::TransportError::from)?)
+}
+
+#[async_trait(?Send)]
+impl Engine for RpcHashEngine {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
+    fn home_node(&self, _thread: usize) -> NodeId {
+        self.compute
+    }
+    async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
+        Ok(Rc::new(RpcHashClient {
+            ep,
+            shards: self.shards.clone(),
+        }))
+    }
+    async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
+        for &shard in self.shards.iter() {
+            let mine: Vec<(Key, &[u8])> = pairs
+                .iter()
+                .filter(|(k, _)| shard_of(&self.shards, *k) == shard)
+                .map(|(k, v)| (*k, v.as_slice()))
+                .collect();
+            for chunk in mine.chunks(512) {
+                call(
+                    ep,
+                    shard,
+                    Request::Load {
+                        pairs: chunk.to_vec(),
+                    },
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+    async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
+        let mut all = proto::TableStats::default();
+        for &shard in self.shards.iter() {
+            match call(ep, shard, Request::Stats).await? {
+                Reply::Stats(s) => all.merge(&s),
+                _ => return Err(KvError::Corrupt("stats reply of the wrong kind".into())),
+            }
+        }
+        let per = |n: u64| {
+            if all.lookups == 0 {
+                0.0
+            } else {
+                n as f64 / all.lookups as f64
+            }
+        };
+        Ok(serde_json::json!({
+            "keys": all.keys,
+            "main_buckets": all.main_buckets,
+            "load_factor": if all.slots == 0 { 0.0 } else { all.keys as f64 / all.slots as f64 },
+            "load_factor_main": all.keys as f64 / (all.main_buckets * table::SLOTS_PER_BUCKET) as f64,
+            "chain_len_mean": all.chain_mean,
+            "chain_len_max": all.chain_max,
+            "lookups": all.lookups,
+            "buckets_per_lookup": per(all.buckets_visited),
+            "slots_probed_per_lookup": per(all.slots_probed),
+            "keys_compared_per_lookup": per(all.keys_compared),
+        }))
+    }
+    fn client_cache_bytes(&self) -> u64 {
+        0
+    }
+}
+
+struct RpcHashClient {
+    ep: Rc<Endpoint>,
+    shards: Arc<Vec<(NodeId, ServiceId)>>,
+}
+
+impl RpcHashClient {
+    async fn put(&self, mode: PutMode, key: Key, value: &[u8]) -> Result<bool> {
+        let to = shard_of(&self.shards, key);
+        match call(&self.ep, to, Request::Put { mode, key, value }).await? {
+            Reply::Existed(e) => Ok(e),
+            _ => Err(KvError::Corrupt("put reply of the wrong kind".into())),
+        }
+    }
+}
+
+#[async_trait(?Send)]
+impl KvStore for RpcHashClient {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        match call(&self.ep, shard_of(&self.shards, key), Request::Get { key }).await? {
+            Reply::Value(v) => Ok(v),
+            _ => Err(KvError::Corrupt("get reply of the wrong kind".into())),
+        }
+    }
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        Ok(!self.put(PutMode::Insert, key, value).await?)
+    }
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.put(PutMode::Update, key, value).await
+    }
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        Ok(!self.put(PutMode::Upsert, key, value).await?)
+    }
+    async fn delete(&self, key: Key) -> Result<bool> {
+        match call(
+            &self.ep,
+            shard_of(&self.shards, key),
+            Request::Delete { key },
+        )
+        .await?
+        {
+            Reply::Existed(e) => Ok(e),
+            _ => Err(KvError::Corrupt("delete reply of the wrong kind".into())),
+        }
+    }
+    async fn scan(&self, _start: Key, _n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        Err(KvError::Unsupported {
+            engine: NAME,
+            what: "ordered scans",
+        })
+    }
+}

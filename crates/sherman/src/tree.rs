@@ -1,0 +1,755 @@
+//! The tree operations, all by one-sided verbs from the compute side.
+//!
+//! - Reads (get, scan, traversal) are optimistic: one READ of a whole node,
+//!   accepted only if the node's checksum matches (invariant 1), retried
+//!   otherwise. They never lock.
+//! - Writes lock the leaf (HOCL: local lock, then a CAS on the global lock
+//!   word posted in one batch with the READ of the node), change the image,
+//!   and post the changed bytes and the unlock in one batch (invariant 2).
+//! - A full leaf splits: the upper half moves to a new right sibling written
+//!   in the same ordered batch before the old node links it (invariant 3);
+//!   the separator then goes into the parent, which is locked only after the
+//!   leaf is released. A root split installs a new root by CAS on the root
+//!   word (invariant 4).
+
+use crate::alloc::{ChunkSource, LocalAlloc};
+use crate::cache::IndexCache;
+use crate::layout::{
+    EMPTY_KEY, FatPtr, GAddr, LEAF_HEADER_WRITE, NodeImage, ValueRef, block_bytes, decode_block,
+    encode_block,
+};
+use crate::lock::{LocalGuard, LocalLocks, lock_index};
+use dmkv_api::{Key, KvError, Result};
+use dmkv_transport::exec::yield_now;
+use dmkv_transport::{Endpoint, RemoteRegion};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Offset of the root word in memory node 0's pool.
+pub const ROOT_WORD: u64 = 0;
+/// Bytes at the start of every pool kept out of allocation (superblock).
+pub const POOL_RESERVED: u64 = 4096;
+/// Optimistic reads give up after this many failed validations in a row.
+const MAX_VALIDATION_RETRIES: u32 = 100_000;
+/// No tree is taller than this (fan-out >= 12).
+const MAX_LEVEL: u8 = 32;
+
+/// Counters of one compute process.
+#[derive(Default)]
+pub struct TreeStats {
+    pub splits: AtomicU64,
+    pub nodes_created: AtomicU64,
+    pub lock_retries: AtomicU64,
+    pub handovers: AtomicU64,
+    pub torn_retries: AtomicU64,
+    pub value_retries: AtomicU64,
+    pub move_rights: AtomicU64,
+    pub root_grows: AtomicU64,
+    pub chunks: AtomicU64,
+}
+
+/// What every client of a compute process shares.
+pub struct TreeShared {
+    pub node_bytes: usize,
+    pub pools: Vec<RemoteRegion>,
+    pub lock_tables: Vec<RemoteRegion>,
+    pub chunks: Vec<ChunkSource>,
+    pub local_locks: LocalLocks,
+    pub cache: IndexCache,
+    /// Nonzero tag this process writes into global lock words.
+    pub lock_tag: u64,
+    pub stats: TreeStats,
+}
+
+/// One write operation.
+#[derive(Debug, Clone, Copy)]
+pub enum WriteOp<'v> {
+    Insert(&'v [u8]),
+    Update(&'v [u8]),
+    Upsert(&'v [u8]),
+    Delete,
+}
+
+/// Bytes to write at a global address.
+type Write = (GAddr, Vec<u8>);
+
+/// An operation's view: the shared state, this thread's endpoint and
+/// allocators.
+pub struct Ctx<'a> {
+    pub t: &'a TreeShared,
+    pub ep: &'a Endpoint,
+    pub alloc: &'a RefCell<Vec<LocalAlloc>>,
+}
+
+impl Ctx<'_> {
+    fn pool_at(&self, a: GAddr) -> Result<dmkv_transport::RemoteAddr> {
+        let pool = self.t.pools.get(a.mn()).ok_or_else(|| {
+            KvError::Corrupt(format!("address {a:?} names an unknown memory node"))
+        })?;
+        Ok(pool.at(a.offset()))
+    }
+
+    fn lock_at(&self, a: GAddr) -> dmkv_transport::RemoteAddr {
+        self.t.lock_tables[a.mn()].at(lock_index(a.offset()) * 8)
+    }
+
+    /// Reads the root word.
+    pub async fn root(&self) -> Result<GAddr> {
+        let w = self.ep.read(self.t.pools[0].at(ROOT_WORD), 8).await?;
+        Ok(GAddr(u64::from_le_bytes(w.try_into().expect("8 bytes"))))
+    }
+
+    /// Reads the node at `a` until its checksum validates.
+    pub async fn read_node(&self, a: GAddr) -> Result<NodeImage> {
+        let at = self.pool_at(a)?;
+        for _ in 0..MAX_VALIDATION_RETRIES {
+            let bytes = self.ep.read(at, self.t.node_bytes).await?;
+            if let Some(n) = NodeImage::validated(bytes, self.t.node_bytes) {
+                return Ok(n);
+            }
+            self.t.stats.torn_retries.fetch_add(1, Ordering::Relaxed);
+            yield_now().await;
+        }
+        Err(KvError::Corrupt(format!(
+            "node {a:?} failed validation {MAX_VALIDATION_RETRIES} times"
+        )))
+    }
+
+    /// The node at `level` whose range holds `key`, with a validated image,
+    /// or `None` if the tree is not that tall. Starts from the lowest cached
+    /// node above `level`, else from the root.
+    pub async fn locate(&self, key: Key, level: u8) -> Result<Option<(GAddr, NodeImage)>> {
+        let hit = self.t.cache.lookup(key, level + 1, MAX_LEVEL);
+        let mut addr = match hit {
+            Some(h) => h.child,
+            None => self.root().await?,
+        };
+        let mut via_cache = hit;
+        let mut restarts = 0u32;
+        loop {
+            let n = self.read_node(addr).await?;
+            if !n.covers(key) {
+                if let Some(h) = via_cache.take() {
+                    // The cached parent is stale: its child split.
+                    self.t.cache.invalidate(h.level, h.low, h.node);
+                }
+                if key >= n.high() && !n.sibling().is_null() {
+                    self.t.stats.move_rights.fetch_add(1, Ordering::Relaxed);
+                    addr = n.sibling();
+                    continue;
+                }
+                restarts += 1;
+                if restarts > MAX_VALIDATION_RETRIES {
+                    return Err(KvError::Corrupt(format!("no node covers key {key:#x}")));
+                }
+                addr = self.root().await?;
+                continue;
+            }
+            via_cache = None;
+            if n.level() == level {
+                return Ok(Some((addr, n)));
+            }
+            if n.level() < level {
+                return Ok(None);
+            }
+            self.t.cache.insert(addr, &n);
+            addr = n.inner_child(key).ok_or_else(|| {
+                KvError::Corrupt(format!("inner node {addr:?} has no child for {key:#x}"))
+            })?;
+        }
+    }
+
+    /// The address of the node at `level` that should hold `key`, without
+    /// reading that node (writers lock and read it next, and move right if
+    /// it has split): from a cached parent at no cost, else by traversal.
+    pub async fn locate_addr(&self, key: Key, level: u8) -> Result<GAddr> {
+        if let Some(h) = self.t.cache.lookup(key, level + 1, level + 1) {
+            return Ok(h.child);
+        }
+        if let Some((a, n)) = self.locate(key, level + 1).await? {
+            return n.inner_child(key).ok_or_else(|| {
+                KvError::Corrupt(format!("inner node {a:?} has no child for {key:#x}"))
+            });
+        }
+        match self.locate(key, level).await? {
+            Some((a, _)) => Ok(a),
+            None => Err(KvError::Corrupt(format!("the tree has no level {level}"))),
+        }
+    }
+
+    /// Takes the lock of the node at `a` and reads it: local lock, then CAS
+    /// on the global word and READ of the node in one batch (retried while
+    /// another process holds it).
+    async fn lock_and_read(&self, a: GAddr) -> Result<(LocalGuard, NodeImage)> {
+        let g = self
+            .t
+            .local_locks
+            .acquire(a.mn(), lock_index(a.offset()))
+            .await;
+        match self.lock_and_read_global(a, g).await {
+            Ok(n) => Ok((g, n)),
+            Err(e) => {
+                self.t.local_locks.release(g);
+                Err(e)
+            }
+        }
+    }
+
+    async fn lock_and_read_global(&self, a: GAddr, g: LocalGuard) -> Result<NodeImage> {
+        if g.has_global {
+            self.t.stats.handovers.fetch_add(1, Ordering::Relaxed);
+            return self.read_node(a).await;
+        }
+        let node_at = self.pool_at(a)?;
+        loop {
+            let mut b = self.ep.batch();
+            let c = b.cas(self.lock_at(a), 0, self.t.lock_tag);
+            let r = b.read(node_at, self.t.node_bytes);
+            let mut res = b.run().await?;
+            if res.word(c) == 0 {
+                // Under the lock nobody writes, but torn-read injection can
+                // still split the read: validate, re-read if needed.
+                return match NodeImage::validated(res.take_read(r), self.t.node_bytes) {
+                    Some(n) => Ok(n),
+                    None => {
+                        self.t.stats.torn_retries.fetch_add(1, Ordering::Relaxed);
+                        self.read_node(a).await
+                    }
+                };
+            }
+            self.t.stats.lock_retries.fetch_add(1, Ordering::Relaxed);
+            yield_now().await;
+        }
+    }
+
+    /// Posts `writes` and then (unless the lock is handed over locally) the
+    /// unlock of `a`, all in one batch: same memory node, so in order.
+    async fn write_and_unlock(&self, a: GAddr, g: LocalGuard, writes: Vec<Write>) -> Result<()> {
+        let hand = self.t.local_locks.hand_over(g);
+        let mut b = self.ep.batch();
+        let mut res = Ok(());
+        for (at, data) in writes {
+            debug_assert_eq!(at.mn(), a.mn(), "a write batch stays on one memory node");
+            match self.pool_at(at) {
+                Ok(addr) => {
+                    b.write(addr, data);
+                }
+                Err(e) => res = Err(e),
+            }
+        }
+        if !hand {
+            b.write(self.lock_at(a), 0u64.to_le_bytes().to_vec());
+        }
+        let ran = b.run().await;
+        if ran.is_err() {
+            self.t.local_locks.forget_global(g);
+        }
+        self.t.local_locks.release(g);
+        ran?;
+        res
+    }
+
+    /// Gets a new chunk on `mn` for this client, or waits while another of
+    /// its tasks gets one.
+    async fn fetch_chunk(&self, mn: usize) -> Result<()> {
+        if std::mem::replace(&mut self.alloc.borrow_mut()[mn].fetching, true) {
+            yield_now().await;
+            return Ok(());
+        }
+        let src = self.t.chunks[mn];
+        let got = src.fetch(self.ep).await;
+        let mut a = self.alloc.borrow_mut();
+        a[mn].fetching = false;
+        a[mn].add_chunk(got?, src.chunk);
+        self.t.stats.chunks.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A new node on memory node `mn`.
+    pub async fn alloc_node(&self, mn: usize) -> Result<GAddr> {
+        loop {
+            if let Some(off) = self.alloc.borrow_mut()[mn].node(self.t.node_bytes as u64) {
+                self.t.stats.nodes_created.fetch_add(1, Ordering::Relaxed);
+                return Ok(GAddr::new(mn, off));
+            }
+            self.fetch_chunk(mn).await?;
+        }
+    }
+
+    /// The value word for `value` and, for an out-of-line value, the block
+    /// to write first (on memory node `mn`).
+    async fn make_value(
+        &self,
+        mn: usize,
+        key: Key,
+        value: &[u8],
+    ) -> Result<(ValueRef, Option<Write>)> {
+        if value.len() == 8 {
+            return Ok((
+                ValueRef::Inline(u64::from_le_bytes(value.try_into().expect("8 bytes"))),
+                None,
+            ));
+        }
+        loop {
+            let got = self.alloc.borrow_mut()[mn].block(value.len());
+            if let Some((off, tag)) = got {
+                let p = FatPtr::new(mn, off, value.len(), tag);
+                return Ok((
+                    ValueRef::OutOfLine(p),
+                    Some((GAddr::new(mn, off), encode_block(key, tag, value))),
+                ));
+            }
+            self.fetch_chunk(mn).await?;
+        }
+    }
+
+    fn free_value(&self, v: ValueRef) {
+        if let ValueRef::OutOfLine(p) = v {
+            self.alloc.borrow_mut()[p.mn()].free_block(p.offset(), p.len(), p.tag());
+        }
+    }
+
+    /// Reads out-of-line values of `entries` in one batch; `None` if some
+    /// block no longer is what the leaf said (the leaf changed: re-read).
+    async fn resolve(&self, entries: &[(Key, ValueRef)]) -> Result<Option<Vec<Vec<u8>>>> {
+        let mut b = self.ep.batch();
+        let mut idx = Vec::with_capacity(entries.len());
+        for (_, v) in entries {
+            idx.push(match v {
+                ValueRef::Inline(_) => None,
+                ValueRef::OutOfLine(p) => {
+                    let at = self.pool_at(GAddr::new(p.mn(), p.offset()))?;
+                    Some(b.read(at, block_bytes(p.len())))
+                }
+            });
+        }
+        let mut res = b.run().await?;
+        let mut out = Vec::with_capacity(entries.len());
+        for ((k, v), i) in entries.iter().zip(idx) {
+            match (v, i) {
+                (ValueRef::Inline(w), _) => out.push(w.to_le_bytes().to_vec()),
+                (ValueRef::OutOfLine(p), Some(i)) => {
+                    match decode_block(&res.take_read(i), *k, *p) {
+                        Some(v) => out.push(v),
+                        None => {
+                            self.t.stats.value_retries.fetch_add(1, Ordering::Relaxed);
+                            return Ok(None);
+                        }
+                    }
+                }
+                (ValueRef::OutOfLine(_), None) => unreachable!("every out-of-line value was read"),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    pub async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        let (mut addr, mut leaf) = self.leaf_for(key).await?;
+        for _ in 0..MAX_VALIDATION_RETRIES {
+            let Some(i) = leaf.leaf_find(key) else {
+                return Ok(None);
+            };
+            if let Some(mut v) = self.resolve(&[(key, leaf.leaf_value(i))]).await? {
+                return Ok(v.pop());
+            }
+            (addr, leaf) = self.refresh_leaf(addr, key).await?;
+        }
+        Err(KvError::Corrupt(format!(
+            "value of key {key:#x} never validated"
+        )))
+    }
+
+    async fn leaf_for(&self, key: Key) -> Result<(GAddr, NodeImage)> {
+        self.locate(key, 0)
+            .await?
+            .ok_or_else(|| KvError::Corrupt("the tree has no leaf level".into()))
+    }
+
+    /// Re-reads the leaf for `key` starting at `addr`, moving right.
+    async fn refresh_leaf(&self, mut addr: GAddr, key: Key) -> Result<(GAddr, NodeImage)> {
+        loop {
+            let n = self.read_node(addr).await?;
+            if n.covers(key) && n.is_leaf() {
+                return Ok((addr, n));
+            }
+            if n.is_leaf() && key >= n.high() && !n.sibling().is_null() {
+                addr = n.sibling();
+                continue;
+            }
+            return self.leaf_for(key).await;
+        }
+    }
+
+    /// Applies `op` to `key`; returns whether the key existed before.
+    pub async fn modify(&self, key: Key, op: WriteOp<'_>) -> Result<bool> {
+        let mut addr = self.locate_addr(key, 0).await?;
+        loop {
+            let (g, leaf) = self.lock_and_read(addr).await?;
+            if !leaf.is_leaf() || !leaf.covers(key) {
+                self.write_and_unlock(addr, g, Vec::new()).await?;
+                if leaf.is_leaf() && key >= leaf.high() && !leaf.sibling().is_null() {
+                    self.t.stats.move_rights.fetch_add(1, Ordering::Relaxed);
+                    addr = leaf.sibling();
+                } else {
+                    addr = self.locate_addr(key, 0).await?;
+                }
+                continue;
+            }
+            let slot = leaf.leaf_find(key);
+            let value = match (op, slot) {
+                (WriteOp::Insert(_), Some(_)) | (WriteOp::Update(_) | WriteOp::Delete, None) => {
+                    self.write_and_unlock(addr, g, Vec::new()).await?;
+                    return Ok(slot.is_some());
+                }
+                (WriteOp::Delete, Some(_)) => None,
+                (WriteOp::Insert(v) | WriteOp::Update(v) | WriteOp::Upsert(v), _) => Some(v),
+            };
+            let result = self.apply(addr, g, leaf, key, slot, value).await;
+            return result.map(|()| slot.is_some());
+        }
+    }
+
+    /// Writes the change under the lock `g` of leaf `addr` (image `leaf`):
+    /// `value` None deletes entry `slot`.
+    async fn apply(
+        &self,
+        addr: GAddr,
+        g: LocalGuard,
+        leaf: NodeImage,
+        key: Key,
+        slot: Option<usize>,
+        value: Option<&[u8]>,
+    ) -> Result<()> {
+        let mut writes = Vec::new();
+        let vref = match value {
+            Some(v) => match self.make_value(addr.mn(), key, v).await {
+                Ok((r, block)) => {
+                    writes.extend(block);
+                    Some(r)
+                }
+                Err(e) => {
+                    self.write_and_unlock(addr, g, Vec::new()).await?;
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let old = slot.map(|i| leaf.leaf_value(i));
+        let target = slot.or_else(|| leaf.leaf_free());
+        let Some(i) = target else {
+            let vref = vref.expect("only inserts need a free entry");
+            return self.split_leaf(addr, g, leaf, key, vref, writes).await;
+        };
+        let mut new = leaf;
+        match vref {
+            Some(r) => new.set_leaf_entry(i, key, r),
+            None => new.set_leaf_entry(i, EMPTY_KEY, ValueRef::Inline(0)),
+        }
+        new.seal();
+        // Sherman's one-entry write: the header words (checksum .. bitmap)
+        // and the entry, not the whole node.
+        writes.push((addr, new.bytes()[..LEAF_HEADER_WRITE].to_vec()));
+        let r = new.entry_range(i);
+        writes.push((
+            GAddr::new(addr.mn(), addr.offset() + r.start as u64),
+            new.bytes()[r].to_vec(),
+        ));
+        self.write_and_unlock(addr, g, writes).await?;
+        if let Some(old) = old {
+            self.free_value(old);
+        }
+        Ok(())
+    }
+
+    async fn split_leaf(
+        &self,
+        addr: GAddr,
+        g: LocalGuard,
+        leaf: NodeImage,
+        key: Key,
+        vref: ValueRef,
+        mut writes: Vec<Write>,
+    ) -> Result<()> {
+        let right_addr = match self.alloc_node(addr.mn()).await {
+            Ok(a) => a,
+            Err(e) => {
+                self.write_and_unlock(addr, g, Vec::new()).await?;
+                return Err(e);
+            }
+        };
+        let mut entries = leaf.leaf_sorted();
+        let at = entries.partition_point(|e| e.0 < key);
+        entries.insert(at, (key, vref));
+        let mid_idx = entries.len() / 2;
+        let mid = entries[mid_idx].0;
+        let nb = self.t.node_bytes;
+        let mut right = NodeImage::new(nb, 0, mid, leaf.high(), leaf.sibling());
+        for (i, (k, v)) in entries[mid_idx..].iter().enumerate() {
+            right.set_leaf_entry(i, *k, *v);
+        }
+        right.seal();
+        let mut left = NodeImage::new(nb, 0, leaf.low(), mid, right_addr);
+        for (i, (k, v)) in entries[..mid_idx].iter().enumerate() {
+            left.set_leaf_entry(i, *k, *v);
+        }
+        left.seal();
+        // The new sibling is complete before the old node links it: same
+        // memory node, same batch, posted first (invariant 3).
+        writes.push((right_addr, right.bytes().to_vec()));
+        writes.push((addr, left.bytes().to_vec()));
+        self.write_and_unlock(addr, g, writes).await?;
+        self.t.stats.splits.fetch_add(1, Ordering::Relaxed);
+        self.insert_into_parent(1, mid, right_addr, addr).await
+    }
+
+    /// Links `child` (whose range starts at `sep`, split off `left`) into
+    /// the level-`level` node covering `sep`, splitting upwards as needed.
+    async fn insert_into_parent(
+        &self,
+        mut level: u8,
+        mut sep: Key,
+        mut child: GAddr,
+        mut left: GAddr,
+    ) -> Result<()> {
+        loop {
+            let root = self.root().await?;
+            let root_node = self.read_node(root).await?;
+            if root_node.level() < level {
+                if root == left {
+                    self.grow_root(level, sep, child, left).await?;
+                    return Ok(());
+                }
+                // Another client is installing the new root above `left`.
+                yield_now().await;
+                continue;
+            }
+            let Some((mut paddr, _)) = self.locate(sep, level).await? else {
+                yield_now().await;
+                continue;
+            };
+            loop {
+                let (g, p) = self.lock_and_read(paddr).await?;
+                if p.level() != level || !p.covers(sep) {
+                    self.write_and_unlock(paddr, g, Vec::new()).await?;
+                    if p.level() == level && sep >= p.high() && !p.sibling().is_null() {
+                        paddr = p.sibling();
+                        continue;
+                    }
+                    paddr = match self.locate(sep, level).await? {
+                        Some((a, _)) => a,
+                        None => return Err(KvError::Corrupt(format!("level {level} vanished"))),
+                    };
+                    continue;
+                }
+                let mut entries = p.inner_entries();
+                let at = entries.partition_point(|e| e.0 < sep);
+                if entries.get(at).is_some_and(|e| e.0 == sep) {
+                    // Already linked (cannot happen: one splitter per split).
+                    self.write_and_unlock(paddr, g, Vec::new()).await?;
+                    return Err(KvError::Corrupt(format!("separator {sep:#x} linked twice")));
+                }
+                entries.insert(at, (sep, child));
+                let nb = self.t.node_bytes;
+                if entries.len() <= p.capacity() {
+                    let mut n = NodeImage::new(nb, level, p.low(), p.high(), p.sibling());
+                    n.set_inner_entries(&entries);
+                    n.seal();
+                    self.write_and_unlock(paddr, g, vec![(paddr, n.bytes().to_vec())])
+                        .await?;
+                    self.t.cache.insert(paddr, &n);
+                    return Ok(());
+                }
+                let right_addr = match self.alloc_node(paddr.mn()).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        self.write_and_unlock(paddr, g, Vec::new()).await?;
+                        return Err(e);
+                    }
+                };
+                let mid_idx = entries.len() / 2;
+                let mid = entries[mid_idx].0;
+                let mut right = NodeImage::new(nb, level, mid, p.high(), p.sibling());
+                right.set_inner_entries(&entries[mid_idx..]);
+                right.seal();
+                let mut l = NodeImage::new(nb, level, p.low(), mid, right_addr);
+                l.set_inner_entries(&entries[..mid_idx]);
+                l.seal();
+                let writes = vec![
+                    (right_addr, right.bytes().to_vec()),
+                    (paddr, l.bytes().to_vec()),
+                ];
+                self.write_and_unlock(paddr, g, writes).await?;
+                self.t.stats.splits.fetch_add(1, Ordering::Relaxed);
+                self.t.cache.insert(paddr, &l);
+                self.t.cache.insert(right_addr, &right);
+                (level, sep, child, left) = (level + 1, mid, right_addr, paddr);
+                break;
+            }
+        }
+    }
+
+    /// Installs a new root above the old root `left` and its new sibling.
+    async fn grow_root(&self, level: u8, sep: Key, child: GAddr, left: GAddr) -> Result<()> {
+        let mn =
+            (self.t.stats.root_grows.load(Ordering::Relaxed) as usize + 1) % self.t.pools.len();
+        let raddr = self.alloc_node(mn).await?;
+        let mut r = NodeImage::new(self.t.node_bytes, level, 0, EMPTY_KEY, GAddr::NULL);
+        // The old root covered everything, so its low fence is 0.
+        r.set_inner_entries(&[(0, left), (sep, child)]);
+        r.seal();
+        self.ep.write(self.pool_at(raddr)?, r.bytes()).await?;
+        let found = self
+            .ep
+            .cas(self.t.pools[0].at(ROOT_WORD), left.0, raddr.0)
+            .await?;
+        if found == left.0 {
+            self.t.stats.root_grows.fetch_add(1, Ordering::Relaxed);
+            self.t.cache.insert(raddr, &r);
+            return Ok(());
+        }
+        // Someone else grew the tree first: link into their root instead
+        // (the unused node stays allocated; nodes are never freed).
+        Box::pin(self.insert_into_parent(level, sep, child, left)).await
+    }
+
+    /// Up to `n` pairs with key >= `start`, walking leaves by sibling links.
+    pub async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let (mut addr, mut leaf) = self.leaf_for(start).await?;
+        let mut from = start;
+        loop {
+            let entries: Vec<(Key, ValueRef)> = leaf
+                .leaf_sorted()
+                .into_iter()
+                .filter(|e| e.0 >= from && e.0 < leaf.high())
+                .take(n - out.len())
+                .collect();
+            let Some(values) = self.resolve(&entries).await? else {
+                (addr, leaf) = self.refresh_leaf(addr, from).await?;
+                continue;
+            };
+            out.extend(entries.iter().map(|e| e.0).zip(values));
+            if out.len() >= n || leaf.high() == EMPTY_KEY || leaf.sibling().is_null() {
+                return Ok(out);
+            }
+            from = leaf.high();
+            (addr, leaf) = self.refresh_leaf(leaf.sibling(), from).await?;
+        }
+    }
+
+    /// Builds the tree bottom-up from sorted distinct `pairs` into an empty
+    /// tree whose root is the leaf `root` (locked by the caller as `g`).
+    pub async fn bulk_build(
+        &self,
+        root: GAddr,
+        g: LocalGuard,
+        pairs: &[(Key, &[u8])],
+        fill: usize,
+    ) -> Result<()> {
+        let nb = self.t.node_bytes;
+        let mns = self.t.pools.len();
+        // Leaves: the first reuses the root's node, the rest are new.
+        let groups: Vec<&[(Key, &[u8])]> = pairs.chunks(fill).collect();
+        let mut addrs = vec![root];
+        for i in 1..groups.len() {
+            addrs.push(self.alloc_node(i % mns).await?);
+        }
+        let mut pending: Vec<Write> = Vec::new();
+        let mut level_nodes: Vec<(Key, GAddr)> = Vec::new();
+        let mut first_leaf = None;
+        for (i, group) in groups.iter().enumerate() {
+            let low = if i == 0 { 0 } else { group[0].0 };
+            let high = groups.get(i + 1).map_or(EMPTY_KEY, |g| g[0].0);
+            let sibling = addrs.get(i + 1).copied().unwrap_or(GAddr::NULL);
+            let mut leaf = NodeImage::new(nb, 0, low, high, sibling);
+            for (j, (k, v)) in group.iter().enumerate() {
+                let (r, block) = self.make_value(addrs[i].mn(), *k, v).await?;
+                pending.extend(block);
+                leaf.set_leaf_entry(j, *k, r);
+            }
+            leaf.seal();
+            if i == 0 {
+                first_leaf = Some(leaf);
+            } else {
+                pending.push((addrs[i], leaf.bytes().to_vec()));
+            }
+            level_nodes.push((low, addrs[i]));
+            if pending.len() >= 64 {
+                self.write_all(std::mem::take(&mut pending)).await?;
+            }
+        }
+        // Inner levels, bottom-up, until one node remains: the new root.
+        let mut level = 0u8;
+        while level_nodes.len() > 1 {
+            level += 1;
+            let groups: Vec<&[(Key, GAddr)]> = level_nodes.chunks(fill).collect();
+            let mut addrs = Vec::new();
+            for i in 0..groups.len() {
+                addrs.push(self.alloc_node(i % mns).await?);
+            }
+            let mut next = Vec::new();
+            for (i, group) in groups.iter().enumerate() {
+                let low = if i == 0 { 0 } else { group[0].0 };
+                let high = groups.get(i + 1).map_or(EMPTY_KEY, |g| g[0].0);
+                let sibling = addrs.get(i + 1).copied().unwrap_or(GAddr::NULL);
+                let mut node = NodeImage::new(nb, level, low, high, sibling);
+                let mut entries = group.to_vec();
+                entries[0].0 = low;
+                node.set_inner_entries(&entries);
+                node.seal();
+                self.t.cache.insert(addrs[i], &node);
+                pending.push((addrs[i], node.bytes().to_vec()));
+                next.push((low, addrs[i]));
+            }
+            level_nodes = next;
+        }
+        self.write_all(pending).await?;
+        let first = first_leaf.expect("at least one pair");
+        self.write_and_unlock(root, g, vec![(root, first.bytes().to_vec())])
+            .await?;
+        let new_root = level_nodes[0].1;
+        if new_root != root {
+            let found = self
+                .ep
+                .cas(self.t.pools[0].at(ROOT_WORD), root.0, new_root.0)
+                .await?;
+            if found != root.0 {
+                return Err(KvError::Corrupt("the root moved during a bulk load".into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_all(&self, writes: Vec<Write>) -> Result<()> {
+        for chunk in writes.chunks(64) {
+            let mut b = self.ep.batch();
+            for (a, d) in chunk {
+                b.write(self.pool_at(*a)?, d.clone());
+            }
+            b.run().await?;
+        }
+        Ok(())
+    }
+
+    /// Locks the root for a bulk load if the tree is empty (a single leaf
+    /// without entries).
+    pub async fn lock_empty_root(&self) -> Result<Option<(GAddr, LocalGuard)>> {
+        let root = self.root().await?;
+        let (g, n) = self.lock_and_read(root).await?;
+        if n.is_leaf()
+            && n.sibling().is_null()
+            && n.leaf_sorted().is_empty()
+            && self.root().await? == root
+        {
+            return Ok(Some((root, g)));
+        }
+        self.write_and_unlock(root, g, Vec::new()).await?;
+        Ok(None)
+    }
+
+    /// Height of the tree (levels, leaves included).
+    pub async fn height(&self) -> Result<u8> {
+        let root = self.root().await?;
+        Ok(self.read_node(root).await?.level() + 1)
+    }
+}

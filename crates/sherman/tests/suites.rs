@@ -1,0 +1,325 @@
+//! The shared suites (oracle, races with and without torn reads, bad input)
+//! on small nodes so that splits, root growth and stale caches happen, and
+//! the per-operation costs of the design.
+
+use dmkv_api::Knobs;
+use dmkv_api::deploy::{DeployOptions, LocalDeployment};
+use dmkv_api::payload::make_value;
+use dmkv_sherman::SPEC;
+use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
+use dmkv_testkit::history::{RaceConfig, race};
+use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
+use dmkv_transport::exec::block_on;
+use dmkv_transport::{OpKind, labeled};
+use proptest::prelude::*;
+
+fn deploy_with(memnodes: usize, threads: usize, knobs: &[(&str, &str)]) -> LocalDeployment {
+    let mut k = Knobs::new();
+    for (n, v) in knobs {
+        k.set(n, v);
+    }
+    LocalDeployment::deploy(
+        &SPEC,
+        &DeployOptions {
+            memnodes,
+            threads,
+            knobs: k,
+            expected_keys: 2000,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// 256-byte nodes: 12 entries, so a few dozen keys make a 3-level tree.
+const SMALL: &[(&str, &str)] = &[("node_bytes", "256"), ("chunk_kb", "16")];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #[test]
+    fn oracle_single_client(ops in prop::collection::vec(op_strategy(120, 4096, true), 1..250)) {
+        let d = deploy_with(1, 1, SMALL);
+        prop_assert_eq!(check_single(&d, &ops), Ok(()));
+    }
+}
+
+#[test]
+fn oracle_multi_client_on_two_memory_nodes() {
+    let d = deploy_with(2, 2, SMALL);
+    check_multi(&d, 2, 3, 300, 21).unwrap();
+}
+
+#[test]
+fn oracle_multi_client_without_cache() {
+    let d = deploy_with(1, 2, &[("node_bytes", "256"), ("cache_mb", "0")]);
+    check_multi(&d, 2, 2, 200, 5).unwrap();
+}
+
+#[test]
+fn writers_race_readers_with_and_without_torn_reads() {
+    for torn in [false, true] {
+        for value_len in [8, 40] {
+            let d = deploy_with(1, 2, SMALL);
+            let r = race(
+                &d,
+                &RaceConfig {
+                    torn_reads: torn,
+                    value_len,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            assert!(r.writes > 0 && r.reads > 0 && r.scans > 0, "{r:?}");
+        }
+    }
+}
+
+/// Many keys, all writers inserting: splits propagate while readers read.
+#[test]
+fn race_while_the_tree_grows() {
+    let d = deploy_with(2, 2, SMALL);
+    let r = race(
+        &d,
+        &RaceConfig {
+            keys: 600,
+            loaded: 20,
+            writes_per_writer: 400,
+            reads_per_reader: 500,
+            torn_reads: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(r.writes > 0, "{r:?}");
+    let ep = d.endpoint(0);
+    let stats = block_on(d.engine.stats(&ep)).unwrap();
+    assert!(stats["splits"].as_u64().unwrap() > 10, "{stats}");
+    assert!(stats["height"].as_u64().unwrap() >= 3, "{stats}");
+}
+
+#[test]
+fn bad_input_is_refused() {
+    let d = deploy_with(1, 1, SMALL);
+    check_api_input(&d).unwrap();
+    check_garbage_rpcs(&d, 200, 9).unwrap();
+}
+
+#[test]
+fn bad_knobs_are_config_errors() {
+    for (k, v) in [
+        ("node_bytes", "100"),
+        ("node_bytes", "2048"),
+        ("chunk_kb", "1"),
+        ("load_fill", "0"),
+    ] {
+        let mut knobs = Knobs::new();
+        knobs.set(k, v);
+        let r = LocalDeployment::deploy(
+            &SPEC,
+            &DeployOptions {
+                knobs,
+                ..Default::default()
+            },
+        );
+        assert!(r.is_err(), "{k}={v} accepted");
+    }
+}
+
+/// A pool too small for the data: a clear error, and nothing acknowledged is
+/// lost.
+#[test]
+fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
+    let d = deploy_with(
+        1,
+        1,
+        &[("node_bytes", "256"), ("chunk_kb", "16"), ("pool_mb", "1")],
+    );
+    let (_ep, store) = d.client(0).unwrap();
+    let mut acked = Vec::new();
+    let err = block_on(async {
+        for k in 1..1_000_000u64 {
+            let v = make_value(k, 1, 100);
+            match store.insert(k, &v).await {
+                Ok(true) => acked.push(k),
+                Ok(false) => unreachable!("new key"),
+                Err(e) => return e,
+            }
+        }
+        unreachable!("a 1 MiB pool cannot hold a million values");
+    });
+    assert!(matches!(err, dmkv_api::KvError::Exhausted(_)), "{err}");
+    assert!(acked.len() > 1000);
+    block_on(async {
+        for k in acked {
+            assert_eq!(
+                store.get(k).await.unwrap(),
+                Some(make_value(k, 1, 100)),
+                "key {k}"
+            );
+        }
+    });
+}
+
+/// Bulk load builds the tree bottom-up; then a cached GET costs one READ,
+/// an update two round trips (CAS+READ, then WRITE+unlock), a scan one READ
+/// per leaf; no operation uses the memory node's CPU.
+#[test]
+fn per_operation_costs() {
+    let d = deploy_with(1, 1, &[]);
+    let pairs: Vec<_> = (0..5000u64)
+        .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 0, 8)))
+        .collect();
+    let (ep, store) = d.client(0).unwrap();
+    block_on(labeled(OpKind::Load, d.engine.load(&ep, &pairs))).unwrap();
+    block_on(async {
+        for (k, _) in &pairs {
+            store.get(*k).await.unwrap().unwrap();
+        }
+    });
+    ep.reset_counters();
+    block_on(async {
+        for (k, v) in pairs.iter().take(1000) {
+            assert_eq!(
+                labeled(OpKind::Get, store.get(*k)).await.unwrap().as_ref(),
+                Some(v)
+            );
+            assert!(
+                labeled(OpKind::Update, store.update(*k, &make_value(*k, 1, 8)))
+                    .await
+                    .unwrap()
+            );
+        }
+        labeled(OpKind::Scan, store.scan(1, 100)).await.unwrap();
+    });
+    let c = ep.counters();
+    let get = c.get(OpKind::Get);
+    assert_eq!((get.round_trips, get.reads, get.rpcs), (1000, 1000, 0));
+    let upd = c.get(OpKind::Update);
+    assert_eq!((upd.round_trips, upd.cas, upd.rpcs), (2000, 1000, 0));
+    let scan = c.get(OpKind::Scan);
+    assert!(scan.round_trips >= 2 && scan.round_trips <= 4, "{scan:?}");
+    assert_eq!(c.sum(&OpKind::WORKLOAD).memnode_cpu_ns, 0);
+    let stats = block_on(d.engine.stats(&ep)).unwrap();
+    // 5000 keys, 48 per leaf: 105 leaves, 3 level-1 nodes, a root.
+    assert_eq!(stats["height"], 3, "{stats}");
+    assert!(d.engine.client_cache_bytes() > 0);
+}
+
+/// Invariants 3 and 5: a second compute process whose index cache predates
+/// many splits still finds every key (moving right along sibling links) and
+/// sees the new values.
+#[test]
+fn a_stale_index_cache_in_another_process_sees_new_values() {
+    use dmkv_api::{ConnectArgs, EngineSpec};
+    use dmkv_transport::NodeHost;
+    let d = deploy_with(1, 1, SMALL);
+    let other = SPEC
+        .connect(ConnectArgs {
+            fabric: d.cluster.fabric(),
+            compute_node: d.cluster.add_node(0).id(),
+            serve: d.args.clone(),
+            threads: 1,
+        })
+        .unwrap();
+    let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
+    let b = block_on(other.client(ep_b, 0)).unwrap();
+    let (_ep, a) = d.client(0).unwrap();
+    let keys: Vec<u64> = (1..=200).map(|i| i * 1000).collect();
+    block_on(async {
+        for &k in &keys {
+            assert!(a.insert(k, &make_value(k, 1, 8)).await.unwrap());
+        }
+        for &k in &keys {
+            assert!(b.get(k).await.unwrap().is_some());
+        }
+        // Process A splits every leaf many times over.
+        for &k in &keys {
+            for j in 1..8 {
+                assert!(a.insert(k + j, &make_value(k + j, 1, 8)).await.unwrap());
+            }
+            assert!(a.update(k, &make_value(k, 2, 24)).await.unwrap());
+        }
+        for &k in &keys {
+            assert_eq!(
+                b.get(k).await.unwrap(),
+                Some(make_value(k, 2, 24)),
+                "key {k}"
+            );
+            assert_eq!(b.get(k + 3).await.unwrap(), Some(make_value(k + 3, 1, 8)));
+        }
+        let all = b.scan(0, 10_000).await.unwrap();
+        assert_eq!(all.len(), keys.len() * 8);
+    });
+    let s = block_on(other.stats(&d.endpoint(0))).unwrap();
+    assert!(s["move_rights"].as_u64().unwrap() > 0, "{s}");
+}
+
+/// Invariant 2 under contention: two compute processes (separate local lock
+/// tables), three tasks each, all writing keys of the same few leaves with
+/// latency injected so that lock holders wait on the network. Local
+/// handovers and global CAS retries both happen, and every key ends with its
+/// owner's last value.
+#[test]
+fn hierarchical_locks_under_contention_from_two_processes() {
+    use dmkv_api::{ConnectArgs, EngineSpec, KvStore};
+    use dmkv_transport::NodeHost;
+    use dmkv_transport::exec::{LocalTask, run_tasks};
+    use dmkv_transport::local::Faults;
+    use std::time::Duration;
+    let d = deploy_with(1, 1, &[]);
+    let other = SPEC
+        .connect(ConnectArgs {
+            fabric: d.cluster.fabric(),
+            compute_node: d.cluster.add_node(0).id(),
+            serve: d.args.clone(),
+            threads: 1,
+        })
+        .unwrap();
+    d.cluster.set_faults(Faults {
+        round_trip_latency: Duration::from_micros(50),
+        ..Faults::default()
+    });
+    let engines = [d.engine.clone(), other];
+    std::thread::scope(|s| {
+        for (p, engine) in engines.iter().enumerate() {
+            let d = &d;
+            s.spawn(move || {
+                let ep =
+                    std::rc::Rc::new(d.cluster.fabric().endpoint(engine.home_node(0)).unwrap());
+                let store = block_on(engine.client(ep, 0)).unwrap();
+                let store: &dyn KvStore = &*store;
+                let tasks: Vec<LocalTask<'_, ()>> = (0..3u64)
+                    .map(|t| {
+                        Box::pin(async move {
+                            // 6 writers share 24 keys in one or two leaves.
+                            let me = p as u64 * 3 + t;
+                            for round in 1..=40u32 {
+                                for j in 0..4u64 {
+                                    let k = 100 + j * 6 + me;
+                                    store.upsert(k, &make_value(k, round, 8)).await.unwrap();
+                                }
+                            }
+                        }) as LocalTask<'_, ()>
+                    })
+                    .collect();
+                run_tasks(tasks);
+            });
+        }
+    });
+    d.cluster.set_faults(Faults::default());
+    let (ep, store) = d.client(0).unwrap();
+    block_on(async {
+        for k in 100..124u64 {
+            assert_eq!(
+                store.get(k).await.unwrap(),
+                Some(make_value(k, 40, 8)),
+                "key {k}"
+            );
+        }
+    });
+    let a = block_on(engines[0].stats(&ep)).unwrap();
+    let b = block_on(engines[1].stats(&ep)).unwrap();
+    let sum = |f: &str| a[f].as_u64().unwrap() + b[f].as_u64().unwrap();
+    assert!(sum("lock_handovers") > 0, "{a} {b}");
+    assert!(sum("lock_retries") > 0, "{a} {b}");
+}

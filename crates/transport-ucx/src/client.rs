@@ -1,0 +1,809 @@
+//! The issuing side: one UCX worker per endpoint (per compute thread).
+//!
+//! The worker is driven by the thread's executor while its tasks wait
+//! ([`exec::register_idle_hook`]); every completion and RPC reply happens
+//! inside that progress call. Per node the endpoint keeps a session (a UCX
+//! endpoint to the node's worker, and the node's endpoint back to ours for
+//! replies) and a cache of remote keys fetched over the control connection.
+//!
+//! A batch is checked whole before anything is posted (node, region, access
+//! key, bounds, alignment). Each node's verbs then take one path
+//! ([`VerbPath`]): executed directly, word by word, on memory the transport
+//! maps into this process (shared memory), like the `local` backend does;
+//! posted with `ucp_get_nbx`, `ucp_put_nbx` and `ucp_atomic_op_nbx`, with a
+//! fence between verbs whose order matters and a flush per node that was
+//! written; or sent as one message per node to the node's progress thread
+//! (the TCP path, [`crate::verbs`]). The batch waits once for all of them.
+
+use crate::cluster::{ClusterInner, Peer, VerbPath};
+use crate::control;
+use crate::ffi::{Ep, MappedView, Op, Rkey, UcxError, Worker};
+use crate::server::{AM_REPLY, AM_REQUEST, AM_VERBS};
+use dmkv_transport::exec::{self, IdleHookGuard};
+use dmkv_transport::region::RegionAccessError;
+use dmkv_transport::{
+    EndpointBackend, NodeId, OpFuture, RemoteAddr, Reply, Result, ServiceId, TransportError, Verb,
+    VerbResult, WireReader, WireWriter,
+};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// How often waiting tasks are woken to re-check timeouts and node failures
+/// even when UCX reports no progress.
+const RECHECK: Duration = Duration::from_micros(100);
+/// How long an idle thread with operations in flight spins on UCX before it
+/// sleeps on the worker's event fd (so that on a small machine the serving
+/// threads get the CPU instead of spinning clients).
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(30);
+/// The longest such a sleep lasts (other wake-ups, such as timers, are not
+/// seen while sleeping).
+const SLEEP: i32 = 1;
+
+#[derive(Default)]
+struct Slot {
+    reply: Option<Vec<u8>>,
+    waker: Option<Waker>,
+}
+
+type Rpcs = Rc<RefCell<HashMap<u64, Slot>>>;
+
+/// How a node's verbs travel in a batch (a node takes the lowest path any
+/// of its verbs has, so that they keep their order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    Messages,
+    Ucx,
+    Direct,
+}
+
+/// A remote key fetched for one region.
+struct Cached {
+    path: Path,
+    key: u64,
+    base: u64,
+    len: u64,
+    // The view (if any) before the rkey it borrows from.
+    view: Option<MappedView>,
+    rkey: Rc<Rkey>,
+}
+
+struct Conn {
+    peer: Arc<Peer>,
+    session: u32,
+    token: u64,
+    generation: Cell<u64>,
+    rkeys: RefCell<HashMap<u32, Rc<Cached>>>,
+    ep: Ep,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.rkeys.borrow_mut().clear();
+        let mut w = WireWriter::new();
+        w.u32(self.session);
+        if !self.peer.is_down() {
+            self.peer.send(control::CLOSE_SESSION, &w.finish());
+        }
+    }
+}
+
+struct State {
+    cluster: Arc<ClusterInner>,
+    node: NodeId,
+    conns: RefCell<HashMap<NodeId, Rc<Conn>>>,
+    rpcs: Rpcs,
+    next_rid: Cell<u64>,
+    waiters: RefCell<Vec<Waker>>,
+    last_wake: Cell<Instant>,
+    idle_since: Cell<Option<Instant>>,
+    event_fd: Option<i32>,
+    address: Vec<u8>,
+    // Last: everything above may hold UCX objects of this worker.
+    worker: Worker,
+}
+
+impl State {
+    fn wake_all(&self) {
+        let ws: Vec<Waker> = self.waiters.borrow_mut().drain(..).collect();
+        for w in ws {
+            w.wake();
+        }
+        let slot_wakers: Vec<Waker> = self
+            .rpcs
+            .borrow_mut()
+            .values_mut()
+            .filter_map(|s| s.waker.take())
+            .collect();
+        for w in slot_wakers {
+            w.wake();
+        }
+        self.last_wake.set(Instant::now());
+    }
+
+    /// The idle hook: drive UCX, then let waiting tasks look again. With
+    /// operations in flight and nothing happening for a while, sleep until
+    /// UCX has an event (or briefly); with none, give the CPU away.
+    fn idle(&self) {
+        if self.worker.progress() {
+            self.idle_since.set(None);
+            self.wake_all();
+            return;
+        }
+        let now = Instant::now();
+        let since = *self.idle_since.get().get_or_insert(now);
+        self.idle_since.set(Some(since));
+        let in_flight = !self.waiters.borrow().is_empty() || !self.rpcs.borrow().is_empty();
+        if !in_flight {
+            std::thread::yield_now();
+        } else if now - since >= SPIN_BEFORE_SLEEP
+            && let Some(fd) = self.event_fd
+            && self.worker.arm()
+        {
+            crate::ffi::poll_readable(&[fd], SLEEP);
+        }
+        if self.last_wake.get().elapsed() >= RECHECK {
+            self.wake_all();
+        }
+    }
+
+    fn ucx_error(&self, node: NodeId, e: UcxError) -> TransportError {
+        if e.is_peer_failure() {
+            TransportError::NodeDown(node)
+        } else {
+            TransportError::Backend(format!("to node {node}: {e}"))
+        }
+    }
+
+    /// The session with `node`, opened on first use.
+    fn conn(&self, node: NodeId) -> Result<Rc<Conn>> {
+        if let Some(c) = self.conns.borrow().get(&node) {
+            if c.peer.is_down() || c.ep.failed().is_some() {
+                return Err(TransportError::NodeDown(node));
+            }
+            return Ok(c.clone());
+        }
+        let peer = self.cluster.peer(node)?;
+        if peer.is_down() {
+            return Err(TransportError::NodeDown(node));
+        }
+        let (kind, body) = peer.request(control::OPEN_SESSION, |w| {
+            w.bytes(&self.address);
+        })?;
+        let mut r = WireReader::new(&body);
+        if kind != control::SESSION {
+            let _ = r.u8();
+            let why = r.str().unwrap_or("?").to_string();
+            return Err(TransportError::Backend(format!(
+                "node {node} refused a session: {why}"
+            )));
+        }
+        let session = r.u32()?;
+        let token = r.u64()?;
+        let ep = self
+            .worker
+            .connect(&peer.worker_address)
+            .map_err(|e| self.ucx_error(node, e))?;
+        let c = Rc::new(Conn {
+            generation: Cell::new(peer.generation.load(std::sync::atomic::Ordering::Acquire)),
+            peer,
+            session,
+            token,
+            rkeys: RefCell::new(HashMap::new()),
+            ep,
+        });
+        self.conns.borrow_mut().insert(node, c.clone());
+        self.cluster.stats.sessions.fetch_add(1, Relaxed);
+        Ok(c)
+    }
+
+    /// The remote key for `addr`'s region, fetched by presenting its access
+    /// key to the owning node (a wrong key is refused there).
+    fn rkey(&self, conn: &Conn, addr: &RemoteAddr) -> Result<Rc<Cached>> {
+        let g = conn
+            .peer
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        if g != conn.generation.get() {
+            if conn.peer.is_down() {
+                return Err(TransportError::NodeDown(addr.node));
+            }
+            let inv = conn.peer.invalidated.read();
+            conn.rkeys.borrow_mut().retain(|r, _| !inv.contains(r));
+            conn.generation.set(g);
+        }
+        if let Some(c) = conn.rkeys.borrow().get(&addr.region.0)
+            && c.key == addr.key.0
+        {
+            return Ok(c.clone());
+        }
+        self.cluster.stats.rkey_fetches.fetch_add(1, Relaxed);
+        let (kind, body) = conn.peer.request(control::FETCH_RKEY, |w| {
+            w.u32(addr.region.0).u64(addr.key.0);
+        })?;
+        let mut r = WireReader::new(&body);
+        if kind == control::DENIED {
+            return Err(match r.u8()? {
+                control::DENIED_NO_REGION => TransportError::NoSuchRegion {
+                    node: addr.node,
+                    region: addr.region,
+                },
+                control::DENIED_WRONG_KEY => TransportError::AccessDenied {
+                    node: addr.node,
+                    region: addr.region,
+                },
+                _ => TransportError::Backend(format!(
+                    "node {} refused a remote key: {}",
+                    addr.node,
+                    r.str().unwrap_or("?")
+                )),
+            });
+        }
+        let base = r.u64()?;
+        let len = r.u64()?;
+        let packed = r.bytes()?;
+        r.end()?;
+        let rkey = Rc::new(
+            conn.ep
+                .unpack_rkey(packed)
+                .map_err(|e| self.ucx_error(addr.node, e))?,
+        );
+        let view = match self.cluster.config.verbs {
+            VerbPath::Auto => rkey.mapped_view(base, len as usize),
+            VerbPath::Ucx | VerbPath::Messages => None,
+        };
+        let path = if view.is_some() {
+            Path::Direct
+        } else if self.cluster.config.verbs == VerbPath::Ucx || self.cluster.native_rma {
+            Path::Ucx
+        } else {
+            Path::Messages
+        };
+        let c = Rc::new(Cached {
+            path,
+            key: addr.key.0,
+            base,
+            len,
+            view,
+            rkey,
+        });
+        conn.rkeys.borrow_mut().insert(addr.region.0, c.clone());
+        Ok(c)
+    }
+}
+
+/// A verb checked and ready to post.
+struct Prepared {
+    verb: Verb,
+    conn: Rc<Conn>,
+    /// The region's key and mapping (not fetched for the message path,
+    /// where the node checks every verb itself).
+    target: Option<Rc<Cached>>,
+    path: Path,
+}
+
+fn access_error(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
+    match e {
+        RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
+            node: addr.node,
+            region: addr.region,
+            offset,
+            len,
+            size,
+        },
+        RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
+    }
+}
+
+fn verb_addr(v: &Verb) -> &RemoteAddr {
+    match v {
+        Verb::Read { addr, .. }
+        | Verb::Write { addr, .. }
+        | Verb::Cas { addr, .. }
+        | Verb::Faa { addr, .. } => addr,
+    }
+}
+
+/// Checks a verb against its region: bounds, and alignment for atomics.
+fn check_range(v: &Verb, len: u64) -> Result<()> {
+    let addr = verb_addr(v);
+    let (n, atomic) = match v {
+        Verb::Read { len, .. } => (*len as u64, false),
+        Verb::Write { data, .. } => (data.len() as u64, false),
+        Verb::Cas { .. } | Verb::Faa { .. } => (8, true),
+    };
+    if atomic && !addr.offset.is_multiple_of(8) {
+        return Err(TransportError::Misaligned {
+            offset: addr.offset,
+        });
+    }
+    match addr.offset.checked_add(n) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(access_error(
+            addr,
+            RegionAccessError::OutOfBounds {
+                offset: addr.offset,
+                len: n,
+                size: len,
+            },
+        )),
+    }
+}
+
+/// Executes a verb on memory mapped into this process.
+fn perform_direct(view: &MappedView, v: Verb) -> Result<VerbResult> {
+    let mem = view.mem();
+    let addr = *verb_addr(&v);
+    let map = |e| access_error(&addr, e);
+    Ok(match v {
+        Verb::Read { addr, len } => {
+            let mut buf = vec![0; len];
+            mem.read(addr.offset, &mut buf).map_err(map)?;
+            VerbResult::Read(buf)
+        }
+        Verb::Write { addr, data } => {
+            mem.write(addr.offset, &data).map_err(map)?;
+            VerbResult::Write
+        }
+        Verb::Cas {
+            addr,
+            expected,
+            new,
+        } => VerbResult::Cas(mem.cas_u64(addr.offset, expected, new).map_err(map)?),
+        Verb::Faa { addr, add } => VerbResult::Faa(mem.faa_u64(addr.offset, add).map_err(map)?),
+    })
+}
+
+enum Posted {
+    Done(VerbResult),
+    /// Carried by a verbs message to this node; filled in from its reply.
+    Message(NodeId),
+    Read(NodeId, Op),
+    Write(NodeId, Op),
+    Cas(NodeId, Op),
+    Faa(NodeId, Op),
+}
+
+/// A UCX endpoint backend: one per issuing thread.
+pub(crate) struct UcxEndpoint {
+    state: Rc<State>,
+    _hook: IdleHookGuard,
+}
+
+impl UcxEndpoint {
+    pub(crate) fn new(cluster: Arc<ClusterInner>, node: NodeId) -> Result<UcxEndpoint> {
+        let worker = Worker::new(&cluster.ctx)
+            .map_err(|e| TransportError::Backend(format!("UCX worker: {e}")))?;
+        let address = worker
+            .address()
+            .map_err(|e| TransportError::Backend(format!("UCX worker address: {e}")))?;
+        let rpcs: Rpcs = Rc::default();
+        {
+            let rpcs = rpcs.clone();
+            worker
+                .set_am_handler(
+                    AM_REPLY,
+                    Box::new(move |header: &[u8], data: &[u8]| {
+                        let Ok(rid) = <[u8; 8]>::try_from(header).map(u64::from_le_bytes) else {
+                            return;
+                        };
+                        let waker = {
+                            let mut rpcs = rpcs.borrow_mut();
+                            let Some(slot) = rpcs.get_mut(&rid) else {
+                                // Its caller gave up (timeout): drop it.
+                                return;
+                            };
+                            slot.reply = Some(data.to_vec());
+                            slot.waker.take()
+                        };
+                        if let Some(w) = waker {
+                            w.wake();
+                        }
+                    }),
+                )
+                .map_err(|e| TransportError::Backend(format!("UCX handler: {e}")))?;
+        }
+        let event_fd = worker.event_fd().ok();
+        let state = Rc::new(State {
+            idle_since: Cell::new(None),
+            event_fd,
+            cluster,
+            node,
+            conns: RefCell::new(HashMap::new()),
+            rpcs,
+            next_rid: Cell::new(1),
+            waiters: RefCell::new(Vec::new()),
+            last_wake: Cell::new(Instant::now()),
+            address,
+            worker,
+        });
+        let s = Rc::downgrade(&state);
+        let hook = exec::register_idle_hook(Rc::new(move || {
+            if let Some(s) = s.upgrade() {
+                s.idle();
+            }
+        }));
+        Ok(UcxEndpoint { state, _hook: hook })
+    }
+
+    fn prepare(&self, v: Verb) -> Result<Prepared> {
+        let addr = *verb_addr(&v);
+        let conn = self.state.conn(addr.node)?;
+        if self.state.cluster.config.verbs == VerbPath::Messages {
+            return Ok(Prepared {
+                verb: v,
+                conn,
+                target: None,
+                path: Path::Messages,
+            });
+        }
+        let target = self.state.rkey(&conn, &addr)?;
+        check_range(&v, target.len)?;
+        Ok(Prepared {
+            verb: v,
+            conn,
+            path: target.path,
+            target: Some(target),
+        })
+    }
+
+    fn post(&self, p: Prepared) -> Result<Posted> {
+        let node = verb_addr(&p.verb).node;
+        let target = p.target.as_ref().expect("the UCX path has a remote key");
+        let raddr = |a: &RemoteAddr| target.base + a.offset;
+        let ep = &p.conn.ep;
+        let err = |e| self.state.ucx_error(node, e);
+        Ok(match p.verb {
+            Verb::Read { addr, len } => {
+                Posted::Read(node, ep.get(raddr(&addr), len, &target.rkey).map_err(err)?)
+            }
+            Verb::Write { addr, data } => {
+                Posted::Write(node, ep.put(raddr(&addr), data, &target.rkey).map_err(err)?)
+            }
+            Verb::Cas {
+                addr,
+                expected,
+                new,
+            } => Posted::Cas(
+                node,
+                ep.cas(raddr(&addr), expected, new, &target.rkey)
+                    .map_err(err)?,
+            ),
+            Verb::Faa { addr, add } => {
+                Posted::Faa(node, ep.faa(raddr(&addr), add, &target.rkey).map_err(err)?)
+            }
+        })
+    }
+}
+
+impl Drop for UcxEndpoint {
+    fn drop(&mut self) {
+        // Close sessions (and their UCX endpoints) while the worker lives.
+        let conns: Vec<_> = self.state.conns.borrow_mut().drain().collect();
+        drop(conns);
+    }
+}
+
+fn op_status(node: NodeId, op: &Op) -> Option<Result<()>> {
+    op.poll().map(|s| {
+        if s == 0 {
+            Ok(())
+        } else {
+            let e = UcxError {
+                status: s,
+                what: "a verb",
+            };
+            Err(if e.is_peer_failure() {
+                TransportError::NodeDown(node)
+            } else {
+                TransportError::Backend(format!("to node {node}: {e}"))
+            })
+        }
+    })
+}
+
+impl EndpointBackend for UcxEndpoint {
+    fn local_node(&self) -> NodeId {
+        self.state.node
+    }
+
+    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
+        // Check everything before anything is posted.
+        let mut plan = Vec::with_capacity(verbs.len());
+        for v in verbs {
+            match self.prepare(v) {
+                Ok(p) => plan.push(p),
+                Err(e) => return OpFuture::ready(Err(e)),
+            }
+        }
+        // Each node's verbs take the lowest path any of them has, so they
+        // keep their order.
+        let mut node_path: HashMap<NodeId, Path> = HashMap::new();
+        for p in &plan {
+            let e = node_path.entry(verb_addr(&p.verb).node).or_insert(p.path);
+            *e = (*e).min(p.path);
+        }
+        let path_of = |p: &Prepared| node_path[&verb_addr(&p.verb).node];
+        let stats = &self.state.cluster.stats;
+        for p in &plan {
+            match path_of(p) {
+                Path::Direct => &stats.direct_verbs,
+                Path::Ucx => &stats.posted_verbs,
+                Path::Messages => &stats.message_verbs,
+            }
+            .fetch_add(1, Relaxed);
+        }
+        if plan.iter().all(|p| path_of(p) == Path::Direct) {
+            let results: Result<Vec<VerbResult>> = plan
+                .into_iter()
+                .map(|p| {
+                    let view = p.target.as_ref().and_then(|t| t.view.as_ref());
+                    perform_direct(view.expect("a direct verb has a view"), p.verb)
+                })
+                .collect();
+            return OpFuture::ready(results);
+        }
+        let state = self.state.clone();
+        let mut posted: Vec<Posted> = Vec::with_capacity(plan.len());
+        // Per node: whether the last posted verb was a read only, and the
+        // endpoint to flush if it was written.
+        let mut last: HashMap<NodeId, bool> = HashMap::new();
+        let mut written: Vec<(NodeId, Ep)> = Vec::new();
+        // Per node on the message path: its connection and its verbs.
+        let mut messages: Vec<(NodeId, Rc<Conn>, Vec<Verb>)> = Vec::new();
+        for p in plan {
+            let node = verb_addr(&p.verb).node;
+            match path_of(&p) {
+                Path::Direct => {
+                    let view = p.target.as_ref().and_then(|t| t.view.as_ref());
+                    match perform_direct(view.expect("a direct verb has a view"), p.verb) {
+                        Ok(r) => posted.push(Posted::Done(r)),
+                        Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+                    }
+                }
+                Path::Messages => {
+                    match messages.iter_mut().find(|(n, ..)| *n == node) {
+                        Some((_, _, vs)) => vs.push(p.verb),
+                        None => messages.push((node, p.conn.clone(), vec![p.verb])),
+                    }
+                    posted.push(Posted::Message(node));
+                }
+                Path::Ucx => {
+                    let is_read = matches!(p.verb, Verb::Read { .. });
+                    if let Some(&prev_read) = last.get(&node)
+                        && !(prev_read && is_read)
+                        && let Err(e) = state.worker.fence()
+                    {
+                        return OpFuture::boxed(finish_err(posted, state.ucx_error(node, e)));
+                    }
+                    last.insert(node, is_read);
+                    if matches!(p.verb, Verb::Write { .. })
+                        && !written.iter().any(|(n, _)| *n == node)
+                    {
+                        written.push((node, p.conn.ep.clone()));
+                    }
+                    match self.post(p) {
+                        Ok(op) => posted.push(op),
+                        Err(e) => return OpFuture::boxed(finish_err(posted, e)),
+                    }
+                }
+            }
+        }
+        // A put completes locally; a flush completes when it is done at the
+        // target.
+        let mut flushes = Vec::new();
+        for (node, ep) in written {
+            match ep.flush() {
+                Ok(op) => flushes.push((node, op)),
+                Err(e) => return OpFuture::boxed(finish_err(posted, state.ucx_error(node, e))),
+            }
+        }
+        // One message per node on the message path.
+        let mut sent: Vec<SentVerbs> = Vec::new();
+        for (node, conn, vs) in messages {
+            let rid = state.next_rid.get();
+            state.next_rid.set(rid + 1);
+            let mut h = WireWriter::with_capacity(crate::server::VERBS_HEADER);
+            h.u32(conn.session).u64(conn.token).u64(rid);
+            state.rpcs.borrow_mut().insert(rid, Slot::default());
+            match conn
+                .ep
+                .am_send(AM_VERBS, h.finish(), crate::verbs::encode(&vs))
+            {
+                Ok(op) => sent.push(SentVerbs {
+                    node,
+                    conn,
+                    rid,
+                    verbs: vs,
+                    send: op,
+                }),
+                Err(e) => {
+                    state.rpcs.borrow_mut().remove(&rid);
+                    let e = state.ucx_error(node, e);
+                    drop(sent);
+                    return OpFuture::boxed(finish_err(posted, e));
+                }
+            }
+        }
+        let deadline = Instant::now() + state.cluster.config.rpc_timeout;
+        OpFuture::boxed(async move {
+            /// Forgets the reply slots however the batch ends.
+            struct Forget<'a>(&'a State, Vec<u64>);
+            impl Drop for Forget<'_> {
+                fn drop(&mut self) {
+                    let mut rpcs = self.0.rpcs.borrow_mut();
+                    for rid in &self.1 {
+                        rpcs.remove(rid);
+                    }
+                }
+            }
+            let _forget = Forget(&state, sent.iter().map(|s| s.rid).collect());
+            let mut replies: Vec<Option<Vec<u8>>> = vec![None; sent.len()];
+            std::future::poll_fn(|cx| {
+                let mut done = true;
+                for p in &posted {
+                    if let Posted::Read(n, op)
+                    | Posted::Write(n, op)
+                    | Posted::Cas(n, op)
+                    | Posted::Faa(n, op) = p
+                    {
+                        match op_status(*n, op) {
+                            None => done = false,
+                            Some(Err(e)) => return Poll::Ready(Err(e)),
+                            Some(Ok(())) => {}
+                        }
+                    }
+                }
+                for (n, op) in &flushes {
+                    match op_status(*n, op) {
+                        None => done = false,
+                        Some(Err(e)) => return Poll::Ready(Err(e)),
+                        Some(Ok(())) => {}
+                    }
+                }
+                for (i, m) in sent.iter().enumerate() {
+                    if replies[i].is_some() {
+                        continue;
+                    }
+                    let reply = state
+                        .rpcs
+                        .borrow_mut()
+                        .get_mut(&m.rid)
+                        .and_then(|s| s.reply.take());
+                    if let Some(r) = reply {
+                        replies[i] = Some(r);
+                        continue;
+                    }
+                    done = false;
+                    if let Some(Err(e)) = op_status(m.node, &m.send) {
+                        return Poll::Ready(Err(e));
+                    }
+                    if m.conn.peer.is_down() || m.conn.ep.failed().is_some() {
+                        return Poll::Ready(Err(TransportError::NodeDown(m.node)));
+                    }
+                    if Instant::now() >= deadline {
+                        return Poll::Ready(Err(TransportError::Timeout { node: m.node }));
+                    }
+                    if let Some(s) = state.rpcs.borrow_mut().get_mut(&m.rid) {
+                        s.waker = Some(cx.waker().clone());
+                    }
+                }
+                if done {
+                    Poll::Ready(Ok(()))
+                } else {
+                    state.waiters.borrow_mut().push(cx.waker().clone());
+                    Poll::Pending
+                }
+            })
+            .await?;
+            // Results of each message, in the order its verbs were posted.
+            let mut from_messages: HashMap<NodeId, std::vec::IntoIter<VerbResult>> = HashMap::new();
+            for (m, r) in sent.iter().zip(replies) {
+                let r = r.expect("every reply arrived");
+                let results = crate::verbs::decode_reply(m.node, &m.verbs, &r)?;
+                from_messages.insert(m.node, results.into_iter());
+            }
+            // A node's message verbs appear in `posted` in posting order.
+            Ok(posted
+                .into_iter()
+                .map(|p| match p {
+                    Posted::Done(r) => r,
+                    Posted::Message(node) => from_messages
+                        .get_mut(&node)
+                        .and_then(|it| it.next())
+                        .expect("one result per message verb"),
+                    Posted::Read(_, mut op) => VerbResult::Read(op.take_bytes()),
+                    Posted::Write(..) => VerbResult::Write,
+                    Posted::Cas(_, op) => VerbResult::Cas(op.reply_word()),
+                    Posted::Faa(_, op) => VerbResult::Faa(op.reply_word()),
+                })
+                .collect())
+        })
+    }
+
+    fn call(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        request: Vec<u8>,
+    ) -> OpFuture<'_, Result<Reply>> {
+        let state = &self.state;
+        let conn = match state.conn(node) {
+            Ok(c) => c,
+            Err(e) => return OpFuture::ready(Err(e)),
+        };
+        let rid = state.next_rid.get();
+        state.next_rid.set(rid + 1);
+        let mut h = WireWriter::with_capacity(crate::server::REQUEST_HEADER);
+        h.u32(conn.session)
+            .u64(conn.token)
+            .u64(rid)
+            .u32(service.0)
+            .u16(state.node.0);
+        state.rpcs.borrow_mut().insert(rid, Slot::default());
+        let send = match conn.ep.am_send(AM_REQUEST, h.finish(), request) {
+            Ok(op) => op,
+            Err(e) => {
+                state.rpcs.borrow_mut().remove(&rid);
+                return OpFuture::ready(Err(state.ucx_error(node, e)));
+            }
+        };
+        let deadline = Instant::now() + state.cluster.config.rpc_timeout;
+        let state = self.state.clone();
+        OpFuture::boxed(async move {
+            /// Forgets the reply slot however the call ends.
+            struct Forget<'a>(&'a State, u64);
+            impl Drop for Forget<'_> {
+                fn drop(&mut self) {
+                    self.0.rpcs.borrow_mut().remove(&self.1);
+                }
+            }
+            let _forget = Forget(&state, rid);
+            let bytes = std::future::poll_fn(|cx| {
+                if let Some(reply) = state
+                    .rpcs
+                    .borrow_mut()
+                    .get_mut(&rid)
+                    .and_then(|s| s.reply.take())
+                {
+                    return Poll::Ready(Ok(reply));
+                }
+                if let Some(Err(e)) = op_status(node, &send) {
+                    return Poll::Ready(Err(e));
+                }
+                if conn.peer.is_down() || conn.ep.failed().is_some() {
+                    return Poll::Ready(Err(TransportError::NodeDown(node)));
+                }
+                if Instant::now() >= deadline {
+                    return Poll::Ready(Err(TransportError::Timeout { node }));
+                }
+                if let Some(s) = state.rpcs.borrow_mut().get_mut(&rid) {
+                    s.waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            })
+            .await?;
+            Ok(Reply::decode(&bytes)?)
+        })
+    }
+}
+
+/// The verbs message of one batch to one node.
+struct SentVerbs {
+    node: NodeId,
+    conn: Rc<Conn>,
+    rid: u64,
+    verbs: Vec<Verb>,
+    send: Op,
+}
+
+/// A batch that failed after some verbs were posted: wait for those (their
+/// buffers must outlive them), then report the error.
+async fn finish_err(posted: Vec<Posted>, e: TransportError) -> Result<Vec<VerbResult>> {
+    drop(posted);
+    Err(e)
+}

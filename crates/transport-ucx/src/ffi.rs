@@ -1,0 +1,932 @@
+//! The FFI leaf: every `unsafe` line of the crate is in this module.
+//!
+//! It wraps the handful of UCP calls dmkv uses in safe types whose ownership
+//! mirrors UCP's rules:
+//!
+//! - [`Context`] (`ucp_context_h`): one per process, created with
+//!   `mt_workers_shared` so that memory mapping and rkey packing may be called
+//!   from any thread while workers run on theirs.
+//! - [`MappedMemory`]: memory allocated *by UCX* (`ucp_mem_map` with
+//!   `UCP_MEM_MAP_ALLOCATE`), zeroed, with its packed rkey. Pools allocated by
+//!   UCX are what shared-memory transports can map into a peer.
+//! - [`Worker`] (`ucp_worker_h`, thread mode SINGLE): used only on the thread
+//!   that made it (it is `!Send`); it owns its active-message handlers.
+//! - [`Ep`] (`ucp_ep_h`): an endpoint of a worker to a remote worker address,
+//!   with peer-failure error handling; [`Rkey`] is a remote key unpacked on it.
+//! - [`Op`]: one posted operation (get, put, CAS, FAA, flush, AM send) that
+//!   owns every buffer UCP may touch until the operation completes; dropping
+//!   an unfinished op drives the worker until it completes, so UCP never
+//!   writes into freed memory.
+//!
+//! The `UCS_PTR_*` macros and the `ucp_init` / `ucp_dt_make_contig` inlines of
+//! the C API are re-implemented here.
+
+#![allow(unsafe_code)]
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{CStr, CString, c_void};
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::Arc;
+
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unused_imports,
+    clippy::all
+)]
+mod sys {
+    include!(concat!(env!("OUT_DIR"), "/ucp_bindings.rs"));
+}
+
+use sys::ucs_status_t;
+
+/// A failed UCP call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UcxError {
+    /// The `ucs_status_t` code (negative).
+    pub status: i8,
+    /// Which call failed.
+    pub what: &'static str,
+}
+
+impl UcxError {
+    fn new(status: ucs_status_t, what: &'static str) -> Self {
+        UcxError {
+            status: status.0,
+            what,
+        }
+    }
+
+    /// Whether the failure means the peer is gone or unreachable (the UCS
+    /// "endpoint failure" and "link failure" ranges and a few others).
+    pub fn is_peer_failure(&self) -> bool {
+        let s = self.status as i32;
+        (-89..=-80).contains(&s)
+            || (-59..=-40).contains(&s)
+            || s == ucs_status_t::UCS_ERR_CONNECTION_RESET.0 as i32
+            || s == ucs_status_t::UCS_ERR_UNREACHABLE.0 as i32
+            || s == ucs_status_t::UCS_ERR_CANCELED.0 as i32
+            || s == ucs_status_t::UCS_ERR_TIMED_OUT.0 as i32
+            || s == ucs_status_t::UCS_ERR_ENDPOINT_TIMEOUT.0 as i32
+            || s == ucs_status_t::UCS_ERR_REJECTED.0 as i32
+            || s == ucs_status_t::UCS_ERR_IO_ERROR.0 as i32
+    }
+}
+
+impl std::fmt::Display for UcxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} failed: {}", self.what, status_string(self.status))
+    }
+}
+
+impl std::error::Error for UcxError {}
+
+/// UCS's text for a status code.
+pub fn status_string(status: i8) -> String {
+    let Some(s) = status_from_i8(status) else {
+        return format!("unknown status {status}");
+    };
+    // SAFETY: ucs_status_string returns a pointer to a static NUL-terminated
+    // string for every status value (or "unknown error" text).
+    let p = unsafe { sys::ucs_status_string(s) };
+    if p.is_null() {
+        return format!("status {status}");
+    }
+    // SAFETY: non-null, NUL-terminated, static (see above).
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// The `ucs_status_t` for a raw status. bindgen makes it a newtype over the
+/// C enum's integer, so any value (even one UCX does not define) is sound.
+fn status_from_i8(v: i8) -> Option<ucs_status_t> {
+    Some(ucs_status_t(v))
+}
+
+fn check(status: ucs_status_t, what: &'static str) -> Result<(), UcxError> {
+    if status == ucs_status_t::UCS_OK {
+        Ok(())
+    } else {
+        Err(UcxError::new(status, what))
+    }
+}
+
+/// What a `ucs_status_ptr_t` says (the `UCS_PTR_IS_ERR` / `UCS_PTR_IS_PTR`
+/// macros of `ucs/type/status.h`).
+enum StatusPtr {
+    Done,
+    Pending(*mut c_void),
+    Failed(i8),
+}
+
+fn status_ptr(p: *mut c_void) -> StatusPtr {
+    let v = p as usize;
+    let last = ucs_status_t::UCS_ERR_LAST.0 as isize as usize;
+    if v == 0 {
+        StatusPtr::Done
+    } else if v >= last {
+        StatusPtr::Failed(v as isize as i8)
+    } else {
+        StatusPtr::Pending(p)
+    }
+}
+
+/// `ucp_dt_make_contig(elem_size)`.
+fn dt_contig(elem: usize) -> sys::ucp_datatype_t {
+    ((elem as u64) << sys::UCP_DATATYPE_SHIFT) | sys::UCP_DATATYPE_CONTIG as u64
+}
+
+/// The UCP context of this process.
+pub struct Context {
+    h: sys::ucp_context_h,
+}
+
+// SAFETY: the context is created with `mt_workers_shared = 1`, which makes
+// UCP serialise its context-wide state (memory maps, rkey packing, worker
+// creation); per-worker state is only touched through `Worker`, which is
+// `!Send`.
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Reads UCX's configuration (the `UCX_*` environment variables), applies
+    /// `overrides` (`("TLS", "tcp,sm")`, `("NET_DEVICES", "lo")`, ...) and
+    /// initialises UCP with RMA, 64-bit atomics, active messages and wakeup.
+    pub fn new(overrides: &[(&str, &str)], name: &str) -> Result<Arc<Context>, UcxError> {
+        let mut config: *mut sys::ucp_config_t = std::ptr::null_mut();
+        // SAFETY: null prefix and file mean the defaults ("UCX_", no file);
+        // `config` receives a handle we release below.
+        check(
+            unsafe { sys::ucp_config_read(std::ptr::null(), std::ptr::null(), &mut config) },
+            "ucp_config_read",
+        )?;
+        let result = (|| {
+            for (k, v) in overrides {
+                let (k, v) = (
+                    CString::new(*k).expect("no NUL in a UCX setting name"),
+                    CString::new(*v).expect("no NUL in a UCX setting value"),
+                );
+                // SAFETY: `config` is a live config handle; both strings are
+                // NUL-terminated and outlive the call.
+                check(
+                    unsafe { sys::ucp_config_modify(config, k.as_ptr(), v.as_ptr()) },
+                    "ucp_config_modify",
+                )?;
+            }
+            let cname = CString::new(name).expect("no NUL in a context name");
+            let params = sys::ucp_params_t {
+                field_mask: (sys::UCP_PARAM_FIELD_FEATURES
+                    | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED
+                    | sys::UCP_PARAM_FIELD_NAME) as u64,
+                features: (sys::UCP_FEATURE_RMA
+                    | sys::UCP_FEATURE_AMO64
+                    | sys::UCP_FEATURE_AM
+                    | sys::UCP_FEATURE_WAKEUP) as u64,
+                mt_workers_shared: 1,
+                name: cname.as_ptr(),
+                ..Default::default()
+            };
+            let mut h: sys::ucp_context_h = std::ptr::null_mut();
+            // SAFETY: `ucp_init` is a static inline in ucp.h that calls
+            // `ucp_init_version` with the header's API version; `params` and
+            // `config` are valid for the call and `h` receives the context.
+            check(
+                unsafe {
+                    sys::ucp_init_version(
+                        sys::UCP_API_MAJOR,
+                        sys::UCP_API_MINOR,
+                        &params,
+                        config,
+                        &mut h,
+                    )
+                },
+                "ucp_init",
+            )?;
+            Ok(Arc::new(Context { h }))
+        })();
+        // SAFETY: `config` came from ucp_config_read and is not used again
+        // (ucp_init copies what it needs).
+        unsafe { sys::ucp_config_release(config) };
+        result
+    }
+
+    /// Allocates `len` bytes through UCX (`ucp_mem_map` with ALLOCATE),
+    /// zeroes them and packs their rkey.
+    pub fn map_memory(self: &Arc<Self>, len: usize) -> Result<MappedMemory, UcxError> {
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+                | sys::UCP_MEM_MAP_PARAM_FIELD_FLAGS) as u64,
+            address: std::ptr::null_mut(),
+            length: len,
+            flags: sys::UCP_MEM_MAP_ALLOCATE,
+            ..Default::default()
+        };
+        let mut memh: sys::ucp_mem_h = std::ptr::null_mut();
+        // SAFETY: the context is live; with ALLOCATE and a null address UCX
+        // allocates `len` bytes itself and returns the handle in `memh`.
+        check(
+            unsafe { sys::ucp_mem_map(self.h, &params, &mut memh) },
+            "ucp_mem_map",
+        )?;
+        let mut mem = MappedMemory {
+            ctx: self.clone(),
+            memh,
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            packed_rkey: Vec::new(),
+        };
+        let mut attr = sys::ucp_mem_attr_t {
+            field_mask: (sys::UCP_MEM_ATTR_FIELD_ADDRESS | sys::UCP_MEM_ATTR_FIELD_LENGTH) as u64,
+            ..Default::default()
+        };
+        // SAFETY: `memh` is the live handle from above; `attr` is writable.
+        check(
+            unsafe { sys::ucp_mem_query(memh, &mut attr) },
+            "ucp_mem_query",
+        )?;
+        if attr.address.is_null()
+            || attr.length < len
+            || !(attr.address as usize).is_multiple_of(64)
+        {
+            return Err(UcxError::new(
+                ucs_status_t::UCS_ERR_NO_MEMORY,
+                "ucp_mem_map returned unusable memory",
+            ));
+        }
+        mem.ptr = attr.address.cast();
+        mem.len = len;
+        // SAFETY: UCX just allocated `attr.length >= len` bytes at `ptr` for
+        // this handle and nobody else has its address or rkey yet, so plain
+        // writes cannot race; zeroing makes the region start as the contract
+        // says (UCX's heap allocation method does not zero).
+        unsafe { std::ptr::write_bytes(mem.ptr, 0, len) };
+        let mut buf: *mut c_void = std::ptr::null_mut();
+        let mut size = 0usize;
+        // SAFETY: context and memh are live; UCX returns a buffer of `size`
+        // bytes that we copy and release at once.
+        check(
+            unsafe { sys::ucp_rkey_pack(self.h, memh, &mut buf, &mut size) },
+            "ucp_rkey_pack",
+        )?;
+        // SAFETY: `buf` points to `size` initialised bytes (see above).
+        mem.packed_rkey = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) }.to_vec();
+        // SAFETY: `buf` came from ucp_rkey_pack and is released once.
+        unsafe { sys::ucp_rkey_buffer_release(buf) };
+        Ok(mem)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every worker and memory map holds an `Arc<Context>`, so none
+        // is left when the last reference drops.
+        unsafe { sys::ucp_cleanup(self.h) };
+    }
+}
+
+/// Memory allocated and registered by UCX. Unmapped on drop.
+pub struct MappedMemory {
+    ctx: Arc<Context>,
+    memh: sys::ucp_mem_h,
+    ptr: *mut u8,
+    len: usize,
+    packed_rkey: Vec<u8>,
+}
+
+// SAFETY: the handle is only passed to ucp_mem_unmap (thread-safe with
+// mt_workers_shared); the memory is accessed by others only atomically
+// through `RegionMem` (see `into_region_mem`).
+unsafe impl Send for MappedMemory {}
+// SAFETY: as above; `&MappedMemory` exposes only addresses and the rkey.
+unsafe impl Sync for MappedMemory {}
+
+impl MappedMemory {
+    /// The address remote verbs name (the region's offset 0).
+    pub fn remote_base(&self) -> u64 {
+        self.ptr as u64
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn packed_rkey(&self) -> &[u8] {
+        &self.packed_rkey
+    }
+
+    /// The node's own view of the memory, accessed word-atomically. The view
+    /// keeps the mapping alive.
+    pub fn region_mem(self: &Arc<Self>) -> dmkv_transport::RegionMem {
+        // SAFETY: `ptr` is 64-byte aligned (checked in `map_memory`) and valid
+        // for `len` bytes until this mapping is unmapped, which cannot happen
+        // while the view's owner (an `Arc` of the mapping) lives. Remote peers
+        // access it through UCX (a NIC, shared-memory copies or the progress
+        // thread's emulation), which make aligned 8-byte accesses whole.
+        unsafe { dmkv_transport::RegionMem::from_raw(self.ptr, self.len, Box::new(self.clone())) }
+    }
+}
+
+impl Drop for MappedMemory {
+    fn drop(&mut self) {
+        // SAFETY: `memh` was mapped by this context and is unmapped once;
+        // callers keep the mapping alive while any view or rkey holder may
+        // still access it.
+        unsafe { sys::ucp_mem_unmap(self.ctx.h, self.memh) };
+    }
+}
+
+/// What an active-message handler is given: the user header and the data.
+pub type AmHandler = dyn Fn(&[u8], &[u8]);
+
+struct WorkerInner {
+    /// Keeps the context alive while the worker exists.
+    _ctx: Arc<Context>,
+    h: sys::ucp_worker_h,
+    /// Boxed twice: UCP gets a thin pointer to the inner (fat) box.
+    #[allow(clippy::vec_box)]
+    handlers: RefCell<Vec<Box<Box<AmHandler>>>>,
+}
+
+impl Drop for WorkerInner {
+    fn drop(&mut self) {
+        // SAFETY: every Ep and Op holds an `Rc<WorkerInner>`, so all are
+        // closed and completed before the worker is destroyed; handlers are
+        // dropped after (field order), when no callback can run any more.
+        unsafe { sys::ucp_worker_destroy(self.h) };
+    }
+}
+
+/// A UCP worker, used only on the thread that made it.
+#[derive(Clone)]
+pub struct Worker {
+    inner: Rc<WorkerInner>,
+    _not_send: PhantomData<*mut ()>,
+}
+
+unsafe extern "C" fn am_trampoline(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> ucs_status_t {
+    // SAFETY: UCP passes back the `arg` registered in `set_am_handler`: a
+    // pointer to a boxed handler owned by the worker, which outlives every
+    // callback (handlers are dropped after the worker is destroyed).
+    let handler = unsafe { &*(arg as *const Box<AmHandler>) };
+    // SAFETY: `param` is valid for the duration of the callback.
+    let attr = unsafe { (*param).recv_attr };
+    if attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 {
+        // dmkv always sends eager; a rendezvous message is not ours. Dropping
+        // it (UCS_OK) releases its descriptor.
+        return ucs_status_t::UCS_OK;
+    }
+    let h: &[u8] = if header_length == 0 || header.is_null() {
+        &[]
+    } else {
+        // SAFETY: UCP guarantees `header` points to `header_length` bytes
+        // valid during the callback.
+        unsafe { std::slice::from_raw_parts(header.cast::<u8>(), header_length) }
+    };
+    let d: &[u8] = if length == 0 || data.is_null() {
+        &[]
+    } else {
+        // SAFETY: for an eager message `data` points to `length` bytes valid
+        // during the callback; the handler copies what it keeps.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>().cast_const(), length) }
+    };
+    // A panic must not unwind into C.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(h, d)));
+    ucs_status_t::UCS_OK
+}
+
+impl Worker {
+    pub fn new(ctx: &Arc<Context>) -> Result<Worker, UcxError> {
+        let params = sys::ucp_worker_params_t {
+            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut h: sys::ucp_worker_h = std::ptr::null_mut();
+        // SAFETY: the context is live (held by the worker); `h` receives the
+        // worker. SINGLE mode is sound because `Worker` is `!Send`.
+        check(
+            unsafe { sys::ucp_worker_create(ctx.h, &params, &mut h) },
+            "ucp_worker_create",
+        )?;
+        Ok(Worker {
+            inner: Rc::new(WorkerInner {
+                _ctx: ctx.clone(),
+                h,
+                handlers: RefCell::new(Vec::new()),
+            }),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The worker's address, for a peer to connect to.
+    pub fn address(&self) -> Result<Vec<u8>, UcxError> {
+        let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: the worker is live; UCX returns an address buffer of `len`
+        // bytes that we copy and release at once.
+        check(
+            unsafe { sys::ucp_worker_get_address(self.inner.h, &mut addr, &mut len) },
+            "ucp_worker_get_address",
+        )?;
+        // SAFETY: `addr` points to `len` bytes (see above).
+        let v = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec();
+        // SAFETY: released once, with the worker that produced it.
+        unsafe { sys::ucp_worker_release_address(self.inner.h, addr) };
+        Ok(v)
+    }
+
+    /// Drives the worker; returns whether anything happened. Handlers and
+    /// completions run inside this call.
+    pub fn progress(&self) -> bool {
+        // SAFETY: the worker is live and used only on this thread.
+        unsafe { sys::ucp_worker_progress(self.inner.h) != 0 }
+    }
+
+    /// Registers `handler` for active messages with `id`. It must not call
+    /// back into the worker (it runs inside `progress`).
+    pub fn set_am_handler(&self, id: u32, handler: Box<AmHandler>) -> Result<(), UcxError> {
+        let boxed: Box<Box<AmHandler>> = Box::new(handler);
+        let arg = &*boxed as *const Box<AmHandler> as *mut c_void;
+        self.inner.handlers.borrow_mut().push(boxed);
+        let params = sys::ucp_am_handler_param_t {
+            field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64,
+            id,
+            cb: Some(am_trampoline),
+            arg,
+            ..Default::default()
+        };
+        // SAFETY: the worker is live; `arg` points into a box the worker owns
+        // until after it is destroyed, so every callback finds it.
+        check(
+            unsafe { sys::ucp_worker_set_am_recv_handler(self.inner.h, &params) },
+            "ucp_worker_set_am_recv_handler",
+        )
+    }
+
+    /// The worker's event file descriptor (readable when there is work).
+    pub fn event_fd(&self) -> Result<i32, UcxError> {
+        let mut fd = -1;
+        // SAFETY: the worker is live; `fd` is writable.
+        check(
+            unsafe { sys::ucp_worker_get_efd(self.inner.h, &mut fd) },
+            "ucp_worker_get_efd",
+        )?;
+        Ok(fd)
+    }
+
+    /// Arms the event fd; false if events are pending (progress first).
+    pub fn arm(&self) -> bool {
+        // SAFETY: the worker is live and used only on this thread.
+        let s = unsafe { sys::ucp_worker_arm(self.inner.h) };
+        s == ucs_status_t::UCS_OK
+    }
+
+    /// Operations posted after the fence are executed after those before it.
+    pub fn fence(&self) -> Result<(), UcxError> {
+        // SAFETY: the worker is live and used only on this thread.
+        check(
+            unsafe { sys::ucp_worker_fence(self.inner.h) },
+            "ucp_worker_fence",
+        )
+    }
+
+    /// Connects to the worker at `remote_address` with peer-failure error
+    /// handling; the returned endpoint's `failed()` turns true if UCX reports
+    /// the peer gone.
+    pub fn connect(&self, remote_address: &[u8]) -> Result<Ep, UcxError> {
+        let failed = Box::new(Cell::new(0i8));
+        let params = sys::ucp_ep_params_t {
+            field_mask: (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+            address: remote_address.as_ptr().cast(),
+            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_handler: sys::ucp_err_handler_t {
+                cb: Some(ep_error),
+                arg: &*failed as *const Cell<i8> as *mut c_void,
+            },
+            ..Default::default()
+        };
+        let mut h: sys::ucp_ep_h = std::ptr::null_mut();
+        // SAFETY: the worker is live; `remote_address` is a worker address a
+        // peer sent us (UCP validates what it parses; a malformed address is
+        // an error status); the error-handler argument points into a box the
+        // Ep owns until the ep is closed.
+        check(
+            unsafe { sys::ucp_ep_create(self.inner.h, &params, &mut h) },
+            "ucp_ep_create",
+        )?;
+        Ok(Ep {
+            inner: Rc::new(EpInner {
+                worker: self.clone(),
+                h,
+                failed,
+            }),
+        })
+    }
+}
+
+unsafe extern "C" fn ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: ucs_status_t) {
+    // SAFETY: `arg` is the `Cell` boxed by `Worker::connect`, owned by the Ep
+    // until after the ep is closed, and callbacks run on the worker's thread.
+    let flag = unsafe { &*(arg as *const Cell<i8>) };
+    let s = status.0;
+    flag.set(if s == 0 { -1 } else { s });
+}
+
+struct EpInner {
+    worker: Worker,
+    h: sys::ucp_ep_h,
+    failed: Box<Cell<i8>>,
+}
+
+impl Drop for EpInner {
+    fn drop(&mut self) {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
+            ..Default::default()
+        };
+        // SAFETY: the ep is live and closed once; FORCE is allowed because it
+        // was created with peer error handling. Every Rkey and Op of this ep
+        // holds an `Rc<EpInner>`, so none is left.
+        let p = unsafe { sys::ucp_ep_close_nbx(self.h, &param) };
+        if let StatusPtr::Pending(req) = status_ptr(p) {
+            wait_request(&self.worker, req);
+        }
+    }
+}
+
+/// Drives `worker` until `req` completes, then frees it.
+fn wait_request(worker: &Worker, req: *mut c_void) -> i8 {
+    loop {
+        // SAFETY: `req` is a live request of this worker, not yet freed.
+        let s = unsafe { sys::ucp_request_check_status(req) };
+        if s != ucs_status_t::UCS_INPROGRESS {
+            // SAFETY: completed, freed once.
+            unsafe { sys::ucp_request_free(req) };
+            return s.0;
+        }
+        worker.progress();
+    }
+}
+
+/// An endpoint to a remote worker.
+#[derive(Clone)]
+pub struct Ep {
+    inner: Rc<EpInner>,
+}
+
+/// The buffers an operation owns until it completes.
+enum Buffers {
+    None,
+    Bytes(Vec<u8>),
+    /// `[operand, reply]` of an atomic.
+    Words(Box<[u64; 2]>),
+}
+
+/// One posted operation. It completes during the worker's progress;
+/// [`Op::poll`] reports whether it has. Dropping an unfinished op drives the
+/// worker until it completes (UCP may still write into its buffers).
+pub struct Op {
+    ep: Rc<EpInner>,
+    req: Cell<*mut c_void>,
+    status: Cell<i8>,
+    done: Cell<bool>,
+    bufs: Buffers,
+}
+
+impl Op {
+    fn start(ep: &Ep, p: *mut c_void, bufs: Buffers, what: &'static str) -> Result<Op, UcxError> {
+        let op = Op {
+            ep: ep.inner.clone(),
+            req: Cell::new(std::ptr::null_mut()),
+            status: Cell::new(0),
+            done: Cell::new(false),
+            bufs,
+        };
+        match status_ptr(p) {
+            StatusPtr::Done => op.done.set(true),
+            StatusPtr::Pending(r) => op.req.set(r),
+            StatusPtr::Failed(s) => {
+                return Err(UcxError { status: s, what });
+            }
+        }
+        Ok(op)
+    }
+
+    /// Whether the operation has completed (then `Some(status)`, 0 = ok).
+    pub fn poll(&self) -> Option<i8> {
+        if self.done.get() {
+            return Some(self.status.get());
+        }
+        let req = self.req.get();
+        // SAFETY: `req` is a live request of this op's worker, not yet freed
+        // (it is freed right below, once, when it completes).
+        let s = unsafe { sys::ucp_request_check_status(req) };
+        if s == ucs_status_t::UCS_INPROGRESS {
+            return None;
+        }
+        // SAFETY: completed; freed once.
+        unsafe { sys::ucp_request_free(req) };
+        self.req.set(std::ptr::null_mut());
+        self.done.set(true);
+        self.status.set(s.0);
+        Some(s.0)
+    }
+
+    /// The bytes of a completed get.
+    pub fn take_bytes(&mut self) -> Vec<u8> {
+        assert!(self.done.get(), "op still in flight");
+        match std::mem::replace(&mut self.bufs, Buffers::None) {
+            Buffers::Bytes(b) => b,
+            _ => Vec::new(),
+        }
+    }
+
+    /// The word a completed atomic returned.
+    pub fn reply_word(&self) -> u64 {
+        assert!(self.done.get(), "op still in flight");
+        match &self.bufs {
+            Buffers::Words(w) => w[1],
+            _ => 0,
+        }
+    }
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        if !self.done.get() {
+            let req = self.req.get();
+            wait_request(&self.ep.worker, req);
+        }
+    }
+}
+
+impl Ep {
+    /// The status UCX reported for this endpoint's peer, if it failed.
+    pub fn failed(&self) -> Option<i8> {
+        match self.inner.failed.get() {
+            0 => None,
+            s => Some(s),
+        }
+    }
+
+    /// Unpacks an rkey a peer packed, for use on this endpoint.
+    pub fn unpack_rkey(&self, packed: &[u8]) -> Result<Rkey, UcxError> {
+        let mut h: sys::ucp_rkey_h = std::ptr::null_mut();
+        // SAFETY: the ep is live; `packed` came from the peer's
+        // ucp_rkey_pack over the authenticated control channel and UCP parses
+        // it within its length-independent format (a corrupt buffer is an
+        // error status).
+        check(
+            unsafe { sys::ucp_ep_rkey_unpack(self.inner.h, packed.as_ptr().cast(), &mut h) },
+            "ucp_ep_rkey_unpack",
+        )?;
+        Ok(Rkey {
+            h,
+            _ep: self.inner.clone(),
+        })
+    }
+
+    fn param(
+        flags_reply: Option<*mut c_void>,
+        datatype: Option<sys::ucp_datatype_t>,
+    ) -> sys::ucp_request_param_t {
+        let mut p = sys::ucp_request_param_t::default();
+        if let Some(r) = flags_reply {
+            p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+            p.reply_buffer = r;
+        }
+        if let Some(dt) = datatype {
+            p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_DATATYPE;
+            p.datatype = dt;
+        }
+        p
+    }
+
+    /// Reads `len` bytes at remote address `raddr`. The caller has checked the
+    /// range against the region the rkey belongs to.
+    pub fn get(&self, raddr: u64, len: usize, rkey: &Rkey) -> Result<Op, UcxError> {
+        let mut buf = vec![0u8; len];
+        let param = Self::param(None, None);
+        // SAFETY: the ep and rkey are live (the Op and Rkey hold them); `buf`
+        // is moved into the Op, whose heap buffer does not move and is kept
+        // until the request completes (Op::drop waits for it).
+        let p = unsafe {
+            sys::ucp_get_nbx(
+                self.inner.h,
+                buf.as_mut_ptr().cast(),
+                len,
+                raddr,
+                rkey.h,
+                &param,
+            )
+        };
+        Op::start(self, p, Buffers::Bytes(buf), "ucp_get_nbx")
+    }
+
+    /// Writes `data` at remote address `raddr` (completion means the local
+    /// buffer is free; remote completion needs [`Ep::flush`]).
+    pub fn put(&self, raddr: u64, data: Vec<u8>, rkey: &Rkey) -> Result<Op, UcxError> {
+        let param = Self::param(None, None);
+        // SAFETY: as in `get`; `data` is owned by the Op until completion.
+        let p = unsafe {
+            sys::ucp_put_nbx(
+                self.inner.h,
+                data.as_ptr().cast(),
+                data.len(),
+                raddr,
+                rkey.h,
+                &param,
+            )
+        };
+        Op::start(self, p, Buffers::Bytes(data), "ucp_put_nbx")
+    }
+
+    /// 8-byte compare-and-swap at `raddr`; the op's reply word is the value
+    /// found.
+    pub fn cas(&self, raddr: u64, expected: u64, new: u64, rkey: &Rkey) -> Result<Op, UcxError> {
+        let mut words = Box::new([expected, new]);
+        let reply = (&mut words[1]) as *mut u64 as *mut c_void;
+        let param = Self::param(Some(reply), Some(dt_contig(8)));
+        // SAFETY: for CSWAP, `buffer` holds the compare value and the reply
+        // buffer holds the value to swap in and receives the old value
+        // (ucp.h, table of ucp_atomic_op_nbx); both live in a box owned by the Op until completion. The
+        // caller checked 8-byte alignment and bounds.
+        let p = unsafe {
+            sys::ucp_atomic_op_nbx(
+                self.inner.h,
+                sys::UCP_ATOMIC_OP_CSWAP,
+                words.as_ptr().cast(),
+                1,
+                raddr,
+                rkey.h,
+                &param,
+            )
+        };
+        Op::start(self, p, Buffers::Words(words), "ucp_atomic_op_nbx(CSWAP)")
+    }
+
+    /// 8-byte fetch-and-add at `raddr`; the op's reply word is the old value.
+    pub fn faa(&self, raddr: u64, add: u64, rkey: &Rkey) -> Result<Op, UcxError> {
+        let mut words = Box::new([add, 0]);
+        let reply = (&mut words[1]) as *mut u64 as *mut c_void;
+        let param = Self::param(Some(reply), Some(dt_contig(8)));
+        // SAFETY: as in `cas`; ADD with a reply buffer fetches the old value.
+        let p = unsafe {
+            sys::ucp_atomic_op_nbx(
+                self.inner.h,
+                sys::UCP_ATOMIC_OP_ADD,
+                words.as_ptr().cast(),
+                1,
+                raddr,
+                rkey.h,
+                &param,
+            )
+        };
+        Op::start(self, p, Buffers::Words(words), "ucp_atomic_op_nbx(ADD)")
+    }
+
+    /// Completes every operation posted on this endpoint at the target.
+    pub fn flush(&self) -> Result<Op, UcxError> {
+        let param = Self::param(None, None);
+        // SAFETY: the ep is live; flush has no buffers.
+        let p = unsafe { sys::ucp_ep_flush_nbx(self.inner.h, &param) };
+        Op::start(self, p, Buffers::None, "ucp_ep_flush_nbx")
+    }
+
+    /// Sends an active message `id` with `header` and `data`, eagerly (the
+    /// receiver gets the whole message in its handler).
+    pub fn am_send(&self, id: u32, header: Vec<u8>, data: Vec<u8>) -> Result<Op, UcxError> {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: sys::UCP_AM_SEND_FLAG_EAGER,
+            ..Default::default()
+        };
+        // Both buffers travel in one allocation owned by the Op.
+        let hlen = header.len();
+        let mut both = header;
+        both.extend_from_slice(&data);
+        // SAFETY: the ep is live; header and data point into `both`, owned by
+        // the Op until the request completes.
+        let p = unsafe {
+            sys::ucp_am_send_nbx(
+                self.inner.h,
+                id,
+                both.as_ptr().cast(),
+                hlen,
+                both.as_ptr().add(hlen).cast(),
+                both.len() - hlen,
+                &param,
+            )
+        };
+        Op::start(self, p, Buffers::Bytes(both), "ucp_am_send_nbx")
+    }
+}
+
+/// A remote key unpacked on an endpoint.
+pub struct Rkey {
+    h: sys::ucp_rkey_h,
+    _ep: Rc<EpInner>,
+}
+
+impl Rkey {
+    /// A local pointer to remote address `raddr`, if the transport maps the
+    /// peer's memory into this process (shared memory).
+    fn local_ptr(&self, raddr: u64) -> Option<*mut u8> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the rkey is live; on success UCP stores a pointer into a
+        // mapping that stays valid until the rkey is destroyed.
+        let s = unsafe { sys::ucp_rkey_ptr(self.h, raddr, &mut p) };
+        (s == ucs_status_t::UCS_OK && !p.is_null()).then_some(p.cast())
+    }
+
+    /// A word-atomic view of `len` bytes of peer memory starting at `raddr`,
+    /// if the transport maps it into this process. The view keeps the rkey
+    /// (and so the mapping) alive.
+    pub fn mapped_view(self: &Rc<Self>, raddr: u64, len: usize) -> Option<MappedView> {
+        if len < 8 {
+            return None;
+        }
+        let p = self.local_ptr(raddr)?;
+        if !(p as usize).is_multiple_of(8) {
+            return None;
+        }
+        // The whole range must be mapped contiguously.
+        let last = self.local_ptr(raddr + len as u64 - 8)?;
+        if last as usize != p as usize + len - 8 {
+            return None;
+        }
+        /// The rkey cannot be the owner (it is `!Send`); the view keeps it.
+        struct HeldByView;
+        // SAFETY: `p` is 8-aligned (checked) and valid for `len` bytes (both
+        // ends checked) while the rkey lives; the region lives inside the view
+        // next to an `Rc` of the rkey and is dropped before it (field order),
+        // and only `&RegionMem` borrowed from the view is handed out. The peer
+        // and UCX access the memory only word-atomically or with aligned
+        // copies.
+        let mem = unsafe { dmkv_transport::RegionMem::from_raw(p, len, Box::new(HeldByView)) };
+        Some(MappedView {
+            mem,
+            _rkey: self.clone(),
+        })
+    }
+}
+
+impl Drop for Rkey {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once, before its endpoint (we hold the ep), and no
+        // pointer from `local_ptr` outlives the rkey (views hold an `Rc`).
+        unsafe { sys::ucp_rkey_destroy(self.h) };
+    }
+}
+
+/// A peer's memory mapped into this process (shared-memory transports).
+pub struct MappedView {
+    // Dropped before the rkey that keeps the mapping.
+    mem: dmkv_transport::RegionMem,
+    _rkey: Rc<Rkey>,
+}
+
+impl MappedView {
+    /// The view as a region accessed only word-atomically, like the node's
+    /// own (acquire loads and release stores in increasing address order,
+    /// CPU atomics for CAS and FAA).
+    pub fn mem(&self) -> &dmkv_transport::RegionMem {
+        &self.mem
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes; returns which
+/// are readable (all false on timeout or interruption).
+pub fn poll_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs that
+    // poll may write `revents` into.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if n <= 0 {
+        return vec![false; fds.len()];
+    }
+    pfds.iter()
+        .map(|p| p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
+        .collect()
+}

@@ -1,0 +1,1010 @@
+//! The per-thread client: GET and SCAN one-sided through the learned cache
+//! (§5.2), writes by RPC (§5.3), fallbacks, speculative execution.
+//!
+//! A lookup (Fig. 7) predicts the logical leaves `[s, e]` of a key, reads
+//! them in one doorbell batch (more if the range is wider than
+//! `xstore.batch_limit`), checks each leaf's incarnation against its TT
+//! entry, and searches the keys. Then:
+//! - found in a consistent leaf image: the key is there (whatever the
+//!   incarnation), and its value is read in a second round trip;
+//! - a leaf's incarnation differs (it split since training): the entry is
+//!   invalidated and, unless the key is in the split leaf, its right
+//!   sibling is read once (speculative execution, §5.3.2); if the key is
+//!   not there either, the GET falls back to the server;
+//! - not found, every incarnation as expected: the key is absent if the
+//!   leaves read provably cover it (docs/xstore.md, invariant 6), else the
+//!   read range is extended by one leaf on the uncovered side, a bounded
+//!   number of times, before falling back.
+
+use crate::cache::{GenCache, PartClient, SubCache};
+use crate::config::{CacheMode, XStoreConfig};
+use crate::layout::{SubRecord, TtEntry};
+use crate::stats::{ClientStats, FallbackCause};
+use crate::wire::*;
+use async_trait::async_trait;
+use dmkv_api::{Key, KvError, KvStore, Result};
+use dmkv_transport::{Endpoint, WireReader, WireWriter};
+use dmkv_xtree::view::{parse_block, parse_slot_line};
+use dmkv_xtree::{FatPtr, KeysView, NodeView, SlotValue, ViewError};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Consecutive torn or locked leaf reads before a lookup falls back.
+const TORN_RETRIES: usize = 64;
+/// Leaves a lookup may add to a prediction to prove a key absent.
+const MAX_EXTENSIONS: usize = 4;
+
+/// What every client thread of one engine shares.
+pub struct Shared {
+    pub cfg: XStoreConfig,
+    pub parts: Vec<PartClient>,
+    /// Read whole leaves (values or fat pointers included) instead of the
+    /// key lines: when values are expected out of line.
+    pub whole_leaves: bool,
+    pub stats: Arc<ClientStats>,
+}
+
+impl Shared {
+    pub fn part_of(&self, key: Key) -> &PartClient {
+        &self.parts[self.cfg.partition_of(key)]
+    }
+}
+
+/// A leaf image, as read for a lookup.
+enum Image {
+    Keys(KeysView),
+    Whole(NodeView),
+}
+
+impl Image {
+    fn keys(&self) -> &KeysView {
+        match self {
+            Image::Keys(k) => k,
+            Image::Whole(n) => &n.keys,
+        }
+    }
+}
+
+/// A leaf read: its partition and node number, the TT entry it was read
+/// for, its image.
+struct Leaf {
+    part: usize,
+    node: u32,
+    entry: Option<TtEntry>,
+    image: Image,
+}
+
+/// Where a lookup found its key.
+struct Found {
+    leaf: u32,
+    slot: usize,
+    image: Image,
+}
+
+/// An out-of-line value a scan still has to read: its place in the
+/// result, its partition, key and block.
+struct Pending {
+    at: usize,
+    part: usize,
+    key: Key,
+    fat: FatPtr,
+}
+
+/// Where a one-sided scan stopped.
+enum ScanStop {
+    /// Go on in partition `.0` from key `.1` with a fresh one-sided lookup
+    /// (`.0` = the number of partitions: nothing is left).
+    At(usize, Key),
+    /// Go on in partition `.0` from key `.1` by the server.
+    Fallback(usize, Key, FallbackCause),
+}
+
+/// Where a scan's plan of the next leaves stands: partition, model
+/// generation, sub-model, its TT, the next logical leaf, and the last leaf
+/// planned or read in this partition (a leaf straddling two sub-models
+/// heads the second's TT too and is not read twice).
+struct PlanCursor {
+    part: usize,
+    g: Arc<GenCache>,
+    i: u32,
+    v: SubView,
+    lln: u32,
+    last: Option<u32>,
+}
+
+enum Lookup {
+    Found(Found),
+    Absent,
+    Fallback(FallbackCause),
+}
+
+/// The TT access a lookup has: cached entries (full) or entries read for
+/// it (models-only, top-only).
+struct SubView {
+    record: SubRecord,
+    cached: Option<Arc<SubCache>>,
+}
+
+/// A compute thread's handle.
+pub struct Client {
+    ep: Rc<Endpoint>,
+    sh: Arc<Shared>,
+}
+
+impl Client {
+    pub fn new(ep: Rc<Endpoint>, sh: Arc<Shared>) -> Client {
+        Client { ep, sh }
+    }
+
+    fn stats(&self) -> &ClientStats {
+        &self.sh.stats
+    }
+
+    // ---- leaves --------------------------------------------------------------
+
+    /// Reads `leaves` of partition `p` in doorbell batches of at most
+    /// `batch_limit` and parses them. `Err(None)` if one was torn or locked
+    /// (retry the lookup).
+    async fn read_leaves(
+        &self,
+        p: &PartClient,
+        leaves: &[(u32, Option<TtEntry>)],
+        whole: bool,
+    ) -> Result<std::result::Result<Vec<Leaf>, Option<ViewError>>> {
+        let targets: Vec<(usize, u32, Option<TtEntry>)> =
+            leaves.iter().map(|&(n, e)| (p.index, n, e)).collect();
+        self.read_leaves_in(&targets, whole).await
+    }
+
+    /// Reads `(partition, leaf, entry)` targets, of one or several memory
+    /// nodes, in doorbell batches of at most `batch_limit` (one round trip
+    /// per batch whatever nodes it reaches) and parses them.
+    async fn read_leaves_in(
+        &self,
+        leaves: &[(usize, u32, Option<TtEntry>)],
+        whole: bool,
+    ) -> Result<std::result::Result<Vec<Leaf>, Option<ViewError>>> {
+        let limit = self.sh.cfg.batch_limit;
+        if leaves.len() > limit {
+            ClientStats::bump(&self.stats().wide_predictions);
+        }
+        let span_of = |p: &PartClient| {
+            if whole {
+                p.geo.node_span()
+            } else {
+                p.geo.key_span()
+            }
+        };
+        let mut out = Vec::with_capacity(leaves.len());
+        let mut failed = None;
+        for chunk in leaves.chunks(limit) {
+            let mut b = self.ep.batch();
+            for (part, node, _) in chunk {
+                let p = &self.sh.parts[*part];
+                let nb = p.geo.node_bytes() as u64;
+                b.read(p.nodes.at(*node as u64 * nb), span_of(p).len(&p.geo));
+            }
+            let mut res = b.run().await?;
+            ClientStats::bump(&self.stats().leaf_batches);
+            self.stats()
+                .leaves_read
+                .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            for (i, (part, node, entry)) in chunk.iter().enumerate() {
+                let geo = &self.sh.parts[*part].geo;
+                let bytes = res.take_read(i);
+                let parsed = if whole {
+                    NodeView::parse(geo, &bytes).map(Image::Whole)
+                } else {
+                    KeysView::parse(geo, span_of(&self.sh.parts[*part]), &bytes).map(Image::Keys)
+                };
+                match parsed {
+                    Ok(image) if image.keys().is_leaf() => out.push(Leaf {
+                        part: *part,
+                        node: *node,
+                        entry: *entry,
+                        image,
+                    }),
+                    Ok(_) => failed = Some(Some(ViewError::Malformed("not a leaf".into()))),
+                    Err(e) if e.is_transient() => {
+                        if failed.is_none() {
+                            failed = Some(None);
+                        }
+                    }
+                    Err(e) => failed = Some(Some(e)),
+                }
+            }
+        }
+        Ok(match failed {
+            None => Ok(out),
+            Some(e) => Err(e),
+        })
+    }
+
+    /// The sub-model for `key` in `g` and access to its TT, per cache mode.
+    /// `None`: the model could not be had consistently.
+    async fn sub_view(&self, p: &PartClient, g: &GenCache, i: u32) -> Result<Option<SubView>> {
+        match p.mode {
+            CacheMode::Full | CacheMode::ModelsOnly => {
+                Ok(p.sub(&self.ep, g, i).await?.map(|s| SubView {
+                    record: s.record,
+                    cached: (p.mode == CacheMode::Full).then_some(s),
+                }))
+            }
+            CacheMode::TopOnly => Ok(p.read_record(&self.ep, g, i).await?.map(|record| SubView {
+                record,
+                cached: None,
+            })),
+        }
+    }
+
+    /// TT entries `first..=last` of `v`: cached, or read one-sided.
+    /// `None`: the TT block changed (the record is stale).
+    async fn entries(
+        &self,
+        p: &PartClient,
+        v: &SubView,
+        first: u32,
+        last: u32,
+    ) -> Result<Option<Vec<u64>>> {
+        match &v.cached {
+            Some(s) => Ok(Some((first..=last).map(|n| s.entry(n)).collect())),
+            None => p.read_tt(&self.ep, &v.record, first, last).await,
+        }
+    }
+
+    /// LOOKUP (Fig. 7) of `key` in partition `p`.
+    async fn lookup(&self, p: &PartClient, key: Key, whole: bool) -> Result<Lookup> {
+        ClientStats::bump(&self.stats().lookups);
+        let mut torn = 0;
+        'model: for _ in 0..crate::cache::MODEL_RETRIES {
+            let g = p.generation(&self.ep).await?;
+            let i = g.header.route(key);
+            let Some(v) = self.sub_view(p, &g, i).await? else {
+                // The generation moved on: learn the new header.
+                p.fetch_header(&self.ep).await?;
+                continue 'model;
+            };
+            let t = v.record.tt_len;
+            let Some((mut s, mut e)) = v.record.leaf_range(key, g.header.slots) else {
+                return Ok(Lookup::Fallback(FallbackCause::Model));
+            };
+            // Leaves read so far, by logical number.
+            let mut read: Vec<(u32, Leaf)> = Vec::new();
+            let mut want: Vec<u32> = (s..=e).collect();
+            let mut extensions = 0;
+            loop {
+                if !want.is_empty() {
+                    // Entries for each contiguous run of wanted leaves, then
+                    // every leaf in one batch.
+                    let mut targets: Vec<(u32, Option<TtEntry>)> = Vec::new();
+                    for (lo, hi) in runs(&want) {
+                        let Some(raw) = self.entries(p, &v, lo, hi).await? else {
+                            if p.mode == CacheMode::Full {
+                                return Ok(Lookup::Fallback(FallbackCause::Model));
+                            }
+                            // Retrained since the record was read: re-read it.
+                            p.evict_sub(&g, i);
+                            continue 'model;
+                        };
+                        targets.extend(raw.iter().map(|&w| {
+                            let e = TtEntry::unpack(w);
+                            (e.leaf, Some(e))
+                        }));
+                    }
+                    if targets.iter().any(|(_, e)| !e.is_some_and(|e| e.valid)) {
+                        return Ok(Lookup::Fallback(FallbackCause::InvalidEntry));
+                    }
+                    match self.read_leaves(p, &targets, whole).await? {
+                        Ok(leaves) => {
+                            for (n, l) in want.iter().zip(leaves) {
+                                read.push((*n, l));
+                            }
+                        }
+                        Err(None) => {
+                            ClientStats::bump(&self.stats().torn_retries);
+                            torn += 1;
+                            if torn >= TORN_RETRIES {
+                                return Ok(Lookup::Fallback(FallbackCause::Torn));
+                            }
+                            read.clear();
+                            want = (s..=e).collect();
+                            continue;
+                        }
+                        Err(Some(_)) => return Ok(Lookup::Fallback(FallbackCause::Incarnation)),
+                    }
+                    read.sort_by_key(|x| x.0);
+                    want.clear();
+                }
+                // Search every image; a key found in a consistent image is
+                // there, split or not.
+                let mut stale = Vec::new();
+                for (n, l) in read.iter() {
+                    let entry = l.entry.expect("read through the TT");
+                    if l.image.keys().incarnation() != entry.incarnation {
+                        stale.push(*n);
+                    }
+                }
+                if let Some(pos) = read
+                    .iter()
+                    .position(|(_, l)| l.image.keys().find(key).is_some())
+                {
+                    let (n, l) = read.swap_remove(pos);
+                    if stale.contains(&n) {
+                        ClientStats::bump(&self.stats().found_in_split_leaf);
+                    }
+                    let slot = l.image.keys().find(key).expect("just found");
+                    return Ok(Lookup::Found(Found {
+                        leaf: l.node,
+                        slot,
+                        image: l.image,
+                    }));
+                }
+                if !stale.is_empty() {
+                    // Invalidate (Fig. 7, line 18) and speculate.
+                    if let Some(c) = &v.cached {
+                        for (n, l) in read.iter().filter(|(n, _)| stale.contains(n)) {
+                            c.invalidate(*n, l.entry.expect("read through the TT").pack());
+                        }
+                    }
+                    if !self.sh.cfg.speculation {
+                        return Ok(Lookup::Fallback(FallbackCause::Incarnation));
+                    }
+                    ClientStats::bump(&self.stats().speculations);
+                    let siblings: Vec<(u32, Option<TtEntry>)> = read
+                        .iter()
+                        .filter(|(n, _)| stale.contains(n))
+                        .map(|(_, l)| l.image.keys().header.next)
+                        .filter(|&next| next != 0)
+                        .map(|next| (next, None))
+                        .collect();
+                    if siblings.is_empty() {
+                        return Ok(Lookup::Fallback(FallbackCause::Incarnation));
+                    }
+                    let sibs = match self.read_leaves(p, &siblings, whole).await? {
+                        Ok(s) => s,
+                        Err(_) => return Ok(Lookup::Fallback(FallbackCause::Incarnation)),
+                    };
+                    for l in sibs {
+                        if let Some(slot) = l.image.keys().find(key) {
+                            ClientStats::bump(&self.stats().speculative_hits);
+                            return Ok(Lookup::Found(Found {
+                                leaf: l.node,
+                                slot,
+                                image: l.image,
+                            }));
+                        }
+                    }
+                    return Ok(Lookup::Fallback(FallbackCause::Incarnation));
+                }
+                // Absent from every leaf read; all are as trained, so their
+                // ranges are those of training and contiguous. Absent for
+                // sure if they cover the key (invariant 6).
+                let (left_ok, right_ok) = coverage(&read, key, s, e, t);
+                if left_ok && right_ok {
+                    return Ok(Lookup::Absent);
+                }
+                extensions += 1;
+                if extensions > MAX_EXTENSIONS {
+                    return Ok(Lookup::Fallback(FallbackCause::Coverage));
+                }
+                ClientStats::bump(&self.stats().coverage_extensions);
+                if !left_ok {
+                    s -= 1;
+                    want.push(s);
+                }
+                if !right_ok {
+                    e += 1;
+                    want.push(e);
+                }
+                want.sort_unstable();
+            }
+        }
+        Ok(Lookup::Fallback(FallbackCause::Model))
+    }
+
+    /// The value of a found key: from the image (whole leaves, inline), or
+    /// its slot line, or its block. `None`: the leaf or block changed since
+    /// the image was read (retry the lookup).
+    async fn read_value(&self, p: &PartClient, key: Key, f: &Found) -> Result<Option<Vec<u8>>> {
+        let geo = &p.geo;
+        let base = f.leaf as u64 * geo.node_bytes() as u64;
+        let fat = match &f.image {
+            Image::Whole(n) => match n.value(f.slot) {
+                SlotValue::Inline(b) => return Ok(Some(b.to_vec())),
+                SlotValue::OutOfLine(fat) => fat,
+            },
+            Image::Keys(k) => {
+                let span = geo.slot_span(f.slot);
+                let bytes = self
+                    .ep
+                    .read(p.nodes.at(base + span.offset() as u64), span.len(geo))
+                    .await?;
+                let Ok(word) = parse_slot_line(geo, f.slot, k.version, &bytes) else {
+                    return Ok(None);
+                };
+                match SlotValue::decode(&k.meta, f.slot, word) {
+                    SlotValue::Inline(b) => return Ok(Some(b.to_vec())),
+                    SlotValue::OutOfLine(fat) => fat,
+                }
+            }
+        };
+        self.read_block(p, key, fat).await
+    }
+
+    async fn read_block(&self, p: &PartClient, key: Key, fat: FatPtr) -> Result<Option<Vec<u8>>> {
+        let bytes = self
+            .ep
+            .read(p.values.at(fat.offset), fat.block_len())
+            .await?;
+        Ok(parse_block(key, fat, &bytes).ok())
+    }
+
+    fn want(&self, p: &PartClient) -> u8 {
+        match p.mode {
+            CacheMode::Full => WANT_RECORD_AND_TT,
+            CacheMode::ModelsOnly => WANT_RECORD,
+            CacheMode::TopOnly => WANT_NOTHING,
+        }
+    }
+
+    fn generation(&self, p: &PartClient) -> u32 {
+        p.cached_gen().map_or(0, |g| g.header.generation)
+    }
+
+    async fn call(&self, p: &PartClient, req: Vec<u8>) -> Result<Vec<u8>> {
+        Ok(self.ep.call(p.node, p.service, req).await?)
+    }
+
+    /// GET by the server, refreshing the model (the fallback path).
+    async fn fallback_get(
+        &self,
+        p: &PartClient,
+        key: Key,
+        cause: FallbackCause,
+    ) -> Result<Option<Vec<u8>>> {
+        self.stats().fallback(cause);
+        let mut w = WireWriter::new();
+        w.u8(OP_GET)
+            .u64(key)
+            .u32(self.generation(p))
+            .u8(self.want(p));
+        let reply = self.call(p, w.finish()).await?;
+        let mut r = WireReader::new(&reply);
+        let v = if wire(r.bool())? {
+            Some(wire(r.bytes())?.to_vec())
+        } else {
+            None
+        };
+        let update = wire(ModelUpdate::decode(&mut r))?;
+        wire(r.end())?;
+        p.install_update(update);
+        Ok(v)
+    }
+
+    // ---- SCAN ----------------------------------------------------------------
+
+    /// The one-sided part of a SCAN from `start` in partition `first`
+    /// (§5.2.2, §5.5): a lookup of the start reading whole leaves, then the
+    /// following leaves predicted from the TT counts, read in one batch
+    /// per round, along the chain of right links. When the TTs of a
+    /// partition run out before `n` pairs, the plan goes on with the next
+    /// partition's first leaves (its first sub-model's TT, which starts at
+    /// the partition's first key), in the same batch: one round trip for
+    /// every memory node involved. Appends to `out` (out-of-line values to
+    /// `pending`) and says where the scan stopped.
+    async fn scan_walk(
+        &self,
+        first: usize,
+        start: Key,
+        n: usize,
+        out: &mut Vec<(Key, Vec<u8>)>,
+        pending: &mut Vec<Pending>,
+    ) -> Result<ScanStop> {
+        let p = &self.sh.parts[first];
+        let fallback = |cause| ScanStop::Fallback(first, start, cause);
+        // Round 1: the predicted leaves of the start, whole, each as
+        // trained, extended left until they provably hold the start.
+        let mut tries = 0;
+        let (g, i, v, s, mut batch) = loop {
+            tries += 1;
+            if tries > crate::cache::MODEL_RETRIES {
+                return Ok(fallback(FallbackCause::Model));
+            }
+            let g = p.generation(&self.ep).await?;
+            let i = g.header.route(start);
+            let Some(v) = self.sub_view(p, &g, i).await? else {
+                p.fetch_header(&self.ep).await?;
+                continue;
+            };
+            let Some((mut s, e)) = v.record.leaf_range(start, g.header.slots) else {
+                return Ok(fallback(FallbackCause::Model));
+            };
+            let mut ext = 0;
+            let mut torn = 0;
+            let leaves = loop {
+                let Some(raw) = self.entries(p, &v, s, e).await? else {
+                    return Ok(fallback(FallbackCause::Model));
+                };
+                let entries: Vec<TtEntry> = raw.iter().map(|&w| TtEntry::unpack(w)).collect();
+                if entries.iter().any(|x| !x.valid) {
+                    return Ok(fallback(FallbackCause::InvalidEntry));
+                }
+                let targets: Vec<(u32, Option<TtEntry>)> =
+                    entries.iter().map(|x| (x.leaf, Some(*x))).collect();
+                let leaves = match self.read_leaves(p, &targets, true).await? {
+                    Ok(l) => l,
+                    Err(None) => {
+                        ClientStats::bump(&self.stats().torn_retries);
+                        torn += 1;
+                        if torn >= TORN_RETRIES {
+                            return Ok(fallback(FallbackCause::Torn));
+                        }
+                        continue;
+                    }
+                    Err(Some(_)) => return Ok(fallback(FallbackCause::ScanChain)),
+                };
+                if leaves.iter().any(|l| {
+                    l.image.keys().incarnation() != l.entry.expect("read via the TT").incarnation
+                }) {
+                    if let Some(c) = &v.cached {
+                        for (j, l) in leaves.iter().enumerate() {
+                            let en = l.entry.expect("read via the TT");
+                            if l.image.keys().incarnation() != en.incarnation {
+                                c.invalidate(s + j as u32, en.pack());
+                            }
+                        }
+                    }
+                    return Ok(fallback(FallbackCause::ScanChain));
+                }
+                let left_ok = s == 0
+                    || leaves
+                        .iter()
+                        .any(|l| l.image.keys().keys.iter().any(|&k| k <= start));
+                if left_ok {
+                    break leaves;
+                }
+                ext += 1;
+                if ext > MAX_EXTENSIONS {
+                    return Ok(fallback(FallbackCause::Coverage));
+                }
+                ClientStats::bump(&self.stats().coverage_extensions);
+                s -= 1;
+            };
+            break (g, i, v, s, leaves);
+        };
+        let last = batch.last().map(|l| l.node);
+        let mut plan = PlanCursor {
+            part: first,
+            g,
+            i,
+            lln: s + batch.len() as u32,
+            v,
+            last,
+        };
+        // Where the chain of leaves processed so far stands: its partition,
+        // the first key not yet covered there (`None`: past the largest
+        // key), the last image's right link.
+        let mut at = first;
+        let mut next = Some(start);
+        let mut prev_next: Option<u32> = None;
+        let parts = self.sh.parts.len();
+        let part_start = |q: usize| ScanStop::At(q, self.sh.parts.get(q).map_or(0, |x| x.lo));
+        let resume = |at: usize, next: Option<Key>| match next {
+            Some(k) => ScanStop::At(at, k),
+            None => ScanStop::At(parts, 0),
+        };
+        let fall_back = |at: usize, next: Option<Key>| match next {
+            Some(k) => ScanStop::Fallback(at, k, FallbackCause::ScanChain),
+            None => ScanStop::At(parts, 0),
+        };
+        loop {
+            ClientStats::bump(&self.stats().scan_rounds);
+            for l in &batch {
+                if l.part != at {
+                    // A planned partition head: the chain before it must
+                    // have reached its partition's rightmost leaf, and it
+                    // must be as trained (then it starts at its
+                    // partition's first key, invariant 1).
+                    if prev_next != Some(0) || l.part != at + 1 {
+                        return Ok(fall_back(at, next));
+                    }
+                    at = l.part;
+                    next = Some(self.sh.parts[at].lo);
+                    let en = l.entry.expect("planned via the TT");
+                    if l.image.keys().incarnation() != en.incarnation {
+                        // Split since training: look its start up afresh.
+                        return Ok(part_start(at));
+                    }
+                    ClientStats::bump(&self.stats().scan_partition_crossings);
+                } else if prev_next.is_some_and(|want| want != l.node) {
+                    // Each leaf after the first must be the right link of
+                    // the one before it (invariant 4 of docs/xtree.md: then
+                    // no key is missed or returned twice).
+                    return Ok(fall_back(at, next));
+                }
+                prev_next = Some(l.image.keys().header.next);
+                ClientStats::bump(&self.stats().scan_leaves);
+                let Image::Whole(img) = &l.image else {
+                    unreachable!("scans read whole leaves")
+                };
+                for (k, sv) in img.sorted_pairs() {
+                    if k < start || out.len() >= n {
+                        continue;
+                    }
+                    match sv {
+                        SlotValue::Inline(b) => out.push((k, b.to_vec())),
+                        SlotValue::OutOfLine(f) => {
+                            pending.push(Pending {
+                                at: out.len(),
+                                part: at,
+                                key: k,
+                                fat: f,
+                            });
+                            out.push((k, Vec::new()));
+                        }
+                    }
+                    next = k.checked_add(1);
+                }
+            }
+            if out.len() >= n {
+                return Ok(resume(at, next));
+            }
+            // The chain reached this partition's rightmost leaf: every key
+            // of it from the start is in `out`.
+            let ended = prev_next == Some(0);
+            if ended && plan.part == at && !self.plan_next_partition(&mut plan).await? {
+                return Ok(part_start(at + 1));
+            }
+            let targets = self.plan_leaves(&mut plan, n - out.len()).await?;
+            if targets.is_empty() || targets.iter().any(|t| !t.2.is_some_and(|e| e.valid)) {
+                return Ok(if ended {
+                    // Nothing to predict the next partition with.
+                    part_start(at + 1)
+                } else {
+                    fall_back(at, next)
+                });
+            }
+            batch = match self.read_leaves_in(&targets, true).await? {
+                Ok(l) => l,
+                Err(_) if ended => return Ok(part_start(at + 1)),
+                Err(_) => return Ok(fall_back(at, next)),
+            };
+        }
+    }
+
+    /// Moves `plan` to the first leaf of the partition after its own (the
+    /// head of its first sub-model with a TT). False if there is none or
+    /// its model cannot be had.
+    async fn plan_next_partition(&self, plan: &mut PlanCursor) -> Result<bool> {
+        let q = plan.part + 1;
+        let Some(pc) = self.sh.parts.get(q) else {
+            return Ok(false);
+        };
+        let g = pc.generation(&self.ep).await?;
+        for j in 0..g.header.submodels {
+            match self.sub_view(pc, &g, j).await? {
+                // Its first leaf covers the partition's first key
+                // (invariant 1) only if its interval starts there.
+                Some(v) if v.record.tt_len > 0 && v.record.base != pc.lo => return Ok(false),
+                Some(v) if v.record.tt_len > 0 => {
+                    *plan = PlanCursor {
+                        part: q,
+                        g,
+                        i: j,
+                        v,
+                        lln: 0,
+                        last: None,
+                    };
+                    return Ok(true);
+                }
+                Some(_) => {}
+                None => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
+    /// The next leaves after `plan`, enough by their TT counts for
+    /// `missing` pairs (at most one batch), along this TT, on into the next
+    /// sub-models' TTs, and on into the next partitions'.
+    async fn plan_leaves(
+        &self,
+        plan: &mut PlanCursor,
+        missing: usize,
+    ) -> Result<Vec<(usize, u32, Option<TtEntry>)>> {
+        let limit = self.sh.cfg.batch_limit;
+        let mut out: Vec<(usize, u32, Option<TtEntry>)> = Vec::new();
+        let mut have = 0usize;
+        while have < missing && out.len() < limit {
+            if plan.lln >= plan.v.record.tt_len {
+                let p = &self.sh.parts[plan.part];
+                let mut j = plan.i + 1;
+                let next = loop {
+                    if j >= plan.g.header.submodels {
+                        break None;
+                    }
+                    match self.sub_view(p, &plan.g, j).await? {
+                        Some(nv) if nv.record.tt_len > 0 => break Some(nv),
+                        Some(_) => j += 1,
+                        None => return Ok(out),
+                    }
+                };
+                match next {
+                    Some(nv) => {
+                        plan.i = j;
+                        plan.v = nv;
+                        plan.lln = 0;
+                        // A leaf straddling both intervals heads this TT too.
+                        let Some(head) = self.entries(p, &plan.v, 0, 0).await? else {
+                            return Ok(out);
+                        };
+                        if Some(TtEntry::unpack(head[0]).leaf) == plan.last {
+                            plan.lln = 1;
+                            continue;
+                        }
+                    }
+                    None => {
+                        // This partition's TTs end here; its chain must end
+                        // too, which processing checks.
+                        if !self.plan_next_partition(plan).await? {
+                            return Ok(out);
+                        }
+                    }
+                }
+            }
+            let p = &self.sh.parts[plan.part];
+            let upto = (plan.lln + (limit - out.len()) as u32 - 1).min(plan.v.record.tt_len - 1);
+            let Some(raw) = self.entries(p, &plan.v, plan.lln, upto).await? else {
+                return Ok(out);
+            };
+            for w in raw {
+                let x = TtEntry::unpack(w);
+                out.push((plan.part, x.leaf, Some(x)));
+                plan.lln += 1;
+                plan.last = Some(x.leaf);
+                // An empty leaf adds nothing; the batch limit bounds the plan.
+                have += x.count as usize;
+                if have >= missing || out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the blocks of out-of-line values collected by a scan in one
+    /// batch (over every memory node involved). A block that changed since
+    /// its leaf was read (updated or deleted meanwhile) is read again
+    /// through a GET of its key; a key deleted meanwhile is dropped from
+    /// the result.
+    async fn resolve_blocks(
+        &self,
+        out: &mut Vec<(Key, Vec<u8>)>,
+        pending: &mut Vec<Pending>,
+    ) -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut b = self.ep.batch();
+        let idx: Vec<usize> = pending
+            .iter()
+            .map(|x| {
+                b.read(
+                    self.sh.parts[x.part].values.at(x.fat.offset),
+                    x.fat.block_len(),
+                )
+            })
+            .collect();
+        let mut res = b.run().await?;
+        let mut gone = Vec::new();
+        for (x, i) in pending.drain(..).zip(idx) {
+            let bytes = res.take_read(i);
+            match parse_block(x.key, x.fat, &bytes) {
+                Ok(v) => out[x.at].1 = v,
+                Err(_) => match self.get_in(&self.sh.parts[x.part], x.key).await? {
+                    Some(v) => out[x.at].1 = v,
+                    None => gone.push(x.at),
+                },
+            }
+        }
+        for at in gone.into_iter().rev() {
+            out.remove(at);
+        }
+        Ok(())
+    }
+
+    /// SCAN by the server from `cursor` (the fallback path).
+    async fn scan_by_rpc(
+        &self,
+        p: &PartClient,
+        mut cursor: Key,
+        n: usize,
+        out: &mut Vec<(Key, Vec<u8>)>,
+    ) -> Result<()> {
+        while out.len() < n && cursor <= p.hi {
+            let mut w = WireWriter::new();
+            let want = (n - out.len()).min(MAX_SCAN as usize) as u32;
+            w.u8(OP_SCAN)
+                .u64(cursor)
+                .u32(want)
+                .u32(self.generation(p))
+                .u8(self.want(p));
+            let reply = self.call(p, w.finish()).await?;
+            let mut r = WireReader::new(&reply);
+            let count = wire(r.count(12))?;
+            let mut last = None;
+            for _ in 0..count {
+                let k = wire(r.u64())?;
+                let v = wire(r.bytes())?.to_vec();
+                if k < cursor || last.is_some_and(|l| k <= l) || k > p.hi {
+                    return Err(KvError::Corrupt(format!(
+                        "node {} returned key {k:#x} out of order in a scan",
+                        p.node
+                    )));
+                }
+                last = Some(k);
+                out.push((k, v));
+            }
+            let complete = wire(r.bool())?;
+            let update = wire(ModelUpdate::decode(&mut r))?;
+            wire(r.end())?;
+            p.install_update(update);
+            if complete {
+                return Ok(());
+            }
+            match last {
+                Some(l) if l < u64::MAX => cursor = l + 1,
+                _ => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// GET within partition `p`.
+    async fn get_in(&self, p: &PartClient, key: Key) -> Result<Option<Vec<u8>>> {
+        for _ in 0..TORN_RETRIES {
+            match self.lookup(p, key, self.sh.whole_leaves).await? {
+                Lookup::Absent => return Ok(None),
+                Lookup::Fallback(c) => return self.fallback_get(p, key, c).await,
+                Lookup::Found(f) => {
+                    if let Some(v) = self.read_value(p, key, &f).await? {
+                        return Ok(Some(v));
+                    }
+                    ClientStats::bump(&self.stats().value_retries);
+                }
+            }
+        }
+        self.fallback_get(p, key, FallbackCause::Torn).await
+    }
+
+    /// The position hint for UPDATE (§5.3.1): the leaf the cached model
+    /// predicts, when the cache holds its TT entry (no extra round trip).
+    fn hint(&self, p: &PartClient, key: Key) -> Option<TtEntry> {
+        if !self.sh.cfg.hints {
+            return None;
+        }
+        let g = p.cached_gen()?;
+        let s = g.sub(g.header.route(key))?;
+        if s.tt.is_empty() {
+            return None;
+        }
+        let pos = s.record.position(key).max(0);
+        let n = ((pos / g.header.slots as i64) as u32).min(s.record.tt_len - 1);
+        let e = TtEntry::unpack(s.entry(n));
+        e.valid.then_some(e)
+    }
+
+    async fn write_rpc(&self, op: u8, key: Key, value: Option<&[u8]>) -> Result<bool> {
+        let p = self.sh.part_of(key);
+        let mut w = WireWriter::new();
+        w.u8(op).u64(key);
+        if let Some(v) = value {
+            w.bytes(v);
+        }
+        let hinted = if op == OP_UPDATE {
+            match self.hint(p, key) {
+                Some(e) => {
+                    ClientStats::bump(&self.stats().hints_sent);
+                    w.u8(1).u32(e.leaf).u32(e.incarnation);
+                    true
+                }
+                None => {
+                    w.u8(0);
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        let reply = self.call(p, w.finish()).await?;
+        let mut r = WireReader::new(&reply);
+        let done = wire(r.bool())?;
+        if op == OP_UPDATE && wire(r.bool())? && hinted {
+            ClientStats::bump(&self.stats().hints_used);
+        }
+        wire(r.end())?;
+        Ok(done)
+    }
+}
+
+/// A reply that does not parse.
+fn wire<T>(r: std::result::Result<T, dmkv_transport::WireError>) -> Result<T> {
+    r.map_err(|e| KvError::Transport(e.into()))
+}
+
+/// Maximal runs of consecutive numbers in sorted `v`, as (first, last).
+fn runs(v: &[u32]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for &x in v {
+        match out.last_mut() {
+            Some((_, hi)) if *hi + 1 == x => *hi = x,
+            _ => out.push((x, x)),
+        }
+    }
+    out
+}
+
+/// Whether the leaves read prove `key`'s leaf among them: some key at or
+/// below `key` (or the TT's first leaf, which covers the interval's start)
+/// and some key above it (or the TT's last leaf).
+fn coverage(read: &[(u32, Leaf)], key: Key, s: u32, e: u32, t: u32) -> (bool, bool) {
+    let left = s == 0
+        || read
+            .iter()
+            .any(|(_, l)| l.image.keys().keys.iter().any(|&k| k <= key));
+    let right = e + 1 >= t
+        || read
+            .iter()
+            .any(|(_, l)| l.image.keys().keys.iter().any(|&k| k > key));
+    (left, right)
+}
+
+#[async_trait(?Send)]
+impl KvStore for Client {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        ClientStats::bump(&self.stats().gets);
+        let p = self.sh.part_of(key);
+        self.get_in(p, key).await
+    }
+
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write_rpc(OP_INSERT, key, Some(value)).await
+    }
+
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write_rpc(OP_UPDATE, key, Some(value)).await
+    }
+
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.write_rpc(OP_UPSERT, key, Some(value)).await
+    }
+
+    async fn delete(&self, key: Key) -> Result<bool> {
+        self.write_rpc(OP_DELETE, key, None).await
+    }
+
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        ClientStats::bump(&self.stats().scans);
+        let parts = &self.sh.parts;
+        let mut out = Vec::new();
+        let mut part = self.sh.cfg.partition_of(start);
+        let mut from = start;
+        while out.len() < n && part < parts.len() {
+            let mut pending = Vec::new();
+            let stop = self.scan_walk(part, from, n, &mut out, &mut pending).await;
+            self.resolve_blocks(&mut out, &mut pending).await?;
+            match stop? {
+                ScanStop::At(q, k) => (part, from) = (q, k),
+                ScanStop::Fallback(q, k, cause) => {
+                    // From the first key not yet returned, by the server.
+                    self.stats().fallback(cause);
+                    self.scan_by_rpc(&parts[q], k, n, &mut out).await?;
+                    part = q + 1;
+                    from = parts.get(part).map_or(0, |x| x.lo);
+                }
+            }
+        }
+        out.truncate(n);
+        Ok(out)
+    }
+}

@@ -1,0 +1,991 @@
+//! The memory node's side of XStore: one range partition's XTree, its
+//! model region, the retraining workers, the durability log, and the RPC
+//! service that performs writes and fallbacks.
+//!
+//! - Writes (INSERT, UPDATE with a position hint, UPSERT, DELETE) run on
+//!   XTree by RPC (§5.3). A leaf split calls [`Server::on_split`], which
+//!   queues a retraining of exactly the sub-models whose TT names the split
+//!   leaf (§5.3.2) on the worker pool (`xstore.retrain_threads`).
+//! - Retraining publishes the sub-model and its TT into the model region;
+//!   clients fetch it on demand (one-sided, or in a fallback reply).
+//! - Model expansion (§5.3.2): when keys per sub-model pass
+//!   `xstore.keys_per_model`, a whole new generation with twice the
+//!   sub-models is trained beside the committed one and committed by
+//!   rewriting the header; after mass deletes the same path halves them.
+//!   Requests keep being served from the old generation meanwhile.
+//! - Bulk loads do not retrain incrementally: they mark the model stale,
+//!   and the next PREPARE (a client starting) or other request schedules
+//!   one full training (Fig. 6) over everything loaded.
+
+mod models;
+pub mod wal;
+
+use crate::config::XStoreConfig;
+use crate::layout::{LogOp, LogRecord, MAX_TT_LEN};
+use crate::model::{TrainedSub, interval_starts, train_submodel, train_top};
+use crate::wire::*;
+use dmkv_api::{KvError, Result, ServeArgs};
+use dmkv_memnode::{NodeRuntime, WorkerPool};
+use dmkv_transport::{
+    RegionMem, Responder, RpcContext, ServiceError, WireReader, WireWriter, thread_cpu_ns,
+};
+use dmkv_xtree::{Geometry, Header, LeafRef, MAX_VALUE_LEN, SplitEvent, XTree};
+pub use models::{Generation, ModelStore, PublishError, Published};
+use parking_lot::{Condvar, Mutex, RwLock};
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+use wal::{Ticket, Wal};
+
+/// Keys sampled for training the top model ("the top model can be trained
+/// over sampled data", §5.1).
+const TOP_SAMPLES: u64 = 1 << 17;
+/// Leaves read per step when walking the whole partition.
+const WALK_CHUNK: usize = 4096;
+/// Stripes ordering writes to one key with their log versions.
+const STRIPES: usize = 1024;
+
+/// Key-value pairs of a scan.
+type Pairs = Vec<(u64, Vec<u8>)>;
+
+/// Why a full training runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FullReason {
+    Initial,
+    AfterLoad,
+    Expansion,
+    Shrink,
+}
+
+#[derive(Default)]
+struct FullState {
+    asked: u64,
+    done: u64,
+    target: Option<u32>,
+    reason: Option<FullReason>,
+    queued: bool,
+}
+
+/// Figures for `engine_stats`.
+#[derive(Default)]
+struct Counters {
+    retrains: AtomicU64,
+    retrain_cpu_ns: AtomicU64,
+    retrain_failures: AtomicU64,
+    retrains_requeued: AtomicU64,
+    retrains_superseded: AtomicU64,
+    full_trainings: AtomicU64,
+    full_training_cpu_ns: AtomicU64,
+    last_full_training_us: AtomicU64,
+    expansions: AtomicU64,
+    shrinks: AtomicU64,
+    splits_seen: AtomicU64,
+    fallback_gets: AtomicU64,
+    fallback_scans: AtomicU64,
+    stale_kicks: AtomicU64,
+}
+
+/// One partition on one memory node.
+pub struct Server {
+    cfg: XStoreConfig,
+    part: usize,
+    lo: u64,
+    hi: u64,
+    tree: Arc<XTree>,
+    geo: Geometry,
+    node_mem: Arc<RegionMem>,
+    models: ModelStore,
+    pool: Arc<WorkerPool>,
+    wal: Option<Wal>,
+    /// Per key stripe, when logging: serializes a key's writes with their
+    /// log versions, and remembers the ticket of the stripe's last record
+    /// (a write that changes nothing is answered once that is durable).
+    stripes: Vec<Mutex<Option<Ticket>>>,
+    /// Loads (exclusive) against writes (shared), when logging.
+    load_gate: RwLock<()>,
+    /// Pairs were bulk-loaded since the last full training started.
+    load_dirty: AtomicBool,
+    full: Mutex<FullState>,
+    full_done: Condvar,
+    full_running: Mutex<()>,
+    /// A full training is running (no resize checks meanwhile).
+    full_active: AtomicBool,
+    counters: Counters,
+    me: Weak<Server>,
+}
+
+fn config_err(e: impl std::fmt::Display) -> KvError {
+    KvError::Config(e.to_string())
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// Installs XStore's server side on the node of `args.node_index`.
+pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
+    let cfg = XStoreConfig::from_args(args)?;
+    let part = args.node_index;
+    if part > cfg.bounds.len() {
+        return Err(config_err(format!(
+            "node index {part} beyond {} partitions",
+            cfg.bounds.len() + 1
+        )));
+    }
+    let (lo, hi) = cfg.partition(part);
+    let tree = XTree::create(
+        rt,
+        &args.name(NODE_REGION),
+        &args.name(VALUE_REGION),
+        cfg.tree,
+    )
+    .map_err(config_err)?;
+    let node_mem = rt
+        .region(&args.name(NODE_REGION))
+        .ok_or_else(|| config_err("the node region vanished"))?
+        .mem;
+    let geo = tree.geometry();
+    let models = ModelStore::create(
+        rt,
+        &args.name(MODEL_REGION),
+        cfg.model_region_bytes(),
+        geo.slots() as u32,
+        lo,
+        hi,
+        cfg.tree.max_nodes as usize + 1,
+    )
+    .map_err(config_err)?;
+    let pool = rt.worker_pool(&format!("xstore-p{part}"), cfg.retrain_threads);
+    let (wal, recovered) = if cfg.durability {
+        let dir = args
+            .data_dir
+            .as_ref()
+            .map(|d| d.join(sanitize(&args.instance)).join(format!("p{part}")));
+        let (w, r) = Wal::open(dir, cfg.log_sync).map_err(KvError::Config)?;
+        (Some(w), Some(r))
+    } else {
+        (None, None)
+    };
+    let server = Arc::new_cyclic(|me| Server {
+        cfg,
+        part,
+        lo,
+        hi,
+        tree: tree.clone(),
+        geo,
+        node_mem,
+        models,
+        pool,
+        wal,
+        stripes: (0..STRIPES).map(|_| Mutex::new(None)).collect(),
+        load_gate: RwLock::new(()),
+        load_dirty: AtomicBool::new(false),
+        full: Mutex::new(FullState::default()),
+        full_done: Condvar::new(),
+        full_running: Mutex::new(()),
+        full_active: AtomicBool::new(false),
+        counters: Counters::default(),
+        me: me.clone(),
+    });
+    if let Some(r) = recovered {
+        // Replay: the latest version of every key, then a full training.
+        for chunk in r.pairs.chunks(4096) {
+            let refs: Vec<(u64, &[u8])> = chunk.iter().map(|(k, v)| (*k, &v[..])).collect();
+            tree.bulk_load(&refs).map_err(config_err)?;
+        }
+    }
+    server
+        .full_train(None, FullReason::Initial)
+        .map_err(|e| config_err(format!("initial training: {e:?}")))?;
+    let weak = Arc::downgrade(&server);
+    tree.set_split_hook(Some(Arc::new(move |ev: &SplitEvent| {
+        if let Some(s) = weak.upgrade() {
+            s.on_split(ev);
+        }
+    })));
+    let s = server.clone();
+    rt.register_deferred_service(
+        &args.name(SERVICE),
+        Arc::new(move |_: &RpcContext, req: &[u8], r: Responder| s.handle(req, r)),
+    )
+    .map_err(config_err)?;
+    Ok(server)
+}
+
+/// When a request's reply may leave.
+enum Answer {
+    Now,
+    /// Once this log record is durable.
+    AfterLog(Ticket),
+    /// Once the committed model covers every loaded key (and, `settle`,
+    /// the retraining workers are idle).
+    AfterTraining {
+        settle: bool,
+    },
+}
+
+/// One write operation.
+enum Write<'a> {
+    Insert(&'a [u8]),
+    Update(&'a [u8], Option<LeafRef>),
+    Upsert(&'a [u8]),
+    Delete,
+}
+
+impl Server {
+    pub fn tree(&self) -> &Arc<XTree> {
+        &self.tree
+    }
+
+    pub fn models(&self) -> &ModelStore {
+        &self.models
+    }
+
+    pub fn wal_dir(&self) -> Option<std::path::PathBuf> {
+        self.wal.as_ref().map(|w| w.dir().to_path_buf())
+    }
+
+    /// The durability log, when `xstore.durability=on` (tests use its
+    /// fault injection: [`Wal::hold`], [`Wal::crash`]).
+    pub fn wal(&self) -> Option<&Wal> {
+        self.wal.as_ref()
+    }
+
+    // ---- the service -----------------------------------------------------
+
+    /// Serves one request (on an RPC handler thread). Nothing in it is
+    /// trusted. A write that must be durable first is answered by the
+    /// logger thread once its batch is synced (group commit); everything
+    /// else is answered at once.
+    pub fn handle(&self, req: &[u8], responder: Responder) {
+        match self.serve_request(req) {
+            Ok((reply, Answer::Now)) => responder.reply(Ok(reply)),
+            Ok((reply, Answer::AfterTraining { settle })) => {
+                // Training (and settling) may take seconds: wait on a
+                // thread of its own, not on a handler thread.
+                let Some(me) = self.me.upgrade() else {
+                    return responder.reply(Err(ServiceError::failed("the server is going away")));
+                };
+                // If the thread cannot start, the closure is dropped and
+                // with it the responder, which then answers with an error.
+                let _ = std::thread::Builder::new()
+                    .name("xstore-prepare".into())
+                    .spawn(move || {
+                        me.prepare();
+                        if settle {
+                            me.pool.wait_idle();
+                        }
+                        responder.reply(Ok(reply));
+                    });
+            }
+            Ok((reply, Answer::AfterLog(ticket))) => {
+                let wal = self.wal.as_ref().expect("tickets come from the log");
+                wal.when_durable(
+                    &ticket,
+                    Box::new(move |durable| {
+                        responder.reply(
+                            durable
+                                .map(|()| reply)
+                                .map_err(|e| ServiceError::failed(format!("log: {e}"))),
+                        )
+                    }),
+                );
+            }
+            Err(e) => responder.reply(Err(e)),
+        }
+    }
+
+    /// Performs one request: the reply, and when it may be sent.
+    fn serve_request(&self, req: &[u8]) -> std::result::Result<(Vec<u8>, Answer), ServiceError> {
+        let mut r = WireReader::new(req);
+        let op = r.u8()?;
+        let mut w = WireWriter::new();
+        let mut ticket = None;
+        let mut answer = Answer::Now;
+        match op {
+            OP_GET => {
+                let key = r.u64()?;
+                let generation = r.u32()?;
+                let want = want(r.u8()?)?;
+                r.end()?;
+                self.check_key(key)?;
+                self.counters.fallback_gets.fetch_add(1, Ordering::Relaxed);
+                self.catch_up_after_load();
+                let v = self.tree.get(key)?;
+                w.bool(v.is_some());
+                if let Some(v) = v {
+                    w.bytes(&v);
+                }
+                self.model_update(generation, key, want).encode(&mut w);
+            }
+            OP_SCAN => {
+                let start = r.u64()?;
+                let n = r.u32()?;
+                let generation = r.u32()?;
+                let want = want(r.u8()?)?;
+                r.end()?;
+                self.check_key(start)?;
+                if n == 0 || n > MAX_SCAN {
+                    return Err(ServiceError::malformed(format!(
+                        "scan of {n} pairs (1..={MAX_SCAN})"
+                    )));
+                }
+                self.counters.fallback_scans.fetch_add(1, Ordering::Relaxed);
+                self.catch_up_after_load();
+                let (pairs, complete) = self.scan(start, n as usize)?;
+                w.u32(pairs.len() as u32);
+                for (k, v) in &pairs {
+                    w.u64(*k).bytes(v);
+                }
+                w.bool(complete);
+                self.model_update(generation, start, want).encode(&mut w);
+            }
+            OP_INSERT | OP_UPSERT => {
+                let key = r.u64()?;
+                let v = value(&mut r)?;
+                r.end()?;
+                let op = if op == OP_INSERT {
+                    Write::Insert(v)
+                } else {
+                    Write::Upsert(v)
+                };
+                let (done, _, t) = self.write(key, op)?;
+                ticket = t;
+                w.bool(done);
+            }
+            OP_UPDATE => {
+                let key = r.u64()?;
+                let v = value(&mut r)?;
+                let hint = match r.u8()? {
+                    0 => None,
+                    1 => Some(LeafRef {
+                        node: r.u32()?,
+                        incarnation: r.u32()?,
+                    }),
+                    b => return Err(ServiceError::malformed(format!("hint flag {b}"))),
+                };
+                r.end()?;
+                let (done, used, t) = self.write(key, Write::Update(v, hint))?;
+                ticket = t;
+                w.bool(done).bool(used);
+            }
+            OP_DELETE => {
+                let key = r.u64()?;
+                r.end()?;
+                let (done, _, t) = self.write(key, Write::Delete)?;
+                ticket = t;
+                w.bool(done);
+            }
+            OP_LOAD => {
+                let n = r.count(12)?;
+                let mut pairs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let k = r.u64()?;
+                    self.check_key(k)?;
+                    pairs.push((k, value(&mut r)?));
+                }
+                r.end()?;
+                ticket = self.load(&pairs)?;
+            }
+            OP_PREPARE => {
+                r.end()?;
+                if self.load_dirty.load(Ordering::SeqCst) {
+                    answer = Answer::AfterTraining { settle: false };
+                }
+            }
+            OP_SETTLE => {
+                r.end()?;
+                answer = Answer::AfterTraining { settle: true };
+            }
+            OP_STATS => {
+                r.end()?;
+                w.raw(self.stats().to_string().as_bytes());
+            }
+            op => return Err(ServiceError::malformed(format!("unknown opcode {op}"))),
+        }
+        if let Some(t) = ticket {
+            answer = Answer::AfterLog(t);
+        }
+        Ok((w.finish(), answer))
+    }
+
+    fn check_key(&self, key: u64) -> std::result::Result<(), ServiceError> {
+        if key < self.lo || key > self.hi {
+            return Err(ServiceError::malformed(format!(
+                "key {key:#x} is outside partition {} [{:#x}, {:#x}]",
+                self.part, self.lo, self.hi
+            )));
+        }
+        Ok(())
+    }
+
+    /// What a fallback returns with its answer: the current sub-model for
+    /// `key` (and the header, if the client's generation is not current).
+    fn model_update(&self, client_generation: u32, key: u64, want: u8) -> ModelUpdate {
+        let g = self.models.current();
+        let i = g.header.route(key);
+        let p = g.sub(i);
+        self.kick_if_stale(&g, i, &p);
+        let sub = (want != WANT_NOTHING).then(|| SubUpdate {
+            record: p.record,
+            entries: (want == WANT_RECORD_AND_TT).then(|| p.entries.clone()),
+        });
+        if g.generation() != client_generation {
+            ModelUpdate::Generation(g.header, sub)
+        } else {
+            sub.map_or(ModelUpdate::None, ModelUpdate::Sub)
+        }
+    }
+
+    /// Up to `n` pairs from `start`, stopping early (incomplete) when the
+    /// reply would grow past [`MAX_REPLY_BYTES`].
+    fn scan(&self, start: u64, n: usize) -> std::result::Result<(Pairs, bool), ServiceError> {
+        let mut out = Vec::new();
+        let mut bytes = 64;
+        let mut cursor = start;
+        loop {
+            let want = (n - out.len()).min(256);
+            let part = self.tree.scan(cursor, want)?;
+            let got = part.len();
+            for (k, v) in part {
+                if bytes + 12 + v.len() > MAX_REPLY_BYTES {
+                    return Ok((out, false));
+                }
+                bytes += 12 + v.len();
+                cursor = k;
+                out.push((k, v));
+            }
+            if out.len() == n || got < want || cursor == u64::MAX {
+                return Ok((out, true));
+            }
+            cursor += 1;
+        }
+    }
+
+    // ---- writes and durability --------------------------------------------
+
+    /// Applies a write; with durability, appends its record to the worker's
+    /// log. Returns (done, hint used, the record the reply must wait for):
+    /// the write's own record, or, for a write that changed nothing, the
+    /// last record of its key's stripe if that is not durable yet (the
+    /// answer "exists" or "missing" may rest on it).
+    fn write(
+        &self,
+        key: u64,
+        op: Write<'_>,
+    ) -> std::result::Result<(bool, bool, Option<Ticket>), ServiceError> {
+        self.check_key(key)?;
+        let logged = self.wal.as_ref();
+        let (done, hint_used, ticket) = {
+            let _gate = logged.map(|_| self.load_gate.read());
+            let mut stripe = logged.map(|_| self.stripes[stripe(key)].lock());
+            // (answer, hint used, whether the store changed)
+            let (done, used, changed) = match op {
+                Write::Insert(v) => {
+                    let d = self.tree.insert(key, v)?;
+                    (d, false, d)
+                }
+                Write::Upsert(v) => (self.tree.upsert(key, v)?, false, true),
+                Write::Update(v, Some(h)) if self.cfg.hints => {
+                    let r = self.tree.update_hinted(key, v, h)?;
+                    (r.updated, r.hint_used, r.updated)
+                }
+                Write::Update(v, _) => {
+                    let d = self.tree.update(key, v)?;
+                    (d, false, d)
+                }
+                Write::Delete => {
+                    let d = self.tree.delete(key)?;
+                    (d, false, d)
+                }
+            };
+            let ticket = match (logged, stripe.as_deref_mut()) {
+                (Some(wal), Some(last)) if changed => {
+                    let record = LogRecord {
+                        version: wal.next_version(),
+                        key,
+                        op: match op {
+                            Write::Insert(v) | Write::Upsert(v) | Write::Update(v, _) => {
+                                LogOp::Put(v.to_vec())
+                            }
+                            Write::Delete => LogOp::Delete,
+                        },
+                    };
+                    let t = wal
+                        .append(&[record], false)
+                        .map_err(|e| ServiceError::failed(format!("log: {e}")))?;
+                    last.clone_from(&t);
+                    t
+                }
+                (Some(_), Some(last)) => last.clone().filter(|t| !t.is_durable()),
+                _ => None,
+            };
+            (done, used, ticket)
+        };
+        self.catch_up_after_load();
+        self.maybe_resize();
+        Ok((done, hint_used, ticket))
+    }
+
+    /// Bulk-loads `pairs`; with durability, logs them as one run of records
+    /// and returns the ticket of the last.
+    fn load(&self, pairs: &[(u64, &[u8])]) -> std::result::Result<Option<Ticket>, ServiceError> {
+        // Before the tree changes, so that its splits queue no retraining.
+        self.load_dirty.store(true, Ordering::SeqCst);
+        let Some(wal) = &self.wal else {
+            self.tree.bulk_load(pairs)?;
+            return Ok(None);
+        };
+        // No write runs meanwhile (they hold the gate shared), so the
+        // stripes are free and versions follow the load's order.
+        let _excl = self.load_gate.write();
+        self.tree.bulk_load(pairs)?;
+        let mut sorted: Vec<&(u64, &[u8])> = pairs.iter().collect();
+        // Duplicates within a load: the last one wins, as in bulk_load's
+        // upserts of sorted pairs.
+        sorted.sort_by_key(|p| p.0);
+        let records: Vec<LogRecord> = sorted
+            .iter()
+            .map(|(k, v)| LogRecord {
+                version: wal.next_version(),
+                key: *k,
+                op: LogOp::Put(v.to_vec()),
+            })
+            .collect();
+        let ticket = wal
+            .append(&records, true)
+            .map_err(|e| ServiceError::failed(format!("log: {e}")))?;
+        for (k, _) in pairs {
+            self.stripes[stripe(*k)].lock().clone_from(&ticket);
+        }
+        Ok(ticket)
+    }
+
+    // ---- retraining --------------------------------------------------------
+
+    /// The split hook: queue the sub-models whose TT names the split leaf.
+    fn on_split(&self, ev: &SplitEvent) {
+        if ev.level != 0 {
+            return;
+        }
+        self.counters.splits_seen.fetch_add(1, Ordering::Relaxed);
+        if self.load_dirty.load(Ordering::SeqCst) {
+            return;
+        }
+        let g = self.models.current();
+        if let Some((a, b)) = g.subs_of_leaf(ev.left.node) {
+            for i in a..=b.min(g.submodels() - 1) {
+                self.schedule(&g, i);
+            }
+        }
+    }
+
+    fn schedule(&self, g: &Arc<Generation>, i: u32) {
+        if g.queued[i as usize].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.me.clone();
+        let g = g.clone();
+        self.pool.submit(move || {
+            if let Some(s) = me.upgrade() {
+                s.retrain(&g, i);
+            }
+        });
+    }
+
+    fn is_current(&self, g: &Arc<Generation>) -> bool {
+        Arc::ptr_eq(&self.models.current(), g)
+    }
+
+    /// Retrains sub-model `i` of `g` (a worker-pool job).
+    fn retrain(&self, g: &Arc<Generation>, i: u32) {
+        if !self.is_current(g) {
+            return;
+        }
+        g.queued[i as usize].store(false, Ordering::SeqCst);
+        let _one = g.locks[i as usize].lock();
+        let cpu = thread_cpu_ns();
+        match self.train_one(g, i, true) {
+            Ok(()) => {
+                self.counters.retrains.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(PublishError::Superseded) => {
+                self.counters
+                    .retrains_superseded
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.counters
+                    .retrain_failures
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.counters
+            .retrain_cpu_ns
+            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
+        drop(_one);
+        // A split between our read of the leaves and the publication found
+        // the old TT in the reverse map: look again.
+        if self.is_current(g) && self.is_stale(&g.sub(i)) {
+            self.counters
+                .retrains_requeued
+                .fetch_add(1, Ordering::Relaxed);
+            self.schedule(g, i);
+        }
+    }
+
+    /// Trains sub-model `i` of `g` on the current leaves and publishes it.
+    fn train_one(
+        &self,
+        g: &Generation,
+        i: u32,
+        committed: bool,
+    ) -> std::result::Result<(), PublishError> {
+        let trained = match g.interval(i) {
+            None => TrainedSub {
+                slope: 0.0,
+                intercept: 0.0,
+                base: g.first[i as usize].min(u64::MAX as u128) as u64,
+                min_err: 0,
+                max_err: 0,
+                entries: Vec::new(),
+                keys: 0,
+                mean_abs_err: 0.0,
+            },
+            Some((a, b)) => {
+                let leaves = self
+                    .tree
+                    .leaves_covering(a, b, MAX_TT_LEN as usize + 1)
+                    .map_err(|e| PublishError::Full(e.to_string()))?;
+                if leaves.len() > MAX_TT_LEN as usize {
+                    return Err(PublishError::TooLarge(leaves.len()));
+                }
+                train_submodel(&leaves, a, b, self.geo.slots() as u32)
+            }
+        };
+        self.models.publish(g, i, trained, committed)
+    }
+
+    /// Whether any TT entry of `p` names a leaf whose incarnation changed.
+    fn is_stale(&self, p: &Published) -> bool {
+        let nb = self.geo.node_bytes() as u64;
+        let hdr = self.geo.payload_offset(Geometry::HDR) as u64;
+        p.entries.iter().any(|&e| {
+            let e = crate::layout::TtEntry::unpack(e);
+            match self.node_mem.load_u64(e.leaf as u64 * nb + hdr) {
+                Ok(w) => Header::unpack(w).incarnation != e.incarnation,
+                Err(_) => true,
+            }
+        })
+    }
+
+    /// A fallback on a stale sub-model that no job is retraining (a split
+    /// raced a publication, or the hook was skipped during a load) queues
+    /// one, so that fallbacks always lead to a fresh model.
+    fn kick_if_stale(&self, g: &Arc<Generation>, i: u32, p: &Published) {
+        if !self.load_dirty.load(Ordering::SeqCst)
+            && !g.queued[i as usize].load(Ordering::Acquire)
+            && self.is_stale(p)
+        {
+            self.counters.stale_kicks.fetch_add(1, Ordering::Relaxed);
+            self.schedule(g, i);
+        }
+    }
+
+    /// After a bulk load, the first other request schedules the full
+    /// training.
+    fn catch_up_after_load(&self) {
+        if self.load_dirty.load(Ordering::SeqCst) {
+            self.request_full(None, FullReason::AfterLoad, false);
+        }
+    }
+
+    /// Waits until the committed model covers every loaded key.
+    fn prepare(&self) {
+        if self.load_dirty.load(Ordering::SeqCst) {
+            self.request_full(None, FullReason::AfterLoad, true);
+        }
+    }
+
+    /// Model expansion and shrinking (§5.3.2).
+    fn maybe_resize(&self) {
+        if !self.cfg.expansion
+            || self.load_dirty.load(Ordering::SeqCst)
+            || self.full_active.load(Ordering::SeqCst)
+        {
+            return;
+        }
+        let g = self.models.current();
+        let m = g.submodels() as u64;
+        let keys = self.tree.stats().keys;
+        let kpm = self.cfg.keys_per_model;
+        if keys > m * kpm && m * 2 <= crate::layout::MAX_SUBMODELS as u64 {
+            self.request_full(Some((m * 2) as u32), FullReason::Expansion, false);
+        } else if m > self.cfg.min_submodels() as u64 && keys * 8 < m * kpm {
+            let target = (m / 2).max(self.cfg.min_submodels() as u64) as u32;
+            self.request_full(Some(target), FullReason::Shrink, false);
+        }
+    }
+
+    fn request_full(&self, target: Option<u32>, reason: FullReason, wait: bool) {
+        let mut st = self.full.lock();
+        if !wait && st.queued {
+            return;
+        }
+        st.asked += 1;
+        let ticket = st.asked;
+        if target.is_some() {
+            st.target = target;
+        }
+        st.reason = Some(reason);
+        if !st.queued {
+            st.queued = true;
+            let me = self.me.clone();
+            self.pool.submit(move || {
+                if let Some(s) = me.upgrade() {
+                    s.full_job();
+                }
+            });
+        }
+        if wait {
+            while st.done < ticket {
+                self.full_done.wait(&mut st);
+            }
+        }
+    }
+
+    /// A queued full training (a worker-pool job).
+    fn full_job(&self) {
+        let _running = self.full_running.lock();
+        let (ticket, target, reason) = {
+            let mut st = self.full.lock();
+            st.queued = false;
+            (st.asked, st.target.take(), st.reason.take())
+        };
+        self.load_dirty.store(false, Ordering::SeqCst);
+        let reason = reason.unwrap_or(FullReason::AfterLoad);
+        let m = self.models.current().submodels();
+        // A resize asked for before the previous one committed may be moot.
+        let moot = match (reason, target) {
+            (FullReason::Expansion, Some(t)) => t <= m,
+            (FullReason::Shrink, Some(t)) => t >= m,
+            _ => false,
+        };
+        if !moot {
+            self.full_active.store(true, Ordering::SeqCst);
+            let _ = self.full_train(target, reason);
+            self.full_active.store(false, Ordering::SeqCst);
+        }
+        let mut st = self.full.lock();
+        st.done = st.done.max(ticket);
+        self.full_done.notify_all();
+    }
+
+    /// TRAIN_XMODEL (Fig. 6): a new generation with `target` sub-models
+    /// (or as many as the keys call for), trained beside the committed one
+    /// and then committed.
+    fn full_train(
+        &self,
+        target: Option<u32>,
+        reason: FullReason,
+    ) -> std::result::Result<(), PublishError> {
+        let wall = Instant::now();
+        let cpu = thread_cpu_ns();
+        let estimate = self.tree.stats().keys;
+        let m = target
+            .unwrap_or_else(|| self.cfg.submodels_for(estimate))
+            .max(self.cfg.min_submodels())
+            .min(crate::layout::MAX_SUBMODELS);
+        // The top model, over sampled keys in order.
+        let stride = (estimate / TOP_SAMPLES).max(1);
+        let mut samples = Vec::new();
+        let mut rank = 0u64;
+        let mut cursor = Some(self.lo);
+        while let Some(c) = cursor {
+            let chunk = self
+                .tree
+                .leaves_covering(c, self.hi, WALK_CHUNK)
+                .map_err(|e| PublishError::Full(e.to_string()))?;
+            for l in &chunk {
+                for &k in &l.info.keys {
+                    if rank.is_multiple_of(stride) {
+                        samples.push((k, rank));
+                    }
+                    rank += 1;
+                }
+            }
+            cursor = match chunk.last() {
+                Some(l) if chunk.len() == WALK_CHUNK => l.upper,
+                _ => None,
+            };
+        }
+        let top = train_top(&samples, rank, self.lo, self.hi, m);
+        let first = interval_starts(&top, self.lo, self.hi, m);
+        let generation = self.models.current().generation() + 1;
+        let g = self.models.new_generation(generation, top, first, rank)?;
+        for i in 0..m {
+            if let Err(e) = self.train_one(&g, i, false) {
+                self.models.discard(g);
+                return Err(e);
+            }
+        }
+        let g = Arc::new(g);
+        self.models.commit(g.clone());
+        // Splits while the generation was built left stale entries that no
+        // hook could queue: sweep.
+        for i in 0..m {
+            if self.is_stale(&g.sub(i)) {
+                self.schedule(&g, i);
+            }
+        }
+        let c = &self.counters;
+        c.full_trainings.fetch_add(1, Ordering::Relaxed);
+        c.full_training_cpu_ns
+            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
+        c.last_full_training_us
+            .store(wall.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match reason {
+            FullReason::Expansion => {
+                c.expansions.fetch_add(1, Ordering::Relaxed);
+            }
+            FullReason::Shrink => {
+                c.shrinks.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    // ---- stats -------------------------------------------------------------
+
+    /// This partition's figures for `engine_stats`.
+    pub fn stats(&self) -> serde_json::Value {
+        let g = self.models.current();
+        let m = g.submodels();
+        let (mut tt, mut keys, mut abs) = (0u64, 0u64, 0f64);
+        let (mut min_lo, mut min_hi, mut min_sum) = (u32::MAX, 0u32, 0u64);
+        let (mut max_lo, mut max_hi, mut max_sum) = (u32::MAX, 0u32, 0u64);
+        let mut live = 0u64;
+        let mut stale = 0u64;
+        for i in 0..m {
+            let p = g.sub(i);
+            if p.record.tt_len == 0 {
+                continue;
+            }
+            live += 1;
+            tt += p.entries.len() as u64;
+            keys += p.trained_keys;
+            abs += p.mean_abs_err * p.trained_keys as f64;
+            let (a, b) = (p.record.min_err, p.record.max_err);
+            min_lo = min_lo.min(a);
+            min_hi = min_hi.max(a);
+            min_sum += a as u64;
+            max_lo = max_lo.min(b);
+            max_hi = max_hi.max(b);
+            max_sum += b as u64;
+            if self.is_stale(&p) {
+                stale += 1;
+            }
+        }
+        let avg = |s: u64| {
+            if live == 0 {
+                0.0
+            } else {
+                s as f64 / live as f64
+            }
+        };
+        let c = &self.counters;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let retrains = ld(&c.retrains);
+        let t = self.tree.stats();
+        let mut v = json!({
+            "partition": self.part,
+            "key_range": [self.lo, self.hi],
+            "generation": g.generation(),
+            "submodels": m,
+            "submodels_reachable": live,
+            "submodels_stale": stale,
+            "keys": t.keys,
+            "keys_per_submodel": if m == 0 { 0.0 } else { t.keys as f64 / m as f64 },
+            "tt_entries": tt,
+            "model_bytes": {
+                "sub_model_records": m as u64 * crate::layout::RECORD_BYTES as u64,
+                "tt_bytes": tt * 8,
+                "top_model": 16,
+                "region_in_use": self.models.bytes_in_use(),
+            },
+            "prediction_error": {
+                "min_err_slots": {"min": if live == 0 { 0 } else { min_lo }, "max": min_hi, "avg": avg(min_sum)},
+                "max_err_slots": {"min": if live == 0 { 0 } else { max_lo }, "max": max_hi, "avg": avg(max_sum)},
+                "mean_abs_slots": if keys == 0 { 0.0 } else { abs / keys as f64 },
+            },
+            "retrains": retrains,
+            "retrain_cpu_ns": ld(&c.retrain_cpu_ns),
+            "retrain_us_avg": if retrains == 0 { 0.0 } else { ld(&c.retrain_cpu_ns) as f64 / retrains as f64 / 1000.0 },
+            "retrain_failures": ld(&c.retrain_failures),
+            "retrains_requeued": ld(&c.retrains_requeued),
+            "retrains_superseded": ld(&c.retrains_superseded),
+            "retrain_queue": self.pool.pending(),
+            "full_trainings": ld(&c.full_trainings),
+            "full_training_cpu_ns": ld(&c.full_training_cpu_ns),
+            "last_full_training_us": ld(&c.last_full_training_us),
+            "expansions": ld(&c.expansions),
+            "shrinks": ld(&c.shrinks),
+            "model_region_full_events": self.models.full_events.load(Ordering::Relaxed),
+            "leaf_splits": t.leaf_splits,
+            "splits_seen": ld(&c.splits_seen),
+            "fallbacks_served": {"get": ld(&c.fallback_gets), "scan": ld(&c.fallback_scans)},
+            "stale_kicks": ld(&c.stale_kicks),
+            "tree": {
+                "height": t.height, "leaves": t.leaves, "inner_nodes": t.inner_nodes,
+                "fill_factor": t.fill_factor(),
+                "hinted_updates": t.hinted_updates, "hinted_updates_used": t.hinted_updates_used,
+            },
+        });
+        if let Some(w) = &self.wal {
+            let wc = &w.counters;
+            let batches = ld(&wc.batches);
+            let (writes, write_batches) = (ld(&wc.write_records), ld(&wc.write_batches));
+            v["durability"] = json!({
+                "dir": w.dir().display().to_string(),
+                "log_sync": format!("{:?}", self.cfg.log_sync),
+                "records": ld(&wc.records),
+                "bytes": ld(&wc.bytes),
+                "batches": batches,
+                "syncs": ld(&wc.syncs),
+                "write_records": writes,
+                "write_batches": write_batches,
+                "writes_per_batch": if write_batches == 0 { 0.0 } else { writes as f64 / write_batches as f64 },
+                "max_batch_writes": ld(&wc.max_batch_writes),
+                "io_us_per_batch": if batches == 0 { 0.0 } else { ld(&wc.io_ns) as f64 / batches as f64 / 1000.0 },
+                "logger_cpu_ns": ld(&wc.logger_cpu_ns),
+            });
+        }
+        v
+    }
+}
+
+fn stripe(key: u64) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % STRIPES
+}
+
+fn want(b: u8) -> std::result::Result<u8, ServiceError> {
+    if b > WANT_RECORD_AND_TT {
+        return Err(ServiceError::malformed(format!("model request {b}")));
+    }
+    Ok(b)
+}
+
+fn value<'a>(r: &mut WireReader<'a>) -> std::result::Result<&'a [u8], ServiceError> {
+    let v = r.bytes()?;
+    if v.len() > MAX_VALUE_LEN {
+        return Err(ServiceError::malformed(format!(
+            "value of {} bytes exceeds {MAX_VALUE_LEN}",
+            v.len()
+        )));
+    }
+    Ok(v)
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The UCX part of dmkv's CI (called by .ci/run). Installs libucx-dev and
+# libclang-dev when missing, then: clippy and the conformance and backend
+# suites of dmkv-transport-ucx with the `ucx` feature (tcp, shared memory,
+# shared memory through ucp_get/put), a `dmkv bench --transport ucx` smoke
+# run compared with --transport local, and the multi-host namespace test
+# when this machine allows network namespaces.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "ucx: system packages"
+need=()
+[ -f /usr/include/ucp/api/ucp.h ] || need+=(libucx-dev)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# Tests use loopback only; keep UCX off other devices.
+export UCX_NET_DEVICES=lo
+
+step "ucx: clippy"
+cargo clippy -p dmkv-transport-ucx -p dmkv --features dmkv-transport-ucx/ucx,dmkv/ucx --all-targets -- -D warnings
+
+step "ucx: conformance (tcp, shm, shm via ucp_get/put) and backend tests"
+cargo test --release -p dmkv-transport-ucx --features ucx
+
+step "ucx: dmkv bench --transport ucx against --transport local"
+cargo build --release --features ucx
+bash scripts/ucx-bench-smoke.sh target/release/dmkv
+UCX_TLS=tcp bash scripts/ucx-bench-smoke.sh target/release/dmkv
+
+step "ucx: multi-host test in network namespaces"
+if ip netns add dmkv-ci-probe 2>/dev/null; then
+    ip netns del dmkv-ci-probe
+    bash scripts/netns-test.sh target/release/dmkv
+else
+    echo "skipped: this machine does not allow network namespaces (ip netns add failed)"
+fi
+echo "ucx: all passed"

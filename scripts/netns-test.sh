@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The multi-host test: memory nodes and compute nodes in separate network
+# namespaces ("hosts") joined by veth pairs to a bridge, talking UCX over TCP.
+#
+#   dmkv-mn0 10.199.0.1  memory node 0      dmkv-cn0 10.199.0.11  compute
+#   dmkv-mn1 10.199.0.2  memory node 1      dmkv-cn1 10.199.0.12  compute
+#   (bridge br0 in dmkv-sw)
+#
+# Checks: an engine installed on both memory nodes runs and verifies from a
+# compute host; a compute host with the wrong secret is refused; killing a
+# compute process mid-run leaves the memory nodes serving another one.
+# Needs root (ip netns). Every address is inside namespaces made here.
+#
+# usage: scripts/netns-test.sh [path/to/dmkv built with --features ucx]
+set -euo pipefail
+DMKV=$(realpath "${1:-target/release/dmkv}")
+NET=10.199.0
+PORT=7400
+ENGINE=${ENGINE:-}
+WORK=$(mktemp -d)
+PIDS=()
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    for ns in dmkv-mn0 dmkv-mn1 dmkv-cn0 dmkv-cn1 dmkv-sw; do
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+cleanup_ns_only() { for ns in dmkv-mn0 dmkv-mn1 dmkv-cn0 dmkv-cn1 dmkv-sw; do ip netns del "$ns" 2>/dev/null || true; done; }
+cleanup_ns_only
+
+ip netns add dmkv-sw
+ip -n dmkv-sw link add br0 type bridge
+ip -n dmkv-sw link set br0 up
+host() { # name address
+    ip netns add "$1"
+    ip link add eth0 netns "$1" type veth peer name "p-$1" netns dmkv-sw
+    ip -n dmkv-sw link set "p-$1" master br0 up
+    ip -n "$1" addr add "$2/24" dev eth0
+    ip -n "$1" link set eth0 up
+    ip -n "$1" link set lo up
+}
+host dmkv-mn0 "$NET.1"
+host dmkv-mn1 "$NET.2"
+host dmkv-cn0 "$NET.11"
+host dmkv-cn1 "$NET.12"
+
+# Separate hosts: TCP over each namespace's own device only.
+export UCX_TLS=tcp UCX_NET_DEVICES=eth0
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/secret"
+echo "a-wrong-secret" >"$WORK/wrong"
+
+start_memnode() { # ns id address
+    ip netns exec "$1" "$DMKV" memnode --listen "$3:$PORT" --node-id "$2" \
+        --secret-file "$WORK/secret" >"$WORK/$1.out" 2>"$WORK/$1.err" &
+    PIDS+=($!)
+}
+start_memnode dmkv-mn0 0 "$NET.1"
+start_memnode dmkv-mn1 1 "$NET.2"
+for ns in dmkv-mn0 dmkv-mn1; do
+    for _ in $(seq 100); do grep -q "listening" "$WORK/$ns.out" 2>/dev/null && break; sleep 0.1; done
+    grep -q "listening" "$WORK/$ns.out" || { cat "$WORK/$ns.err"; echo "FAIL: $ns did not start"; exit 1; }
+done
+echo "memory nodes: $(cat "$WORK/dmkv-mn0.out") / $(cat "$WORK/dmkv-mn1.out")"
+
+if [ -z "$ENGINE" ]; then
+    ENGINE=$("$DMKV" bench --engine __list__ 2>&1 | sed -n 's/.*(known: \(.*\)).*/\1/p' | tr -d ' ' || true)
+fi
+ADDRS="$NET.1:$PORT,$NET.2:$PORT"
+bench() { # ns secret-file extra...
+    local ns=$1 secret=$2
+    shift 2
+    ip netns exec "$ns" "$DMKV" bench --transport ucx --memnode-addr "$ADDRS" --memnodes 2 \
+        --secret-file "$secret" --workload ycsb-c --verify "$@"
+}
+
+for e in ${ENGINE//,/ }; do
+    echo "== $e from dmkv-cn0 over two memory nodes"
+    bench dmkv-cn0 "$WORK/secret" --engine "$e" --keys 20000 --ops 20000 --json "$WORK/$e.json"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); v=r['verify']; assert r['ok'] and r['transport']=='ucx' and v['mismatches']==0 and v['missing']==0, r; print('verified', v['checked'], 'keys; memnode progress CPU', r['memnode']['progress_cpu_ns']/1e6, 'ms')" "$WORK/$e.json"
+done
+FIRST=${ENGINE%%,*}
+
+echo "== a compute host with the wrong secret is refused"
+if bench dmkv-cn1 "$WORK/wrong" --engine "$FIRST" --keys 1000 --ops 1000 >"$WORK/wrong.out" 2>&1; then
+    cat "$WORK/wrong.out"; echo "FAIL: the wrong secret was accepted"; exit 1
+fi
+grep -q "secret" "$WORK/wrong.out" || { cat "$WORK/wrong.out"; echo "FAIL: refused, but not for the secret"; exit 1; }
+grep -i "secret" "$WORK/wrong.out" | head -1
+
+echo "== killing a compute process mid-run"
+bench dmkv-cn1 "$WORK/secret" --engine "$FIRST" --keys 50000 --ops 100000000 >"$WORK/victim.out" 2>&1 &
+VICTIM=$!
+# Wait until it has started running (both memory nodes have a client).
+for _ in $(seq 300); do
+    if grep -q "refused\|error" "$WORK/victim.out"; then cat "$WORK/victim.out"; exit 1; fi
+    sleep 0.1
+    [ "$(ip netns exec dmkv-mn0 ss -tn state established "( sport = :$PORT )" | tail -n +2 | wc -l)" -ge 1 ] && break
+done
+sleep 2
+kill -9 "$VICTIM"
+wait "$VICTIM" 2>/dev/null || true
+echo "killed the compute process (pid $VICTIM)"
+for p in "${PIDS[@]}"; do kill -0 "$p" || { echo "FAIL: a memory node died"; exit 1; }; done
+bench dmkv-cn0 "$WORK/secret" --engine "$FIRST" --keys 20000 --ops 20000 --json "$WORK/after.json" >/dev/null
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['ok'], r; print('after the kill, another compute host verified', r['verify']['checked'], 'keys')" "$WORK/after.json"
+echo "netns test: passed"
