@@ -426,7 +426,11 @@ impl<'a, P: Pager> BTree<'a, P> {
             let leaf = self.find_leaf(key).await?;
             if tries >= OPTIMISTIC_TRIES {
                 // Forward progress under heavy contention: read latched.
+                // The optimistic guard goes first: while it lives, a page
+                // just fetched for it stays here for its first use, and a
+                // move parked on the page blocks new fixes of it, ours too.
                 let pid = leaf.pid();
+                drop(leaf);
                 let s = SharedGuard::fix(self.pager, pid).await?;
                 let p = s.page();
                 let m = Meta::decode(p.word(0)?).filter(|m| m.level == 0);
@@ -467,7 +471,9 @@ impl<'a, P: Pager> BTree<'a, P> {
                         Ok((leaf_range(p, &m, from, want)?, read_fences(p)?))
                     };
                     let (pairs, f) = if tries >= OPTIMISTIC_TRIES {
+                        // Drop the optimistic guard first (see `lookup`).
                         let pid = leaf.pid();
+                        drop(leaf);
                         let s: SharedGuard<'_, P> = SharedGuard::fix(self.pager, pid).await?;
                         read(&s.page())?
                     } else {
@@ -575,6 +581,9 @@ impl<'a, P: Pager> BTree<'a, P> {
         let root = Pid(cat.page().word(1)?);
         cat.check()?;
         if root == pid {
+            // No optimistic guard may live across a fix of its own page
+            // (see `lookup`).
+            drop(cat);
             let cx = ExclusiveGuard::fix(self.pager, self.pager.catalog()).await?;
             if Pid(cx.page().word(1)?) != pid {
                 return Err(PageError::Restart);
@@ -600,6 +609,7 @@ impl<'a, P: Pager> BTree<'a, P> {
         }
         let mut node = OptimisticGuard::fix(self.pager, root).await?;
         cat.check()?;
+        drop(cat);
         let parent = loop {
             let m = Meta::decode(node.page().word(0)?);
             node.check()?;
@@ -620,6 +630,9 @@ impl<'a, P: Pager> BTree<'a, P> {
             node.check()?;
             node = next;
         };
+        // `node` is the parent: its optimistic guard goes before the
+        // exclusive fix of the same page (see `lookup`).
+        drop(node);
         let px = ExclusiveGuard::fix(self.pager, parent).await?;
         let mut pb = PageBuf::default();
         px.page().load(&mut pb);

@@ -167,10 +167,9 @@ impl ScaleNode {
                         .into_iter()
                         .map(|(i, _)| i)
                         .find(|&i| i != self.index && self.host_of(i) == Some(i));
-                    let other = tri!(
-                        other.ok_or_else(|| ServiceError::exhausted("no member takes allocations"))
-                    );
-                    responder.reply(Ok(Reply::Moved(other).encode()));
+                    // A node still joining may not know the others' shards
+                    // yet: then the requester allocates on its own.
+                    responder.reply(Ok(Reply::Moved(other.unwrap_or(from)).encode()));
                     return Ok(());
                 }
                 let (pid, _, epoch) = tri!(self.alloc_here(from).map_err(kv));

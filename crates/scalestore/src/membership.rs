@@ -297,15 +297,9 @@ impl ScaleNode {
             }
             let service = ep.lookup_service(node, &service_name(instance)).await?;
             let region = ep.lookup_region(node, &region_name(instance)).await?;
-            self.stats.sent(Kind::Hello);
-            let reply = ep
-                .call(node, service, Request::Hello(self.hello()).encode())
-                .await;
-            let welcome = match reply {
-                Ok(bytes) => Welcome::decode(&bytes).map_err(|e| corrupt(e.to_string()))?,
-                // A node that left (or never joined) is no member: skip it.
-                Err(_) => continue,
-            };
+            // Recorded before the hello: the peer may message us as soon
+            // as it has recorded us, before its welcome reaches us.
+            let known = self.member(i).is_some();
             self.set_member(
                 i,
                 Member {
@@ -314,6 +308,20 @@ impl ScaleNode {
                     service,
                 },
             );
+            self.stats.sent(Kind::Hello);
+            let reply = ep
+                .call(node, service, Request::Hello(self.hello()).encode())
+                .await;
+            let welcome = match reply {
+                Ok(bytes) => Welcome::decode(&bytes).map_err(|e| corrupt(e.to_string()))?,
+                // A node that left (or never joined) is no member: skip it.
+                Err(_) => {
+                    if !known {
+                        self.remove_member(i);
+                    }
+                    continue;
+                }
+            };
             for (idx, n) in welcome.members {
                 if !seen.contains(&idx) {
                     queue.push_back((idx, n));

@@ -402,12 +402,18 @@ impl ScaleNode {
         match self.cfg.alloc {
             AllocPolicy::Local => self.index,
             AllocPolicy::RoundRobin => {
-                let hosts: Vec<u8> = self
+                // `members` lists the other nodes; this node takes its turn
+                // too while it allocates (not when leaving).
+                let mut hosts: Vec<u8> = self
                     .members()
                     .iter()
                     .map(|(i, _)| *i)
                     .filter(|i| self.host_of(*i) == Some(*i))
                     .collect();
+                if self.allocates() {
+                    hosts.push(self.index);
+                    hosts.sort_unstable();
+                }
                 if hosts.is_empty() {
                     return self.index;
                 }

@@ -9,6 +9,7 @@ use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
 use proptest::prelude::*;
 
 fn deploy(threads: usize) -> LocalDeployment {
+    arm_watchdog();
     LocalDeployment::deploy(
         &BTREE_LOCAL,
         &DeployOptions {
@@ -17,6 +18,31 @@ fn deploy(threads: usize) -> LocalDeployment {
         },
     )
     .unwrap()
+}
+
+/// No test may hang CI: the first deployment arms a watchdog that aborts
+/// the whole test binary (with a message) if it is still running after
+/// `SCALESTORE_TEST_DEADLINE` seconds (default 300; the file normally takes
+/// seconds). A hang then fails fast instead of eating CI's time limit.
+fn arm_watchdog() {
+    static ARMED: std::sync::Once = std::sync::Once::new();
+    ARMED.call_once(|| {
+        let secs: u64 = std::env::var("SCALESTORE_TEST_DEADLINE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(300);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            // Straight to stderr: `eprintln!` would be captured by the test.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{}: tests still running after {secs} s: aborting (a hang)",
+                file!()
+            );
+            std::process::abort();
+        });
+    });
 }
 
 proptest! {

@@ -39,7 +39,33 @@ fn opts(nodes: usize, threads: usize, knobs: &[(&str, &str)]) -> DeployOptions {
 }
 
 fn deploy(o: DeployOptions) -> LocalDeployment {
+    arm_watchdog();
     LocalDeployment::deploy(&SCALESTORE, &o).unwrap()
+}
+
+/// No test may hang CI: the first deployment arms a watchdog that aborts
+/// the whole test binary (with a message) if it is still running after
+/// `SCALESTORE_TEST_DEADLINE` seconds (default 300; the file normally takes
+/// seconds). A hang then fails fast instead of eating CI's time limit.
+fn arm_watchdog() {
+    static ARMED: std::sync::Once = std::sync::Once::new();
+    ARMED.call_once(|| {
+        let secs: u64 = std::env::var("SCALESTORE_TEST_DEADLINE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(300);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            // Straight to stderr: `eprintln!` would be captured by the test.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{}: tests still running after {secs} s: aborting (a hang)",
+                file!()
+            );
+            std::process::abort();
+        });
+    });
 }
 
 fn nodes_of(d: &LocalDeployment) -> Vec<Arc<ScaleNode>> {
@@ -75,7 +101,9 @@ fn watch(d: &LocalDeployment) -> Watch {
             waited += 100;
             if waited.is_multiple_of(secs * 1000) {
                 for n in &nodes {
-                    eprintln!(
+                    use std::io::Write;
+                    let _ = writeln!(
+                        std::io::stderr(),
                         "node {} state {:?} free {} inflight {}\n{}",
                         n.index,
                         n.state(),
@@ -221,6 +249,17 @@ fn data_larger_than_all_caches() {
         pages >= 4 * 3 * 64,
         "only {pages} pages for 4x the caches: {st}"
     );
+    // Remote allocation is round-robin over every node, the loading one
+    // included (§6.5): each shard holds about a third of the pages.
+    for n in nodes_of(&d) {
+        for (shard, s) in n.shard_list() {
+            let here = s.next_slot.load(Ordering::Relaxed);
+            assert!(
+                here * 6 >= pages,
+                "shard {shard} has {here} of {pages} pages: allocation skipped it"
+            );
+        }
+    }
     assert!(st["ssd_writes"].as_u64().unwrap() > 0, "{st}");
     assert!(st["ssd_reads"].as_u64().unwrap() > 0, "{st}");
     assert!(st["pages_from_ssd"].as_u64().unwrap() > 0, "{st}");
@@ -262,6 +301,7 @@ fn join_and_leave_keep_every_value() {
                 ("leave", "1@1100"),
             ],
         ));
+        let _w = watch(&d);
         let (threads, tasks, keys_per_task, rounds) = (3usize, 2usize, 60u64, 6u32);
         let key = |t: usize, j: usize, i: u64| ((t * tasks + j) as u64) << 32 | i;
         std::thread::scope(|s| {
