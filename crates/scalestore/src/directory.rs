@@ -21,8 +21,7 @@
 //! writes it into the requester's frame inline. Under FIFO
 //! (`scalestore.protocol=fifo`, §3.4.2) a remote request finding a transfer
 //! in flight is queued (its reply deferred) until the transfer before it is
-//! acknowledged; the directory's own workers bypass the queue whenever no
-//! transfer is in flight.
+//! acknowledged; the directory's own workers bypass the queue.
 
 use crate::frames::{Awaiting, Dir, HeldRequest, Meta, NONE, Owners, Possession};
 use crate::holder::{Answer, service_error};
@@ -157,28 +156,22 @@ impl ScaleNode {
                 None => Decision::Busy,
             });
         }
-        if self.cfg.protocol == Protocol::Fifo {
+        if self.cfg.protocol == Protocol::Fifo && (d.transfer.is_some() || !d.queue.is_empty()) {
             if local {
-                // The directory's own workers bypass the queue (§3.4.2): they
-                // take the page whenever no transfer is in flight, before
-                // any queued remote requester.
-                if d.transfer.is_some() {
-                    d.local_waiting = true;
-                    return Ok(Decision::Busy);
-                }
-                d.local_waiting = false;
-            } else if d.transfer.is_some() || !d.queue.is_empty() {
-                if d.transfer == Some(q.from) || d.queue.iter().any(|h| h.from == q.from) {
-                    return Err(corrupt(format!(
-                        "{}: node {} asks again while its request is pending",
-                        q.pid, q.from
-                    )));
-                }
-                let h = hold(responder).expect("a remote request has a responder");
-                Counters::add(&self.stats.fifo_queued, 1);
-                d.queue.push_back(h);
-                return Ok(Decision::Held);
+                // The directory's own workers bypass the queue (§3.4.2), but
+                // never a transfer in flight.
+                return Ok(Decision::Busy);
             }
+            if d.transfer == Some(q.from) || d.queue.iter().any(|h| h.from == q.from) {
+                return Err(corrupt(format!(
+                    "{}: node {} asks again while its request is pending",
+                    q.pid, q.from
+                )));
+            }
+            let h = hold(responder).expect("a remote request has a responder");
+            Counters::add(&self.stats.fifo_queued, 1);
+            d.queue.push_back(h);
+            return Ok(Decision::Held);
         }
         let g = self.grant(shard, fi, m, d, q)?;
         if self.cfg.protocol == Protocol::Fifo {
@@ -339,15 +332,16 @@ impl ScaleNode {
         })
     }
 
-    /// FIFO variant: the transfer to `from` completed. The re-poll thread
-    /// (the directory's message handler, in the paper) grants the next
-    /// queued request; the directory's own workers may take the page first.
-    pub fn ack(&self, from: u8, pid: Pid) -> Result<(), KvError> {
+    /// FIFO variant: the transfer to `from` completed. The next queued
+    /// request is granted at once (its deferred reply goes out) when
+    /// `inline`; otherwise the re-poll thread does it.
+    pub fn ack(&self, from: u8, pid: Pid, inline: bool) -> Result<(), KvError> {
         let fi = self
             .frames
             .find(pid)
             .ok_or_else(|| corrupt(format!("{pid}: acknowledgement without an entry")))?;
         let f = self.frames.frame(fi);
+        let mut out = Vec::new();
         {
             let mut m = f.meta.lock();
             let d = m
@@ -362,8 +356,17 @@ impl ScaleNode {
                 )));
             }
             d.transfer = None;
+            if inline {
+                self.directory_retry(fi, &mut m, &mut out);
+            }
         }
-        self.repoll.kick(fi);
+        if inline {
+            for (r, a) in out {
+                r.reply(a);
+            }
+        } else {
+            self.repoll.kick(fi);
+        }
         Ok(())
     }
 
@@ -387,11 +390,7 @@ impl ScaleNode {
                 self.answer_held(&shard, fi, m, &mut d, h, out);
             }
         }
-        while self.cfg.protocol == Protocol::Fifo
-            && d.transfer.is_none()
-            && !d.evicting
-            && !d.local_waiting
-        {
+        while self.cfg.protocol == Protocol::Fifo && d.transfer.is_none() && !d.evicting {
             let Some(h) = d.queue.pop_front() else { break };
             let q = OwnRequest {
                 from: h.from,

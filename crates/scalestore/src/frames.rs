@@ -175,9 +175,6 @@ pub struct Dir {
     pub transfer: Option<u8>,
     /// FIFO variant: requesters waiting for their turn, answered in order.
     pub queue: VecDeque<HeldRequest>,
-    /// FIFO variant: one of the directory's own workers waits for the
-    /// transfer in flight; it goes before the queue (§3.4.2).
-    pub local_waiting: bool,
 }
 
 impl Dir {
@@ -192,7 +189,6 @@ impl Dir {
             held: Vec::new(),
             transfer: None,
             queue: VecDeque::new(),
-            local_waiting: false,
         }
     }
 

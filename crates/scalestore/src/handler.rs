@@ -157,7 +157,7 @@ impl ScaleNode {
                     return Ok(());
                 }
                 tri!(self.check_pid(pid));
-                tri!(self.ack(from, pid).map_err(kv));
+                tri!(self.ack(from, pid, true).map_err(kv));
                 responder.reply(Ok(Reply::Done.encode()));
             }
             Request::Alloc => {

@@ -177,15 +177,7 @@ impl Worker {
                     Decision::Busy | Decision::Held => {
                         // Our own directory is busy with this entry (an
                         // eviction pull, a FIFO transfer, a handover).
-                        if node.cfg.protocol == Protocol::Fifo {
-                            // Under FIFO the directory's workers wait for the
-                            // transfer in flight and take the page before
-                            // the queue moves on (§3.4.2): they never sleep.
-                            std::thread::yield_now();
-                            yield_now().await;
-                        } else {
-                            b.pause().await;
-                        }
+                        b.pause().await;
                         continue;
                     }
                 }
@@ -216,7 +208,7 @@ impl Worker {
             let r = if dir == self.node.index {
                 match q {
                     Request::Ack { pid } => {
-                        self.node.ack(dir, pid).map_err(fatal)?;
+                        self.node.ack(dir, pid, false).map_err(fatal)?;
                         Reply::Done
                     }
                     Request::SsdFetch { pid, epoch, offset } => self
