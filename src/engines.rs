@@ -28,6 +28,8 @@ pub const REGISTRY: Registry = Registry {
         &dmkv_rpc_hash::SPEC,
         &dmkv_outback::SPEC,
         &dmkv_rolex::SPEC,
+        dmkv_scalestore::SPEC,
+        &dmkv_scalestore::BTREE_LOCAL,
         &Reference,
     ],
     default_set: &[

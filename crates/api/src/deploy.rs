@@ -103,6 +103,7 @@ impl LocalDeployment {
             compute_node: compute,
             serve: args.clone(),
             threads: opts.threads,
+            hosted: runtimes.clone(),
         })?;
         Ok(LocalDeployment {
             engine,

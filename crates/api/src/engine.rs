@@ -60,6 +60,10 @@ pub struct ConnectArgs {
     pub serve: ServeArgs,
     /// How many compute threads will ask for clients.
     pub threads: usize,
+    /// Runtimes of the nodes served in this process (empty for a process
+    /// that only issues). Symmetric designs run their compute threads on
+    /// their nodes' own state, which they find here (`NodeRuntime::attachment`).
+    pub hosted: Vec<Arc<NodeRuntime>>,
 }
 
 /// An engine connected from one compute process; shared by its threads.

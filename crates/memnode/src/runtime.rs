@@ -6,6 +6,7 @@ use dmkv_transport::{
     ServiceId, TransportError, WireError, WireReader, WireWriter,
 };
 use parking_lot::Mutex;
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,6 +98,8 @@ pub struct NodeRuntime {
     regions: Mutex<BTreeMap<String, Region>>,
     services: Mutex<Vec<String>>,
     pools: Mutex<Vec<Arc<WorkerPool>>>,
+    /// Engine state attached to this node by name (see [`NodeRuntime::attach`]).
+    attachments: Mutex<BTreeMap<String, Arc<dyn Any + Send + Sync>>>,
     /// CPU of pools already dropped.
     retired_cpu_ns: AtomicU64,
     retired_jobs: AtomicU64,
@@ -111,6 +114,7 @@ impl NodeRuntime {
             regions: Mutex::new(BTreeMap::new()),
             services: Mutex::new(Vec::new()),
             pools: Mutex::new(Vec::new()),
+            attachments: Mutex::new(BTreeMap::new()),
             retired_cpu_ns: AtomicU64::new(0),
             retired_jobs: AtomicU64::new(0),
         });
@@ -163,9 +167,26 @@ impl NodeRuntime {
         self.regions.lock().get(name).cloned()
     }
 
-    /// Withdraws every region and service whose name starts with `prefix`
-    /// (an engine instance going away).
+    /// Keeps `state` with this node under `name` (namespaced like regions),
+    /// replacing an older attachment of that name. Symmetric designs, whose
+    /// compute threads work on their node's own state, find it again when
+    /// they connect (`ConnectArgs::hosted`); nothing outside the process can.
+    pub fn attach(&self, name: &str, state: Arc<dyn Any + Send + Sync>) {
+        self.attachments.lock().insert(name.to_string(), state);
+    }
+
+    /// The state attached under `name`, if it has type `T`.
+    pub fn attachment<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
+        let a = self.attachments.lock().get(name).cloned()?;
+        a.downcast::<T>().ok()
+    }
+
+    /// Withdraws every region, service and attachment whose name starts with
+    /// `prefix` (an engine instance going away).
     pub fn remove_prefixed(&self, prefix: &str) {
+        self.attachments
+            .lock()
+            .retain(|n, _| !n.starts_with(prefix));
         let mut regions = self.regions.lock();
         let names: Vec<String> = regions
             .keys()
@@ -286,7 +307,11 @@ mod tests {
             block_on(ep.call(rt.id(), svc, vec![1])).is_err(),
             "a payload is malformed"
         );
+        rt.attach("i1/state", Arc::new(7u32));
+        assert_eq!(rt.attachment::<u32>("i1/state").as_deref(), Some(&7));
+        assert!(rt.attachment::<u64>("i1/state").is_none(), "wrong type");
         rt.remove_prefixed("i1/");
+        assert!(rt.attachment::<u32>("i1/state").is_none());
         assert!(rt.region("i1/a").is_none());
         assert!(rt.region("i2/b").is_some());
         assert!(block_on(ep.lookup_service(rt.id(), "i1/svc")).is_err());

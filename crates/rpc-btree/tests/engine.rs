@@ -140,6 +140,7 @@ fn hinted_updates_over_rpc() {
         compute_node: d.compute,
         serve: d.args.clone(),
         threads: 1,
+        hosted: Vec::new(),
     };
     let (_e, svc) = connect_service(&conn).unwrap();
     let c = RpcTreeClient::new(d.endpoint(0), svc);

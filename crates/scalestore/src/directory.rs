@@ -1,0 +1,691 @@
+//! The directory (§3.3–3.4, §4.2–4.3, §6.5): page metadata only, never
+//! conflict resolution (that is the requester's job, §3.5).
+//!
+//! Decisions for an ownership request (under the entry's frame mutex):
+//!
+//! - owners none: base case, the page comes from the directory's SSD into
+//!   the requester's frame before the reply (the directory keeps no copy);
+//! - exclusive owner `n`: exclusive conflict, the conflict epoch grows, the
+//!   entry names the requester at once (immediate metadata update) and the
+//!   requester moves the page from `n`, its anticipated predecessor (which
+//!   may itself still be waiting for the page: anticipatory chaining);
+//! - shared owners, shared request: no conflict, the requester joins and
+//!   copies from a sharer (the directory notes the copy it granted, so the
+//!   sharer's eviction waits until it served it: owner stability for copy
+//!   sources);
+//! - shared owners, exclusive request: shared conflict, epoch grows, the
+//!   requester moves the page from one sharer (or keeps its own) and
+//!   invalidates the others.
+//!
+//! Where the directory holds the page itself and can latch it at once, it
+//! writes it into the requester's frame inline. Under FIFO
+//! (`scalestore.protocol=fifo`, §3.4.2) a remote request finding a transfer
+//! in flight is queued (its reply deferred) until the transfer before it is
+//! acknowledged; the directory's own workers bypass the queue.
+
+use crate::frames::{Awaiting, Dir, HeldRequest, Meta, NONE, Owners, Possession};
+use crate::holder::{Answer, service_error};
+use crate::msg::{EvictEntry, EvictReply, Grant, Reply, Source, Want};
+use crate::node::{Counters, NodeState, Protocol, ScaleNode, Shard, corrupt, pick};
+use crate::page::PAGE_SIZE;
+use crate::pid::Pid;
+use crate::ssd::AlignedPage;
+use dmkv_api::KvError;
+use dmkv_transport::Responder;
+use dmkv_transport::exec::block_on;
+use std::sync::atomic::Ordering;
+
+/// An ownership request as the directory sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnRequest {
+    pub from: u8,
+    pub pid: Pid,
+    pub want: Want,
+    pub retry: bool,
+    pub offset: u64,
+}
+
+/// The outcome of an ownership request.
+pub enum Decision {
+    Reply(Reply),
+    /// Held with its responder (answered later).
+    Held,
+    /// A local request that would have been held: the worker tries again.
+    Busy,
+}
+
+impl ScaleNode {
+    /// Decides an ownership request for a page this node directs. A remote
+    /// request comes with its responder, which is kept if the request must
+    /// wait; a local one (`responder` none) gets [`Decision::Busy`] instead.
+    pub fn own_request(
+        &self,
+        q: OwnRequest,
+        responder: &mut Option<Responder>,
+    ) -> Result<Decision, KvError> {
+        let shard = self
+            .shard(q.pid.shard())
+            .ok_or_else(|| corrupt(format!("{}: shard not hosted here", q.pid)))?;
+        if shard.frozen.load(Ordering::SeqCst) {
+            return Ok(self.hold_for_handover(&shard, responder));
+        }
+        let fi = self
+            .frames
+            .find_or_insert(q.pid)
+            .map_err(|_| KvError::Exhausted("the frame table is full".into()))?;
+        let f = self.frames.frame(fi);
+        let mut m = f.meta.lock();
+        if f.pid() != q.pid {
+            // Freed and reused between lookup and lock: rare; ask again.
+            drop(m);
+            return self.own_request(q, responder);
+        }
+        if shard.frozen.load(Ordering::SeqCst) {
+            drop(m);
+            return Ok(self.hold_for_handover(&shard, responder));
+        }
+        let d = self.decide(&shard, fi, &mut m, q, responder);
+        let parked = f.local().parked;
+        drop(m);
+        if parked {
+            // An inline transfer let go of our own latch.
+            self.repoll.kick(fi);
+        }
+        d
+    }
+
+    fn hold_for_handover(&self, shard: &Shard, responder: &mut Option<Responder>) -> Decision {
+        let mut held = shard.held.lock();
+        if let Some(h) = held.moved_to {
+            return Decision::Reply(Reply::Moved(h));
+        }
+        match responder.take() {
+            Some(r) => {
+                Counters::add(&self.stats.parked_directory, 1);
+                held.list.push(r);
+                Decision::Held
+            }
+            None => Decision::Busy,
+        }
+    }
+
+    /// [`Self::own_request`] under the entry's frame mutex.
+    fn decide(
+        &self,
+        shard: &Shard,
+        fi: u32,
+        m: &mut Meta,
+        q: OwnRequest,
+        responder: &mut Option<Responder>,
+    ) -> Result<Decision, KvError> {
+        let mut d = m
+            .dir
+            .take()
+            .unwrap_or_else(|| Box::new(Dir::new(shard.tick())));
+        let res = self.decide_entry(shard, fi, m, &mut d, q, responder);
+        m.dir = Some(d);
+        res
+    }
+
+    fn decide_entry(
+        &self,
+        shard: &Shard,
+        fi: u32,
+        m: &mut Meta,
+        d: &mut Dir,
+        q: OwnRequest,
+        responder: &mut Option<Responder>,
+    ) -> Result<Decision, KvError> {
+        let local = q.from == self.index;
+        let hold = |r: &mut Option<Responder>| {
+            r.take().map(|responder| HeldRequest {
+                from: q.from,
+                want: q.want,
+                retry: q.retry,
+                offset: q.offset,
+                responder,
+            })
+        };
+        if d.evicting {
+            return Ok(match hold(responder) {
+                Some(h) => {
+                    Counters::add(&self.stats.parked_directory, 1);
+                    d.held.push(h);
+                    Decision::Held
+                }
+                None => Decision::Busy,
+            });
+        }
+        if self.cfg.protocol == Protocol::Fifo && (d.transfer.is_some() || !d.queue.is_empty()) {
+            if local {
+                // The directory's own workers bypass the queue (§3.4.2), but
+                // never a transfer in flight.
+                return Ok(Decision::Busy);
+            }
+            if d.transfer == Some(q.from) || d.queue.iter().any(|h| h.from == q.from) {
+                return Err(corrupt(format!(
+                    "{}: node {} asks again while its request is pending",
+                    q.pid, q.from
+                )));
+            }
+            let h = hold(responder).expect("a remote request has a responder");
+            Counters::add(&self.stats.fifo_queued, 1);
+            d.queue.push_back(h);
+            return Ok(Decision::Held);
+        }
+        let g = self.grant(shard, fi, m, d, q)?;
+        if self.cfg.protocol == Protocol::Fifo {
+            d.transfer = Some(q.from);
+        }
+        if local {
+            Counters::add(&self.stats.local_grants, 1);
+        }
+        Ok(Decision::Reply(Reply::Grant(g)))
+    }
+
+    /// The decision proper (see the module documentation).
+    fn grant(
+        &self,
+        shard: &Shard,
+        fi: u32,
+        m: &mut Meta,
+        d: &mut Dir,
+        q: OwnRequest,
+    ) -> Result<Grant, KvError> {
+        let f = self.frames.frame(fi);
+        let me = self.index;
+        let r = q.from;
+        if q.retry {
+            if d.owners == Owners::Exclusive(r) {
+                return Err(corrupt(format!(
+                    "{}: node {r} says it lost the page it owns exclusively",
+                    q.pid
+                )));
+            }
+            d.owners = d.owners.without(r);
+            d.forget_copies(r);
+        }
+        let l = f.local();
+        // Our own copy, if it is stable (no worker of ours is fetching it).
+        let my_copy = l.mode != Possession::None
+            && l.slot != NONE
+            && m.awaiting == Awaiting::No
+            && !m.phantom;
+        let mut invalidate = 0u64;
+        let source = match (d.owners, q.want) {
+            (Owners::None, w) => {
+                if d.dirty {
+                    return Err(corrupt(format!(
+                        "{} is dirty but nobody holds a copy",
+                        q.pid
+                    )));
+                }
+                let bytes = self.read_ssd(q.pid)?;
+                self.deliver(r, q.offset, &bytes)?;
+                d.owners = match w {
+                    Want::Shared => Owners::Shared(1 << r),
+                    Want::Exclusive => {
+                        d.dirty = true;
+                        Owners::Exclusive(r)
+                    }
+                };
+                Source::Written
+            }
+            (Owners::Exclusive(n), _) if n == r => Source::Kept,
+            (Owners::Exclusive(n), w) => {
+                // Exclusive conflict.
+                d.epoch = shard.tick();
+                d.prev_dirty = d.dirty;
+                d.dirty = true;
+                d.copy_grants.clear();
+                if n == me && my_copy && f.latch.try_exclusive() {
+                    if let Err(e) = self.deliver_copy(r, q.offset, &self.page(l.slot).to_bytes()) {
+                        f.latch.unlock_exclusive();
+                        return Err(e);
+                    }
+                    match w {
+                        Want::Shared => {
+                            // Downgrade our own copy and share it.
+                            d.owners = Owners::Shared(1 << me | 1 << r);
+                            f.set_possession(Possession::Shared, l.slot);
+                            m.epoch = d.epoch;
+                            m.copies_served = 0;
+                        }
+                        Want::Exclusive => {
+                            d.owners = Owners::Exclusive(r);
+                            self.drop_copy(fi, true);
+                        }
+                    }
+                    f.latch.unlock_exclusive();
+                    Source::Written
+                } else {
+                    d.owners = match w {
+                        Want::Shared => Owners::Shared(1 << r),
+                        Want::Exclusive => Owners::Exclusive(r),
+                    };
+                    Source::Move(n)
+                }
+            }
+            (Owners::Shared(set), Want::Shared) => {
+                if set & (1 << r) != 0 {
+                    Source::Kept
+                } else if set & (1 << me) != 0 && my_copy && f.latch.try_shared() {
+                    let bytes = self.page(l.slot).to_bytes();
+                    f.latch.unlock_shared();
+                    self.deliver_copy(r, q.offset, &bytes)?;
+                    d.owners = Owners::Shared(set | 1 << r);
+                    Source::Written
+                } else {
+                    let mut cands = set;
+                    if !my_copy && cands & !(1 << me) != 0 {
+                        cands &= !(1 << me);
+                    }
+                    let s = pick(cands);
+                    d.note_copy_grant(s);
+                    d.owners = Owners::Shared(set | 1 << r);
+                    Source::Copy(s)
+                }
+            }
+            (Owners::Shared(set), Want::Exclusive) => {
+                let others = set & !(1 << r);
+                d.prev_dirty = d.dirty;
+                d.dirty = true;
+                if others == 0 {
+                    // The only sharer upgrades: no conflict.
+                    d.owners = Owners::Exclusive(r);
+                    Source::Kept
+                } else {
+                    // Shared conflict.
+                    d.epoch = shard.tick();
+                    d.copy_grants.clear();
+                    if set & (1 << r) != 0 {
+                        d.owners = Owners::Exclusive(r);
+                        invalidate = others;
+                        Source::Kept
+                    } else if others & (1 << me) != 0 && my_copy && f.latch.try_exclusive() {
+                        let res = self.deliver_copy(r, q.offset, &self.page(l.slot).to_bytes());
+                        if res.is_ok() {
+                            self.drop_copy(fi, true);
+                            d.owners = Owners::Exclusive(r);
+                        }
+                        f.latch.unlock_exclusive();
+                        res?;
+                        invalidate = others & !(1 << me);
+                        Source::Written
+                    } else {
+                        let mut cands = others;
+                        if !my_copy && cands & !(1 << me) != 0 {
+                            cands &= !(1 << me);
+                        }
+                        let s = pick(cands);
+                        d.owners = Owners::Exclusive(r);
+                        invalidate = others & !(1 << s);
+                        Source::Move(s)
+                    }
+                }
+            }
+        };
+        Ok(Grant {
+            epoch: d.epoch,
+            source,
+            invalidate,
+        })
+    }
+
+    /// FIFO variant: the transfer to `from` completed. The next queued
+    /// request is granted at once (its deferred reply goes out) when
+    /// `inline`; otherwise the re-poll thread does it.
+    pub fn ack(&self, from: u8, pid: Pid, inline: bool) -> Result<(), KvError> {
+        let fi = self
+            .frames
+            .find(pid)
+            .ok_or_else(|| corrupt(format!("{pid}: acknowledgement without an entry")))?;
+        let f = self.frames.frame(fi);
+        let mut out = Vec::new();
+        {
+            let mut m = f.meta.lock();
+            let d = m
+                .dir
+                .as_mut()
+                .filter(|_| f.pid() == pid)
+                .ok_or_else(|| corrupt(format!("{pid}: acknowledgement without an entry")))?;
+            if d.transfer != Some(from) {
+                return Err(corrupt(format!(
+                    "{pid}: acknowledgement from {from}, but the transfer is {:?}",
+                    d.transfer
+                )));
+            }
+            d.transfer = None;
+            if inline {
+                self.directory_retry(fi, &mut m, &mut out);
+            }
+        }
+        if inline {
+            for (r, a) in out {
+                r.reply(a);
+            }
+        } else {
+            self.repoll.kick(fi);
+        }
+        Ok(())
+    }
+
+    /// Answers what the entry of frame `fi` holds, if it can now: requests
+    /// held during an eviction pull, and the head of the FIFO queue once no
+    /// transfer is in flight.
+    pub fn directory_retry(&self, fi: u32, m: &mut Meta, out: &mut Vec<(Responder, Answer)>) {
+        let pid = self.frames.frame(fi).pid();
+        let Some(shard) = self.shard(pid.shard()) else {
+            return;
+        };
+        if shard.frozen.load(Ordering::SeqCst) {
+            // Being handed over: what the entry holds is answered "moved".
+            return;
+        }
+        let Some(mut d) = m.dir.take() else {
+            return;
+        };
+        if !d.evicting && !d.held.is_empty() {
+            for h in std::mem::take(&mut d.held) {
+                self.answer_held(&shard, fi, m, &mut d, h, out);
+            }
+        }
+        while self.cfg.protocol == Protocol::Fifo && d.transfer.is_none() && !d.evicting {
+            let Some(h) = d.queue.pop_front() else { break };
+            let q = OwnRequest {
+                from: h.from,
+                pid,
+                want: h.want,
+                retry: h.retry,
+                offset: h.offset,
+            };
+            match self.grant(&shard, fi, m, &mut d, q) {
+                Ok(g) => {
+                    d.transfer = Some(h.from);
+                    out.push((h.responder, Ok(Reply::Grant(g).encode())));
+                }
+                Err(e) => out.push((h.responder, Err(service_error(e)))),
+            }
+        }
+        m.dir = Some(d);
+    }
+
+    fn answer_held(
+        &self,
+        shard: &Shard,
+        fi: u32,
+        m: &mut Meta,
+        d: &mut Dir,
+        h: HeldRequest,
+        out: &mut Vec<(Responder, Answer)>,
+    ) {
+        let q = OwnRequest {
+            from: h.from,
+            pid: self.frames.frame(fi).pid(),
+            want: h.want,
+            retry: h.retry,
+            offset: h.offset,
+        };
+        let mut responder = Some(h.responder);
+        match self.decide_entry(shard, fi, m, d, q, &mut responder) {
+            Ok(Decision::Reply(r)) => {
+                if let Some(resp) = responder {
+                    out.push((resp, Ok(r.encode())));
+                }
+            }
+            Ok(Decision::Held) | Ok(Decision::Busy) => {}
+            Err(e) => {
+                if let Some(resp) = responder {
+                    out.push((resp, Err(service_error(e))));
+                }
+            }
+        }
+    }
+
+    /// Serves an SSD fetch: every copy the grant named was gone, so the SSD
+    /// copy must be current (checked: the page was clean before the grant).
+    pub fn ssd_fetch(&self, r: u8, pid: Pid, epoch: u64, offset: u64) -> Result<Reply, KvError> {
+        let fi = self
+            .frames
+            .find(pid)
+            .ok_or_else(|| corrupt(format!("{pid}: SSD fetch without an entry")))?;
+        let f = self.frames.frame(fi);
+        let m = f.meta.lock();
+        let ok = m.dir.as_ref().is_some_and(|d| {
+            f.pid() == pid && d.owners.contains(r) && d.epoch == epoch && !d.prev_dirty
+        });
+        if !ok {
+            return Err(corrupt(format!(
+                "{pid}: SSD fetch by {r} at epoch {epoch} does not match the entry (every copy gone from a dirty page?)"
+            )));
+        }
+        let bytes = self.read_ssd(pid)?;
+        self.deliver(r, offset, &bytes)?;
+        Ok(Reply::Done)
+    }
+
+    /// Allocates a page id in the shard this node hosts as its own, the
+    /// entry making `owner` its exclusive (dirty) owner (§6.5).
+    pub fn alloc_here(&self, owner: u8) -> Result<(Pid, u32, u64), KvError> {
+        let s = self
+            .shard(self.index)
+            .filter(|s| !s.frozen.load(Ordering::SeqCst))
+            .ok_or_else(|| corrupt(format!("node {} hosts no own shard", self.index)))?;
+        let slot = s.next_slot.fetch_add(1, Ordering::AcqRel);
+        let pid = Pid::new(self.index, slot);
+        let fi = self
+            .frames
+            .find_or_insert(pid)
+            .map_err(|_| KvError::Exhausted("the frame table is full".into()))?;
+        let f = self.frames.frame(fi);
+        let mut m = f.meta.lock();
+        let mut d = Dir::new(s.tick());
+        d.owners = Owners::Exclusive(owner);
+        d.dirty = true;
+        let epoch = d.epoch;
+        m.dir = Some(Box::new(d));
+        Ok((pid, fi, epoch))
+    }
+
+    /// Whether this node takes allocations (it hosts its own shard and is
+    /// not leaving).
+    pub fn allocates(&self) -> bool {
+        self.state() == NodeState::Active
+            && self
+                .shard(self.index)
+                .is_some_and(|s| !s.frozen.load(Ordering::SeqCst))
+    }
+
+    /// An eviction batch from member `from` (§4.2–4.3): accepts a page iff
+    /// `from` still owns it at the epoch it sent (owner stability) and has
+    /// served every copy the directory told others to take from it; dirty
+    /// pages whose last copy goes are pulled by one batched one-sided read
+    /// into this node's cache (or, if it has no room, straight to the SSD).
+    pub fn handle_evict(&self, from: u8, entries: &[EvictEntry]) -> Result<EvictReply, KvError> {
+        if let Some(e) = entries.first()
+            && self.shard(e.pid.shard()).is_none()
+            && let Some(h) = self.host_of(e.pid.shard()).filter(|h| *h != self.index)
+        {
+            return Ok(EvictReply::Moved(h));
+        }
+        let mut accepted = vec![false; entries.len()];
+        let mut pulls: Vec<(usize, u32)> = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            let Some(shard) = self.shard(e.pid.shard()) else {
+                continue;
+            };
+            if shard.frozen.load(Ordering::SeqCst)
+                || e.pid.slot() >= shard.next_slot.load(Ordering::Acquire)
+                || !e.offset.is_multiple_of(PAGE_SIZE as u64)
+            {
+                continue;
+            }
+            let Some(fi) = self.frames.find(e.pid) else {
+                continue;
+            };
+            let f = self.frames.frame(fi);
+            let mut m = f.meta.lock();
+            if f.pid() != e.pid {
+                continue;
+            }
+            let Some(d) = m.dir.as_mut() else { continue };
+            if d.epoch != e.epoch
+                || d.transfer.is_some()
+                || d.evicting
+                || !d.owners.contains(from)
+                || d.copies_granted(from) > e.copies
+            {
+                Counters::add(&self.stats.evict_declined, 1);
+                continue;
+            }
+            let rest = d.owners.without(from);
+            if rest == Owners::None && d.dirty {
+                d.evicting = true;
+                pulls.push((i, fi));
+            } else {
+                d.owners = rest;
+                d.forget_copies(from);
+                accepted[i] = true;
+                if f.local().mode == Possession::None
+                    && f.local().slot == NONE
+                    && m.unused()
+                    && f.latch.try_exclusive()
+                {
+                    self.maybe_remove(fi, &mut m);
+                    f.latch.unlock_exclusive();
+                }
+            }
+        }
+        if !pulls.is_empty() {
+            self.pull(from, entries, &pulls, &mut accepted)?;
+        }
+        Ok(EvictReply::Decided(accepted))
+    }
+
+    /// Pulls the dirty last copies `pulls` (entry index, frame) of an
+    /// eviction batch from `from`'s cache by one batched one-sided read.
+    fn pull(
+        &self,
+        from: u8,
+        entries: &[EvictEntry],
+        pulls: &[(usize, u32)],
+        accepted: &mut [bool],
+    ) -> Result<(), KvError> {
+        let member = self.member(from);
+        let read = match member {
+            Some(member) => {
+                let ep = self.thread_ep()?;
+                let mut b = ep.batch();
+                for (i, _) in pulls {
+                    b.read(member.region.at(entries[*i].offset), PAGE_SIZE);
+                }
+                block_on(b.run()).map_err(KvError::from)
+            }
+            None => Err(corrupt(format!("unknown member {from}"))),
+        };
+        let mut res = match read {
+            Ok(r) => r,
+            Err(e) => {
+                let mut out = Vec::new();
+                for (_, fi) in pulls {
+                    let mut m = self.frames.frame(*fi).meta.lock();
+                    if let Some(d) = m.dir.as_mut() {
+                        d.evicting = false;
+                    }
+                    self.directory_retry(*fi, &mut m, &mut out);
+                }
+                for (r, a) in out {
+                    r.reply(a);
+                }
+                return Err(e);
+            }
+        };
+        // Into our cache where there is room; the rest to the SSD in one
+        // batch per shard.
+        let caching = self.state() == NodeState::Active;
+        let mut to_ssd: Vec<(usize, u32, AlignedPage)> = Vec::new();
+        for (k, (i, fi)) in pulls.iter().enumerate() {
+            let bytes = res.take_read(k);
+            Counters::add(&self.stats.pulled, 1);
+            let f = self.frames.frame(*fi);
+            let mut m = f.meta.lock();
+            let l = f.local();
+            let slot = if caching
+                && l.mode == Possession::None
+                && l.slot == NONE
+                && m.awaiting == Awaiting::No
+                && f.latch.try_exclusive()
+            {
+                match self.take_slot() {
+                    Some(s) => Some(s),
+                    None => {
+                        f.latch.unlock_exclusive();
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            match slot {
+                Some(s) => {
+                    self.page(s).fill(&bytes);
+                    let d = m.dir.as_mut().expect("an entry being evicted");
+                    d.owners = Owners::Exclusive(self.index);
+                    d.copy_grants.clear();
+                    d.evicting = false;
+                    m.epoch = m.dir.as_ref().map_or(0, |d| d.epoch);
+                    m.copies_served = 0;
+                    f.touch(self.global_epoch.load(Ordering::Relaxed));
+                    f.set_possession(Possession::Exclusive, s);
+                    f.latch.unlock_exclusive();
+                    accepted[*i] = true;
+                    let mut out = Vec::new();
+                    self.directory_retry(*fi, &mut m, &mut out);
+                    drop(m);
+                    for (r, a) in out {
+                        r.reply(a);
+                    }
+                }
+                None => {
+                    let mut page = AlignedPage::default();
+                    page.bytes_mut().copy_from_slice(&bytes);
+                    to_ssd.push((*i, *fi, page));
+                }
+            }
+        }
+        let mut by_shard: std::collections::BTreeMap<u8, Vec<(usize, u32, AlignedPage)>> =
+            Default::default();
+        for x in to_ssd {
+            by_shard
+                .entry(entries[x.0].pid.shard())
+                .or_default()
+                .push(x);
+        }
+        for (shard, list) in by_shard {
+            let s = self.shard(shard).expect("checked above");
+            let batch: Vec<(u64, &AlignedPage)> = list
+                .iter()
+                .map(|(i, _, p)| (entries[*i].pid.slot(), p))
+                .collect();
+            let ok = s.file.write_batch(&batch);
+            let mut out = Vec::new();
+            for (i, fi, _) in &list {
+                let mut m = self.frames.frame(*fi).meta.lock();
+                let d = m.dir.as_mut().expect("an entry being evicted");
+                d.evicting = false;
+                if ok.is_ok() {
+                    d.owners = Owners::None;
+                    d.dirty = false;
+                    d.copy_grants.clear();
+                    accepted[*i] = true;
+                }
+                self.directory_retry(*fi, &mut m, &mut out);
+            }
+            for (r, a) in out {
+                r.reply(a);
+            }
+            ok.map_err(|e| KvError::Exhausted(format!("SSD write: {e}")))?;
+        }
+        Ok(())
+    }
+}

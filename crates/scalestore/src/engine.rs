@@ -1,0 +1,681 @@
+//! The `scalestore` engine: every node serves (message handler, re-poll
+//! thread, page provider) and issues (the compute threads the harness
+//! places on it); the KvStore API is served by the B-tree over the guards.
+//!
+//! Elasticity (§6.6) in a run: `scalestore.join=N@OPS` keeps node `N` out
+//! of the cluster until the clients have started `OPS` operations, then it
+//! joins; `scalestore.leave=N@OPS` makes node `N` leave after `OPS`
+//! operations. A compute thread whose node is not (or no longer) a member
+//! issues through another member of this process (its own endpoint there).
+
+use crate::btree::{self, BTree, MAX_VALUE_LEN, WriteKind};
+use crate::frames::Possession;
+use crate::membership::{region_name, service_name};
+use crate::msg::KINDS;
+use crate::node::{AllocPolicy, NodeConfig, NodeState, Protocol, ScaleNode};
+use crate::page::PAGE_SIZE;
+use crate::pid::Pid;
+use crate::worker::Worker;
+use crate::{provider, repoll};
+use async_trait::async_trait;
+use dmkv_api::{
+    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
+    ServeArgs, Topology,
+};
+use dmkv_memnode::NodeRuntime;
+use dmkv_transport::exec::block_on;
+use dmkv_transport::{Endpoint, NodeId, Responder, RpcContext};
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+const KNOBS: &[KnobSpec] = &[
+    KnobSpec {
+        name: "protocol",
+        default: "chaining",
+        help: "conflict handling: chaining (anticipatory chaining, §3.4.3) or fifo (directory FIFO queue, §3.4.2)",
+    },
+    KnobSpec {
+        name: "alloc",
+        default: "round-robin",
+        help: "directory of new pages: round-robin over the nodes (remote allocation) or local",
+    },
+    KnobSpec {
+        name: "free_percent",
+        default: "10",
+        help: "free cache slots the page provider keeps, percent of the cache",
+    },
+    KnobSpec {
+        name: "evict_percent",
+        default: "10",
+        help: "coldest share of sampled frames that the page provider evicts, percent",
+    },
+    KnobSpec {
+        name: "cache_pages",
+        default: "0",
+        help: "page slots of each node's cache (at least 64); 0 derives them from --cache-mb",
+    },
+    KnobSpec {
+        name: "join",
+        default: "none",
+        help: "NODE@OPS: node NODE starts outside the cluster and joins once clients started OPS operations",
+    },
+    KnobSpec {
+        name: "leave",
+        default: "none",
+        help: "NODE@OPS: node NODE leaves (handing over its pages and directory) once clients started OPS operations",
+    },
+];
+
+const CAPS: Capabilities = Capabilities {
+    scan: true,
+    max_value_len: MAX_VALUE_LEN,
+    reserved_keys: &[],
+    reserved_why: "",
+};
+
+/// The spec of `scalestore`.
+pub struct ScaleStoreSpec;
+
+/// The engine spec registered as `scalestore`.
+pub static SCALESTORE: ScaleStoreSpec = ScaleStoreSpec;
+
+fn config_error(e: impl std::fmt::Display) -> KvError {
+    KvError::Config(e.to_string())
+}
+
+/// A membership event of a run: node and operation count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChurnEvent {
+    pub node: u8,
+    pub at_ops: u64,
+}
+
+fn parse_event(knob: &str, raw: &str, nodes: usize) -> Result<Option<ChurnEvent>> {
+    if raw == "none" {
+        return Ok(None);
+    }
+    let bad = || {
+        KvError::Config(format!(
+            "scalestore.{knob}={raw:?}: use none or NODE@OPS with NODE < {nodes}"
+        ))
+    };
+    let (n, o) = raw.split_once('@').ok_or_else(bad)?;
+    let node: u8 = n.parse().map_err(|_| bad())?;
+    let at_ops: u64 = o.parse().map_err(|_| bad())?;
+    if node as usize >= nodes {
+        return Err(bad());
+    }
+    Ok(Some(ChurnEvent { node, at_ops }))
+}
+
+/// Everything the knobs say.
+struct Settings {
+    node: NodeConfig,
+    join: Option<ChurnEvent>,
+    leave: Option<ChurnEvent>,
+}
+
+impl ScaleStoreSpec {
+    fn settings(&self, args: &ServeArgs) -> Result<Settings> {
+        let k = &args.knobs;
+        let protocol = match k.get::<String>("scalestore", KNOBS, "protocol")?.as_str() {
+            "chaining" => Protocol::Chaining,
+            "fifo" => Protocol::Fifo,
+            o => {
+                return Err(KvError::Config(format!(
+                    "scalestore.protocol={o}: use chaining or fifo"
+                )));
+            }
+        };
+        let alloc = match k.get::<String>("scalestore", KNOBS, "alloc")?.as_str() {
+            "round-robin" => AllocPolicy::RoundRobin,
+            "local" => AllocPolicy::Local,
+            o => {
+                return Err(KvError::Config(format!(
+                    "scalestore.alloc={o}: use round-robin or local"
+                )));
+            }
+        };
+        let free_percent: usize = k.get("scalestore", KNOBS, "free_percent")?;
+        let evict_percent: usize = k.get("scalestore", KNOBS, "evict_percent")?;
+        if !(1..=50).contains(&free_percent) || !(1..=100).contains(&evict_percent) {
+            return Err(KvError::Config(
+                "scalestore.free_percent must be in 1..=50 and evict_percent in 1..=100".into(),
+            ));
+        }
+        let n = args.nodes.len();
+        let join = parse_event("join", &k.get::<String>("scalestore", KNOBS, "join")?, n)?;
+        let leave = parse_event("leave", &k.get::<String>("scalestore", KNOBS, "leave")?, n)?;
+        if join.is_some_and(|j| j.node == 0) {
+            return Err(KvError::Config(
+                "scalestore.join: node 0 creates the tree and must start in the cluster".into(),
+            ));
+        }
+        if leave.is_some() && n < 2 {
+            return Err(KvError::Config(
+                "scalestore.leave needs at least two nodes".into(),
+            ));
+        }
+        if let (Some(j), Some(l)) = (join, leave)
+            && j.node == l.node
+            && l.at_ops <= j.at_ops
+        {
+            return Err(KvError::Config(
+                "scalestore: a node cannot leave before it joined".into(),
+            ));
+        }
+        let cache_pages: usize = k.get("scalestore", KNOBS, "cache_pages")?;
+        let pages = match cache_pages {
+            0 => (args.cache_mb as usize * (1 << 20) / PAGE_SIZE).max(64),
+            n if n < 64 => {
+                return Err(KvError::Config(
+                    "scalestore.cache_pages must be 0 or at least 64".into(),
+                ));
+            }
+            n => n,
+        };
+        Ok(Settings {
+            node: NodeConfig {
+                pages,
+                protocol,
+                alloc,
+                data_dir: Default::default(),
+                free_percent,
+                evict_percent,
+            },
+            join,
+            leave,
+        })
+    }
+}
+
+impl EngineSpec for ScaleStoreSpec {
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
+    fn name(&self) -> &'static str {
+        "scalestore"
+    }
+    fn about(&self) -> &'static str {
+        "symmetric nodes form one DRAM cache over NVMe; directory-based page coherence with anticipatory chaining; epoch-based eviction; B-tree on page guards"
+    }
+    fn knobs(&self) -> &'static [KnobSpec] {
+        KNOBS
+    }
+    fn topology(&self) -> Topology {
+        Topology::Symmetric
+    }
+
+    fn serve(&self, rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
+        let Settings {
+            node: mut cfg,
+            join,
+            ..
+        } = self.settings(args)?;
+        let index = u8::try_from(args.node_index)
+            .ok()
+            .filter(|&i| (i as usize) < crate::node::MAX_MEMBERS)
+            .ok_or_else(|| {
+                KvError::Config(format!(
+                    "scalestore has at most {} nodes",
+                    crate::node::MAX_MEMBERS
+                ))
+            })?;
+        let safe: String = args
+            .instance
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let tmp = match &args.data_dir {
+            Some(base) => {
+                cfg.data_dir = base.join(&safe);
+                None
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("dmkv-scalestore-")
+                    .tempdir()
+                    .map_err(config_error)?;
+                cfg.data_dir = t.path().to_path_buf();
+                Some(t)
+            }
+        };
+        std::fs::create_dir_all(&cfg.data_dir).map_err(config_error)?;
+        let region = rt
+            .register_region(&region_name(&args.instance), cfg.pages * PAGE_SIZE)
+            .map_err(KvError::from)?;
+        // The handler needs the node, the node needs the service id: the
+        // handler finds the node through a slot filled right after.
+        let slot: Arc<Mutex<std::sync::Weak<ScaleNode>>> = Arc::default();
+        let for_handler = slot.clone();
+        let service = rt
+            .register_deferred_service(
+                &service_name(&args.instance),
+                Arc::new(move |ctx: &RpcContext, req: &[u8], r: Responder| {
+                    match for_handler.lock().upgrade() {
+                        Some(node) => node.handle(ctx, req, r),
+                        None => r.reply(Err(dmkv_transport::ServiceError::failed(
+                            "node is shutting down",
+                        ))),
+                    }
+                }),
+            )
+            .map_err(config_error)?;
+        let state = if join.is_some_and(|j| j.node == index) {
+            NodeState::Dormant
+        } else {
+            NodeState::Active
+        };
+        let node = Arc::new(ScaleNode::new(
+            index,
+            rt.id(),
+            cfg,
+            region.mem.clone(),
+            region.remote,
+            service,
+            rt.host().fabric(),
+            state,
+        ));
+        *node.tmp.lock() = tmp;
+        *slot.lock() = Arc::downgrade(&node);
+        node.add_shard(index, 0, 1).map_err(config_error)?;
+        node.set_host(index, index);
+        if index == 0 {
+            create_tree(&node)?;
+        }
+        rt.attach(&args.name("node"), node.clone());
+        // The page provider and the re-poll thread hold the node; they stop
+        // when the runtime (and with it the pool) goes away.
+        let pool = rt.worker_pool(&format!("{}-provider-repoll", args.instance), 2);
+        let alive = Arc::downgrade(&pool);
+        let n = node.clone();
+        pool.submit(move || provider::run(&n, || alive.strong_count() > 0));
+        let alive = Arc::downgrade(&pool);
+        let n = node.clone();
+        pool.submit(move || repoll::run(&n, || alive.strong_count() > 0));
+        Ok(())
+    }
+
+    fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
+        let s = self.settings(&args.serve)?;
+        let mut nodes: Vec<Arc<ScaleNode>> = args
+            .hosted
+            .iter()
+            .filter_map(|rt| rt.attachment::<ScaleNode>(&args.serve.name("node")))
+            .collect();
+        if nodes.is_empty() {
+            return Err(KvError::Config(format!(
+                "no scalestore node of {} is served in this process",
+                args.serve.instance
+            )));
+        }
+        nodes.sort_by_key(|n| n.index);
+        let initial: Vec<(u8, NodeId)> = args
+            .serve
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (i as u8, NodeId(*id)))
+            .collect();
+        let founders: Vec<(u8, NodeId)> = initial
+            .iter()
+            .copied()
+            .filter(|(i, _)| s.join.is_none_or(|j| j.node != *i))
+            .collect();
+        // Membership by messages: each founding node learns the others from
+        // their transport directories and introduces itself.
+        for n in nodes.iter().filter(|n| n.state() == NodeState::Active) {
+            let ep = n.fabric.endpoint(n.id)?;
+            block_on(n.introduce(&ep, &args.serve.instance, &founders))?;
+        }
+        Ok(Arc::new(ScaleStoreEngine {
+            shared: Arc::new(Shared {
+                nodes,
+                instance: args.serve.instance.clone(),
+                founders,
+                join: s.join,
+                leave: s.leave,
+                ops: AtomicU64::new(0),
+                joined: AtomicBool::new(false),
+                left: AtomicBool::new(false),
+                proxied: AtomicU64::new(0),
+                churn: Mutex::new(Vec::new()),
+                log: Mutex::new(Vec::new()),
+            }),
+        }))
+    }
+}
+
+/// Creates the catalog (page 0 of shard 0) and the root leaf on node 0.
+fn create_tree(node: &ScaleNode) -> Result<()> {
+    let mut pages = Vec::new();
+    for _ in 0..2 {
+        let (pid, fi, epoch) = node.alloc_here(0)?;
+        let f = node.frames.frame(fi);
+        let slot = node
+            .take_slot()
+            .ok_or_else(|| KvError::Exhausted("no cache slot for the catalog".into()))?;
+        let mut m = f.meta.lock();
+        m.epoch = epoch;
+        f.set_possession(Possession::Exclusive, slot);
+        drop(m);
+        pages.push((pid, slot));
+    }
+    assert_eq!(pages[0].0, Pid::new(0, 0), "the catalog is the first page");
+    btree::init_pages(&node.page(pages[0].1), &node.page(pages[1].1), pages[1].0);
+    Ok(())
+}
+
+/// What the engine and its clients share.
+struct Shared {
+    /// The nodes served in this process, by index.
+    nodes: Vec<Arc<ScaleNode>>,
+    instance: String,
+    /// The nodes that start in the cluster.
+    founders: Vec<(u8, NodeId)>,
+    join: Option<ChurnEvent>,
+    leave: Option<ChurnEvent>,
+    /// Client operations started.
+    ops: AtomicU64,
+    joined: AtomicBool,
+    left: AtomicBool,
+    /// Clients that issued through another node than their own.
+    proxied: AtomicU64,
+    churn: Mutex<Vec<JoinHandle<Result<()>>>>,
+    log: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn node(&self, index: u8) -> Option<Arc<ScaleNode>> {
+        self.nodes.iter().find(|n| n.index == index).cloned()
+    }
+
+    /// Counts a client operation and fires membership events when due.
+    fn tick(self: &Arc<Self>) {
+        let n = self.ops.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(j) = self.join
+            && n >= j.at_ops
+            && !self.joined.swap(true, Ordering::SeqCst)
+        {
+            self.fire(j.node, true);
+        }
+        if let Some(l) = self.leave
+            && n >= l.at_ops
+            && !self.left.swap(true, Ordering::SeqCst)
+        {
+            self.fire(l.node, false);
+        }
+    }
+
+    fn fire(self: &Arc<Self>, index: u8, join: bool) {
+        let me = self.clone();
+        let h = std::thread::spawn(move || -> Result<()> {
+            let node = me.node(index).ok_or_else(|| {
+                KvError::Config(format!("scalestore node {index} is not served here"))
+            })?;
+            let at = me.ops.load(Ordering::Relaxed);
+            let res = if join {
+                node.join(&me.instance, &me.founders)
+                    .map(|()| format!("node {index} joined at op {at}"))
+            } else {
+                // A node that was to join first must have joined.
+                while node.state() == NodeState::Dormant {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                node.leave().map(|succ| {
+                    format!("node {index} left at op {at}, handing over to node {succ}")
+                })
+            };
+            match res {
+                Ok(line) => {
+                    me.log.lock().push(line);
+                    Ok(())
+                }
+                Err(e) => {
+                    me.log.lock().push(format!("node {index}: {e}"));
+                    Err(e)
+                }
+            }
+        });
+        self.churn.lock().push(h);
+    }
+}
+
+/// The connected engine: every node of this process.
+pub struct ScaleStoreEngine {
+    shared: Arc<Shared>,
+}
+
+impl ScaleStoreEngine {
+    pub fn nodes(&self) -> &[Arc<ScaleNode>] {
+        &self.shared.nodes
+    }
+
+    fn node_of(&self, id: NodeId) -> Result<Arc<ScaleNode>> {
+        self.shared
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .cloned()
+            .ok_or_else(|| KvError::Config(format!("{id} is not a scalestore node")))
+    }
+}
+
+#[async_trait(?Send)]
+impl Engine for ScaleStoreEngine {
+    fn name(&self) -> &'static str {
+        "scalestore"
+    }
+    fn capabilities(&self) -> Capabilities {
+        CAPS
+    }
+    fn home_node(&self, thread: usize) -> NodeId {
+        let n = &self.shared.nodes;
+        n[thread % n.len()].id
+    }
+    async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
+        let node = self.node_of(ep.node())?;
+        Ok(Rc::new(Client {
+            shared: self.shared.clone(),
+            home: Rc::new(Worker::new(node, ep)),
+            proxy: RefCell::new(None),
+        }))
+    }
+    async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
+        let node = self.node_of(ep.node())?;
+        let ep = Rc::new(dmkv_transport::Fabric::endpoint(&*node.fabric, node.id)?);
+        let c = Client {
+            shared: self.shared.clone(),
+            home: Rc::new(Worker::new(node, ep)),
+            proxy: RefCell::new(None),
+        };
+        for (k, v) in pairs {
+            let (w, _g) = c.enter(false)?;
+            BTree::new(&*w).write(WriteKind::Upsert, *k, v).await?;
+        }
+        Ok(())
+    }
+    async fn stats(&self, _ep: &Endpoint) -> Result<serde_json::Value> {
+        Ok(stats_json(&self.shared))
+    }
+    fn client_cache_bytes(&self) -> u64 {
+        0
+    }
+    async fn settle(&self, _ep: &Endpoint) -> Result<()> {
+        let handles = std::mem::take(&mut *self.shared.churn.lock());
+        for h in handles {
+            h.join()
+                .map_err(|_| KvError::Corrupt("a membership change panicked".into()))??;
+        }
+        Ok(())
+    }
+}
+
+/// The figures of `engine_stats`, summed over nodes, with per-node detail.
+fn stats_json(shared: &Shared) -> serde_json::Value {
+    let nodes = &shared.nodes;
+    let sum = |f: &dyn Fn(&ScaleNode) -> u64| nodes.iter().map(|n| f(n)).sum::<u64>();
+    let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let mut by_kind = serde_json::Map::new();
+    for k in KINDS {
+        let v = sum(&|n| ld(&n.stats.sent[k as usize]));
+        if v > 0 {
+            by_kind.insert(k.name().into(), v.into());
+        }
+    }
+    let fixes = sum(&|n| ld(&n.stats.fixes));
+    let hot = sum(&|n| ld(&n.stats.hot));
+    let (mut reads, mut writes, mut direct, mut uring) = (0, 0, true, true);
+    for n in nodes {
+        for (_, s) in n.shard_list() {
+            reads += s.file.reads();
+            writes += s.file.writes();
+            direct &= s.file.direct();
+            uring &= s.file.uring();
+        }
+    }
+    let per_node: Vec<serde_json::Value> = nodes
+        .iter()
+        .map(|n| {
+            serde_json::json!({
+                "index": n.index,
+                "state": format!("{:?}", n.state()).to_lowercase(),
+                "ops": ld(&n.stats.ops),
+                "cache_pages": n.cfg.pages,
+                "free_pages": n.free_slots(),
+                "fixes": ld(&n.stats.fixes),
+                "hot_path": ld(&n.stats.hot),
+                "evictions": ld(&n.stats.evictions),
+                "shards": n.shard_list().iter().map(|(s, _)| *s).collect::<Vec<u8>>(),
+                "global_epoch": n.global_epoch.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    let protocol = nodes.first().map_or(Protocol::Chaining, |n| n.cfg.protocol);
+    serde_json::json!({
+        "protocol": format!("{protocol:?}").to_lowercase(),
+        "nodes": nodes.len(),
+        "messages": serde_json::Value::Object(by_kind),
+        "messages_total": sum(&|n| n.stats.sent.iter().map(ld).sum()),
+        "parked_at_holder": sum(&|n| ld(&n.stats.parked_holder)),
+        "parked_at_directory": sum(&|n| ld(&n.stats.parked_directory)),
+        "fifo_queued": sum(&|n| ld(&n.stats.fifo_queued)),
+        "gone_replies": sum(&|n| ld(&n.stats.gone)),
+        "copy_failures": sum(&|n| ld(&n.stats.copy_failures)),
+        "stale_requests": sum(&|n| ld(&n.stats.stale)),
+        "page_fixes": fixes,
+        "hot_path_share": if fixes == 0 { 0.0 } else { hot as f64 / fixes as f64 },
+        "local_directory_grants": sum(&|n| ld(&n.stats.local_grants)),
+        "pages_from_remote_memory": sum(&|n| ld(&n.stats.pages_remote)),
+        "pages_from_ssd": sum(&|n| ld(&n.stats.pages_ssd)),
+        "ssd_reads": reads,
+        "ssd_writes": writes,
+        "ssd_direct_io": direct,
+        "ssd_io_uring": uring,
+        "evictions": sum(&|n| ld(&n.stats.evictions)),
+        "evictions_declined": sum(&|n| ld(&n.stats.evict_declined)),
+        "eviction_batches": sum(&|n| ld(&n.stats.evict_batches)),
+        "dirty_pages_pulled": sum(&|n| ld(&n.stats.pulled)),
+        "restarts": sum(&|n| ld(&n.stats.restarts)),
+        "client_ops": shared.ops.load(Ordering::Relaxed),
+        "clients_proxied": shared.proxied.load(Ordering::Relaxed),
+        "membership_events": shared.log.lock().clone(),
+        "per_node": per_node,
+    })
+}
+
+/// Counts an operation of a node's worker while it runs.
+struct Inflight(Arc<ScaleNode>);
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Admits an operation on `node` if it is a member now.
+fn admit(node: &Arc<ScaleNode>) -> Option<Inflight> {
+    node.inflight.fetch_add(1, Ordering::SeqCst);
+    // A leaving node sets its state, then waits for `inflight` to drain:
+    // either it sees our increment, or we see its state.
+    if node.state() == NodeState::Active {
+        crate::node::Counters::add(&node.stats.ops, 1);
+        Some(Inflight(node.clone()))
+    } else {
+        node.inflight.fetch_sub(1, Ordering::SeqCst);
+        None
+    }
+}
+
+struct Client {
+    shared: Arc<Shared>,
+    home: Rc<Worker>,
+    /// A worker on another member, while the home node is not one.
+    proxy: RefCell<Option<Rc<Worker>>>,
+}
+
+impl Client {
+    /// The worker for one operation: the home node's while it is a member,
+    /// else one on another member of this process.
+    fn enter(&self, count: bool) -> Result<(Rc<Worker>, Inflight)> {
+        if count {
+            self.shared.tick();
+        }
+        if let Some(g) = admit(&self.home.node) {
+            return Ok((self.home.clone(), g));
+        }
+        let mut proxy = self.proxy.borrow_mut();
+        for _ in 0..1000 {
+            if let Some(w) = proxy.as_ref()
+                && let Some(g) = admit(&w.node)
+            {
+                return Ok((w.clone(), g));
+            }
+            let node = self
+                .shared
+                .nodes
+                .iter()
+                .find(|n| n.state() == NodeState::Active)
+                .cloned()
+                .ok_or_else(|| {
+                    KvError::Config("no scalestore node of this process is a member".into())
+                })?;
+            let ep = Rc::new(node.fabric.endpoint(node.id)?);
+            self.shared.proxied.fetch_add(1, Ordering::Relaxed);
+            *proxy = Some(Rc::new(Worker::new(node, ep)));
+        }
+        Err(KvError::Config("membership keeps changing".into()))
+    }
+}
+
+#[async_trait(?Send)]
+impl KvStore for Client {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        let (w, _g) = self.enter(true)?;
+        BTree::new(&*w).lookup(key).await
+    }
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        let (w, _g) = self.enter(true)?;
+        BTree::new(&*w).write(WriteKind::Insert, key, value).await
+    }
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        let (w, _g) = self.enter(true)?;
+        BTree::new(&*w).write(WriteKind::Update, key, value).await
+    }
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        let (w, _g) = self.enter(true)?;
+        BTree::new(&*w).write(WriteKind::Upsert, key, value).await
+    }
+    async fn delete(&self, key: Key) -> Result<bool> {
+        let (w, _g) = self.enter(true)?;
+        BTree::new(&*w).write(WriteKind::Delete, key, &[]).await
+    }
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        let (w, _g) = self.enter(true)?;
+        BTree::new(&*w).scan(start, n).await
+    }
+}

@@ -1,0 +1,218 @@
+//! The message handler (§2.2, §3.5): every protocol message a node receives
+//! goes through [`ScaleNode::handle`], registered as a deferred-reply
+//! service, so a request that cannot be answered yet is parked with its
+//! responder instead of being refused and resent.
+//!
+//! The node trusts nothing a peer sends: the sender is identified by the
+//! transport's caller id (never by a field); page ids must belong to a shard
+//! hosted here and be allocated; offsets must be page-aligned (their bounds
+//! are the transport's business); modes, counts and node indices are
+//! checked when decoded.
+
+use crate::directory::{Decision, OwnRequest};
+use crate::holder::service_error;
+use crate::msg::{self, Kind, Reply, Request};
+use crate::node::{NodeState, ScaleNode};
+use crate::page::PAGE_SIZE;
+use crate::pid::Pid;
+use dmkv_transport::{Responder, RpcContext, ServiceError};
+use std::sync::atomic::Ordering;
+
+fn check_offset(o: u64) -> Result<(), ServiceError> {
+    if o.is_multiple_of(PAGE_SIZE as u64) {
+        Ok(())
+    } else {
+        Err(ServiceError::malformed(format!(
+            "page offset {o} is not page-aligned"
+        )))
+    }
+}
+
+impl ScaleNode {
+    /// Handles one message from `ctx.caller`; answers through `responder`,
+    /// now or later.
+    pub fn handle(&self, ctx: &RpcContext, req: &[u8], responder: Responder) {
+        match self.dispatch(ctx, req, responder) {
+            Ok(()) => {}
+            Err((responder, e)) => responder.reply(Err(e)),
+        }
+    }
+
+    fn dispatch(
+        &self,
+        ctx: &RpcContext,
+        req: &[u8],
+        responder: Responder,
+    ) -> Result<(), (Responder, ServiceError)> {
+        macro_rules! tri {
+            ($e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(e) => return Err((responder, e.into())),
+                }
+            };
+        }
+        let kind = *tri!(
+            req.first()
+                .ok_or_else(|| ServiceError::malformed("empty message"))
+        );
+        if kind == Kind::Hello as u8 {
+            let Request::Hello(h) = tri!(Request::decode(req)) else {
+                unreachable!("kind checked")
+            };
+            let welcome = tri!(self.handle_hello(ctx.caller, h));
+            responder.reply(Ok(welcome));
+            return Ok(());
+        }
+        let from = tri!(
+            self.index_of(ctx.caller)
+                .ok_or_else(|| ServiceError::failed(format!("{} is not a member", ctx.caller)))
+        );
+        let kv = |e: dmkv_api::KvError| service_error(e);
+        match Kind::from_u8(kind) {
+            Some(Kind::Evict) => {
+                let entries = tri!(msg::decode_evict(req));
+                let r = tri!(self.handle_evict(from, &entries).map_err(kv));
+                responder.reply(Ok(r.encode()));
+                return Ok(());
+            }
+            Some(Kind::HandoverPages) => {
+                let (shard, pages) = tri!(msg::decode_pages(req));
+                tri!(self.handle_pages(from, shard, &pages).map_err(kv));
+                responder.reply(Ok(Reply::Done.encode()));
+                return Ok(());
+            }
+            Some(Kind::HandoverEntries) => {
+                let (shard, entries) = tri!(msg::decode_entries(req));
+                tri!(self.handle_entries(from, shard, &entries).map_err(kv));
+                responder.reply(Ok(Reply::Done.encode()));
+                return Ok(());
+            }
+            Some(Kind::Depart) => {
+                let d = tri!(msg::Depart::decode(req));
+                tri!(self.handle_depart(from, &d).map_err(kv));
+                responder.reply(Ok(Reply::Done.encode()));
+                return Ok(());
+            }
+            _ => {}
+        }
+        let q = tri!(Request::decode(req));
+        match q {
+            Request::Own {
+                pid,
+                want,
+                retry,
+                offset,
+            } => {
+                tri!(check_offset(offset));
+                if let Some(h) = self.elsewhere(pid) {
+                    responder.reply(Ok(Reply::Moved(h).encode()));
+                    return Ok(());
+                }
+                tri!(self.check_pid(pid));
+                let mut r = Some(responder);
+                let d = self.own_request(
+                    OwnRequest {
+                        from,
+                        pid,
+                        want,
+                        retry,
+                        offset,
+                    },
+                    &mut r,
+                );
+                match (d, r) {
+                    (Ok(Decision::Reply(reply)), Some(r)) => r.reply(Ok(reply.encode())),
+                    (Err(e), Some(r)) => r.reply(Err(service_error(e))),
+                    (Ok(Decision::Held), None) => {}
+                    (d, r) => {
+                        // A remote request is never "busy" and a held one
+                        // keeps its responder: unreachable, but answer.
+                        if let Some(r) = r {
+                            r.reply(Err(ServiceError::failed(format!(
+                                "unexpected directory outcome {}",
+                                matches!(d, Ok(Decision::Busy))
+                            ))));
+                        }
+                    }
+                }
+            }
+            Request::Move { offset, .. } | Request::Copy { offset, .. } => {
+                tri!(check_offset(offset));
+                self.serve_holder(from, q, responder);
+            }
+            Request::SsdFetch { pid, epoch, offset } => {
+                tri!(check_offset(offset));
+                if let Some(h) = self.elsewhere(pid) {
+                    responder.reply(Ok(Reply::Moved(h).encode()));
+                    return Ok(());
+                }
+                tri!(self.check_pid(pid));
+                let r = tri!(self.ssd_fetch(from, pid, epoch, offset).map_err(kv));
+                responder.reply(Ok(r.encode()));
+            }
+            Request::Ack { pid } => {
+                if let Some(h) = self.elsewhere(pid) {
+                    responder.reply(Ok(Reply::Moved(h).encode()));
+                    return Ok(());
+                }
+                tri!(self.check_pid(pid));
+                tri!(self.ack(from, pid, true).map_err(kv));
+                responder.reply(Ok(Reply::Done.encode()));
+            }
+            Request::Alloc => {
+                if !self.allocates() {
+                    let other = self
+                        .members()
+                        .into_iter()
+                        .map(|(i, _)| i)
+                        .find(|&i| i != self.index && self.host_of(i) == Some(i));
+                    // A node still joining may not know the others' shards
+                    // yet: then the requester allocates on its own.
+                    responder.reply(Ok(Reply::Moved(other.unwrap_or(from)).encode()));
+                    return Ok(());
+                }
+                let (pid, _, epoch) = tri!(self.alloc_here(from).map_err(kv));
+                responder.reply(Ok(Reply::Allocated(pid, epoch).encode()));
+            }
+            Request::Adopt {
+                shard,
+                next_slot,
+                clock,
+            } => {
+                tri!(self.handle_adopt(from, shard, next_slot, clock).map_err(kv));
+                responder.reply(Ok(Reply::Done.encode()));
+            }
+            Request::HostShard { shard } => {
+                tri!(self.handle_host_shard(from, shard).map_err(kv));
+                responder.reply(Ok(Reply::Done.encode()));
+            }
+            Request::Hello(_) => unreachable!("handled above"),
+        }
+        Ok(())
+    }
+
+    /// The member that directs `pid` if that is not this node.
+    fn elsewhere(&self, pid: Pid) -> Option<u8> {
+        if self.shard(pid.shard()).is_some() {
+            return None;
+        }
+        self.host_of(pid.shard()).filter(|h| *h != self.index)
+    }
+
+    /// Checks that `pid` names an allocated page of a shard hosted here.
+    fn check_pid(&self, pid: Pid) -> Result<(), ServiceError> {
+        let s = self.shard(pid.shard()).ok_or_else(|| {
+            ServiceError::malformed(format!("{pid}: shard not hosted on node {}", self.index))
+        })?;
+        if pid.slot() >= s.next_slot.load(Ordering::Acquire) {
+            return Err(ServiceError::malformed(format!(
+                "{pid} was never allocated"
+            )));
+        }
+        if self.state() == NodeState::Left {
+            return Err(ServiceError::failed("this node left the cluster"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,451 @@
+//! The hybrid latch of a cache frame (paper §3.2, after LeanStore's): one
+//! 64-bit word that supports exclusive, shared and optimistic
+//! (version-validated) access.
+//!
+//! Word layout (little-endian bit numbers):
+//!
+//! ```text
+//! bits  0..=15  shared holders
+//! bit   16      exclusive
+//! bits 17..=63  version (bumped whenever an exclusive holder lets go)
+//! ```
+//!
+//! Every operation is a non-blocking *try*: compute threads run several
+//! tasks, and a task that waited on a latch held by a sibling task of the
+//! same thread would deadlock it. Callers that must wait retry after
+//! yielding (see `guard`); message handlers retry a bounded number of times
+//! and then answer "busy".
+//!
+//! Optimistic readers follow the seqlock pattern: read the version, read the
+//! data (atomic word loads), then [`HybridLatch::validate`], which issues an
+//! acquire fence before re-reading the word. Writers take the exclusive bit
+//! with an acquire CAS and release it with a release store of the next
+//! version, so a reader that saw any word of a write also sees the latch
+//! taken or the version changed.
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering, fence};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+const SHARED_BITS: u32 = 16;
+/// Mask of the shared-holder count.
+pub const SHARED_MASK: u64 = (1 << SHARED_BITS) - 1;
+/// The exclusive bit.
+pub const EXCLUSIVE: u64 = 1 << SHARED_BITS;
+/// First bit of the version.
+pub const VERSION_SHIFT: u32 = SHARED_BITS + 1;
+
+const _: () = assert!(SHARED_MASK & EXCLUSIVE == 0);
+const _: () = assert!(EXCLUSIVE << 1 == 1 << VERSION_SHIFT);
+const _: () = assert!(VERSION_SHIFT == 17 && SHARED_MASK == 0xFFFF);
+
+/// A version observed by an optimistic reader.
+pub type Version = u64;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct HybridLatch {
+    word: AtomicU64,
+}
+
+impl Default for HybridLatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HybridLatch {
+    pub fn new() -> HybridLatch {
+        HybridLatch {
+            word: AtomicU64::new(0),
+        }
+    }
+
+    fn version_of(w: u64) -> Version {
+        w >> VERSION_SHIFT
+    }
+
+    /// The version to validate against later, or `None` while an exclusive
+    /// holder is inside.
+    pub fn optimistic(&self) -> Option<Version> {
+        let w = self.word.load(Ordering::Acquire);
+        (w & EXCLUSIVE == 0).then(|| Self::version_of(w))
+    }
+
+    /// Whether nothing was modified since [`HybridLatch::optimistic`]
+    /// returned `v` (no exclusive holder is inside and none has left).
+    pub fn validate(&self, v: Version) -> bool {
+        fence(Ordering::Acquire);
+        let w = self.word.load(Ordering::Acquire);
+        w & EXCLUSIVE == 0 && Self::version_of(w) == v
+    }
+
+    /// Takes the latch exclusively if nobody holds it.
+    pub fn try_exclusive(&self) -> bool {
+        let w = self.word.load(Ordering::Relaxed);
+        if w & (EXCLUSIVE | SHARED_MASK) != 0 {
+            return false;
+        }
+        self.word
+            .compare_exchange(w, w | EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Takes the latch shared unless an exclusive holder is inside.
+    pub fn try_shared(&self) -> bool {
+        let mut w = self.word.load(Ordering::Relaxed);
+        loop {
+            if w & EXCLUSIVE != 0 || w & SHARED_MASK == SHARED_MASK {
+                return false;
+            }
+            match self
+                .word
+                .compare_exchange_weak(w, w + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(actual) => w = actual,
+            }
+        }
+    }
+
+    /// Turns an optimistic read at `v` into exclusive access, if nothing
+    /// changed and nobody holds the latch.
+    pub fn try_upgrade_optimistic_to_exclusive(&self, v: Version) -> bool {
+        let expect = v << VERSION_SHIFT;
+        self.word
+            .compare_exchange(
+                expect,
+                expect | EXCLUSIVE,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Turns an optimistic read at `v` into shared access, if nothing changed.
+    pub fn try_upgrade_optimistic_to_shared(&self, v: Version) -> bool {
+        let mut w = self.word.load(Ordering::Relaxed);
+        loop {
+            if w & EXCLUSIVE != 0 || Self::version_of(w) != v || w & SHARED_MASK == SHARED_MASK {
+                return false;
+            }
+            match self
+                .word
+                .compare_exchange_weak(w, w + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(actual) => w = actual,
+            }
+        }
+    }
+
+    /// Turns the only shared hold into an exclusive one.
+    pub fn try_upgrade_shared_to_exclusive(&self) -> bool {
+        let w = self.word.load(Ordering::Relaxed);
+        if w & EXCLUSIVE != 0 || w & SHARED_MASK != 1 {
+            return false;
+        }
+        self.word
+            .compare_exchange(w, (w - 1) | EXCLUSIVE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Leaves exclusive mode; optimistic readers of the old version fail.
+    pub fn unlock_exclusive(&self) {
+        let w = self.word.load(Ordering::Relaxed);
+        debug_assert!(w & EXCLUSIVE != 0, "unlock of a latch not held exclusively");
+        self.word.store(
+            (Self::version_of(w) + 1) << VERSION_SHIFT,
+            Ordering::Release,
+        );
+    }
+
+    /// Leaves exclusive mode keeping a shared hold (the version still moves,
+    /// as the holder may have written).
+    pub fn downgrade_exclusive_to_shared(&self) {
+        let w = self.word.load(Ordering::Relaxed);
+        debug_assert!(
+            w & EXCLUSIVE != 0,
+            "downgrade of a latch not held exclusively"
+        );
+        self.word.store(
+            ((Self::version_of(w) + 1) << VERSION_SHIFT) | 1,
+            Ordering::Release,
+        );
+    }
+
+    /// Leaves exclusive mode and returns the version an optimistic reader
+    /// may continue from.
+    pub fn downgrade_exclusive_to_optimistic(&self) -> Version {
+        let w = self.word.load(Ordering::Relaxed);
+        debug_assert!(w & EXCLUSIVE != 0);
+        let v = Self::version_of(w) + 1;
+        self.word.store(v << VERSION_SHIFT, Ordering::Release);
+        v
+    }
+
+    pub fn unlock_shared(&self) {
+        let prev = self.word.fetch_sub(1, Ordering::Release);
+        debug_assert!(prev & SHARED_MASK != 0, "unlock of a latch not held shared");
+    }
+
+    /// Whether anyone holds the latch exclusively right now (a hint).
+    pub fn is_exclusive(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & EXCLUSIVE != 0
+    }
+
+    /// Whether anyone holds the latch at all right now (a hint).
+    pub fn is_latched(&self) -> bool {
+        self.word.load(Ordering::Relaxed) & (EXCLUSIVE | SHARED_MASK) != 0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_exclude_each_other() {
+        let l = HybridLatch::new();
+        let v = l.optimistic().unwrap();
+        assert!(l.try_shared());
+        assert!(l.try_shared());
+        assert!(!l.try_exclusive(), "shared holders block exclusive");
+        assert!(l.validate(v), "shared holders do not invalidate readers");
+        l.unlock_shared();
+        assert!(
+            !l.try_upgrade_optimistic_to_exclusive(v),
+            "one shared holder left"
+        );
+        assert!(l.try_upgrade_shared_to_exclusive());
+        assert!(l.optimistic().is_none());
+        assert!(!l.try_shared());
+        assert!(!l.validate(v));
+        l.unlock_exclusive();
+        assert!(!l.validate(v), "an exclusive holder bumps the version");
+        let v2 = l.optimistic().unwrap();
+        assert_eq!(v2, v + 1);
+        assert!(l.try_upgrade_optimistic_to_exclusive(v2));
+        l.downgrade_exclusive_to_shared();
+        assert!(!l.validate(v2));
+        assert!(l.try_upgrade_optimistic_to_shared(v2 + 1));
+        l.unlock_shared();
+        l.unlock_shared();
+        assert!(!l.is_latched());
+    }
+
+    #[test]
+    fn stale_upgrades_fail() {
+        let l = HybridLatch::new();
+        let v = l.optimistic().unwrap();
+        assert!(l.try_exclusive());
+        l.unlock_exclusive();
+        assert!(!l.try_upgrade_optimistic_to_exclusive(v));
+        assert!(!l.try_upgrade_optimistic_to_shared(v));
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicU64 as Data;
+
+    fn spin_exclusive(l: &HybridLatch) {
+        while !l.try_exclusive() {
+            loom::thread::yield_now();
+        }
+    }
+
+    /// Two writers each write both data words under the exclusive latch; an
+    /// optimistic reader that validates never sees a mix.
+    #[test]
+    fn optimistic_readers_never_accept_torn_writes() {
+        loom::model(|| {
+            let l = Arc::new(HybridLatch::new());
+            let a = Arc::new(Data::new(0));
+            let b = Arc::new(Data::new(0));
+            let w = {
+                let (l, a, b) = (l.clone(), a.clone(), b.clone());
+                loom::thread::spawn(move || {
+                    spin_exclusive(&l);
+                    a.store(1, Ordering::Release);
+                    b.store(1, Ordering::Release);
+                    l.unlock_exclusive();
+                })
+            };
+            if let Some(v) = l.optimistic() {
+                let x = a.load(Ordering::Acquire);
+                let y = b.load(Ordering::Acquire);
+                if l.validate(v) {
+                    assert_eq!(x, y, "validated read saw a torn write");
+                }
+            }
+            w.join().unwrap();
+        });
+    }
+
+    /// Exclusive holders exclude each other and shared holders.
+    #[test]
+    fn exclusive_is_exclusive() {
+        loom::model(|| {
+            let l = Arc::new(HybridLatch::new());
+            let inside = Arc::new(Data::new(0));
+            let threads: Vec<_> = (0..2)
+                .map(|i| {
+                    let (l, inside) = (l.clone(), inside.clone());
+                    loom::thread::spawn(move || {
+                        if i == 0 {
+                            spin_exclusive(&l);
+                            assert_eq!(inside.fetch_add(10, Ordering::Relaxed), 0);
+                            inside.fetch_sub(10, Ordering::Relaxed);
+                            l.unlock_exclusive();
+                        } else {
+                            while !l.try_shared() {
+                                loom::thread::yield_now();
+                            }
+                            assert!(inside.fetch_add(1, Ordering::Relaxed) < 10);
+                            inside.fetch_sub(1, Ordering::Relaxed);
+                            l.unlock_shared();
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(!l.is_latched());
+        });
+    }
+
+    /// The parking handshake of `holder` and `ScaleNode::released`: a
+    /// handler that could not latch a frame raises its `parked` flag, issues
+    /// a SeqCst fence and looks at the latch again; a worker lets go of the
+    /// latch, issues a SeqCst fence and looks at the flag. At least one of
+    /// them sees the other, so a parked request is always kicked (no
+    /// request waits for the periodic sweep).
+    #[test]
+    fn parked_requests_are_never_missed() {
+        loom::model(|| {
+            let l = Arc::new(HybridLatch::new());
+            assert!(l.try_exclusive());
+            let parked = Arc::new(Data::new(0));
+            let worker = {
+                let (l, parked) = (l.clone(), parked.clone());
+                loom::thread::spawn(move || {
+                    l.unlock_exclusive();
+                    fence(Ordering::SeqCst);
+                    parked.load(Ordering::SeqCst) == 1
+                })
+            };
+            parked.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let handler_saw_free = !l.is_latched();
+            let worker_saw_parked = worker.join().unwrap();
+            assert!(
+                handler_saw_free || worker_saw_parked,
+                "both missed each other: the parked request is never kicked"
+            );
+        });
+    }
+
+    /// Two shared holders race to upgrade: at most one becomes exclusive,
+    /// and only once the other let go.
+    #[test]
+    fn shared_upgrades_exclude_each_other() {
+        loom::model(|| {
+            let l = Arc::new(HybridLatch::new());
+            let inside = Arc::new(Data::new(0));
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let (l, inside) = (l.clone(), inside.clone());
+                    loom::thread::spawn(move || {
+                        while !l.try_shared() {
+                            loom::thread::yield_now();
+                        }
+                        if l.try_upgrade_shared_to_exclusive() {
+                            assert_eq!(inside.fetch_add(1, Ordering::Relaxed), 0);
+                            inside.fetch_sub(1, Ordering::Relaxed);
+                            l.downgrade_exclusive_to_shared();
+                        }
+                        l.unlock_shared();
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(!l.is_latched());
+        });
+    }
+
+    /// An optimistic upgrade races a writer: at most one wins, and the
+    /// loser's version is stale afterwards.
+    #[test]
+    fn upgrades_race_writers() {
+        loom::model(|| {
+            let l = Arc::new(HybridLatch::new());
+            let v = l.optimistic().unwrap();
+            let l2 = l.clone();
+            let t = loom::thread::spawn(move || {
+                if l2.try_exclusive() {
+                    l2.unlock_exclusive();
+                    true
+                } else {
+                    false
+                }
+            });
+            let upgraded = l.try_upgrade_optimistic_to_exclusive(v);
+            if upgraded {
+                l.unlock_exclusive();
+            }
+            let other = t.join().unwrap();
+            assert!(upgraded || other);
+            assert!(!l.validate(v));
+        });
+    }
+}
+
+/// Waits (as a task) until `try_once` succeeds: spins briefly, then lets the
+/// thread's other tasks and other threads run between attempts, and after a
+/// while sleeps between attempts (see [`Backoff`]).
+pub async fn acquire_with(mut try_once: impl FnMut() -> bool) {
+    let mut b = Backoff::default();
+    while !try_once() {
+        b.pause().await;
+    }
+}
+
+/// Escalating waits for a task that cannot proceed yet: a few spins, then
+/// yields to the thread's other tasks (and other threads), then short
+/// sleeps, so that a thread whose every task waits parks instead of burning
+/// a core the message handlers and page providers need.
+#[derive(Default)]
+pub struct Backoff {
+    round: u32,
+}
+
+impl Backoff {
+    /// Spins while waiting is likely to be short.
+    const SPINS: u32 = 16;
+    /// Then yields.
+    const YIELDS: u32 = 64;
+    /// Then sleeps this long (longer than the executor's timer spin
+    /// threshold, so the thread really parks when every task sleeps).
+    const SLEEP: std::time::Duration = std::time::Duration::from_micros(250);
+
+    pub async fn pause(&mut self) {
+        self.round += 1;
+        if self.round <= Self::SPINS {
+            std::hint::spin_loop();
+        } else if self.round <= Self::SPINS + Self::YIELDS {
+            if self.round.is_multiple_of(16) {
+                std::thread::yield_now();
+            }
+            dmkv_transport::exec::yield_now().await;
+        } else {
+            dmkv_transport::exec::sleep(Self::SLEEP).await;
+        }
+    }
+}

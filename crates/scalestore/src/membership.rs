@@ -1,0 +1,589 @@
+//! Membership (§6.6): how nodes learn each other, join at run time, and
+//! leave, handing over their pages and directory entries.
+//!
+//! - **Introduction** (at connect, and when a node joins): a node finds a
+//!   peer's message service and cache region through the peer's transport
+//!   directory (by name, by message), then sends it a `Hello` with its own;
+//!   the peer records it (checking that the transport's caller id is the
+//!   node it claims to be) and answers with the members and shard hosts it
+//!   knows, which the newcomer introduces itself to in turn.
+//! - **Leaving** (node L, successor S, one node at a time):
+//!   1. L stops issuing (its workers' operations drain; new ones go
+//!      through another member);
+//!   2. L evicts every page of other directories it caches, round after
+//!      round: a declined eviction means a move or copy for it is coming
+//!      (owner stability), which L's handler serves;
+//!   3. L freezes its shards (requests for their pages are held, evictions
+//!      declined), waits for transfers and pulls in flight, and drops its
+//!      own copies of their pages (dirty sole copies to its SSD first);
+//!   4. per shard: `Adopt` (S creates the page file), `HandoverPages`
+//!      (every written slot of L's file), `HandoverEntries` (every
+//!      directory entry: owners, conflict epoch, dirty flags, pending copy
+//!      grants), `HostShard` (S serves the shard from now on); held
+//!      requests are answered "moved to S";
+//!   5. `Depart` to every member: they note the new host, forget L, and
+//!      scrub L from their directory entries (it holds nothing by now).
+
+use crate::frames::{Dir, Owners, Possession};
+use crate::msg::{
+    self, Depart, EntryState, HANDOVER_ENTRIES, HANDOVER_PAGES, Hello, Kind, Reply, Request,
+    Welcome, WireOwners,
+};
+use crate::node::{Member, NodeState, ScaleNode, corrupt};
+use crate::pid::Pid;
+use crate::ssd::AlignedPage;
+use dmkv_api::KvError;
+use dmkv_transport::exec::block_on;
+use dmkv_transport::{Endpoint, NodeId, ServiceError};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Names under which a node publishes its service and region.
+pub fn service_name(instance: &str) -> String {
+    format!("{instance}/msg")
+}
+pub fn region_name(instance: &str) -> String {
+    format!("{instance}/cache")
+}
+
+fn to_wire(o: Owners) -> WireOwners {
+    match o {
+        Owners::None => WireOwners::None,
+        Owners::Exclusive(n) => WireOwners::Exclusive(n),
+        Owners::Shared(s) => WireOwners::Shared(s),
+    }
+}
+
+fn from_wire(o: WireOwners) -> Owners {
+    match o {
+        WireOwners::None => Owners::None,
+        WireOwners::Exclusive(n) => Owners::Exclusive(n),
+        WireOwners::Shared(s) => Owners::Shared(s),
+    }
+}
+
+impl ScaleNode {
+    // ---- handlers ----------------------------------------------------------
+
+    /// A node introduces itself.
+    pub fn handle_hello(&self, caller: NodeId, h: Hello) -> Result<Vec<u8>, ServiceError> {
+        if h.region.node != caller {
+            return Err(ServiceError::malformed(format!(
+                "{caller} offers a region of {}",
+                h.region.node
+            )));
+        }
+        if h.index as usize >= crate::node::MAX_MEMBERS || h.index == self.index {
+            return Err(ServiceError::malformed(format!("member index {}", h.index)));
+        }
+        if self.state() == NodeState::Left {
+            return Err(ServiceError::failed("this node left the cluster"));
+        }
+        match (self.member(h.index), self.index_of(caller)) {
+            (Some(m), _) if m.node != caller => {
+                return Err(ServiceError::failed(format!(
+                    "member {} is {}, not {caller}",
+                    h.index, m.node
+                )));
+            }
+            (_, Some(i)) if i != h.index => {
+                return Err(ServiceError::failed(format!(
+                    "{caller} is member {i}, not {}",
+                    h.index
+                )));
+            }
+            (None, None) if self.host_of(h.index).is_some_and(|x| x != h.index) => {
+                return Err(ServiceError::failed(format!(
+                    "index {} belonged to a node that left",
+                    h.index
+                )));
+            }
+            _ => {}
+        }
+        self.set_member(
+            h.index,
+            Member {
+                node: caller,
+                region: h.region,
+                service: h.service,
+            },
+        );
+        if self.host_of(h.index).is_none() {
+            // A new node hosts its own shard.
+            self.set_host(h.index, h.index);
+        }
+        let mut members: Vec<(u8, NodeId)> = self
+            .members()
+            .into_iter()
+            .map(|(i, m)| (i, m.node))
+            .collect();
+        members.push((self.index, self.id));
+        Ok(Welcome {
+            members,
+            hosts: self.hosts(),
+        }
+        .encode())
+    }
+
+    /// The leaving host of `shard` asks us to adopt it.
+    pub fn handle_adopt(
+        &self,
+        from: u8,
+        shard: u8,
+        next_slot: u64,
+        clock: u64,
+    ) -> Result<(), KvError> {
+        if self.host_of(shard) != Some(from) || self.shard(shard).is_some() {
+            return Err(corrupt(format!(
+                "node {from} cannot hand over shard {shard}"
+            )));
+        }
+        if next_slot > crate::pid::SLOT_MASK {
+            return Err(corrupt(format!("next slot {next_slot}")));
+        }
+        let s = self
+            .add_shard(shard, next_slot, clock)
+            .map_err(|e| KvError::Exhausted(format!("page file for shard {shard}: {e}")))?;
+        // Not served until `HostShard`.
+        s.frozen.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn adopting(&self, from: u8, shard: u8) -> Result<std::sync::Arc<crate::node::Shard>, KvError> {
+        match self.shard(shard) {
+            Some(s) if s.frozen.load(Ordering::SeqCst) && self.host_of(shard) == Some(from) => {
+                Ok(s)
+            }
+            _ => Err(corrupt(format!(
+                "node {from} hands over shard {shard}, which is not being adopted from it"
+            ))),
+        }
+    }
+
+    pub fn handle_pages(
+        &self,
+        from: u8,
+        shard: u8,
+        pages: &[(u64, Vec<u8>)],
+    ) -> Result<(), KvError> {
+        let s = self.adopting(from, shard)?;
+        let next = s.next_slot.load(Ordering::Acquire);
+        let mut bufs = Vec::with_capacity(pages.len());
+        for (slot, bytes) in pages {
+            if *slot >= next {
+                return Err(corrupt(format!("slot {slot} beyond {next}")));
+            }
+            let mut p = AlignedPage::default();
+            p.bytes_mut().copy_from_slice(bytes);
+            bufs.push((*slot, p));
+        }
+        let batch: Vec<(u64, &AlignedPage)> = bufs.iter().map(|(s, p)| (*s, p)).collect();
+        s.file
+            .write_batch(&batch)
+            .map_err(|e| KvError::Exhausted(format!("SSD write: {e}")))
+    }
+
+    pub fn handle_entries(
+        &self,
+        from: u8,
+        shard: u8,
+        entries: &[EntryState],
+    ) -> Result<(), KvError> {
+        let s = self.adopting(from, shard)?;
+        let next = s.next_slot.load(Ordering::Acquire);
+        for e in entries {
+            if e.pid.shard() != shard || e.pid.slot() >= next {
+                return Err(corrupt(format!("entry {} in shard {shard}", e.pid)));
+            }
+            let owners = from_wire(e.owners);
+            if owners.bitmap() & (1 << from) != 0 {
+                return Err(corrupt(format!(
+                    "{}: the leaving node still owns it",
+                    e.pid
+                )));
+            }
+            let fi = self
+                .frames
+                .find_or_insert(e.pid)
+                .map_err(|_| KvError::Exhausted("the frame table is full".into()))?;
+            let f = self.frames.frame(fi);
+            let mut m = f.meta.lock();
+            let mut d = Dir::new(e.epoch);
+            d.owners = owners;
+            d.dirty = e.dirty;
+            d.prev_dirty = e.prev_dirty;
+            d.copy_grants = e.copy_grants.clone();
+            m.dir = Some(Box::new(d));
+        }
+        Ok(())
+    }
+
+    pub fn handle_host_shard(&self, from: u8, shard: u8) -> Result<(), KvError> {
+        let s = self.adopting(from, shard)?;
+        self.set_host(shard, self.index);
+        s.frozen.store(false, Ordering::SeqCst);
+        // Anything that reached us early asks again, now that we serve it.
+        let held = std::mem::take(&mut s.held.lock().list);
+        for r in held {
+            r.reply(Ok(Reply::Moved(self.index).encode()));
+        }
+        Ok(())
+    }
+
+    /// A member left: note where its shards went, forget it, scrub it from
+    /// our directory entries.
+    pub fn handle_depart(&self, from: u8, d: &Depart) -> Result<(), KvError> {
+        if d.index != from {
+            return Err(corrupt(format!(
+                "node {from} announces the departure of {}",
+                d.index
+            )));
+        }
+        for &(shard, host) in &d.moved {
+            if self.member(host).is_none() && host != self.index {
+                return Err(corrupt(format!(
+                    "shard {shard} moved to unknown node {host}"
+                )));
+            }
+            self.set_host(shard, host);
+        }
+        self.remove_member(from);
+        let mut lost = Vec::new();
+        for fi in 0..self.frames.high_water() {
+            let f = self.frames.frame(fi);
+            let mut m = f.meta.lock();
+            if let Some(dir) = m.dir.as_mut() {
+                if dir.owners.contains(from) {
+                    // It evicted everything before leaving, so this is a
+                    // phantom listing; a dirty page it held alone would be
+                    // lost, which we report.
+                    if dir.dirty && dir.owners.without(from) == Owners::None {
+                        lost.push(f.pid());
+                    }
+                    dir.owners = dir.owners.without(from);
+                }
+                dir.forget_copies(from);
+                if dir.transfer == Some(from) {
+                    dir.transfer = None;
+                    self.repoll.kick(fi);
+                }
+            }
+        }
+        if !lost.is_empty() {
+            return Err(corrupt(format!(
+                "node {from} left holding the only copy of dirty pages {lost:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    // ---- procedures (run on a thread of their own) -------------------------
+
+    /// Learns `peers` through their transport directories and introduces
+    /// this node to them and to every member they know (see the module
+    /// documentation).
+    pub async fn introduce(
+        &self,
+        ep: &Endpoint,
+        instance: &str,
+        peers: &[(u8, NodeId)],
+    ) -> Result<(), KvError> {
+        let mut queue: VecDeque<(u8, NodeId)> = peers.iter().copied().collect();
+        let mut seen: HashSet<u8> = HashSet::new();
+        while let Some((i, node)) = queue.pop_front() {
+            if i == self.index || !seen.insert(i) {
+                continue;
+            }
+            let service = ep.lookup_service(node, &service_name(instance)).await?;
+            let region = ep.lookup_region(node, &region_name(instance)).await?;
+            // Recorded before the hello: the peer may message us as soon
+            // as it has recorded us, before its welcome reaches us.
+            let known = self.member(i).is_some();
+            self.set_member(
+                i,
+                Member {
+                    node,
+                    region,
+                    service,
+                },
+            );
+            self.stats.sent(Kind::Hello);
+            let reply = ep
+                .call(node, service, Request::Hello(self.hello()).encode())
+                .await;
+            let welcome = match reply {
+                Ok(bytes) => Welcome::decode(&bytes).map_err(|e| corrupt(e.to_string()))?,
+                // A node that left (or never joined) is no member: skip it.
+                Err(_) => {
+                    if !known {
+                        self.remove_member(i);
+                    }
+                    continue;
+                }
+            };
+            for (idx, n) in welcome.members {
+                if !seen.contains(&idx) {
+                    queue.push_back((idx, n));
+                }
+            }
+            for (s, h) in welcome.hosts {
+                if s != self.index {
+                    self.set_host(s, h);
+                }
+            }
+        }
+        self.set_host(self.index, self.index);
+        Ok(())
+    }
+
+    /// Joins the cluster at run time (a dormant node).
+    pub fn join(&self, instance: &str, peers: &[(u8, NodeId)]) -> Result<(), KvError> {
+        let ep = self.thread_ep()?;
+        block_on(self.introduce(&ep, instance, peers))?;
+        self.set_state(NodeState::Active);
+        Ok(())
+    }
+
+    /// Leaves the cluster at run time, handing everything to the
+    /// lowest-indexed other member; returns it.
+    pub fn leave(&self) -> Result<u8, KvError> {
+        let ep = self.thread_ep()?;
+        self.set_state(NodeState::Leaving);
+        while self.inflight.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let succ = self
+            .members()
+            .into_iter()
+            .map(|(i, _)| i)
+            .find(|&i| i != self.index)
+            .ok_or_else(|| KvError::Config("the last member cannot leave".into()))?;
+        // 2. Other directories' pages.
+        loop {
+            let left = self.evict_all_remote(&ep)?;
+            if left == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // 3. Freeze our shards and let go of our own copies.
+        let shards = self.shard_list();
+        for (_, s) in &shards {
+            s.frozen.store(true, Ordering::SeqCst);
+        }
+        loop {
+            let busy = self.drop_own_copies()?;
+            if busy == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // 4. Hand each shard over.
+        let mut moved = Vec::new();
+        for (id, s) in &shards {
+            self.hand_over(&ep, *id, s, succ)?;
+            moved.push((*id, succ));
+        }
+        // 5. Tell everybody.
+        let depart = Depart {
+            index: self.index,
+            moved,
+        }
+        .encode();
+        for (i, m) in self.members() {
+            self.stats.sent(Kind::Depart);
+            block_on(ep.call(m.node, m.service, depart.clone()))
+                .map_err(|e| corrupt(format!("departure to {i}: {e}")))?;
+        }
+        self.set_state(NodeState::Left);
+        Ok(succ)
+    }
+
+    /// Sends eviction batches for every page of another directory this node
+    /// caches; returns how many it still holds.
+    fn evict_all_remote(&self, ep: &Endpoint) -> Result<usize, KvError> {
+        let mut p = crate::provider::Provider::new();
+        p.evict_everything(self, ep, |pid| !self.directs(pid))
+    }
+
+    /// Drops this node's copies of pages it directs (dirty sole copies to
+    /// the SSD first); returns how many it could not drop yet, plus entries
+    /// with a transfer or pull in flight.
+    fn drop_own_copies(&self) -> Result<usize, KvError> {
+        let mut busy = 0;
+        for fi in 0..self.frames.high_water() {
+            let f = self.frames.frame(fi);
+            let pid = f.pid();
+            if pid == Pid::EMPTY || !self.directs(pid) {
+                continue;
+            }
+            {
+                let m = f.meta.lock();
+                if let Some(d) = m.dir.as_ref()
+                    && (d.transfer.is_some() || d.evicting)
+                {
+                    busy += 1;
+                    continue;
+                }
+            }
+            if f.local().mode == Possession::None {
+                continue;
+            }
+            if !f.latch.try_exclusive() {
+                busy += 1;
+                continue;
+            }
+            let mut m = f.meta.lock();
+            let l = f.local();
+            let me = self.index;
+            let ok = f.pid() == pid
+                && l.mode != Possession::None
+                && m.parked.is_empty()
+                && m.dir.as_ref().is_some_and(|d| {
+                    d.owners.contains(me) && d.copies_granted(me) <= m.copies_served
+                });
+            if !ok {
+                drop(m);
+                f.latch.unlock_exclusive();
+                self.released(fi);
+                busy += 1;
+                continue;
+            }
+            let d = m.dir.as_mut().expect("checked");
+            let rest = d.owners.without(me);
+            if rest == Owners::None && d.dirty {
+                let s = self.shard(pid.shard()).expect("directed");
+                let mut page = AlignedPage::default();
+                page.bytes_mut()
+                    .copy_from_slice(&self.page(l.slot).to_bytes());
+                s.file
+                    .write_batch(&[(pid.slot(), &page)])
+                    .map_err(|e| KvError::Exhausted(format!("SSD write: {e}")))?;
+                d.dirty = false;
+            }
+            d.owners = rest;
+            d.forget_copies(me);
+            self.drop_copy(fi, true);
+            self.maybe_remove(fi, &mut m);
+            drop(m);
+            f.latch.unlock_exclusive();
+        }
+        Ok(busy)
+    }
+
+    /// Hands shard `id` (frozen, no copies here) over to `succ`.
+    fn hand_over(
+        &self,
+        ep: &Endpoint,
+        id: u8,
+        s: &crate::node::Shard,
+        succ: u8,
+    ) -> Result<(), KvError> {
+        let m = self
+            .member(succ)
+            .ok_or_else(|| corrupt(format!("successor {succ} is no member")))?;
+        let call = |kind: Kind, bytes: Vec<u8>| -> Result<(), KvError> {
+            self.stats.sent(kind);
+            let r = block_on(ep.call(m.node, m.service, bytes))?;
+            match Reply::decode(&r).map_err(|e| corrupt(e.to_string()))? {
+                Reply::Done => Ok(()),
+                r => Err(corrupt(format!("handover step answered {r:?}"))),
+            }
+        };
+        let next_slot = s.next_slot.load(Ordering::Acquire);
+        call(
+            Kind::Adopt,
+            Request::Adopt {
+                shard: id,
+                next_slot,
+                clock: s.clock.load(Ordering::Acquire),
+            }
+            .encode(),
+        )?;
+        // The page file: every slot ever written (unwritten ones read as
+        // zeroes on the successor too).
+        let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut buf = AlignedPage::default();
+        for slot in 0..next_slot {
+            s.file
+                .read(slot, &mut buf)
+                .map_err(|e| KvError::Exhausted(format!("SSD read: {e}")))?;
+            if buf.bytes().iter().all(|&b| b == 0) {
+                continue;
+            }
+            batch.push((slot, buf.bytes().to_vec()));
+            if batch.len() == HANDOVER_PAGES {
+                call(Kind::HandoverPages, msg::encode_pages(id, &batch))?;
+                batch.clear();
+            }
+        }
+        if !batch.is_empty() {
+            call(Kind::HandoverPages, msg::encode_pages(id, &batch))?;
+        }
+        // The directory entries.
+        let mut entries = Vec::new();
+        let mut frames = Vec::new();
+        for fi in 0..self.frames.high_water() {
+            let f = self.frames.frame(fi);
+            let m = f.meta.lock();
+            let pid = f.pid();
+            if pid == Pid::EMPTY || pid.shard() != id {
+                continue;
+            }
+            if let Some(d) = m.dir.as_ref() {
+                if d.owners.contains(self.index) {
+                    return Err(corrupt(format!("{pid}: still cached by the leaving node")));
+                }
+                if d.owners != Owners::None || d.dirty {
+                    entries.push(EntryState {
+                        pid,
+                        owners: to_wire(d.owners),
+                        epoch: d.epoch,
+                        dirty: d.dirty,
+                        prev_dirty: d.prev_dirty,
+                        copy_grants: d.copy_grants.clone(),
+                    });
+                }
+                frames.push(fi);
+            }
+        }
+        for chunk in entries.chunks(HANDOVER_ENTRIES) {
+            call(Kind::HandoverEntries, msg::encode_entries(id, chunk))?;
+        }
+        call(Kind::HostShard, Request::HostShard { shard: id }.encode())?;
+        // From now on the successor directs the shard.
+        self.set_host(id, succ);
+        self.remove_shard(id);
+        let held = {
+            let mut h = s.held.lock();
+            h.moved_to = Some(succ);
+            std::mem::take(&mut h.list)
+        };
+        for r in held {
+            r.reply(Ok(Reply::Moved(succ).encode()));
+        }
+        for fi in frames {
+            let f = self.frames.frame(fi);
+            let mut replies = Vec::new();
+            {
+                let mut m = f.meta.lock();
+                if let Some(mut d) = m.dir.take() {
+                    replies.extend(d.held.drain(..).map(|h| h.responder));
+                    replies.extend(d.queue.drain(..).map(|h| h.responder));
+                }
+                if f.local().mode == Possession::None
+                    && f.local().slot == crate::frames::NONE
+                    && f.latch.try_exclusive()
+                {
+                    self.maybe_remove(fi, &mut m);
+                    f.latch.unlock_exclusive();
+                }
+            }
+            for r in replies {
+                r.reply(Ok(Reply::Moved(succ).encode()));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,97 @@
+//! Re-polling parked requests (paper §3.5: a message handler that cannot
+//! serve a request yet — the page is latched, or still on its way — leaves
+//! it in the mailbox and looks at it again later).
+//!
+//! Here a handler parks such a request with its deferred-reply
+//! `Responder` in the frame (`Meta::parked`), or in the directory entry (a
+//! FIFO queue position, a request held during an eviction pull). The
+//! events that may make it servable kick the node's re-poll thread with the
+//! frame: a worker or the page provider letting go of the latch
+//! (`ScaleNode::released`), a worker learning or finishing its grant, an
+//! acknowledgement, an eviction pull finishing. As a safety net the thread
+//! also sweeps every frame with parked work every few milliseconds.
+
+use crate::node::ScaleNode;
+use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// Sweep interval while some request is parked.
+const SWEEP: Duration = Duration::from_millis(2);
+/// Wake-up interval with nothing parked (to notice `stop`).
+const IDLE: Duration = Duration::from_millis(50);
+
+#[derive(Default)]
+struct State {
+    kicked: Vec<u32>,
+    parked: BTreeSet<u32>,
+    stop: bool,
+}
+
+/// The kick queue of one node's re-poll thread.
+#[derive(Default)]
+pub struct Repoll {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Repoll {
+    /// Frame `fi` may have servable parked work.
+    pub fn kick(&self, fi: u32) {
+        self.state.lock().kicked.push(fi);
+        self.cv.notify_one();
+    }
+
+    /// Frame `fi` has parked work (swept until [`Repoll::clear`]).
+    pub fn note_parked(&self, fi: u32) {
+        self.state.lock().parked.insert(fi);
+    }
+
+    /// Frame `fi` has no parked work any more.
+    pub fn clear(&self, fi: u32) {
+        self.state.lock().parked.remove(&fi);
+    }
+
+    /// Frames with parked work right now.
+    pub fn parked(&self) -> Vec<u32> {
+        self.state.lock().parked.iter().copied().collect()
+    }
+
+    pub fn stop(&self) {
+        self.state.lock().stop = true;
+        self.cv.notify_all();
+    }
+
+    /// The next frames to look at: kicked ones, or after a sweep interval
+    /// every frame with parked work (possibly none, so that the caller can
+    /// check whether to go on); `None` once stopped.
+    fn next(&self) -> Option<Vec<u32>> {
+        let mut s = self.state.lock();
+        if s.stop {
+            return None;
+        }
+        if s.kicked.is_empty() {
+            let wait = if s.parked.is_empty() { IDLE } else { SWEEP };
+            if self.cv.wait_for(&mut s, wait).timed_out() {
+                return Some(s.parked.iter().copied().collect());
+            }
+        }
+        let mut v = std::mem::take(&mut s.kicked);
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    }
+}
+
+/// The re-poll thread of `node`: runs until the node stops or `keep_going`
+/// says stop.
+pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
+    while keep_going() {
+        let Some(frames) = node.repoll.next() else {
+            return;
+        };
+        for fi in frames {
+            node.retry_parked(fi);
+        }
+    }
+}

@@ -1,0 +1,618 @@
+//! A worker: a compute thread's view of its node, implementing [`Pager`]
+//! for the guards. The local hot path (§3.2) decides without any message;
+//! the remote invocation (§3.3) asks the directory and resolves conflicts
+//! on the requester's side (§3.5): it moves the page from the predecessor
+//! the directory named (which may still be waiting for it: anticipatory
+//! chaining, §3.4.3), or copies it from a sharer, then invalidates the
+//! other sharers, all invalidations in flight at once.
+
+use crate::directory::{Decision, OwnRequest};
+use crate::frames::{Awaiting, NONE, Possession};
+use crate::guard::{Fixed, Mode, PageError, PageResult, Pager};
+use crate::latch::{Backoff, HybridLatch, acquire_with};
+use crate::msg::{Grant, Reply, Request, Source, Want};
+use crate::node::{Counters, Protocol, ScaleNode, members_of};
+use crate::page::{PAGE_SIZE, PageRef};
+use crate::pid::Pid;
+use dmkv_api::KvError;
+use dmkv_transport::Endpoint;
+use dmkv_transport::exec::yield_now;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How long a worker waits for a free cache slot before giving up with a
+/// clear error (the page provider frees slots continuously).
+const SLOT_WAIT: Duration = Duration::from_secs(30);
+
+/// A compute thread's pager on a node.
+pub struct Worker {
+    pub node: Arc<ScaleNode>,
+    pub ep: Rc<Endpoint>,
+}
+
+fn fatal(e: impl Into<KvError>) -> PageError {
+    PageError::Fatal(e.into())
+}
+
+fn corrupt(m: String) -> PageError {
+    PageError::Fatal(KvError::Corrupt(m))
+}
+
+fn need_of(mode: Mode) -> Possession {
+    if mode == Mode::Exclusive {
+        Possession::Exclusive
+    } else {
+        Possession::Shared
+    }
+}
+
+impl Worker {
+    pub fn new(node: Arc<ScaleNode>, ep: Rc<Endpoint>) -> Worker {
+        Worker { node, ep }
+    }
+
+    /// Sends a protocol message to member `to` and decodes the reply.
+    async fn send(&self, to: u8, q: Request) -> PageResult<Reply> {
+        let m = self
+            .node
+            .member(to)
+            .ok_or_else(|| corrupt(format!("node {to} is no member")))?;
+        self.node.stats.sent(q.kind());
+        let reply = self
+            .ep
+            .call(m.node, m.service, q.encode())
+            .await
+            .map_err(fatal)?;
+        Reply::decode(&reply).map_err(|e| fatal(dmkv_transport::TransportError::from(e)))
+    }
+
+    /// The hot path (§3.2): the page is here in a sufficient mode; latch it
+    /// without any message. `None` means "take the slow path".
+    fn hot(&self, pid: Pid, mode: Mode) -> Option<Fixed> {
+        let fi = self.node.frames.find(pid)?;
+        let f = self.node.frames.frame(fi);
+        let need = need_of(mode);
+        let epoch = self.node.global_epoch.load(Ordering::Relaxed);
+        match mode {
+            Mode::Optimistic => {
+                let v = f.latch.optimistic()?;
+                let l = f.local();
+                if l.mode < need || l.waiting || f.pid() != pid || !f.latch.validate(v) {
+                    return None;
+                }
+                f.touch(epoch);
+                Some(Fixed {
+                    pid,
+                    frame: fi,
+                    slot: l.slot,
+                    version: v,
+                    fresh: false,
+                })
+            }
+            Mode::Shared | Mode::Exclusive => {
+                let l = f.local();
+                if l.mode < need || l.waiting {
+                    return None;
+                }
+                let ok = if mode == Mode::Shared {
+                    f.latch.try_shared()
+                } else {
+                    f.latch.try_exclusive()
+                };
+                if !ok {
+                    return None;
+                }
+                let l = f.local();
+                if l.mode < need || f.pid() != pid {
+                    if mode == Mode::Shared {
+                        f.latch.unlock_shared();
+                    } else {
+                        f.latch.unlock_exclusive();
+                    }
+                    self.node.released(fi);
+                    return None;
+                }
+                f.touch(epoch);
+                Some(Fixed {
+                    pid,
+                    frame: fi,
+                    slot: l.slot,
+                    version: 0,
+                    fresh: false,
+                })
+            }
+        }
+    }
+
+    /// A free cache slot, waking the page provider and waiting if needed.
+    async fn slot(&self) -> PageResult<u32> {
+        let start = Instant::now();
+        let mut b = Backoff::default();
+        loop {
+            if let Some(s) = self.node.take_slot() {
+                return Ok(s);
+            }
+            self.node.wake_provider();
+            if start.elapsed() > SLOT_WAIT {
+                return Err(fatal(KvError::Exhausted(format!(
+                    "node {}: no free cache slot for {:?} (all {} pages latched?)",
+                    self.node.index, SLOT_WAIT, self.node.cfg.pages
+                ))));
+            }
+            b.pause().await;
+        }
+    }
+
+    /// The directory of `pid` now (following `Moved` answers).
+    fn directory_of(&self, pid: Pid) -> PageResult<u8> {
+        self.node
+            .host_of(pid.shard())
+            .ok_or_else(|| corrupt(format!("{pid}: no directory known")))
+    }
+
+    /// Asks the directory of `pid` (a message, or a call if it is here).
+    async fn ask_directory(
+        &self,
+        pid: Pid,
+        want: Want,
+        retry: bool,
+        offset: u64,
+    ) -> PageResult<Grant> {
+        let node = &self.node;
+        let mut b = Backoff::default();
+        loop {
+            let dir = self.directory_of(pid)?;
+            let reply = if dir == node.index {
+                let q = OwnRequest {
+                    from: node.index,
+                    pid,
+                    want,
+                    retry,
+                    offset,
+                };
+                match node.own_request(q, &mut None).map_err(fatal)? {
+                    Decision::Reply(r) => r,
+                    Decision::Busy | Decision::Held => {
+                        // Our own directory is busy with this entry (an
+                        // eviction pull, a FIFO transfer, a handover).
+                        b.pause().await;
+                        continue;
+                    }
+                }
+            } else {
+                self.send(
+                    dir,
+                    Request::Own {
+                        pid,
+                        want,
+                        retry,
+                        offset,
+                    },
+                )
+                .await?
+            };
+            match reply {
+                Reply::Grant(g) => return Ok(g),
+                Reply::Moved(h) if h != dir => node.set_host(pid.shard(), h),
+                r => return Err(corrupt(format!("{pid}: unexpected directory reply {r:?}"))),
+            }
+        }
+    }
+
+    /// Sends `q` about `pid` to its directory, following `Moved`.
+    async fn to_directory(&self, pid: Pid, q: Request) -> PageResult<Reply> {
+        loop {
+            let dir = self.directory_of(pid)?;
+            let r = if dir == self.node.index {
+                match q {
+                    Request::Ack { pid } => {
+                        self.node.ack(dir, pid, false).map_err(fatal)?;
+                        Reply::Done
+                    }
+                    Request::SsdFetch { pid, epoch, offset } => self
+                        .node
+                        .ssd_fetch(dir, pid, epoch, offset)
+                        .map_err(fatal)?,
+                    _ => unreachable!("only acks and SSD fetches"),
+                }
+            } else {
+                self.send(dir, q).await?
+            };
+            match r {
+                Reply::Moved(h) if h != dir => self.node.set_host(pid.shard(), h),
+                r => return Ok(r),
+            }
+        }
+    }
+
+    /// The remote invocation path with frame `fi` latched exclusively:
+    /// obtains `want` ownership and the page into `slot`. `Ok(false)`: a copy
+    /// from a sharer found nothing; the caller lets go and asks again.
+    async fn obtain(
+        &self,
+        fi: u32,
+        pid: Pid,
+        want: Want,
+        retry: bool,
+        slot: u32,
+    ) -> PageResult<bool> {
+        let res = self.obtain_inner(fi, pid, want, retry, slot).await;
+        if res.is_err() {
+            self.node.frames.frame(fi).meta.lock().awaiting = Awaiting::No;
+            self.node.released(fi);
+        }
+        res
+    }
+
+    async fn obtain_inner(
+        &self,
+        fi: u32,
+        pid: Pid,
+        want: Want,
+        retry: bool,
+        slot: u32,
+    ) -> PageResult<bool> {
+        let node = &self.node;
+        let f = node.frames.frame(fi);
+        let offset = ScaleNode::offset_of(slot);
+        let retry = {
+            let mut m = f.meta.lock();
+            m.awaiting = Awaiting::Unknown;
+            retry || m.phantom
+        };
+        let g = self.ask_directory(pid, want, retry, offset).await?;
+        f.meta.lock().awaiting = Awaiting::Known(g.epoch);
+        // Requests parked on our older copy can be decided now.
+        node.released(fi);
+        let mut invalidate = g.invalidate & !(1 << node.index);
+        let mut ok = true;
+        match g.source {
+            Source::Written => {}
+            Source::Kept => {
+                if f.local().mode == Possession::None {
+                    return Err(corrupt(format!(
+                        "{pid}: the directory says we keep a copy we do not have"
+                    )));
+                }
+            }
+            Source::Move(n) => {
+                // Take the page from the predecessor; if it turns out not to
+                // hold it (a sharer whose copy failed), try the others; if
+                // nobody does, the SSD copy is current (checked there).
+                let mut cands = vec![n];
+                cands.extend(members_of(invalidate).filter(|c| *c != n));
+                let mut got = false;
+                for c in cands {
+                    let r = self
+                        .send(
+                            c,
+                            Request::Move {
+                                pid,
+                                epoch: g.epoch,
+                                need_page: true,
+                                offset,
+                            },
+                        )
+                        .await?;
+                    invalidate &= !(1 << c);
+                    if r == Reply::Done {
+                        got = true;
+                        break;
+                    }
+                }
+                if !got {
+                    let q = Request::SsdFetch {
+                        pid,
+                        epoch: g.epoch,
+                        offset,
+                    };
+                    let r = self.to_directory(pid, q).await?;
+                    if r != Reply::Done {
+                        return Err(corrupt(format!("{pid}: SSD fetch answered {r:?}")));
+                    }
+                }
+            }
+            Source::Copy(s) => {
+                let q = Request::Copy {
+                    pid,
+                    epoch: g.epoch,
+                    offset,
+                };
+                match self.send(s, q).await? {
+                    Reply::Done => {}
+                    Reply::Gone => {
+                        Counters::add(&node.stats.copy_failures, 1);
+                        ok = false;
+                    }
+                    r => return Err(corrupt(format!("{pid}: copy answered {r:?}"))),
+                }
+            }
+        }
+        if ok && invalidate != 0 {
+            // Invalidate the other sharers, all at once (§3.3).
+            let calls = members_of(invalidate).map(|t| {
+                self.send(
+                    t,
+                    Request::Move {
+                        pid,
+                        epoch: g.epoch,
+                        need_page: false,
+                        offset: 0,
+                    },
+                )
+            });
+            for r in futures::future::join_all(calls).await {
+                match r? {
+                    Reply::Done => {}
+                    r => return Err(corrupt(format!("{pid}: invalidation answered {r:?}"))),
+                }
+            }
+        }
+        if node.cfg.protocol == Protocol::Fifo {
+            let r = self.to_directory(pid, Request::Ack { pid }).await?;
+            if r != Reply::Done {
+                return Err(corrupt(format!("{pid}: acknowledgement answered {r:?}")));
+            }
+        }
+        {
+            let mut m = f.meta.lock();
+            m.awaiting = Awaiting::No;
+            m.phantom = !ok;
+            if ok {
+                m.epoch = g.epoch;
+                m.copies_served = 0;
+                let mode = if want == Want::Exclusive {
+                    Possession::Exclusive
+                } else {
+                    Possession::Shared
+                };
+                f.set_possession(mode, slot);
+            } else {
+                f.set_possession(Possession::None, slot);
+            }
+        }
+        node.released(fi);
+        Ok(ok)
+    }
+
+    /// Latches frame `fi` exclusively for the slow path, waiting while a
+    /// remote request is parked on it (under chaining it goes first).
+    async fn latch_cold(&self, fi: u32) {
+        let f = self.node.frames.frame(fi);
+        acquire_with(|| !f.local().waiting && f.latch.try_exclusive()).await;
+    }
+
+    /// The slow path: latch the frame exclusively and run the protocol.
+    async fn cold(&self, pid: Pid, mode: Mode) -> PageResult<Option<Fixed>> {
+        let node = &self.node;
+        let fi = node
+            .frames
+            .find_or_insert(pid)
+            .map_err(|_| fatal(KvError::Exhausted("the frame table is full".into())))?;
+        let f = node.frames.frame(fi);
+        self.latch_cold(fi).await;
+        if f.pid() != pid {
+            f.latch.unlock_exclusive();
+            node.released(fi);
+            return Ok(None);
+        }
+        let need = need_of(mode);
+        let want = if mode == Mode::Exclusive {
+            Want::Exclusive
+        } else {
+            Want::Shared
+        };
+        let mut retry = false;
+        loop {
+            let l = f.local();
+            if l.mode >= need {
+                break;
+            }
+            let slot = if l.slot != NONE {
+                l.slot
+            } else {
+                let s = match self.slot().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.release_empty(fi);
+                        return Err(e);
+                    }
+                };
+                let _m = f.meta.lock();
+                f.set_possession(Possession::None, s);
+                s
+            };
+            match self.obtain(fi, pid, want, retry, slot).await {
+                Ok(true) => break,
+                Ok(false) => {
+                    // Our copy failed (its source was invalidated before it
+                    // served us): let go, so that whoever is ahead of us can
+                    // finish, and ask again telling the directory we hold
+                    // nothing.
+                    retry = true;
+                    self.release_empty(fi);
+                    std::thread::yield_now();
+                    yield_now().await;
+                    self.latch_cold(fi).await;
+                    if f.pid() != pid {
+                        f.latch.unlock_exclusive();
+                        node.released(fi);
+                        return Ok(None);
+                    }
+                }
+                Err(e) => {
+                    self.release_empty(fi);
+                    return Err(e);
+                }
+            }
+        }
+        f.touch(node.global_epoch.load(Ordering::Relaxed));
+        let l = f.local();
+        let fixed = |version, fresh| Fixed {
+            pid,
+            frame: fi,
+            slot: l.slot,
+            version,
+            fresh,
+        };
+        Ok(Some(match mode {
+            Mode::Exclusive => fixed(0, false),
+            Mode::Shared => {
+                f.latch.downgrade_exclusive_to_shared();
+                node.released(fi);
+                fixed(0, false)
+            }
+            Mode::Optimistic => {
+                // Keep the page here until the optimistic guard is dropped:
+                // a move parked on it would otherwise take the page before
+                // this first use could validate, and under contention no
+                // optimistic reader would ever finish (see `holder`).
+                {
+                    let _m = f.meta.lock();
+                    f.set_fresh(true);
+                }
+                let v = f.latch.downgrade_exclusive_to_optimistic();
+                fixed(v, true)
+            }
+        }))
+    }
+
+    /// Unlatches a frame that holds no copy, giving its slot back (and the
+    /// frame, if nothing else needs it).
+    fn release_empty(&self, fi: u32) {
+        let f = self.node.frames.frame(fi);
+        {
+            let mut m = f.meta.lock();
+            let l = f.local();
+            if l.mode == Possession::None {
+                if l.slot != NONE {
+                    self.node.free_slot(l.slot);
+                }
+                f.set_possession(Possession::None, NONE);
+                self.node.maybe_remove(fi, &mut m);
+            }
+        }
+        f.latch.unlock_exclusive();
+        self.node.released(fi);
+    }
+
+    /// Allocates a page id on a directory (round-robin or here, §6.5).
+    async fn allocate_pid(&self) -> PageResult<(Pid, u64)> {
+        let node = &self.node;
+        let mut target = node.alloc_target();
+        for _ in 0..64 {
+            if target == node.index && node.allocates() {
+                let (pid, _, epoch) = node.alloc_here(node.index).map_err(fatal)?;
+                return Ok((pid, epoch));
+            }
+            if target == node.index {
+                // We take no allocations (leaving): ask someone who does.
+                target = node
+                    .members()
+                    .into_iter()
+                    .map(|(i, _)| i)
+                    .find(|&i| i != node.index && node.host_of(i) == Some(i))
+                    .ok_or_else(|| {
+                        fatal(KvError::Exhausted("no member takes allocations".into()))
+                    })?;
+            }
+            match self.send(target, Request::Alloc).await? {
+                Reply::Allocated(p, e) if p.shard() == target => return Ok((p, e)),
+                Reply::Moved(h) => target = h,
+                r => return Err(corrupt(format!("unexpected allocation reply {r:?}"))),
+            }
+        }
+        Err(fatal(KvError::Exhausted(
+            "no member took the allocation".into(),
+        )))
+    }
+}
+
+impl Pager for Worker {
+    fn latch(&self, frame: u32) -> &HybridLatch {
+        &self.node.frames.frame(frame).latch
+    }
+
+    fn page(&self, slot: u32) -> PageRef<'_> {
+        self.node.page(slot)
+    }
+
+    async fn fix(&self, pid: Pid, mode: Mode) -> PageResult<Fixed> {
+        Counters::add(&self.node.stats.fixes, 1);
+        let mut b = Backoff::default();
+        loop {
+            if let Some(f) = self.hot(pid, mode) {
+                Counters::add(&self.node.stats.hot, 1);
+                return Ok(f);
+            }
+            // Here in a sufficient mode but latched by someone else, or a
+            // remote request goes first: wait on the hot path.
+            if let Some(fi) = self.node.frames.find(pid) {
+                let f = self.node.frames.frame(fi);
+                let l = f.local();
+                if (l.mode >= need_of(mode) && f.latch.is_latched()) || l.waiting {
+                    b.pause().await;
+                    continue;
+                }
+            }
+            if let Some(f) = self.cold(pid, mode).await? {
+                return Ok(f);
+            }
+        }
+    }
+
+    async fn allocate(&self) -> PageResult<Fixed> {
+        let node = &self.node;
+        let (pid, epoch) = self.allocate_pid().await?;
+        let fi = node
+            .frames
+            .find_or_insert(pid)
+            .map_err(|_| fatal(KvError::Exhausted("the frame table is full".into())))?;
+        let f = node.frames.frame(fi);
+        acquire_with(|| f.latch.try_exclusive()).await;
+        let slot = match self.slot().await {
+            Ok(s) => s,
+            Err(e) => {
+                f.latch.unlock_exclusive();
+                return Err(e);
+            }
+        };
+        node.page(slot).fill(&[0u8; PAGE_SIZE]);
+        {
+            let mut m = f.meta.lock();
+            m.epoch = epoch;
+            m.copies_served = 0;
+            f.set_possession(Possession::Exclusive, slot);
+        }
+        f.touch(node.global_epoch.load(Ordering::Relaxed));
+        Ok(Fixed {
+            pid,
+            frame: fi,
+            slot,
+            version: 0,
+            fresh: false,
+        })
+    }
+
+    fn try_upgrade_exclusive(&self, f: &Fixed) -> bool {
+        let fr = self.node.frames.frame(f.frame);
+        if fr.local().mode != Possession::Exclusive || fr.local().waiting {
+            return false;
+        }
+        fr.latch.try_upgrade_optimistic_to_exclusive(f.version)
+    }
+
+    fn catalog(&self) -> Pid {
+        Pid::new(0, 0)
+    }
+
+    fn note_restart(&self) {
+        Counters::add(&self.node.stats.restarts, 1);
+    }
+
+    fn released(&self, frame: u32) {
+        self.node.released(frame);
+    }
+}

@@ -1,0 +1,559 @@
+//! `scalestore` against the shared suites across nodes (oracle single and
+//! multi client, races with and without torn reads, bad input and garbage
+//! messages), and its own: data larger than all caches, nodes joining and
+//! leaving during a run, and page-level races through the guards (one page
+//! under writers from every node; many pages under eviction).
+
+use dmkv_api::Knobs;
+use dmkv_api::deploy::{DeployOptions, LocalDeployment};
+use dmkv_api::payload::{check_value, make_value};
+use dmkv_scalestore::SCALESTORE;
+use dmkv_scalestore::guard::{ExclusiveGuard, OptimisticGuard, PageError, SharedGuard};
+use dmkv_scalestore::node::ScaleNode;
+use dmkv_scalestore::pid::Pid;
+use dmkv_scalestore::worker::Worker;
+use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
+use dmkv_testkit::history::{RaceConfig, race};
+use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
+use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
+use dmkv_transport::local::Faults;
+use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+fn opts(nodes: usize, threads: usize, knobs: &[(&str, &str)]) -> DeployOptions {
+    let mut k = Knobs::new();
+    for (n, v) in knobs {
+        k.set(n, v);
+    }
+    DeployOptions {
+        nodes,
+        threads,
+        cache_mb: 1,
+        knobs: k,
+        ..Default::default()
+    }
+}
+
+fn deploy(o: DeployOptions) -> LocalDeployment {
+    arm_watchdog();
+    LocalDeployment::deploy(&SCALESTORE, &o).unwrap()
+}
+
+/// No test may hang CI: the first deployment arms a watchdog that aborts
+/// the whole test binary (with a message) if it is still running after
+/// `SCALESTORE_TEST_DEADLINE` seconds (default 300; the file normally takes
+/// seconds). A hang then fails fast instead of eating CI's time limit.
+fn arm_watchdog() {
+    static ARMED: std::sync::Once = std::sync::Once::new();
+    ARMED.call_once(|| {
+        let secs: u64 = std::env::var("SCALESTORE_TEST_DEADLINE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(300);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            // Straight to stderr: `eprintln!` would be captured by the test.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{}: tests still running after {secs} s: aborting (a hang)",
+                file!()
+            );
+            std::process::abort();
+        });
+    });
+}
+
+fn nodes_of(d: &LocalDeployment) -> Vec<Arc<ScaleNode>> {
+    d.runtimes
+        .iter()
+        .filter_map(|rt| rt.attachment::<ScaleNode>(&d.args.name("node")))
+        .collect()
+}
+
+/// With `SCALESTORE_WATCH=SECS` set, prints the engine's figures and every
+/// node's busy frames every SECS seconds until dropped (diagnostics).
+struct Watch(
+    Option<(
+        Arc<std::sync::atomic::AtomicBool>,
+        std::thread::JoinHandle<()>,
+    )>,
+);
+
+fn watch(d: &LocalDeployment) -> Watch {
+    let Some(secs): Option<u64> = std::env::var("SCALESTORE_WATCH")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    else {
+        return Watch(None);
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let nodes = nodes_of(d);
+    let s2 = stop.clone();
+    let h = std::thread::spawn(move || {
+        let mut waited = 0u64;
+        while !s2.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            waited += 100;
+            if waited.is_multiple_of(secs * 1000) {
+                for n in &nodes {
+                    use std::io::Write;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "node {} state {:?} free {} inflight {}\n{}",
+                        n.index,
+                        n.state(),
+                        n.free_slots(),
+                        n.inflight.load(Ordering::Relaxed),
+                        n.debug_dump()
+                    );
+                }
+            }
+        }
+    });
+    Watch(Some((stop, h)))
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some((stop, h)) = self.0.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = h.join();
+        }
+    }
+}
+
+fn stats(d: &LocalDeployment) -> serde_json::Value {
+    block_on(d.engine.stats(&d.endpoint(0))).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #[test]
+    fn oracle_single_client(ops in prop::collection::vec(op_strategy(400, 1024, true), 1..300)) {
+        let d = deploy(opts(3, 3, &[]));
+        prop_assert_eq!(check_single(&d, &ops), Ok(()));
+    }
+}
+
+#[test]
+fn oracle_multi_client_across_nodes() {
+    for protocol in ["chaining", "fifo"] {
+        let d = deploy(opts(3, 3, &[("protocol", protocol)]));
+        check_multi(&d, 3, 2, 300, 5).unwrap_or_else(|e| panic!("{protocol}: {e}"));
+    }
+}
+
+#[test]
+fn races_with_and_without_torn_reads() {
+    for (protocol, torn) in [("chaining", false), ("chaining", true), ("fifo", true)] {
+        let d = deploy(opts(3, 3, &[("protocol", protocol)]));
+        let r = race(
+            &d,
+            &RaceConfig {
+                torn_reads: torn,
+                threads: 3,
+                keys: 300,
+                loaded: 200,
+                value_len: 128,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{protocol} torn={torn}: {e}"));
+        assert!(r.writes > 0 && r.reads > 0 && r.scans > 0, "{r:?}");
+    }
+}
+
+#[test]
+fn bad_input_and_garbage_messages_are_refused() {
+    let d = deploy(opts(2, 2, &[]));
+    check_api_input(&d).unwrap();
+    check_garbage_rpcs(&d, 200, 9).unwrap();
+}
+
+#[test]
+fn bad_knobs_are_refused() {
+    for (k, v) in [
+        ("protocol", "lifo"),
+        ("cache_pages", "10"),
+        ("join", "0@5"),
+        ("join", "7@5"),
+        ("leave", "1"),
+        ("free_percent", "0"),
+    ] {
+        let r = LocalDeployment::deploy(&SCALESTORE, &opts(3, 1, &[(k, v)]));
+        assert!(r.is_err(), "scalestore.{k}={v} was accepted");
+    }
+}
+
+/// Values of `n` keys, written once from node 0 and read back from every
+/// node, with data four times the sum of the caches: pages go to the SSDs
+/// (every node's page file under `--data-dir`) and come back.
+#[test]
+fn data_larger_than_all_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = deploy(DeployOptions {
+        data_dir: Some(dir.path().to_path_buf()),
+        ..opts(3, 3, &[("cache_pages", "64")])
+    });
+    // 3 x 64 pages of cache; leaves of 1000-byte values hold 2 to 4 pairs,
+    // so 3000 pairs fill over 4 x 192 pages (checked below).
+    let _w = watch(&d);
+    let n = 3_000u64;
+    let key = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 8;
+    let pairs: Vec<(u64, Vec<u8>)> = (0..n)
+        .map(|i| (key(i), make_value(key(i), 1, 1000)))
+        .collect();
+    block_on(d.engine.load(&d.endpoint(0), &pairs)).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..3 {
+            let d = &d;
+            s.spawn(move || {
+                let (_ep, store) = d.client(t).unwrap();
+                let tasks: Vec<LocalTask<'_, ()>> = (0..2u64)
+                    .map(|task| {
+                        let store = store.clone();
+                        Box::pin(async move {
+                            // Every key is read from every node.
+                            for i in (task..n).step_by(2) {
+                                let k = key(i);
+                                let v = store
+                                    .get(k)
+                                    .await
+                                    .unwrap()
+                                    .unwrap_or_else(|| panic!("key {k} missing"));
+                                assert_eq!(check_value(k, &v), Ok(1), "key {k}");
+                            }
+                        }) as LocalTask<'_, ()>
+                    })
+                    .collect();
+                run_tasks(tasks);
+            });
+        }
+    });
+    let st = stats(&d);
+    let pages: u64 = nodes_of(&d)
+        .iter()
+        .map(|n| {
+            n.shard_list()
+                .iter()
+                .map(|(_, s)| s.next_slot.load(Ordering::Relaxed))
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(
+        pages >= 4 * 3 * 64,
+        "only {pages} pages for 4x the caches: {st}"
+    );
+    // Remote allocation is round-robin over every node, the loading one
+    // included (§6.5): each shard holds about a third of the pages.
+    for n in nodes_of(&d) {
+        for (shard, s) in n.shard_list() {
+            let here = s.next_slot.load(Ordering::Relaxed);
+            assert!(
+                here * 6 >= pages,
+                "shard {shard} has {here} of {pages} pages: allocation skipped it"
+            );
+        }
+    }
+    assert!(st["ssd_writes"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["ssd_reads"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["pages_from_ssd"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["evictions"].as_u64().unwrap() > 0, "{st}");
+    let files = walk(dir.path());
+    assert_eq!(
+        files.iter().filter(|f| f.ends_with(".pages")).count(),
+        3,
+        "{files:?}"
+    );
+}
+
+fn walk(p: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(p).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path().display().to_string());
+        }
+    }
+    out
+}
+
+/// Node 2 joins and node 1 leaves while every node's clients write and
+/// read; afterwards every key has its last written value, read from every
+/// client (those of node 1 through another node).
+#[test]
+fn join_and_leave_keep_every_value() {
+    for protocol in ["chaining", "fifo"] {
+        let d = deploy(opts(
+            3,
+            3,
+            &[
+                ("protocol", protocol),
+                ("cache_pages", "64"),
+                ("join", "2@300"),
+                ("leave", "1@1100"),
+            ],
+        ));
+        let _w = watch(&d);
+        let (threads, tasks, keys_per_task, rounds) = (3usize, 2usize, 60u64, 6u32);
+        let key = |t: usize, j: usize, i: u64| ((t * tasks + j) as u64) << 32 | i;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let d = &d;
+                s.spawn(move || {
+                    let (_ep, store) = d.client(t).unwrap();
+                    let futs: Vec<LocalTask<'_, ()>> = (0..tasks)
+                        .map(|j| {
+                            let store = store.clone();
+                            Box::pin(async move {
+                                for round in 1..=rounds {
+                                    for i in 0..keys_per_task {
+                                        let k = key(t, j, i);
+                                        store.upsert(k, &make_value(k, round, 100)).await.unwrap();
+                                        let v = store.get(k).await.unwrap().expect("just written");
+                                        assert_eq!(
+                                            check_value(k, &v),
+                                            Ok(round),
+                                            "{protocol} key {k:#x}"
+                                        );
+                                    }
+                                }
+                            }) as LocalTask<'_, ()>
+                        })
+                        .collect();
+                    run_tasks(futs);
+                });
+            }
+        });
+        block_on(d.engine.settle(&d.endpoint(0))).unwrap_or_else(|e| panic!("{protocol}: {e}"));
+        let st = stats(&d);
+        let events: Vec<String> = serde_json::from_value(st["membership_events"].clone()).unwrap();
+        assert_eq!(events.len(), 2, "{protocol}: {st}");
+        assert!(
+            events.iter().any(|e| e.contains("node 2 joined")),
+            "{events:?}"
+        );
+        assert!(
+            events.iter().any(|e| e.contains("node 1 left")),
+            "{events:?}"
+        );
+        let states: Vec<String> = st["per_node"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["state"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(states, ["active", "left", "active"], "{st}");
+        for t in 0..threads {
+            let (_ep, store) = d.client(t).unwrap();
+            block_on(async {
+                for tt in 0..threads {
+                    for j in 0..tasks {
+                        for i in 0..keys_per_task {
+                            let k = key(tt, j, i);
+                            let v = store
+                                .get(k)
+                                .await
+                                .unwrap()
+                                .unwrap_or_else(|| panic!("{protocol}: key {k:#x} lost"));
+                            assert_eq!(
+                                check_value(k, &v),
+                                Ok(rounds),
+                                "{protocol}: key {k:#x} stale"
+                            );
+                        }
+                    }
+                }
+                let all = store.scan(0, 10_000).await.unwrap();
+                assert_eq!(
+                    all.len(),
+                    threads * tasks * keys_per_task as usize,
+                    "{protocol}"
+                );
+            });
+        }
+    }
+}
+
+// ---- page-level races through the guards ---------------------------------
+
+/// Word 0 of a test page counts increments; word `1 + w` counts those of
+/// writer `w`: a consistent snapshot has word 0 equal to the sum.
+const WRITERS: usize = 9;
+
+fn consistent(words: &[u64]) -> Result<u64, String> {
+    let sum: u64 = words[1..=WRITERS].iter().sum();
+    if words[0] == sum {
+        Ok(sum)
+    } else {
+        Err(format!(
+            "torn page: counter {} but writers sum to {sum} ({words:?})",
+            words[0]
+        ))
+    }
+}
+
+fn read_words(p: &dmkv_scalestore::page::PageRef<'_>) -> Result<Vec<u64>, PageError> {
+    (0..=WRITERS)
+        .map(|i| p.word(i).map_err(PageError::from))
+        .collect()
+}
+
+/// Every node's tasks increment, read shared and read optimistically random
+/// pages of `pages` test pages. Checks: every snapshot is consistent; a
+/// task never sees a page's counter go back (its own sequence is ordered);
+/// no read started after a completed write misses it (writes are visible
+/// cluster-wide once done); at the end every counter equals the
+/// increments made.
+fn page_race(d: &LocalDeployment, pages: usize, ops: usize, seed: u64) -> serde_json::Value {
+    let _w = watch(d);
+    let nodes = nodes_of(d);
+    let k = nodes.len();
+    let tasks = WRITERS / k;
+    assert_eq!(tasks * k, WRITERS);
+    // Allocate the pages from node 0 (round-robin over the directories).
+    let pids: Vec<Pid> = {
+        let w = Worker::new(
+            nodes[0].clone(),
+            Rc::new(nodes[0].fabric.endpoint(nodes[0].id).unwrap()),
+        );
+        block_on(async {
+            let mut v = Vec::new();
+            for _ in 0..pages {
+                let g = ExclusiveGuard::allocate(&w).await.unwrap();
+                v.push(g.pid());
+            }
+            v
+        })
+    };
+    let incs: Vec<AtomicU64> = (0..pages).map(|_| AtomicU64::new(0)).collect();
+    let done: Vec<AtomicU64> = (0..pages).map(|_| AtomicU64::new(0)).collect();
+    std::thread::scope(|s| {
+        for (ni, node) in nodes.iter().enumerate() {
+            let (pids, incs, done) = (&pids, &incs, &done);
+            s.spawn(move || {
+                let w = Worker::new(node.clone(), Rc::new(node.fabric.endpoint(node.id).unwrap()));
+                let w = &w;
+                let futs: Vec<LocalTask<'_, ()>> = (0..tasks)
+                    .map(|t| {
+                        let me = ni * tasks + t;
+                        Box::pin(async move {
+                            let mut rng = SmallRng::seed_from_u64(seed ^ (me as u64) << 20);
+                            let mut last = vec![0u64; pids.len()];
+                            for _ in 0..ops {
+                                let i = rng.gen_range(0..pids.len());
+                                let pid = pids[i];
+                                let floor = done[i].load(Ordering::SeqCst);
+                                let seen = match rng.gen_range(0..10) {
+                                    0..=3 => {
+                                        let g = ExclusiveGuard::fix(w, pid).await.unwrap();
+                                        let p = g.page();
+                                        let words = read_words(&p).unwrap();
+                                        consistent(&words).unwrap();
+                                        p.set_word(0, words[0] + 1);
+                                        p.set_word(1 + me, words[1 + me] + 1);
+                                        incs[i].fetch_add(1, Ordering::SeqCst);
+                                        drop(g);
+                                        done[i].fetch_max(words[0] + 1, Ordering::SeqCst);
+                                        words[0] + 1
+                                    }
+                                    4..=6 => {
+                                        let g = SharedGuard::fix(w, pid).await.unwrap();
+                                        consistent(&read_words(&g.page()).unwrap()).unwrap()
+                                    }
+                                    _ => loop {
+                                        let g = OptimisticGuard::fix(w, pid).await.unwrap();
+                                        let words = read_words(&g.page());
+                                        if g.check().is_ok() {
+                                            break consistent(&words.unwrap()).unwrap();
+                                        }
+                                    },
+                                };
+                                assert!(seen >= last[i], "{pid}: task {me} saw {seen} after {}", last[i]);
+                                assert!(seen >= floor, "{pid}: task {me} read {seen} after a write of {floor} completed");
+                                last[i] = seen;
+                            }
+                        }) as LocalTask<'_, ()>
+                    })
+                    .collect();
+                run_tasks(futs);
+            });
+        }
+    });
+    // Every node reads every page: counters equal the increments made.
+    for node in &nodes {
+        let w = Worker::new(
+            node.clone(),
+            Rc::new(node.fabric.endpoint(node.id).unwrap()),
+        );
+        block_on(async {
+            for (i, pid) in pids.iter().enumerate() {
+                let g = SharedGuard::fix(&w, *pid).await.unwrap();
+                let n = consistent(&read_words(&g.page()).unwrap()).unwrap();
+                assert_eq!(
+                    n,
+                    incs[i].load(Ordering::SeqCst),
+                    "{pid} on node {}",
+                    node.index
+                );
+            }
+        });
+    }
+    stats(d)
+}
+
+/// All nodes' writers and readers on one page: sequential consistency of a
+/// single page under anticipatory chaining and under the FIFO queue, with
+/// and without torn reads (the page moves by one-sided writes; evictions
+/// pull dirty pages by one-sided reads).
+#[test]
+fn one_page_under_writers_from_every_node() {
+    for (protocol, torn) in [("chaining", false), ("chaining", true), ("fifo", false)] {
+        let d = deploy(opts(3, 3, &[("protocol", protocol)]));
+        d.cluster.set_faults(Faults {
+            torn_reads: torn,
+            ..Default::default()
+        });
+        let st = page_race(&d, 1, 300, 7);
+        assert!(
+            st["messages"]["move"].as_u64().unwrap_or(0) > 0,
+            "{protocol}: {st}"
+        );
+    }
+}
+
+/// Many pages, caches of 64 pages: transfers race evictions (owner
+/// stability, dirty pulls), upgrades race copies, optimistic readers race
+/// moves.
+fn many_pages(protocol: &str, torn: bool) {
+    let d = deploy(opts(3, 3, &[("protocol", protocol), ("cache_pages", "64")]));
+    d.cluster.set_faults(Faults {
+        torn_reads: torn,
+        ..Default::default()
+    });
+    let st = page_race(&d, 150, 400, 11);
+    assert!(st["evictions"].as_u64().unwrap() > 0, "{protocol}: {st}");
+    assert_eq!(st["stale_requests"], 0, "{protocol}: {st}");
+}
+
+#[test]
+fn many_pages_under_eviction_and_transfers_chaining() {
+    many_pages("chaining", false);
+}
+
+#[test]
+fn many_pages_under_eviction_and_transfers_chaining_torn_reads() {
+    many_pages("chaining", true);
+}
+
+#[test]
+fn many_pages_under_eviction_and_transfers_fifo() {
+    many_pages("fifo", false);
+}
