@@ -264,6 +264,7 @@ fn a_stale_directory_cache_in_another_process_sees_new_values() {
             compute_node: d.cluster.add_node(0).id(),
             serve: d.args.clone(),
             threads: 1,
+            hosted: Vec::new(),
         })
         .unwrap();
     let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());

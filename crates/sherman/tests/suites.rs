@@ -219,6 +219,7 @@ fn a_stale_index_cache_in_another_process_sees_new_values() {
             compute_node: d.cluster.add_node(0).id(),
             serve: d.args.clone(),
             threads: 1,
+            hosted: Vec::new(),
         })
         .unwrap();
     let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
@@ -273,6 +274,7 @@ fn hierarchical_locks_under_contention_from_two_processes() {
             compute_node: d.cluster.add_node(0).id(),
             serve: d.args.clone(),
             threads: 1,
+            hosted: Vec::new(),
         })
         .unwrap();
     d.cluster.set_faults(Faults {

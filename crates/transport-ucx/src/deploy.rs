@@ -304,6 +304,7 @@ impl UcxDeployment {
             compute_node: compute,
             serve: args.clone(),
             threads: opts.threads,
+            hosted: Vec::new(),
         })?;
         Ok(UcxDeployment {
             engine,

@@ -167,6 +167,7 @@ fn serve_owned(knobs: &[(&str, &str)], handler_threads: usize, dir: &std::path::
             compute_node: compute,
             serve: args.clone(),
             threads: 1,
+            hosted: Vec::new(),
         })
         .unwrap();
     Owned {
@@ -377,6 +378,7 @@ fn kill_and_recover_keeps_every_acknowledged_write() {
                 compute_node: o.compute,
                 serve: args.clone(),
                 threads: 1,
+                hosted: Vec::new(),
             })
             .unwrap();
         let ep = Rc::new(o.cluster.fabric().endpoint(o.compute).unwrap());
