@@ -545,7 +545,10 @@ impl EndpointBackend for UcxEndpoint {
                     perform_direct(view.expect("a direct verb has a view"), p.verb)
                 })
                 .collect();
-            return OpFuture::ready(results);
+            // Done already (true one-sided over shared memory); the task
+            // still yields once, as every round trip does (the contract:
+            // a task spinning on a lock held by a sibling task lets it run).
+            return OpFuture::ready_after_yield(results);
         }
         let state = self.state.clone();
         let mut posted: Vec<Posted> = Vec::with_capacity(plan.len());
@@ -642,6 +645,9 @@ impl EndpointBackend for UcxEndpoint {
                 }
             }
             let _forget = Forget(&state, sent.iter().map(|s| s.rid).collect());
+            // Every round trip yields at least once, even when the verbs
+            // completed while they were posted.
+            dmkv_transport::exec::yield_now().await;
             let mut replies: Vec<Option<Vec<u8>>> = vec![None; sent.len()];
             std::future::poll_fn(|cx| {
                 let mut done = true;
@@ -763,6 +769,7 @@ impl EndpointBackend for UcxEndpoint {
                 }
             }
             let _forget = Forget(&state, rid);
+            dmkv_transport::exec::yield_now().await;
             let bytes = std::future::poll_fn(|cx| {
                 if let Some(reply) = state
                     .rpcs
