@@ -15,7 +15,7 @@ trap 'rm -rf "$OUT"' EXIT
 # The engines this build knows (the CLI lists them when asked for none).
 engines=$("$DMKV" bench --engine __list__ 2>&1 | sed -n 's/.*(known: \(.*\)).*/\1/p' | tr -d ' ' || true)
 [ -n "$engines" ] || { echo "could not list engines" >&2; exit 1; }
-[ -z "$ENGINES" ] || engines=$ENGINES
+[ -z "${ENGINES:-}" ] || engines=$ENGINES
 echo "engines: $engines"
 
 # One task per thread by default: with several, tasks interleave where verbs

@@ -304,7 +304,7 @@ impl UcxDeployment {
             compute_node: compute,
             serve: args.clone(),
             threads: opts.threads,
-            hosted: Vec::new(),
+            hosted: runtimes.clone(),
         })?;
         Ok(UcxDeployment {
             engine,

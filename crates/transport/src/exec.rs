@@ -143,7 +143,10 @@ pub struct IdleHookGuard {
 
 impl Drop for IdleHookGuard {
     fn drop(&mut self) {
-        IDLE_HOOKS.with(|h| h.borrow_mut().retain(|x| !Rc::ptr_eq(x, &self.hook)));
+        // A guard held in another thread-local (an endpoint cached per
+        // thread) may be dropped while the thread exits, after the hook list
+        // itself is gone: then there is nothing left to unregister from.
+        let _ = IDLE_HOOKS.try_with(|h| h.borrow_mut().retain(|x| !Rc::ptr_eq(x, &self.hook)));
     }
 }
 
