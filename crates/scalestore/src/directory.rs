@@ -63,11 +63,16 @@ impl ScaleNode {
         q: OwnRequest,
         responder: &mut Option<Responder>,
     ) -> Result<Decision, KvError> {
-        let shard = self
-            .shard(q.pid.shard())
-            .ok_or_else(|| corrupt(format!("{}: shard not hosted here", q.pid)))?;
+        let Some(shard) = self.shard(q.pid.shard()) else {
+            // Handed over since the caller looked (the new host is recorded
+            // before the shard is removed).
+            return match self.host_of(q.pid.shard()).filter(|h| *h != self.index) {
+                Some(h) => Ok(Decision::Reply(Reply::Moved(h))),
+                None => Err(corrupt(format!("{}: shard not hosted here", q.pid))),
+            };
+        };
         if shard.frozen.load(Ordering::SeqCst) {
-            return Ok(self.hold_for_handover(&shard, responder));
+            return Ok(self.answer_during_handover(&shard, responder));
         }
         let fi = self
             .frames
@@ -82,7 +87,7 @@ impl ScaleNode {
         }
         if shard.frozen.load(Ordering::SeqCst) {
             drop(m);
-            return Ok(self.hold_for_handover(&shard, responder));
+            return Ok(self.answer_during_handover(&shard, responder));
         }
         let d = self.decide(&shard, fi, &mut m, q, responder);
         let parked = f.local().parked;
@@ -94,16 +99,21 @@ impl ScaleNode {
         d
     }
 
-    fn hold_for_handover(&self, shard: &Shard, responder: &mut Option<Responder>) -> Decision {
-        let mut held = shard.held.lock();
-        if let Some(h) = held.moved_to {
-            return Decision::Reply(Reply::Moved(h));
+    /// A request for a page of a frozen shard (being handed over). It is
+    /// never held here: the requester may hold latches (an optimistic
+    /// guard on a freshly fetched page, say) that a transfer in flight on
+    /// another entry of this shard waits for, and the handover waits for
+    /// that transfer (see `membership`). So it is answered "retry": the
+    /// requester lets go of everything and asks again; once the handover
+    /// is done, "moved to" the successor.
+    fn answer_during_handover(&self, shard: &Shard, responder: &mut Option<Responder>) -> Decision {
+        if let Some(h) = shard.moved_to.lock().as_ref() {
+            return Decision::Reply(Reply::Moved(*h));
         }
-        match responder.take() {
-            Some(r) => {
-                Counters::add(&self.stats.parked_directory, 1);
-                held.list.push(r);
-                Decision::Held
+        match responder {
+            Some(_) => {
+                Counters::add(&self.stats.handover_retries, 1);
+                Decision::Reply(Reply::Retry)
             }
             None => Decision::Busy,
         }
@@ -379,7 +389,10 @@ impl ScaleNode {
             return;
         };
         if shard.frozen.load(Ordering::SeqCst) {
-            // Being handed over: what the entry holds is answered "moved".
+            // Being handed over: nothing is granted any more, and whoever
+            // waits here is told to let go and ask again (see
+            // `answer_during_handover`).
+            self.release_for_handover(m, out);
             return;
         }
         let Some(mut d) = m.dir.take() else {
@@ -408,6 +421,20 @@ impl ScaleNode {
             }
         }
         m.dir = Some(d);
+    }
+
+    /// Answers "retry" to every request the entry of a frozen shard holds
+    /// (held during an eviction pull, or queued behind a FIFO transfer):
+    /// they are never granted here any more, and their senders may hold
+    /// latches that the handover waits for.
+    pub fn release_for_handover(&self, m: &mut Meta, out: &mut Vec<(Responder, Answer)>) {
+        let Some(d) = m.dir.as_mut() else {
+            return;
+        };
+        for h in d.held.drain(..).chain(d.queue.drain(..)) {
+            Counters::add(&self.stats.handover_retries, 1);
+            out.push((h.responder, Ok(Reply::Retry.encode())));
+        }
     }
 
     fn answer_held(

@@ -344,6 +344,7 @@ impl EngineSpec for ScaleStoreSpec {
                 left: AtomicBool::new(false),
                 proxied: AtomicU64::new(0),
                 churn: Mutex::new(Vec::new()),
+                one_change: Mutex::new(()),
                 log: Mutex::new(Vec::new()),
             }),
         }))
@@ -386,6 +387,10 @@ struct Shared {
     /// Clients that issued through another node than their own.
     proxied: AtomicU64,
     churn: Mutex<Vec<JoinHandle<Result<()>>>>,
+    /// Held by a join or leave while it runs: membership changes happen one
+    /// at a time (a joiner's introduction must not overlap a departure, see
+    /// `docs/scalestore.md`, invariants).
+    one_change: Mutex<()>,
     log: Mutex<Vec<String>>,
 }
 
@@ -418,14 +423,23 @@ impl Shared {
                 KvError::Config(format!("scalestore node {index} is not served here"))
             })?;
             let at = me.ops.load(Ordering::Relaxed);
+            if !join {
+                // A node that was to join first must have joined (before
+                // we take the lock its join needs).
+                while node.state() == NodeState::Dormant {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            // One membership change at a time: a node that joins while
+            // another leaves could learn the leaver's shard hosts from a
+            // welcome sent before the departure, or introduce itself to the
+            // leaver after it sent its departures, and keep addressing a
+            // node that is gone.
+            let _one = me.one_change.lock();
             let res = if join {
                 node.join(&me.instance, &me.founders)
                     .map(|()| format!("node {index} joined at op {at}"))
             } else {
-                // A node that was to join first must have joined.
-                while node.state() == NodeState::Dormant {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
                 node.leave().map(|succ| {
                     format!("node {index} left at op {at}, handing over to node {succ}")
                 })
@@ -563,6 +577,7 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "messages_total": sum(&|n| n.stats.sent.iter().map(ld).sum()),
         "parked_at_holder": sum(&|n| ld(&n.stats.parked_holder)),
         "parked_at_directory": sum(&|n| ld(&n.stats.parked_directory)),
+        "handover_retries": sum(&|n| ld(&n.stats.handover_retries)),
         "fifo_queued": sum(&|n| ld(&n.stats.fifo_queued)),
         "gone_replies": sum(&|n| ld(&n.stats.gone)),
         "copy_failures": sum(&|n| ld(&n.stats.copy_failures)),

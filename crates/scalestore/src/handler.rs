@@ -105,11 +105,10 @@ impl ScaleNode {
                 offset,
             } => {
                 tri!(check_offset(offset));
-                if let Some(h) = self.elsewhere(pid) {
+                if let Some(h) = tri!(self.route(pid)) {
                     responder.reply(Ok(Reply::Moved(h).encode()));
                     return Ok(());
                 }
-                tri!(self.check_pid(pid));
                 let mut r = Some(responder);
                 let d = self.own_request(
                     OwnRequest {
@@ -143,20 +142,18 @@ impl ScaleNode {
             }
             Request::SsdFetch { pid, epoch, offset } => {
                 tri!(check_offset(offset));
-                if let Some(h) = self.elsewhere(pid) {
+                if let Some(h) = tri!(self.route(pid)) {
                     responder.reply(Ok(Reply::Moved(h).encode()));
                     return Ok(());
                 }
-                tri!(self.check_pid(pid));
                 let r = tri!(self.ssd_fetch(from, pid, epoch, offset).map_err(kv));
                 responder.reply(Ok(r.encode()));
             }
             Request::Ack { pid } => {
-                if let Some(h) = self.elsewhere(pid) {
+                if let Some(h) = tri!(self.route(pid)) {
                     responder.reply(Ok(Reply::Moved(h).encode()));
                     return Ok(());
                 }
-                tri!(self.check_pid(pid));
                 tri!(self.ack(from, pid, true).map_err(kv));
                 responder.reply(Ok(Reply::Done.encode()));
             }
@@ -192,19 +189,22 @@ impl ScaleNode {
         Ok(())
     }
 
-    /// The member that directs `pid` if that is not this node.
-    fn elsewhere(&self, pid: Pid) -> Option<u8> {
-        if self.shard(pid.shard()).is_some() {
-            return None;
-        }
-        self.host_of(pid.shard()).filter(|h| *h != self.index)
-    }
-
-    /// Checks that `pid` names an allocated page of a shard hosted here.
-    fn check_pid(&self, pid: Pid) -> Result<(), ServiceError> {
-        let s = self.shard(pid.shard()).ok_or_else(|| {
-            ServiceError::malformed(format!("{pid}: shard not hosted on node {}", self.index))
-        })?;
+    /// Where a request about `pid` is decided: `None` here (a shard hosted
+    /// here, `pid` allocated in it), `Some(h)` on member `h` (the shard
+    /// moved there). One look at the shard table: a handover may remove
+    /// the shard at any moment, and a request that finds it gone is
+    /// answered "moved" (the host was recorded before the removal), never
+    /// refused.
+    fn route(&self, pid: Pid) -> Result<Option<u8>, ServiceError> {
+        let Some(s) = self.shard(pid.shard()) else {
+            return match self.host_of(pid.shard()).filter(|h| *h != self.index) {
+                Some(h) => Ok(Some(h)),
+                None => Err(ServiceError::malformed(format!(
+                    "{pid}: shard not hosted on node {}",
+                    self.index
+                ))),
+            };
+        };
         if pid.slot() >= s.next_slot.load(Ordering::Acquire) {
             return Err(ServiceError::malformed(format!(
                 "{pid} was never allocated"
@@ -213,6 +213,6 @@ impl ScaleNode {
         if self.state() == NodeState::Left {
             return Err(ServiceError::failed("this node left the cluster"));
         }
-        Ok(())
+        Ok(None)
     }
 }

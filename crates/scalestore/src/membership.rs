@@ -13,16 +13,31 @@
 //!   2. L evicts every page of other directories it caches, round after
 //!      round: a declined eviction means a move or copy for it is coming
 //!      (owner stability), which L's handler serves;
-//!   3. L freezes its shards (requests for their pages are held, evictions
-//!      declined), waits for transfers and pulls in flight, and drops its
-//!      own copies of their pages (dirty sole copies to its SSD first);
+//!   3. L freezes its shards (requests for their pages are answered
+//!      "retry", never held: see below; evictions declined), answers
+//!      "retry" to what their entries hold, waits for transfers and pulls
+//!      in flight, and drops its own copies of their pages (dirty sole
+//!      copies to its SSD first);
 //!   4. per shard: `Adopt` (S creates the page file), `HandoverPages`
 //!      (every written slot of L's file), `HandoverEntries` (every
 //!      directory entry: owners, conflict epoch, dirty flags, pending copy
-//!      grants), `HostShard` (S serves the shard from now on); held
-//!      requests are answered "moved to S";
-//!   5. `Depart` to every member: they note the new host, forget L, and
-//!      scrub L from their directory entries (it holds nothing by now).
+//!      grants), `HostShard` (S serves the shard from now on); requests
+//!      that still reach L are answered "moved to S";
+//!   5. `Depart` to every member: they note the new host (before they
+//!      forget L), forget L, and scrub L from their directory entries (it
+//!      holds nothing by now).
+//!
+//! Why "retry" and not hold: step 3 waits for transfers in flight, and a
+//! transfer can wait for a requester of *another* page of the frozen shard
+//! to let go of a latch (a FIFO grant's invalidation parked on a page the
+//! requester fetched for an optimistic read, while it asks for the child).
+//! Holding that requester's request until the handover is done closes the
+//! cycle (the run stalls until the transport's timeout); "retry" makes it
+//! restart its operation, which lets go of every latch.
+//!
+//! A worker whose directory or allocation target turns out to be no
+//! member any more (it read the host before a `Depart` and the member
+//! after) reads the host again: `Depart` records the new host first.
 
 use crate::frames::{Dir, Owners, Possession};
 use crate::msg::{
@@ -222,12 +237,8 @@ impl ScaleNode {
     pub fn handle_host_shard(&self, from: u8, shard: u8) -> Result<(), KvError> {
         let s = self.adopting(from, shard)?;
         self.set_host(shard, self.index);
+        // Anything that reached us early was told to retry.
         s.frozen.store(false, Ordering::SeqCst);
-        // Anything that reached us early asks again, now that we serve it.
-        let held = std::mem::take(&mut s.held.lock().list);
-        for r in held {
-            r.reply(Ok(Reply::Moved(self.index).encode()));
-        }
         Ok(())
     }
 
@@ -409,7 +420,10 @@ impl ScaleNode {
 
     /// Drops this node's copies of pages it directs (dirty sole copies to
     /// the SSD first); returns how many it could not drop yet, plus entries
-    /// with a transfer or pull in flight.
+    /// with a transfer or pull in flight. Requests an entry still holds
+    /// (queued behind a transfer, or held during a pull) are answered
+    /// "retry" first: the transfer we wait for may wait for their senders
+    /// to let go of a latch (invariant in `docs/scalestore.md`).
     fn drop_own_copies(&self) -> Result<usize, KvError> {
         let mut busy = 0;
         for fi in 0..self.frames.high_water() {
@@ -418,14 +432,22 @@ impl ScaleNode {
             if pid == Pid::EMPTY || !self.directs(pid) {
                 continue;
             }
-            {
-                let m = f.meta.lock();
-                if let Some(d) = m.dir.as_ref()
-                    && (d.transfer.is_some() || d.evicting)
-                {
-                    busy += 1;
-                    continue;
+            let mut out = Vec::new();
+            let in_flight = {
+                let mut m = f.meta.lock();
+                if f.pid() == pid {
+                    self.release_for_handover(&mut m, &mut out);
                 }
+                m.dir
+                    .as_ref()
+                    .is_some_and(|d| d.transfer.is_some() || d.evicting)
+            };
+            for (r, a) in out {
+                r.reply(a);
+            }
+            if in_flight {
+                busy += 1;
+                continue;
             }
             if f.local().mode == Possession::None {
                 continue;
@@ -555,14 +577,8 @@ impl ScaleNode {
         // From now on the successor directs the shard.
         self.set_host(id, succ);
         self.remove_shard(id);
-        let held = {
-            let mut h = s.held.lock();
-            h.moved_to = Some(succ);
-            std::mem::take(&mut h.list)
-        };
-        for r in held {
-            r.reply(Ok(Reply::Moved(succ).encode()));
-        }
+        // Requests that got hold of the shard before it was removed.
+        *s.moved_to.lock() = Some(succ);
         for fi in frames {
             let f = self.frames.frame(fi);
             let mut replies = Vec::new();

@@ -173,6 +173,11 @@ pub enum Reply {
     Moved(u8),
     /// A page id allocated on the directory, at this conflict epoch.
     Allocated(Pid, u64),
+    /// The directory is handing the shard over (its host is leaving):
+    /// nothing is decided now. The requester lets go of every latch it
+    /// holds (its operation restarts) and asks again; it then reaches the
+    /// successor through `Moved`.
+    Retry,
 }
 
 impl Reply {
@@ -194,6 +199,9 @@ impl Reply {
             }
             Reply::Allocated(p, e) => {
                 w.u8(6).u64(p.0).u64(e);
+            }
+            Reply::Retry => {
+                w.u8(7);
             }
         }
         pad(w)
@@ -218,6 +226,7 @@ impl Reply {
             4 => Reply::Gone,
             5 => Reply::Moved(r.u8()?),
             6 => Reply::Allocated(Pid(r.u64()?), r.u64()?),
+            7 => Reply::Retry,
             s => return Err(WireError(format!("reply status {s}"))),
         })
     }
@@ -777,6 +786,7 @@ mod tests {
             Reply::Done,
             Reply::Gone,
             Reply::Moved(3),
+            Reply::Retry,
             Reply::Allocated(Pid::new(1, 2), 9),
         ];
         for r in replies {

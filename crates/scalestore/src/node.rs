@@ -87,14 +87,6 @@ pub enum NodeState {
     Left = 3,
 }
 
-/// Requests for pages of a shard that is being handed over: held until
-/// the handover finished, then answered "moved to" the successor.
-#[derive(Default)]
-pub struct HeldShard {
-    pub list: Vec<dmkv_transport::Responder>,
-    pub moved_to: Option<u8>,
-}
-
 /// A directory shard hosted here: its page file and slot allocator.
 pub struct Shard {
     pub id: u8,
@@ -106,8 +98,9 @@ pub struct Shard {
     pub clock: AtomicU64,
     /// Being handed over to a successor: no grants, no evictions.
     pub frozen: AtomicBool,
-    /// Requests that arrived while frozen.
-    pub held: Mutex<HeldShard>,
+    /// Set once the shard was handed over: requests that still reach this
+    /// node are answered "moved to" it.
+    pub moved_to: Mutex<Option<u8>>,
 }
 
 impl Shard {
@@ -126,6 +119,8 @@ pub struct Counters {
     /// and in FIFO queues.
     pub parked_holder: AtomicU64,
     pub parked_directory: AtomicU64,
+    /// Requests answered "retry" by a shard being handed over.
+    pub handover_retries: AtomicU64,
     pub fifo_queued: AtomicU64,
     pub gone: AtomicU64,
     pub copy_failures: AtomicU64,
@@ -365,7 +360,7 @@ impl ScaleNode {
             next_slot: AtomicU64::new(next_slot),
             clock: AtomicU64::new(clock),
             frozen: AtomicBool::new(false),
-            held: Mutex::new(HeldShard::default()),
+            moved_to: Mutex::new(None),
         });
         self.shards.write().insert(id, s.clone());
         Ok(s)

@@ -55,17 +55,39 @@ impl Worker {
 
     /// Sends a protocol message to member `to` and decodes the reply.
     async fn send(&self, to: u8, q: Request) -> PageResult<Reply> {
-        let m = self
-            .node
-            .member(to)
-            .ok_or_else(|| corrupt(format!("node {to} is no member")))?;
+        self.send_member(to, q)
+            .await?
+            .ok_or_else(|| corrupt(format!("node {to} is no member")))
+    }
+
+    /// [`Self::send`], or `None` if `to` is no member (any more).
+    async fn send_member(&self, to: u8, q: Request) -> PageResult<Option<Reply>> {
+        let Some(m) = self.node.member(to) else {
+            return Ok(None);
+        };
         self.node.stats.sent(q.kind());
         let reply = self
             .ep
             .call(m.node, m.service, q.encode())
             .await
             .map_err(fatal)?;
-        Reply::decode(&reply).map_err(|e| fatal(dmkv_transport::TransportError::from(e)))
+        Reply::decode(&reply)
+            .map(Some)
+            .map_err(|e| fatal(dmkv_transport::TransportError::from(e)))
+    }
+
+    /// Sends `q` about `pid` to its directory `dir`; `None` if `dir` left
+    /// in the meantime (a `Depart` arrived between our reading the host and
+    /// the member). `Depart` records the shard's new host before it forgets
+    /// the member, so asking again reaches the new host.
+    async fn send_directory(&self, pid: Pid, dir: u8, q: Request) -> PageResult<Option<Reply>> {
+        let r = self.send_member(dir, q).await?;
+        if r.is_none() && self.node.host_of(pid.shard()) == Some(dir) {
+            return Err(corrupt(format!(
+                "{pid}: directory {dir} is no member, and no other host is known"
+            )));
+        }
+        Ok(r)
     }
 
     /// The hot path (§3.2): the page is here in a sufficient mode; latch it
@@ -182,20 +204,26 @@ impl Worker {
                     }
                 }
             } else {
-                self.send(
-                    dir,
-                    Request::Own {
-                        pid,
-                        want,
-                        retry,
-                        offset,
-                    },
-                )
-                .await?
+                let q = Request::Own {
+                    pid,
+                    want,
+                    retry,
+                    offset,
+                };
+                match self.send_directory(pid, dir, q).await? {
+                    Some(r) => r,
+                    None => continue,
+                }
             };
             match reply {
                 Reply::Grant(g) => return Ok(g),
                 Reply::Moved(h) if h != dir => node.set_host(pid.shard(), h),
+                Reply::Retry => {
+                    // The shard is being handed over: let go of every latch
+                    // (see `answer_during_handover`) and ask again.
+                    b.pause().await;
+                    return Err(PageError::Restart);
+                }
                 r => return Err(corrupt(format!("{pid}: unexpected directory reply {r:?}"))),
             }
         }
@@ -218,7 +246,10 @@ impl Worker {
                     _ => unreachable!("only acks and SSD fetches"),
                 }
             } else {
-                self.send(dir, q).await?
+                match self.send_directory(pid, dir, q).await? {
+                    Some(r) => r,
+                    None => continue,
+                }
             };
             match r {
                 Reply::Moved(h) if h != dir => self.node.set_host(pid.shard(), h),
@@ -518,10 +549,12 @@ impl Worker {
                         fatal(KvError::Exhausted("no member takes allocations".into()))
                     })?;
             }
-            match self.send(target, Request::Alloc).await? {
-                Reply::Allocated(p, e) if p.shard() == target => return Ok((p, e)),
-                Reply::Moved(h) => target = h,
-                r => return Err(corrupt(format!("unexpected allocation reply {r:?}"))),
+            match self.send_member(target, Request::Alloc).await? {
+                Some(Reply::Allocated(p, e)) if p.shard() == target => return Ok((p, e)),
+                Some(Reply::Moved(h)) => target = h,
+                // It left since we picked it: pick again.
+                None => target = node.alloc_target(),
+                Some(r) => return Err(corrupt(format!("unexpected allocation reply {r:?}"))),
             }
         }
         Err(fatal(KvError::Exhausted(
