@@ -231,6 +231,29 @@ pub(crate) struct ClusterInner {
 }
 
 impl ClusterInner {
+    fn connect(&self, addr: impl ToSocketAddrs) -> Result<NodeId> {
+        let addr = addr
+            .to_socket_addrs()
+            .map_err(|e| TransportError::Backend(format!("address: {e}")))?
+            .next()
+            .ok_or_else(|| TransportError::Backend("address resolves to nothing".into()))?;
+        let _g = self.connecting.lock();
+        let peer = self.open(addr)?;
+        let id = peer.id;
+        let mut peers = self.peers.write();
+        if let Some(old) = peers.get(&id)
+            && !old.is_down()
+        {
+            let _ = peer.stream.shutdown(Shutdown::Both);
+            return Err(TransportError::Backend(format!(
+                "{addr} serves node {id}, which {} already serves",
+                old.addr
+            )));
+        }
+        peers.insert(id, peer);
+        Ok(id)
+    }
+
     /// The control connection to `node`, connecting to nodes this process
     /// serves on first use.
     pub(crate) fn peer(&self, node: NodeId) -> Result<Arc<Peer>> {
@@ -384,28 +407,17 @@ impl UcxCluster {
     /// Connects to the node serving at `addr` (authenticating with the
     /// cluster secret) and returns its id.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<NodeId> {
-        let addr = addr
-            .to_socket_addrs()
-            .map_err(|e| TransportError::Backend(format!("address: {e}")))?
-            .next()
-            .ok_or_else(|| TransportError::Backend("address resolves to nothing".into()))?;
-        let _g = self.inner.connecting.lock();
-        let peer = self.inner.open(addr)?;
-        let id = peer.id;
-        let mut peers = self.inner.peers.write();
-        if let Some(old) = peers.get(&id)
-            && !old.is_down()
-        {
-            let _ = peer.stream.shutdown(Shutdown::Both);
-            return Err(TransportError::Backend(format!(
-                "{addr} serves node {id}, which {} already serves",
-                old.addr
-            )));
-        }
-        peers.insert(id, peer);
-        Ok(id)
+        self.inner.connect(addr)
     }
 
+    /// Makes sure node `node`, serving at `addr`, is reachable from this
+    /// process (connecting unless it is served here or already connected),
+    /// through a handle that does not keep the cluster alive: memory nodes
+    /// learn their peers this way when an engine is installed (engines
+    /// whose memory nodes talk to each other, such as Outback's replicas).
+    pub fn peer_linker(&self) -> PeerLinker {
+        PeerLinker(Arc::downgrade(&self.inner))
+    }
     /// The fabric endpoints of this process come from.
     pub fn fabric(&self) -> Arc<dyn Fabric> {
         fabric_of(self.inner.clone())
@@ -474,5 +486,33 @@ impl Fabric for UcxFabric {
             self.inner.clone(),
             node,
         )?)))
+    }
+}
+
+/// See [`UcxCluster::peer_linker`].
+#[derive(Clone)]
+pub struct PeerLinker(std::sync::Weak<ClusterInner>);
+
+impl PeerLinker {
+    pub fn link(&self, node: NodeId, addr: &str) -> Result<()> {
+        let inner = self
+            .0
+            .upgrade()
+            .ok_or_else(|| TransportError::Backend("the cluster is shutting down".into()))?;
+        if inner.hosted.read().contains_key(&node) {
+            return Ok(());
+        }
+        if let Some(p) = inner.peers.read().get(&node)
+            && !p.is_down()
+        {
+            return Ok(());
+        }
+        let id = inner.connect(addr)?;
+        if id != node {
+            return Err(TransportError::Backend(format!(
+                "{addr} answered as node {id}, not {node}"
+            )));
+        }
+        Ok(())
     }
 }

@@ -15,7 +15,7 @@
 //!   (every node serves and issues) have their nodes served in the compute
 //!   process itself, talking to each other over UCX.
 
-use crate::cluster::{UcxCluster, UcxConfig};
+use crate::cluster::{PeerLinker, UcxCluster, UcxConfig};
 use crate::server::UcxNode;
 use dmkv_api::deploy::DeployOptions;
 use dmkv_api::{Checked, ConnectArgs, Engine, EngineSpec, KvError, KvStore, ServeArgs, Topology};
@@ -70,11 +70,12 @@ impl Memnode {
         node.set_pool_limit(opts.pool_bytes);
         let runtime = NodeRuntime::new(node.clone());
         let weak: Weak<NodeRuntime> = Arc::downgrade(&runtime);
+        let linker = cluster.peer_linker();
         let admin = move |_: &RpcContext, req: &[u8]| -> Result<Vec<u8>, ServiceError> {
             let rt = weak
                 .upgrade()
                 .ok_or_else(|| ServiceError::failed("the node is shutting down"))?;
-            admin(&rt, &lookup, req)
+            admin(&rt, &linker, &lookup, req)
         };
         runtime
             .register_service(ADMIN_SERVICE, Arc::new(admin))
@@ -93,6 +94,7 @@ impl Memnode {
 
 fn admin(
     rt: &Arc<NodeRuntime>,
+    linker: &PeerLinker,
     lookup: &EngineLookup,
     req: &[u8],
 ) -> Result<Vec<u8>, ServiceError> {
@@ -101,6 +103,19 @@ fn admin(
     let engine = r.str()?;
     let args: ServeArgs = serde_json::from_str(r.str()?)
         .map_err(|e| ServiceError::malformed(format!("serve arguments: {e}")))?;
+    // The other memory nodes of the instance and their addresses, so that
+    // engines whose memory nodes talk to each other (Outback's replicas)
+    // can reach them.
+    let count = r.u32()?;
+    if count as usize > args.nodes.len() {
+        return Err(ServiceError::malformed("more peers than nodes"));
+    }
+    let mut peers = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let id = r.u16()?;
+        let addr = r.str()?.to_string();
+        peers.push((NodeId(id), addr));
+    }
     r.end()?;
     match op {
         INSTALL => {
@@ -115,6 +130,13 @@ fn admin(
                     rt.id()
                 )));
             }
+            for (id, addr) in &peers {
+                if *id != rt.id() {
+                    linker.link(*id, addr).map_err(|e| {
+                        ServiceError::failed(format!("reaching peer node {id} at {addr}: {e}"))
+                    })?;
+                }
+            }
             spec.serve(rt, &args)
                 .map_err(|e| ServiceError::failed(format!("installing {engine}: {e}")))?;
             Ok(Vec::new())
@@ -127,10 +149,13 @@ fn admin(
     }
 }
 
-fn admin_request(op: u8, engine: &str, args: &ServeArgs) -> Vec<u8> {
+fn admin_request(op: u8, engine: &str, args: &ServeArgs, peers: &[(NodeId, String)]) -> Vec<u8> {
     let json = serde_json::to_string(args).expect("serve arguments serialise");
     let mut w = WireWriter::new();
-    w.u8(op).str(engine).str(&json);
+    w.u8(op).str(engine).str(&json).u32(peers.len() as u32);
+    for (id, addr) in peers {
+        w.u16(id.0).str(addr);
+    }
     w.finish()
 }
 
@@ -288,7 +313,9 @@ impl UcxDeployment {
                 let ep = cluster.fabric().endpoint(ucx.compute_node)?;
                 for (i, &n) in remote.iter().enumerate() {
                     args.node_index = i;
-                    let req = admin_request(INSTALL, spec.name(), &args);
+                    let peers: Vec<(NodeId, String)> =
+                        remote.iter().copied().zip(addrs.iter().cloned()).collect();
+                    let req = admin_request(INSTALL, spec.name(), &args, &peers);
                     block_on(labeled(OpKind::Setup, async {
                         let svc = ep.lookup_service(n, ADMIN_SERVICE).await?;
                         ep.call(n, svc, req).await
@@ -381,7 +408,7 @@ impl Drop for UcxDeployment {
             && let Ok(ep) = self.cluster.fabric().endpoint(self.compute)
         {
             for &n in &self.remote {
-                let req = admin_request(UNINSTALL, self.engine.name(), &self.args);
+                let req = admin_request(UNINSTALL, self.engine.name(), &self.args, &[]);
                 let _ = block_on(async {
                     let svc = ep.lookup_service(n, ADMIN_SERVICE).await?;
                     ep.call(n, svc, req).await

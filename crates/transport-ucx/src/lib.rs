@@ -45,5 +45,5 @@ mod ffi;
 mod server;
 mod verbs;
 
-pub use cluster::{UcxCluster, UcxConfig, UcxStats, VerbPath};
+pub use cluster::{PeerLinker, UcxCluster, UcxConfig, UcxStats, VerbPath};
 pub use server::UcxNode;
