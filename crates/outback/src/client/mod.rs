@@ -972,6 +972,31 @@ impl Client {
         }
     }
 
+    /// The outcome of an insert or delete from its reply: a buffered write
+    /// (a rebuild was under way) is awaited by its ticket; any other reply
+    /// teaches the bucket's seed. `None`: the owner failed meanwhile and the
+    /// write must be sent again.
+    async fn write_outcome(
+        &self,
+        x: &Exchange,
+        key: Key,
+        deadline: Instant,
+    ) -> Result<Option<Status>> {
+        match x.reply.head.status {
+            Status::Buffered => {
+                let mut r = WireReader::new(&x.reply.rest);
+                let (ticket, applied) = (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
+                let p = self.sh.ring.shard_of(key);
+                self.await_ticket(&x.view, p, ticket, applied, deadline)
+                    .await
+            }
+            s => {
+                x.table.learn_seed(x.bucket, x.reply.head.seed);
+                Ok(Some(s))
+            }
+        }
+    }
+
     /// Waits for buffered write `ticket` (one-sided polls of the control
     /// region until a rebuild completes, then RESULT). `None`: the owner
     /// failed meanwhile; the write must be sent again.
@@ -1066,24 +1091,8 @@ impl Client {
                     (req.encode(), b, t.seed(b))
                 })
                 .await?;
-            let status = match x.reply.head.status {
-                Status::Buffered => {
-                    let mut r = WireReader::new(&x.reply.rest);
-                    let (ticket, applied) =
-                        (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
-                    let p = self.sh.ring.shard_of(key);
-                    match self
-                        .await_ticket(&x.view, p, ticket, applied, deadline)
-                        .await?
-                    {
-                        Some(s) => s,
-                        None => continue,
-                    }
-                }
-                s => {
-                    x.table.learn_seed(x.bucket, x.reply.head.seed);
-                    s
-                }
+            let Some(status) = self.write_outcome(&x, key, deadline).await? else {
+                continue;
             };
             return match status {
                 Status::Ok => Ok(true),
@@ -1176,24 +1185,8 @@ impl KvStore for Client {
                     (req.encode(), b, seed)
                 })
                 .await?;
-            let status = match x.reply.head.status {
-                Status::Buffered => {
-                    let mut r = WireReader::new(&x.reply.rest);
-                    let (ticket, applied) =
-                        (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
-                    let p = self.sh.ring.shard_of(key);
-                    match self
-                        .await_ticket(&x.view, p, ticket, applied, deadline)
-                        .await?
-                    {
-                        Some(s) => s,
-                        None => continue,
-                    }
-                }
-                s => {
-                    x.table.learn_seed(x.bucket, x.reply.head.seed);
-                    s
-                }
+            let Some(status) = self.write_outcome(&x, key, deadline).await? else {
+                continue;
             };
             return match status {
                 Status::Ok => Ok(true),
