@@ -14,8 +14,8 @@ use std::sync::Arc;
 /// Defaults of `dmkv bench`, chosen so that comparing about ten engines on
 /// YCSB C finishes well under a minute on a 2-core machine. Change them here.
 pub mod defaults {
-    pub const KEYS: u64 = 100_000;
-    pub const OPS: u64 = 200_000;
+    pub const KEYS: u64 = 50_000;
+    pub const OPS: u64 = 100_000;
     pub const VALUE_SIZE: usize = 8;
     /// One compute thread: the other core serves the memory node.
     pub const THREADS: usize = 1;
