@@ -114,6 +114,12 @@ pub trait EndpointBackend {
     /// whole on the first refused verb (earlier verbs may have executed, as
     /// with a failed RDMA work request list).
     fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>>;
+    /// Called once at the start of every operation a compute thread issues:
+    /// the simulated backend charges the thread's core its per-operation CPU
+    /// there. Others have nothing to do.
+    fn begin_op(&self) -> OpFuture<'_, ()> {
+        OpFuture::ready(())
+    }
     /// Sends a request to `service` on `node` and awaits the reply.
     fn call(
         &self,

@@ -2,8 +2,12 @@
 //! workers with what they really consumed (not wall time, which a shared
 //! machine inflates).
 
-/// Nanoseconds of CPU time the calling thread has used.
+/// Nanoseconds of CPU time the calling thread has used; inside a simulation,
+/// the virtual CPU time of the simulated core that runs (see `sim`).
 pub fn thread_cpu_ns() -> u64 {
+    if let Some(v) = crate::sim::cpu_ns() {
+        return v;
+    }
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -46,6 +46,14 @@ impl Endpoint {
         f(self.counters.borrow_mut().get_mut(current_kind()));
     }
 
+    /// Marks the start of one operation of the workload: the `sim` backend
+    /// charges the thread's simulated core its per-operation CPU here (the
+    /// engine's index work and the request's preparation); other backends
+    /// do nothing.
+    pub async fn begin_op(&self) {
+        self.backend.begin_op().await
+    }
+
     /// Reads `len` bytes at `addr`: one round trip.
     pub async fn read(&self, addr: RemoteAddr, len: usize) -> Result<Vec<u8>> {
         let mut b = self.batch();

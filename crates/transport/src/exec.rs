@@ -54,7 +54,12 @@ pub type LocalTask<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
 /// Runs all `tasks` to completion on this thread, interleaving them, and
 /// returns their outputs in order.
-pub fn run_tasks<'a, T>(mut tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
+pub fn run_tasks<'a, T>(tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
+    // Inside a simulation the scheduler runs them, in virtual time.
+    let mut tasks = match crate::sim::run_tasks(tasks) {
+        Ok(out) => return out,
+        Err(tasks) => tasks,
+    };
     let n = tasks.len();
     let shared = Arc::new(Shared {
         ready: (0..n).map(|_| AtomicBool::new(true)).collect(),
@@ -101,6 +106,7 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
 }
 
 fn idle(shared: &Shared) {
+    #[allow(clippy::disallowed_methods)]
     let start = Instant::now();
     let hooks = IDLE_HOOKS.with(|h| h.borrow().clone());
     loop {
@@ -150,59 +156,162 @@ impl Drop for IdleHookGuard {
     }
 }
 
+/// Virtual time a yield takes inside a simulation: a task that spins on
+/// yields until another task changes something must let time pass, or
+/// nothing else would ever run at a later instant.
+pub const SIM_YIELD_NS: u64 = 50;
+
 /// Lets the other tasks of this thread run once.
 pub fn yield_now() -> YieldNow {
-    YieldNow { yielded: false }
+    YieldNow {
+        yielded: false,
+        sim: None,
+    }
 }
 
 /// See [`yield_now`].
 pub struct YieldNow {
     yielded: bool,
+    sim: Option<crate::sim::SleepUntil>,
 }
 
 impl Future for YieldNow {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.yielded {
-            Poll::Ready(())
-        } else {
-            self.yielded = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
+        if let Some(s) = self.sim.as_mut() {
+            return Pin::new(s).poll(cx);
         }
+        if self.yielded {
+            return Poll::Ready(());
+        }
+        self.yielded = true;
+        if let Some(now) = crate::sim::now_ns() {
+            let mut s = crate::sim::sleep_until_ns(now + SIM_YIELD_NS);
+            let p = Pin::new(&mut s).poll(cx);
+            self.sim = Some(s);
+            return p;
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
-/// Completes after `d`.
+/// Completes after `d` (virtual time inside a simulation).
 pub fn sleep(d: Duration) -> Sleep {
-    Sleep {
-        deadline: Instant::now() + d,
-    }
+    sleep_until(crate::time::Instant::now() + d)
 }
 
-/// Completes at `deadline`.
-pub fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep { deadline }
+/// Completes at `deadline` (see [`crate::time::Instant`]).
+pub fn sleep_until(deadline: crate::time::Instant) -> Sleep {
+    if crate::sim::active() {
+        return Sleep {
+            deadline: None,
+            sim: Some(crate::sim::sleep_until_ns(deadline.as_nanos())),
+        };
+    }
+    let wait = deadline.saturating_duration_since(crate::time::Instant::now());
+    #[allow(clippy::disallowed_methods)]
+    let real = Instant::now() + wait;
+    Sleep {
+        deadline: Some(real),
+        sim: None,
+    }
 }
 
 /// See [`sleep`].
 pub struct Sleep {
-    deadline: Instant,
+    deadline: Option<Instant>,
+    sim: Option<crate::sim::SleepUntil>,
 }
 
 impl Future for Sleep {
     type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(s) = self.sim.as_mut() {
+            return Pin::new(s).poll(cx);
+        }
+        let deadline = self.deadline.expect("a real sleep has a deadline");
+        #[allow(clippy::disallowed_methods)]
         let now = Instant::now();
-        if now >= self.deadline {
+        if now >= deadline {
             return Poll::Ready(());
         }
-        if self.deadline - now < TIMER_SPIN_THRESHOLD {
+        if deadline - now < TIMER_SPIN_THRESHOLD {
             cx.waker().wake_by_ref();
         } else {
-            timer().register(self.deadline, cx.waker().clone());
+            timer().register(deadline, cx.waker().clone());
         }
         Poll::Pending
+    }
+}
+
+/// A background activity of an engine (a retrainer, a logger, a page
+/// provider): an OS thread running the future on real backends, a task of
+/// the simulation inside one, so that its timing is part of the virtual run.
+/// Engines never spawn threads themselves.
+pub fn spawn_background(
+    name: &str,
+    fut: impl Future<Output = ()> + Send + 'static,
+) -> BackgroundHandle {
+    if crate::sim::active() {
+        let index = crate::sim::spawn_background(Box::pin(fut))
+            .unwrap_or_else(|_| unreachable!("the thread runs a simulation"));
+        return BackgroundHandle {
+            inner: BgInner::Sim(index),
+        };
+    }
+    let handle = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || block_on(fut))
+        .expect("spawn a background thread");
+    BackgroundHandle {
+        inner: BgInner::Thread(Some(handle)),
+    }
+}
+
+/// Waits for a background activity; see [`spawn_background`].
+pub struct BackgroundHandle {
+    inner: BgInner,
+}
+
+enum BgInner {
+    Thread(Option<std::thread::JoinHandle<()>>),
+    Sim(usize),
+}
+
+impl BackgroundHandle {
+    /// Waits until the activity finished (it must have been told to stop).
+    pub fn join(mut self) {
+        match &mut self.inner {
+            BgInner::Thread(h) => {
+                if let Some(h) = h.take() {
+                    let _ = h.join();
+                }
+            }
+            BgInner::Sim(index) => {
+                let index = *index;
+                block_on(std::future::poll_fn(|cx| {
+                    if crate::sim::background_done(index) {
+                        Poll::Ready(())
+                    } else {
+                        // The task wakes nobody when it ends: look again.
+                        let w = cx.waker().clone();
+                        let mut s =
+                            crate::sim::sleep_until_ns(crate::sim::now_ns().unwrap_or(0) + 1000);
+                        let _ = Pin::new(&mut s).poll(&mut Context::from_waker(&w));
+                        Poll::Pending
+                    }
+                }));
+            }
+        }
+    }
+
+    /// Whether it has finished.
+    pub fn is_finished(&self) -> bool {
+        match &self.inner {
+            BgInner::Thread(h) => h.as_ref().is_none_or(|h| h.is_finished()),
+            BgInner::Sim(index) => crate::sim::background_done(*index),
+        }
     }
 }
 
@@ -254,6 +363,7 @@ impl Timer {
     fn run(&self) {
         let mut q = self.queue.lock();
         loop {
+            #[allow(clippy::disallowed_methods)]
             let now = Instant::now();
             while q.peek().is_some_and(|e| e.0.deadline <= now) {
                 let Reverse(e) = q.pop().expect("peeked");

@@ -27,7 +27,8 @@
 //! ([`exec`]); a backend that completes a verb at once costs no allocation.
 //!
 //! Backends implement [`Fabric`], [`EndpointBackend`] and [`NodeHost`]:
-//! [`local`] runs every node in this process with fault injection; a UCX
+//! [`local`] runs every node in this process with fault injection; [`sim`]
+//! runs a whole cluster in virtual time on one thread with a hardware model; a UCX
 //! backend lives in its own crate. [`conformance`] is the test suite every
 //! backend must pass.
 
@@ -47,6 +48,8 @@ mod parker;
 #[allow(unsafe_code)]
 pub mod region;
 pub mod service;
+pub mod sim;
+pub mod time;
 pub mod wire;
 
 pub use addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};

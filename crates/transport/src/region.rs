@@ -118,6 +118,7 @@ impl RegionMem {
 
     /// The 8-byte word at `offset`, which must be aligned.
     pub fn word(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
+        crate::sim::touch(offset, 8);
         if !offset.is_multiple_of(8) {
             return Err(RegionAccessError::Misaligned { offset });
         }
@@ -129,6 +130,7 @@ impl RegionMem {
     /// in increasing address order.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RegionAccessError> {
         self.check(offset, out.len() as u64)?;
+        crate::sim::touch(offset, out.len() as u64);
         let words = self.words();
         let mut pos = offset as usize;
         let mut done = 0;
@@ -153,6 +155,7 @@ impl RegionMem {
     /// Stores `data` at `offset`, storing words in increasing address order.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {
         self.check(offset, data.len() as u64)?;
+        crate::sim::touch(offset, data.len() as u64);
         let words = self.words();
         let mut pos = offset as usize;
         let mut done = 0;

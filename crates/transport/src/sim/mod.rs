@@ -1,0 +1,317 @@
+//! The `sim` backend: a whole cluster in one OS thread, in virtual time.
+//!
+//! A [`Simulation`] owns a discrete-event scheduler ([`sched`]), the
+//! hardware model ([`net`], parameters from a [`Profile`]) and the nodes.
+//! While it lives, the thread that made it runs everything: the executor's
+//! `run_tasks`/`block_on` drive the simulation's events until their tasks
+//! finish, `exec::sleep` and [`crate::time::Instant`] use virtual time,
+//! `thread_cpu_ns` returns the virtual CPU of the simulated core that runs,
+//! and background work submitted through the runtime
+//! ([`crate::exec::spawn_background`], memory-node worker pools) runs on
+//! simulated cores. The same seed and inputs give the same run.
+//!
+//! See `docs/simulation.md` for the model, its calibration and what it
+//! leaves out.
+
+pub mod net;
+pub mod profile;
+mod sched;
+
+pub use net::{ResourceUse, SimNode};
+pub use profile::Profile;
+
+use crate::addr::NodeId;
+use crate::backend::Fabric;
+use net::{Cluster, Net, SimFabric};
+use sched::Sched;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// The simulation state of the thread that runs it.
+pub(crate) struct Sim {
+    pub(crate) sched: Sched,
+    pub(crate) net: RefCell<Net>,
+    pub(crate) profile: Profile,
+    pub(crate) jitter_ns: u64,
+    pub(crate) cluster: Arc<Cluster>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<Sim>>> = const { RefCell::new(None) };
+    /// Nanoseconds per cache line of registered memory touched, while code
+    /// runs on a simulated memory-node core (0: not metering).
+    static METER_LINE_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+pub(crate) fn current() -> Option<Rc<Sim>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Whether the calling thread runs a simulation.
+pub fn active() -> bool {
+    CURRENT.with(|c| c.borrow().is_some())
+}
+
+/// Virtual time in ns, if the calling thread runs a simulation.
+pub fn now_ns() -> Option<u64> {
+    CURRENT.with(|c| c.borrow().as_ref().map(|s| s.sched.now()))
+}
+
+/// Virtual CPU time of the simulated core running now.
+pub(crate) fn cpu_ns() -> Option<u64> {
+    CURRENT.with(|c| c.borrow().as_ref().map(|s| s.sched.cpu_ns.get()))
+}
+
+/// The per-message cost an RPC handler is charged in a simulation (0
+/// elsewhere), so that the reply's `server_cpu_ns` is the modelled service
+/// time.
+pub fn rpc_overhead_ns() -> u64 {
+    CURRENT.with(|c| {
+        c.borrow()
+            .as_ref()
+            .map_or(0, |s| s.profile.memnode.rpc_base_ns)
+    })
+}
+
+/// Runs `f` with region accesses charged at `line_ns` per cache line.
+pub(crate) fn with_metering<R>(line_ns: u64, f: impl FnOnce() -> R) -> R {
+    let prev = METER_LINE_NS.with(|m| m.replace(line_ns));
+    struct Restore(u64);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            METER_LINE_NS.with(|m| m.set(self.0));
+        }
+    }
+    let _restore = Restore(prev);
+    f()
+}
+
+/// Region memory `[offset, offset + len)` was touched by code on the
+/// calling thread: charged when a simulated core is metering.
+#[inline]
+pub(crate) fn touch(offset: u64, len: u64) {
+    let line_ns = METER_LINE_NS.with(|m| m.get());
+    if line_ns == 0 {
+        return;
+    }
+    let lines = if len == 0 {
+        0
+    } else {
+        (offset + len - 1) / 64 - offset / 64 + 1
+    };
+    CURRENT.with(|c| {
+        if let Some(s) = c.borrow().as_ref() {
+            s.sched.cpu_ns.set(s.sched.cpu_ns.get() + lines * line_ns);
+        }
+    });
+}
+
+/// Adds a background task to the running simulation; gives the task back
+/// if the calling thread runs none.
+pub(crate) fn spawn_background(
+    fut: Pin<Box<dyn Future<Output = ()>>>,
+) -> Result<usize, Pin<Box<dyn Future<Output = ()>>>> {
+    match current() {
+        Some(sim) => Ok(sim.sched.spawn_background(fut)),
+        None => Err(fut),
+    }
+}
+
+pub(crate) fn background_done(index: usize) -> bool {
+    current().is_none_or(|s| s.sched.background_done(index))
+}
+
+/// Runs `tasks` in the simulation of the calling thread, if it has one.
+pub(crate) fn run_tasks<'a, T>(
+    tasks: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>,
+) -> Result<Vec<T>, Vec<Pin<Box<dyn Future<Output = T> + 'a>>>> {
+    match current() {
+        Some(sim) => Ok(sim.sched.run_tasks(tasks)),
+        None => Err(tasks),
+    }
+}
+
+/// Completes at virtual time `at`.
+pub(crate) struct SleepUntil {
+    at: u64,
+    armed: bool,
+}
+
+pub(crate) fn sleep_until_ns(at: u64) -> SleepUntil {
+    SleepUntil { at, armed: false }
+}
+
+impl Future for SleepUntil {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(sim) = current() else {
+            return Poll::Ready(());
+        };
+        if sim.sched.now() >= self.at {
+            return Poll::Ready(());
+        }
+        if !self.armed {
+            self.armed = true;
+            sim.sched.wake_at(self.at, cx.waker().clone());
+        } else {
+            // Polled early by a spurious wake: arm again (the first alarm
+            // still fires; a second wake is harmless).
+            sim.sched.wake_at(self.at, cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// Virtual CPU of work done on a simulated background core: `f` runs now,
+/// metered, and its cost (plus the per-job base) is returned.
+pub(crate) fn metered_job_cost(f: impl FnOnce()) -> u64 {
+    match current() {
+        Some(sim) => {
+            let ((), cpu) = net::on_core(&sim, f);
+            cpu + sim.profile.memnode.job_base_ns
+        }
+        None => {
+            f();
+            0
+        }
+    }
+}
+
+/// A set of simulated cores with one FIFO queue, for background workers
+/// (a memory node's worker pool).
+#[derive(Clone, Copy, Debug)]
+pub struct SimCores {
+    id: usize,
+}
+
+impl SimCores {
+    /// `cores` new cores named `name` in the calling thread's simulation.
+    pub fn new(name: &str, cores: usize) -> Option<SimCores> {
+        let sim = current()?;
+        let id = sim
+            .net
+            .borrow_mut()
+            .add_coreset(name.to_string(), cores.max(1));
+        Some(SimCores { id })
+    }
+
+    /// Runs `job` on one of these cores as soon as one is free; `done` gets
+    /// the job's virtual CPU time when it ran.
+    pub fn submit(&self, job: Box<dyn FnOnce()>, done: Box<dyn FnOnce(u64)>) {
+        let sim = current().expect("SimCores used outside its simulation's thread");
+        let now = sim.sched.now();
+        net::submit_job(
+            &sim,
+            self.id,
+            now,
+            Box::new(move || {
+                let cost = metered_job_cost(job);
+                done(cost);
+                cost
+            }),
+        );
+    }
+}
+
+/// Waits for one I/O of `node`'s SSD (ScaleStore's page reads and writes)
+/// in a simulation: the device serves `kiops` thousand operations per
+/// second, each taking the profile's read or write latency. Outside a
+/// simulation it completes at once (the real I/O is the caller's).
+pub async fn ssd_io(node: NodeId, write: bool) {
+    let Some(sim) = current() else { return };
+    let done = net::ssd_io(&sim, node, write);
+    sleep_until_ns(done).await
+}
+
+/// How to build a simulation.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub profile: Profile,
+    /// Seeds every choice: ties between simultaneous events, jitter, faults.
+    pub seed: u64,
+    /// Each message's wire latency gets a seeded random extra of up to this.
+    pub jitter_ns: u64,
+}
+
+/// A simulated cluster, run by the thread that made it (it is entered on
+/// that thread until dropped).
+pub struct Simulation {
+    sim: Rc<Sim>,
+}
+
+impl Simulation {
+    /// Makes a simulation and enters it on the calling thread.
+    ///
+    /// # Panics
+    /// If the thread already runs one.
+    pub fn new(cfg: SimConfig) -> Simulation {
+        let sim = Rc::new(Sim {
+            sched: Sched::new(cfg.seed),
+            net: RefCell::new(Net::default()),
+            profile: cfg.profile,
+            jitter_ns: cfg.jitter_ns,
+            cluster: Cluster::new(),
+        });
+        CURRENT.with(|c| {
+            let mut c = c.borrow_mut();
+            assert!(c.is_none(), "this thread already runs a simulation");
+            *c = Some(sim.clone());
+        });
+        Simulation { sim }
+    }
+
+    /// Adds a node with `handler_threads` simulated handler cores (0 for a
+    /// node that only issues).
+    pub fn add_node(&self, handler_threads: usize) -> Arc<SimNode> {
+        self.sim.cluster.add_node(&self.sim, handler_threads)
+    }
+
+    pub fn fabric(&self) -> Arc<dyn Fabric> {
+        Arc::new(SimFabric {
+            cluster: self.sim.cluster.clone(),
+        })
+    }
+
+    /// Crashes `node` at virtual time `at_ns` (now if already past): its
+    /// memory is gone, queued and later requests fail with `NodeDown`.
+    pub fn crash_at(&self, node: NodeId, at_ns: u64) {
+        let cluster = self.sim.cluster.clone();
+        self.sim.sched.at(at_ns, move || cluster.crash(node));
+    }
+
+    pub fn profile(&self) -> &Profile {
+        &self.sim.profile
+    }
+
+    /// Virtual time now, in ns.
+    pub fn now_ns(&self) -> u64 {
+        self.sim.sched.now()
+    }
+
+    /// Events run so far.
+    pub fn events(&self) -> u64 {
+        self.sim.sched.events()
+    }
+
+    /// Background tasks started so far.
+    pub fn background_tasks(&self) -> usize {
+        self.sim.sched.background_count()
+    }
+
+    /// Every modelled resource's busy time and traffic so far.
+    pub fn resources(&self) -> Vec<ResourceUse> {
+        net::resources(&self.sim.net.borrow())
+    }
+}
+
+impl Drop for Simulation {
+    fn drop(&mut self) {
+        // Handlers and regions may hold the fabric: break such cycles.
+        self.sim.cluster.clear();
+        CURRENT.with(|c| c.borrow_mut().take());
+    }
+}

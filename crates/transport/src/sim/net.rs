@@ -1,0 +1,1039 @@
+//! The simulated cluster: nodes, their regions and services, and the
+//! hardware model every verb and RPC goes through.
+//!
+//! A one-sided verb: client core (post cost) -> client NIC tx -> wire ->
+//! memory node NIC rx, where it acts on memory at that instant (large reads
+//! and writes move in pieces at PCIe speed, so a concurrent writer can tear
+//! a reader; atomics wait for the NIC's per-address atomics unit) -> memory
+//! node NIC tx -> wire -> client NIC rx. An RPC: the same to the memory
+//! node's NIC, then a queue in front of the node's handler cores; the
+//! handler runs at the instant a core takes it, for a service time from the
+//! cost model (`rpc_base_ns` plus `line_ns` per cache line of registered
+//! memory it touched), and the reply leaves when the service time is over.
+//!
+//! Invariants:
+//! 1. Messages between two nodes arrive in the order they were sent, and
+//!    verbs from one node to another act on memory in posting order and
+//!    never overlap (a reliable-connection queue pair).
+//! 2. Each NIC direction, each core and each atomics address serves one
+//!    thing at a time, first come first served; their busy time is counted
+//!    for the utilisation report.
+
+use super::{Sim, current, with_metering};
+use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
+use crate::backend::{EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult};
+use crate::endpoint::Endpoint;
+use crate::error::{Result, TransportError};
+use crate::region::{RegionAccessError, RegionMem};
+use crate::service::{Reply, RpcContext, ServiceTable};
+use parking_lot::RwLock;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+
+/// Reads and writes larger than this move in pieces (at most [`MAX_PIECES`]).
+const PIECE_BYTES: usize = 64;
+const MAX_PIECES: usize = 8;
+
+// ---------------------------------------------------------------------------
+// Resources
+
+/// A first-come-first-served server (a NIC direction, a client core).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Server {
+    free_at: u64,
+    busy_ns: u64,
+    count: u64,
+    bytes: u64,
+}
+
+impl Server {
+    /// Serves something arriving at `at` for `service` ns; returns when done.
+    fn occupy(&mut self, at: u64, service: u64, bytes: u64) -> u64 {
+        let start = at.max(self.free_at);
+        self.free_at = start + service;
+        self.busy_ns += service;
+        self.count += 1;
+        self.bytes += bytes;
+        self.free_at
+    }
+}
+
+type Job = Box<dyn FnOnce() -> u64>;
+
+/// `n` identical cores in front of one FIFO queue (a memory node's handler
+/// threads, a worker pool). A job runs when a core takes it and returns its
+/// service time; the core is busy for that long.
+pub(crate) struct CoreSet {
+    idle: usize,
+    queue: VecDeque<(u64, Job)>,
+    busy_ns: u64,
+    jobs: u64,
+    cores: usize,
+}
+
+impl CoreSet {
+    fn new(cores: usize) -> CoreSet {
+        CoreSet {
+            idle: cores,
+            queue: VecDeque::new(),
+            busy_ns: 0,
+            jobs: 0,
+            cores,
+        }
+    }
+}
+
+/// Submits `job`, ready at `ready_at`, to the core set `id`.
+pub(crate) fn submit_job(sim: &Rc<Sim>, id: usize, ready_at: u64, job: Job) {
+    let start_now = {
+        let mut net = sim.net.borrow_mut();
+        let cs = &mut net.coresets[id];
+        if cs.idle > 0 {
+            cs.idle -= 1;
+            Some(job)
+        } else {
+            cs.queue.push_back((ready_at, job));
+            None
+        }
+    };
+    if let Some(job) = start_now {
+        let s = sim.clone();
+        sim.sched.at(ready_at, move || run_job(&s, id, job));
+    }
+}
+
+/// Runs `job` on a core of set `id` now, then frees the core when its
+/// service time is over and starts the next queued job.
+fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
+    let cost = job();
+    {
+        let mut net = sim.net.borrow_mut();
+        let cs = &mut net.coresets[id];
+        cs.busy_ns += cost;
+        cs.jobs += 1;
+    }
+    let s = sim.clone();
+    sim.sched.at(sim.sched.now() + cost, move || {
+        let next = {
+            let mut net = s.net.borrow_mut();
+            let cs = &mut net.coresets[id];
+            match cs.queue.pop_front() {
+                Some(j) => Some(j),
+                None => {
+                    cs.idle += 1;
+                    None
+                }
+            }
+        };
+        if let Some((ready_at, job)) = next {
+            let s2 = s.clone();
+            s.sched.at(ready_at, move || run_job(&s2, id, job));
+        }
+    });
+}
+
+/// Runs `f` as code on a simulated core: registered memory it touches is
+/// charged per cache line; returns `f`'s result and the CPU it used.
+pub(crate) fn on_core<R>(sim: &Sim, f: impl FnOnce() -> R) -> (R, u64) {
+    let before = sim.sched.cpu_ns.get();
+    let r = with_metering(sim.profile.memnode.line_ns, f);
+    (r, sim.sched.cpu_ns.get() - before)
+}
+
+/// One node's resources in the model.
+pub(crate) struct NodeModel {
+    tx: Server,
+    rx: Server,
+    /// Its handler cores' set, if it serves RPCs.
+    handlers: Option<usize>,
+    /// Its SSD: occupancy per I/O is the device's IOPS share.
+    ssd: Server,
+}
+
+/// Takes one I/O on `node`'s SSD now; returns when it completes.
+pub(crate) fn ssd_io(sim: &Sim, node: NodeId, write: bool) -> u64 {
+    let now = sim.sched.now();
+    let slot = sim.profile.ssd_slot_ns();
+    let latency = if write {
+        sim.profile.ssd.write_ns
+    } else {
+        sim.profile.ssd.read_ns
+    };
+    let mut net = sim.net.borrow_mut();
+    let Some(n) = net.nodes.get_mut(node.0 as usize) else {
+        return now;
+    };
+    let started = n.ssd.occupy(now, slot, 4096) - slot;
+    started + latency.max(slot)
+}
+
+/// What the model holds besides the nodes' memory.
+#[derive(Default)]
+pub(crate) struct Net {
+    pub(crate) nodes: Vec<NodeModel>,
+    pub(crate) coresets: Vec<CoreSet>,
+    coreset_names: Vec<String>,
+    /// Client cores (one per endpoint): name and server.
+    clients: Vec<(String, Rc<RefCell<Server>>)>,
+    /// Per ordered node pair: when the last message arrives (invariant 1).
+    last_arrival: HashMap<(u16, u16), u64>,
+    /// Per ordered node pair: when the last verb's memory access ends.
+    qp_busy_until: HashMap<(u16, u16), u64>,
+    /// Per atomic address: when the NIC's atomics unit frees it.
+    atomic_free: HashMap<(u16, u32, u64), u64>,
+}
+
+impl Net {
+    pub(crate) fn add_coreset(&mut self, name: String, cores: usize) -> usize {
+        self.coresets.push(CoreSet::new(cores));
+        self.coreset_names.push(name);
+        self.coresets.len() - 1
+    }
+}
+
+/// Busy time and traffic of one modelled resource so far.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ResourceUse {
+    /// e.g. `node0 nic tx`, `node0 handler cores`, `node3 client core 2`.
+    pub name: String,
+    /// Cores or servers behind the name (utilisation is busy / (cores x time)).
+    pub servers: usize,
+    pub busy_ns: u64,
+    /// Messages, jobs or operations served.
+    pub count: u64,
+    pub bytes: u64,
+}
+
+pub(crate) fn resources(net: &Net) -> Vec<ResourceUse> {
+    let mut out = Vec::new();
+    for (i, n) in net.nodes.iter().enumerate() {
+        for (dir, s) in [("nic tx", &n.tx), ("nic rx", &n.rx), ("ssd", &n.ssd)] {
+            if dir == "ssd" && s.count == 0 {
+                continue;
+            }
+            out.push(ResourceUse {
+                name: format!("node{i} {dir}"),
+                servers: 1,
+                busy_ns: s.busy_ns,
+                count: s.count,
+                bytes: s.bytes,
+            });
+        }
+    }
+    for (cs, name) in net.coresets.iter().zip(&net.coreset_names) {
+        out.push(ResourceUse {
+            name: name.clone(),
+            servers: cs.cores,
+            busy_ns: cs.busy_ns,
+            count: cs.jobs,
+            bytes: 0,
+        });
+    }
+    for (name, s) in &net.clients {
+        let s = s.borrow();
+        out.push(ResourceUse {
+            name: name.clone(),
+            servers: 1,
+            busy_ns: s.busy_ns,
+            count: s.count,
+            bytes: 0,
+        });
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Nodes
+
+struct RegionEntry {
+    key: AccessKey,
+    mem: Arc<RegionMem>,
+}
+
+pub(crate) struct NodeState {
+    id: NodeId,
+    crashed: AtomicBool,
+    regions: RwLock<Vec<Option<RegionEntry>>>,
+    services: ServiceTable,
+    handler_threads: usize,
+}
+
+/// The nodes of a simulation; shared by its fabric and node handles, which
+/// must be used on the simulation's thread.
+pub(crate) struct Cluster {
+    nodes: RwLock<Vec<Arc<NodeState>>>,
+}
+
+impl Cluster {
+    pub(crate) fn new() -> Arc<Cluster> {
+        Arc::new(Cluster {
+            nodes: RwLock::new(Vec::new()),
+        })
+    }
+
+    fn node(&self, id: NodeId) -> Result<Arc<NodeState>> {
+        self.nodes
+            .read()
+            .get(id.0 as usize)
+            .cloned()
+            .ok_or(TransportError::UnknownNode(id))
+    }
+
+    pub(crate) fn add_node(self: &Arc<Self>, sim: &Sim, handler_threads: usize) -> Arc<SimNode> {
+        let mut nodes = self.nodes.write();
+        let id = NodeId(u16::try_from(nodes.len()).expect("at most 65536 nodes"));
+        let state = Arc::new(NodeState {
+            id,
+            crashed: AtomicBool::new(false),
+            regions: RwLock::new(Vec::new()),
+            services: ServiceTable::new(),
+            handler_threads,
+        });
+        nodes.push(state.clone());
+        let mut net = sim.net.borrow_mut();
+        let handlers = (handler_threads > 0)
+            .then(|| net.add_coreset(format!("node{} handler cores", id.0), handler_threads));
+        net.nodes.push(NodeModel {
+            tx: Server::default(),
+            rx: Server::default(),
+            handlers,
+            ssd: Server::default(),
+        });
+        Arc::new(SimNode {
+            state,
+            cluster: self.clone(),
+        })
+    }
+
+    /// Crashes `node` now: its memory is gone and it answers nothing.
+    pub(crate) fn crash(&self, node: NodeId) {
+        if let Ok(n) = self.node(node) {
+            n.crashed.store(true, Ordering::Release);
+            n.regions.write().clear();
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        for n in self.nodes.read().iter() {
+            n.services.clear();
+            n.regions.write().clear();
+        }
+    }
+}
+
+/// A node of a simulated cluster.
+pub struct SimNode {
+    state: Arc<NodeState>,
+    cluster: Arc<Cluster>,
+}
+
+impl NodeHost for SimNode {
+    fn id(&self) -> NodeId {
+        self.state.id
+    }
+
+    fn register_region(&self, len: usize) -> Result<(RemoteRegion, Arc<RegionMem>)> {
+        if self.state.crashed.load(Ordering::Acquire) {
+            return Err(TransportError::NodeDown(self.state.id));
+        }
+        let mem = Arc::new(RegionMem::zeroed(len).ok_or_else(|| {
+            TransportError::Backend(format!("cannot allocate a region of {len} bytes"))
+        })?);
+        let key = AccessKey(rand::random());
+        let mut regions = self.state.regions.write();
+        let id = RegionId(u32::try_from(regions.len()).expect("fewer than 2^32 regions"));
+        let remote = RemoteRegion {
+            node: self.state.id,
+            id,
+            key,
+            len: mem.len() as u64,
+        };
+        regions.push(Some(RegionEntry {
+            key,
+            mem: mem.clone(),
+        }));
+        Ok((remote, mem))
+    }
+
+    fn deregister_region(&self, id: RegionId) {
+        if let Some(slot) = self.state.regions.write().get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    fn services(&self) -> &ServiceTable {
+        &self.state.services
+    }
+
+    fn fabric(&self) -> Arc<dyn Fabric> {
+        Arc::new(SimFabric {
+            cluster: self.cluster.clone(),
+        })
+    }
+
+    fn handler_threads(&self) -> usize {
+        self.state.handler_threads
+    }
+}
+
+/// Makes endpoints of a simulated cluster.
+pub(crate) struct SimFabric {
+    pub(crate) cluster: Arc<Cluster>,
+}
+
+impl Fabric for SimFabric {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn endpoint(&self, node: NodeId) -> Result<Endpoint> {
+        self.cluster.node(node)?;
+        let sim = current().ok_or_else(|| {
+            TransportError::Backend(
+                "a sim endpoint must be made on the thread that runs the simulation".into(),
+            )
+        })?;
+        let core = Rc::new(RefCell::new(Server::default()));
+        {
+            let mut net = sim.net.borrow_mut();
+            let n = net
+                .clients
+                .iter()
+                .filter(|(name, _)| name.starts_with(&format!("node{} ", node.0)))
+                .count();
+            net.clients
+                .push((format!("node{} client core {n}", node.0), core.clone()));
+        }
+        Ok(Endpoint::new(Box::new(SimEndpoint {
+            cluster: self.cluster.clone(),
+            node,
+            core,
+        })))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Completions
+
+/// A result filled in by events and awaited by one task.
+struct Slot<T> {
+    value: Option<T>,
+    waker: Option<Waker>,
+}
+
+struct Completion<T>(Rc<RefCell<Slot<T>>>);
+
+impl<T> Completion<T> {
+    fn new() -> Completion<T> {
+        Completion(Rc::new(RefCell::new(Slot {
+            value: None,
+            waker: None,
+        })))
+    }
+    fn handle(&self) -> Completion<T> {
+        Completion(self.0.clone())
+    }
+    fn complete(&self, v: T) {
+        let w = {
+            let mut s = self.0.borrow_mut();
+            s.value = Some(v);
+            s.waker.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Future for Completion<T> {
+    type Output = T;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let mut s = self.0.borrow_mut();
+        match s.value.take() {
+            Some(v) => Poll::Ready(v),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The issuing side
+
+struct SimEndpoint {
+    cluster: Arc<Cluster>,
+    node: NodeId,
+    /// This compute thread's core.
+    core: Rc<RefCell<Server>>,
+}
+
+fn sim_or_err() -> Result<Rc<Sim>> {
+    current().ok_or_else(|| {
+        TransportError::Backend(
+            "a sim endpoint was used outside its simulation's thread (an engine thread that \
+             does not come from the runtime?)"
+                .into(),
+        )
+    })
+}
+
+/// The bytes a verb carries to the memory node and back.
+fn verb_bytes(v: &Verb) -> (u64, u64) {
+    match v {
+        Verb::Read { len, .. } => (0, *len as u64),
+        Verb::Write { data, .. } => (data.len() as u64, 0),
+        Verb::Cas { .. } => (16, 8),
+        Verb::Faa { .. } => (8, 8),
+    }
+}
+
+/// When a message sent at `at` from `from` arrives at `to`, through the
+/// sender's NIC and the wire (jitter included; invariant 1 kept).
+fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64) -> u64 {
+    let service = sim.profile.nic_service_ns(payload);
+    let jitter = sim.sched.random(sim.jitter_ns + 1);
+    let mut net = sim.net.borrow_mut();
+    let wire_bytes = payload + sim.profile.network.header_bytes;
+    let sent = net.nodes[from.0 as usize]
+        .tx
+        .occupy(at, service, wire_bytes);
+    let mut arrive = sent + sim.profile.network.one_way_ns + jitter;
+    let last = net.last_arrival.entry((from.0, to.0)).or_insert(0);
+    arrive = arrive.max(*last + 1);
+    *last = arrive;
+    arrive
+}
+
+/// The receiving NIC takes a message that arrived now; returns when it is
+/// through.
+fn receive_message(sim: &Sim, to: NodeId, payload: u64) -> u64 {
+    let service = sim.profile.nic_service_ns(payload);
+    let wire_bytes = payload + sim.profile.network.header_bytes;
+    let now = sim.sched.now();
+    sim.net.borrow_mut().nodes[to.0 as usize]
+        .rx
+        .occupy(now, service, wire_bytes)
+}
+
+struct BatchState {
+    results: Vec<Option<Result<VerbResult>>>,
+    left: usize,
+    /// Latest completion time of a verb so far.
+    done_at: u64,
+    completion: Completion<Result<Vec<VerbResult>>>,
+}
+
+impl SimEndpoint {
+    /// Charges this thread's core `ns` of CPU; returns when it is done.
+    fn charge(&self, sim: &Sim, ns: u64) -> u64 {
+        self.core.borrow_mut().occupy(sim.sched.now(), ns, 0)
+    }
+}
+
+/// Finds the memory behind `addr` after checking node, region and key.
+fn resolve(cluster: &Cluster, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
+    let node = cluster.node(addr.node)?;
+    if node.crashed.load(Ordering::Acquire) {
+        return Err(TransportError::NodeDown(addr.node));
+    }
+    let regions = node.regions.read();
+    match regions.get(addr.region.0 as usize) {
+        Some(Some(e)) if e.key == addr.key => Ok(e.mem.clone()),
+        Some(Some(_)) => Err(TransportError::AccessDenied {
+            node: addr.node,
+            region: addr.region,
+        }),
+        _ => Err(TransportError::NoSuchRegion {
+            node: addr.node,
+            region: addr.region,
+        }),
+    }
+}
+
+fn map_access(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
+    match e {
+        RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
+            node: addr.node,
+            region: addr.region,
+            offset,
+            len,
+            size,
+        },
+        RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
+    }
+}
+
+/// Word-aligned pieces of `[offset, offset + len)`: at most `MAX_PIECES`,
+/// each a whole number of cache lines except at the ends.
+fn pieces(offset: u64, len: usize) -> Vec<(usize, usize)> {
+    if len <= PIECE_BYTES {
+        return vec![(0, len)];
+    }
+    let lines = len.div_ceil(PIECE_BYTES);
+    let per = lines.div_ceil(MAX_PIECES) * PIECE_BYTES;
+    let mut out = Vec::new();
+    let mut done = 0;
+    while done < len {
+        // End each piece on a word boundary of the region.
+        let pos = offset as usize + done;
+        let n = (per - pos % 8).min(len - done);
+        out.push((done, n));
+        done += n;
+    }
+    out
+}
+
+/// Executes verb `i` of a batch at the memory node, now (it just arrived).
+fn arrive_verb(
+    sim: &Rc<Sim>,
+    ep: Rc<EpShared>,
+    state: Rc<RefCell<BatchState>>,
+    i: usize,
+    verb: Verb,
+) {
+    let (out_bytes, back_bytes) = verb_bytes(&verb);
+    let dst = verb.node();
+    let rx_done = receive_message(sim, dst, out_bytes);
+    let now = sim.sched.now();
+    let addr = match &verb {
+        Verb::Read { addr, .. }
+        | Verb::Write { addr, .. }
+        | Verb::Cas { addr, .. }
+        | Verb::Faa { addr, .. } => *addr,
+    };
+    let mem = match resolve(&ep.cluster, &addr) {
+        Ok(m) => m,
+        Err(e) => return respond(sim, &ep, &state, i, dst, rx_done, 0, Err(e)),
+    };
+    // Start after the previous verb of this queue pair (and, for atomics,
+    // after the atomics unit frees the address).
+    let (qp_key, pcie_ns) = ((ep.node.0, dst.0), |b: usize| sim.profile.pcie_ns(b as u64));
+    let mut start = now.max(
+        sim.net
+            .borrow()
+            .qp_busy_until
+            .get(&qp_key)
+            .copied()
+            .unwrap_or(0),
+    );
+    let duration = match &verb {
+        Verb::Read { len, .. } => pcie_ns(*len),
+        Verb::Write { data, .. } => link_ns(sim, data.len()),
+        Verb::Cas { .. } | Verb::Faa { .. } => {
+            let mut net = sim.net.borrow_mut();
+            let free = net
+                .atomic_free
+                .entry((dst.0, addr.region.0, addr.offset))
+                .or_insert(0);
+            start = start.max(*free);
+            *free = start + sim.profile.network.atomic_ns;
+            sim.profile.network.atomic_ns
+        }
+    };
+    sim.net
+        .borrow_mut()
+        .qp_busy_until
+        .insert(qp_key, start + duration);
+    match verb {
+        Verb::Read { len, .. } => {
+            if let Err(e) = mem.check(addr.offset, len as u64) {
+                return respond(
+                    sim,
+                    &ep,
+                    &state,
+                    i,
+                    dst,
+                    rx_done,
+                    0,
+                    Err(map_access(&addr, e)),
+                );
+            }
+            let buf = Rc::new(RefCell::new(vec![0u8; len]));
+            let parts = pieces(addr.offset, len);
+            let last = parts.len() - 1;
+            let mut t = start;
+            for (k, (from, n)) in parts.into_iter().enumerate() {
+                let piece_at = t;
+                t += pcie_ns(n);
+                let (buf, mem, sim2, ep2, st2) = (
+                    buf.clone(),
+                    mem.clone(),
+                    sim.clone(),
+                    ep.clone(),
+                    state.clone(),
+                );
+                sim.sched.at(piece_at, move || {
+                    let read = mem.read(
+                        addr.offset + from as u64,
+                        &mut buf.borrow_mut()[from..from + n],
+                    );
+                    if k == last {
+                        let r = read
+                            .map(|_| VerbResult::Read(std::mem::take(&mut *buf.borrow_mut())))
+                            .map_err(|e| map_access(&addr, e));
+                        let at = (sim2.sched.now() + pcie_ns_of(&sim2, n)).max(rx_done);
+                        respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
+                    }
+                });
+            }
+        }
+        Verb::Write { data, .. } => {
+            if let Err(e) = mem.check(addr.offset, data.len() as u64) {
+                return respond(
+                    sim,
+                    &ep,
+                    &state,
+                    i,
+                    dst,
+                    rx_done,
+                    0,
+                    Err(map_access(&addr, e)),
+                );
+            }
+            let data = Rc::new(data);
+            let parts = pieces(addr.offset, data.len());
+            let last = parts.len() - 1;
+            let mut t = start;
+            for (k, (from, n)) in parts.into_iter().enumerate() {
+                let piece_at = t;
+                t += link_ns(sim, n);
+                let (data, mem, sim2, ep2, st2) = (
+                    data.clone(),
+                    mem.clone(),
+                    sim.clone(),
+                    ep.clone(),
+                    state.clone(),
+                );
+                sim.sched.at(piece_at, move || {
+                    let w = mem.write(addr.offset + from as u64, &data[from..from + n]);
+                    if k == last {
+                        let r = w
+                            .map(|_| VerbResult::Write)
+                            .map_err(|e| map_access(&addr, e));
+                        let at = (sim2.sched.now() + link_ns(&sim2, n)).max(rx_done);
+                        respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
+                    }
+                });
+            }
+        }
+        Verb::Cas { expected, new, .. } => {
+            let (sim2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
+            sim.sched.at(start, move || {
+                let r = mem
+                    .cas_u64(addr.offset, expected, new)
+                    .map(VerbResult::Cas)
+                    .map_err(|e| map_access(&addr, e));
+                let at = (sim2.sched.now() + sim2.profile.network.atomic_ns).max(rx_done);
+                respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
+            });
+        }
+        Verb::Faa { add, .. } => {
+            let (sim2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
+            sim.sched.at(start, move || {
+                let r = mem
+                    .faa_u64(addr.offset, add)
+                    .map(VerbResult::Faa)
+                    .map_err(|e| map_access(&addr, e));
+                let at = (sim2.sched.now() + sim2.profile.network.atomic_ns).max(rx_done);
+                respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
+            });
+        }
+    }
+}
+
+/// A write's data streams in from the wire: its pieces land at the link's
+/// rate, slower than a read is fetched over PCIe, so a read that starts
+/// after a write can overtake it (a torn read).
+fn link_ns(sim: &Sim, n: usize) -> u64 {
+    ((n as u64 * 8) as f64 / sim.profile.network.link_gbps).ceil() as u64
+}
+
+fn pcie_ns_of(sim: &Sim, n: usize) -> u64 {
+    sim.profile.pcie_ns(n as u64)
+}
+
+/// Sends verb `i`'s response from `dst` at `at`; the batch completes when
+/// the last response is through the client's NIC.
+#[allow(clippy::too_many_arguments)]
+fn respond(
+    sim: &Rc<Sim>,
+    ep: &Rc<EpShared>,
+    state: &Rc<RefCell<BatchState>>,
+    i: usize,
+    dst: NodeId,
+    at: u64,
+    back_bytes: u64,
+    result: Result<VerbResult>,
+) {
+    let back_bytes = if result.is_ok() { back_bytes } else { 0 };
+    state.borrow_mut().results[i] = Some(result);
+    let arrive = send_message(sim, dst, ep.node, at, back_bytes);
+    let (s2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
+    sim.sched.at(arrive, move || {
+        let done = receive_message(&s2, ep2.node, back_bytes);
+        let finished = {
+            let mut st = st2.borrow_mut();
+            st.left -= 1;
+            st.done_at = st.done_at.max(done);
+            (st.left == 0).then_some(st.done_at)
+        };
+        if let Some(t) = finished {
+            let st3 = st2.clone();
+            s2.sched.at(t, move || {
+                let (results, completion) = {
+                    let mut st = st3.borrow_mut();
+                    (std::mem::take(&mut st.results), st.completion.handle())
+                };
+                let mut out = Vec::with_capacity(results.len());
+                let mut err = None;
+                for r in results {
+                    match r.expect("every verb answered") {
+                        Ok(v) => out.push(v),
+                        Err(e) => {
+                            err.get_or_insert(e);
+                        }
+                    }
+                }
+                completion.complete(match err {
+                    Some(e) => Err(e),
+                    None => Ok(out),
+                });
+            });
+        }
+    });
+}
+
+/// What event closures need of an endpoint (it cannot be borrowed by them).
+struct EpShared {
+    cluster: Arc<Cluster>,
+    node: NodeId,
+}
+
+impl EndpointBackend for SimEndpoint {
+    fn local_node(&self) -> NodeId {
+        self.node
+    }
+
+    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
+        let sim = match sim_or_err() {
+            Ok(s) => s,
+            Err(e) => return OpFuture::ready(Err(e)),
+        };
+        let n = verbs.len();
+        let completion = Completion::new();
+        let state = Rc::new(RefCell::new(BatchState {
+            results: (0..n).map(|_| None).collect(),
+            left: n,
+            done_at: 0,
+            completion: completion.handle(),
+        }));
+        let ep = Rc::new(EpShared {
+            cluster: self.cluster.clone(),
+            node: self.node,
+        });
+        // Posting costs the core; then the verbs leave back to back.
+        let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns * n as u64);
+        for (i, verb) in verbs.into_iter().enumerate() {
+            let (out_bytes, _) = verb_bytes(&verb);
+            let dst = verb.node();
+            if let Err(e) = self.cluster.node(dst) {
+                state.borrow_mut().results[i] = Some(Err(e));
+                let st = state.clone();
+                sim.sched.at(posted, move || {
+                    let mut s = st.borrow_mut();
+                    s.left -= 1;
+                    if s.left == 0 {
+                        let results = std::mem::take(&mut s.results);
+                        let e = results
+                            .into_iter()
+                            .find_map(|r| r.and_then(|r| r.err()))
+                            .expect("an error was recorded");
+                        s.completion.complete(Err(e));
+                    }
+                });
+                continue;
+            }
+            let arrive = send_message(&sim, self.node, dst, posted, out_bytes);
+            let (s2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
+            sim.sched
+                .at(arrive, move || arrive_verb(&s2, ep2, st2, i, verb));
+        }
+        OpFuture::boxed(completion)
+    }
+
+    fn call(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        payload: Vec<u8>,
+    ) -> OpFuture<'_, Result<Reply>> {
+        let sim = match sim_or_err() {
+            Ok(s) => s,
+            Err(e) => return OpFuture::ready(Err(e)),
+        };
+        let target = match self.cluster.node(node) {
+            Ok(n) => n,
+            Err(e) => return OpFuture::ready(Err(e)),
+        };
+        if target.crashed.load(Ordering::Acquire) {
+            return OpFuture::ready(Err(TransportError::NodeDown(node)));
+        }
+        if target.handler_threads == 0 {
+            return OpFuture::ready(Err(TransportError::Backend(format!(
+                "node {node} has no handler threads and serves no RPCs"
+            ))));
+        }
+        let completion: Completion<Result<Reply>> = Completion::new();
+        let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns);
+        let arrive = send_message(&sim, self.node, node, posted, payload.len() as u64);
+        let from = self.node;
+        let done = completion.handle();
+        let s2 = sim.clone();
+        sim.sched.at(arrive, move || {
+            let ready = receive_message(&s2, node, payload.len() as u64);
+            let coreset = s2.net.borrow().nodes[node.0 as usize]
+                .handlers
+                .expect("a node with handler threads has handler cores");
+            let s3 = s2.clone();
+            submit_job(
+                &s2,
+                coreset,
+                ready,
+                Box::new(move || serve_rpc(&s3, target, from, service, payload, done)),
+            );
+        });
+        OpFuture::boxed(completion)
+    }
+
+    fn begin_op(&self) -> OpFuture<'_, ()> {
+        let Some(sim) = current() else {
+            return OpFuture::ready(());
+        };
+        let done = self.charge(&sim, sim.profile.client.cpu_per_op_ns);
+        OpFuture::boxed(super::sleep_until_ns(done))
+    }
+}
+
+/// Where a reply goes once the handler produced it.
+struct ReplyRoute {
+    from: NodeId,
+    to: NodeId,
+    /// When the handler's service time ends (None while it runs).
+    handler_end: Option<u64>,
+    /// A reply given while the handler still ran.
+    early: Option<Reply>,
+    done: Completion<Result<Reply>>,
+}
+
+thread_local! {
+    /// Replies on their way, by call id (the reply closure must be `Send`,
+    /// so it carries an id rather than the route).
+    static ROUTES: RefCell<HashMap<u64, ReplyRoute>> = RefCell::new(HashMap::new());
+    static NEXT_CALL: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Runs an RPC's handler on a core now; returns its service time.
+fn serve_rpc(
+    sim: &Rc<Sim>,
+    target: Arc<NodeState>,
+    from: NodeId,
+    service: ServiceId,
+    payload: Vec<u8>,
+    done: Completion<Result<Reply>>,
+) -> u64 {
+    let node = target.id;
+    if target.crashed.load(Ordering::Acquire) {
+        // The node died while the request queued: the caller learns when the
+        // error would come back.
+        let now = sim.sched.now();
+        let arrive = send_message(sim, node, from, now, 0);
+        sim.sched.at(arrive, move || {
+            done.complete(Err(TransportError::NodeDown(node)))
+        });
+        return 0;
+    }
+    let id = NEXT_CALL.with(|c| {
+        let id = c.get();
+        c.set(id + 1);
+        id
+    });
+    ROUTES.with(|r| {
+        r.borrow_mut().insert(
+            id,
+            ReplyRoute {
+                from: node,
+                to: from,
+                handler_end: None,
+                early: None,
+                done,
+            },
+        )
+    });
+    let ctx = RpcContext { caller: from, node };
+    let ((), cpu) = on_core(sim, || {
+        target
+            .services
+            .dispatch(&ctx, service, &payload, move |reply| {
+                reply_ready(id, reply);
+            })
+    });
+    let cost = cpu + sim.profile.memnode.rpc_base_ns;
+    let end = sim.sched.now() + cost;
+    let early = ROUTES.with(|r| {
+        let mut r = r.borrow_mut();
+        let route = r.get_mut(&id).expect("route of a running call");
+        route.handler_end = Some(end);
+        route.early.take()
+    });
+    if let Some(reply) = early {
+        send_reply(sim, id, reply, end);
+    }
+    cost
+}
+
+/// A handler (now or later) produced the reply of call `id`.
+fn reply_ready(id: u64, reply: Reply) {
+    let Some(sim) = current() else {
+        // A deferred reply from a thread outside the simulation: nothing can
+        // carry it (engines must not run their own threads under sim).
+        panic!("a sim RPC was answered from outside the simulation's thread");
+    };
+    let end = ROUTES.with(|r| {
+        let mut r = r.borrow_mut();
+        let route = r.get_mut(&id)?;
+        match route.handler_end {
+            None => {
+                route.early = Some(reply.clone());
+                None
+            }
+            Some(end) => Some(end),
+        }
+    });
+    if let Some(end) = end {
+        let at = end.max(sim.sched.now());
+        send_reply(&sim, id, reply, at);
+    }
+}
+
+fn send_reply(sim: &Rc<Sim>, id: u64, reply: Reply, at: u64) {
+    let Some(route) = ROUTES.with(|r| r.borrow_mut().remove(&id)) else {
+        return;
+    };
+    let bytes = reply.result.as_ref().map_or(0, |p| p.len() as u64);
+    let arrive = send_message(sim, route.from, route.to, at, bytes);
+    let s2 = sim.clone();
+    let to = route.to;
+    let done = route.done;
+    sim.sched.at(arrive, move || {
+        let t = receive_message(&s2, to, bytes);
+        s2.sched.at(t, move || done.complete(Ok(reply)));
+    });
+}

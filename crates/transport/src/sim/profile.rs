@@ -1,0 +1,190 @@
+//! Hardware profiles of the simulated cluster: data, not code.
+//!
+//! A profile is a TOML file (the shipped ones live in `profiles/` at the
+//! repository root and are compiled in, so `--profile rolex-cx5` works from
+//! any directory; `--profile path/to/file.toml` loads another). Every number
+//! has its source in `docs/simulation.md`.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The network: NICs, wire and the PCIe path to memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkProfile {
+    /// One-way latency from one NIC to another (wire, switch, NIC pipeline).
+    pub one_way_ns: u64,
+    /// Messages per second each NIC processes in each direction (Mops).
+    pub nic_msg_rate_mops: f64,
+    /// Link bandwidth per direction, Gbit/s.
+    pub link_gbps: f64,
+    /// Bytes of headers per message on the wire (transport + link).
+    pub header_bytes: u64,
+    /// PCIe bandwidth between a memory node's NIC and its DRAM, Gbit/s: how
+    /// fast a large read is fetched or a large write lands.
+    pub pcie_gbps: f64,
+    /// How long the NIC's atomics unit holds one 8-byte address per atomic
+    /// (atomics on the same address serialise).
+    pub atomic_ns: u64,
+}
+
+/// The CPU of a compute thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientProfile {
+    /// Per operation (request generation, the engine's own index work).
+    pub cpu_per_op_ns: u64,
+    /// Per posted verb or RPC (building and ringing the work request, polling
+    /// its completion).
+    pub cpu_per_verb_ns: u64,
+}
+
+/// The CPU of a memory node (or a symmetric node's serving side).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemnodeProfile {
+    /// Per RPC served: receive, dispatch, reply (the message cost).
+    pub rpc_base_ns: u64,
+    /// Per cache line of registered memory a handler or job touches.
+    pub line_ns: u64,
+    /// Per background job (waking a worker, bookkeeping).
+    pub job_base_ns: u64,
+}
+
+/// A node's SSD (ScaleStore).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SsdProfile {
+    pub read_ns: u64,
+    pub write_ns: u64,
+    /// I/O operations per second the device sustains (K IOPS).
+    pub kiops: f64,
+}
+
+/// A whole testbed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    pub description: String,
+    pub network: NetworkProfile,
+    pub client: ClientProfile,
+    pub memnode: MemnodeProfile,
+    pub ssd: SsdProfile,
+}
+
+/// The profiles shipped with dmkv, by name.
+pub const SHIPPED: &[(&str, &str)] = &[
+    (
+        "xstore-cx4",
+        include_str!("../../../../profiles/xstore-cx4.toml"),
+    ),
+    (
+        "rolex-cx5",
+        include_str!("../../../../profiles/rolex-cx5.toml"),
+    ),
+    (
+        "outback-cx6",
+        include_str!("../../../../profiles/outback-cx6.toml"),
+    ),
+    (
+        "scalestore-cx5",
+        include_str!("../../../../profiles/scalestore-cx5.toml"),
+    ),
+];
+
+/// The profile used when none is named.
+pub const DEFAULT_PROFILE: &str = "rolex-cx5";
+
+impl Profile {
+    /// Parses a profile and checks that its numbers make sense.
+    pub fn parse(text: &str) -> Result<Profile, String> {
+        let p: Profile = toml::from_str(text).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// A shipped profile by name, or a TOML file by path.
+    pub fn load(name_or_path: &str) -> Result<Profile, String> {
+        if let Some((_, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_path) {
+            return Profile::parse(text)
+                .map_err(|e| format!("shipped profile {name_or_path}: {e}"));
+        }
+        let path = Path::new(name_or_path);
+        if !path.exists() {
+            let names: Vec<&str> = SHIPPED.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "no profile {name_or_path:?}: name a shipped one ({}) or a TOML file",
+                names.join(", ")
+            ));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading profile {}: {e}", path.display()))?;
+        Profile::parse(&text).map_err(|e| format!("profile {}: {e}", path.display()))
+    }
+
+    /// The default profile.
+    pub fn default_profile() -> Profile {
+        Profile::load(DEFAULT_PROFILE).expect("the shipped default profile parses")
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let n = &self.network;
+        for (what, v) in [
+            ("network.nic_msg_rate_mops", n.nic_msg_rate_mops),
+            ("network.link_gbps", n.link_gbps),
+            ("network.pcie_gbps", n.pcie_gbps),
+            ("ssd.kiops", self.ssd.kiops),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{what} must be a positive number, not {v}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Nanoseconds one message occupies a NIC direction: the message-rate
+    /// limit or the bytes on the link, whichever is longer.
+    pub(crate) fn nic_service_ns(&self, payload: u64) -> u64 {
+        let n = &self.network;
+        let by_rate = 1e3 / n.nic_msg_rate_mops;
+        let by_bytes = ((payload + n.header_bytes) * 8) as f64 / n.link_gbps;
+        by_rate.max(by_bytes).ceil() as u64
+    }
+
+    /// Nanoseconds to move `bytes` over PCIe.
+    pub(crate) fn pcie_ns(&self, bytes: u64) -> u64 {
+        ((bytes * 8) as f64 / self.network.pcie_gbps).ceil() as u64
+    }
+
+    /// Nanoseconds one SSD operation occupies the device (its IOPS share).
+    pub(crate) fn ssd_slot_ns(&self) -> u64 {
+        (1e6 / self.ssd.kiops).ceil() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_profiles_parse() {
+        for (name, _) in SHIPPED {
+            let p = Profile::load(name).unwrap();
+            assert_eq!(&p.name, name);
+        }
+    }
+
+    #[test]
+    fn bad_profiles_are_refused() {
+        let mut text = SHIPPED[0].1.replace("link_gbps = ", "link_gbps = -");
+        assert!(Profile::parse(&text).unwrap_err().contains("link_gbps"));
+        text = format!("{}\nbogus = 1\n", SHIPPED[0].1);
+        assert!(Profile::parse(&text).is_err());
+        assert!(
+            Profile::load("no-such-profile")
+                .unwrap_err()
+                .contains("rolex-cx5")
+        );
+    }
+}

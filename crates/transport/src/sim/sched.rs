@@ -1,0 +1,310 @@
+//! The discrete-event scheduler: one OS thread, virtual time, seeded ties.
+//!
+//! Invariants:
+//! 1. Virtual time never goes backwards: an event is never scheduled before
+//!    `now`, and events run in (time, tie, sequence) order.
+//! 2. `tie` is drawn from the seeded RNG, so events at the same virtual
+//!    instant run in an order the seed chooses; the same seed replays it.
+//! 3. Everything runs on the thread that entered the simulation; wakers may be
+//!    called from that thread only (a waker called elsewhere panics with a
+//!    message naming the cause, an engine thread outside the runtime).
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+type Event = Box<dyn FnOnce()>;
+
+struct Entry {
+    at: u64,
+    tie: u64,
+    seq: u64,
+    ev: Event,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.tie, self.seq) == (o.at, o.tie, o.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.tie, self.seq).cmp(&(o.at, o.tie, o.seq))
+    }
+}
+
+/// Tasks of one frame (a `run_tasks` call, or the background set) that are
+/// ready to be polled, in the order they were woken.
+pub(crate) struct ReadyQueue {
+    inner: parking_lot::Mutex<ReadyInner>,
+}
+
+struct ReadyInner {
+    queued: Vec<bool>,
+    order: VecDeque<usize>,
+}
+
+impl ReadyQueue {
+    fn new(n: usize, all_ready: bool) -> Arc<ReadyQueue> {
+        Arc::new(ReadyQueue {
+            inner: parking_lot::Mutex::new(ReadyInner {
+                queued: vec![all_ready; n],
+                order: if all_ready {
+                    (0..n).collect()
+                } else {
+                    VecDeque::new()
+                },
+            }),
+        })
+    }
+    fn push(&self, i: usize) {
+        let mut r = self.inner.lock();
+        if r.queued.len() <= i {
+            r.queued.resize(i + 1, false);
+        }
+        if !r.queued[i] {
+            r.queued[i] = true;
+            r.order.push_back(i);
+        }
+    }
+    fn pop(&self) -> Option<usize> {
+        let mut r = self.inner.lock();
+        let i = r.order.pop_front()?;
+        r.queued[i] = false;
+        Some(i)
+    }
+    fn is_empty(&self) -> bool {
+        self.inner.lock().order.is_empty()
+    }
+}
+
+struct TaskWaker {
+    ready: Arc<ReadyQueue>,
+    index: usize,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.ready.push(self.index);
+    }
+}
+
+fn wakers(ready: &Arc<ReadyQueue>, from: usize, to: usize) -> Vec<Waker> {
+    (from..to)
+        .map(|index| {
+            Waker::from(Arc::new(TaskWaker {
+                ready: ready.clone(),
+                index,
+            }))
+        })
+        .collect()
+}
+
+/// A background task: lives as long as the simulation or until it finishes.
+type BgTask = Pin<Box<dyn Future<Output = ()>>>;
+
+struct Background {
+    /// A slot is `None` while the task is being polled (a nested frame skips
+    /// it) or after it finished.
+    tasks: Vec<Option<BgTask>>,
+    done: Vec<bool>,
+    wakers: Vec<Waker>,
+}
+
+/// The scheduler's state. Owned by one thread (see invariant 3).
+pub(crate) struct Sched {
+    now: Cell<u64>,
+    queue: RefCell<BinaryHeap<Reverse<Entry>>>,
+    seq: Cell<u64>,
+    rng: RefCell<SmallRng>,
+    events: Cell<u64>,
+    /// Virtual CPU time of whatever runs now on a simulated core (what
+    /// `thread_cpu_ns` returns inside a simulation).
+    pub(crate) cpu_ns: Cell<u64>,
+    bg: RefCell<Background>,
+    bg_ready: Arc<ReadyQueue>,
+    /// Frames (nested `run_tasks` calls) currently running.
+    depth: Cell<usize>,
+}
+
+impl Sched {
+    pub(crate) fn new(seed: u64) -> Sched {
+        Sched {
+            now: Cell::new(0),
+            queue: RefCell::new(BinaryHeap::new()),
+            seq: Cell::new(0),
+            rng: RefCell::new(SmallRng::seed_from_u64(seed ^ 0x5eed_d3c0_de00_0001)),
+            events: Cell::new(0),
+            // Starts high so that differences taken with an offset (see
+            // `rpc_overhead_ns`) never saturate at zero.
+            cpu_ns: Cell::new(1 << 40),
+            bg: RefCell::new(Background {
+                tasks: Vec::new(),
+                done: Vec::new(),
+                wakers: Vec::new(),
+            }),
+            bg_ready: ReadyQueue::new(0, false),
+            depth: Cell::new(0),
+        }
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.now.get()
+    }
+
+    pub(crate) fn events(&self) -> u64 {
+        self.events.get()
+    }
+
+    /// A seeded random number (jitter, fault choices).
+    pub(crate) fn random(&self, below: u64) -> u64 {
+        if below == 0 {
+            0
+        } else {
+            self.rng.borrow_mut().gen_range(0..below)
+        }
+    }
+
+    /// Runs `ev` at virtual time `at` (not before now).
+    pub(crate) fn at(&self, at: u64, ev: impl FnOnce() + 'static) {
+        let at = at.max(self.now.get());
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let tie = self.rng.borrow_mut().r#gen::<u64>();
+        self.queue.borrow_mut().push(Reverse(Entry {
+            at,
+            tie,
+            seq,
+            ev: Box::new(ev),
+        }));
+    }
+
+    /// Wakes `waker` at virtual time `at`.
+    pub(crate) fn wake_at(&self, at: u64, waker: Waker) {
+        self.at(at, move || waker.wake());
+    }
+
+    /// Runs the next event; false if there is none.
+    fn step(&self) -> bool {
+        let Some(Reverse(e)) = self.queue.borrow_mut().pop() else {
+            return false;
+        };
+        debug_assert!(e.at >= self.now.get(), "time went backwards");
+        self.now.set(e.at);
+        self.events.set(self.events.get() + 1);
+        (e.ev)();
+        true
+    }
+
+    /// Adds a background task, polled by whichever frame runs; returns its
+    /// index.
+    pub(crate) fn spawn_background(&self, fut: BgTask) -> usize {
+        let mut bg = self.bg.borrow_mut();
+        let index = bg.tasks.len();
+        bg.tasks.push(Some(fut));
+        bg.done.push(false);
+        bg.wakers.push(Waker::from(Arc::new(TaskWaker {
+            ready: self.bg_ready.clone(),
+            index,
+        })));
+        self.bg_ready.push(index);
+        index
+    }
+
+    /// Whether background task `index` finished.
+    pub(crate) fn background_done(&self, index: usize) -> bool {
+        self.bg.borrow().done.get(index).copied().unwrap_or(true)
+    }
+
+    pub(crate) fn background_count(&self) -> usize {
+        self.bg.borrow().tasks.len()
+    }
+
+    /// Polls the background tasks that are ready.
+    fn poll_background(&self) {
+        loop {
+            let Some(i) = self.bg_ready.pop() else { return };
+            let (task, waker) = {
+                let mut bg = self.bg.borrow_mut();
+                if bg.done[i] {
+                    continue;
+                }
+                match bg.tasks[i].take() {
+                    Some(t) => (t, bg.wakers[i].clone()),
+                    // Being polled by an outer frame: it runs again there.
+                    None => continue,
+                }
+            };
+            let mut task = task;
+            let mut cx = Context::from_waker(&waker);
+            let done = task.as_mut().poll(&mut cx).is_ready();
+            let mut bg = self.bg.borrow_mut();
+            if done {
+                bg.done[i] = true;
+            } else {
+                bg.tasks[i] = Some(task);
+            }
+        }
+    }
+
+    /// Runs `tasks` to completion in virtual time, with every event and
+    /// background task the simulation has, and returns their outputs.
+    pub(crate) fn run_tasks<'a, T>(
+        &self,
+        mut tasks: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>,
+    ) -> Vec<T> {
+        let n = tasks.len();
+        let ready = ReadyQueue::new(n, true);
+        let wakers = wakers(&ready, 0, n);
+        let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let mut remaining = n;
+        self.depth.set(self.depth.get() + 1);
+        while remaining > 0 {
+            while let Some(i) = ready.pop() {
+                if results[i].is_some() {
+                    continue;
+                }
+                let mut cx = Context::from_waker(&wakers[i]);
+                if let Poll::Ready(v) = tasks[i].as_mut().poll(&mut cx) {
+                    results[i] = Some(v);
+                    remaining -= 1;
+                }
+            }
+            self.poll_background();
+            if remaining == 0 {
+                break;
+            }
+            if !ready.is_empty() {
+                continue;
+            }
+            if !self.step() {
+                self.depth.set(self.depth.get() - 1);
+                panic!(
+                    "simulation deadlock at virtual time {} ns: {remaining} of {n} tasks wait \
+                     and no event is scheduled (a task waits for something nothing will do)",
+                    self.now.get()
+                );
+            }
+        }
+        self.depth.set(self.depth.get() - 1);
+        results
+            .into_iter()
+            .map(|r| r.expect("every task completed"))
+            .collect()
+    }
+}

@@ -1,0 +1,122 @@
+//! Time as engines and the harness see it: real time on the `local` and
+//! `ucx` backends, virtual time inside the simulated cluster (`sim`).
+//!
+//! Engines never call `std::time::Instant::now` (clippy refuses it in the
+//! engine crates): they use [`Instant::now`] here, so that the same code
+//! measures real nanoseconds on real backends and virtual nanoseconds in a
+//! simulation, where a run's timing is a pure function of its seed.
+
+use std::ops::{Add, AddAssign, Sub};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// A point in time, in nanoseconds since an epoch: the process's first use
+/// of this module on real backends, the simulation's start under `sim`.
+/// Do not compare instants taken inside a simulation with ones taken outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Instant(u64);
+
+fn real_epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    // The only place outside the simulator where a real clock is read.
+    #[allow(clippy::disallowed_methods)]
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+impl Instant {
+    /// Now: virtual time when the calling thread runs a simulation.
+    pub fn now() -> Instant {
+        if let Some(t) = crate::sim::now_ns() {
+            return Instant(t);
+        }
+        Instant(real_epoch().elapsed().as_nanos() as u64)
+    }
+
+    /// Nanoseconds since the epoch.
+    pub fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    pub fn from_nanos(ns: u64) -> Instant {
+        Instant(ns)
+    }
+
+    /// Time since `self` (zero if `self` is in the future).
+    pub fn elapsed(self) -> Duration {
+        Instant::now().saturating_duration_since(self)
+    }
+
+    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    pub fn duration_since(self, earlier: Instant) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+
+    pub fn checked_add(self, d: Duration) -> Option<Instant> {
+        u64::try_from(d.as_nanos())
+            .ok()
+            .and_then(|n| self.0.checked_add(n))
+            .map(Instant)
+    }
+}
+
+impl Add<Duration> for Instant {
+    type Output = Instant;
+    fn add(self, d: Duration) -> Instant {
+        Instant(
+            self.0
+                .saturating_add(d.as_nanos().min(u64::MAX as u128) as u64),
+        )
+    }
+}
+
+impl AddAssign<Duration> for Instant {
+    fn add_assign(&mut self, d: Duration) {
+        *self = *self + d;
+    }
+}
+
+impl Sub<Instant> for Instant {
+    type Output = Duration;
+    fn sub(self, o: Instant) -> Duration {
+        self.saturating_duration_since(o)
+    }
+}
+
+impl Sub<Duration> for Instant {
+    type Output = Instant;
+    fn sub(self, d: Duration) -> Instant {
+        Instant(
+            self.0
+                .saturating_sub(d.as_nanos().min(u64::MAX as u128) as u64),
+        )
+    }
+}
+
+/// Blocks the calling OS thread for `d` (real backends), or lets `d` pass in
+/// virtual time. Prefer [`crate::exec::sleep`] in async code; this is for the
+/// few synchronous waits of background threads.
+pub fn sleep_blocking(d: Duration) {
+    if crate::sim::active() {
+        crate::exec::block_on(crate::exec::sleep(d));
+    } else {
+        #[allow(clippy::disallowed_methods)]
+        std::thread::sleep(d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_time_advances_and_arithmetic_saturates() {
+        let a = Instant::now();
+        let b = a + Duration::from_micros(5);
+        assert_eq!(b - a, Duration::from_micros(5));
+        assert_eq!(a - b, Duration::ZERO);
+        assert!(Instant::now() >= a);
+    }
+}

@@ -1,0 +1,393 @@
+//! The `sim` backend: the conformance checks that need no OS threads, and
+//! the hardware model checked bottom-up against its own parameters (a single
+//! read's latency, a memory node core's and a NIC's saturation, atomics on
+//! one address, torn reads where virtual time puts them), determinism by seed.
+
+use dmkv_transport::conformance::{self, Target, TestCluster};
+use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep, spawn_background};
+use dmkv_transport::sim::{Profile, SimConfig, SimNode, Simulation};
+use dmkv_transport::time::Instant;
+use dmkv_transport::{
+    Fabric, NodeHost, NodeId, Responder, RpcContext, ServiceError, TransportError,
+};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+struct Sim;
+
+struct SimTest {
+    servers: Vec<Arc<SimNode>>,
+    client: NodeId,
+    // Dropped last: the simulation leaves the thread.
+    sim: Simulation,
+}
+
+fn config(seed: u64) -> SimConfig {
+    SimConfig {
+        profile: Profile::default_profile(),
+        seed,
+        jitter_ns: 0,
+    }
+}
+
+impl TestCluster for SimTest {
+    fn fabric(&self) -> Arc<dyn Fabric> {
+        self.sim.fabric()
+    }
+    fn server(&self, i: usize) -> Arc<dyn NodeHost> {
+        self.servers[i].clone()
+    }
+    fn client(&self) -> NodeId {
+        self.client
+    }
+    fn crash(&self, i: usize) -> bool {
+        self.sim.crash_at(self.servers[i].id(), self.sim.now_ns());
+        // Let the crash event run.
+        block_on(sleep(Duration::from_nanos(1)));
+        true
+    }
+}
+
+impl Target for Sim {
+    fn cluster(&self, servers: usize, handler_threads: usize) -> Box<dyn TestCluster> {
+        let sim = Simulation::new(config(1));
+        let servers = (0..servers)
+            .map(|_| sim.add_node(handler_threads))
+            .collect();
+        let client = sim.add_node(0).id();
+        Box::new(SimTest {
+            servers,
+            client,
+            sim,
+        })
+    }
+}
+
+#[test]
+fn conformance_read_write() {
+    conformance::read_write(&Sim)
+}
+#[test]
+fn conformance_batch_counts_once() {
+    conformance::batch_counts_once(&Sim)
+}
+#[test]
+fn conformance_bad_access_is_refused() {
+    conformance::bad_access_is_refused(&Sim)
+}
+#[test]
+fn conformance_rpc() {
+    conformance::rpc(&Sim)
+}
+#[test]
+fn conformance_counters_follow_labels() {
+    conformance::counters_follow_labels(&Sim)
+}
+#[test]
+fn conformance_crash_isolates_the_node() {
+    conformance::crash_isolates_the_node(&Sim)
+}
+#[test]
+fn conformance_round_trips_let_other_tasks_run() {
+    conformance::round_trips_let_other_tasks_run(&Sim)
+}
+#[test]
+fn conformance_deregistered_region_is_refused() {
+    conformance::deregistered_region_is_refused(&Sim)
+}
+
+fn one_server(sim: &Simulation, handlers: usize) -> (Arc<SimNode>, NodeId) {
+    (sim.add_node(handlers), sim.add_node(0).id())
+}
+
+#[test]
+fn a_read_takes_the_modelled_round_trip() {
+    let sim = Simulation::new(config(1));
+    let p = sim.profile().clone();
+    let (server, client) = one_server(&sim, 1);
+    let (region, _mem) = server.register_region(4096).unwrap();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let t0 = Instant::now();
+    block_on(ep.read(region.at(0), 8)).unwrap();
+    let took = (Instant::now() - t0).as_nanos() as u64;
+    // post + 4 NIC passes + 2 wires + PCIe; each NIC pass is the message
+    // rate's share at these sizes.
+    let nic = (1e3 / p.network.nic_msg_rate_mops).ceil() as u64;
+    let expect = p.client.cpu_per_verb_ns + 4 * nic + 2 * p.network.one_way_ns;
+    assert!(
+        took >= expect && took <= expect + 4,
+        "took {took} ns, model says {expect}"
+    );
+}
+
+#[test]
+fn a_memnode_core_saturates_at_its_service_rate() {
+    // 64 tasks on 8 client threads call an empty handler on one core: the
+    // core serves one request per rpc_base_ns, so 4000 calls take at least
+    // 4000 x rpc_base_ns, and the core is the busiest resource.
+    let sim = Simulation::new(config(3));
+    let p = sim.profile().clone();
+    let server = sim.add_node(1);
+    let clients: Vec<NodeId> = (0..8).map(|_| sim.add_node(0).id()).collect();
+    let svc = server
+        .services()
+        .register("empty", Arc::new(|_: &RpcContext, _: &[u8]| Ok(Vec::new())))
+        .unwrap();
+    let eps: Vec<_> = clients
+        .iter()
+        .map(|c| sim.fabric().endpoint(*c).unwrap())
+        .collect();
+    let t0 = Instant::now();
+    let tasks: Vec<LocalTask<'_, ()>> = (0..64)
+        .map(|i| {
+            let ep = &eps[i % 8];
+            let id = server.id();
+            Box::pin(async move {
+                for _ in 0..62 {
+                    ep.call(id, svc, vec![0; 16]).await.unwrap();
+                }
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    let took = (Instant::now() - t0).as_nanos() as u64;
+    let calls = 64 * 62;
+    assert!(took >= calls * p.memnode.rpc_base_ns, "{took}");
+    let r = sim.resources();
+    let core = r.iter().find(|r| r.name.contains("handler")).unwrap();
+    assert_eq!(core.count, calls);
+    assert!(
+        core.busy_ns as f64 > 0.9 * took as f64,
+        "the core is saturated: busy {} of {took}",
+        core.busy_ns
+    );
+}
+
+#[test]
+fn a_memnode_nic_saturates_at_its_message_rate() {
+    // Forty client nodes read 8 bytes as fast as they can: the memory node's
+    // NIC (one message in and one out per read) caps the rate.
+    let sim = Simulation::new(config(4));
+    let p = sim.profile().clone();
+    let server = sim.add_node(1);
+    let (region, _mem) = server.register_region(4096).unwrap();
+    let clients: Vec<NodeId> = (0..40).map(|_| sim.add_node(0).id()).collect();
+    let eps: Vec<_> = clients
+        .iter()
+        .map(|c| sim.fabric().endpoint(*c).unwrap())
+        .collect();
+    let reads = 40 * 8 * 50u64;
+    let t0 = Instant::now();
+    let tasks: Vec<LocalTask<'_, ()>> = (0..320)
+        .map(|i| {
+            let ep = &eps[i % 40];
+            Box::pin(async move {
+                for _ in 0..50 {
+                    ep.read(region.at(64), 8).await.unwrap();
+                }
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    let took = (Instant::now() - t0).as_nanos() as f64;
+    let rate_mops = reads as f64 / took * 1e3;
+    assert!(
+        rate_mops <= p.network.nic_msg_rate_mops * 1.001,
+        "{rate_mops} Mops"
+    );
+    assert!(
+        rate_mops >= p.network.nic_msg_rate_mops * 0.8,
+        "the NIC, not the clients, limits: {rate_mops} Mops"
+    );
+}
+
+#[test]
+fn atomics_on_one_address_serialise() {
+    let sim = Simulation::new(config(5));
+    let p = sim.profile().clone();
+    let (server, client) = one_server(&sim, 1);
+    let (region, _mem) = server.register_region(64).unwrap();
+    let clients: Vec<_> = (0..16)
+        .map(|_| sim.fabric().endpoint(sim.add_node(0).id()).unwrap())
+        .collect();
+    let _ = client;
+    let t0 = Instant::now();
+    let tasks: Vec<LocalTask<'_, ()>> = clients
+        .iter()
+        .map(|ep| {
+            Box::pin(async move {
+                for _ in 0..100 {
+                    ep.faa(region.at(0), 1).await.unwrap();
+                }
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    let took = (Instant::now() - t0).as_nanos() as u64;
+    assert!(took >= 1600 * p.network.atomic_ns, "{took}");
+    let ep = &clients[0];
+    assert_eq!(block_on(ep.faa(region.at(0), 0)).unwrap(), 1600);
+}
+
+#[test]
+fn large_reads_tear_where_a_write_lands() {
+    // Four readers and four writers on one 4 KiB block: with the block
+    // moving in pieces at PCIe speed, some read sees two versions, and no
+    // 8-byte word is ever torn.
+    let sim = Simulation::new(SimConfig {
+        jitter_ns: 200,
+        ..config(6)
+    });
+    let server = sim.add_node(1);
+    let (region, _mem) = server.register_region(4096).unwrap();
+    let eps: Vec<_> = (0..8)
+        .map(|_| sim.fabric().endpoint(sim.add_node(0).id()).unwrap())
+        .collect();
+    let torn = Cell::new(0u32);
+    let tasks: Vec<LocalTask<'_, ()>> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, ep)| {
+            let torn = &torn;
+            Box::pin(async move {
+                for v in 1..=200u64 {
+                    if i < 4 {
+                        let w = (v << 8 | i as u64) * 0x1_0000_0001;
+                        let block: Vec<u8> = (0..512).flat_map(|_| w.to_le_bytes()).collect();
+                        ep.write(region.at(0), &block).await.unwrap();
+                    } else {
+                        // Readers drift against the writers' rhythm.
+                        sleep(Duration::from_nanos(v * (37 + i as u64) % 700)).await;
+                        let b = ep.read(region.at(0), 4096).await.unwrap();
+                        let words: Vec<u64> = b
+                            .chunks(8)
+                            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                            .collect();
+                        for w in &words {
+                            assert_eq!(w >> 32, w & 0xffff_ffff, "torn word");
+                        }
+                        if words.iter().any(|w| *w != words[0]) {
+                            torn.set(torn.get() + 1);
+                        }
+                    }
+                }
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    assert!(torn.get() > 0, "no read was torn");
+}
+
+#[test]
+fn deferred_replies_and_background_tasks_run_in_virtual_time() {
+    let sim = Simulation::new(config(7));
+    let (server, client) = one_server(&sim, 1);
+    let parked: Arc<parking_lot::Mutex<Vec<Responder>>> = Arc::default();
+    let p = parked.clone();
+    let svc = server
+        .services()
+        .register_deferred(
+            "later",
+            Arc::new(move |_: &RpcContext, req: &[u8], r: Responder| match req {
+                b"park" => p.lock().push(r),
+                _ => r.reply(Ok(req.to_vec())),
+            }),
+        )
+        .unwrap();
+    // A background activity answers parked requests every 10 us.
+    let ticks = Arc::new(AtomicU64::new(0));
+    let (pk, tk) = (parked.clone(), ticks.clone());
+    let bg = spawn_background("releaser", async move {
+        for _ in 0..10_000 {
+            sleep(Duration::from_micros(10)).await;
+            tk.fetch_add(1, Ordering::Relaxed);
+            if let Some(r) = pk.lock().pop() {
+                r.reply(Ok(b"released".to_vec()));
+            }
+        }
+    });
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let id = server.id();
+    let t0 = Instant::now();
+    let got = block_on(ep.call(id, svc, b"park".to_vec())).unwrap();
+    assert_eq!(got, b"released");
+    let took = Instant::now() - t0;
+    assert!(
+        took >= Duration::from_micros(10) && took < Duration::from_micros(25),
+        "{took:?}"
+    );
+    bg.join();
+    assert_eq!(ticks.load(Ordering::Relaxed), 10_000);
+    assert!(Instant::now() - t0 >= Duration::from_millis(100));
+    let e = block_on(ep.call(NodeId(99), svc, vec![])).unwrap_err();
+    assert!(matches!(e, TransportError::UnknownNode(_)), "{e}");
+}
+
+#[test]
+#[should_panic(expected = "simulation deadlock")]
+fn a_wait_nothing_ends_is_reported() {
+    let sim = Simulation::new(config(8));
+    let (server, client) = one_server(&sim, 1);
+    let svc = server
+        .services()
+        .register_deferred(
+            "never",
+            Arc::new(|_: &RpcContext, _: &[u8], r: Responder| std::mem::forget(r)),
+        )
+        .unwrap();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let _ = block_on(ep.call(server.id(), svc, vec![]));
+}
+
+/// A run whose outcome depends on interleavings: returns each task's view.
+fn racy_run(seed: u64) -> (Vec<u64>, u64) {
+    let sim = Simulation::new(SimConfig {
+        jitter_ns: 200,
+        ..config(seed)
+    });
+    let server = sim.add_node(1);
+    let (region, _mem) = server.register_region(64).unwrap();
+    let svc = server
+        .services()
+        .register(
+            "bump",
+            Arc::new(
+                |_: &RpcContext, r: &[u8]| -> Result<Vec<u8>, ServiceError> { Ok(r.to_vec()) },
+            ),
+        )
+        .unwrap();
+    let eps: Vec<_> = (0..4)
+        .map(|_| sim.fabric().endpoint(sim.add_node(0).id()).unwrap())
+        .collect();
+    let tasks: Vec<LocalTask<'_, u64>> = eps
+        .iter()
+        .map(|ep| {
+            let id = server.id();
+            Box::pin(async move {
+                let mut seen = 0;
+                for _ in 0..20 {
+                    seen = seen * 31 + ep.faa(region.at(0), 1).await.unwrap();
+                    ep.call(id, svc, vec![1]).await.unwrap();
+                }
+                seen
+            }) as LocalTask<'_, u64>
+        })
+        .collect();
+    let out = run_tasks(tasks);
+    (out, sim.now_ns())
+}
+
+#[test]
+fn the_same_seed_replays_and_seeds_explore() {
+    assert_eq!(racy_run(11), racy_run(11));
+    let distinct: std::collections::HashSet<_> = (0..8).map(racy_run).collect();
+    assert!(distinct.len() > 1, "seeds should explore interleavings");
+}
+
+#[test]
+fn profiles_load_by_name_and_refuse_nonsense() {
+    assert!(Profile::load("xstore-cx4").is_ok());
+    assert!(Profile::load("nope").is_err());
+}
