@@ -49,6 +49,8 @@ pub enum Command {
 pub enum Transport {
     Local,
     Ucx,
+    /// A simulated cluster in virtual time, with a hardware model (--profile).
+    Sim,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +129,18 @@ pub struct BenchArgs {
     /// Local transport: add this network latency to every round trip.
     #[arg(long, value_name = "MICROS", default_value_t = 0)]
     pub rtt_us: u64,
+    /// With --transport sim: the hardware profile, a shipped name
+    /// (xstore-cx4, rolex-cx5, outback-cx6, scalestore-cx5) or a TOML file.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub profile: Option<String>,
+    /// With --transport sim: compute nodes, each running --threads threads
+    /// of --tasks tasks and with its own NIC.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub compute_nodes: usize,
+    /// With --transport sim: add a seeded random delay of up to this many
+    /// nanoseconds to every message (explores interleavings; --seed replays).
+    #[arg(long, value_name = "NS", default_value_t = 0)]
+    pub jitter_ns: u64,
 }
 
 #[derive(Debug, Args)]
@@ -295,9 +309,20 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             "{NO_UCX}: --transport ucx is unavailable; use --transport local"
         )));
     }
-    if a.transport == Transport::Local && (!a.memnode_addr.is_empty() || a.secret_file.is_some()) {
+    if a.transport != Transport::Ucx && (!a.memnode_addr.is_empty() || a.secret_file.is_some()) {
         return Err(usage(
             "--memnode-addr and --secret-file need --transport ucx",
+        ));
+    }
+    let sim = a.transport == Transport::Sim;
+    if sim && (a.torn_reads || a.rtt_us > 0) {
+        return Err(usage(
+            "--torn-reads and --rtt-us are local-transport knobs; under --transport sim, latency comes from --profile and reads tear where virtual time puts them (add --jitter-ns to explore)",
+        ));
+    }
+    if !sim && (a.profile.is_some() || a.compute_nodes != 1 || a.jitter_ns > 0) {
+        return Err(usage(
+            "--profile, --compute-nodes and --jitter-ns need --transport sim",
         ));
     }
     let mut engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
@@ -341,6 +366,24 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.progress = io.progress;
+    cfg.compute_nodes = a.compute_nodes;
+    if sim {
+        let profile = match &a.profile {
+            Some(p) => dmkv_transport::sim::Profile::load(p).map_err(usage)?,
+            None => dmkv_transport::sim::Profile::default_profile(),
+        };
+        cfg.deployer = std::sync::Arc::new(dmkv_bench::SimDeployer {
+            options: dmkv_api::sim_deploy::SimOptions {
+                config: dmkv_transport::sim::SimConfig {
+                    profile,
+                    seed: a.seed,
+                    jitter_ns: a.jitter_ns,
+                },
+                compute_nodes: a.compute_nodes,
+                threads_per_node: a.threads,
+            },
+        });
+    }
     #[cfg(feature = "ucx")]
     if a.transport == Transport::Ucx {
         cfg.deployer =

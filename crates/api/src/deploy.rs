@@ -69,42 +69,11 @@ impl LocalDeployment {
     pub fn deploy(spec: &dyn EngineSpec, opts: &DeployOptions) -> Result<LocalDeployment> {
         opts.knobs.check(spec.name(), spec.knobs())?;
         let cluster = LocalCluster::new(opts.local.clone());
-        let count = match spec.topology() {
-            Topology::Disaggregated => opts.memnodes,
-            Topology::Symmetric => opts.nodes,
-        };
-        if count == 0 {
-            return Err(KvError::Config(format!(
-                "{} needs at least one node",
-                spec.name()
-            )));
-        }
-        let runtimes: Vec<Arc<NodeRuntime>> = (0..count)
+        let runtimes: Vec<Arc<NodeRuntime>> = (0..serving_nodes(spec, opts)?)
             .map(|_| NodeRuntime::new(cluster.add_node(opts.handler_threads)))
             .collect();
         let compute = cluster.add_node(0).id();
-        let mut args = ServeArgs {
-            instance: format!("{}/{}", opts.instance, spec.name()),
-            knobs: opts.knobs.clone(),
-            node_index: 0,
-            nodes: runtimes.iter().map(|r| r.id().0).collect(),
-            expected_keys: opts.expected_keys,
-            value_size: opts.value_size,
-            cache_mb: opts.cache_mb,
-            data_dir: opts.data_dir.clone(),
-        };
-        for (i, rt) in runtimes.iter().enumerate() {
-            args.node_index = i;
-            spec.serve(rt, &args)?;
-        }
-        args.node_index = 0;
-        let engine = spec.connect(ConnectArgs {
-            fabric: cluster.fabric(),
-            compute_node: compute,
-            serve: args.clone(),
-            threads: opts.threads,
-            hosted: runtimes.clone(),
-        })?;
+        let (engine, args) = install(spec, opts, &runtimes, cluster.fabric(), compute)?;
         Ok(LocalDeployment {
             engine,
             runtimes,
@@ -144,4 +113,52 @@ impl LocalDeployment {
     pub fn host(&self, i: usize) -> &Arc<dyn NodeHost> {
         self.runtimes[i].host()
     }
+}
+
+/// How many nodes `spec` is served on.
+pub(crate) fn serving_nodes(spec: &dyn EngineSpec, opts: &DeployOptions) -> Result<usize> {
+    let count = match spec.topology() {
+        Topology::Disaggregated => opts.memnodes,
+        Topology::Symmetric => opts.nodes,
+    };
+    if count == 0 {
+        return Err(KvError::Config(format!(
+            "{} needs at least one node",
+            spec.name()
+        )));
+    }
+    Ok(count)
+}
+
+/// Installs `spec` on `runtimes` and connects to it from `compute`.
+pub(crate) fn install(
+    spec: &dyn EngineSpec,
+    opts: &DeployOptions,
+    runtimes: &[Arc<NodeRuntime>],
+    fabric: Arc<dyn dmkv_transport::Fabric>,
+    compute: NodeId,
+) -> Result<(Arc<dyn Engine>, ServeArgs)> {
+    let mut args = ServeArgs {
+        instance: format!("{}/{}", opts.instance, spec.name()),
+        knobs: opts.knobs.clone(),
+        node_index: 0,
+        nodes: runtimes.iter().map(|r| r.id().0).collect(),
+        expected_keys: opts.expected_keys,
+        value_size: opts.value_size,
+        cache_mb: opts.cache_mb,
+        data_dir: opts.data_dir.clone(),
+    };
+    for (i, rt) in runtimes.iter().enumerate() {
+        args.node_index = i;
+        spec.serve(rt, &args)?;
+    }
+    args.node_index = 0;
+    let engine = spec.connect(ConnectArgs {
+        fabric,
+        compute_node: compute,
+        serve: args.clone(),
+        threads: opts.threads,
+        hosted: runtimes.to_vec(),
+    })?;
+    Ok((engine, args))
 }

@@ -26,6 +26,7 @@ mod engine;
 mod error;
 mod knobs;
 pub mod payload;
+pub mod sim_deploy;
 mod store;
 
 pub use checked::Checked;

@@ -70,6 +70,9 @@ pub struct BenchConfig {
     pub memnode_threads: usize,
     pub memnodes: usize,
     pub nodes: usize,
+    /// Compute nodes, each running `threads` threads (`--transport sim`
+    /// only; 1 otherwise).
+    pub compute_nodes: usize,
     pub cache_mb: u64,
     pub data_dir: Option<PathBuf>,
     pub verify: bool,
@@ -100,6 +103,7 @@ impl BenchConfig {
             memnode_threads: defaults::MEMNODE_THREADS,
             memnodes: defaults::MEMNODES,
             nodes: defaults::NODES,
+            compute_nodes: 1,
             cache_mb: defaults::CACHE_MB,
             data_dir: None,
             verify: false,
@@ -109,6 +113,11 @@ impl BenchConfig {
             load_chunk: defaults::LOAD_CHUNK,
             deployer: Arc::new(LocalDeployer),
         }
+    }
+
+    /// Compute threads of the whole run: `threads` on each compute node.
+    pub fn total_threads(&self) -> usize {
+        self.threads * self.compute_nodes
     }
 
     /// The distribution in force.
@@ -155,10 +164,16 @@ impl BenchConfig {
             ("--memnode-threads", self.memnode_threads),
             ("--memnodes", self.memnodes),
             ("--nodes", self.nodes),
+            ("--compute-nodes", self.compute_nodes),
         ] {
             if v == 0 {
                 return Err(BenchError::input(format!("{flag} must be at least 1")));
             }
+        }
+        if self.compute_nodes > 1 && self.deployer.transport() != "sim" {
+            return Err(BenchError::input(
+                "--compute-nodes needs --transport sim: other transports run the compute threads of this process only",
+            ));
         }
         if self.load_chunk == 0 {
             return Err(BenchError::input(
@@ -184,7 +199,7 @@ impl BenchConfig {
             value_size: self.value_size as u32,
             cache_mb: self.cache_mb,
             data_dir: self.data_dir.clone(),
-            threads: self.threads,
+            threads: self.total_threads(),
             local: self.local.clone(),
             instance: "bench".into(),
         }

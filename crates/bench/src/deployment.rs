@@ -5,9 +5,11 @@
 //! clients, and the serving nodes' stats.
 
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
+use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
 use dmkv_api::{Engine, EngineSpec, KvError, KvStore};
 use dmkv_memnode::NodeStats;
 use dmkv_transport::Endpoint;
+use dmkv_transport::sim::Simulation;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -20,6 +22,11 @@ pub trait Deployment: Sync {
     fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>), KvError>;
     /// Figures of every node the engine is installed on.
     fn node_stats(&self) -> Vec<NodeStats>;
+    /// The simulation this deployment runs in (`--transport sim`): then the
+    /// whole run happens on the calling thread, in virtual time.
+    fn sim(&self) -> Option<&Simulation> {
+        None
+    }
 }
 
 /// Makes a fresh deployment of an engine for each run.
@@ -62,5 +69,43 @@ impl Deployment for LocalDeployment {
     }
     fn node_stats(&self) -> Vec<NodeStats> {
         LocalDeployment::node_stats(self)
+    }
+}
+
+/// A simulated cluster in virtual time on the calling thread
+/// ([`SimDeployment`]); `--transport sim`.
+#[derive(Debug, Clone)]
+pub struct SimDeployer {
+    pub options: SimOptions,
+}
+
+impl Deployer for SimDeployer {
+    fn transport(&self) -> &'static str {
+        "sim"
+    }
+    fn deploy(
+        &self,
+        spec: &dyn EngineSpec,
+        opts: &DeployOptions,
+    ) -> Result<Box<dyn Deployment>, KvError> {
+        Ok(Box::new(SimDeployment::deploy(spec, opts, &self.options)?))
+    }
+}
+
+impl Deployment for SimDeployment {
+    fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+    fn endpoint(&self, thread: usize) -> Rc<Endpoint> {
+        SimDeployment::endpoint(self, thread)
+    }
+    fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>), KvError> {
+        SimDeployment::client(self, thread)
+    }
+    fn node_stats(&self) -> Vec<NodeStats> {
+        SimDeployment::node_stats(self)
+    }
+    fn sim(&self) -> Option<&Simulation> {
+        Some(&self.sim)
     }
 }

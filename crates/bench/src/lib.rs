@@ -38,7 +38,7 @@ pub mod trace;
 pub mod workload;
 
 pub use config::{BenchConfig, EngineChoice, WorkloadSource, defaults};
-pub use deployment::{Deployer, Deployment, LocalDeployer};
+pub use deployment::{Deployer, Deployment, LocalDeployer, SimDeployer};
 pub use error::BenchError;
 pub use keyset::KeysetSpec;
 pub use report::{EngineReport, print_table, write_json};

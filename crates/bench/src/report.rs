@@ -313,8 +313,90 @@ pub struct EngineReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceReport>,
     pub engine_stats: serde_json::Value,
+    /// `--transport sim`: the simulated cluster's figures (`throughput`,
+    /// `run_seconds`, latencies and `load.seconds` are then virtual time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sim: Option<SimReport>,
     /// No error, no failed check, no verification failure.
     pub ok: bool,
+}
+
+/// What a simulated run reports besides the usual figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimReport {
+    /// The hardware profile's name.
+    pub profile: String,
+    pub compute_nodes: usize,
+    /// Scheduler events of the run phase.
+    pub events: u64,
+    /// Each modelled resource during the run phase, busiest first: the
+    /// bottleneck is at the top.
+    pub utilisation: Vec<ResourceReport>,
+    /// Wall-clock figures: the only part of a simulated report that differs
+    /// between two runs with the same seed and flags.
+    pub wall: WallReport,
+}
+
+/// One resource's share of the run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResourceReport {
+    pub name: String,
+    /// Busy time over (servers x run time), in percent.
+    pub busy_percent: f64,
+    /// Messages, jobs or operations served per second of virtual time.
+    pub per_s: f64,
+    /// Bytes per second of virtual time (NICs).
+    pub bytes_per_s: f64,
+}
+
+/// Wall-clock time of a simulated run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WallReport {
+    pub run_seconds: f64,
+    /// Simulated operations per wall-clock second.
+    pub sim_ops_per_s: f64,
+}
+
+impl SimReport {
+    pub fn new(
+        profile: &str,
+        compute_nodes: usize,
+        events: u64,
+        run_seconds: f64,
+        before: &[dmkv_transport::sim::ResourceUse],
+        after: &[dmkv_transport::sim::ResourceUse],
+        wall: WallReport,
+    ) -> SimReport {
+        let mut utilisation: Vec<ResourceReport> = after
+            .iter()
+            .map(|a| {
+                let b = before.iter().find(|b| b.name == a.name);
+                let busy = a.busy_ns - b.map_or(0, |b| b.busy_ns);
+                let count = a.count - b.map_or(0, |b| b.count);
+                let bytes = a.bytes - b.map_or(0, |b| b.bytes);
+                let secs = run_seconds.max(1e-12);
+                ResourceReport {
+                    name: a.name.clone(),
+                    busy_percent: busy as f64 / 1e9 / secs / a.servers as f64 * 100.0,
+                    per_s: count as f64 / secs,
+                    bytes_per_s: bytes as f64 / secs,
+                }
+            })
+            .filter(|r| r.per_s > 0.0)
+            .collect();
+        utilisation.sort_by(|a, b| {
+            b.busy_percent
+                .total_cmp(&a.busy_percent)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        SimReport {
+            profile: profile.to_string(),
+            compute_nodes,
+            events,
+            utilisation,
+            wall,
+        }
+    }
 }
 
 /// Writes the reports as JSON: an object for one engine, an array for more.
@@ -538,6 +620,13 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
         first.transport,
         first.seed
     )?;
+    if let Some(s) = &first.sim {
+        writeln!(
+            out,
+            "            simulated cluster: profile {}, {} compute node(s); throughput and latency in virtual time",
+            s.profile, s.compute_nodes
+        )?;
+    }
     if let Some(t) = &first.trace {
         writeln!(
             out,
@@ -556,6 +645,26 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
             first.engine
         )?;
         print_rows(out, &header[1..], &ratio_rows(reports))?;
+    }
+    for r in reports {
+        if let Some(s) = &r.sim {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{}: busiest simulated resources ({} events, {:.0} simulated ops per wall-clock second):",
+                r.engine, s.events, s.wall.sim_ops_per_s
+            )?;
+            for u in s.utilisation.iter().take(4) {
+                writeln!(
+                    out,
+                    "  {:<32} {:>5.1}% busy, {:.2} M/s, {:.2} GB/s",
+                    u.name,
+                    u.busy_percent,
+                    u.per_s / 1e6,
+                    u.bytes_per_s / 1e9
+                )?;
+            }
+        }
     }
     for r in reports {
         let samples = r

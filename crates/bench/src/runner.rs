@@ -22,7 +22,7 @@ use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
 use crate::report::{
     ChecksReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport, OpReport, PerOp,
-    Totals, TraceReport, VerifyReport,
+    SimReport, Totals, TraceReport, VerifyReport, WallReport,
 };
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
@@ -32,6 +32,7 @@ use dmkv_api::payload::make_value;
 use dmkv_api::{Capabilities, Key, KvStore};
 use dmkv_memnode::NodeStats;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
+use dmkv_transport::time::Instant;
 use dmkv_transport::{CounterTable, Counters, Endpoint, OpKind, labeled};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::cell::RefCell;
@@ -40,7 +41,7 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What a whole invocation produced.
 #[derive(Debug, Default)]
@@ -97,7 +98,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
         reserved.extend_from_slice(caps.reserved_keys);
     }
     let plan = match (&cfg.workload, &trace) {
-        (_, Some(t)) => Plan::from_trace(t, cfg.threads, cfg.tasks, &reserved)?,
+        (_, Some(t)) => Plan::from_trace(t, cfg.total_threads(), cfg.tasks, &reserved)?,
         (WorkloadSource::Synthetic(w), None) => Plan::synthetic(
             &SyntheticParams {
                 workload: *w,
@@ -105,7 +106,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
                 keyset: cfg.keyset.clone(),
                 keys: cfg.keys,
                 ops: cfg.ops,
-                threads: cfg.threads,
+                threads: cfg.total_threads(),
                 tasks: cfg.tasks,
                 seed: cfg.seed,
             },
@@ -173,6 +174,8 @@ fn progress_bar(cfg: &BenchConfig, len: u64, msg: String) -> ProgressBar {
 
 /// One engine's figures from its run's threads.
 struct Phases {
+    /// `--transport sim`: the simulation's own figures for the run.
+    sim: Option<SimReport>,
     figures: RunFigures,
     run_seconds: f64,
     run_table: CounterTable,
@@ -197,7 +200,11 @@ fn run_engine(
     let (load_seconds, load_cost) = load(cfg, plan, dep, &main_ep)?;
     let states = KeyStates::new(plan.keys().len(), plan.loaded());
     let nodes_before = dep.node_stats();
-    let phases = run_threads(cfg, plan, dep, &states);
+    let phases = if dep.sim().is_some() {
+        run_threads_sim(cfg, plan, dep, &states)
+    } else {
+        run_threads(cfg, plan, dep, &states)
+    };
     let engine_stats = match block_on(labeled(OpKind::Setup, dep.engine().stats(&main_ep))) {
         Ok(v) => v,
         Err(e) => serde_json::json!({ "error": e.to_string() }),
@@ -283,6 +290,7 @@ fn run_engine(
         errors,
         trace,
         engine_stats,
+        sim: phases.sim,
         ok,
     })
 }
@@ -405,6 +413,7 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
         }
         ctx.verify_bar.finish_and_clear();
         Phases {
+            sim: None,
             figures,
             run_seconds,
             run_table,
@@ -413,6 +422,134 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             nodes_after,
         }
     })
+}
+
+/// The run under `--transport sim`: every simulated compute thread's tasks
+/// (all compute nodes' threads) run together on this OS thread, in virtual
+/// time; throughput and latency are virtual, wall-clock figures apart.
+fn run_threads_sim(
+    cfg: &BenchConfig,
+    plan: &Plan,
+    dep: &dyn Deployment,
+    states: &KeyStates,
+) -> Phases {
+    let sim = dep.sim().expect("a simulated deployment");
+    let threads = cfg.total_threads();
+    let name = dep.engine().name();
+    let ctx = Ctx {
+        cfg,
+        plan,
+        states,
+        dep,
+        barrier: Barrier::new(1),
+        run_bar: progress_bar(cfg, plan.total_ops(), format!("{name}: run")),
+        verify_bar: if cfg.verify {
+            progress_bar(cfg, plan.keys().len() as u64, format!("{name}: verify"))
+        } else {
+            ProgressBar::hidden()
+        },
+    };
+    let mut figures = RunFigures::default();
+    let mut clients = Vec::new();
+    for t in 0..threads {
+        match catch(|| dep.client(t)) {
+            Ok(Ok((ep, kv))) => {
+                ep.reset_counters();
+                clients.push((t, ep, kv));
+            }
+            Ok(Err(e)) => figures
+                .errors
+                .push_other(format!("thread {t}: making a client failed: {e}")),
+            Err(p) => figures
+                .errors
+                .push_other(format!("thread {t}: making a client panicked: {p}")),
+        }
+    }
+    let before = sim.resources();
+    let events_before = sim.events();
+    #[allow(clippy::disallowed_methods)]
+    let wall = std::time::Instant::now();
+    let start = Instant::now();
+    let per_thread: Vec<RefCell<RunFigures>> =
+        (0..clients.len()).map(|_| RefCell::default()).collect();
+    let ran = catch(|| {
+        let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
+        for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
+            for task in 0..cfg.tasks {
+                tasks.push(Box::pin(run_task(&ctx, ep, &**kv, *thread, task, f)));
+            }
+        }
+        run_tasks(tasks);
+    });
+    let run_seconds = (Instant::now() - start).as_secs_f64();
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    let after = sim.resources();
+    let events = sim.events() - events_before;
+    let nodes_after = dep.node_stats();
+    ctx.run_bar.finish_and_clear();
+    if let Err(p) = ran {
+        figures
+            .errors
+            .push_other(format!("the simulated run panicked: {p}"));
+    }
+    let mut run_table = CounterTable::default();
+    for ((_, ep, _), f) in clients.iter().zip(per_thread) {
+        figures.merge(&f.into_inner());
+        run_table.merge(&ep.counters());
+        ep.reset_counters();
+    }
+    let mut verify = VerifyFigures::default();
+    let mut verify_table = CounterTable::default();
+    if cfg.verify {
+        let per_thread: Vec<RefCell<VerifyFigures>> =
+            (0..clients.len()).map(|_| RefCell::default()).collect();
+        let ran = catch(|| {
+            let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
+            for ((thread, _, kv), v) in clients.iter().zip(&per_thread) {
+                for task in 0..cfg.tasks {
+                    tasks.push(Box::pin(verify_task(&ctx, &**kv, *thread, task, v)));
+                }
+            }
+            run_tasks(tasks);
+        });
+        for v in per_thread {
+            verify.merge(&v.into_inner());
+        }
+        if let Err(p) = ran {
+            verify.errors += 1;
+            verify.note(|| format!("verification panicked: {p}"));
+        }
+        for (_, ep, _) in &clients {
+            verify_table.merge(&ep.counters());
+        }
+        ctx.verify_bar.finish_and_clear();
+    }
+    let ops = figures.ops();
+    let profile = sim.profile();
+    Phases {
+        sim: Some(SimReport::new(
+            &profile.name,
+            cfg.compute_nodes,
+            events,
+            run_seconds,
+            &before,
+            &after,
+            WallReport {
+                run_seconds: wall_seconds,
+                sim_ops_per_s: if wall_seconds > 0.0 {
+                    ops as f64 / wall_seconds
+                } else {
+                    0.0
+                },
+            },
+        )),
+        figures,
+        run_seconds,
+        run_table,
+        verify: cfg.verify.then_some(verify),
+        verify_table,
+        nodes_after,
+    }
 }
 
 /// One compute thread. It always reaches the three barriers, whatever fails,
@@ -507,6 +644,8 @@ async fn run_task(
 /// Issues `fut` labelled `kind`: its output, latency and exact cost.
 async fn call<F: Future>(ep: &Endpoint, kind: OpKind, fut: F) -> (F::Output, Duration, Counters) {
     let start = Instant::now();
+    // The simulated thread's core spends its per-operation CPU first.
+    ep.begin_op().await;
     let (out, cost) = metered(ep, labeled(kind, fut)).await;
     (out, start.elapsed(), cost)
 }

@@ -1,10 +1,16 @@
 //! Background worker threads of a node (retraining, resizing, eviction).
+//!
+//! Inside a simulation (`--transport sim`) the pool has no OS threads: its
+//! workers are simulated cores of the node, jobs run on them in virtual time
+//! and are charged by the simulator's cost model.
 
 use crossbeam_channel::{Receiver, Sender};
+use dmkv_transport::sim::SimCores;
 use dmkv_transport::thread_cpu_ns;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Poll, Waker};
 use std::thread::JoinHandle;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -16,12 +22,16 @@ struct Counts {
     /// Jobs submitted and not yet finished.
     pending: Mutex<u64>,
     idle: Condvar,
+    /// Tasks waiting for the pool to drain (simulated pools).
+    sim_waiters: Mutex<Vec<Waker>>,
 }
 
 /// A fixed set of threads running submitted jobs in FIFO order, with the
 /// CPU time of every job accounted. Dropping the pool finishes queued jobs
 /// and joins the threads.
 pub struct WorkerPool {
+    sim: Option<SimCores>,
+    workers: usize,
     tx: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
     counts: Arc<Counts>,
@@ -29,9 +39,18 @@ pub struct WorkerPool {
 
 impl WorkerPool {
     pub fn new(name: &str, threads: usize) -> WorkerPool {
+        if let Some(cores) = SimCores::new(&format!("{name} worker cores"), threads.max(1)) {
+            return WorkerPool {
+                sim: Some(cores),
+                workers: threads.max(1),
+                tx: None,
+                threads: Vec::new(),
+                counts: Arc::new(Counts::default()),
+            };
+        }
         let (tx, rx): (Sender<Job>, Receiver<Job>) = crossbeam_channel::unbounded();
         let counts = Arc::new(Counts::default());
-        let threads = (0..threads.max(1))
+        let threads: Vec<JoinHandle<()>> = (0..threads.max(1))
             .map(|i| {
                 let rx = rx.clone();
                 let counts = counts.clone();
@@ -59,6 +78,8 @@ impl WorkerPool {
             })
             .collect();
         WorkerPool {
+            sim: None,
+            workers: threads.len(),
             tx: Some(tx),
             threads,
             counts,
@@ -68,6 +89,26 @@ impl WorkerPool {
     /// Queues `job`.
     pub fn submit(&self, job: impl FnOnce() + Send + 'static) {
         *self.counts.pending.lock() += 1;
+        if let Some(cores) = &self.sim {
+            let counts = self.counts.clone();
+            cores.submit(
+                Box::new(move || {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }),
+                Box::new(move |cpu| {
+                    counts.cpu_ns.fetch_add(cpu, Ordering::Relaxed);
+                    counts.done.fetch_add(1, Ordering::Relaxed);
+                    let mut p = counts.pending.lock();
+                    *p -= 1;
+                    if *p == 0 {
+                        for w in counts.sim_waiters.lock().drain(..) {
+                            w.wake();
+                        }
+                    }
+                }),
+            );
+            return;
+        }
         self.tx
             .as_ref()
             .expect("pool is running")
@@ -77,6 +118,18 @@ impl WorkerPool {
 
     /// Waits until every submitted job has finished.
     pub fn wait_idle(&self) {
+        if self.sim.is_some() {
+            let counts = self.counts.clone();
+            dmkv_transport::exec::block_on(std::future::poll_fn(move |cx| {
+                if *counts.pending.lock() == 0 {
+                    Poll::Ready(())
+                } else {
+                    counts.sim_waiters.lock().push(cx.waker().clone());
+                    Poll::Pending
+                }
+            }));
+            return;
+        }
         let mut p = self.counts.pending.lock();
         while *p > 0 {
             self.counts.idle.wait(&mut p);
@@ -98,7 +151,7 @@ impl WorkerPool {
     }
 
     pub fn threads(&self) -> usize {
-        self.threads.len()
+        self.workers
     }
 }
 

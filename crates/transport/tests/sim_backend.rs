@@ -105,7 +105,7 @@ fn one_server(sim: &Simulation, handlers: usize) -> (Arc<SimNode>, NodeId) {
 #[test]
 fn a_read_takes_the_modelled_round_trip() {
     let sim = Simulation::new(config(1));
-    let p = sim.profile().clone();
+    let p = sim.profile();
     let (server, client) = one_server(&sim, 1);
     let (region, _mem) = server.register_region(4096).unwrap();
     let ep = sim.fabric().endpoint(client).unwrap();
@@ -128,7 +128,7 @@ fn a_memnode_core_saturates_at_its_service_rate() {
     // core serves one request per rpc_base_ns, so 4000 calls take at least
     // 4000 x rpc_base_ns, and the core is the busiest resource.
     let sim = Simulation::new(config(3));
-    let p = sim.profile().clone();
+    let p = sim.profile();
     let server = sim.add_node(1);
     let clients: Vec<NodeId> = (0..8).map(|_| sim.add_node(0).id()).collect();
     let svc = server
@@ -170,7 +170,7 @@ fn a_memnode_nic_saturates_at_its_message_rate() {
     // Forty client nodes read 8 bytes as fast as they can: the memory node's
     // NIC (one message in and one out per read) caps the rate.
     let sim = Simulation::new(config(4));
-    let p = sim.profile().clone();
+    let p = sim.profile();
     let server = sim.add_node(1);
     let (region, _mem) = server.register_region(4096).unwrap();
     let clients: Vec<NodeId> = (0..40).map(|_| sim.add_node(0).id()).collect();
@@ -206,7 +206,7 @@ fn a_memnode_nic_saturates_at_its_message_rate() {
 #[test]
 fn atomics_on_one_address_serialise() {
     let sim = Simulation::new(config(5));
-    let p = sim.profile().clone();
+    let p = sim.profile();
     let (server, client) = one_server(&sim, 1);
     let (region, _mem) = server.register_region(64).unwrap();
     let clients: Vec<_> = (0..16)

@@ -238,9 +238,12 @@ pub struct SimConfig {
 }
 
 /// A simulated cluster, run by the thread that made it (it is entered on
-/// that thread until dropped).
+/// that thread until dropped). The handle itself may be shared with other
+/// threads (it is `Sync`, as deployments are), but using the simulation
+/// anywhere but on its own thread panics.
 pub struct Simulation {
-    sim: Rc<Sim>,
+    cluster: Arc<Cluster>,
+    thread: std::thread::ThreadId,
 }
 
 impl Simulation {
@@ -249,69 +252,89 @@ impl Simulation {
     /// # Panics
     /// If the thread already runs one.
     pub fn new(cfg: SimConfig) -> Simulation {
+        let cluster = Cluster::new();
         let sim = Rc::new(Sim {
             sched: Sched::new(cfg.seed),
             net: RefCell::new(Net::default()),
             profile: cfg.profile,
             jitter_ns: cfg.jitter_ns,
-            cluster: Cluster::new(),
+            cluster: cluster.clone(),
         });
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
             assert!(c.is_none(), "this thread already runs a simulation");
-            *c = Some(sim.clone());
+            *c = Some(sim);
         });
-        Simulation { sim }
+        Simulation {
+            cluster,
+            thread: std::thread::current().id(),
+        }
+    }
+
+    /// This simulation's state; it must be the calling thread's.
+    fn sim(&self) -> Rc<Sim> {
+        let sim = current().expect("a simulation is used on the thread that runs it");
+        assert!(
+            Arc::ptr_eq(&sim.cluster, &self.cluster),
+            "a simulation is used on the thread that runs it"
+        );
+        sim
     }
 
     /// Adds a node with `handler_threads` simulated handler cores (0 for a
     /// node that only issues).
     pub fn add_node(&self, handler_threads: usize) -> Arc<SimNode> {
-        self.sim.cluster.add_node(&self.sim, handler_threads)
+        self.cluster.add_node(&self.sim(), handler_threads)
     }
 
     pub fn fabric(&self) -> Arc<dyn Fabric> {
         Arc::new(SimFabric {
-            cluster: self.sim.cluster.clone(),
+            cluster: self.cluster.clone(),
         })
     }
 
     /// Crashes `node` at virtual time `at_ns` (now if already past): its
     /// memory is gone, queued and later requests fail with `NodeDown`.
     pub fn crash_at(&self, node: NodeId, at_ns: u64) {
-        let cluster = self.sim.cluster.clone();
-        self.sim.sched.at(at_ns, move || cluster.crash(node));
+        let cluster = self.cluster.clone();
+        self.sim().sched.at(at_ns, move || cluster.crash(node));
     }
 
-    pub fn profile(&self) -> &Profile {
-        &self.sim.profile
+    pub fn profile(&self) -> Profile {
+        self.sim().profile.clone()
     }
 
     /// Virtual time now, in ns.
     pub fn now_ns(&self) -> u64 {
-        self.sim.sched.now()
+        self.sim().sched.now()
     }
 
     /// Events run so far.
     pub fn events(&self) -> u64 {
-        self.sim.sched.events()
+        self.sim().sched.events()
     }
 
     /// Background tasks started so far.
     pub fn background_tasks(&self) -> usize {
-        self.sim.sched.background_count()
+        self.sim().sched.background_count()
     }
 
     /// Every modelled resource's busy time and traffic so far.
     pub fn resources(&self) -> Vec<ResourceUse> {
-        net::resources(&self.sim.net.borrow())
+        net::resources(&self.sim().net.borrow())
     }
 }
 
 impl Drop for Simulation {
     fn drop(&mut self) {
         // Handlers and regions may hold the fabric: break such cycles.
-        self.sim.cluster.clear();
-        CURRENT.with(|c| c.borrow_mut().take());
+        self.cluster.clear();
+        if std::thread::current().id() == self.thread {
+            // Background tasks and pending events go with the state.
+            if let Ok(Some(sim)) = CURRENT.try_with(|c| c.borrow_mut().take()) {
+                // Pending events hold the state: break the cycle.
+                sim.sched.clear();
+            }
+        }
     }
 }

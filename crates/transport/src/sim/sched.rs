@@ -199,6 +199,14 @@ impl Sched {
         self.at(at, move || waker.wake());
     }
 
+    /// Drops every pending event and background task (the simulation ends).
+    pub(crate) fn clear(&self) {
+        let events = std::mem::take(&mut *self.queue.borrow_mut());
+        let tasks = std::mem::take(&mut self.bg.borrow_mut().tasks);
+        drop(events);
+        drop(tasks);
+    }
+
     /// Runs the next event; false if there is none.
     fn step(&self) -> bool {
         let Some(Reverse(e)) = self.queue.borrow_mut().pop() else {
