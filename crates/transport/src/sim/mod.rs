@@ -127,8 +127,8 @@ pub(crate) fn background_done(index: usize) -> bool {
 
 /// Runs `tasks` in the simulation of the calling thread, if it has one.
 pub(crate) fn run_tasks<'a, T>(
-    tasks: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>,
-) -> Result<Vec<T>, Vec<Pin<Box<dyn Future<Output = T> + 'a>>>> {
+    tasks: Vec<crate::exec::LocalTask<'a, T>>,
+) -> Result<Vec<T>, Vec<crate::exec::LocalTask<'a, T>>> {
     match current() {
         Some(sim) => Ok(sim.sched.run_tasks(tasks)),
         None => Err(tasks),

@@ -269,11 +269,10 @@ impl Server {
                 let Some(me) = self.me.upgrade() else {
                     return responder.reply(Err(ServiceError::failed("the server is going away")));
                 };
-                // If the thread cannot start, the closure is dropped and
-                // with it the responder, which then answers with an error.
-                let _ = std::thread::Builder::new()
-                    .name("xstore-prepare".into())
-                    .spawn(move || {
+                // A background activity of the runtime: a thread of its own
+                // on real backends, a task in virtual time under `sim`.
+                let _detached =
+                    dmkv_transport::exec::spawn_background("xstore-prepare", async move {
                         me.prepare();
                         if settle {
                             me.pool.wait_idle();
@@ -752,7 +751,14 @@ impl Server {
         }
         if wait {
             while st.done < ticket {
-                self.full_done.wait(&mut st);
+                if dmkv_transport::sim::active() {
+                    // One OS thread runs the simulated cluster: blocking
+                    // here would stop the pool's job too. Waiting for the
+                    // pool lets virtual time (and the training) run.
+                    parking_lot::MutexGuard::unlocked(&mut st, || self.pool.wait_idle());
+                } else {
+                    self.full_done.wait(&mut st);
+                }
             }
         }
     }
