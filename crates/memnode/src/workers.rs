@@ -54,6 +54,8 @@ impl WorkerPool {
             .map(|i| {
                 let rx = rx.clone();
                 let counts = counts.clone();
+                // The runtime's own worker threads (real backends only).
+                #[allow(clippy::disallowed_methods)]
                 std::thread::Builder::new()
                     .name(format!("{name}-w{i}"))
                     .spawn(move || {

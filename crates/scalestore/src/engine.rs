@@ -30,7 +30,6 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
 
 const KNOBS: &[KnobSpec] = &[
     KnobSpec {
@@ -386,7 +385,8 @@ struct Shared {
     left: AtomicBool,
     /// Clients that issued through another node than their own.
     proxied: AtomicU64,
-    churn: Mutex<Vec<JoinHandle<Result<()>>>>,
+    /// Membership changes under way and their outcomes.
+    churn: Mutex<Vec<(dmkv_transport::exec::BackgroundHandle, ChangeOutcome)>>,
     /// Held by a join or leave while it runs: membership changes happen one
     /// at a time (a joiner's introduction must not overlap a departure, see
     /// `docs/scalestore.md`, invariants).
@@ -418,7 +418,9 @@ impl Shared {
 
     fn fire(self: &Arc<Self>, index: u8, join: bool) {
         let me = self.clone();
-        let h = std::thread::spawn(move || -> Result<()> {
+        let outcome: ChangeOutcome = Arc::default();
+        let out = outcome.clone();
+        let change = move || -> Result<()> {
             let node = me.node(index).ok_or_else(|| {
                 KvError::Config(format!("scalestore node {index} is not served here"))
             })?;
@@ -427,7 +429,7 @@ impl Shared {
                 // A node that was to join first must have joined (before
                 // we take the lock its join needs).
                 while node.state() == NodeState::Dormant {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    dmkv_transport::time::sleep_blocking(std::time::Duration::from_millis(1));
                 }
             }
             // One membership change at a time: a node that joins while
@@ -454,10 +456,19 @@ impl Shared {
                     Err(e)
                 }
             }
+        };
+        // A runtime background activity: its own thread on real backends, a
+        // task in virtual time under `sim`.
+        let h = dmkv_transport::exec::spawn_background("scalestore-churn", async move {
+            let r = change();
+            *out.lock() = Some(r);
         });
-        self.churn.lock().push(h);
+        self.churn.lock().push((h, outcome));
     }
 }
+
+/// A membership change's result once it ran (None: it panicked).
+type ChangeOutcome = Arc<Mutex<Option<Result<()>>>>;
 
 /// The connected engine: every node of this process.
 pub struct ScaleStoreEngine {
@@ -521,9 +532,12 @@ impl Engine for ScaleStoreEngine {
     }
     async fn settle(&self, _ep: &Endpoint) -> Result<()> {
         let handles = std::mem::take(&mut *self.shared.churn.lock());
-        for h in handles {
-            h.join()
-                .map_err(|_| KvError::Corrupt("a membership change panicked".into()))??;
+        for (h, outcome) in handles {
+            h.join();
+            outcome
+                .lock()
+                .take()
+                .ok_or_else(|| KvError::Corrupt("a membership change panicked".into()))??;
         }
         Ok(())
     }

@@ -362,7 +362,7 @@ impl ScaleNode {
         let ep = self.thread_ep()?;
         self.set_state(NodeState::Leaving);
         while self.inflight.load(Ordering::SeqCst) > 0 {
-            std::thread::sleep(Duration::from_micros(200));
+            dmkv_transport::time::sleep_blocking(Duration::from_micros(200));
         }
         let succ = self
             .members()
@@ -376,7 +376,7 @@ impl ScaleNode {
             if left == 0 {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
         }
         // 3. Freeze our shards and let go of our own copies.
         let shards = self.shard_list();
@@ -388,7 +388,7 @@ impl ScaleNode {
             if busy == 0 {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
         }
         // 4. Hand each shard over.
         let mut moved = Vec::new();

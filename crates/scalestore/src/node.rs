@@ -542,7 +542,7 @@ pub fn pick(set: u64) -> u8 {
     use rand::Rng;
     debug_assert!(set != 0);
     let n = set.count_ones();
-    let mut k = rand::thread_rng().gen_range(0..n);
+    let mut k = dmkv_transport::sim::rng().gen_range(0..n);
     for i in 0..64u8 {
         if set & (1 << i) != 0 {
             if k == 0 {

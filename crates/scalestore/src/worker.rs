@@ -17,10 +17,11 @@ use crate::pid::Pid;
 use dmkv_api::KvError;
 use dmkv_transport::Endpoint;
 use dmkv_transport::exec::yield_now;
+use dmkv_transport::time::Instant;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a worker waits for a free cache slot before giving up with a
 /// clear error (the page provider frees slots continuously).

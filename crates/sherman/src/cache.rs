@@ -109,7 +109,7 @@ impl IndexCache {
             inner.bytes -= old.bytes();
         }
         inner.bytes += add;
-        let mut rng = rand::thread_rng();
+        let mut rng = dmkv_transport::sim::rng();
         while inner.bytes > self.budget && !inner.nodes.is_empty() {
             // Random eviction: the first node at or after a random point.
             let level = rng.gen_range(1..=n.level());

@@ -391,3 +391,45 @@ fn profiles_load_by_name_and_refuse_nonsense() {
     assert!(Profile::load("xstore-cx4").is_ok());
     assert!(Profile::load("nope").is_err());
 }
+
+#[test]
+fn a_synchronous_wait_lets_outer_tasks_run() {
+    // A background job on a memory node waits synchronously (a nested
+    // frame) for a flag that only a compute task of the outer frame sets:
+    // the nested frame must poll the outer frame's tasks.
+    let sim = Simulation::new(config(9));
+    let (server, client) = one_server(&sim, 1);
+    let flag = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(AtomicU64::new(0));
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let (f2, s2) = (flag.clone(), seen.clone());
+    let svc = server
+        .services()
+        .register(
+            "wait",
+            Arc::new(
+                move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                    while f2.load(Ordering::SeqCst) == 0 {
+                        dmkv_transport::time::sleep_blocking(Duration::from_micros(1));
+                    }
+                    s2.store(1, Ordering::SeqCst);
+                    Ok(vec![])
+                },
+            ),
+        )
+        .unwrap();
+    let id = server.id();
+    let ep = &ep;
+    let flag = &flag;
+    let tasks: Vec<LocalTask<'_, ()>> = vec![
+        Box::pin(async move {
+            ep.call(id, svc, vec![]).await.unwrap();
+        }),
+        Box::pin(async move {
+            sleep(Duration::from_micros(20)).await;
+            flag.store(1, Ordering::SeqCst);
+        }),
+    ];
+    run_tasks(tasks);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+}

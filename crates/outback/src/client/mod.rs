@@ -27,6 +27,7 @@ use crate::server::SERVICE;
 use async_trait::async_trait;
 use dmkv_api::{Capabilities, Engine, Key, KvError, KvStore, Result, ServeArgs, checksum64};
 use dmkv_transport::exec::{block_on, sleep};
+use dmkv_transport::time::Instant;
 use dmkv_transport::{
     Endpoint, Fabric, NodeId, OpKind, RemoteRegion, ServiceId, TransportError, WireReader,
     WireWriter, labeled,
@@ -37,7 +38,7 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use view::{ShardView, TableView};
 
 pub const CAPS: Capabilities = Capabilities {

@@ -432,7 +432,7 @@ impl NodeServer {
                     Ok(Err(TransportError::NodeDown(_))) => break,
                     _ if tries < 100 => {
                         tries += 1;
-                        std::thread::sleep(Duration::from_millis(2));
+                        dmkv_transport::time::sleep_blocking(Duration::from_millis(2));
                     }
                     _ => return false,
                 }

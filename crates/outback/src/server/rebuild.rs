@@ -28,11 +28,11 @@ use crate::server::replica::MirrorOp;
 use crate::server::shard::{Directory, Outcome, ShardServer};
 use crate::server::table::{Buffer, Overflow, Table, WriteOp, state};
 use dmkv_transport::ServiceError;
+use dmkv_transport::time::Instant;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Job {
@@ -134,7 +134,12 @@ fn new_table(
     local_depth: u8,
 ) -> Result<(Arc<Table>, LudoBuild), ServiceError> {
     let id = shard.next_table.fetch_add(1, Ordering::AcqRel);
-    let build = ludo::build(keys, buckets, rand::random(), rand::random());
+    let build = ludo::build(
+        keys,
+        buckets,
+        dmkv_transport::sim::random_u64(),
+        dmkv_transport::sim::random_u64(),
+    );
     shard
         .stats
         .fallback_keys
@@ -154,7 +159,12 @@ pub(crate) fn empty_table(
     id: u32,
     cfg: &Config,
 ) -> Result<Arc<Table>, ServiceError> {
-    let build = ludo::build(&[], cfg.initial_buckets, rand::random(), rand::random());
+    let build = ludo::build(
+        &[],
+        cfg.initial_buckets,
+        dmkv_transport::sim::random_u64(),
+        dmkv_transport::sim::random_u64(),
+    );
     create_table(ctx, shard, id, build, 0)
 }
 

@@ -23,13 +23,13 @@ use crate::server::{
 };
 use dmkv_memnode::Region;
 use dmkv_transport::exec::block_on;
+use dmkv_transport::time::Instant;
 use dmkv_transport::{
     AccessKey, NodeId, RegionId, RemoteRegion, ServiceError, TransportError, WireReader, WireWriter,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// Bytes copied per one-sided write during a resync.
 const CHUNK: u64 = 1 << 20;

@@ -35,7 +35,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 pub const REBUILD_NONE: u8 = 0;
 pub const REBUILD_FULL: u8 = 1;
 pub const REBUILD_SPLIT: u8 = 2;
-use std::time::{Duration, Instant};
+use dmkv_transport::time::Instant;
+use std::time::Duration;
 
 /// Result of a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1036,7 +1037,7 @@ impl ShardServer {
             if left <= 0 {
                 return;
             }
-            std::thread::sleep(poll);
+            dmkv_transport::time::sleep_blocking(poll);
         }
     }
 

@@ -21,10 +21,10 @@ use crate::ludo::SLOTS;
 use crate::othello::Othello;
 use dmkv_memnode::Region;
 use dmkv_transport::ServiceError;
+use dmkv_transport::time::Instant;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
 
 /// Table states (`Table::state`).
 pub mod state {

@@ -16,9 +16,9 @@ use crate::remote::{H_ALLOC, H_CAPACITY, Remote};
 use crate::train::train_keys;
 use dmkv_api::{KvError, Result};
 use dmkv_transport::exec::yield_now;
+use dmkv_transport::time::Instant;
 use dmkv_transport::{Batch, Endpoint};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// Verbs per doorbell batch on the bulk path.
 const BATCH: usize = 256;

@@ -200,54 +200,48 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
 /// allocators do not see them. Bookkeeping for reports only (a few loads
 /// every 20 ms); it ends with the node's runtime.
 fn spawn_accountant(rt: Weak<NodeRuntime>, regions: [dmkv_memnode::Region; 3], leaf_bytes: u64) {
-    std::thread::Builder::new()
-        .name("rolex-account".into())
-        .spawn(move || {
-            while rt.upgrade().is_some() {
-                let [leaves, models, values] = &regions;
-                let word = |r: &dmkv_memnode::Region, off: u64| r.mem.load_u64(off).unwrap_or(0);
-                leaves.set_used(LEAF_BASE + word(leaves, H_ALLOC).saturating_mul(leaf_bytes));
-                models.set_used(word(models, H_USED));
-                values.set_used(word(values, H_ALLOC));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-        .expect("spawn the ROLEX accountant");
+    let _detached = dmkv_transport::exec::spawn_background("rolex-account", async move {
+        while rt.upgrade().is_some() {
+            let [leaves, models, values] = &regions;
+            let word = |r: &dmkv_memnode::Region, off: u64| r.mem.load_u64(off).unwrap_or(0);
+            leaves.set_used(LEAF_BASE + word(leaves, H_ALLOC).saturating_mul(leaf_bytes));
+            models.set_used(word(models, H_USED));
+            values.set_used(word(values, H_ALLOC));
+            dmkv_transport::exec::sleep(Duration::from_millis(20)).await;
+        }
+    });
 }
 
 /// The memory node checks the CirQ every `poll_us` (a few loads of local
 /// memory) and hands queued models to idle retraining workers. It holds
 /// only weak references, so it ends when the node's worker pool goes away.
 fn spawn_poller(server: Weak<Server>, pool: Weak<WorkerPool>) {
-    std::thread::Builder::new()
-        .name("rolex-poll".into())
-        .spawn(move || {
-            let mut last_cpu = thread_cpu_ns();
-            loop {
-                let interval = match server.upgrade() {
-                    Some(s) => Duration::from_micros(s.cfg.poll_us),
-                    None => return,
-                };
-                std::thread::sleep(interval);
-                let (Some(pool), Some(s)) = (pool.upgrade(), server.upgrade()) else {
-                    return;
-                };
-                s.stats.polls.fetch_add(1, Ordering::Relaxed);
-                s.meta_faa(W_POLLS, 1);
-                let idle = (s.cfg.retrain_threads as u64).saturating_sub(pool.pending());
-                let queued = s.queued();
-                for _ in 0..queued.min(idle) {
-                    let job = s.clone();
-                    pool.submit(move || job.retrain_next());
-                }
-                let now = thread_cpu_ns();
-                s.stats
-                    .poll_cpu_ns
-                    .fetch_add(now.saturating_sub(last_cpu), Ordering::Relaxed);
-                last_cpu = now;
+    let _detached = dmkv_transport::exec::spawn_background("rolex-poll", async move {
+        let mut last_cpu = thread_cpu_ns();
+        loop {
+            let interval = match server.upgrade() {
+                Some(s) => Duration::from_micros(s.cfg.poll_us),
+                None => return,
+            };
+            dmkv_transport::exec::sleep(interval).await;
+            let (Some(pool), Some(s)) = (pool.upgrade(), server.upgrade()) else {
+                return;
+            };
+            s.stats.polls.fetch_add(1, Ordering::Relaxed);
+            s.meta_faa(W_POLLS, 1);
+            let idle = (s.cfg.retrain_threads as u64).saturating_sub(pool.pending());
+            let queued = s.queued();
+            for _ in 0..queued.min(idle) {
+                let job = s.clone();
+                pool.submit(move || job.retrain_next());
             }
-        })
-        .expect("spawn the ROLEX poller");
+            let now = thread_cpu_ns();
+            s.stats
+                .poll_cpu_ns
+                .fetch_add(now.saturating_sub(last_cpu), Ordering::Relaxed);
+            last_cpu = now;
+        }
+    });
 }
 
 impl Server {
@@ -310,7 +304,7 @@ impl Server {
             .expect("queue slot")
             != 0
         {
-            std::thread::sleep(Duration::from_micros(50));
+            dmkv_transport::time::sleep_blocking(Duration::from_micros(50));
         }
     }
 
@@ -434,7 +428,7 @@ impl Server {
                 if loads.sessions.len() >= MAX_SESSIONS {
                     return Err(ServiceError::exhausted("too many bulk loads in progress"));
                 }
-                let id = rand::random::<u64>() | 1;
+                let id = dmkv_transport::sim::random_u64() | 1;
                 loads.sessions.insert(id, Vec::new());
                 w.u64(id);
             }

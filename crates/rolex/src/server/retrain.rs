@@ -29,9 +29,9 @@ use crate::train::{LeafKeys, train_leaves};
 use dmkv_api::{KvError, Result};
 use dmkv_transport::Endpoint;
 use dmkv_transport::exec::yield_now;
+use dmkv_transport::time::Instant;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// Where a leaf hangs in a new model: its LT entry or an SLT slot.
 #[derive(Debug, Clone, Copy)]
@@ -454,6 +454,6 @@ pub(crate) fn polite_spin(spins: &mut u32) {
     if *spins < 64 {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(std::time::Duration::from_micros(10));
+        dmkv_transport::time::sleep_blocking(std::time::Duration::from_micros(10));
     }
 }

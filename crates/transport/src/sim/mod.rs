@@ -15,6 +15,7 @@
 
 pub mod net;
 pub mod profile;
+#[allow(unsafe_code)]
 mod sched;
 
 pub use net::{ResourceUse, SimNode};
@@ -75,6 +76,21 @@ pub fn rpc_overhead_ns() -> u64 {
             .as_ref()
             .map_or(0, |s| s.profile.memnode.rpc_base_ns)
     })
+}
+
+/// A random number for engine code: drawn from the simulation's seeded
+/// generator under `sim` (so a seed replays exactly), from the OS elsewhere.
+pub fn random_u64() -> u64 {
+    CURRENT.with(|c| match c.borrow().as_ref() {
+        Some(s) => s.sched.random(u64::MAX),
+        None => rand::random(),
+    })
+}
+
+/// A fast generator seeded by [`random_u64`].
+pub fn rng() -> rand::rngs::SmallRng {
+    use rand::SeedableRng;
+    rand::rngs::SmallRng::seed_from_u64(random_u64())
 }
 
 /// Runs `f` with region accesses charged at `line_ns` per cache line.

@@ -5,9 +5,11 @@
 //!    `now`, and events run in (time, tie, sequence) order.
 //! 2. `tie` is drawn from the seeded RNG, so events at the same virtual
 //!    instant run in an order the seed chooses; the same seed replays it.
-//! 3. Everything runs on the thread that entered the simulation; wakers may be
-//!    called from that thread only (a waker called elsewhere panics with a
-//!    message naming the cause, an engine thread outside the runtime).
+//! 3. Everything runs on the thread that entered the simulation.
+//! 4. A task is polled by one frame at a time; see `run_tasks`.
+//!
+//! This module holds the backend's one `unsafe` block: the stack of running
+//! frames keeps lifetime-erased pointers to them (see `FrameRegistration`).
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -85,9 +87,6 @@ impl ReadyQueue {
         r.queued[i] = false;
         Some(i)
     }
-    fn is_empty(&self) -> bool {
-        self.inner.lock().order.is_empty()
-    }
 }
 
 struct TaskWaker {
@@ -138,8 +137,8 @@ pub(crate) struct Sched {
     pub(crate) cpu_ns: Cell<u64>,
     bg: RefCell<Background>,
     bg_ready: Arc<ReadyQueue>,
-    /// Frames (nested `run_tasks` calls) currently running.
-    depth: Cell<usize>,
+    /// Frames (nested `run_tasks` calls) currently running, outermost first.
+    frames: RefCell<Vec<FramePtr>>,
 }
 
 impl Sched {
@@ -159,7 +158,7 @@ impl Sched {
                 wakers: Vec::new(),
             }),
             bg_ready: ReadyQueue::new(0, false),
-            depth: Cell::new(0),
+            frames: RefCell::new(Vec::new()),
         }
     }
 
@@ -243,10 +242,11 @@ impl Sched {
         self.bg.borrow().tasks.len()
     }
 
-    /// Polls the background tasks that are ready.
-    fn poll_background(&self) {
-        loop {
-            let Some(i) = self.bg_ready.pop() else { return };
+    /// Polls the background tasks that are ready; true if any was polled.
+    fn poll_background(&self) -> bool {
+        let mut polled = false;
+        let mut busy = Vec::new();
+        while let Some(i) = self.bg_ready.pop() {
             let (task, waker) = {
                 let mut bg = self.bg.borrow_mut();
                 if bg.done[i] {
@@ -254,10 +254,14 @@ impl Sched {
                 }
                 match bg.tasks[i].take() {
                     Some(t) => (t, bg.wakers[i].clone()),
-                    // Being polled by an outer frame: it runs again there.
-                    None => continue,
+                    // Being polled up the stack: it runs again there.
+                    None => {
+                        busy.push(i);
+                        continue;
+                    }
                 }
             };
+            polled = true;
             let mut task = task;
             let mut cx = Context::from_waker(&waker);
             let done = task.as_mut().poll(&mut cx).is_ready();
@@ -268,51 +272,139 @@ impl Sched {
                 bg.tasks[i] = Some(task);
             }
         }
+        for i in busy {
+            self.bg_ready.push(i);
+        }
+        polled
     }
 
     /// Runs `tasks` to completion in virtual time, with every event and
     /// background task the simulation has, and returns their outputs.
-    pub(crate) fn run_tasks<'a, T>(
-        &self,
-        mut tasks: Vec<Pin<Box<dyn Future<Output = T> + 'a>>>,
-    ) -> Vec<T> {
+    ///
+    /// Frames nest: synchronous code that waits (a worker job calling
+    /// `block_on`) runs a frame inside the event or task that called it.
+    /// Every frame on the stack is polled, not just the innermost, so that a
+    /// compute task of an outer frame can release what the inner wait is for
+    /// (invariant 4: a task is polled by one frame at a time; the one being
+    /// polled up the stack is skipped and stays ready for its own frame).
+    pub(crate) fn run_tasks<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
         let n = tasks.len();
         let ready = ReadyQueue::new(n, true);
-        let wakers = wakers(&ready, 0, n);
-        let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
-        let mut remaining = n;
-        self.depth.set(self.depth.get() + 1);
-        while remaining > 0 {
-            while let Some(i) = ready.pop() {
-                if results[i].is_some() {
-                    continue;
-                }
-                let mut cx = Context::from_waker(&wakers[i]);
-                if let Poll::Ready(v) = tasks[i].as_mut().poll(&mut cx) {
-                    results[i] = Some(v);
-                    remaining -= 1;
-                }
+        let frame = Frame {
+            wakers: wakers(&ready, 0, n),
+            ready,
+            tasks: RefCell::new(tasks.into_iter().map(Some).collect()),
+            results: RefCell::new((0..n).map(|_| None).collect()),
+            remaining: Cell::new(n),
+        };
+        let _registered = FrameRegistration::new(self, &frame);
+        while frame.remaining.get() > 0 {
+            let mut polled = false;
+            let frames: Vec<FramePtr> = self.frames.borrow().clone();
+            for f in frames.iter().rev() {
+                // SAFETY: every registered frame lives on the stack below or
+                // at this call and unregisters itself (the registration guard)
+                // before it is dropped; frames are used on this thread only.
+                polled |= unsafe { &**f }.poll_ready();
             }
-            self.poll_background();
-            if remaining == 0 {
+            polled |= self.poll_background();
+            if frame.remaining.get() == 0 {
                 break;
             }
-            if !ready.is_empty() {
+            if polled {
                 continue;
             }
             if !self.step() {
-                self.depth.set(self.depth.get() - 1);
                 panic!(
-                    "simulation deadlock at virtual time {} ns: {remaining} of {n} tasks wait \
-                     and no event is scheduled (a task waits for something nothing will do)",
-                    self.now.get()
+                    "simulation deadlock at virtual time {} ns: {} of {n} tasks wait and no \
+                     event is scheduled (a task waits for something nothing will do)",
+                    self.now.get(),
+                    frame.remaining.get()
                 );
             }
         }
-        self.depth.set(self.depth.get() - 1);
-        results
+        frame
+            .results
+            .into_inner()
             .into_iter()
             .map(|r| r.expect("every task completed"))
             .collect()
+    }
+}
+
+type LocalTask<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// The tasks of one `run_tasks` call.
+struct Frame<'a, T> {
+    ready: Arc<ReadyQueue>,
+    wakers: Vec<Waker>,
+    /// A slot is `None` while its task is being polled (up the stack).
+    tasks: RefCell<Vec<Option<LocalTask<'a, T>>>>,
+    results: RefCell<Vec<Option<T>>>,
+    remaining: Cell<usize>,
+}
+
+/// What the scheduler needs of a frame, whatever its output type.
+trait PollFrame {
+    /// Polls the frame's ready tasks; true if any was polled.
+    fn poll_ready(&self) -> bool;
+}
+
+impl<T> PollFrame for Frame<'_, T> {
+    fn poll_ready(&self) -> bool {
+        let mut polled = false;
+        let mut busy = Vec::new();
+        while let Some(i) = self.ready.pop() {
+            if self.results.borrow()[i].is_some() {
+                continue;
+            }
+            let Some(mut task) = self.tasks.borrow_mut()[i].take() else {
+                // Being polled further up the stack: its own frame polls it
+                // again when that poll returns.
+                busy.push(i);
+                continue;
+            };
+            polled = true;
+            let mut cx = Context::from_waker(&self.wakers[i]);
+            match task.as_mut().poll(&mut cx) {
+                Poll::Ready(v) => {
+                    self.results.borrow_mut()[i] = Some(v);
+                    self.remaining.set(self.remaining.get() - 1);
+                }
+                Poll::Pending => self.tasks.borrow_mut()[i] = Some(task),
+            }
+        }
+        for i in busy {
+            self.ready.push(i);
+        }
+        polled
+    }
+}
+
+/// A registered frame, its lifetime erased (see `FrameRegistration`).
+type FramePtr = *const (dyn PollFrame + 'static);
+
+/// Keeps a frame in the scheduler's stack of frames while it runs.
+struct FrameRegistration<'s> {
+    sched: &'s Sched,
+}
+
+impl<'s> FrameRegistration<'s> {
+    fn new<'f>(sched: &'s Sched, frame: &'f (dyn PollFrame + 'f)) -> FrameRegistration<'s> {
+        let ptr: *const (dyn PollFrame + 'f) = frame;
+        // SAFETY: only the lifetime is changed. The pointer is removed from
+        // the stack when this registration drops, which happens before the
+        // frame it points to (declared earlier in `run_tasks`) is dropped,
+        // also when unwinding; it is never dereferenced after that.
+        let ptr: FramePtr =
+            unsafe { std::mem::transmute::<*const (dyn PollFrame + 'f), FramePtr>(ptr) };
+        sched.frames.borrow_mut().push(ptr);
+        FrameRegistration { sched }
+    }
+}
+
+impl Drop for FrameRegistration<'_> {
+    fn drop(&mut self) {
+        self.sched.frames.borrow_mut().pop();
     }
 }

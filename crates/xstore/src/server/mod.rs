@@ -26,6 +26,7 @@ use crate::model::{TrainedSub, interval_starts, train_submodel, train_top};
 use crate::wire::*;
 use dmkv_api::{KvError, Result, ServeArgs};
 use dmkv_memnode::{NodeRuntime, WorkerPool};
+use dmkv_transport::time::Instant;
 use dmkv_transport::{
     RegionMem, Responder, RpcContext, ServiceError, WireReader, WireWriter, thread_cpu_ns,
 };
@@ -35,7 +36,6 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 use wal::{Ticket, Wal};
 
 /// Keys sampled for training the top model ("the top model can be trained

@@ -23,6 +23,7 @@
 use crate::config::LogSync;
 use crate::layout::{LogOp, LogRecord};
 use dmkv_transport::thread_cpu_ns;
+use dmkv_transport::time::Instant;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -30,8 +31,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::{JoinHandle, ThreadId};
-use std::time::Instant;
+use std::thread::ThreadId;
 
 /// What recovery found.
 #[derive(Debug, Default)]
@@ -134,7 +134,7 @@ pub struct Wal {
     sync: LogSync,
     temporary: bool,
     logs: Mutex<HashMap<ThreadId, Arc<WorkerLog>>>,
-    loggers: Mutex<Vec<(Arc<WorkerLog>, JoinHandle<()>)>>,
+    loggers: Mutex<Vec<(Arc<WorkerLog>, dmkv_transport::exec::BackgroundHandle)>>,
     next_version: AtomicU64,
     /// Fault injection (tests): loggers start no batch while set.
     held: Arc<AtomicBool>,
@@ -311,10 +311,12 @@ impl Wal {
             held: self.held.clone(),
             crashed: self.crashed.clone(),
         };
-        let handle = std::thread::Builder::new()
-            .name(format!("xstore-log-w{w}"))
-            .spawn(move || logger(&l, &mut file, &path, &ctx))
-            .map_err(|e| format!("starting a logger thread: {e}"))?;
+        // A runtime background activity: its own thread on real backends,
+        // a task in virtual time under `sim`.
+        let handle =
+            dmkv_transport::exec::spawn_background(&format!("xstore-log-w{w}"), async move {
+                logger(&l, &mut file, &path, &ctx)
+            });
         self.loggers.lock().push((log.clone(), handle));
         logs.insert(me, log.clone());
         Ok(log)
@@ -444,7 +446,15 @@ fn logger(log: &WorkerLog, file: &mut File, path: &Path, ctx: &LoggerCtx) {
         let (batch, upto, writes) = {
             let mut st = log.state.lock();
             while !st.stop && (st.buf.is_empty() || ctx.held.load(Ordering::SeqCst)) {
-                log.wake.wait(&mut st);
+                if dmkv_transport::sim::active() {
+                    // One OS thread runs the simulated cluster: look again
+                    // after a little virtual time instead of blocking it.
+                    parking_lot::MutexGuard::unlocked(&mut st, || {
+                        dmkv_transport::time::sleep_blocking(std::time::Duration::from_micros(5))
+                    });
+                } else {
+                    log.wake.wait(&mut st);
+                }
             }
             if st.buf.is_empty() || ctx.crashed.load(Ordering::SeqCst) {
                 if st.stop {
@@ -512,7 +522,7 @@ impl Drop for Wal {
         for (log, handle) in self.loggers.lock().drain(..) {
             log.state.lock().stop = true;
             log.wake.notify_all();
-            let _ = handle.join();
+            handle.join();
         }
         if self.temporary {
             let _ = std::fs::remove_dir_all(&self.dir);
