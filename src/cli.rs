@@ -43,6 +43,29 @@ pub enum Command {
     Memnode(MemnodeArgs),
     /// Deploy an engine in this process and run get/put/delete/scan by hand or from a script on stdin.
     Shell(ShellArgs),
+    /// Deterministic simulation testing: every engine's checks on the simulated cluster across many seeds.
+    Dst(DstArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DstArgs {
+    /// Engines to test (default: every design).
+    #[arg(long, value_name = "NAME[,NAME...]")]
+    pub engine: Option<String>,
+    /// How many seeds per engine, starting at --first-seed.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub seeds: u64,
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub first_seed: u64,
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub keys: u64,
+    #[arg(long, value_name = "N", default_value_t = 1200)]
+    pub ops: u64,
+    /// Seeded random extra delay of up to this per message.
+    #[arg(long, value_name = "NS", default_value_t = 400)]
+    pub jitter_ns: u64,
+    #[arg(long, value_name = "NAME|PATH", default_value = "rolex-cx5")]
+    pub profile: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -220,6 +243,7 @@ pub fn run(registry: &Registry, args: Vec<OsString>, io: &mut Io<'_>) -> i32 {
             "{NO_UCX}: `dmkv memnode` cannot serve other processes (run engines in-process with `dmkv bench --transport local`)"
         ))),
         Command::Shell(args) => shell_command(registry, args, io),
+        Command::Dst(args) => dst_command(registry, args, io),
     };
     match result {
         Ok(code) => code,
@@ -300,6 +324,38 @@ fn choices(
         );
     }
     Ok(choices)
+}
+
+fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
+    let engines = match &a.engine {
+        Some(list) => registry.resolve(Some(list)).map_err(usage)?,
+        None => crate::dst::ENGINES
+            .iter()
+            .map(|n| registry.find(n).expect("a registered engine"))
+            .collect(),
+    };
+    if a.seeds == 0 || a.keys == 0 || a.ops == 0 {
+        return Err(usage("--seeds, --keys and --ops must be at least 1"));
+    }
+    dmkv_transport::sim::Profile::load(&a.profile).map_err(usage)?;
+    let params = crate::dst::DstParams {
+        keys: a.keys,
+        ops: a.ops,
+        jitter_ns: a.jitter_ns,
+        profile: a.profile,
+        ..Default::default()
+    };
+    let failures = crate::dst::sweep(
+        &engines,
+        a.first_seed..a.first_seed + a.seeds,
+        &params,
+        io.out,
+    );
+    Ok(if failures.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_FAILED
+    })
 }
 
 fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Failure> {

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod dst;
 mod engines;
 mod shell;
 #[cfg(feature = "ucx")]

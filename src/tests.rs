@@ -442,3 +442,69 @@ fn a_wrong_engine_fails_the_run_with_exit_code_1() {
     assert!(out.contains("FAILED: 0 mismatched, 1 missing"), "{out}");
     assert!(out.contains("lossy-load: verify: key"), "{out}");
 }
+
+/// Deterministic simulation testing in CI: every engine that runs on the
+/// simulated cluster, its oracle checks, read-back verification and the
+/// same-key insert race, across many seeds with message jitter. A failure
+/// prints the seed and the command that replays it. `DMKV_DST_SEEDS`
+/// changes the count (scripts/dst-sweep.sh runs far more).
+#[test]
+fn dst_every_engine_across_seeds() {
+    let seeds: u64 = std::env::var("DMKV_DST_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let engines: Vec<_> = crate::dst::ENGINES
+        .iter()
+        .map(|n| crate::engines::REGISTRY.find(n).unwrap())
+        .collect();
+    let mut log = Vec::new();
+    let failures = crate::dst::sweep(&engines, 0..seeds, &Default::default(), &mut log);
+    let log = String::from_utf8(log).unwrap();
+    assert!(failures.is_empty(), "{log}");
+    for e in crate::dst::ENGINES {
+        assert!(
+            log.contains(&format!("{e}: {seeds} of {seeds} seeds passed")),
+            "{log}"
+        );
+    }
+}
+
+#[test]
+fn a_dst_seed_replays_exactly() {
+    // The same seed twice gives the same report, apart from wall-clock time.
+    let path = std::env::temp_dir().join(format!("dmkv-replay-{}.json", std::process::id()));
+    let run = || {
+        let out = dmkv(&[
+            "bench",
+            "--transport",
+            "sim",
+            "--engine",
+            "race,rolex",
+            "--workload",
+            "ycsb-a",
+            "--keys",
+            "2000",
+            "--ops",
+            "3000",
+            "--compute-nodes",
+            "2",
+            "--jitter-ns",
+            "300",
+            "--seed",
+            "7",
+            "--verify",
+            "--json",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(out.code, 0, "{}", out.err);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for r in v.as_array_mut().unwrap() {
+            r["sim"].as_object_mut().unwrap().remove("wall");
+        }
+        v
+    };
+    assert_eq!(run(), run());
+    let _ = std::fs::remove_file(&path);
+}

@@ -510,12 +510,23 @@ impl Ctx<'_> {
                 for (o, s) in &higher {
                     cas.cas(self.addr_in(entry, *o)?, s.0, 0);
                 }
-                self.run(cas).await?;
+                let res = self.run(cas).await?;
                 self.t
                     .stats
                     .insert_conflicts
                     .fetch_add(1, Ordering::Relaxed);
-                continue;
+                if (0..higher.len()).any(|i| res.word(i) != higher[i].1.0) {
+                    // A higher claim turned visible (or changed) first: look
+                    // again; the next read decides.
+                    continue;
+                }
+                // Every higher claim is struck: turn visible now. Re-reading
+                // first would let the struck claimers re-claim faster than
+                // this loop goes round (three round trips against their
+                // two), a livelock the simulated cluster found with eight
+                // racers. The CAS below is still the decision: a lower claim
+                // that landed meanwhile strikes this one first and makes it
+                // fail, or finds it visible and loses.
             }
             let mut cas = self.ep.batch();
             let c = cas.cas(self.addr_in(entry, off)?, claim.0, claim.final_().0);

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Long deterministic-simulation sweeps (CI runs 300 seeds per engine; this
+# runs as many as you like). Every failing seed is printed with the command
+# that replays exactly that run.
+#
+#   scripts/dst-sweep.sh [SEEDS] [FIRST_SEED] [extra `dmkv dst` flags...]
+#   scripts/dst-sweep.sh 20000 0 --engine race,rolex --jitter-ns 1000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=${1:-10000}
+first=${2:-0}
+shift $(( $# > 2 ? 2 : $# ))
+cargo build --release --quiet
+exec ./target/release/dmkv dst --seeds "$seeds" --first-seed "$first" "$@"
