@@ -290,12 +290,27 @@ impl EngineSpec for ScaleStoreSpec {
         // The page provider and the re-poll thread hold the node; they stop
         // when the runtime (and with it the pool) goes away.
         let pool = rt.worker_pool(&format!("{}-provider-repoll", args.instance), 2);
-        let alive = Arc::downgrade(&pool);
-        let n = node.clone();
-        pool.submit(move || provider::run(&n, || alive.strong_count() > 0));
-        let alive = Arc::downgrade(&pool);
-        let n = node.clone();
-        pool.submit(move || repoll::run(&n, || alive.strong_count() > 0));
+        if dmkv_transport::sim::active() {
+            // The simulated cluster runs on one thread: the two loops are
+            // runtime background tasks that wait in virtual time.
+            let alive = Arc::downgrade(&pool);
+            let n = node.clone();
+            let _provider = dmkv_transport::exec::spawn_simulated(async move {
+                provider::run_async(&n, || alive.strong_count() > 0).await
+            });
+            let alive = Arc::downgrade(&pool);
+            let n = node.clone();
+            let _repoll = dmkv_transport::exec::spawn_simulated(async move {
+                repoll::run_async(&n, || alive.strong_count() > 0).await
+            });
+        } else {
+            let alive = Arc::downgrade(&pool);
+            let n = node.clone();
+            pool.submit(move || provider::run(&n, || alive.strong_count() > 0));
+            let alive = Arc::downgrade(&pool);
+            let n = node.clone();
+            pool.submit(move || repoll::run(&n, || alive.strong_count() > 0));
+        }
         Ok(())
     }
 

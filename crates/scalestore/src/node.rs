@@ -24,6 +24,7 @@ use dmkv_transport::{Endpoint, Fabric, NodeId, RegionMem, RemoteRegion, ServiceI
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -176,6 +177,8 @@ pub struct ScaleNode {
     pub repoll: Repoll,
     /// Wakes the page provider when a worker finds no free slot.
     provider_wake: (Mutex<bool>, Condvar),
+    /// The page provider's task, waiting in virtual time (`--transport sim`).
+    provider_waker: Mutex<Option<std::task::Waker>>,
     pub stop: AtomicBool,
     /// The default data directory, removed when the node goes away.
     pub tmp: Mutex<Option<tempfile::TempDir>>,
@@ -222,6 +225,7 @@ impl ScaleNode {
             alloc_rr: AtomicU64::new(index as u64),
             repoll: Repoll::default(),
             provider_wake: (Mutex::new(false), Condvar::new()),
+            provider_waker: Mutex::new(None),
             stop: AtomicBool::new(false),
             tmp: Mutex::new(None),
             cfg,
@@ -286,6 +290,26 @@ impl ScaleNode {
         let (m, cv) = &self.provider_wake;
         *m.lock() = true;
         cv.notify_one();
+        if let Some(w) = self.provider_waker.lock().take() {
+            w.wake();
+        }
+    }
+
+    /// [`ScaleNode::provider_sleep`] for the provider's task under the
+    /// simulated cluster: waits in virtual time until woken or `d` passed.
+    pub async fn provider_wait(&self, d: Duration) {
+        let mut sleep = Box::pin(dmkv_transport::exec::sleep(d));
+        std::future::poll_fn(|cx| {
+            let (m, _) = &self.provider_wake;
+            let mut woken = m.lock();
+            if *woken || sleep.as_mut().poll(cx).is_ready() {
+                *woken = false;
+                return std::task::Poll::Ready(());
+            }
+            *self.provider_waker.lock() = Some(cx.waker().clone());
+            std::task::Poll::Pending
+        })
+        .await
     }
 
     /// The page provider sleeps until woken or `d` passed.
@@ -356,7 +380,7 @@ impl ScaleNode {
             .join(format!("shard{id}-on-node{}.pages", self.index));
         let s = Arc::new(Shard {
             id,
-            file: PageFile::create(&path)?,
+            file: PageFile::create(&path, self.id)?,
             next_slot: AtomicU64::new(next_slot),
             clock: AtomicU64::new(clock),
             frozen: AtomicBool::new(false),

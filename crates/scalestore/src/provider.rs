@@ -349,6 +349,20 @@ impl Provider {
 }
 
 /// Runs rounds until `keep_going` says stop.
+/// [`run`] as a task of the simulated cluster: the same rounds, waiting in
+/// virtual time between them.
+pub async fn run_async(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
+    let Ok(ep) = node.fabric.endpoint(node.id) else {
+        return;
+    };
+    let mut p = Provider::new();
+    while keep_going() && !node.stop.load(Ordering::Relaxed) {
+        if !p.round(node, &ep) {
+            node.provider_wait(Duration::from_millis(1)).await;
+        }
+    }
+}
+
 pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     let Ok(ep) = node.fabric.endpoint(node.id) else {
         return;

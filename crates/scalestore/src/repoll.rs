@@ -26,6 +26,8 @@ struct State {
     kicked: Vec<u32>,
     parked: BTreeSet<u32>,
     stop: bool,
+    /// The re-poll task, waiting in virtual time (`--transport sim`).
+    waker: Option<std::task::Waker>,
 }
 
 /// The kick queue of one node's re-poll thread.
@@ -38,8 +40,15 @@ pub struct Repoll {
 impl Repoll {
     /// Frame `fi` may have servable parked work.
     pub fn kick(&self, fi: u32) {
-        self.state.lock().kicked.push(fi);
+        let w = {
+            let mut s = self.state.lock();
+            s.kicked.push(fi);
+            s.waker.take()
+        };
         self.cv.notify_one();
+        if let Some(w) = w {
+            w.wake();
+        }
     }
 
     /// Frame `fi` has parked work (swept until [`Repoll::clear`]).
@@ -58,8 +67,45 @@ impl Repoll {
     }
 
     pub fn stop(&self) {
-        self.state.lock().stop = true;
+        let w = {
+            let mut s = self.state.lock();
+            s.stop = true;
+            s.waker.take()
+        };
         self.cv.notify_all();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// [`Repoll::next`] for the re-poll task under the simulated cluster:
+    /// waits in virtual time.
+    async fn next_async(&self) -> Option<Vec<u32>> {
+        let wait = if self.state.lock().parked.is_empty() {
+            IDLE
+        } else {
+            SWEEP
+        };
+        let mut sleep = Box::pin(dmkv_transport::exec::sleep(wait));
+        std::future::poll_fn(|cx| {
+            use std::future::Future;
+            let mut s = self.state.lock();
+            if s.stop {
+                return std::task::Poll::Ready(None);
+            }
+            if !s.kicked.is_empty() {
+                let mut v = std::mem::take(&mut s.kicked);
+                v.sort_unstable();
+                v.dedup();
+                return std::task::Poll::Ready(Some(v));
+            }
+            if sleep.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(Some(s.parked.iter().copied().collect()));
+            }
+            s.waker = Some(cx.waker().clone());
+            std::task::Poll::Pending
+        })
+        .await
     }
 
     /// The next frames to look at: kicked ones, or after a sweep interval
@@ -80,6 +126,18 @@ impl Repoll {
         v.sort_unstable();
         v.dedup();
         Some(v)
+    }
+}
+
+/// [`run`] as a task of the simulated cluster.
+pub async fn run_async(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
+    while keep_going() {
+        let Some(frames) = node.repoll.next_async().await else {
+            return;
+        };
+        for fi in frames {
+            node.retry_parked(fi);
+        }
     }
 }
 

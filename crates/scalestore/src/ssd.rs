@@ -50,6 +50,9 @@ impl AlignedPage {
 /// One shard's page file.
 pub struct PageFile {
     file: File,
+    /// The node whose SSD holds the file (the simulated cluster charges its
+    /// I/O to that node's device).
+    node: dmkv_transport::NodeId,
     path: PathBuf,
     direct: bool,
     #[cfg(target_os = "linux")]
@@ -60,7 +63,7 @@ pub struct PageFile {
 
 impl PageFile {
     /// Creates (or truncates) the file at `path`.
-    pub fn create(path: &Path) -> io::Result<PageFile> {
+    pub fn create(path: &Path, node: dmkv_transport::NodeId) -> io::Result<PageFile> {
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
             o.read(true).write(true).create(true).truncate(true);
@@ -75,6 +78,7 @@ impl PageFile {
         };
         Ok(PageFile {
             file,
+            node,
             path: path.to_path_buf(),
             direct,
             #[cfg(target_os = "linux")]
@@ -115,6 +119,7 @@ impl PageFile {
     /// Reads page `slot` into `out`; a slot never written reads as zeroes.
     pub fn read(&self, slot: u64, out: &mut AlignedPage) -> io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        dmkv_transport::sim::ssd_io_blocking(self.node, false, 1);
         let pos = slot * PAGE_SIZE as u64;
         let buf = out.bytes_mut();
         let mut done = 0;
@@ -136,6 +141,7 @@ impl PageFile {
             return Ok(());
         }
         self.writes.fetch_add(pages.len() as u64, Ordering::Relaxed);
+        dmkv_transport::sim::ssd_io_blocking(self.node, true, pages.len());
         #[cfg(target_os = "linux")]
         {
             let mut ring = self.ring.lock();
@@ -205,7 +211,8 @@ mod tests {
     #[test]
     fn pages_round_trip_through_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let f = PageFile::create(&dir.path().join("shard0.pages")).unwrap();
+        let f =
+            PageFile::create(&dir.path().join("shard0.pages"), dmkv_transport::NodeId(0)).unwrap();
         let mut a = AlignedPage::default();
         a.bytes_mut()[..3].copy_from_slice(b"abc");
         let mut b = AlignedPage::default();

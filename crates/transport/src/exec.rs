@@ -269,6 +269,17 @@ pub fn spawn_background(
     }
 }
 
+/// [`spawn_background`] for a future that is not `Send` (it holds an
+/// endpoint): only inside a simulation, where everything runs on one thread.
+/// Returns the future back elsewhere, for the caller to run its own way.
+pub fn spawn_simulated(
+    fut: impl Future<Output = ()> + 'static,
+) -> Result<BackgroundHandle, Pin<Box<dyn Future<Output = ()>>>> {
+    crate::sim::spawn_background(Box::pin(fut)).map(|index| BackgroundHandle {
+        inner: BgInner::Sim(index),
+    })
+}
+
 /// Waits for a background activity; see [`spawn_background`].
 pub struct BackgroundHandle {
     inner: BgInner,

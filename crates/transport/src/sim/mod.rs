@@ -243,6 +243,19 @@ pub async fn ssd_io(node: NodeId, write: bool) {
     sleep_until_ns(done).await
 }
 
+/// Waits synchronously (a worker's or handler's own I/O) for `count` I/Os
+/// submitted together to `node`'s SSD: returns when the last completes, in
+/// virtual time under `sim`; at once elsewhere.
+pub fn ssd_io_blocking(node: NodeId, write: bool, count: usize) {
+    let Some(sim) = current() else { return };
+    let done = (0..count.max(1))
+        .map(|_| net::ssd_io(&sim, node, write))
+        .max()
+        .unwrap_or(0);
+    drop(sim);
+    crate::exec::block_on(sleep_until_ns(done));
+}
+
 /// How to build a simulation.
 #[derive(Debug, Clone)]
 pub struct SimConfig {

@@ -300,12 +300,16 @@ impl Sched {
         let _registered = FrameRegistration::new(self, &frame);
         while frame.remaining.get() > 0 {
             let mut polled = false;
-            let frames: Vec<FramePtr> = self.frames.borrow().clone();
-            for f in frames.iter().rev() {
+            // Innermost first. Frames below this one stay registered while
+            // it runs (nested frames push and pop above it), so the indices
+            // stay valid across the polls.
+            let depth = self.frames.borrow().len();
+            for k in (0..depth).rev() {
+                let f = self.frames.borrow()[k];
                 // SAFETY: every registered frame lives on the stack below or
                 // at this call and unregisters itself (the registration guard)
                 // before it is dropped; frames are used on this thread only.
-                polled |= unsafe { &**f }.poll_ready();
+                polled |= unsafe { &*f }.poll_ready();
             }
             polled |= self.poll_background();
             if frame.remaining.get() == 0 {
