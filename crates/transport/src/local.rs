@@ -23,7 +23,6 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -75,10 +74,29 @@ impl Default for LocalConfig {
 struct Inner {
     nodes: RwLock<Vec<Arc<NodeState>>>,
     faults: RwLock<Faults>,
+    /// Whether `faults` injects anything, so that verbs on the fault-free
+    /// path need not take the lock.
+    faults_active: AtomicBool,
     rpc_timeout: Duration,
 }
 
+impl Faults {
+    /// Whether any fault or delay is injected.
+    fn any(&self) -> bool {
+        *self != Faults::default()
+    }
+}
+
 impl Inner {
+    /// The faults now in force; the common fault-free case takes no lock.
+    fn faults(&self) -> Faults {
+        if self.faults_active.load(Ordering::Acquire) {
+            self.faults.read().clone()
+        } else {
+            Faults::default()
+        }
+    }
+
     fn node(&self, id: NodeId) -> Result<Arc<NodeState>> {
         self.nodes
             .read()
@@ -180,6 +198,7 @@ impl LocalCluster {
         LocalCluster {
             inner: Arc::new(Inner {
                 nodes: RwLock::new(Vec::new()),
+                faults_active: AtomicBool::new(config.faults.any()),
                 faults: RwLock::new(config.faults),
                 rpc_timeout: config.rpc_timeout,
             }),
@@ -238,7 +257,11 @@ impl LocalCluster {
     }
 
     pub fn set_faults(&self, faults: Faults) {
-        *self.inner.faults.write() = faults;
+        let mut f = self.inner.faults.write();
+        self.inner
+            .faults_active
+            .store(faults.any(), Ordering::Release);
+        *f = faults;
     }
 
     /// Crashes `node`: its memory is gone, its handlers stop, every later
@@ -335,14 +358,13 @@ impl Fabric for LocalFabric {
         Ok(Endpoint::new(Box::new(LocalEndpoint {
             inner: self.inner.clone(),
             node,
-            regions: RefCell::new(HashMap::new()),
+            regions: RefCell::new(Vec::new()),
             rng: RefCell::new(SmallRng::from_entropy()),
         })))
     }
 }
 
 /// A region resolved once and reused while its node's generation holds.
-#[derive(Clone)]
 struct ResolvedRegion {
     node: Arc<NodeState>,
     generation: u64,
@@ -353,48 +375,40 @@ struct ResolvedRegion {
 struct LocalEndpoint {
     inner: Arc<Inner>,
     node: NodeId,
-    regions: RefCell<HashMap<(NodeId, RegionId), ResolvedRegion>>,
+    /// Resolved regions, indexed by node id and then region id (both are
+    /// small dense counters), so a verb finds its memory without hashing or
+    /// reference counting.
+    regions: RefCell<Vec<Vec<Option<ResolvedRegion>>>>,
     rng: RefCell<SmallRng>,
 }
 
 impl LocalEndpoint {
-    /// Finds the memory behind `addr` after checking node, region and key.
-    fn resolve(&self, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
-        let cached = self
-            .regions
-            .borrow()
-            .get(&(addr.node, addr.region))
-            .cloned();
-        let r = match cached {
-            Some(r) if r.node.region_generation.load(Ordering::Acquire) == r.generation => r,
-            _ => {
-                let node = self.inner.node(addr.node)?;
-                let generation = node.region_generation.load(Ordering::Acquire);
-                let (key, mem) = {
-                    let regions = node.regions.read();
-                    match regions.get(addr.region.0 as usize) {
-                        Some(Some(e)) => (e.key, e.mem.clone()),
-                        _ => {
-                            node.check_up()?;
-                            return Err(TransportError::NoSuchRegion {
-                                node: addr.node,
-                                region: addr.region,
-                            });
-                        }
-                    }
-                };
-                let r = ResolvedRegion {
-                    node,
-                    generation,
-                    key,
-                    mem,
-                };
-                self.regions
-                    .borrow_mut()
-                    .insert((addr.node, addr.region), r.clone());
-                r
+    /// Runs `f` on the memory behind `addr` after checking node, region and
+    /// key.
+    fn with_region<R>(&self, addr: &RemoteAddr, f: impl FnOnce(&RegionMem) -> R) -> Result<R> {
+        let (n, i) = (addr.node.0 as usize, addr.region.0 as usize);
+        {
+            let cache = self.regions.borrow();
+            if let Some(Some(r)) = cache.get(n).and_then(|regions| regions.get(i))
+                && r.node.region_generation.load(Ordering::Acquire) == r.generation
+            {
+                return Self::checked(r, addr).map(|mem| f(mem));
             }
-        };
+        }
+        let r = self.resolve_slow(addr)?;
+        let mut cache = self.regions.borrow_mut();
+        if cache.len() <= n {
+            cache.resize_with(n + 1, Vec::new);
+        }
+        if cache[n].len() <= i {
+            cache[n].resize_with(i + 1, || None);
+        }
+        let r = cache[n][i].insert(r);
+        Self::checked(r, addr).map(|mem| f(mem))
+    }
+
+    /// The region's memory if its node is up and `addr` carries its key.
+    fn checked<'r>(r: &'r ResolvedRegion, addr: &RemoteAddr) -> Result<&'r RegionMem> {
         r.node.check_up()?;
         if r.key != addr.key {
             return Err(TransportError::AccessDenied {
@@ -402,7 +416,32 @@ impl LocalEndpoint {
                 region: addr.region,
             });
         }
-        Ok(r.mem)
+        Ok(&r.mem)
+    }
+
+    /// Looks `addr`'s region up in its node's table.
+    fn resolve_slow(&self, addr: &RemoteAddr) -> Result<ResolvedRegion> {
+        let node = self.inner.node(addr.node)?;
+        let generation = node.region_generation.load(Ordering::Acquire);
+        let (key, mem) = {
+            let regions = node.regions.read();
+            match regions.get(addr.region.0 as usize) {
+                Some(Some(e)) => (e.key, e.mem.clone()),
+                _ => {
+                    node.check_up()?;
+                    return Err(TransportError::NoSuchRegion {
+                        node: addr.node,
+                        region: addr.region,
+                    });
+                }
+            }
+        };
+        Ok(ResolvedRegion {
+            node,
+            generation,
+            key,
+            mem,
+        })
     }
 
     fn map_access(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
@@ -422,15 +461,13 @@ impl LocalEndpoint {
     fn perform(&self, verb: Verb) -> Result<VerbResult> {
         match verb {
             Verb::Read { addr, len } => {
-                let mem = self.resolve(&addr)?;
                 let mut buf = vec![0; len];
-                mem.read(addr.offset, &mut buf)
+                self.with_region(&addr, |mem| mem.read(addr.offset, &mut buf))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Read(buf))
             }
             Verb::Write { addr, data } => {
-                let mem = self.resolve(&addr)?;
-                mem.write(addr.offset, &data)
+                self.with_region(&addr, |mem| mem.write(addr.offset, &data))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Write)
             }
@@ -439,16 +476,14 @@ impl LocalEndpoint {
                 expected,
                 new,
             } => {
-                let mem = self.resolve(&addr)?;
-                let v = mem
-                    .cas_u64(addr.offset, expected, new)
+                let v = self
+                    .with_region(&addr, |mem| mem.cas_u64(addr.offset, expected, new))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Cas(v))
             }
             Verb::Faa { addr, add } => {
-                let mem = self.resolve(&addr)?;
-                let v = mem
-                    .faa_u64(addr.offset, add)
+                let v = self
+                    .with_region(&addr, |mem| mem.faa_u64(addr.offset, add))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Faa(v))
             }
@@ -458,8 +493,7 @@ impl LocalEndpoint {
     /// A read copied in random word-aligned pieces with yields in between, so
     /// that writers on other tasks and threads land in the middle of it.
     async fn torn_read(&self, addr: RemoteAddr, len: usize) -> Result<VerbResult> {
-        let mem = self.resolve(&addr)?;
-        mem.check(addr.offset, len as u64)
+        self.with_region(&addr, |mem| mem.check(addr.offset, len as u64))?
             .map_err(|e| Self::map_access(&addr, e))?;
         let mut buf = vec![0; len];
         let mut done = 0;
@@ -468,7 +502,7 @@ impl LocalEndpoint {
             // End pieces on word boundaries of the region.
             let pos = addr.offset as usize + done;
             let n = (piece - pos % 8).min(len - done);
-            mem.read(pos as u64, &mut buf[done..done + n])
+            self.with_region(&addr, |mem| mem.read(pos as u64, &mut buf[done..done + n]))?
                 .map_err(|e| Self::map_access(&addr, e))?;
             done += n;
             if done < len {
@@ -486,7 +520,7 @@ impl EndpointBackend for LocalEndpoint {
     }
 
     fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
-        let faults = self.inner.faults.read().clone();
+        let faults = self.inner.faults();
         if faults.round_trip_latency.is_zero() && !faults.torn_reads {
             // The verbs run now, against the memory, like a NIC would; the
             // task still yields once, as a real round trip would make it.
@@ -530,7 +564,7 @@ impl EndpointBackend for LocalEndpoint {
                 "node {node} has no handler threads and serves no RPCs"
             ))));
         }
-        let faults = self.inner.faults.read().clone();
+        let faults = self.inner.faults();
         let timeout = self.inner.rpc_timeout;
         let dropped = faults.rpc_drop_probability > 0.0
             && self

@@ -7,7 +7,7 @@
 //! travels back in the reply and is charged to the caller's counters.
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteRegion, ServiceId};
-use crate::cputime::thread_cpu_ns;
+use crate::cputime::CpuStopwatch;
 use crate::error::{ErrorCode, ServiceError};
 use crate::wire::{WireReader, WireWriter};
 use parking_lot::RwLock;
@@ -184,10 +184,16 @@ pub struct ServiceTable {
     next_id: AtomicU32,
     served: AtomicU64,
     handler_cpu_ns: AtomicU64,
+    /// Replies handed to their transport so far, and the time that took
+    /// (waking the caller, or posting the reply message).
+    replies_sent: AtomicU64,
+    reply_send_ns: AtomicU64,
 }
 
 impl ServiceTable {
     pub fn new() -> Self {
+        // Calibrate the stopwatch now rather than inside the first RPC.
+        let _ = CpuStopwatch::start().elapsed_ns();
         Self {
             next_id: AtomicU32::new(1),
             ..Default::default()
@@ -267,7 +273,8 @@ impl ServiceTable {
         self.regions.read().get(name).copied()
     }
 
-    /// RPCs served and the handler CPU they took, since the node started.
+    /// RPCs served and the handler CPU they took (with sending their
+    /// replies), since the node started.
     pub fn served(&self) -> (u64, u64) {
         (
             self.served.load(Ordering::Relaxed),
@@ -285,7 +292,7 @@ impl ServiceTable {
         request: &[u8],
         send: impl FnOnce(Reply) + Send + 'static,
     ) {
-        let start = thread_cpu_ns();
+        let start = CpuStopwatch::start();
         let handler = if service == ServiceId::DIRECTORY {
             None
         } else {
@@ -324,7 +331,7 @@ impl ServiceTable {
                     h.handle(ctx, request, responder)
                 }))
                 .is_err();
-                let cpu = thread_cpu_ns().saturating_sub(start);
+                let cpu = start.elapsed_ns() + self.mean_reply_send_ns();
                 self.served.fetch_add(1, Ordering::Relaxed);
                 self.handler_cpu_ns.fetch_add(cpu, Ordering::Relaxed);
                 let mut p = pending.lock();
@@ -338,16 +345,45 @@ impl ServiceTable {
         }
     }
 
-    /// Sends an immediate reply with the CPU time since `start`.
-    fn finish(&self, start: u64, result: Result<Vec<u8>, ServiceError>, send: impl FnOnce(Reply)) {
-        let server_cpu_ns = thread_cpu_ns().saturating_sub(start);
+    /// Sends an immediate reply charged with the time since `start` and
+    /// the cost of sending it.
+    ///
+    /// The reply carries its cost, so the send cannot be timed before it
+    /// goes out: each reply is charged the mean send time measured over this
+    /// node's earlier replies, and every send is timed after the fact into
+    /// the node-wide total of [`ServiceTable::served`].
+    fn finish(
+        &self,
+        start: CpuStopwatch,
+        result: Result<Vec<u8>, ServiceError>,
+        send: impl FnOnce(Reply),
+    ) {
+        let handler_ns = start.elapsed_ns();
+        let server_cpu_ns = handler_ns + self.mean_reply_send_ns();
         self.served.fetch_add(1, Ordering::Relaxed);
-        self.handler_cpu_ns
-            .fetch_add(server_cpu_ns, Ordering::Relaxed);
+        let sending = CpuStopwatch::start();
         send(Reply {
             result,
             server_cpu_ns,
         });
+        self.record_reply_send(sending.elapsed_ns());
+        self.handler_cpu_ns
+            .fetch_add(start.elapsed_ns(), Ordering::Relaxed);
+    }
+
+    /// The mean time a reply of this node has taken to send so far.
+    fn mean_reply_send_ns(&self) -> u64 {
+        let n = self.replies_sent.load(Ordering::Relaxed);
+        if n == 0 {
+            0
+        } else {
+            self.reply_send_ns.load(Ordering::Relaxed) / n
+        }
+    }
+
+    fn record_reply_send(&self, ns: u64) {
+        self.replies_sent.fetch_add(1, Ordering::Relaxed);
+        self.reply_send_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     fn directory(&self, node: NodeId, request: &[u8]) -> Result<Vec<u8>, ServiceError> {
