@@ -175,6 +175,7 @@ impl NodeState {
     /// blocking on it: first a short spin, then yielding the core between
     /// polls (so a compute thread on a shared core still runs). `None` once
     /// the queue is closed.
+    #[inline(never)] // kept apart so profiles can tell idle polling from work
     fn wait_for_request(&self) -> Option<Msg> {
         const SPINS: u32 = 64;
         let mut polls = 0u32;
@@ -199,7 +200,12 @@ impl NodeState {
     }
 
     fn serve(self: Arc<Self>) {
-        while let Some(Msg::Call(req)) = self.wait_for_request() {
+        loop {
+            let msg = match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(_) => self.wait_for_request(),
+            };
+            let Some(Msg::Call(req)) = msg else { return };
             if self.crashed.load(Ordering::Acquire) {
                 continue;
             }

@@ -178,7 +178,9 @@ enum Handler {
 /// The services and published regions of one node.
 #[derive(Default)]
 pub struct ServiceTable {
-    handlers: RwLock<HashMap<u32, (String, Handler)>>,
+    /// Indexed by service id (ids are handed out densely from 1), so a
+    /// request finds its handler without hashing.
+    handlers: RwLock<Vec<Option<Handler>>>,
     names: RwLock<HashMap<String, ServiceId>>,
     regions: RwLock<HashMap<String, RemoteRegion>>,
     next_id: AtomicU32,
@@ -227,9 +229,12 @@ impl ServiceTable {
             )));
         }
         let id = ServiceId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.handlers
-            .write()
-            .insert(id.0, (name.to_string(), handler));
+        let mut handlers = self.handlers.write();
+        let i = id.0 as usize;
+        if handlers.len() <= i {
+            handlers.resize_with(i + 1, || None);
+        }
+        handlers[i] = Some(handler);
         names.insert(name.to_string(), id);
         Ok(id)
     }
@@ -237,7 +242,9 @@ impl ServiceTable {
     /// Removes the service registered under `name`, if any.
     pub fn unregister(&self, name: &str) {
         if let Some(id) = self.names.write().remove(name) {
-            self.handlers.write().remove(&id.0);
+            if let Some(slot) = self.handlers.write().get_mut(id.0 as usize) {
+                *slot = None;
+            }
         }
     }
 
@@ -296,7 +303,12 @@ impl ServiceTable {
         let handler = if service == ServiceId::DIRECTORY {
             None
         } else {
-            match self.handlers.read().get(&service.0).map(|(_, h)| h.clone()) {
+            let found = self
+                .handlers
+                .read()
+                .get(service.0 as usize)
+                .and_then(|h| h.clone());
+            match found {
                 Some(h) => Some(h),
                 None => {
                     let error = ServiceError::new(
