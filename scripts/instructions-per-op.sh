@@ -12,7 +12,10 @@
 #
 # Attribution is by the source file each instruction comes from (so code
 # inlined into a caller still counts for the crate it was written in), else by
-# the crate of the function symbol:
+# the crate of the function symbol; std and dependency generics that belong to
+# no crate of ours (Vec::from_iter, iterator folds, hash maps) are split over
+# the categories of their callers, weighted by what each caller spends in them;
+# libc (malloc, free, memcpy) stays framework, wherever it is called from:
 #   engine    - the engine crates (xstore, rolex, outback, race, sherman,
 #               rpc-hash, rpc-btree, cell, xtree, scalestore)
 #   harness   - dmkv-bench (request generation, answer checking, recording)
@@ -71,6 +74,7 @@ def parse(path):
     skip_next = False
     idle_calls = 0
     callee = ""
+    edges = defaultdict(int)
     def name(kind, rest):
         m = re.match(r"\((\d+)\)(?: (.*))?", rest)
         if not m:
@@ -90,8 +94,10 @@ def parse(path):
                     # (clock reads, parking) is idle too.
                     skip_next = False
                     parts = line.split()
-                    if len(parts) > 1 and IDLE_FN.search(fn) and not IDLE_FN.search(callee):
-                        idle_calls += int(parts[1])
+                    if len(parts) > 1:
+                        edges[(fn, callee)] += int(parts[1])
+                        if IDLE_FN.search(fn) and not IDLE_FN.search(callee):
+                            idle_calls += int(parts[1])
                     continue
                 parts = line.split()
                 if len(parts) > 1:
@@ -114,7 +120,7 @@ def parse(path):
                 callee = name("fn", rest)
             elif key == "calls":
                 skip_next = True
-    return cost, idle_calls
+    return cost, idle_calls, edges
 
 def crate_of_symbol(fn):
     m = re.search(r"dmkv_(\w+?)::", fn)
@@ -151,7 +157,59 @@ def classify(file, fn, ob):
         return "harness"
     return "framework"
 
-(a, idle_a), (b, idle_b) = parse(small), parse(large)
+(a, idle_a, _), (b, idle_b, edges) = parse(small), parse(large)
+callers = defaultdict(list)
+for (caller, callee), w in edges.items():
+    if caller != callee:
+        callers[callee].append((caller, w))
+
+def symbol_category(fn):
+    """The category of a function by the crate its symbol names, or None."""
+    if IDLE_FN.search(fn):
+        return "idle"
+    crate = crate_of_symbol(fn)
+    if crate is None:
+        return None
+    if crate in ENGINES or "checksum::" in fn:
+        return "engine"
+    if crate == "bench":
+        return "framework" if "metered::" in fn else "harness"
+    if crate == "testkit" or "payload::" in fn:
+        return "harness"
+    return "framework"
+
+def caller_mix(fn, depth=0, seen=()):
+    """How a function that belongs to no crate of ours (a std or dependency
+    generic, e.g. Vec::from_iter) splits over the categories of the code
+    calling it, weighted by the instructions each caller spends in it."""
+    mix = defaultdict(float)
+    ws = callers.get(fn, [])
+    total_w = sum(w for _, w in ws)
+    if depth > 6 or total_w == 0:
+        return {"framework": 1.0}
+    for c, w in ws:
+        cat = symbol_category(c)
+        if cat is not None:
+            mix[cat] += w / total_w
+        elif c in seen:
+            mix["framework"] += w / total_w
+        else:
+            for k, v in caller_mix(c, depth + 1, seen + (fn,)).items():
+                mix[k] += v * w / total_w
+    return mix
+
+SYSTEM_OBJ = re.compile(r"libc\.so|ld-linux|vgpreload|libm\.so|libgcc")
+_mix_cache = {}
+def categories(file, fn, ob):
+    """{category: share} of one cost entry."""
+    cat = classify(file, fn, ob)
+    owned = re.search(r"/crates/|(^|/)src/\w+\.rs$", file) and "/rustc/" not in file and ".cargo" not in file
+    if cat == "framework" and not owned and crate_of_symbol(fn) is None and not SYSTEM_OBJ.search(ob):
+        if fn not in _mix_cache:
+            _mix_cache[fn] = caller_mix(fn)
+        return _mix_cache[fn]
+    return {cat: 1.0}
+
 per_fn = defaultdict(float)
 by_cat = defaultdict(float)
 # Calls made from idle loops were counted in their callees' categories
@@ -163,10 +221,10 @@ for k in set(a) | set(b):
     d = (b.get(k, 0) - a.get(k, 0)) / dops
     if d == 0:
         continue
-    cat = classify(*k)
-    by_cat[cat] += d
     short = re.sub(r"::h[0-9a-f]{16}$", "", k[1])
-    per_fn[(cat, short)] += d
+    for cat, share in categories(*k).items():
+        by_cat[cat] += d * share
+        per_fn[(cat, short)] += d * share
 total = sum(v for c, v in by_cat.items() if c != "idle")
 print(f"{engine} {workload}: instructions per operation (callgrind, differenced over {dops} ops)")
 for cat in ("harness", "framework", "engine"):

@@ -504,8 +504,8 @@ impl LocalEndpoint {
     fn perform(&self, verb: Verb) -> Result<VerbResult> {
         match verb {
             Verb::Read { addr, len } => {
-                let mut buf = vec![0; len];
-                self.with_region(&addr, |mem| mem.read(addr.offset, &mut buf))?
+                let buf = self
+                    .with_region(&addr, |mem| mem.read_vec(addr.offset, len))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Read(buf))
             }
