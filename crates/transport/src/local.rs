@@ -435,7 +435,7 @@ impl LocalEndpoint {
             if let Some(Some(r)) = cache.get(n).and_then(|regions| regions.get(i))
                 && r.node.region_generation.load(Ordering::Acquire) == r.generation
             {
-                return Self::checked(r, addr).map(|mem| f(mem));
+                return Self::checked(r, addr).map(f);
             }
         }
         let r = self.resolve_slow(addr)?;
@@ -447,7 +447,7 @@ impl LocalEndpoint {
             cache[n].resize_with(i + 1, || None);
         }
         let r = cache[n][i].insert(r);
-        Self::checked(r, addr).map(|mem| f(mem))
+        Self::checked(r, addr).map(f)
     }
 
     /// The region's memory if its node is up and `addr` carries its key.

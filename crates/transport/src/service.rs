@@ -241,10 +241,10 @@ impl ServiceTable {
 
     /// Removes the service registered under `name`, if any.
     pub fn unregister(&self, name: &str) {
-        if let Some(id) = self.names.write().remove(name) {
-            if let Some(slot) = self.handlers.write().get_mut(id.0 as usize) {
-                *slot = None;
-            }
+        if let Some(id) = self.names.write().remove(name)
+            && let Some(slot) = self.handlers.write().get_mut(id.0 as usize)
+        {
+            *slot = None;
         }
     }
 
@@ -386,11 +386,10 @@ impl ServiceTable {
     /// The mean time a reply of this node has taken to send so far.
     fn mean_reply_send_ns(&self) -> u64 {
         let n = self.replies_sent.load(Ordering::Relaxed);
-        if n == 0 {
-            0
-        } else {
-            self.reply_send_ns.load(Ordering::Relaxed) / n
-        }
+        self.reply_send_ns
+            .load(Ordering::Relaxed)
+            .checked_div(n)
+            .unwrap_or(0)
     }
 
     fn record_reply_send(&self, ns: u64) {
