@@ -7,7 +7,7 @@
 //! travels back in the reply and is charged to the caller's counters.
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteRegion, ServiceId};
-use crate::cputime::CpuStopwatch;
+use crate::cputime::{CpuStopwatch, thread_cpu_ns};
 use crate::error::{ErrorCode, ServiceError};
 use crate::wire::{WireReader, WireWriter};
 use parking_lot::RwLock;
@@ -186,16 +186,37 @@ pub struct ServiceTable {
     next_id: AtomicU32,
     served: AtomicU64,
     handler_cpu_ns: AtomicU64,
-    /// Replies handed to their transport so far, and the time that took
-    /// (waking the caller, or posting the reply message).
+    /// Immediate replies sent so far.
+    replies: AtomicU64,
+    /// Sampled reply sends (one in [`SEND_SAMPLE`]) and the thread CPU time
+    /// they took (waking the caller, or posting the reply message).
     replies_sent: AtomicU64,
     reply_send_ns: AtomicU64,
 }
 
+/// One reply in this many has its send timed in thread CPU time.
+const SEND_SAMPLE: u64 = 64;
+
+/// What two back-to-back [`thread_cpu_ns`] calls measure with nothing in
+/// between (the clock's own cost), subtracted from every sampled send.
+fn thread_clock_overhead_ns() -> u64 {
+    static OVERHEAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *OVERHEAD.get_or_init(|| {
+        (0..16)
+            .map(|_| {
+                let a = thread_cpu_ns();
+                thread_cpu_ns().saturating_sub(a)
+            })
+            .min()
+            .unwrap_or(0)
+    })
+}
+
 impl ServiceTable {
     pub fn new() -> Self {
-        // Calibrate the stopwatch now rather than inside the first RPC.
+        // Calibrate the clocks now rather than inside the first RPC.
         let _ = CpuStopwatch::start().elapsed_ns();
+        let _ = thread_clock_overhead_ns();
         Self {
             next_id: AtomicU32::new(1),
             ..Default::default()
@@ -280,7 +301,7 @@ impl ServiceTable {
         self.regions.read().get(name).copied()
     }
 
-    /// RPCs served and the handler CPU they took (with sending their
+    /// RPCs served and the handler CPU charged for them (with sending their
     /// replies), since the node started.
     pub fn served(&self) -> (u64, u64) {
         (
@@ -360,30 +381,38 @@ impl ServiceTable {
     /// Sends an immediate reply charged with the time since `start` and
     /// the cost of sending it.
     ///
-    /// The reply carries its cost, so the send cannot be timed before it
-    /// goes out: each reply is charged the mean send time measured over this
-    /// node's earlier replies, and every send is timed after the fact into
-    /// the node-wide total of [`ServiceTable::served`].
+    /// The reply carries its cost, so its own send cannot be timed before it
+    /// goes out: each reply is charged the mean send cost of this node's
+    /// sampled earlier replies. The send is sampled in thread CPU time (a
+    /// system call, so only one reply in [`SEND_SAMPLE`]), not with the
+    /// stopwatch: a send that wakes another thread (the UCX progress thread,
+    /// a caller on this core) may be preempted by it, and elapsed time would
+    /// charge the woken thread's work to this one.
     fn finish(
         &self,
         start: CpuStopwatch,
         result: Result<Vec<u8>, ServiceError>,
         send: impl FnOnce(Reply),
     ) {
-        let handler_ns = start.elapsed_ns();
-        let server_cpu_ns = handler_ns + self.mean_reply_send_ns();
+        let server_cpu_ns = start.elapsed_ns() + self.mean_reply_send_ns();
         self.served.fetch_add(1, Ordering::Relaxed);
-        let sending = CpuStopwatch::start();
-        send(Reply {
+        self.handler_cpu_ns
+            .fetch_add(server_cpu_ns, Ordering::Relaxed);
+        let reply = Reply {
             result,
             server_cpu_ns,
-        });
-        self.record_reply_send(sending.elapsed_ns());
-        self.handler_cpu_ns
-            .fetch_add(start.elapsed_ns(), Ordering::Relaxed);
+        };
+        if self.replies.fetch_add(1, Ordering::Relaxed) % SEND_SAMPLE == 0 {
+            let before = thread_cpu_ns();
+            send(reply);
+            let spent = thread_cpu_ns().saturating_sub(before);
+            self.record_reply_send(spent.saturating_sub(thread_clock_overhead_ns()));
+        } else {
+            send(reply);
+        }
     }
 
-    /// The mean time a reply of this node has taken to send so far.
+    /// The mean thread CPU time of this node's sampled reply sends.
     fn mean_reply_send_ns(&self) -> u64 {
         let n = self.replies_sent.load(Ordering::Relaxed);
         self.reply_send_ns
@@ -393,8 +422,8 @@ impl ServiceTable {
     }
 
     fn record_reply_send(&self, ns: u64) {
-        self.replies_sent.fetch_add(1, Ordering::Relaxed);
         self.reply_send_ns.fetch_add(ns, Ordering::Relaxed);
+        self.replies_sent.fetch_add(1, Ordering::Relaxed);
     }
 
     fn directory(&self, node: NodeId, request: &[u8]) -> Result<Vec<u8>, ServiceError> {
