@@ -402,7 +402,11 @@ impl ServiceTable {
             result,
             server_cpu_ns,
         };
-        if self.replies.fetch_add(1, Ordering::Relaxed) % SEND_SAMPLE == 0 {
+        if self
+            .replies
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SEND_SAMPLE)
+        {
             let before = thread_cpu_ns();
             send(reply);
             let spent = thread_cpu_ns().saturating_sub(before);
