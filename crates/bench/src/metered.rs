@@ -9,14 +9,16 @@
 //! [`OpKind`](dmkv_transport::OpKind) labels do not separate (YCSB F's
 //! read-modify-write is charged to `get` and `update` there).
 
-use dmkv_transport::{Counters, Endpoint, OpKind};
+#[cfg(test)]
+use dmkv_transport::OpKind;
+use dmkv_transport::{Counters, Endpoint};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// Everything `ep` has charged so far, over all operation kinds.
 pub fn total(ep: &Endpoint) -> Counters {
-    ep.counters().sum(&OpKind::ALL)
+    ep.total_counters()
 }
 
 /// `a - b`, field by field; `b` must be an earlier reading of the same
@@ -41,27 +43,58 @@ pub fn metered<'a, F: Future>(ep: &'a Endpoint, fut: F) -> Metered<'a, F> {
     Metered {
         ep,
         cost: Counters::default(),
-        inner: Box::pin(fut),
+        inner: fut,
     }
 }
 
-/// See [`metered`].
-pub struct Metered<'a, F> {
-    ep: &'a Endpoint,
-    cost: Counters,
-    inner: Pin<Box<F>>,
+pin_project_lite::pin_project! {
+    /// See [`metered`].
+    pub struct Metered<'a, F> {
+        ep: &'a Endpoint,
+        cost: Counters,
+        #[pin]
+        inner: F,
+    }
 }
 
 impl<F: Future> Future for Metered<'_, F> {
     type Output = (F::Output, Counters);
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
+        let this = self.project();
         let before = total(this.ep);
-        let polled = this.inner.as_mut().poll(cx);
-        this.cost += difference(&total(this.ep), &before);
+        let polled = this.inner.poll(cx);
+        *this.cost += difference(&total(this.ep), &before);
         match polled {
-            Poll::Ready(out) => Poll::Ready((out, this.cost)),
+            Poll::Ready(out) => Poll::Ready((out, *this.cost)),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmkv_transport::exec::block_on;
+    use dmkv_transport::local::{LocalCluster, LocalConfig};
+    use dmkv_transport::{NodeHost, labeled};
+
+    #[test]
+    fn total_is_the_sum_over_kinds_and_metering_sees_only_its_future() {
+        let cluster = LocalCluster::new(LocalConfig::default());
+        let mem = cluster.add_node(0);
+        let (region, _) = mem.register_region(64).unwrap();
+        let ep = cluster.fabric().endpoint(mem.id()).unwrap();
+        block_on(labeled(OpKind::Load, ep.read(region.at(0), 8))).unwrap();
+        let (r, cost) = block_on(metered(
+            &ep,
+            labeled(OpKind::Get, ep.read(region.at(8), 16)),
+        ));
+        r.unwrap();
+        assert_eq!(cost.reads, 1);
+        assert_eq!(cost.bytes_read, 16);
+        assert_eq!(total(&ep), ep.counters().sum(&OpKind::ALL));
+        assert_eq!(total(&ep).reads, 2);
+        ep.reset_counters();
+        assert_eq!(total(&ep), Counters::default());
     }
 }

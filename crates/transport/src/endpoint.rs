@@ -17,6 +17,9 @@ use std::cell::RefCell;
 pub struct Endpoint {
     backend: Box<dyn EndpointBackend>,
     counters: RefCell<CounterTable>,
+    /// The sum of `counters` over every kind, kept up to date as they are
+    /// bumped, so that metering an operation costs two small copies.
+    total: RefCell<Counters>,
 }
 
 impl Endpoint {
@@ -24,6 +27,7 @@ impl Endpoint {
         Endpoint {
             backend,
             counters: RefCell::new(CounterTable::default()),
+            total: RefCell::new(Counters::default()),
         }
     }
 
@@ -40,10 +44,18 @@ impl Endpoint {
     /// Clears the counters (e.g. between load and run).
     pub fn reset_counters(&self) {
         *self.counters.borrow_mut() = CounterTable::default();
+        *self.total.borrow_mut() = Counters::default();
     }
 
-    fn charge(&self, f: impl FnOnce(&mut Counters)) {
+    /// Everything charged so far, over all operation kinds (the sum of
+    /// [`Endpoint::counters`], without summing).
+    pub fn total_counters(&self) -> Counters {
+        *self.total.borrow()
+    }
+
+    fn charge(&self, f: impl Fn(&mut Counters)) {
         f(self.counters.borrow_mut().get_mut(current_kind()));
+        f(&mut self.total.borrow_mut());
     }
 
     /// Marks the start of one operation of the workload: the `sim` backend

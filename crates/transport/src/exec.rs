@@ -121,7 +121,10 @@ fn idle(shared: &Shared) {
             continue;
         }
         if start.elapsed() < SPIN_BEFORE_PARK {
-            std::hint::spin_loop();
+            // Give the core away while spinning: the reply this thread waits
+            // for may come from a handler thread that needs this very core
+            // (more busy threads than cores), and must not be starved.
+            std::thread::yield_now();
             continue;
         }
         shared.parker.park();

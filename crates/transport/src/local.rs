@@ -23,7 +23,6 @@ use parking_lot::{Mutex, RwLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -61,6 +60,11 @@ pub struct LocalConfig {
     pub faults: Faults,
     /// How long a caller waits for an RPC reply before it fails.
     pub rpc_timeout: Duration,
+    /// How long an idle handler thread keeps polling its queue (spinning
+    /// briefly, then yielding its core between polls) before it blocks until
+    /// a request wakes it. Polling keeps RPC latency free of OS wake-ups
+    /// while requests keep coming; blocking keeps an idle node off the CPU.
+    pub handler_poll: Duration,
 }
 
 impl Default for LocalConfig {
@@ -68,6 +72,7 @@ impl Default for LocalConfig {
         LocalConfig {
             faults: Faults::default(),
             rpc_timeout: Duration::from_secs(30),
+            handler_poll: Duration::from_millis(1),
         }
     }
 }
@@ -75,10 +80,30 @@ impl Default for LocalConfig {
 struct Inner {
     nodes: RwLock<Vec<Arc<NodeState>>>,
     faults: RwLock<Faults>,
+    /// Whether `faults` injects anything, so that verbs on the fault-free
+    /// path need not take the lock.
+    faults_active: AtomicBool,
     rpc_timeout: Duration,
+    handler_poll: Duration,
+}
+
+impl Faults {
+    /// Whether any fault or delay is injected.
+    fn any(&self) -> bool {
+        *self != Faults::default()
+    }
 }
 
 impl Inner {
+    /// The faults now in force; the common fault-free case takes no lock.
+    fn faults(&self) -> Faults {
+        if self.faults_active.load(Ordering::Acquire) {
+            self.faults.read().clone()
+        } else {
+            Faults::default()
+        }
+    }
+
     fn node(&self, id: NodeId) -> Result<Arc<NodeState>> {
         self.nodes
             .read()
@@ -116,6 +141,7 @@ struct NodeState {
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     handler_threads: usize,
+    handler_poll: Duration,
     handlers: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -145,8 +171,41 @@ impl NodeState {
         while self.rx.try_recv().is_ok() {}
     }
 
+    /// The next message, polling the queue for up to `handler_poll` before
+    /// blocking on it: first a short spin, then yielding the core between
+    /// polls (so a compute thread on a shared core still runs). `None` once
+    /// the queue is closed.
+    #[inline(never)] // kept apart so profiles can tell idle polling from work
+    fn wait_for_request(&self) -> Option<Msg> {
+        const SPINS: u32 = 64;
+        let mut polls = 0u32;
+        let mut since: Option<Instant> = None;
+        loop {
+            match self.rx.try_recv() {
+                Ok(m) => return Some(m),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            polls += 1;
+            if polls < SPINS {
+                std::hint::spin_loop();
+                continue;
+            }
+            let start = *since.get_or_insert_with(Instant::now);
+            if start.elapsed() >= self.handler_poll {
+                return self.rx.recv().ok();
+            }
+            std::thread::yield_now();
+        }
+    }
+
     fn serve(self: Arc<Self>) {
-        while let Ok(Msg::Call(req)) = self.rx.recv() {
+        loop {
+            let msg = match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(_) => self.wait_for_request(),
+            };
+            let Some(Msg::Call(req)) = msg else { return };
             if self.crashed.load(Ordering::Acquire) {
                 continue;
             }
@@ -180,8 +239,10 @@ impl LocalCluster {
         LocalCluster {
             inner: Arc::new(Inner {
                 nodes: RwLock::new(Vec::new()),
+                faults_active: AtomicBool::new(config.faults.any()),
                 faults: RwLock::new(config.faults),
                 rpc_timeout: config.rpc_timeout,
+                handler_poll: config.handler_poll,
             }),
         }
     }
@@ -201,6 +262,7 @@ impl LocalCluster {
             tx,
             rx,
             handler_threads,
+            handler_poll: self.inner.handler_poll,
             handlers: Mutex::new(Vec::new()),
         });
         for h in 0..handler_threads {
@@ -238,7 +300,11 @@ impl LocalCluster {
     }
 
     pub fn set_faults(&self, faults: Faults) {
-        *self.inner.faults.write() = faults;
+        let mut f = self.inner.faults.write();
+        self.inner
+            .faults_active
+            .store(faults.any(), Ordering::Release);
+        *f = faults;
     }
 
     /// Crashes `node`: its memory is gone, its handlers stop, every later
@@ -335,14 +401,13 @@ impl Fabric for LocalFabric {
         Ok(Endpoint::new(Box::new(LocalEndpoint {
             inner: self.inner.clone(),
             node,
-            regions: RefCell::new(HashMap::new()),
+            regions: RefCell::new(Vec::new()),
             rng: RefCell::new(SmallRng::from_entropy()),
         })))
     }
 }
 
 /// A region resolved once and reused while its node's generation holds.
-#[derive(Clone)]
 struct ResolvedRegion {
     node: Arc<NodeState>,
     generation: u64,
@@ -353,48 +418,40 @@ struct ResolvedRegion {
 struct LocalEndpoint {
     inner: Arc<Inner>,
     node: NodeId,
-    regions: RefCell<HashMap<(NodeId, RegionId), ResolvedRegion>>,
+    /// Resolved regions, indexed by node id and then region id (both are
+    /// small dense counters), so a verb finds its memory without hashing or
+    /// reference counting.
+    regions: RefCell<Vec<Vec<Option<ResolvedRegion>>>>,
     rng: RefCell<SmallRng>,
 }
 
 impl LocalEndpoint {
-    /// Finds the memory behind `addr` after checking node, region and key.
-    fn resolve(&self, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
-        let cached = self
-            .regions
-            .borrow()
-            .get(&(addr.node, addr.region))
-            .cloned();
-        let r = match cached {
-            Some(r) if r.node.region_generation.load(Ordering::Acquire) == r.generation => r,
-            _ => {
-                let node = self.inner.node(addr.node)?;
-                let generation = node.region_generation.load(Ordering::Acquire);
-                let (key, mem) = {
-                    let regions = node.regions.read();
-                    match regions.get(addr.region.0 as usize) {
-                        Some(Some(e)) => (e.key, e.mem.clone()),
-                        _ => {
-                            node.check_up()?;
-                            return Err(TransportError::NoSuchRegion {
-                                node: addr.node,
-                                region: addr.region,
-                            });
-                        }
-                    }
-                };
-                let r = ResolvedRegion {
-                    node,
-                    generation,
-                    key,
-                    mem,
-                };
-                self.regions
-                    .borrow_mut()
-                    .insert((addr.node, addr.region), r.clone());
-                r
+    /// Runs `f` on the memory behind `addr` after checking node, region and
+    /// key.
+    fn with_region<R>(&self, addr: &RemoteAddr, f: impl FnOnce(&RegionMem) -> R) -> Result<R> {
+        let (n, i) = (addr.node.0 as usize, addr.region.0 as usize);
+        {
+            let cache = self.regions.borrow();
+            if let Some(Some(r)) = cache.get(n).and_then(|regions| regions.get(i))
+                && r.node.region_generation.load(Ordering::Acquire) == r.generation
+            {
+                return Self::checked(r, addr).map(f);
             }
-        };
+        }
+        let r = self.resolve_slow(addr)?;
+        let mut cache = self.regions.borrow_mut();
+        if cache.len() <= n {
+            cache.resize_with(n + 1, Vec::new);
+        }
+        if cache[n].len() <= i {
+            cache[n].resize_with(i + 1, || None);
+        }
+        let r = cache[n][i].insert(r);
+        Self::checked(r, addr).map(f)
+    }
+
+    /// The region's memory if its node is up and `addr` carries its key.
+    fn checked<'r>(r: &'r ResolvedRegion, addr: &RemoteAddr) -> Result<&'r RegionMem> {
         r.node.check_up()?;
         if r.key != addr.key {
             return Err(TransportError::AccessDenied {
@@ -402,7 +459,32 @@ impl LocalEndpoint {
                 region: addr.region,
             });
         }
-        Ok(r.mem)
+        Ok(&r.mem)
+    }
+
+    /// Looks `addr`'s region up in its node's table.
+    fn resolve_slow(&self, addr: &RemoteAddr) -> Result<ResolvedRegion> {
+        let node = self.inner.node(addr.node)?;
+        let generation = node.region_generation.load(Ordering::Acquire);
+        let (key, mem) = {
+            let regions = node.regions.read();
+            match regions.get(addr.region.0 as usize) {
+                Some(Some(e)) => (e.key, e.mem.clone()),
+                _ => {
+                    node.check_up()?;
+                    return Err(TransportError::NoSuchRegion {
+                        node: addr.node,
+                        region: addr.region,
+                    });
+                }
+            }
+        };
+        Ok(ResolvedRegion {
+            node,
+            generation,
+            key,
+            mem,
+        })
     }
 
     fn map_access(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
@@ -422,15 +504,13 @@ impl LocalEndpoint {
     fn perform(&self, verb: Verb) -> Result<VerbResult> {
         match verb {
             Verb::Read { addr, len } => {
-                let mem = self.resolve(&addr)?;
-                let mut buf = vec![0; len];
-                mem.read(addr.offset, &mut buf)
+                let buf = self
+                    .with_region(&addr, |mem| mem.read_vec(addr.offset, len))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Read(buf))
             }
             Verb::Write { addr, data } => {
-                let mem = self.resolve(&addr)?;
-                mem.write(addr.offset, &data)
+                self.with_region(&addr, |mem| mem.write(addr.offset, &data))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Write)
             }
@@ -439,16 +519,14 @@ impl LocalEndpoint {
                 expected,
                 new,
             } => {
-                let mem = self.resolve(&addr)?;
-                let v = mem
-                    .cas_u64(addr.offset, expected, new)
+                let v = self
+                    .with_region(&addr, |mem| mem.cas_u64(addr.offset, expected, new))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Cas(v))
             }
             Verb::Faa { addr, add } => {
-                let mem = self.resolve(&addr)?;
-                let v = mem
-                    .faa_u64(addr.offset, add)
+                let v = self
+                    .with_region(&addr, |mem| mem.faa_u64(addr.offset, add))?
                     .map_err(|e| Self::map_access(&addr, e))?;
                 Ok(VerbResult::Faa(v))
             }
@@ -458,8 +536,7 @@ impl LocalEndpoint {
     /// A read copied in random word-aligned pieces with yields in between, so
     /// that writers on other tasks and threads land in the middle of it.
     async fn torn_read(&self, addr: RemoteAddr, len: usize) -> Result<VerbResult> {
-        let mem = self.resolve(&addr)?;
-        mem.check(addr.offset, len as u64)
+        self.with_region(&addr, |mem| mem.check(addr.offset, len as u64))?
             .map_err(|e| Self::map_access(&addr, e))?;
         let mut buf = vec![0; len];
         let mut done = 0;
@@ -468,7 +545,7 @@ impl LocalEndpoint {
             // End pieces on word boundaries of the region.
             let pos = addr.offset as usize + done;
             let n = (piece - pos % 8).min(len - done);
-            mem.read(pos as u64, &mut buf[done..done + n])
+            self.with_region(&addr, |mem| mem.read(pos as u64, &mut buf[done..done + n]))?
                 .map_err(|e| Self::map_access(&addr, e))?;
             done += n;
             if done < len {
@@ -486,7 +563,7 @@ impl EndpointBackend for LocalEndpoint {
     }
 
     fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
-        let faults = self.inner.faults.read().clone();
+        let faults = self.inner.faults();
         if faults.round_trip_latency.is_zero() && !faults.torn_reads {
             // The verbs run now, against the memory, like a NIC would; the
             // task still yields once, as a real round trip would make it.
@@ -530,7 +607,7 @@ impl EndpointBackend for LocalEndpoint {
                 "node {node} has no handler threads and serves no RPCs"
             ))));
         }
-        let faults = self.inner.faults.read().clone();
+        let faults = self.inner.faults();
         let timeout = self.inner.rpc_timeout;
         let dropped = faults.rpc_drop_probability > 0.0
             && self

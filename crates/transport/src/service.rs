@@ -7,7 +7,7 @@
 //! travels back in the reply and is charged to the caller's counters.
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteRegion, ServiceId};
-use crate::cputime::thread_cpu_ns;
+use crate::cputime::{CpuStopwatch, thread_cpu_ns};
 use crate::error::{ErrorCode, ServiceError};
 use crate::wire::{WireReader, WireWriter};
 use parking_lot::RwLock;
@@ -178,16 +178,45 @@ enum Handler {
 /// The services and published regions of one node.
 #[derive(Default)]
 pub struct ServiceTable {
-    handlers: RwLock<HashMap<u32, (String, Handler)>>,
+    /// Indexed by service id (ids are handed out densely from 1), so a
+    /// request finds its handler without hashing.
+    handlers: RwLock<Vec<Option<Handler>>>,
     names: RwLock<HashMap<String, ServiceId>>,
     regions: RwLock<HashMap<String, RemoteRegion>>,
     next_id: AtomicU32,
     served: AtomicU64,
     handler_cpu_ns: AtomicU64,
+    /// Immediate replies sent so far.
+    replies: AtomicU64,
+    /// Sampled reply sends (one in [`SEND_SAMPLE`]) and the thread CPU time
+    /// they took (waking the caller, or posting the reply message).
+    replies_sent: AtomicU64,
+    reply_send_ns: AtomicU64,
+}
+
+/// One reply in this many has its send timed in thread CPU time.
+const SEND_SAMPLE: u64 = 64;
+
+/// What two back-to-back [`thread_cpu_ns`] calls measure with nothing in
+/// between (the clock's own cost), subtracted from every sampled send.
+fn thread_clock_overhead_ns() -> u64 {
+    static OVERHEAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *OVERHEAD.get_or_init(|| {
+        (0..16)
+            .map(|_| {
+                let a = thread_cpu_ns();
+                thread_cpu_ns().saturating_sub(a)
+            })
+            .min()
+            .unwrap_or(0)
+    })
 }
 
 impl ServiceTable {
     pub fn new() -> Self {
+        // Calibrate the clocks now rather than inside the first RPC.
+        let _ = CpuStopwatch::start().elapsed_ns();
+        let _ = thread_clock_overhead_ns();
         Self {
             next_id: AtomicU32::new(1),
             ..Default::default()
@@ -221,17 +250,22 @@ impl ServiceTable {
             )));
         }
         let id = ServiceId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.handlers
-            .write()
-            .insert(id.0, (name.to_string(), handler));
+        let mut handlers = self.handlers.write();
+        let i = id.0 as usize;
+        if handlers.len() <= i {
+            handlers.resize_with(i + 1, || None);
+        }
+        handlers[i] = Some(handler);
         names.insert(name.to_string(), id);
         Ok(id)
     }
 
     /// Removes the service registered under `name`, if any.
     pub fn unregister(&self, name: &str) {
-        if let Some(id) = self.names.write().remove(name) {
-            self.handlers.write().remove(&id.0);
+        if let Some(id) = self.names.write().remove(name)
+            && let Some(slot) = self.handlers.write().get_mut(id.0 as usize)
+        {
+            *slot = None;
         }
     }
 
@@ -267,7 +301,8 @@ impl ServiceTable {
         self.regions.read().get(name).copied()
     }
 
-    /// RPCs served and the handler CPU they took, since the node started.
+    /// RPCs served and the handler CPU charged for them (with sending their
+    /// replies), since the node started.
     pub fn served(&self) -> (u64, u64) {
         (
             self.served.load(Ordering::Relaxed),
@@ -285,12 +320,18 @@ impl ServiceTable {
         request: &[u8],
         send: impl FnOnce(Reply) + Send + 'static,
     ) {
-        // Under `sim`, a message's fixed cost is part of the service time.
-        let start = thread_cpu_ns().saturating_sub(crate::sim::rpc_overhead_ns());
+        // Under `sim` the stopwatch reads virtual CPU, a message's fixed
+        // cost included (see `CpuStopwatch::start`).
+        let start = CpuStopwatch::start();
         let handler = if service == ServiceId::DIRECTORY {
             None
         } else {
-            match self.handlers.read().get(&service.0).map(|(_, h)| h.clone()) {
+            let found = self
+                .handlers
+                .read()
+                .get(service.0 as usize)
+                .and_then(|h| h.clone());
+            match found {
                 Some(h) => Some(h),
                 None => {
                     let error = ServiceError::new(
@@ -325,7 +366,7 @@ impl ServiceTable {
                     h.handle(ctx, request, responder)
                 }))
                 .is_err();
-                let cpu = thread_cpu_ns().saturating_sub(start);
+                let cpu = start.elapsed_ns() + self.mean_reply_send_ns();
                 self.served.fetch_add(1, Ordering::Relaxed);
                 self.handler_cpu_ns.fetch_add(cpu, Ordering::Relaxed);
                 let mut p = pending.lock();
@@ -339,16 +380,56 @@ impl ServiceTable {
         }
     }
 
-    /// Sends an immediate reply with the CPU time since `start`.
-    fn finish(&self, start: u64, result: Result<Vec<u8>, ServiceError>, send: impl FnOnce(Reply)) {
-        let server_cpu_ns = thread_cpu_ns().saturating_sub(start);
+    /// Sends an immediate reply charged with the time since `start` and
+    /// the cost of sending it.
+    ///
+    /// The reply carries its cost, so its own send cannot be timed before it
+    /// goes out: each reply is charged the mean send cost of this node's
+    /// sampled earlier replies. The send is sampled in thread CPU time (a
+    /// system call, so only one reply in [`SEND_SAMPLE`]), not with the
+    /// stopwatch: a send that wakes another thread (the UCX progress thread,
+    /// a caller on this core) may be preempted by it, and elapsed time would
+    /// charge the woken thread's work to this one.
+    fn finish(
+        &self,
+        start: CpuStopwatch,
+        result: Result<Vec<u8>, ServiceError>,
+        send: impl FnOnce(Reply),
+    ) {
+        let server_cpu_ns = start.elapsed_ns() + self.mean_reply_send_ns();
         self.served.fetch_add(1, Ordering::Relaxed);
         self.handler_cpu_ns
             .fetch_add(server_cpu_ns, Ordering::Relaxed);
-        send(Reply {
+        let reply = Reply {
             result,
             server_cpu_ns,
-        });
+        };
+        if self
+            .replies
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SEND_SAMPLE)
+        {
+            let before = thread_cpu_ns();
+            send(reply);
+            let spent = thread_cpu_ns().saturating_sub(before);
+            self.record_reply_send(spent.saturating_sub(thread_clock_overhead_ns()));
+        } else {
+            send(reply);
+        }
+    }
+
+    /// The mean thread CPU time of this node's sampled reply sends.
+    fn mean_reply_send_ns(&self) -> u64 {
+        let n = self.replies_sent.load(Ordering::Relaxed);
+        self.reply_send_ns
+            .load(Ordering::Relaxed)
+            .checked_div(n)
+            .unwrap_or(0)
+    }
+
+    fn record_reply_send(&self, ns: u64) {
+        self.reply_send_ns.fetch_add(ns, Ordering::Relaxed);
+        self.replies_sent.fetch_add(1, Ordering::Relaxed);
     }
 
     fn directory(&self, node: NodeId, request: &[u8]) -> Result<Vec<u8>, ServiceError> {

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# Instructions per operation of one engine, split into harness / framework /
+# engine, counted with callgrind.
+#
+#   scripts/instructions-per-op.sh ENGINE [WORKLOAD]
+#
+# Runs `dmkv bench` twice under callgrind with the same keys and seed, once
+# with OPS_SMALL and once with OPS_LARGE operations, and divides the
+# difference of the two instruction counts by the difference of the op
+# counts: loading, set-up and tear-down are the same in both runs and cancel.
+# Every process thread is counted (the memory node's handler threads too).
+#
+# Attribution is by the source file each instruction comes from (so code
+# inlined into a caller still counts for the crate it was written in), else by
+# the crate of the function symbol; std and dependency generics that belong to
+# no crate of ours (Vec::from_iter, iterator folds, hash maps) are split over
+# the categories of their callers, weighted by what each caller spends in them;
+# libc (malloc, free, memcpy) stays framework, wherever it is called from:
+#   engine    - the engine crates (xstore, rolex, outback, race, sherman,
+#               rpc-hash, rpc-btree, cell, xtree, scalestore)
+#   harness   - dmkv-bench (request generation, answer checking, recording)
+#               except its metering, the dmkv binary, value payloads
+#   framework - everything else: transport, api wrappers, metering, executor,
+#               std/alloc/libc inlined or called outside engine code
+#   idle      - waiting: the executor's idle spin, parking, handler threads
+#               waiting for requests (reported, not part of the total)
+#
+# Environment: DMKV (binary, default target/release/dmkv), KEYS (50000),
+# OPS_SMALL (10000), OPS_LARGE (60000), THREADS (1), TASKS (8), SEED (1),
+# TOP (15 functions listed), EXTRA (more `dmkv bench` arguments),
+# KEEP (directory to keep the callgrind files in), REUSE (1: re-count the
+# files already in KEEP).
+set -euo pipefail
+ENGINE=${1:?usage: $0 ENGINE [WORKLOAD]}
+WORKLOAD=${2:-ycsb-c}
+cd "$(dirname "$0")/.."
+DMKV=${DMKV:-target/release/dmkv}
+KEYS=${KEYS:-50000}
+OPS_SMALL=${OPS_SMALL:-10000}
+OPS_LARGE=${OPS_LARGE:-60000}
+THREADS=${THREADS:-1}
+TASKS=${TASKS:-8}
+SEED=${SEED:-1}
+TOP=${TOP:-15}
+[ -x "$DMKV" ] || { echo "no binary at $DMKV (cargo build --release)" >&2; exit 1; }
+command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
+DIR=${KEEP:-$(mktemp -d)}
+mkdir -p "$DIR"
+for ops in "$OPS_SMALL" "$OPS_LARGE"; do
+  # REUSE=1 with KEEP: re-count existing callgrind files without running.
+  [ -n "${REUSE:-}" ] && [ -s "$DIR/$ENGINE-$WORKLOAD-$ops.out" ] && continue
+  # shellcheck disable=SC2086
+  valgrind --tool=callgrind --callgrind-out-file="$DIR/$ENGINE-$WORKLOAD-$ops.out" \
+    "$DMKV" bench --engine "$ENGINE" --workload "$WORKLOAD" --keys "$KEYS" --ops "$ops" \
+    --threads "$THREADS" --tasks "$TASKS" --seed "$SEED" ${EXTRA:-} \
+    >"$DIR/$ENGINE-$WORKLOAD-$ops.log" 2>&1 ||
+    { echo "run with $ops ops failed, see $DIR/$ENGINE-$WORKLOAD-$ops.log" >&2; exit 1; }
+done
+python3 - "$DIR/$ENGINE-$WORKLOAD-$OPS_SMALL.out" "$DIR/$ENGINE-$WORKLOAD-$OPS_LARGE.out" \
+  "$((OPS_LARGE - OPS_SMALL))" "$ENGINE" "$WORKLOAD" "$TOP" <<'PY'
+import re, sys
+from collections import defaultdict
+
+small, large, dops, engine, workload, top = sys.argv[1:7]
+dops, top = int(dops), int(top)
+ENGINES = {"xstore", "rolex", "outback", "race", "sherman", "rpc_hash", "rpc_btree",
+           "cell", "xtree", "scalestore"}
+
+def parse(path):
+    """Self cost (Ir) per (source file, function, object)."""
+    names = {"fl": {}, "fn": {}, "ob": {}}
+    cost = defaultdict(int)
+    ob = fl = fi = fn = ""
+    skip_next = False
+    idle_calls = 0
+    callee = ""
+    edges = defaultdict(int)
+    def name(kind, rest):
+        m = re.match(r"\((\d+)\)(?: (.*))?", rest)
+        if not m:
+            return rest
+        if m.group(2) is not None:
+            names[kind][m.group(1)] = m.group(2)
+        return names[kind].get(m.group(1), "?")
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            c = line[0]
+            if c.isdigit() or c in "+-*":
+                if skip_next:
+                    # The inclusive cost of a call: what an idle loop calls
+                    # (clock reads, parking) is idle too.
+                    skip_next = False
+                    parts = line.split()
+                    if len(parts) > 1:
+                        edges[(fn, callee)] += int(parts[1])
+                        if IDLE_FN.search(fn) and not IDLE_FN.search(callee):
+                            idle_calls += int(parts[1])
+                    continue
+                parts = line.split()
+                if len(parts) > 1:
+                    cost[(fi or fl, fn, ob)] += int(parts[1])
+                continue
+            key, _, rest = line.partition("=")
+            if key == "ob":
+                ob = name("ob", rest)
+            elif key == "fl":
+                fl = name("fl", rest); fi = ""
+            elif key in ("fi", "fe"):
+                fi = name("fl", rest)
+            elif key == "fn":
+                fn = name("fn", rest); fi = ""
+            elif key in ("cob",):
+                name("ob", rest)
+            elif key in ("cfi", "cfl"):
+                name("fl", rest)
+            elif key == "cfn":
+                callee = name("fn", rest)
+            elif key == "calls":
+                skip_next = True
+    return cost, idle_calls, edges
+
+def crate_of_symbol(fn):
+    m = re.search(r"dmkv_(\w+?)::", fn)
+    return m.group(1) if m else None
+
+IDLE_FN = re.compile(r"exec::idle|parker::|Parker|park_timeout|thread::park|futex|"
+                     r"sched_yield|nanosleep|epoll_wait|crossbeam_channel::.*(?:Backoff|Context::wait_until)|"
+                     r"wait_for_request")
+
+def classify(file, fn, ob):
+    if IDLE_FN.search(fn):
+        return "idle"
+    m = re.search(r"/crates/([\w-]+)/", file)
+    crate = m.group(1).replace("-", "_") if m else None
+    if crate is None and re.search(r"(^|/)src/(main|cli|engines|shell)\.rs$", file) and "/rustc/" not in file and ".cargo" not in file:
+        return "harness"
+    if crate is None:
+        crate = crate_of_symbol(fn)
+        if crate is not None and "/rustc/" not in file and ".cargo" not in file and file != "???":
+            pass
+        # std or a dependency: only engine and harness code claims it back.
+        if crate in ENGINES and ("/rustc/" in file):
+            return "engine"
+        return "framework"
+    if crate in ENGINES:
+        return "engine"
+    if crate == "bench":
+        return "framework" if file.endswith("metered.rs") else "harness"
+    if crate == "api" and file.endswith("checksum.rs"):
+        return "engine"  # layouts checksum their records to detect torn reads
+    if crate == "api" and file.endswith("payload.rs"):
+        return "harness"
+    if crate == "testkit":
+        return "harness"
+    return "framework"
+
+(a, idle_a, _), (b, idle_b, edges) = parse(small), parse(large)
+callers = defaultdict(list)
+for (caller, callee), w in edges.items():
+    if caller != callee:
+        callers[callee].append((caller, w))
+
+def symbol_category(fn):
+    """The category of a function by the crate its symbol names, or None."""
+    if IDLE_FN.search(fn):
+        return "idle"
+    crate = crate_of_symbol(fn)
+    if crate is None:
+        return None
+    if crate in ENGINES or "checksum::" in fn:
+        return "engine"
+    if crate == "bench":
+        return "framework" if "metered::" in fn else "harness"
+    if crate == "testkit" or "payload::" in fn:
+        return "harness"
+    return "framework"
+
+def caller_mix(fn, depth=0, seen=()):
+    """How a function that belongs to no crate of ours (a std or dependency
+    generic, e.g. Vec::from_iter) splits over the categories of the code
+    calling it, weighted by the instructions each caller spends in it."""
+    mix = defaultdict(float)
+    ws = callers.get(fn, [])
+    total_w = sum(w for _, w in ws)
+    if depth > 6 or total_w == 0:
+        return {"framework": 1.0}
+    for c, w in ws:
+        cat = symbol_category(c)
+        if cat is not None:
+            mix[cat] += w / total_w
+        elif c in seen:
+            mix["framework"] += w / total_w
+        else:
+            for k, v in caller_mix(c, depth + 1, seen + (fn,)).items():
+                mix[k] += v * w / total_w
+    return mix
+
+SYSTEM_OBJ = re.compile(r"libc\.so|ld-linux|vgpreload|libm\.so|libgcc")
+_mix_cache = {}
+def categories(file, fn, ob):
+    """{category: share} of one cost entry."""
+    cat = classify(file, fn, ob)
+    owned = re.search(r"/crates/|(^|/)src/\w+\.rs$", file) and "/rustc/" not in file and ".cargo" not in file
+    if cat == "framework" and not owned and crate_of_symbol(fn) is None and not SYSTEM_OBJ.search(ob):
+        if fn not in _mix_cache:
+            _mix_cache[fn] = caller_mix(fn)
+        return _mix_cache[fn]
+    return {cat: 1.0}
+
+per_fn = defaultdict(float)
+by_cat = defaultdict(float)
+# Calls made from idle loops were counted in their callees' categories
+# (framework: clocks, parking); move them to idle.
+idle_moved = (idle_b - idle_a) / dops
+by_cat["idle"] += idle_moved
+by_cat["framework"] -= idle_moved
+for k in set(a) | set(b):
+    d = (b.get(k, 0) - a.get(k, 0)) / dops
+    if d == 0:
+        continue
+    short = re.sub(r"::h[0-9a-f]{16}$", "", k[1])
+    for cat, share in categories(*k).items():
+        by_cat[cat] += d * share
+        per_fn[(cat, short)] += d * share
+total = sum(v for c, v in by_cat.items() if c != "idle")
+print(f"{engine} {workload}: instructions per operation (callgrind, differenced over {dops} ops)")
+for cat in ("harness", "framework", "engine"):
+    print(f"  {cat:<10} {by_cat.get(cat, 0):>9.0f}")
+print(f"  {'total':<10} {total:>9.0f}   (idle polling, not counted: {by_cat.get('idle', 0):.0f}; of it called from idle loops: {idle_moved:.0f})")
+print(f"  top {top} functions (self cost per op):")
+for (cat, f), v in sorted(per_fn.items(), key=lambda kv: -kv[1])[:top]:
+    print(f"    {v:>8.0f}  {cat:<9} {f[:150]}")
+PY
