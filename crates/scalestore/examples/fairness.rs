@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! The micro-benchmark of the paper's Fig. 6 (§3.4.3): one worker per node,
 //! every worker updating pages through an `ExclusiveGuard`, either all the
 //! same page (contended) or pages drawn uniformly from many (uncontended),

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! The workload change of the paper's §6.5 / Fig. 9 ("cache follows
 //! workload shifts"): the pages are split into one partition per node,
 //! allocated on that node (which is therefore their directory and first

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! `btree-local` against the shared suites: oracle (single and multi
 //! client), races with and without torn reads, bad input.
 

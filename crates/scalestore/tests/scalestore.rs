@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! `scalestore` against the shared suites across nodes (oracle single and
 //! multi client, races with and without torn reads, bad input and garbage
 //! messages), and its own: data larger than all caches, nodes joining and
