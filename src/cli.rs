@@ -329,7 +329,7 @@ fn choices(
 fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
     let engines = match &a.engine {
         Some(list) => registry.resolve(Some(list)).map_err(usage)?,
-        None => crate::dst::ENGINES
+        None => crate::dst::engines()
             .iter()
             .map(|n| registry.find(n).expect("a registered engine"))
             .collect(),

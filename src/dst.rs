@@ -15,18 +15,11 @@ use dmkv_transport::sim::{Profile, SimConfig};
 use std::io::Write;
 use std::sync::Arc;
 
-/// The designs `dmkv dst` tests by default (every engine that runs on the
-/// simulated cluster).
-pub const ENGINES: &[&str] = &[
-    "xstore",
-    "rpc-btree",
-    "cell",
-    "sherman",
-    "race",
-    "rpc-hash",
-    "outback",
-    "rolex",
-];
+/// The designs `dmkv dst` tests by default: the default comparison set,
+/// every design that runs on the simulated cluster.
+pub fn engines() -> &'static [&'static str] {
+    crate::engines::REGISTRY.default_set
+}
 
 /// The shape of one simulated run.
 #[derive(Debug, Clone)]

@@ -454,7 +454,7 @@ fn dst_every_engine_across_seeds() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let engines: Vec<_> = crate::dst::ENGINES
+    let engines: Vec<_> = crate::dst::engines()
         .iter()
         .map(|n| crate::engines::REGISTRY.find(n).unwrap())
         .collect();
@@ -462,7 +462,7 @@ fn dst_every_engine_across_seeds() {
     let failures = crate::dst::sweep(&engines, 0..seeds, &Default::default(), &mut log);
     let log = String::from_utf8(log).unwrap();
     assert!(failures.is_empty(), "{log}");
-    for e in crate::dst::ENGINES {
+    for e in crate::dst::engines() {
         assert!(
             log.contains(&format!("{e}: {seeds} of {seeds} seeds passed")),
             "{log}"

@@ -96,13 +96,7 @@ impl LocalDeployment {
 
     /// A validated client for compute thread `thread`, with its endpoint.
     pub fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>)> {
-        let ep = self.endpoint(thread);
-        let inner = block_on(labeled(
-            OpKind::Setup,
-            self.engine.client(ep.clone(), thread),
-        ))?;
-        let checked = Checked::new(self.engine.name(), self.engine.capabilities(), inner);
-        Ok((ep, Rc::new(checked)))
+        checked_client(&self.engine, self.endpoint(thread), thread)
     }
 
     /// Figures of every node the engine is installed on.
@@ -161,4 +155,16 @@ pub(crate) fn install(
         hosted: runtimes.to_vec(),
     })?;
     Ok((engine, args))
+}
+
+/// The engine's client for compute thread `thread` on `ep` (made under the
+/// `setup` label), behind the API's input checks.
+pub(crate) fn checked_client(
+    engine: &Arc<dyn Engine>,
+    ep: Rc<Endpoint>,
+    thread: usize,
+) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>)> {
+    let inner = block_on(labeled(OpKind::Setup, engine.client(ep.clone(), thread)))?;
+    let checked = Checked::new(engine.name(), engine.capabilities(), inner);
+    Ok((ep, Rc::new(checked)))
 }

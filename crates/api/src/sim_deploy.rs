@@ -2,15 +2,13 @@
 //! node, compute thread and background activity in virtual time on the
 //! calling thread (see `dmkv_transport::sim`).
 
-use crate::checked::Checked;
-use crate::deploy::{DeployOptions, install, serving_nodes};
+use crate::deploy::{DeployOptions, checked_client, install, serving_nodes};
 use crate::engine::{Engine, EngineSpec, ServeArgs, Topology};
 use crate::error::Result;
 use crate::store::KvStore;
 use dmkv_memnode::{NodeRuntime, NodeStats};
-use dmkv_transport::exec::block_on;
 use dmkv_transport::sim::{SimConfig, Simulation};
-use dmkv_transport::{Endpoint, NodeHost, NodeId, OpKind, labeled};
+use dmkv_transport::{Endpoint, NodeHost, NodeId};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -91,13 +89,7 @@ impl SimDeployment {
 
     /// A validated client for compute thread `thread`, with its endpoint.
     pub fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>)> {
-        let ep = self.endpoint(thread);
-        let inner = block_on(labeled(
-            OpKind::Setup,
-            self.engine.client(ep.clone(), thread),
-        ))?;
-        let checked = Checked::new(self.engine.name(), self.engine.capabilities(), inner);
-        Ok((ep, Rc::new(checked)))
+        checked_client(&self.engine, self.endpoint(thread), thread)
     }
 
     pub fn node_stats(&self) -> Vec<NodeStats> {

@@ -286,19 +286,6 @@ struct Prepared {
     path: Path,
 }
 
-fn access_error(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
-    match e {
-        RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
-            node: addr.node,
-            region: addr.region,
-            offset,
-            len,
-            size,
-        },
-        RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
-    }
-}
-
 fn verb_addr(v: &Verb) -> &RemoteAddr {
     match v {
         Verb::Read { addr, .. }
@@ -323,14 +310,12 @@ fn check_range(v: &Verb, len: u64) -> Result<()> {
     }
     match addr.offset.checked_add(n) {
         Some(end) if end <= len => Ok(()),
-        _ => Err(access_error(
-            addr,
-            RegionAccessError::OutOfBounds {
-                offset: addr.offset,
-                len: n,
-                size: len,
-            },
-        )),
+        _ => Err(RegionAccessError::OutOfBounds {
+            offset: addr.offset,
+            len: n,
+            size: len,
+        }
+        .at(addr)),
     }
 }
 
@@ -338,7 +323,7 @@ fn check_range(v: &Verb, len: u64) -> Result<()> {
 fn perform_direct(view: &MappedView, v: Verb) -> Result<VerbResult> {
     let mem = view.mem();
     let addr = *verb_addr(&v);
-    let map = |e| access_error(&addr, e);
+    let map = |e: RegionAccessError| e.at(&addr);
     Ok(match v {
         Verb::Read { addr, len } => {
             let mut buf = vec![0; len];

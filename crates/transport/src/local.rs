@@ -15,7 +15,7 @@ use crate::backend::{EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResu
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
-use crate::region::{RegionAccessError, RegionMem};
+use crate::region::{RegionEntry, RegionMem};
 use crate::service::{Reply, RpcContext, ServiceTable};
 use crossbeam_channel::{Receiver, Sender};
 use futures::channel::oneshot;
@@ -111,11 +111,6 @@ impl Inner {
             .cloned()
             .ok_or(TransportError::UnknownNode(id))
     }
-}
-
-struct RegionEntry {
-    key: AccessKey,
-    mem: Arc<RegionMem>,
 }
 
 enum Msg {
@@ -346,23 +341,7 @@ impl NodeHost for LocalNode {
 
     fn register_region(&self, len: usize) -> Result<(RemoteRegion, Arc<RegionMem>)> {
         self.state.check_up()?;
-        let mem = Arc::new(RegionMem::zeroed(len).ok_or_else(|| {
-            TransportError::Backend(format!("cannot allocate a region of {len} bytes"))
-        })?);
-        let key = AccessKey(rand::random());
-        let mut regions = self.state.regions.write();
-        let id = RegionId(u32::try_from(regions.len()).expect("fewer than 2^32 regions"));
-        let remote = RemoteRegion {
-            node: self.state.id,
-            id,
-            key,
-            len: mem.len() as u64,
-        };
-        regions.push(Some(RegionEntry {
-            key,
-            mem: mem.clone(),
-        }));
-        Ok((remote, mem))
+        crate::region::register_zeroed(&self.state.regions, self.state.id, len)
     }
 
     fn deregister_region(&self, id: RegionId) {
@@ -487,31 +466,18 @@ impl LocalEndpoint {
         })
     }
 
-    fn map_access(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
-        match e {
-            RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
-                node: addr.node,
-                region: addr.region,
-                offset,
-                len,
-                size,
-            },
-            RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
-        }
-    }
-
     /// Executes one verb at once.
     fn perform(&self, verb: Verb) -> Result<VerbResult> {
         match verb {
             Verb::Read { addr, len } => {
                 let buf = self
                     .with_region(&addr, |mem| mem.read_vec(addr.offset, len))?
-                    .map_err(|e| Self::map_access(&addr, e))?;
+                    .map_err(|e| e.at(&addr))?;
                 Ok(VerbResult::Read(buf))
             }
             Verb::Write { addr, data } => {
                 self.with_region(&addr, |mem| mem.write(addr.offset, &data))?
-                    .map_err(|e| Self::map_access(&addr, e))?;
+                    .map_err(|e| e.at(&addr))?;
                 Ok(VerbResult::Write)
             }
             Verb::Cas {
@@ -521,13 +487,13 @@ impl LocalEndpoint {
             } => {
                 let v = self
                     .with_region(&addr, |mem| mem.cas_u64(addr.offset, expected, new))?
-                    .map_err(|e| Self::map_access(&addr, e))?;
+                    .map_err(|e| e.at(&addr))?;
                 Ok(VerbResult::Cas(v))
             }
             Verb::Faa { addr, add } => {
                 let v = self
                     .with_region(&addr, |mem| mem.faa_u64(addr.offset, add))?
-                    .map_err(|e| Self::map_access(&addr, e))?;
+                    .map_err(|e| e.at(&addr))?;
                 Ok(VerbResult::Faa(v))
             }
         }
@@ -537,7 +503,7 @@ impl LocalEndpoint {
     /// that writers on other tasks and threads land in the middle of it.
     async fn torn_read(&self, addr: RemoteAddr, len: usize) -> Result<VerbResult> {
         self.with_region(&addr, |mem| mem.check(addr.offset, len as u64))?
-            .map_err(|e| Self::map_access(&addr, e))?;
+            .map_err(|e| e.at(&addr))?;
         let mut buf = vec![0; len];
         let mut done = 0;
         while done < len {
@@ -546,7 +512,7 @@ impl LocalEndpoint {
             let pos = addr.offset as usize + done;
             let n = (piece - pos % 8).min(len - done);
             self.with_region(&addr, |mem| mem.read(pos as u64, &mut buf[done..done + n]))?
-                .map_err(|e| Self::map_access(&addr, e))?;
+                .map_err(|e| e.at(&addr))?;
             done += n;
             if done < len {
                 std::thread::yield_now();

@@ -30,6 +30,57 @@ pub enum RegionAccessError {
     Misaligned { offset: u64 },
 }
 
+impl RegionAccessError {
+    /// The transport error for this access to `addr` (every backend reports
+    /// refused accesses alike).
+    pub fn at(self, addr: &crate::addr::RemoteAddr) -> crate::error::TransportError {
+        use crate::error::TransportError;
+        match self {
+            RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
+                node: addr.node,
+                region: addr.region,
+                offset,
+                len,
+                size,
+            },
+            RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
+        }
+    }
+}
+
+/// A region a backend registered in this process: its access key and memory.
+pub(crate) struct RegionEntry {
+    pub(crate) key: crate::addr::AccessKey,
+    pub(crate) mem: std::sync::Arc<RegionMem>,
+}
+
+/// Registers `len` zeroed bytes on `node` in a backend's region table (the
+/// `local` and `sim` backends share it): a fresh random key, the next id.
+pub(crate) fn register_zeroed(
+    regions: &parking_lot::RwLock<Vec<Option<RegionEntry>>>,
+    node: crate::addr::NodeId,
+    len: usize,
+) -> crate::error::Result<(crate::addr::RemoteRegion, std::sync::Arc<RegionMem>)> {
+    use crate::addr::{AccessKey, RegionId, RemoteRegion};
+    let mem = std::sync::Arc::new(RegionMem::zeroed(len).ok_or_else(|| {
+        crate::error::TransportError::Backend(format!("cannot allocate a region of {len} bytes"))
+    })?);
+    let key = AccessKey(rand::random());
+    let mut regions = regions.write();
+    let id = RegionId(u32::try_from(regions.len()).expect("fewer than 2^32 regions"));
+    let remote = RemoteRegion {
+        node,
+        id,
+        key,
+        len: mem.len() as u64,
+    };
+    regions.push(Some(RegionEntry {
+        key,
+        mem: mem.clone(),
+    }));
+    Ok((remote, mem))
+}
+
 enum Backing {
     /// Allocated here with this layout; freed on drop.
     Heap(Layout),

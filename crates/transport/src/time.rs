@@ -55,9 +55,8 @@ impl Instant {
     }
 
     pub fn checked_add(self, d: Duration) -> Option<Instant> {
-        u64::try_from(d.as_nanos())
-            .ok()
-            .and_then(|n| self.0.checked_add(n))
+        self.0
+            .checked_add(u64::try_from(d.as_nanos()).ok()?)
             .map(Instant)
     }
 }

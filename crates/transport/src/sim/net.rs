@@ -20,11 +20,11 @@
 //!    for the utilisation report.
 
 use super::{Sim, current, with_metering};
-use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
+use crate::addr::{NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
 use crate::backend::{EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult};
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
-use crate::region::{RegionAccessError, RegionMem};
+use crate::region::{RegionEntry, RegionMem};
 use crate::service::{Reply, RpcContext, ServiceTable};
 use parking_lot::RwLock;
 use std::cell::{Cell, RefCell};
@@ -280,11 +280,6 @@ pub(crate) fn resources(net: &Net) -> Vec<ResourceUse> {
 // ---------------------------------------------------------------------------
 // Nodes
 
-struct RegionEntry {
-    key: AccessKey,
-    mem: Arc<RegionMem>,
-}
-
 pub(crate) struct NodeState {
     id: NodeId,
     crashed: AtomicBool,
@@ -371,23 +366,7 @@ impl NodeHost for SimNode {
         if self.state.crashed.load(Ordering::Acquire) {
             return Err(TransportError::NodeDown(self.state.id));
         }
-        let mem = Arc::new(RegionMem::zeroed(len).ok_or_else(|| {
-            TransportError::Backend(format!("cannot allocate a region of {len} bytes"))
-        })?);
-        let key = AccessKey(rand::random());
-        let mut regions = self.state.regions.write();
-        let id = RegionId(u32::try_from(regions.len()).expect("fewer than 2^32 regions"));
-        let remote = RemoteRegion {
-            node: self.state.id,
-            id,
-            key,
-            len: mem.len() as u64,
-        };
-        regions.push(Some(RegionEntry {
-            key,
-            mem: mem.clone(),
-        }));
-        Ok((remote, mem))
+        crate::region::register_zeroed(&self.state.regions, self.state.id, len)
     }
 
     fn deregister_region(&self, id: RegionId) {
@@ -591,19 +570,6 @@ fn resolve(cluster: &Cluster, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
     }
 }
 
-fn map_access(addr: &RemoteAddr, e: RegionAccessError) -> TransportError {
-    match e {
-        RegionAccessError::OutOfBounds { offset, len, size } => TransportError::OutOfBounds {
-            node: addr.node,
-            region: addr.region,
-            offset,
-            len,
-            size,
-        },
-        RegionAccessError::Misaligned { offset } => TransportError::Misaligned { offset },
-    }
-}
-
 /// Word-aligned pieces of `[offset, offset + len)`: at most `MAX_PIECES`,
 /// each a whole number of cache lines except at the ends.
 fn pieces(offset: u64, len: usize) -> Vec<(usize, usize)> {
@@ -675,20 +641,18 @@ fn arrive_verb(
         .borrow_mut()
         .qp_busy_until
         .insert(qp_key, start + duration);
+    // A read or write outside the region is refused before any piece moves
+    // (atomics are checked by the region when they run).
+    let span = match &verb {
+        Verb::Read { len, .. } => Some(*len),
+        Verb::Write { data, .. } => Some(data.len()),
+        Verb::Cas { .. } | Verb::Faa { .. } => None,
+    };
+    if let Some(Err(e)) = span.map(|n| mem.check(addr.offset, n as u64)) {
+        return respond(sim, &ep, &state, i, dst, rx_done, 0, Err(e.at(&addr)));
+    }
     match verb {
         Verb::Read { len, .. } => {
-            if let Err(e) = mem.check(addr.offset, len as u64) {
-                return respond(
-                    sim,
-                    &ep,
-                    &state,
-                    i,
-                    dst,
-                    rx_done,
-                    0,
-                    Err(map_access(&addr, e)),
-                );
-            }
             let buf = Rc::new(RefCell::new(vec![0u8; len]));
             let parts = pieces(addr.offset, len);
             let last = parts.len() - 1;
@@ -711,7 +675,7 @@ fn arrive_verb(
                     if k == last {
                         let r = read
                             .map(|_| VerbResult::Read(std::mem::take(&mut *buf.borrow_mut())))
-                            .map_err(|e| map_access(&addr, e));
+                            .map_err(|e| e.at(&addr));
                         let at = (sim2.sched.now() + pcie_ns_of(&sim2, n)).max(rx_done);
                         respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
                     }
@@ -719,18 +683,6 @@ fn arrive_verb(
             }
         }
         Verb::Write { data, .. } => {
-            if let Err(e) = mem.check(addr.offset, data.len() as u64) {
-                return respond(
-                    sim,
-                    &ep,
-                    &state,
-                    i,
-                    dst,
-                    rx_done,
-                    0,
-                    Err(map_access(&addr, e)),
-                );
-            }
             let data = Rc::new(data);
             let parts = pieces(addr.offset, data.len());
             let last = parts.len() - 1;
@@ -748,9 +700,7 @@ fn arrive_verb(
                 sim.sched.at(piece_at, move || {
                     let w = mem.write(addr.offset + from as u64, &data[from..from + n]);
                     if k == last {
-                        let r = w
-                            .map(|_| VerbResult::Write)
-                            .map_err(|e| map_access(&addr, e));
+                        let r = w.map(|_| VerbResult::Write).map_err(|e| e.at(&addr));
                         let at = (sim2.sched.now() + link_ns(&sim2, n)).max(rx_done);
                         respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
                     }
@@ -763,7 +713,7 @@ fn arrive_verb(
                 let r = mem
                     .cas_u64(addr.offset, expected, new)
                     .map(VerbResult::Cas)
-                    .map_err(|e| map_access(&addr, e));
+                    .map_err(|e| e.at(&addr));
                 let at = (sim2.sched.now() + sim2.profile.network.atomic_ns).max(rx_done);
                 respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
             });
@@ -774,7 +724,7 @@ fn arrive_verb(
                 let r = mem
                     .faa_u64(addr.offset, add)
                     .map(VerbResult::Faa)
-                    .map_err(|e| map_access(&addr, e));
+                    .map_err(|e| e.at(&addr));
                 let at = (sim2.sched.now() + sim2.profile.network.atomic_ns).max(rx_done);
                 respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
             });
