@@ -77,6 +77,52 @@ impl Knobs {
             ))
         })
     }
+
+    /// [`Knobs::get`], then refuses a value outside `range` with a message
+    /// that names the knob, the value, the accepted range and the knob's
+    /// help. Every numeric engine knob goes through this (or documents what
+    /// 0 or an extreme value means), so a bad setting is never taken
+    /// silently.
+    pub fn get_in<T>(
+        &self,
+        engine: &str,
+        specs: &[KnobSpec],
+        name: &str,
+        range: impl std::ops::RangeBounds<T>,
+    ) -> Result<T>
+    where
+        T: FromStr + PartialOrd + std::fmt::Display + std::fmt::Debug,
+        T::Err: std::fmt::Display,
+    {
+        let v: T = self.get(engine, specs, name)?;
+        if range.contains(&v) {
+            return Ok(v);
+        }
+        let help = specs
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.help)
+            .unwrap_or_default();
+        Err(KvError::Config(format!(
+            "{engine}.{name}={v} is out of range (accepted: {}) ({help})",
+            describe_range(&range)
+        )))
+    }
+}
+
+/// "1..=64" style text for a range's bounds, for error messages.
+fn describe_range<T: std::fmt::Debug>(range: &impl std::ops::RangeBounds<T>) -> String {
+    use std::ops::Bound::*;
+    let lo = match range.start_bound() {
+        Included(v) => format!("{v:?} <= value"),
+        Excluded(v) => format!("{v:?} < value"),
+        Unbounded => "value".to_string(),
+    };
+    match range.end_bound() {
+        Included(v) => format!("{lo} <= {v:?}"),
+        Excluded(v) => format!("{lo} < {v:?}"),
+        Unbounded => lo,
+    }
 }
 
 #[cfg(test)]
@@ -112,5 +158,33 @@ mod tests {
         k.set("bogus", "1");
         let e = k.check("cell", SPECS).unwrap_err().to_string();
         assert!(e.contains("cell.bogus") && e.contains("cell.levels"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_with_the_range() {
+        let mut k = Knobs::new();
+        assert_eq!(
+            k.get_in::<usize>("cell", SPECS, "levels", 1..=8).unwrap(),
+            4
+        );
+        k.set("levels", "0");
+        let e = k
+            .get_in::<usize>("cell", SPECS, "levels", 1..=8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cell.levels=0") && e.contains("1 <= value <= 8"),
+            "{e}"
+        );
+        k.set("levels", "8");
+        assert_eq!(
+            k.get_in::<usize>("cell", SPECS, "levels", 1..=8).unwrap(),
+            8
+        );
+        let e = k
+            .get_in::<f64>("cell", SPECS, "levels", 0.0..1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0.0 <= value < 1.0"), "{e}");
     }
 }

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Time of one Ludo build (cuckoo placement, seeds, Othello) of N keys.
 //! `cargo run --release -p dmkv-outback --example build_time -- [keys]`
 fn main() {

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! In-process YCSB-style runs of `outback` (and `rpc-btree` for the
 //! memory-node CPU comparison), measured with the transport's exact
 //! counters, until `dmkv bench` lands. Every value read is checked.

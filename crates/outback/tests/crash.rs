@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Killing one memory node of three during a run of concurrent writers and
 //! readers loses no acknowledged write, and reads go on from a replica.
 

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Loom model of the per-bucket lock and seqlock (`server::seqlock`), with
 //! the orderings of `RegionMem`: a GET must never accept a slot together
 //! with a block or a seed that belongs to another moment, even when the old

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Resizing while requests continue (paper §4.4): inserts racing splits,
 //! GETs of acknowledged keys never missing during rebuilds, bulk loads that
 //! force full builds, and concurrent inserts into one bucket.

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! The shared suites (oracle, races with and without torn reads, bad input)
 //! on tiny subtables so that resizing happens under load, concurrent inserts
 //! of one key, a full pool, and the per-operation costs.

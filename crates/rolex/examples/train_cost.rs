@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Training cost per key (paper §4.6: 0.28 µs per key "to obtain the
 //! trained models and store the data in the leaves").
 //!

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Writers racing readers (with and without torn reads), many clients
 //! inserting into the same leaf, inserts racing retraining and model swaps,
 //! deletes emptying synonym leaves, and no lost keys anywhere.

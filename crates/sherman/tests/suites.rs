@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! The shared suites (oracle, races with and without torn reads, bad input)
 //! on small nodes so that splits, root growth and stale caches happen, and
 //! the per-operation costs of the design.

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Training micro-benchmark (§5.1, §7.5): time to train one sub-model of
 //! about 200 keys from an XTree (the paper reports 8 µs), the same from
 //! keys already in memory, and the time of a full training (top model,

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Races: writers (inserts that split small leaves, deletes, updates)
 //! against one-sided readers, with and without torn reads, while the
 //! memory node retrains; bad input; kill-and-recover with the log.

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Loom model of the version protocol: a writer committing through
 //! `protocol::commit` races a reader that loads the node word by word in
 //! increasing address order (as the transport and RDMA do) and validates

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! XTree on a memory node, driven directly (no RPC): against a `BTreeMap`
 //! oracle, with its structural invariants checked after every run, and from
 //! several threads at once.

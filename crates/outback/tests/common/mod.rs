@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests and examples use real threads and clocks
 //! Deployments for the tests.
 
 #![allow(dead_code)]
