@@ -32,7 +32,7 @@ use crate::pid::Pid;
 use crate::ssd::AlignedPage;
 use dmkv_api::KvError;
 use dmkv_transport::Responder;
-use dmkv_transport::exec::block_on;
+use dmkv_transport::exec::block_on_network;
 use std::sync::atomic::Ordering;
 
 /// An ownership request as the directory sees it.
@@ -606,7 +606,8 @@ impl ScaleNode {
                 for (i, _) in pulls {
                     b.read(member.region.at(entries[*i].offset), PAGE_SIZE);
                 }
-                block_on(b.run()).map_err(KvError::from)
+                // Under entry mutexes: the network alone ends this wait.
+                block_on_network(b.run()).map_err(KvError::from)
             }
             None => Err(corrupt(format!("unknown member {from}"))),
         };

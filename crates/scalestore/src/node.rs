@@ -19,7 +19,7 @@ use crate::pid::{MAX_SHARDS, Pid};
 use crate::repoll::Repoll;
 use crate::ssd::{AlignedPage, PageFile};
 use dmkv_api::KvError;
-use dmkv_transport::exec::block_on;
+use dmkv_transport::exec::block_on_network;
 use dmkv_transport::{Endpoint, Fabric, NodeId, RegionMem, RemoteRegion, ServiceId};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
@@ -477,7 +477,9 @@ impl ScaleNode {
             .member(to)
             .ok_or_else(|| corrupt(format!("unknown member {to}")))?;
         let ep = self.thread_ep()?;
-        block_on(ep.write(m.region.at(offset), bytes))?;
+        // Callers hold the page's entry mutex: wait on the network alone
+        // (under the simulated cluster no task that wants it runs meanwhile).
+        block_on_network(ep.write(m.region.at(offset), bytes))?;
         Ok(())
     }
 

@@ -59,7 +59,14 @@ impl Provider {
     }
 
     /// One round; returns whether it found work (else the caller sleeps).
-    pub fn round(&mut self, node: &ScaleNode, ep: &Endpoint) -> bool {
+    /// Asynchronous so that under the simulated cluster the provider waits
+    /// for its eviction messages and SSD writes as a task: a synchronous
+    /// wait there is a nested frame of the one-thread scheduler, and an
+    /// outer frame cannot return before an inner one does, so two nodes'
+    /// providers each waiting (synchronously) for the other's directory,
+    /// whose handler parks on a frame the outer provider has latched, never
+    /// finished (the 3-node hang with eviction).
+    pub async fn round(&mut self, node: &ScaleNode, ep: &Endpoint) -> bool {
         if node.state() != NodeState::Active || node.free_slots() >= Self::target(node) {
             return false;
         }
@@ -82,7 +89,7 @@ impl Provider {
                 victims.push(v);
             }
         }
-        let evicted = self.evict(node, ep, victims);
+        let evicted = self.evict(node, ep, victims).await;
         self.evicted_since_bump += evicted;
         if self.evicted_since_bump * 10 >= node.cfg.pages {
             node.global_epoch.fetch_add(1, Ordering::Relaxed);
@@ -156,7 +163,7 @@ impl Provider {
     }
 
     /// Evicts latched victims; returns how many copies were dropped.
-    fn evict(&mut self, node: &ScaleNode, ep: &Endpoint, victims: Vec<Victim>) -> usize {
+    async fn evict(&mut self, node: &ScaleNode, ep: &Endpoint, victims: Vec<Victim>) -> usize {
         let mut local = Vec::new();
         let mut remote: BTreeMap<u8, Vec<Victim>> = BTreeMap::new();
         for v in victims {
@@ -169,12 +176,12 @@ impl Provider {
                 }
             }
         }
-        let mut evicted = self.evict_local(node, local);
+        let mut evicted = self.evict_local(node, local).await;
         for (host, list) in remote {
             let mut list = list;
             while !list.is_empty() {
                 let rest = list.split_off(list.len().min(EVICT_BATCH));
-                evicted += self.evict_remote(node, ep, host, list);
+                evicted += self.evict_remote(node, ep, host, list).await;
                 list = rest;
             }
         }
@@ -187,7 +194,7 @@ impl Provider {
     }
 
     /// Evicts copies of pages this node directs (frames latched).
-    fn evict_local(&mut self, node: &ScaleNode, victims: Vec<Victim>) -> usize {
+    async fn evict_local(&mut self, node: &ScaleNode, victims: Vec<Victim>) -> usize {
         let me = node.index;
         // (frame, slot, page, conflict epoch when the write was decided)
         let mut writes: BTreeMap<u8, Vec<(u32, u64, AlignedPage, u64)>> = BTreeMap::new();
@@ -242,7 +249,7 @@ impl Provider {
             };
             let batch: Vec<(u64, &AlignedPage)> =
                 list.iter().map(|(_, slot, p, _)| (*slot, p)).collect();
-            let ok = s.file.write_batch(&batch).is_ok();
+            let ok = s.file.write_batch_async(&batch).await.is_ok();
             for (fi, _, _, epoch) in &list {
                 let f = node.frames.frame(*fi);
                 let mut m = f.meta.lock();
@@ -284,7 +291,7 @@ impl Provider {
     }
 
     /// Sends one eviction batch to `host` and drops what it accepted.
-    fn evict_remote(
+    async fn evict_remote(
         &mut self,
         node: &ScaleNode,
         ep: &Endpoint,
@@ -292,12 +299,20 @@ impl Provider {
         batch: Vec<Victim>,
     ) -> usize {
         let entries: Vec<EvictEntry> = batch.iter().map(|v| v.entry).collect();
-        let reply = node.member(host).and_then(|m| {
-            node.stats.sent(Kind::Evict);
-            Counters::add(&node.stats.evict_batches, 1);
-            let bytes = block_on(ep.call(m.node, m.service, msg::encode_evict(&entries))).ok()?;
-            EvictReply::decode(&bytes, entries.len()).ok()
-        });
+        let reply = match node.member(host) {
+            Some(m) => {
+                node.stats.sent(Kind::Evict);
+                Counters::add(&node.stats.evict_batches, 1);
+                match ep
+                    .call(m.node, m.service, msg::encode_evict(&entries))
+                    .await
+                {
+                    Ok(bytes) => EvictReply::decode(&bytes, entries.len()).ok(),
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        };
         let accepted: Vec<bool> = match reply {
             Some(EvictReply::Decided(v)) => v,
             Some(EvictReply::Moved(h)) => {
@@ -335,7 +350,7 @@ impl Provider {
                 victims.push(v);
             }
         }
-        let evicted = self.evict(node, ep, victims);
+        let evicted = block_on(self.evict(node, ep, victims));
         Counters::add(&node.stats.evictions, evicted as u64);
         let mut held = 0;
         for fi in 0..node.frames.high_water() {
@@ -348,7 +363,6 @@ impl Provider {
     }
 }
 
-/// Runs rounds until `keep_going` says stop.
 /// [`run`] as a task of the simulated cluster: the same rounds, waiting in
 /// virtual time between them.
 pub async fn run_async(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
@@ -357,19 +371,20 @@ pub async fn run_async(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     };
     let mut p = Provider::new();
     while keep_going() && !node.stop.load(Ordering::Relaxed) {
-        if !p.round(node, &ep) {
+        if !p.round(node, &ep).await {
             node.provider_wait(Duration::from_millis(1)).await;
         }
     }
 }
 
+/// Runs rounds until `keep_going` says stop (the provider's own thread).
 pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     let Ok(ep) = node.fabric.endpoint(node.id) else {
         return;
     };
     let mut p = Provider::new();
     while keep_going() && !node.stop.load(Ordering::Relaxed) {
-        if !p.round(node, &ep) {
+        if !block_on(p.round(node, &ep)) {
             node.provider_sleep(Duration::from_millis(1));
         }
     }

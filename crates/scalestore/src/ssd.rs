@@ -140,8 +140,26 @@ impl PageFile {
         if pages.is_empty() {
             return Ok(());
         }
-        self.writes.fetch_add(pages.len() as u64, Ordering::Relaxed);
         dmkv_transport::sim::ssd_io_blocking(self.node, true, pages.len());
+        self.write_now(pages)
+    }
+
+    /// [`PageFile::write_batch`] for a background activity: under the
+    /// simulated cluster it waits for the modelled device as a task (no
+    /// nested frame of the scheduler held while other nodes' activities
+    /// run), then writes.
+    pub async fn write_batch_async(&self, pages: &[(u64, &AlignedPage)]) -> io::Result<()> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        dmkv_transport::sim::ssd_io_batch(self.node, true, pages.len()).await;
+        self.write_now(pages)
+    }
+
+    /// The writes themselves (counted): one io_uring submission for the
+    /// batch where the ring exists.
+    fn write_now(&self, pages: &[(u64, &AlignedPage)]) -> io::Result<()> {
+        self.writes.fetch_add(pages.len() as u64, Ordering::Relaxed);
         #[cfg(target_os = "linux")]
         {
             let mut ring = self.ring.lock();

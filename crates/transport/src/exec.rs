@@ -105,6 +105,24 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     out.pop().expect("one task")
 }
 
+/// Runs one future that only the network (one-sided verbs, message
+/// delivery, core queues) and timers can complete, blocking this thread.
+///
+/// On real threads it is [`block_on`]. Under the simulated cluster it polls
+/// no other task while it waits (a real thread blocked on a verb runs none
+/// of its coroutines either): code on a simulated memory-node core that
+/// holds a lock across the wait (ScaleStore's directory delivers a page
+/// one-sided under the page's entry mutex) must not have the one OS thread
+/// run a task that takes the same lock. A future that needs another task
+/// to make progress must use [`block_on`] instead: here it would wait for
+/// ever (reported as a simulation deadlock when no event is left).
+pub fn block_on_network<F: Future>(fut: F) -> F::Output {
+    match crate::sim::run_alone(Box::pin(fut) as LocalTask<'_, F::Output>) {
+        Ok(v) => v,
+        Err(fut) => block_on(fut),
+    }
+}
+
 fn idle(shared: &Shared) {
     #[allow(clippy::disallowed_methods)]
     let start = Instant::now();

@@ -433,3 +433,76 @@ fn a_synchronous_wait_lets_outer_tasks_run() {
     run_tasks(tasks);
     assert_eq!(seen.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn a_wait_on_the_network_alone_runs_no_task_and_holds_jobs() {
+    // A handler that holds a lock across a one-sided write it waits for
+    // (ScaleStore's directory delivering a page under its entry mutex):
+    // with `block_on_network` no compute task and no other handler runs
+    // until the write is over, so none can meet the lock held (on the one
+    // OS thread of the simulation such a meeting would block for ever).
+    // Two handler cores, so that only the held-job rule keeps the second
+    // request's handler from starting during the wait.
+    use dmkv_transport::exec::block_on_network;
+    let sim = Simulation::new(config(11));
+    let (server, client) = one_server(&sim, 2);
+    let (target, _mem) = server.register_region(64).unwrap();
+    let (fabric, server_id) = (sim.fabric(), server.id());
+    let held = Arc::new(AtomicU64::new(0));
+    let h = held.clone();
+    let slow = server
+        .services()
+        .register(
+            "slow",
+            Arc::new(
+                move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                    let sep = fabric.endpoint(server_id).unwrap();
+                    h.store(1, Ordering::SeqCst);
+                    // A series of writes: several microseconds.
+                    for i in 0..8 {
+                        block_on_network(sep.write(target.at(0), &[i; 64])).unwrap();
+                    }
+                    h.store(0, Ordering::SeqCst);
+                    Ok(vec![])
+                },
+            ),
+        )
+        .unwrap();
+    let h = held.clone();
+    let other = server
+        .services()
+        .register(
+            "other",
+            Arc::new(
+                move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                    assert_eq!(h.load(Ordering::SeqCst), 0, "a handler ran during the wait");
+                    Ok(vec![1])
+                },
+            ),
+        )
+        .unwrap();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let (ep, id, held) = (&ep, server.id(), &held);
+    let polls_during_wait = Cell::new(0u64);
+    let polls = &polls_during_wait;
+    let tasks: Vec<LocalTask<'_, ()>> = vec![
+        Box::pin(async move {
+            ep.call(id, slow, vec![]).await.unwrap();
+        }),
+        Box::pin(async move {
+            // Arrives while the slow handler waits on its writes.
+            sleep(Duration::from_nanos(1500)).await;
+            assert_eq!(ep.call(id, other, vec![]).await.unwrap(), vec![1]);
+        }),
+        Box::pin(async move {
+            for _ in 0..200 {
+                if held.load(Ordering::SeqCst) != 0 {
+                    polls.set(polls.get() + 1);
+                }
+                sleep(Duration::from_nanos(50)).await;
+            }
+        }),
+    ];
+    run_tasks(tasks);
+    assert_eq!(polls_during_wait.get(), 0, "a task ran during the wait");
+}

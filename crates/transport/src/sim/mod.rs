@@ -151,6 +151,17 @@ pub(crate) fn run_tasks<'a, T>(
     }
 }
 
+/// Runs `task` in the simulation of the calling thread, if it has one,
+/// polling no other task while it waits (see `Sched::run_alone`).
+pub(crate) fn run_alone<'a, T>(
+    task: crate::exec::LocalTask<'a, T>,
+) -> Result<T, crate::exec::LocalTask<'a, T>> {
+    match current() {
+        Some(sim) => Ok(sim.sched.run_alone(task)),
+        None => Err(task),
+    }
+}
+
 /// Completes at virtual time `at`.
 pub(crate) struct SleepUntil {
     at: u64,
@@ -243,17 +254,33 @@ pub async fn ssd_io(node: NodeId, write: bool) {
     sleep_until_ns(done).await
 }
 
-/// Waits synchronously (a worker's or handler's own I/O) for `count` I/Os
-/// submitted together to `node`'s SSD: returns when the last completes, in
-/// virtual time under `sim`; at once elsewhere.
-pub fn ssd_io_blocking(node: NodeId, write: bool, count: usize) {
-    let Some(sim) = current() else { return };
-    let done = (0..count.max(1))
+/// Submits `count` I/Os together to `node`'s SSD; the virtual instant the
+/// last completes, or None outside a simulation.
+fn ssd_batch_done(node: NodeId, write: bool, count: usize) -> Option<u64> {
+    let sim = current()?;
+    (0..count.max(1))
         .map(|_| net::ssd_io(&sim, node, write))
         .max()
-        .unwrap_or(0);
-    drop(sim);
-    crate::exec::block_on(sleep_until_ns(done));
+}
+
+/// Waits for `count` I/Os submitted together to `node`'s SSD: returns when
+/// the last completes, in virtual time under `sim`; at once elsewhere. For
+/// background activities (ScaleStore's page provider) that must not hold a
+/// nested frame of the scheduler while they wait.
+pub async fn ssd_io_batch(node: NodeId, write: bool, count: usize) {
+    if let Some(done) = ssd_batch_done(node, write, count) {
+        sleep_until_ns(done).await
+    }
+}
+
+/// [`ssd_io_batch`] waited for synchronously (a worker's or handler's own
+/// I/O): under `sim` a nested frame until the last I/O completes. (Not
+/// [`crate::exec::block_on_network`]: that would hold every memory-node
+/// job of the cluster back for a whole SSD access.)
+pub fn ssd_io_blocking(node: NodeId, write: bool, count: usize) {
+    if let Some(done) = ssd_batch_done(node, write, count) {
+        crate::exec::block_on(sleep_until_ns(done));
+    }
 }
 
 /// How to build a simulation.

@@ -111,6 +111,11 @@ pub(crate) fn submit_job(sim: &Rc<Sim>, id: usize, ready_at: u64, job: Job) {
 /// Runs `job` on a core of set `id` now, then frees the core when its
 /// service time is over and starts the next queued job.
 fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
+    if sim.sched.holding_jobs() {
+        let s = sim.clone();
+        sim.sched.hold_job(Box::new(move || run_job(&s, id, job)));
+        return;
+    }
     let cost = job();
     {
         let mut net = sim.net.borrow_mut();

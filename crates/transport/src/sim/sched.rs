@@ -139,6 +139,10 @@ pub(crate) struct Sched {
     bg_ready: Arc<ReadyQueue>,
     /// Frames (nested `run_tasks` calls) currently running, outermost first.
     frames: RefCell<Vec<FramePtr>>,
+    /// Waits on the network alone in progress (`run_alone`).
+    alone: Cell<usize>,
+    /// Jobs held back until they are over (`hold_job`).
+    held_jobs: RefCell<Vec<Box<dyn FnOnce()>>>,
 }
 
 impl Sched {
@@ -159,6 +163,8 @@ impl Sched {
             }),
             bg_ready: ReadyQueue::new(0, false),
             frames: RefCell::new(Vec::new()),
+            alone: Cell::new(0),
+            held_jobs: RefCell::new(Vec::new()),
         }
     }
 
@@ -288,6 +294,48 @@ impl Sched {
     /// (invariant 4: a task is polled by one frame at a time; the one being
     /// polled up the stack is skipped and stays ready for its own frame).
     pub(crate) fn run_tasks<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
+        self.run_frame(tasks, false)
+    }
+
+    /// [`Sched::run_tasks`] for a wait that only the network, the cores'
+    /// queues and timers can end (a handler's own one-sided verb, an SSD
+    /// I/O): events run, but no task of this or any other frame and no
+    /// background task is polled until it is over. Code on a simulated core
+    /// that holds a lock across such a wait then cannot meet a task that
+    /// wants the same lock on this one OS thread, which would never return.
+    /// The frame is not registered, so frames nested inside it (handlers of
+    /// events that wait the same way) do not poll it either.
+    pub(crate) fn run_alone<'a, T>(&self, task: LocalTask<'a, T>) -> T {
+        self.alone.set(self.alone.get() + 1);
+        let out = self.run_frame(vec![task], true).pop().expect("one task");
+        self.alone.set(self.alone.get() - 1);
+        if self.alone.get() == 0 {
+            let now = self.now.get();
+            for job in self.held_jobs.take() {
+                self.at(now, job);
+            }
+        }
+        out
+    }
+
+    /// Whether a job about to start on a simulated core must wait for a
+    /// wait on the network alone to end (see [`Sched::hold_job`]).
+    pub(crate) fn holding_jobs(&self) -> bool {
+        self.alone.get() > 0
+    }
+
+    /// Keeps a job that was due to start during a wait on the network alone
+    /// until that wait is over. The waiting code may hold a lock the job
+    /// would take (ScaleStore's re-poll task serves a parked request under
+    /// a page's entry mutex and delivers the page; a handler of the same
+    /// node then wants that mutex), and on one OS thread the job could not
+    /// block until it is released. Its core stays reserved; it starts, a
+    /// little late, at the instant the wait ends.
+    pub(crate) fn hold_job(&self, job: Box<dyn FnOnce()>) {
+        self.held_jobs.borrow_mut().push(job);
+    }
+
+    fn run_frame<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
         let n = tasks.len();
         let ready = ReadyQueue::new(n, true);
         let frame = Frame {
@@ -297,9 +345,22 @@ impl Sched {
             results: RefCell::new((0..n).map(|_| None).collect()),
             remaining: Cell::new(n),
         };
-        let _registered = FrameRegistration::new(self, &frame);
+        let _registered = (!alone).then(|| FrameRegistration::new(self, &frame));
         while frame.remaining.get() > 0 {
             let mut polled = false;
+            if alone {
+                if frame.poll_ready() {
+                    continue;
+                }
+                if !self.step() {
+                    panic!(
+                        "simulation deadlock at virtual time {} ns: a wait on the network \
+                         alone has no event left to end it",
+                        self.now.get()
+                    );
+                }
+                continue;
+            }
             // Innermost first. Frames below this one stay registered while
             // it runs (nested frames push and pop above it), so the indices
             // stay valid across the polls.
