@@ -638,4 +638,125 @@ mod tests {
             }
         }
     }
+
+    /// Sorted keys in leaves of 8, as `leaves_covering` would give them.
+    fn covering(all: &[u64]) -> impl FnMut(u64, u64) -> Result<Vec<CoveredLeaf>, ()> {
+        let groups: Vec<Vec<u64>> = all.chunks(8).map(|c| c.to_vec()).collect();
+        let ls = leaves(&groups);
+        move |a, b| {
+            let from = ls.partition_point(|l| l.upper.is_some_and(|u| u <= a));
+            let to = ls.partition_point(|l| l.lower <= b);
+            Ok(ls[from..to.max(from)].to_vec())
+        }
+    }
+
+    #[test]
+    fn sizing_doubles_until_the_target_and_stops_at_the_budget() {
+        // Skewed keys: 90% dense near 0, the rest spread over a range a
+        // million times wider.
+        let all: Vec<u64> = (0..18_000u64)
+            .map(|i| i * 1000 + 1)
+            .chain((0..2000u64).map(|j| 1_000_000_000_000 + j * 500_000_000_000_000))
+            .collect();
+        let samples: Vec<(u64, u64)> = all
+            .iter()
+            .enumerate()
+            .map(|(r, &k)| (k, r as u64))
+            .collect();
+        let leaves = all.len().div_ceil(8) as u64;
+        let goal = SizingGoal {
+            slots: 16,
+            target_leaves: 3.0,
+            max_leaves: 16,
+            leaves,
+            cache_budget: 1 << 30,
+            region_budget: 1 << 40,
+        };
+        let lo = 0;
+        let hi = u64::MAX;
+        let s = size_submodels(
+            &samples,
+            all.len() as u64,
+            lo,
+            hi,
+            100,
+            &goal,
+            covering(&all),
+        )
+        .unwrap();
+        assert_eq!(s.start, 100);
+        assert_eq!(s.limit, SizeLimit::Target, "{s:?}");
+        assert!(s.chosen > 100, "{s:?}");
+        let last = s.tried.last().unwrap();
+        assert_eq!(last.submodels, s.chosen);
+        assert!(
+            last.mean_leaves <= 3.0 && last.wide * 1000 <= last.probes,
+            "{s:?}"
+        );
+        for w in s.tried.windows(2) {
+            assert_eq!(w[1].submodels, 2 * w[0].submodels);
+            assert!(w[0].mean_leaves > 3.0 || w[0].wide * 1000 > w[0].probes);
+        }
+        // The same with a budget that allows one doubling.
+        let tight = SizingGoal {
+            cache_budget: 80 + 200 * 64 + (leaves + 200) * 8,
+            ..goal
+        };
+        let s = size_submodels(
+            &samples,
+            all.len() as u64,
+            lo,
+            hi,
+            100,
+            &tight,
+            covering(&all),
+        )
+        .unwrap();
+        assert_eq!((s.chosen, s.limit), (200, SizeLimit::CacheBudget), "{s:?}");
+        // Uniform keys meet the target at the start.
+        let flat: Vec<u64> = (0..20_000u64).map(|i| i * 1_000_003).collect();
+        let fs: Vec<(u64, u64)> = flat
+            .iter()
+            .enumerate()
+            .map(|(r, &k)| (k, r as u64))
+            .collect();
+        let s =
+            size_submodels(&fs, flat.len() as u64, lo, hi, 100, &goal, covering(&flat)).unwrap();
+        assert_eq!((s.chosen, s.tried.len()), (100, 1), "{s:?}");
+    }
+
+    #[test]
+    fn the_span_line_clamps_no_tail() {
+        // An S-shaped CDF: least squares routes both tails to the end
+        // sub-models whatever M; the span line spreads them.
+        let mut all: Vec<u64> = (0..4000u64)
+            .map(|i| {
+                let x = (i as f64 / 4000.0 - 0.5) * 12.0;
+                ((x.powi(3) + 200.0) * 1e12) as u64
+            })
+            .collect();
+        all.dedup();
+        let samples: Vec<(u64, u64)> = all
+            .iter()
+            .enumerate()
+            .map(|(r, &k)| (k, r as u64))
+            .collect();
+        let n = all.len() as u64;
+        for m in [64u32, 1024] {
+            let ls = train_top_kind(TopKind::LeastSquares, &samples, n, 0, u64::MAX, m);
+            let span = train_top_kind(TopKind::Span, &samples, n, 0, u64::MAX, m);
+            let in_last = |t: &TopModel| {
+                all.iter()
+                    .filter(|&&k| top_route(t, 0, m, k) == m - 1)
+                    .count()
+            };
+            assert!(
+                in_last(&ls) > all.len() / 20,
+                "least squares clamps the upper tail"
+            );
+            assert!(in_last(&span) <= all.len() / 20 * 64 / m as usize + 1);
+            assert_eq!(top_route(&span, 0, m, all[0]), 0);
+            assert_eq!(top_route(&span, 0, m, *all.last().unwrap()), m - 1);
+        }
+    }
 }
