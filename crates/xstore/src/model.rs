@@ -363,7 +363,8 @@ pub fn region_bytes_for(m: u64, reachable: u64, leaves: u64) -> u64 {
 /// `start`, the count doubles until a sample of lookups (every
 /// `samples.len() / SIZING_PROBES`-th sampled key) predicts at most
 /// `target_leaves` leaves on average and at most one probe in a thousand
-/// spans more than `max_leaves`, or until doubling again would pass the
+/// spans more than `max_leaves` (or the last doubling did not reduce such
+/// probes), or until doubling again would pass the
 /// client cache budget or the model region. It never goes below `start`.
 ///
 /// A candidate is judged by training, on the tree's current leaves
@@ -410,8 +411,13 @@ pub fn size_submodels<E>(
         } else {
             ls
         };
+        // Wide predictions that doubling did not reduce (keys least
+        // squares clamps into an end sub-model at any M) do not call for
+        // more sub-models: they take the bounded fallback.
+        let wide_settled =
+            c.wide * 1000 <= c.probes || tried.last().is_some_and(|p: &Candidate| c.wide >= p.wide);
         tried.push(c);
-        if c.mean_leaves <= goal.target_leaves && c.wide * 1000 <= c.probes {
+        if c.mean_leaves <= goal.target_leaves && wide_settled {
             return Ok(Sizing {
                 start,
                 chosen: m,
