@@ -875,11 +875,10 @@ impl Server {
                 }
                 // A count raised by sizing that the region cannot hold
                 // after all: halve it, not below where sizing started.
-                Err(PublishError::Full(why)) if m / 2 >= start && m > start => {
+                Err(PublishError::Full(_)) if m / 2 >= start && m > start => {
                     self.counters
                         .sizing_retreats
                         .fetch_add(1, Ordering::Relaxed);
-                    let _ = why;
                     m /= 2;
                 }
                 Err(e) => return Err(e),
