@@ -293,6 +293,13 @@ fn a_killed_memnode_process_recovers_every_acknowledged_write() {
             .starts_with(dir.to_str().unwrap()),
         "the memory node logs in its own directory: {d}"
     );
+    // Recovery read the killed node's logs: the loaded pairs and the
+    // writes after them (a delete of a missing key logs nothing).
+    assert!(d["recovered"]["files"].as_u64().unwrap() >= 1, "{d}");
+    assert!(
+        d["recovered"]["records"].as_u64().unwrap() > loaded.len() as u64 + acked / 2,
+        "{d}"
+    );
     drop(kv);
     drop(dep);
     let _ = std::fs::remove_dir_all(&dir);

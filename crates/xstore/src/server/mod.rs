@@ -122,6 +122,8 @@ pub struct Server {
     /// Keys per sub-model that trigger expansion (and 1/8 of it, a
     /// shrink): `keys_per_model`, scaled down when sizing raised the count.
     kpm_effective: AtomicU64,
+    /// What recovery read at start: (files, records, keys restored).
+    recovered: [AtomicU64; 3],
     me: Weak<Server>,
 }
 
@@ -198,6 +200,7 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
         counters: Counters::default(),
         sizing: Mutex::new(None),
         kpm_effective: AtomicU64::new(keys_per_model),
+        recovered: Default::default(),
         me: me.clone(),
     });
     if let Some(r) = recovered {
@@ -208,6 +211,13 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
                  it was written with other xstore.bounds or --memnodes",
                 server.wal_dir().unwrap_or_default().display()
             )));
+        }
+        for (a, v) in server
+            .recovered
+            .iter()
+            .zip([r.files, r.records, r.pairs.len() as u64])
+        {
+            a.store(v, Ordering::Relaxed);
         }
         for chunk in r.pairs.chunks(4096) {
             let refs: Vec<(u64, &[u8])> = chunk.iter().map(|(k, v)| (*k, &v[..])).collect();
@@ -1092,6 +1102,11 @@ impl Server {
                 "max_batch_writes": ld(&wc.max_batch_writes),
                 "io_us_per_batch": if batches == 0 { 0.0 } else { ld(&wc.io_ns) as f64 / batches as f64 / 1000.0 },
                 "logger_cpu_ns": ld(&wc.logger_cpu_ns),
+                "recovered": {
+                    "files": ld(&self.recovered[0]),
+                    "records": ld(&self.recovered[1]),
+                    "keys": ld(&self.recovered[2]),
+                },
             });
         }
         v
