@@ -3,8 +3,9 @@
 # libclang-dev when missing, then: clippy and the conformance and backend
 # suites of dmkv-transport-ucx with the `ucx` feature (tcp, shared memory,
 # shared memory through ucp_get/put), a `dmkv bench --transport ucx` smoke
-# run compared with --transport local, and the multi-host namespace test
-# when this machine allows network namespaces.
+# run compared with --transport local, XStore's logs surviving kill -9 of a
+# `dmkv memnode --data-dir` process, and the multi-host namespace test when
+# this machine allows network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,10 @@ step "ucx: dmkv bench --transport ucx against --transport local"
 cargo build --release --features ucx
 bash scripts/ucx-bench-smoke.sh target/release/dmkv
 UCX_TLS=tcp bash scripts/ucx-bench-smoke.sh target/release/dmkv
+
+step "ucx: xstore durability across processes (dmkv memnode --data-dir, kill -9, restart, verify)"
+DMKV_BIN="$PWD/target/release/dmkv" cargo test --release -p dmkv-transport-ucx --features ucx \
+    --test ucx_xstore_durability -- --test-threads=1
 
 step "ucx: multi-host test in network namespaces"
 if ip netns add dmkv-ci-probe 2>/dev/null; then

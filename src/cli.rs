@@ -186,6 +186,11 @@ pub struct MemnodeArgs {
     /// Exit when standard input closes (for memory nodes started by `dmkv bench`).
     #[arg(long)]
     pub exit_on_stdin_eof: bool,
+    /// This node's directory for engines' on-disk state (XStore's logs with
+    /// xstore.durability=on); it replaces the compute side's --data-dir.
+    /// A node restarted on it recovers what was logged there.
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

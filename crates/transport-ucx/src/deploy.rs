@@ -26,6 +26,7 @@ use dmkv_transport::{
 };
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::rc::Rc;
 use std::sync::{Arc, Weak};
@@ -50,6 +51,11 @@ pub struct MemnodeOptions {
     pub handler_threads: usize,
     /// Most bytes of regions the node registers (`None`: no limit).
     pub pool_bytes: Option<u64>,
+    /// This node's own directory for engines' on-disk state (XStore's
+    /// logs): it replaces the `data_dir` an installing compute process
+    /// sends, which names a path on the compute host. `None`: the sent one
+    /// is used as is (children on loopback share the host).
+    pub data_dir: Option<PathBuf>,
     pub config: UcxConfig,
 }
 
@@ -71,11 +77,16 @@ impl Memnode {
         let runtime = NodeRuntime::new(node.clone());
         let weak: Weak<NodeRuntime> = Arc::downgrade(&runtime);
         let linker = cluster.peer_linker();
+        if let Some(d) = &opts.data_dir {
+            std::fs::create_dir_all(d)
+                .map_err(|e| KvError::Config(format!("the data directory {}: {e}", d.display())))?;
+        }
+        let data_dir = opts.data_dir.clone();
         let admin = move |_: &RpcContext, req: &[u8]| -> Result<Vec<u8>, ServiceError> {
             let rt = weak
                 .upgrade()
                 .ok_or_else(|| ServiceError::failed("the node is shutting down"))?;
-            admin(&rt, &linker, &lookup, req)
+            admin(&rt, &linker, &lookup, data_dir.as_ref(), req)
         };
         runtime
             .register_service(ADMIN_SERVICE, Arc::new(admin))
@@ -96,13 +107,17 @@ fn admin(
     rt: &Arc<NodeRuntime>,
     linker: &PeerLinker,
     lookup: &EngineLookup,
+    data_dir: Option<&PathBuf>,
     req: &[u8],
 ) -> Result<Vec<u8>, ServiceError> {
     let mut r = WireReader::new(req);
     let op = r.u8()?;
     let engine = r.str()?;
-    let args: ServeArgs = serde_json::from_str(r.str()?)
+    let mut args: ServeArgs = serde_json::from_str(r.str()?)
         .map_err(|e| ServiceError::malformed(format!("serve arguments: {e}")))?;
+    if let Some(d) = data_dir {
+        args.data_dir = Some(d.clone());
+    }
     // The other memory nodes of the instance and their addresses, so that
     // engines whose memory nodes talk to each other (Outback's replicas)
     // can reach them.

@@ -15,6 +15,10 @@
 //!   leaves read provably cover it (docs/xstore.md, invariant 6), else the
 //!   read range is extended by one leaf on the uncovered side, a bounded
 //!   number of times, before falling back.
+//!
+//! A prediction spanning more than `xstore.max_leaves` leaves is not read:
+//! the lookup takes the fallback RPC at once (cause `wide_prediction`), so
+//! one lookup never costs more than a bounded number of leaves.
 
 use crate::cache::{GenCache, PartClient, SubCache};
 use crate::config::{CacheMode, XStoreConfig};
@@ -166,7 +170,7 @@ impl Client {
     ) -> Result<std::result::Result<Vec<Leaf>, Option<ViewError>>> {
         let limit = self.sh.cfg.batch_limit;
         if leaves.len() > limit {
-            ClientStats::bump(&self.stats().wide_predictions);
+            ClientStats::bump(&self.stats().multi_batch_reads);
         }
         let span_of = |p: &PartClient| {
             if whole {
@@ -268,6 +272,11 @@ impl Client {
             let Some((mut s, mut e)) = v.record.leaf_range(key, g.header.slots) else {
                 return Ok(Lookup::Fallback(FallbackCause::Model));
             };
+            if (e - s) as usize >= self.sh.cfg.max_leaves {
+                // Bounded cost (xstore.max_leaves): one RPC rather than
+                // many leaves and round trips.
+                return Ok(Lookup::Fallback(FallbackCause::WidePrediction));
+            }
             // Leaves read so far, by logical number.
             let mut read: Vec<(u32, Leaf)> = Vec::new();
             let mut want: Vec<u32> = (s..=e).collect();

@@ -14,12 +14,27 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "submodels",
         default: "auto",
-        help: "sub-models of a full training: auto (keys / (keys_per_model / 2)) or a count, which is also the least a shrink goes to",
+        help: "sub-models of a full training: auto (from keys / (keys_per_model / 2), raised until lookups meet target_leaves within cache_budget_mb) or a count in 1..=2^26, which is also the least a shrink goes to",
+    },
+    KnobSpec {
+        name: "target_leaves",
+        default: "3",
+        help: "with submodels=auto: mean leaves a lookup's prediction may span; a full training doubles the sub-models (§7.7) until a sample of lookups meets it (1..=64)",
+    },
+    KnobSpec {
+        name: "max_leaves",
+        default: "16",
+        help: "most leaves one lookup reads for its prediction; a wider prediction takes the fallback RPC instead (counted as wide_prediction) (1..=4096)",
+    },
+    KnobSpec {
+        name: "cache_budget_mb",
+        default: "64",
+        help: "client memory (MiB) a full cache (sub-model records and TTs) may take when submodels=auto raises the count for target_leaves; never lowers it below the keys_per_model count (1..=1048576)",
     },
     KnobSpec {
         name: "keys_per_model",
         default: "200",
-        help: "model expansion threshold (§5.3.2): double the sub-models when keys per sub-model exceed it, halve them below 1/8 of it",
+        help: "model expansion threshold (§5.3.2): double the sub-models when keys per sub-model exceed it, halve them below 1/8 of it; scaled down by the factor auto sizing raised the count by (2..=1048576)",
     },
     KnobSpec {
         name: "expansion",
@@ -29,7 +44,7 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "retrain_threads",
         default: "2",
-        help: "background retraining threads on each memory node (the paper uses up to two)",
+        help: "background retraining threads on each memory node (the paper uses up to two) (1..=64)",
     },
     KnobSpec {
         name: "speculation",
@@ -44,7 +59,7 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "batch_limit",
         default: "16",
-        help: "most leaf reads in one doorbell batch; wider predictions take more batches",
+        help: "most leaf reads in one doorbell batch; more leaves (up to max_leaves, coverage extensions) take more batches (1..=4096)",
     },
     KnobSpec {
         name: "durability",
@@ -69,17 +84,17 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "nodes",
         default: "0",
-        help: "XTree nodes per memory node (0: sized from the expected key count)",
+        help: "XTree nodes per memory node (0: sized from the expected key count; at most 2^31 - 1)",
     },
     KnobSpec {
         name: "value_bytes",
         default: "0",
-        help: "bytes of each memory node's out-of-line value region (0: sized from the expected keys and value size)",
+        help: "bytes of each memory node's out-of-line value region (0: sized from the expected keys and value size; at most 2^40)",
     },
     KnobSpec {
         name: "model_bytes",
         default: "0",
-        help: "bytes of each memory node's model region (0: sized from the node count)",
+        help: "bytes of each memory node's model region (0: sized from the node count and cache_budget_mb; else 65536..=2^40)",
     },
 ];
 
@@ -156,17 +171,19 @@ pub enum SubModels {
 impl FromStr for SubModels {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        if s == "auto" || s == "0" {
+        if s == "auto" {
             return Ok(SubModels::Auto);
         }
-        let n: u32 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        if n > crate::layout::MAX_SUBMODELS {
+        let n: u64 = s
+            .parse()
+            .map_err(|e| format!("{s:?} is neither auto nor a count: {e}"))?;
+        if n == 0 || n > crate::layout::MAX_SUBMODELS as u64 {
             return Err(format!(
-                "at most {} sub-models",
+                "{n} sub-models: a count must be in 1..={} (or auto)",
                 crate::layout::MAX_SUBMODELS
             ));
         }
-        Ok(SubModels::Fixed(n))
+        Ok(SubModels::Fixed(n as u32))
     }
 }
 
@@ -201,6 +218,12 @@ pub struct XStoreConfig {
     pub speculation: bool,
     pub hints: bool,
     pub batch_limit: usize,
+    /// Mean leaves per lookup that auto sizing aims for.
+    pub target_leaves: f64,
+    /// Widest prediction read one-sided; wider ones fall back.
+    pub max_leaves: usize,
+    /// Client cache bytes auto sizing may spend.
+    pub cache_budget_bytes: u64,
     pub durability: bool,
     pub log_sync: LogSync,
     /// Split keys between partitions (K - 1 of them).
@@ -216,28 +239,21 @@ impl XStoreConfig {
         let k = &args.knobs;
         k.check(ENGINE, KNOBS)?;
         let get = |name| k.get::<String>(ENGINE, KNOBS, name);
-        let keys_per_model: u64 = k.get(ENGINE, KNOBS, "keys_per_model")?;
-        if keys_per_model < 2 {
-            return Err(KvError::Config(
-                "xstore.keys_per_model must be at least 2".into(),
-            ));
-        }
-        let retrain_threads: usize = k.get(ENGINE, KNOBS, "retrain_threads")?;
-        if retrain_threads == 0 || retrain_threads > 64 {
-            return Err(KvError::Config(
-                "xstore.retrain_threads must be between 1 and 64".into(),
-            ));
-        }
-        let batch_limit: usize = k.get(ENGINE, KNOBS, "batch_limit")?;
-        if batch_limit == 0 {
-            return Err(KvError::Config(
-                "xstore.batch_limit must be positive".into(),
-            ));
-        }
-        let slots: usize = k.get(ENGINE, KNOBS, "slots")?;
+        let keys_per_model: u64 = k.get_in(ENGINE, KNOBS, "keys_per_model", 2..=1 << 20)?;
+        let retrain_threads: usize = k.get_in(ENGINE, KNOBS, "retrain_threads", 1..=64)?;
+        let batch_limit: usize = k.get_in(ENGINE, KNOBS, "batch_limit", 1..=4096)?;
+        let target_leaves: f64 = k.get_in(ENGINE, KNOBS, "target_leaves", 1.0..=64.0)?;
+        let max_leaves: usize = k.get_in(ENGINE, KNOBS, "max_leaves", 1..=4096)?;
+        let cache_budget_mb: u64 = k.get_in(ENGINE, KNOBS, "cache_budget_mb", 1..=1 << 20)?;
+        let slots: usize = k.get_in(ENGINE, KNOBS, "slots", 4..=48)?;
         let mut tree = XTreeConfig::sized_for(args.expected_keys, args.value_size, slots)
             .map_err(|e| KvError::Config(format!("xstore.slots: {e}")))?;
-        let nodes: u64 = k.get(ENGINE, KNOBS, "nodes")?;
+        let nodes: u64 = k.get_in(
+            ENGINE,
+            KNOBS,
+            "nodes",
+            0..=crate::layout::MAX_TT_LEAF as u64,
+        )?;
         if nodes > 0 {
             tree.max_nodes = nodes;
         }
@@ -247,9 +263,16 @@ impl XStoreConfig {
                 tree.max_nodes
             )));
         }
-        let value_bytes: u64 = k.get(ENGINE, KNOBS, "value_bytes")?;
+        let value_bytes: u64 = k.get_in(ENGINE, KNOBS, "value_bytes", 0..=1 << 40)?;
         if value_bytes > 0 {
             tree.value_region_bytes = value_bytes;
+        }
+        let model_bytes: u64 = k.get_in(ENGINE, KNOBS, "model_bytes", 0..=1 << 40)?;
+        if model_bytes > 0 && model_bytes < 1 << 16 {
+            return Err(KvError::Config(format!(
+                "xstore.model_bytes={model_bytes} is out of range (accepted: 0, or 65536 <= value <= {})",
+                1u64 << 40
+            )));
         }
         let parts = args.nodes.len().max(1);
         let bounds = parse_bounds(&get("bounds")?, parts)?;
@@ -262,11 +285,14 @@ impl XStoreConfig {
             speculation: k.get::<Switch>(ENGINE, KNOBS, "speculation")?.0,
             hints: k.get::<Switch>(ENGINE, KNOBS, "hints")?.0,
             batch_limit,
+            target_leaves,
+            max_leaves,
+            cache_budget_bytes: cache_budget_mb << 20,
             durability: k.get::<Switch>(ENGINE, KNOBS, "durability")?.0,
             log_sync: k.get(ENGINE, KNOBS, "log_sync")?,
             bounds,
             tree,
-            model_bytes: k.get(ENGINE, KNOBS, "model_bytes")?,
+            model_bytes,
         })
     }
 
@@ -320,7 +346,18 @@ impl XStoreConfig {
         // classes, x2 generations; records: 64 bytes, x2 classes, x2.
         let tt = (leaves + max_subs) * 8 * 8 / 7 * 4 + max_subs * 4 * 128;
         let table = max_subs * 64 * 4;
-        (tt + table + (8 << 20)).next_power_of_two()
+        // Room for auto sizing to raise the count (skewed keys, §7.7): up
+        // to what the client cache budget allows, at most one sub-model
+        // per two expected keys, two generations of it.
+        let sized = if self.submodels == SubModels::Auto {
+            let m = (self.cache_budget_bytes / 72)
+                .min(self.tree.max_nodes * self.tree.slots as u64 / 8)
+                .min(crate::layout::MAX_SUBMODELS as u64);
+            2 * crate::model::region_bytes_for(m, m, leaves)
+        } else {
+            0
+        };
+        (tt + table + (8 << 20)).max(sized).next_power_of_two()
     }
 }
 
@@ -398,9 +435,31 @@ mod tests {
             vec![("retrain_threads", "0")],
             vec![("bogus", "1")],
             vec![("slots", "3")],
+            vec![("submodels", "0")],
+            vec![("submodels", "some")],
+            vec![("target_leaves", "0.5")],
+            vec![("max_leaves", "0")],
+            vec![("cache_budget_mb", "0")],
+            vec![("batch_limit", "0")],
+            vec![("keys_per_model", "1")],
+            vec![("model_bytes", "100")],
         ] {
             assert!(XStoreConfig::from_args(&args(&bad, 3)).is_err(), "{bad:?}");
         }
+        // Refusals name the knob, the value and what is accepted.
+        let e = XStoreConfig::from_args(&args(&[("submodels", "0")], 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("xstore.submodels") && e.contains("1..="), "{e}");
+        let e = XStoreConfig::from_args(&args(&[("max_leaves", "0")], 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("xstore.max_leaves=0") && e.contains("4096"),
+            "{e}"
+        );
+        let c = XStoreConfig::from_args(&args(&[("submodels", "7")], 1)).unwrap();
+        assert_eq!(c.submodels, SubModels::Fixed(7));
         let c = XStoreConfig::from_args(&args(&[("cache", "top-only")], 1)).unwrap();
         assert_eq!(c.cache, CacheMode::TopOnly);
         assert_eq!(c.submodels_for(1000), 10);

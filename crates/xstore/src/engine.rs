@@ -231,6 +231,7 @@ impl Engine for XStore {
             "cache": self.shared.cfg.cache.name(),
             "memnodes": self.shared.parts.len(),
             "submodels": sum("submodels"),
+            "sizing": parts.iter().map(|p| p["sizing"].clone()).collect::<Vec<_>>(),
             "tt_entries": sum("tt_entries"),
             "prediction_error_slots": if keys == 0 { 0.0 } else { weighted_err / keys as f64 },
             "retrains": retrains,

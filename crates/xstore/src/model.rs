@@ -14,8 +14,9 @@
 //! leaves (see docs/xstore.md, invariant 6, for why lookups stay correct
 //! whatever the prediction).
 
-use crate::layout::{TopModel, TtEntry, predict_position};
+use crate::layout::{MAX_TT_LEN, TopModel, TtEntry, leaf_range, predict_position, top_route};
 use dmkv_xtree::CoveredLeaf;
+use std::collections::BTreeMap;
 
 /// A trained sub-model and its translation table, before publication.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +157,55 @@ pub fn train_top(samples: &[(u64, u64)], total: u64, lo: u64, hi: u64, m: u32) -
     }
 }
 
+/// Which line the top model is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopKind {
+    /// Least squares over sampled `(key, rank)` (Fig. 6, the paper's).
+    LeastSquares,
+    /// The line from the first sampled key (sub-model 0) to the last (sub-model
+    /// M - 1). Least squares clamps the tails of an S-shaped CDF (normal
+    /// keys: beyond about 1.8 sigma on each side) into the first and last
+    /// sub-model whatever M is, so more sub-models never shorten them;
+    /// this line clamps nothing, so doubling M narrows every interval.
+    Span,
+}
+
+impl TopKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TopKind::LeastSquares => "least_squares",
+            TopKind::Span => "span",
+        }
+    }
+}
+
+/// The top model of kind `kind` (see [`train_top`]).
+pub fn train_top_kind(
+    kind: TopKind,
+    samples: &[(u64, u64)],
+    total: u64,
+    lo: u64,
+    hi: u64,
+    m: u32,
+) -> TopModel {
+    match kind {
+        TopKind::LeastSquares => train_top(samples, total, lo, hi, m),
+        TopKind::Span => {
+            let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+                return train_top(samples, total, lo, hi, m);
+            };
+            if last.0 <= first.0 {
+                return train_top(samples, total, lo, hi, m);
+            }
+            let slope = m as f64 / ((last.0 - first.0) as f64 + 1.0);
+            TopModel {
+                slope,
+                intercept: -slope * (first.0 - lo) as f64,
+            }
+        }
+    }
+}
+
 /// The first key of every sub-model's interval: `first[i]` is the smallest
 /// key of `[lo, hi]` the top model routes to `i` or above (`hi + 1` if
 /// none), with `first[0] = lo` and `first[m] = hi + 1`. Sub-model `i`
@@ -226,6 +276,244 @@ pub fn interval_starts(top: &TopModel, lo: u64, hi: u64, m: u32) -> Vec<u128> {
     }
     first.push(end);
     first
+}
+
+/// Lookups a sizing candidate is judged by: sampled keys, spread evenly
+/// over the partition's keys by rank.
+pub const SIZING_PROBES: usize = 4096;
+
+/// A sub-model count tried by [`size_submodels`] and how lookups fared.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub submodels: u32,
+    pub top: TopKind,
+    /// Mean leaves a probe key's prediction spans (`e - s + 1`).
+    pub mean_leaves: f64,
+    /// Probes whose prediction spans more than `max_leaves`.
+    pub wide: u64,
+    pub probes: u64,
+    /// Sub-models at least one key routes to (an upper bound from the
+    /// samples; every sampled key's sub-model counts).
+    pub reachable_bound: u64,
+}
+
+/// Why [`size_submodels`] stopped where it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeLimit {
+    /// The sample of lookups met the target.
+    Target,
+    /// Doubling again would pass the client cache budget.
+    CacheBudget,
+    /// Doubling again would not fit the model region.
+    ModelRegion,
+    /// [`crate::layout::MAX_SUBMODELS`].
+    MaxSubmodels,
+}
+
+impl SizeLimit {
+    pub fn name(self) -> &'static str {
+        match self {
+            SizeLimit::Target => "target_leaves",
+            SizeLimit::CacheBudget => "cache_budget_mb",
+            SizeLimit::ModelRegion => "model_region",
+            SizeLimit::MaxSubmodels => "max_submodels",
+        }
+    }
+}
+
+/// What sizing decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sizing {
+    pub start: u32,
+    pub chosen: u32,
+    pub limit: SizeLimit,
+    /// Every count tried, in order; the last is `chosen`.
+    pub tried: Vec<Candidate>,
+}
+
+/// What [`size_submodels`] aims for and may spend.
+#[derive(Debug, Clone, Copy)]
+pub struct SizingGoal {
+    pub slots: u32,
+    pub target_leaves: f64,
+    pub max_leaves: usize,
+    /// Leaves of the partition (TT entries a full client cache holds).
+    pub leaves: u64,
+    /// Client cache bytes allowed: 80 (header) + 64 per sub-model + 8 per
+    /// TT entry (one per leaf, plus one per sub-model for leaves that
+    /// straddle two).
+    pub cache_budget: u64,
+    /// Bytes of the model region a generation may take (two must fit).
+    pub region_budget: u64,
+}
+
+/// Model-region bytes one generation of `m` sub-models may take, at most
+/// `reachable` of them with a TT, over `leaves` leaves: the record table
+/// (one block, rounded to a power of two) and per reachable sub-model a TT
+/// block (at least 128 bytes; entries plus a tag word per 7, doubled for
+/// size-class rounding).
+pub fn region_bytes_for(m: u64, reachable: u64, leaves: u64) -> u64 {
+    let table = (m * 64).next_power_of_two();
+    let entries = leaves + reachable;
+    table + reachable * 128 + entries * 8 * 8 / 7 * 2
+}
+
+/// Chooses how many sub-models a full training gets (§7.7: skewed keys
+/// need more simple sub-models for the same prediction error): starting at
+/// `start`, the count doubles until a sample of lookups (every
+/// `samples.len() / SIZING_PROBES`-th sampled key) predicts at most
+/// `target_leaves` leaves on average and at most one probe in a thousand
+/// spans more than `max_leaves` (or the last doubling did not reduce such
+/// probes), or until doubling again would pass the
+/// client cache budget or the model region. It never goes below `start`.
+///
+/// A candidate is judged by training, on the tree's current leaves
+/// (`leaves_for(a, b)`: the leaves covering `[a, b]`), exactly the
+/// sub-models the probes route to, with the same top model and intervals
+/// a full training with that count would have; so its figures are those
+/// lookups would see.
+pub fn size_submodels<E>(
+    samples: &[(u64, u64)],
+    total: u64,
+    lo: u64,
+    hi: u64,
+    start: u32,
+    goal: &SizingGoal,
+    mut leaves_for: impl FnMut(u64, u64) -> Result<Vec<CoveredLeaf>, E>,
+) -> Result<Sizing, E> {
+    let max = crate::layout::MAX_SUBMODELS;
+    let mut m = start.clamp(1, max);
+    let mut tried = Vec::new();
+    loop {
+        let ls = evaluate(
+            TopKind::LeastSquares,
+            samples,
+            total,
+            lo,
+            hi,
+            m,
+            goal,
+            &mut leaves_for,
+        )?;
+        let span = evaluate(
+            TopKind::Span,
+            samples,
+            total,
+            lo,
+            hi,
+            m,
+            goal,
+            &mut leaves_for,
+        )?;
+        // The better: fewer wide predictions, then fewer leaves.
+        let c = if (span.wide, span.mean_leaves) < (ls.wide, ls.mean_leaves) {
+            span
+        } else {
+            ls
+        };
+        // Wide predictions that doubling did not reduce (keys least
+        // squares clamps into an end sub-model at any M) do not call for
+        // more sub-models: they take the bounded fallback.
+        let wide_settled =
+            c.wide * 1000 <= c.probes || tried.last().is_some_and(|p: &Candidate| c.wide >= p.wide);
+        tried.push(c);
+        if c.mean_leaves <= goal.target_leaves && wide_settled {
+            return Ok(Sizing {
+                start,
+                chosen: m,
+                limit: SizeLimit::Target,
+                tried,
+            });
+        }
+        let next = m as u64 * 2;
+        let limit = if next > max as u64 {
+            Some(SizeLimit::MaxSubmodels)
+        } else if 80 + next * 64 + (goal.leaves + next) * 8 > goal.cache_budget {
+            Some(SizeLimit::CacheBudget)
+        } else if region_bytes_for(next, (c.reachable_bound * 2).min(next), goal.leaves)
+            > goal.region_budget
+        {
+            Some(SizeLimit::ModelRegion)
+        } else {
+            None
+        };
+        if let Some(limit) = limit {
+            return Ok(Sizing {
+                start,
+                chosen: m,
+                limit,
+                tried,
+            });
+        }
+        m = next as u32;
+    }
+}
+
+/// Trains the sub-models of an `m`-sub-model generation that the probes
+/// route to and measures their predictions for the probes.
+#[allow(clippy::too_many_arguments)]
+fn evaluate<E>(
+    kind: TopKind,
+    samples: &[(u64, u64)],
+    total: u64,
+    lo: u64,
+    hi: u64,
+    m: u32,
+    goal: &SizingGoal,
+    leaves_for: &mut impl FnMut(u64, u64) -> Result<Vec<CoveredLeaf>, E>,
+) -> Result<Candidate, E> {
+    let top = train_top_kind(kind, samples, total, lo, hi, m);
+    let first = interval_starts(&top, lo, hi, m);
+    let step = (samples.len() / SIZING_PROBES).max(1);
+    let mut by_sub: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for &(k, _) in samples.iter().step_by(step) {
+        by_sub.entry(top_route(&top, lo, m, k)).or_default().push(k);
+    }
+    // Reachable sub-models: between two consecutive samples (`stride`
+    // keys apart) the keys reach at most `stride` further sub-models.
+    let stride = (total / samples.len().max(1) as u64).max(1);
+    let mut reachable = if samples.is_empty() { 0 } else { 1u64 };
+    for w in samples.windows(2) {
+        let (a, b) = (
+            top_route(&top, lo, m, w[0].0) as u64,
+            top_route(&top, lo, m, w[1].0) as u64,
+        );
+        reachable += (b - a).min(stride);
+    }
+    let (mut sum, mut wide, mut probes) = (0u64, 0u64, 0u64);
+    for (i, keys) in by_sub {
+        let (a, b) = (first[i as usize] as u64, (first[i as usize + 1] - 1) as u64);
+        let leaves = leaves_for(a, b)?;
+        probes += keys.len() as u64;
+        if leaves.len() > MAX_TT_LEN as usize {
+            sum += leaves.len() as u64 * keys.len() as u64;
+            wide += keys.len() as u64;
+            continue;
+        }
+        let t = train_submodel(&leaves, a, b, goal.slots);
+        for k in keys {
+            let p = predict_position(t.slope, t.intercept, a, k);
+            let (s, e) = leaf_range(p, t.min_err, t.max_err, goal.slots, leaves.len() as u32)
+                .unwrap_or((0, 0));
+            let width = (e - s + 1) as u64;
+            sum += width;
+            if width > goal.max_leaves as u64 {
+                wide += 1;
+            }
+        }
+    }
+    Ok(Candidate {
+        submodels: m,
+        top: kind,
+        mean_leaves: if probes == 0 {
+            0.0
+        } else {
+            sum as f64 / probes as f64
+        },
+        wide,
+        probes,
+        reachable_bound: reachable.min(m as u64),
+    })
 }
 
 #[cfg(test)]
@@ -354,6 +642,127 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Sorted keys in leaves of 8, as `leaves_covering` would give them.
+    fn covering(all: &[u64]) -> impl FnMut(u64, u64) -> Result<Vec<CoveredLeaf>, ()> {
+        let groups: Vec<Vec<u64>> = all.chunks(8).map(|c| c.to_vec()).collect();
+        let ls = leaves(&groups);
+        move |a, b| {
+            let from = ls.partition_point(|l| l.upper.is_some_and(|u| u <= a));
+            let to = ls.partition_point(|l| l.lower <= b);
+            Ok(ls[from..to.max(from)].to_vec())
+        }
+    }
+
+    #[test]
+    fn sizing_doubles_until_the_target_and_stops_at_the_budget() {
+        // Skewed keys: 90% dense near 0, the rest spread over a range a
+        // million times wider.
+        let all: Vec<u64> = (0..18_000u64)
+            .map(|i| i * 1000 + 1)
+            .chain((0..2000u64).map(|j| 1_000_000_000_000 + j * 500_000_000_000_000))
+            .collect();
+        let samples: Vec<(u64, u64)> = all
+            .iter()
+            .enumerate()
+            .map(|(r, &k)| (k, r as u64))
+            .collect();
+        let leaves = all.len().div_ceil(8) as u64;
+        let goal = SizingGoal {
+            slots: 16,
+            target_leaves: 3.0,
+            max_leaves: 16,
+            leaves,
+            cache_budget: 1 << 30,
+            region_budget: 1 << 40,
+        };
+        let lo = 0;
+        let hi = u64::MAX;
+        let s = size_submodels(
+            &samples,
+            all.len() as u64,
+            lo,
+            hi,
+            100,
+            &goal,
+            covering(&all),
+        )
+        .unwrap();
+        assert_eq!(s.start, 100);
+        assert_eq!(s.limit, SizeLimit::Target, "{s:?}");
+        assert!(s.chosen > 100, "{s:?}");
+        let last = s.tried.last().unwrap();
+        assert_eq!(last.submodels, s.chosen);
+        assert!(
+            last.mean_leaves <= 3.0 && last.wide * 1000 <= last.probes,
+            "{s:?}"
+        );
+        for w in s.tried.windows(2) {
+            assert_eq!(w[1].submodels, 2 * w[0].submodels);
+            assert!(w[0].mean_leaves > 3.0 || w[0].wide * 1000 > w[0].probes);
+        }
+        // The same with a budget that allows one doubling.
+        let tight = SizingGoal {
+            cache_budget: 80 + 200 * 64 + (leaves + 200) * 8,
+            ..goal
+        };
+        let s = size_submodels(
+            &samples,
+            all.len() as u64,
+            lo,
+            hi,
+            100,
+            &tight,
+            covering(&all),
+        )
+        .unwrap();
+        assert_eq!((s.chosen, s.limit), (200, SizeLimit::CacheBudget), "{s:?}");
+        // Uniform keys meet the target at the start.
+        let flat: Vec<u64> = (0..20_000u64).map(|i| i * 1_000_003).collect();
+        let fs: Vec<(u64, u64)> = flat
+            .iter()
+            .enumerate()
+            .map(|(r, &k)| (k, r as u64))
+            .collect();
+        let s =
+            size_submodels(&fs, flat.len() as u64, lo, hi, 100, &goal, covering(&flat)).unwrap();
+        assert_eq!((s.chosen, s.tried.len()), (100, 1), "{s:?}");
+    }
+
+    #[test]
+    fn the_span_line_clamps_no_tail() {
+        // An S-shaped CDF: least squares routes both tails to the end
+        // sub-models whatever M; the span line spreads them.
+        let mut all: Vec<u64> = (0..4000u64)
+            .map(|i| {
+                let x = (i as f64 / 4000.0 - 0.5) * 12.0;
+                ((x.powi(3) + 200.0) * 1e12) as u64
+            })
+            .collect();
+        all.dedup();
+        let samples: Vec<(u64, u64)> = all
+            .iter()
+            .enumerate()
+            .map(|(r, &k)| (k, r as u64))
+            .collect();
+        let n = all.len() as u64;
+        for m in [64u32, 1024] {
+            let ls = train_top_kind(TopKind::LeastSquares, &samples, n, 0, u64::MAX, m);
+            let span = train_top_kind(TopKind::Span, &samples, n, 0, u64::MAX, m);
+            let in_last = |t: &TopModel| {
+                all.iter()
+                    .filter(|&&k| top_route(t, 0, m, k) == m - 1)
+                    .count()
+            };
+            assert!(
+                in_last(&ls) > all.len() / 20,
+                "least squares clamps the upper tail"
+            );
+            assert!(in_last(&span) <= all.len() / 20 * 64 / m as usize + 1);
+            assert_eq!(top_route(&span, 0, m, all[0]), 0);
+            assert_eq!(top_route(&span, 0, m, *all.last().unwrap()), m - 1);
         }
     }
 }

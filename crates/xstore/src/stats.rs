@@ -21,16 +21,19 @@ pub enum FallbackCause {
     Model,
     /// A scan met a stale leaf or a broken chain of leaves.
     ScanChain,
+    /// The prediction spanned more than `xstore.max_leaves` leaves.
+    WidePrediction,
 }
 
 impl FallbackCause {
-    pub const ALL: [FallbackCause; 6] = [
+    pub const ALL: [FallbackCause; 7] = [
         FallbackCause::InvalidEntry,
         FallbackCause::Incarnation,
         FallbackCause::Coverage,
         FallbackCause::Torn,
         FallbackCause::Model,
         FallbackCause::ScanChain,
+        FallbackCause::WidePrediction,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -40,6 +43,7 @@ impl FallbackCause {
             FallbackCause::Torn => "torn",
             FallbackCause::Model => "model",
             FallbackCause::ScanChain => "scan_chain",
+            FallbackCause::WidePrediction => "wide_prediction",
         }
     }
 }
@@ -51,8 +55,8 @@ pub struct ClientStats {
     pub lookups: AtomicU64,
     pub leaves_read: AtomicU64,
     pub leaf_batches: AtomicU64,
-    /// Predictions spanning more leaves than one batch may read.
-    pub wide_predictions: AtomicU64,
+    /// Leaf reads that took more than one batch (`batch_limit`).
+    pub multi_batch_reads: AtomicU64,
     pub coverage_extensions: AtomicU64,
     pub torn_retries: AtomicU64,
     pub value_retries: AtomicU64,
@@ -60,7 +64,7 @@ pub struct ClientStats {
     pub speculative_hits: AtomicU64,
     /// Keys found in a split leaf itself (no sibling read needed).
     pub found_in_split_leaf: AtomicU64,
-    pub fallbacks: [AtomicU64; 6],
+    pub fallbacks: [AtomicU64; 7],
     pub header_reads: AtomicU64,
     pub record_reads: AtomicU64,
     pub tt_reads: AtomicU64,
@@ -102,7 +106,7 @@ impl ClientStats {
             "lookups": lookups,
             "leaves_read_per_lookup": if lookups == 0 { 0.0 } else { ld(&self.leaves_read) as f64 / lookups as f64 },
             "leaf_batches": ld(&self.leaf_batches),
-            "wide_predictions": ld(&self.wide_predictions),
+            "multi_batch_reads": ld(&self.multi_batch_reads),
             "coverage_extensions": ld(&self.coverage_extensions),
             "torn_retries": ld(&self.torn_retries),
             "value_retries": ld(&self.value_retries),

@@ -463,3 +463,102 @@ fn oracle_multi_client() {
         check_multi(&d, 2, 3, 150, 7).unwrap();
     }
 }
+
+/// Skewed keys: exp(2 N(0, 1)) * 2^40 (the bench's lognormal key set),
+/// distinct, from a fixed seed.
+fn lognormal_keys(n: usize) -> Vec<u64> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut out = std::collections::BTreeSet::new();
+    while out.len() < n {
+        let (u, v) = (next().max(1e-300), next());
+        let z = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos();
+        let k = (2.0 * z).exp() * (1u64 << 40) as f64;
+        if k < u64::MAX as f64 / 2.0 {
+            out.insert(k as u64);
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// §7.7: skewed keys need more sub-models. With `submodels=auto` the full
+/// training doubles the count until sampled lookups meet `target_leaves`
+/// (reported under `sizing`), and GETs stay at about two round trips; with
+/// a count pinned far too low, predictions wider than `max_leaves` take
+/// the fallback RPC (one round trip, counted), never many batches.
+#[test]
+fn skewed_keys_get_more_submodels_and_wide_predictions_fall_back() {
+    let keys = lognormal_keys(40_000);
+    let get_all = |d: &LocalDeployment| {
+        let (ep, kv) = d.client(0).unwrap();
+        ep.reset_counters();
+        block_on(async {
+            for &k in keys.iter().step_by(3) {
+                let v = kv.get(k).await.unwrap().expect("loaded");
+                assert_eq!(check_value(k, &v), Ok(1));
+                assert_eq!(kv.get(k ^ 1 << 63).await.unwrap(), None);
+            }
+        });
+        let c = ep.counters().sum(&OpKind::ALL);
+        (c, 2 * keys.iter().step_by(3).count() as u64)
+    };
+
+    let d = deploy(&[], 1, keys.len() as u64);
+    load(&d, keys.iter().copied());
+    let (c, gets) = get_all(&d);
+    let s = stats(&d);
+    let sizing = &s["sizing"][0];
+    assert_eq!(sizing["mode"], "auto", "{s}");
+    let (start, chosen) = (
+        sizing["start"].as_u64().unwrap(),
+        sizing["chosen"].as_u64().unwrap(),
+    );
+    assert!(chosen >= 8 * start, "sizing raised the count: {sizing}");
+    assert_eq!(s["submodels"].as_u64().unwrap(), chosen, "{s}");
+    assert!(
+        sizing["tried"].as_array().unwrap().len() >= 4,
+        "doubled several times: {sizing}"
+    );
+    let rt = c.round_trips as f64 / gets as f64;
+    assert!(rt <= 2.2, "{rt} round trips per GET; {s}");
+    assert!(s["client_cache_bytes"]["total"].as_u64().unwrap() <= 64 << 20);
+    drop(d);
+
+    // A budget too small to raise the count: sizing says why it stopped.
+    let d = deploy(&[("cache_budget_mb", "1")], 1, keys.len() as u64);
+    load(&d, keys.iter().copied());
+    let (c, gets) = get_all(&d);
+    let s = stats(&d);
+    assert_eq!(s["sizing"][0]["limited_by"], "cache_budget_mb", "{s}");
+    let wide = s["client"]["fallbacks_by_cause"]["wide_prediction"]
+        .as_u64()
+        .unwrap();
+    assert!(wide > 0, "{s}");
+    // A wide prediction is one RPC (one round trip), not several batches.
+    assert_eq!(c.rpcs, wide, "{c:?}");
+    assert!(c.round_trips <= 2 * gets, "{c:?}");
+    assert_eq!(s["client"]["multi_batch_reads"], 0, "{s}");
+    drop(d);
+
+    // A pinned count is not sized.
+    let d = deploy(
+        &[("submodels", "40"), ("max_leaves", "4")],
+        1,
+        keys.len() as u64,
+    );
+    load(&d, keys.iter().copied());
+    let (c, _) = get_all(&d);
+    let s = stats(&d);
+    assert_eq!(s["submodels"], 40, "{s}");
+    assert_eq!(s["sizing"][0]["mode"], "fixed", "{s}");
+    let wide = s["client"]["fallbacks_by_cause"]["wide_prediction"]
+        .as_u64()
+        .unwrap();
+    assert!(wide > 0, "{s}");
+    assert_eq!(c.rpcs, wide, "{c:?}");
+}

@@ -20,9 +20,12 @@
 mod models;
 pub mod wal;
 
-use crate::config::XStoreConfig;
+use crate::config::{SubModels, XStoreConfig};
 use crate::layout::{LogOp, LogRecord, MAX_TT_LEN};
-use crate::model::{TrainedSub, interval_starts, train_submodel, train_top};
+use crate::model::{
+    Sizing, SizingGoal, TopKind, TrainedSub, interval_starts, size_submodels, train_submodel,
+    train_top_kind,
+};
 use crate::wire::*;
 use dmkv_api::{KvError, Result, ServeArgs};
 use dmkv_memnode::{NodeRuntime, WorkerPool};
@@ -84,6 +87,8 @@ struct Counters {
     fallback_gets: AtomicU64,
     fallback_scans: AtomicU64,
     stale_kicks: AtomicU64,
+    /// Full trainings that halved a sized count the region could not hold.
+    sizing_retreats: AtomicU64,
 }
 
 /// One partition on one memory node.
@@ -112,17 +117,18 @@ pub struct Server {
     /// A full training is running (no resize checks meanwhile).
     full_active: AtomicBool,
     counters: Counters,
+    /// The last sizing of a full training (with the keys it saw).
+    sizing: Mutex<Option<(Sizing, u64)>>,
+    /// Keys per sub-model that trigger expansion (and 1/8 of it, a
+    /// shrink): `keys_per_model`, scaled down when sizing raised the count.
+    kpm_effective: AtomicU64,
+    /// What recovery read at start: (files, records, keys restored).
+    recovered: [AtomicU64; 3],
     me: Weak<Server>,
 }
 
 fn config_err(e: impl std::fmt::Display) -> KvError {
     KvError::Config(e.to_string())
-}
-
-fn sanitize(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
 }
 
 /// Installs XStore's server side on the node of `args.node_index`.
@@ -159,11 +165,15 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
     )
     .map_err(config_err)?;
     let pool = rt.worker_pool(&format!("xstore-p{part}"), cfg.retrain_threads);
+    let keys_per_model = cfg.keys_per_model;
     let (wal, recovered) = if cfg.durability {
+        // `<data_dir>/xstore/p<partition>`: not named after the instance
+        // (unique per run over UCX), so that a memory node restarted on
+        // its data directory recovers whichever run installs XStore next.
         let dir = args
             .data_dir
             .as_ref()
-            .map(|d| d.join(sanitize(&args.instance)).join(format!("p{part}")));
+            .map(|d| d.join("xstore").join(format!("p{part}")));
         let (w, r) = Wal::open(dir, cfg.log_sync).map_err(KvError::Config)?;
         (Some(w), Some(r))
     } else {
@@ -188,10 +198,27 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
         full_running: Mutex::new(()),
         full_active: AtomicBool::new(false),
         counters: Counters::default(),
+        sizing: Mutex::new(None),
+        kpm_effective: AtomicU64::new(keys_per_model),
+        recovered: Default::default(),
         me: me.clone(),
     });
     if let Some(r) = recovered {
         // Replay: the latest version of every key, then a full training.
+        if let Some((k, _)) = r.pairs.iter().find(|(k, _)| *k < lo || *k > hi) {
+            return Err(config_err(format!(
+                "the log in {} holds key {k:#x}, outside partition {part} [{lo:#x}, {hi:#x}]: \
+                 it was written with other xstore.bounds or --memnodes",
+                server.wal_dir().unwrap_or_default().display()
+            )));
+        }
+        for (a, v) in server
+            .recovered
+            .iter()
+            .zip([r.files, r.records, r.pairs.len() as u64])
+        {
+            a.store(v, Ordering::Relaxed);
+        }
         for chunk in r.pairs.chunks(4096) {
             let refs: Vec<(u64, &[u8])> = chunk.iter().map(|(k, v)| (*k, &v[..])).collect();
             tree.bulk_load(&refs).map_err(config_err)?;
@@ -720,7 +747,7 @@ impl Server {
         let g = self.models.current();
         let m = g.submodels() as u64;
         let keys = self.tree.stats().keys;
-        let kpm = self.cfg.keys_per_model;
+        let kpm = self.kpm_effective.load(Ordering::Relaxed);
         if keys > m * kpm && m * 2 <= crate::layout::MAX_SUBMODELS as u64 {
             self.request_full(Some((m * 2) as u32), FullReason::Expansion, false);
         } else if m > self.cfg.min_submodels() as u64 && keys * 8 < m * kpm {
@@ -801,20 +828,18 @@ impl Server {
         let wall = Instant::now();
         let cpu = thread_cpu_ns();
         let estimate = self.tree.stats().keys;
-        let m = target
-            .unwrap_or_else(|| self.cfg.submodels_for(estimate))
-            .max(self.cfg.min_submodels())
-            .min(crate::layout::MAX_SUBMODELS);
         // The top model, over sampled keys in order.
         let stride = (estimate / TOP_SAMPLES).max(1);
         let mut samples = Vec::new();
         let mut rank = 0u64;
+        let mut leaves = 0u64;
         let mut cursor = Some(self.lo);
         while let Some(c) = cursor {
             let chunk = self
                 .tree
                 .leaves_covering(c, self.hi, WALK_CHUNK)
                 .map_err(|e| PublishError::Full(e.to_string()))?;
+            leaves += chunk.len() as u64;
             for l in &chunk {
                 for &k in &l.info.keys {
                     if rank.is_multiple_of(stride) {
@@ -828,7 +853,59 @@ impl Server {
                 _ => None,
             };
         }
-        let top = train_top(&samples, rank, self.lo, self.hi, m);
+        let start = target
+            .unwrap_or_else(|| self.cfg.submodels_for(rank))
+            .max(self.cfg.min_submodels())
+            .min(crate::layout::MAX_SUBMODELS);
+        let mut m = start;
+        let mut kind = TopKind::LeastSquares;
+        if self.cfg.submodels == SubModels::Auto && rank > 0 {
+            let goal = SizingGoal {
+                slots: self.geo.slots() as u32,
+                target_leaves: self.cfg.target_leaves,
+                max_leaves: self.cfg.max_leaves,
+                leaves,
+                cache_budget: self.cfg.cache_budget_bytes,
+                // Two generations live side by side during a full training.
+                region_budget: self.models.region().len() / 2,
+            };
+            let sizing = size_submodels(&samples, rank, self.lo, self.hi, start, &goal, |a, b| {
+                self.tree.leaves_covering(a, b, MAX_TT_LEN as usize + 1)
+            })
+            .map_err(|e| PublishError::Full(e.to_string()))?;
+            m = sizing.chosen;
+            kind = sizing.tried.last().map_or(kind, |c| c.top);
+            *self.sizing.lock() = Some((sizing, rank));
+        }
+        loop {
+            match self.train_generation(kind, m, &samples, rank) {
+                Ok(g) => {
+                    self.finish_full(g, m, rank, wall, cpu, reason);
+                    return Ok(());
+                }
+                // A count raised by sizing that the region cannot hold
+                // after all: halve it, not below where sizing started.
+                Err(PublishError::Full(_)) if m / 2 >= start && m > start => {
+                    self.counters
+                        .sizing_retreats
+                        .fetch_add(1, Ordering::Relaxed);
+                    m /= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Trains and publishes a whole generation of `m` sub-models (not yet
+    /// committed).
+    fn train_generation(
+        &self,
+        kind: TopKind,
+        m: u32,
+        samples: &[(u64, u64)],
+        rank: u64,
+    ) -> std::result::Result<Generation, PublishError> {
+        let top = train_top_kind(kind, samples, rank, self.lo, self.hi, m);
         let first = interval_starts(&top, self.lo, self.hi, m);
         let generation = self.models.current().generation() + 1;
         let g = self.models.new_generation(generation, top, first, rank)?;
@@ -838,6 +915,20 @@ impl Server {
                 return Err(e);
             }
         }
+        Ok(g)
+    }
+
+    /// Commits a trained generation, sweeps it for splits that raced it and
+    /// updates the figures.
+    fn finish_full(
+        &self,
+        g: Generation,
+        m: u32,
+        keys: u64,
+        wall: Instant,
+        cpu: u64,
+        reason: FullReason,
+    ) {
         let g = Arc::new(g);
         self.models.commit(g.clone());
         // Splits while the generation was built left stale entries that no
@@ -862,10 +953,51 @@ impl Server {
             }
             _ => {}
         }
-        Ok(())
+        // Resizing thresholds: a count raised by sizing above the
+        // keys-per-model count scales the threshold down by as much, so
+        // that neither expansion nor shrinking undoes it at once.
+        let auto = self.cfg.submodels_for(keys);
+        let kpm = if self.cfg.submodels == SubModels::Auto && m > auto && keys > 0 {
+            (2 * keys / m as u64).clamp(2, self.cfg.keys_per_model)
+        } else {
+            self.cfg.keys_per_model
+        };
+        self.kpm_effective.store(kpm, Ordering::Relaxed);
     }
 
     // ---- stats -------------------------------------------------------------
+
+    /// What the last sized full training decided.
+    fn sizing_json(&self) -> serde_json::Value {
+        let c = &self.counters;
+        match &*self.sizing.lock() {
+            None => json!({
+                "mode": match self.cfg.submodels {
+                    SubModels::Auto => "auto",
+                    SubModels::Fixed(_) => "fixed",
+                },
+            }),
+            Some((s, keys)) => json!({
+                "mode": "auto",
+                "keys": keys,
+                "start": s.start,
+                "chosen": s.chosen,
+                "limited_by": s.limit.name(),
+                "top_model": s.tried.last().map_or("least_squares", |c| c.top.name()),
+                "target_leaves": self.cfg.target_leaves,
+                "max_leaves": self.cfg.max_leaves,
+                "cache_budget_bytes": self.cfg.cache_budget_bytes,
+                "retreats": c.sizing_retreats.load(Ordering::Relaxed),
+                "tried": s.tried.iter().map(|t| json!({
+                    "submodels": t.submodels,
+                    "top_model": t.top.name(),
+                    "mean_leaves": t.mean_leaves,
+                    "wide_probes": t.wide,
+                    "probes": t.probes,
+                })).collect::<Vec<_>>(),
+            }),
+        }
+    }
 
     /// This partition's figures for `engine_stats`.
     pub fn stats(&self) -> serde_json::Value {
@@ -945,6 +1077,8 @@ impl Server {
             "splits_seen": ld(&c.splits_seen),
             "fallbacks_served": {"get": ld(&c.fallback_gets), "scan": ld(&c.fallback_scans)},
             "stale_kicks": ld(&c.stale_kicks),
+            "sizing": self.sizing_json(),
+            "keys_per_model_effective": self.kpm_effective.load(Ordering::Relaxed),
             "tree": {
                 "height": t.height, "leaves": t.leaves, "inner_nodes": t.inner_nodes,
                 "fill_factor": t.fill_factor(),
@@ -968,6 +1102,11 @@ impl Server {
                 "max_batch_writes": ld(&wc.max_batch_writes),
                 "io_us_per_batch": if batches == 0 { 0.0 } else { ld(&wc.io_ns) as f64 / batches as f64 / 1000.0 },
                 "logger_cpu_ns": ld(&wc.logger_cpu_ns),
+                "recovered": {
+                    "files": ld(&self.recovered[0]),
+                    "records": ld(&self.recovered[1]),
+                    "keys": ld(&self.recovered[2]),
+                },
             });
         }
         v

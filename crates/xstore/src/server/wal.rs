@@ -18,7 +18,7 @@
 //!
 //! Files: `<dir>/e<epoch>-w<worker>.log`, and `e<epoch>-snapshot.log`
 //! written by a recovery (the recovered state, as records) before the
-//! older epochs' files are removed.
+//! older epochs' files are removed; `LOCK`, locked while the log is live.
 
 use crate::config::LogSync;
 use crate::layout::{LogOp, LogRecord};
@@ -142,6 +142,8 @@ pub struct Wal {
     /// written.
     crashed: Arc<AtomicBool>,
     pub counters: Arc<WalCounters>,
+    /// Holds the directory's `LOCK` file locked while the log is live.
+    lock: Mutex<Option<File>>,
 }
 
 /// While alive, no logger starts writing a batch (see [`Wal::hold`]).
@@ -209,6 +211,27 @@ impl Wal {
             }
         };
         std::fs::create_dir_all(&dir).map_err(|e| io("creating", &dir, e))?;
+        // One live log per directory: a second instance (another install
+        // on the same memory node, another process) would interleave its
+        // epochs with ours and compact our files away. The OS drops the
+        // lock when the process dies, so a restart after kill -9 gets it.
+        let lock_path = dir.join("LOCK");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io("opening", &lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "the data directory {} is in use by another live XStore partition (one per directory)",
+                    dir.display()
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io("locking", &lock_path, e)),
+        }
         let files = log_files(&dir)?;
         let epoch = files.iter().map(|f| f.0).max().map_or(1, |e| e + 1);
         let mut latest: BTreeMap<u64, (u64, LogOp)> = BTreeMap::new();
@@ -243,6 +266,7 @@ impl Wal {
             held: Arc::new(AtomicBool::new(false)),
             crashed: Arc::new(AtomicBool::new(false)),
             counters: Arc::new(WalCounters::default()),
+            lock: Mutex::new(Some(lock)),
         };
         if !files.is_empty() {
             // The snapshot keeps deletes too, with their versions, so that
@@ -405,6 +429,8 @@ impl Wal {
     /// record was synced before).
     pub fn crash(&self) {
         self.crashed.store(true, Ordering::SeqCst);
+        // A dead process holds no lock.
+        self.lock.lock().take();
         let logs: Vec<Arc<WorkerLog>> = self.logs.lock().values().cloned().collect();
         for log in logs {
             let waiters = log.fail("the memory node crashed".into());
