@@ -75,12 +75,12 @@ const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "chunk_kb",
         default: "256",
-        help: "KiB of KV blocks a client takes from a memory node per allocation RPC",
+        help: "KiB of KV blocks a client takes from a memory node per allocation RPC, 8..=65536",
     },
     KnobSpec {
         name: "pool_mb",
         default: "0",
-        help: "memory pool per memory node, MiB (0 = sized for the expected keys)",
+        help: "memory pool per memory node, MiB, up to 2^20 (0 = sized for the expected keys, loaded plus inserted)",
     },
 ];
 
@@ -138,14 +138,9 @@ impl Config {
                 }
             }
         };
-        let chunk_bytes = k.get::<u64>(NAME, KNOBS, "chunk_kb")? << 10;
-        if chunk_bytes < 8192 {
-            return Err(KvError::Config(format!(
-                "{NAME}.chunk_kb must be at least 8"
-            )));
-        }
+        let chunk_bytes = k.get_in::<u64>(NAME, KNOBS, "chunk_kb", 8..=65536)? << 10;
         let st_bytes = groups * GROUP_BYTES;
-        let pool_mb: u64 = k.get(NAME, KNOBS, "pool_mb")?;
+        let pool_mb: u64 = k.get_in(NAME, KNOBS, "pool_mb", 0..=1 << 20)?;
         let pool_bytes = if pool_mb != 0 {
             pool_mb << 20
         } else {

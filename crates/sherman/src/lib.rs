@@ -375,6 +375,7 @@ impl Engine for ShermanEngine {
             "nodes_created": get(&s.nodes_created) + 1,
             "splits": get(&s.splits),
             "root_grows": get(&s.root_grows),
+            "root_races": get(&s.root_races),
             "lock_retries": get(&s.lock_retries),
             "lock_handovers": get(&s.handovers),
             "torn_retries": get(&s.torn_retries),

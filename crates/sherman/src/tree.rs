@@ -46,6 +46,10 @@ pub struct TreeStats {
     pub value_retries: AtomicU64,
     pub move_rights: AtomicU64,
     pub root_grows: AtomicU64,
+    /// Root installs that lost their CAS to another client's and linked
+    /// into the winner's root instead (the race behind the original
+    /// Sherman's small-tree root bug).
+    pub root_races: AtomicU64,
     pub chunks: AtomicU64,
 }
 
@@ -618,6 +622,7 @@ impl Ctx<'_> {
         }
         // Someone else grew the tree first: link into their root instead
         // (the unused node stays allocated; nodes are never freed).
+        self.t.stats.root_races.fetch_add(1, Ordering::Relaxed);
         Box::pin(self.insert_into_parent(level, sep, child, left)).await
     }
 
