@@ -230,8 +230,10 @@ impl EngineSpec for RaceSpec {
         let start = POOL_RESERVED + mine * cfg.subtable_bytes();
         if start > cfg.pool_bytes {
             return Err(KvError::Config(format!(
-                "{NAME}: a pool of {} bytes cannot hold the initial subtables",
-                cfg.pool_bytes
+                "{NAME}: a first pool segment of {} bytes cannot hold the initial subtables \
+                 ({start} bytes): set {NAME}.pool_mb to 0 (sized) or at least {} MiB",
+                cfg.pool_bytes,
+                start.div_ceil(1 << 20)
             )));
         }
         let pool = GrowingPool::new(
