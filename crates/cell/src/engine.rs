@@ -19,12 +19,12 @@ use std::sync::Arc;
 const KNOB_CACHED_LEVELS: KnobSpec = KnobSpec {
     name: "cached_levels",
     default: "4",
-    help: "inner nodes at least this many levels above the leaves are cached (the paper's Cell setting is 4)",
+    help: "inner nodes at least this many levels above the leaves are cached, 0..=255 (the paper's Cell setting is 4; 0 and 1 both cache every inner level, a level above the root caches none)",
 };
 const KNOB_CACHE_BYTES: KnobSpec = KnobSpec {
     name: "cache_bytes",
     default: "67108864",
-    help: "capacity of the client's LRU node cache in bytes (images plus bookkeeping)",
+    help: "capacity of the client's LRU node cache in bytes (images plus bookkeeping), up to 2^40 (0 = no cache)",
 };
 
 const KNOBS: &[KnobSpec] = &[
@@ -59,8 +59,9 @@ impl EngineSpec for CellSpec {
     }
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
         let knobs = &args.serve.knobs;
-        let cached_levels: u8 = knobs.get("cell", KNOBS, KNOB_CACHED_LEVELS.name)?;
-        let cache_bytes: usize = knobs.get("cell", KNOBS, KNOB_CACHE_BYTES.name)?;
+        let cached_levels: u8 =
+            knobs.get_in("cell", KNOBS, KNOB_CACHED_LEVELS.name, 0..=u8::MAX)?;
+        let cache_bytes: usize = knobs.get_in("cell", KNOBS, KNOB_CACHE_BYTES.name, 0..=1 << 40)?;
         let (ep, svc) = connect_service(&args)?;
         let (nodes, values, format) = block_on(labeled(OpKind::Setup, async {
             let nodes = ep

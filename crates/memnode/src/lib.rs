@@ -8,7 +8,10 @@
 //!   use and CPU spent by handlers and workers;
 //! - allocators over a region's bytes: [`BumpAllocator`] and
 //!   [`SlabAllocator`] (fixed-size blocks with a free list), and
-//!   [`SizeClassAllocator`] for variable-length values.
+//!   [`SizeClassAllocator`] for variable-length values;
+//! - [`GrowingPool`]: a pool that registers further segment regions when
+//!   its first one (sized from the expected load) is full, and
+//!   [`RemoteSegments`], with which clients find those segments.
 //!
 //! Allocators run on the node's CPU; designs that allocate one-sided (ROLEX's
 //! FAA on a leaf counter) keep their counters in the region itself.
@@ -16,9 +19,11 @@
 #![forbid(unsafe_code)]
 
 mod alloc;
+mod grow;
 mod runtime;
 mod workers;
 
 pub use alloc::{AllocError, BumpAllocator, SizeClassAllocator, SlabAllocator};
+pub use grow::{GrowingPool, RemoteSegments, SegmentShape, segment_name};
 pub use runtime::{NodeRuntime, NodeStats, Region};
 pub use workers::WorkerPool;

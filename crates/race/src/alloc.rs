@@ -1,5 +1,6 @@
 //! Memory allocation: the memory node's CPU hands out coarse pieces by RPC
-//! (KV chunks to clients, subtables to resizers: rare), clients carve KV
+//! (KV chunks to clients, subtables to resizers: rare; the pool grows by
+//! segments when full, see [`dmkv_memnode::GrowingPool`]), clients carve KV
 //! blocks from their chunks locally and reuse freed blocks with the next
 //! tag (RACE's two-level allocation).
 //!
@@ -9,7 +10,7 @@
 
 use crate::layout::{KV_UNIT, TAG_MOD};
 use dmkv_api::Result;
-use dmkv_memnode::BumpAllocator;
+use dmkv_memnode::GrowingPool;
 use dmkv_transport::{Endpoint, NodeId, ServiceError, ServiceId, WireReader, WireWriter};
 use std::collections::HashMap;
 
@@ -24,7 +25,7 @@ pub struct AllocSizes {
 }
 
 pub fn serve_alloc(
-    bump: &BumpAllocator,
+    pool: &GrowingPool,
     sizes: AllocSizes,
     req: &[u8],
 ) -> std::result::Result<Vec<u8>, ServiceError> {
@@ -36,7 +37,7 @@ pub fn serve_alloc(
         ALLOC_SUBTABLE => sizes.subtable,
         op => return Err(ServiceError::malformed(format!("unknown alloc op {op}"))),
     };
-    let off = bump
+    let off = pool
         .alloc(size, 64)
         .map_err(|e| ServiceError::exhausted(format!("race memory pool: {e}")))?;
     let mut w = WireWriter::new();

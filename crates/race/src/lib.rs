@@ -34,7 +34,7 @@ use dmkv_api::{
     Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
     ServeArgs,
 };
-use dmkv_memnode::{BumpAllocator, NodeRuntime};
+use dmkv_memnode::{GrowingPool, NodeRuntime, RemoteSegments, SegmentShape};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{Endpoint, NodeId, RpcContext};
 use layout::{
@@ -75,14 +75,30 @@ const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "chunk_kb",
         default: "256",
-        help: "KiB of KV blocks a client takes from a memory node per allocation RPC",
+        help: "KiB of KV blocks a client takes from a memory node per allocation RPC, 8..=65536",
     },
     KnobSpec {
         name: "pool_mb",
         default: "0",
-        help: "memory pool per memory node, MiB (0 = sized for the expected keys)",
+        help: "first pool segment per memory node, MiB, up to 4096 (0 = sized for the expected keys, loaded plus inserted); \
+               the pool grows by further segments, each twice the one before, when it is full",
+    },
+    KnobSpec {
+        name: "pool_max_mb",
+        default: "0",
+        help: "most memory the pool may register per memory node, MiB (0 = 256 GiB: 64 segments of 4 GiB)",
     },
 ];
+
+/// The pool's offset space: segments of up to 4 GiB; 64 of them stay well
+/// inside what a slot (36 bits of 64-byte units: 4 TiB) and a directory
+/// entry (40 bits of 64-byte units) address.
+pub const POOL_SHAPE: SegmentShape = SegmentShape {
+    span: 1 << 32,
+    max_segments: 64,
+};
+const POOL_LIMIT: u64 = POOL_SHAPE.span * POOL_SHAPE.max_segments;
+const _: () = assert!(POOL_LIMIT / 64 <= 1 << 36);
 
 /// Keys live in KV blocks and empty slots are the zero word: no key is
 /// reserved.
@@ -99,7 +115,10 @@ pub struct Config {
     pub groups: u64,
     pub initial_depth: u8,
     pub chunk_bytes: u64,
+    /// Bytes of the pool's first segment per memory node.
     pub pool_bytes: u64,
+    /// Most bytes the pool registers per memory node.
+    pub pool_limit: u64,
     pub memnodes: usize,
 }
 
@@ -138,14 +157,9 @@ impl Config {
                 }
             }
         };
-        let chunk_bytes = k.get::<u64>(NAME, KNOBS, "chunk_kb")? << 10;
-        if chunk_bytes < 8192 {
-            return Err(KvError::Config(format!(
-                "{NAME}.chunk_kb must be at least 8"
-            )));
-        }
+        let chunk_bytes = k.get_in::<u64>(NAME, KNOBS, "chunk_kb", 8..=65536)? << 10;
         let st_bytes = groups * GROUP_BYTES;
-        let pool_mb: u64 = k.get(NAME, KNOBS, "pool_mb")?;
+        let pool_mb: u64 = k.get_in(NAME, KNOBS, "pool_mb", 0..=POOL_SHAPE.span >> 20)?;
         let pool_bytes = if pool_mb != 0 {
             pool_mb << 20
         } else {
@@ -157,13 +171,27 @@ impl Config {
                 * u64::from(kv_units(args.value_size as usize))
                 * 64
                 * 2;
-            POOL_RESERVED + subtables * st_bytes + kv + 64 * chunk_bytes
+            (POOL_RESERVED + subtables * st_bytes + kv + 64 * chunk_bytes).min(POOL_SHAPE.span)
         };
+        let max_mb: u64 = k.get_in(NAME, KNOBS, "pool_max_mb", 0..=POOL_LIMIT >> 20)?;
+        let pool_limit = if max_mb == 0 {
+            POOL_LIMIT
+        } else {
+            max_mb << 20
+        };
+        let pool_bytes = pool_bytes.min(pool_limit);
+        if chunk_bytes.max(st_bytes) > POOL_SHAPE.span {
+            return Err(KvError::Config(format!(
+                "{NAME}: chunks and subtables must fit a {} GiB pool segment",
+                POOL_SHAPE.span >> 30
+            )));
+        }
         Ok(Config {
             groups,
             initial_depth,
             chunk_bytes,
             pool_bytes,
+            pool_limit,
             memnodes,
         })
     }
@@ -202,18 +230,29 @@ impl EngineSpec for RaceSpec {
         let start = POOL_RESERVED + mine * cfg.subtable_bytes();
         if start > cfg.pool_bytes {
             return Err(KvError::Config(format!(
-                "{NAME}: a pool of {} bytes cannot hold the initial subtables",
-                cfg.pool_bytes
+                "{NAME}: a first pool segment of {} bytes cannot hold the initial subtables \
+                 ({start} bytes): set {NAME}.pool_mb to 0 (sized) or at least {} MiB",
+                cfg.pool_bytes,
+                start.div_ceil(1 << 20)
             )));
         }
-        let pool = rt.register_region(&args.name("pool"), cfg.pool_bytes as usize)?;
+        let pool = GrowingPool::new(
+            rt,
+            &args.name("pool"),
+            POOL_SHAPE,
+            cfg.pool_bytes,
+            start,
+            cfg.pool_limit,
+        )
+        .map_err(|e| KvError::Config(format!("{NAME} pool: {e}")))?;
+        let seg0 = pool.first_segment();
         let init = |e: dmkv_api::Result<(), dmkv_transport::region::RegionAccessError>| {
             e.map_err(|e| KvError::Config(format!("initialising {NAME}: {e}")))
         };
         for j in (0..n0).filter(|j| cfg.initial_subtable(*j).mn == me) {
             let at = cfg.initial_subtable(j);
             init(
-                pool.mem
+                seg0.mem
                     .write(at.offset, &subtable_image(cfg.groups, cfg.initial_depth, j)),
             )?;
         }
@@ -225,7 +264,7 @@ impl EngineSpec for RaceSpec {
                 init(dir.mem.store_u64(DIR_ENTRIES + 8 * j, e.0))?;
             }
         }
-        let bump = Arc::new(BumpAllocator::new("race pool", &pool, start, pool.len()));
+        let bump = Arc::new(pool);
         let sizes = AllocSizes {
             chunk: cfg.chunk_bytes,
             subtable: cfg.subtable_bytes(),
@@ -244,7 +283,9 @@ impl EngineSpec for RaceSpec {
         let mut pools = Vec::new();
         let mut allocs = Vec::new();
         for &node in &nodes {
-            pools.push(block_on(ep.lookup_region(node, &args.serve.name("pool")))?);
+            let name = args.serve.name("pool");
+            let first = block_on(ep.lookup_region(node, &name))?;
+            pools.push(RemoteSegments::new(node, &name, POOL_SHAPE, first));
             allocs.push(AllocSource {
                 node,
                 service: block_on(ep.lookup_service(node, &args.serve.name("alloc")))?,
@@ -349,7 +390,7 @@ impl Engine for RaceEngine {
             local_depths.push(ld);
             let img = ep
                 .read(
-                    ctx.pool_at(GAddr { mn, offset })?,
+                    ctx.pool_at(GAddr { mn, offset }).await?,
                     self.cfg.subtable_bytes() as usize,
                 )
                 .await?;

@@ -18,6 +18,7 @@ use crate::layout::{
     MAX_DEPTH, SLOTS_PER_BUCKET, Slot, combined_offset, decode_kv, encode_kv, kv_units,
 };
 use dmkv_api::{Key, KvError, Result};
+use dmkv_memnode::RemoteSegments;
 use dmkv_transport::exec::yield_now;
 use dmkv_transport::{Batch, BatchResult, Endpoint, RemoteAddr, RemoteRegion};
 use parking_lot::RwLock;
@@ -77,7 +78,8 @@ pub struct RaceStats {
 pub struct RaceShared {
     pub groups: u64,
     pub subtable_bytes: u64,
-    pub pools: Vec<RemoteRegion>,
+    /// Each memory node's pool segments.
+    pub pools: Vec<RemoteSegments>,
     pub dir: RemoteRegion,
     pub allocs: Vec<AllocSource>,
     pub cache: RwLock<DirCache>,
@@ -137,11 +139,15 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub fn pool_at(&self, a: GAddr) -> Result<RemoteAddr> {
+    /// Where `a` is; the first use of a pool segment looks it up by name.
+    pub async fn pool_at(&self, a: GAddr) -> Result<RemoteAddr> {
         let p = self.t.pools.get(a.mn).ok_or_else(|| {
             KvError::Corrupt(format!("address {a:?} names an unknown memory node"))
         })?;
-        Ok(p.at(a.offset))
+        if let Some(at) = p.known_at(a.offset) {
+            return Ok(at);
+        }
+        Ok(p.at(self.ep, a.offset).await?)
     }
 
     pub async fn run(&self, b: Batch<'_>) -> Result<BatchResult> {
@@ -207,21 +213,23 @@ impl Ctx<'_> {
             let st = entry.subtable();
             let mut b = self.ep.batch();
             if let Some((at, data)) = pre.take() {
-                b.write(self.pool_at(at)?, data);
+                b.write(self.pool_at(at).await?, data);
             }
             let offs = [combined_offset(h.b1), combined_offset(h.b2)];
             let r0 = b.read(
                 self.pool_at(GAddr {
                     mn: st.mn,
                     offset: st.offset + offs[0],
-                })?,
+                })
+                .await?,
                 COMBINED_BYTES,
             );
             let r1 = b.read(
                 self.pool_at(GAddr {
                     mn: st.mn,
                     offset: st.offset + offs[1],
-                })?,
+                })
+                .await?,
                 COMBINED_BYTES,
             );
             let mut res = self.run(b).await?;
@@ -254,7 +262,7 @@ impl Ctx<'_> {
         let mut b = self.ep.batch();
         let mut idx = Vec::with_capacity(slots.len());
         for (_, s) in slots {
-            idx.push(b.read(self.pool_at(s.kv())?, usize::from(s.units()) * 64));
+            idx.push(b.read(self.pool_at(s.kv()).await?, usize::from(s.units()) * 64));
         }
         let mut res = self.run(b).await?;
         let mut out = Vec::with_capacity(slots.len());
@@ -276,12 +284,13 @@ impl Ctx<'_> {
         Ok(self.t.cache.read().entry(h) != entry)
     }
 
-    fn addr_in(&self, entry: DirEntry, off: u64) -> Result<RemoteAddr> {
+    async fn addr_in(&self, entry: DirEntry, off: u64) -> Result<RemoteAddr> {
         let st = entry.subtable();
         self.pool_at(GAddr {
             mn: st.mn,
             offset: st.offset + off,
         })
+        .await
     }
 
     pub async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
@@ -393,7 +402,7 @@ impl Ctx<'_> {
                 }
                 (PutMode::Update | PutMode::Upsert, Some((off, old))) => {
                     let mut cas = self.ep.batch();
-                    let c = cas.cas(self.addr_in(b.entry, off)?, old.0, mine.0);
+                    let c = cas.cas(self.addr_in(b.entry, off).await?, old.0, mine.0);
                     if self.run(cas).await?.word(c) != old.0 {
                         self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
                         continue;
@@ -408,7 +417,7 @@ impl Ctx<'_> {
                     };
                     let claim = mine.tentative();
                     let mut cas = self.ep.batch();
-                    let c = cas.cas(self.addr_in(b.entry, off)?, 0, claim.0);
+                    let c = cas.cas(self.addr_in(b.entry, off).await?, 0, claim.0);
                     if self.run(cas).await?.word(c) != 0 {
                         self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
                         continue;
@@ -447,8 +456,8 @@ impl Ctx<'_> {
         loop {
             let mut b = self.ep.batch();
             let offs = [combined_offset(h.b1), combined_offset(h.b2)];
-            let r0 = b.read(self.addr_in(entry, offs[0])?, COMBINED_BYTES);
-            let r1 = b.read(self.addr_in(entry, offs[1])?, COMBINED_BYTES);
+            let r0 = b.read(self.addr_in(entry, offs[0]).await?, COMBINED_BYTES);
+            let r1 = b.read(self.addr_in(entry, offs[1]).await?, COMBINED_BYTES);
             let mut res = self.run(b).await?;
             let bk = Buckets {
                 entry,
@@ -484,7 +493,7 @@ impl Ctx<'_> {
                     .insert_conflicts
                     .fetch_add(1, Ordering::Relaxed);
                 let mut cas = self.ep.batch();
-                cas.cas(self.addr_in(entry, off)?, claim.0, 0);
+                cas.cas(self.addr_in(entry, off).await?, claim.0, 0);
                 // If a split froze the claim meanwhile it is dropped anyway.
                 self.run(cas).await?;
                 return Ok(Resolved::Lost);
@@ -508,7 +517,7 @@ impl Ctx<'_> {
             if !higher.is_empty() {
                 let mut cas = self.ep.batch();
                 for (o, s) in &higher {
-                    cas.cas(self.addr_in(entry, *o)?, s.0, 0);
+                    cas.cas(self.addr_in(entry, *o).await?, s.0, 0);
                 }
                 let res = self.run(cas).await?;
                 self.t
@@ -529,7 +538,7 @@ impl Ctx<'_> {
                 // fail, or finds it visible and loses.
             }
             let mut cas = self.ep.batch();
-            let c = cas.cas(self.addr_in(entry, off)?, claim.0, claim.final_().0);
+            let c = cas.cas(self.addr_in(entry, off).await?, claim.0, claim.final_().0);
             return Ok(if self.run(cas).await?.word(c) == claim.0 {
                 Resolved::Won
             } else {
@@ -560,7 +569,7 @@ impl Ctx<'_> {
                 return Ok(false);
             };
             let mut cas = self.ep.batch();
-            let c = cas.cas(self.addr_in(b.entry, *off)?, old.0, 0);
+            let c = cas.cas(self.addr_in(b.entry, *off).await?, old.0, 0);
             if self.run(cas).await?.word(c) != old.0 {
                 self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
                 continue;

@@ -104,10 +104,10 @@ async fn split_locked(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> 
     let visible: Vec<(u64, Slot)> = frozen.into_iter().filter(|(_, v)| v.is_visible()).collect();
     for chunk in visible.chunks(BATCH) {
         let mut b = ctx.ep.batch();
-        let idx: Vec<usize> = chunk
-            .iter()
-            .map(|(_, v)| Ok(b.read(ctx.pool_at(v.kv())?, usize::from(v.units()) * 64)))
-            .collect::<Result<_>>()?;
+        let mut idx: Vec<usize> = Vec::with_capacity(chunk.len());
+        for (_, v) in chunk {
+            idx.push(b.read(ctx.pool_at(v.kv()).await?, usize::from(v.units()) * 64));
+        }
         let mut res = ctx.run(b).await?;
         for ((off, v), i) in chunk.iter().zip(idx) {
             // A frozen slot's block is never freed, so it must decode.
@@ -121,8 +121,8 @@ async fn split_locked(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> 
         }
     }
     let mut b = ctx.ep.batch();
-    b.write(ctx.pool_at(st0)?, std::mem::take(&mut images[0]));
-    b.write(ctx.pool_at(st1)?, std::mem::take(&mut images[1]));
+    b.write(ctx.pool_at(st0).await?, std::mem::take(&mut images[0]));
+    b.write(ctx.pool_at(st1).await?, std::mem::take(&mut images[1]));
     ctx.run(b).await?;
 
     // Directory: double if needed, then switch S's entries.
@@ -169,7 +169,7 @@ async fn split_locked(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> 
 /// subtable, slot as frozen) for all of them.
 async fn freeze(ctx: &Ctx<'_>, st: GAddr) -> Result<Vec<(u64, Slot)>> {
     let mut b = ctx.ep.batch();
-    let r = b.read(ctx.pool_at(st)?, ctx.t.subtable_bytes as usize);
+    let r = b.read(ctx.pool_at(st).await?, ctx.t.subtable_bytes as usize);
     let img = ctx.run(b).await?.take_read(r);
     let mut pending: Vec<(u64, Slot)> = Vec::new();
     let mut done = Vec::new();
@@ -191,19 +191,16 @@ async fn freeze(ctx: &Ctx<'_>, st: GAddr) -> Result<Vec<(u64, Slot)>> {
         let mut retry = Vec::new();
         for chunk in pending.chunks(BATCH) {
             let mut b = ctx.ep.batch();
-            let idx: Vec<usize> = chunk
-                .iter()
-                .map(|(off, v)| {
-                    Ok(b.cas(
-                        ctx.pool_at(GAddr {
-                            mn: st.mn,
-                            offset: st.offset + off,
-                        })?,
-                        v.0,
-                        v.frozen().0,
-                    ))
-                })
-                .collect::<Result<_>>()?;
+            let mut idx: Vec<usize> = Vec::with_capacity(chunk.len());
+            for (off, v) in chunk {
+                let at = ctx
+                    .pool_at(GAddr {
+                        mn: st.mn,
+                        offset: st.offset + off,
+                    })
+                    .await?;
+                idx.push(b.cas(at, v.0, v.frozen().0));
+            }
             let res = ctx.run(b).await?;
             for ((off, v), i) in chunk.iter().zip(idx) {
                 let found = Slot(res.word(i));

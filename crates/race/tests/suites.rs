@@ -150,6 +150,9 @@ fn bad_knobs_are_config_errors() {
         ("initial_depth", "99"),
         ("initial_depth", "x"),
         ("chunk_kb", "1"),
+        ("chunk_kb", "1000000"),
+        ("pool_mb", "5000"),
+        ("pool_max_mb", "999999999"),
     ] {
         let mut knobs = Knobs::new();
         knobs.set(k, v);
@@ -164,7 +167,8 @@ fn bad_knobs_are_config_errors() {
     }
 }
 
-/// A pool too small: a clear error, and nothing acknowledged is lost.
+/// A pool whose limit is too small (1 MiB first segment, 1 MiB more
+/// allowed): a clear error, and nothing acknowledged is lost.
 #[test]
 fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
     let d = deploy_with(
@@ -175,6 +179,7 @@ fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
             ("initial_depth", "0"),
             ("chunk_kb", "16"),
             ("pool_mb", "1"),
+            ("pool_max_mb", "2"),
         ],
     );
     let (_ep, store) = d.client(0).unwrap();
@@ -187,7 +192,7 @@ fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
                 Err(e) => return e,
             }
         }
-        unreachable!("a 1 MiB pool cannot hold a million values");
+        unreachable!("a 2 MiB pool cannot hold a million values");
     });
     assert!(matches!(err, dmkv_api::KvError::Exhausted(_)), "{err}");
     assert!(acked.len() > 500, "{}", acked.len());
@@ -200,6 +205,57 @@ fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
             );
         }
     });
+}
+
+/// A first pool segment far too small (1 MiB for 30,000 100-byte values and
+/// the subtables of many resizes): the pool grows by segments, a second
+/// compute process finds them (KV blocks and subtables written by the
+/// first), and every value reads back.
+#[test]
+fn a_small_pool_grows_and_clients_find_its_segments() {
+    use dmkv_api::{ConnectArgs, EngineSpec};
+    use dmkv_transport::NodeHost;
+    let d = deploy_with(
+        2,
+        1,
+        &[
+            ("groups", "2"),
+            ("initial_depth", "0"),
+            ("chunk_kb", "16"),
+            ("pool_mb", "1"),
+        ],
+    );
+    let (_ep, a) = d.client(0).unwrap();
+    let other = SPEC
+        .connect(ConnectArgs {
+            fabric: d.cluster.fabric(),
+            compute_node: d.cluster.add_node(0).id(),
+            serve: d.args.clone(),
+            threads: 1,
+            hosted: Vec::new(),
+        })
+        .unwrap();
+    let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
+    let b = block_on(other.client(ep_b, 0)).unwrap();
+    block_on(async {
+        for k in 1..=30_000u64 {
+            let store = if k % 2 == 0 { &a } else { &b };
+            assert!(store.insert(k, &make_value(k, 1, 100)).await.unwrap());
+        }
+        for k in 1..=30_000u64 {
+            let store = if k % 2 == 0 { &b } else { &a };
+            assert_eq!(
+                store.get(k).await.unwrap(),
+                Some(make_value(k, 1, 100)),
+                "key {k}"
+            );
+        }
+    });
+    let used = d.node_stats().iter().map(|s| s.memory_used).sum::<u64>();
+    assert!(
+        used > 4 << 20,
+        "the data outgrew the two first segments: {used}"
+    );
 }
 
 /// RACE's costs: GET two round trips (buckets, then KV), update three

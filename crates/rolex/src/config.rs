@@ -34,12 +34,12 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "retrain_threads",
         default: "1",
-        help: "memory-node threads that retrain models (its limited CPU)",
+        help: "memory-node threads that retrain models (its limited CPU), 1..=64",
     },
     KnobSpec {
         name: "upper_epsilon",
         default: "8",
-        help: "error of the upper model levels over the models' first keys",
+        help: "error of the upper model levels over the models' first keys, 1..=2^20",
     },
     KnobSpec {
         name: "leaves",
@@ -69,7 +69,7 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "poll_us",
         default: "2000",
-        help: "how often the memory node checks the retraining queue, in µs (each check costs ~10 µs of CPU, wake-up included)",
+        help: "how often the memory node checks the retraining queue, in µs, 1..=1000000 (each check costs ~10 µs of CPU, wake-up included)",
     },
     KnobSpec {
         name: "lock_sharing",
@@ -79,7 +79,7 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "max_handover",
         default: "16",
-        help: "consecutive local hand-overs of a leaf lock before it is released remotely",
+        help: "consecutive local hand-overs of a leaf lock before it is released remotely (0 = none: every release is remote)",
     },
 ];
 
@@ -156,7 +156,10 @@ impl Config {
         if leaves_per_node > MAX_LEAF {
             return Err(bad("rolex.leaves exceeds 2^48".into()));
         }
-        let mb = |name: &str| -> Result<u64> { Ok(get(name)? << 20) };
+        // Regions of at most 1 TiB: more is a typo, and `<< 20` must not wrap.
+        let mb = |name: &str| -> Result<u64> {
+            Ok(k.get_in::<u64>(ENGINE, KNOBS, name, 0..=1 << 20)? << 20)
+        };
         let mut model_bytes = mb("model_region_mb")?;
         if model_bytes == 0 {
             model_bytes = per_node(expected * 192) + (16 << 20);
@@ -179,17 +182,17 @@ impl Config {
             leaf,
             slt_slots,
             retrain_threshold,
-            retrain_threads: (get("retrain_threads")? as usize).clamp(1, 64),
-            upper_epsilon: get("upper_epsilon")?.max(1),
+            retrain_threads: k.get_in::<usize>(ENGINE, KNOBS, "retrain_threads", 1..=64)?,
+            upper_epsilon: k.get_in::<u64>(ENGINE, KNOBS, "upper_epsilon", 1..=1 << 20)?,
             nodes,
             leaves_per_node,
             model_bytes,
             value_bytes,
             max_models,
             queue_slots,
-            poll_us: get("poll_us")?.clamp(1, 1_000_000),
+            poll_us: k.get_in::<u64>(ENGINE, KNOBS, "poll_us", 1..=1_000_000)?,
             lock_sharing: k.get::<bool>(ENGINE, KNOBS, "lock_sharing")?,
-            max_handover: get("max_handover")? as u32,
+            max_handover: k.get_in::<u32>(ENGINE, KNOBS, "max_handover", 0..=1 << 20)?,
         })
     }
 

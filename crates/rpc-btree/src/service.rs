@@ -17,12 +17,12 @@ pub const KNOB_SLOTS: KnobSpec = KnobSpec {
 pub const KNOB_NODES: KnobSpec = KnobSpec {
     name: "nodes",
     default: "0",
-    help: "nodes the node region holds (0: sized from the expected key count)",
+    help: "nodes the node region holds, up to 2^32 (0: sized from the expected key count)",
 };
 pub const KNOB_VALUE_BYTES: KnobSpec = KnobSpec {
     name: "value_bytes",
     default: "0",
-    help: "bytes of the out-of-line value region (0: sized from the expected keys and value size)",
+    help: "bytes of the out-of-line value region, up to 2^40 (0: sized from the expected keys and value size)",
 };
 
 /// The tree's sizes from `args` and the knobs above.
@@ -31,11 +31,11 @@ pub fn tree_config(engine: &str, specs: &[KnobSpec], args: &ServeArgs) -> Result
     let slots: usize = k.get(engine, specs, KNOB_SLOTS.name)?;
     let mut cfg = XTreeConfig::sized_for(args.expected_keys, args.value_size, slots)
         .map_err(|e| KvError::Config(format!("{engine}.slots: {e}")))?;
-    let nodes: u64 = k.get(engine, specs, KNOB_NODES.name)?;
+    let nodes: u64 = k.get_in(engine, specs, KNOB_NODES.name, 0..=1 << 32)?;
     if nodes > 0 {
         cfg.max_nodes = nodes;
     }
-    let value_bytes: u64 = k.get(engine, specs, KNOB_VALUE_BYTES.name)?;
+    let value_bytes: u64 = k.get_in(engine, specs, KNOB_VALUE_BYTES.name, 0..=1 << 40)?;
     if value_bytes > 0 {
         cfg.value_region_bytes = value_bytes;
     }

@@ -47,7 +47,7 @@ const NAME: &str = "rpc-hash";
 const KNOBS: &[KnobSpec] = &[KnobSpec {
     name: "buckets",
     default: "0",
-    help: "main buckets per memory node (a power of two; 0 = sized for the expected keys at ~75% slot occupancy)",
+    help: "main buckets per memory node (a power of two up to 2^32; 0 = sized for the expected keys at ~75% slot occupancy)",
 }];
 
 /// Keys are stored whole in KV blocks and empty slots are the zero word, so
@@ -65,7 +65,7 @@ fn config_for(args: &ServeArgs) -> Result<TableConfig> {
         args.expected_keys.div_ceil(shards),
         u64::from(args.value_size),
     );
-    let buckets: u64 = args.knobs.get(NAME, KNOBS, "buckets")?;
+    let buckets: u64 = args.knobs.get_in(NAME, KNOBS, "buckets", 0..=1 << 32)?;
     if buckets != 0 {
         if !buckets.is_power_of_two() {
             return Err(KvError::Config(format!(

@@ -558,3 +558,36 @@ fn many_pages_under_eviction_and_transfers_chaining_torn_reads() {
 fn many_pages_under_eviction_and_transfers_fifo() {
     many_pages("fifo", false);
 }
+
+/// `--cache-mb 0` sizes every node's cache for the expected keys (at least
+/// 64 MiB), so that the data set stays in memory; an explicit size is kept,
+/// and `cache_pages` out of range is refused.
+#[test]
+fn a_zero_cache_size_is_sized_for_the_expected_keys() {
+    use dmkv_scalestore::engine::pages_for;
+    let reserved = |cache_mb: u64, keys: u64| {
+        let mut o = opts(1, 1, &[]);
+        o.cache_mb = cache_mb;
+        o.expected_keys = keys;
+        let d = deploy(o);
+        d.node_stats()[0].memory_reserved
+    };
+    assert_eq!(pages_for(1000, 8, 10), (64 << 20) / 4096, "at least 64 MiB");
+    let big = pages_for(10_000_000, 8, 10);
+    assert!(
+        big * 4096 > 10_000_000 * 49,
+        "holds the measured 49 bytes a key"
+    );
+    assert!(
+        pages_for(10_000_000, 1000, 10) > big * 20,
+        "grows with the value size"
+    );
+    assert!(reserved(0, 2_000_000) >= pages_for(2_000_000, 8, 10) as u64 * 4096);
+    assert!(
+        reserved(1, 2_000_000) < 2 << 20,
+        "an explicit 1 MiB cache stays small"
+    );
+    let mut o = opts(1, 1, &[("cache_pages", "32")]);
+    o.cache_mb = 0;
+    assert!(LocalDeployment::deploy(&SCALESTORE, &o).is_err());
+}

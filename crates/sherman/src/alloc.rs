@@ -1,5 +1,6 @@
 //! Memory allocation: coarse chunks handed out by the memory node's CPU over
-//! RPC (rarely), fine-grained nodes and value blocks carved from them by the
+//! RPC (rarely; the pool grows by segments when full, see
+//! [`dmkv_memnode::GrowingPool`]), fine-grained nodes and value blocks carved from them by the
 //! client (Sherman's two-level allocator).
 //!
 //! The `alloc` service takes exactly one byte, [`ALLOC_CHUNK`], and replies
@@ -10,7 +11,7 @@
 
 use crate::layout::block_bytes;
 use dmkv_api::Result;
-use dmkv_memnode::BumpAllocator;
+use dmkv_memnode::GrowingPool;
 use dmkv_transport::{Endpoint, NodeId, ServiceError, ServiceId, WireReader, WireWriter};
 use std::collections::HashMap;
 
@@ -19,7 +20,7 @@ pub const ALLOC_CHUNK: u8 = 1;
 
 /// Serves one chunk request.
 pub fn serve_chunk(
-    bump: &BumpAllocator,
+    pool: &GrowingPool,
     chunk: u64,
     req: &[u8],
 ) -> std::result::Result<Vec<u8>, ServiceError> {
@@ -29,7 +30,7 @@ pub fn serve_chunk(
     if op != ALLOC_CHUNK {
         return Err(ServiceError::malformed(format!("unknown alloc op {op}")));
     }
-    let off = bump
+    let off = pool
         .alloc(chunk, 64)
         .map_err(|e| ServiceError::exhausted(format!("sherman memory pool: {e}")))?;
     let mut w = WireWriter::new();

@@ -35,7 +35,7 @@ use dmkv_api::{
     Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
     ServeArgs,
 };
-use dmkv_memnode::{BumpAllocator, NodeRuntime};
+use dmkv_memnode::{GrowingPool, NodeRuntime, RemoteSegments, SegmentShape};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{Endpoint, NodeId, RpcContext};
 use layout::{
@@ -70,19 +70,35 @@ const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "chunk_kb",
         default: "256",
-        help: "KiB a client takes from a memory node per allocation RPC",
+        help: "KiB a client takes from a memory node per allocation RPC, 8..=65536 and at least a node",
     },
     KnobSpec {
         name: "pool_mb",
         default: "0",
-        help: "memory pool per memory node, MiB (0 = sized for the expected keys)",
+        help: "first pool segment per memory node, MiB, up to 4096 (0 = sized for the expected keys); \
+               the pool grows by further segments, each twice the one before, when it is full",
+    },
+    KnobSpec {
+        name: "pool_max_mb",
+        default: "0",
+        help: "most memory the pool may register per memory node, MiB (0 = the 32 GiB a value pointer reaches)",
     },
     KnobSpec {
         name: "load_fill",
         default: "80",
-        help: "percent of a node's entries a bulk load fills",
+        help: "percent of a node's entries a bulk load fills, 10..=100",
     },
 ];
+
+/// The pool's offset space: segments of up to 4 GiB, as many as a fat
+/// pointer's 32-bit word offset reaches (32 GiB per memory node).
+pub const POOL_SHAPE: SegmentShape = SegmentShape {
+    span: 1 << 32,
+    max_segments: 8,
+};
+/// What a fat pointer reaches: 2^32 words.
+const POOL_LIMIT: u64 = 8 << 32;
+const _: () = assert!(POOL_SHAPE.span * POOL_SHAPE.max_segments <= POOL_LIMIT);
 
 /// `u64::MAX` is the +infinity fence and the empty-entry marker.
 pub const CAPS: Capabilities = Capabilities {
@@ -98,7 +114,10 @@ pub struct Config {
     pub node_bytes: usize,
     pub cache_bytes: u64,
     pub chunk_bytes: u64,
+    /// Bytes of the pool's first segment per memory node.
     pub pool_bytes: u64,
+    /// Most bytes the pool registers per memory node.
+    pub pool_limit: u64,
     pub load_fill_percent: usize,
 }
 
@@ -113,25 +132,20 @@ impl Config {
                 "{NAME}.node_bytes={node_bytes}: must be a multiple of 64 in {MIN_NODE_BYTES}..={MAX_NODE_BYTES}"
             )));
         }
-        let chunk_bytes = k.get::<u64>(NAME, KNOBS, "chunk_kb")? << 10;
+        let chunk_bytes = k.get_in::<u64>(NAME, KNOBS, "chunk_kb", 8..=65536)? << 10;
         if chunk_bytes < (node_bytes as u64).max(8192) {
             return Err(KvError::Config(format!(
                 "{NAME}.chunk_kb is too small for a node or the largest value block"
             )));
         }
-        let fill: usize = k.get(NAME, KNOBS, "load_fill")?;
-        if !(10..=100).contains(&fill) {
-            return Err(KvError::Config(format!(
-                "{NAME}.load_fill={fill}: must be in 10..=100"
-            )));
-        }
+        let fill: usize = k.get_in(NAME, KNOBS, "load_fill", 10..=100)?;
         let memnodes = args.nodes.len().max(1) as u64;
         if memnodes as usize > MAX_MEMNODES {
             return Err(KvError::Config(format!(
                 "{NAME} addresses at most {MAX_MEMNODES} memory nodes"
             )));
         }
-        let pool_mb: u64 = k.get(NAME, KNOBS, "pool_mb")?;
+        let pool_mb: u64 = k.get_in(NAME, KNOBS, "pool_mb", 0..=POOL_SHAPE.span >> 20)?;
         let pool_bytes = if pool_mb != 0 {
             pool_mb << 20
         } else {
@@ -146,13 +160,28 @@ impl Config {
             } else {
                 keys * (layout::block_bytes(value as usize) as u64).next_power_of_two() * 2
             };
-            POOL_RESERVED + nodes * node_bytes as u64 + blocks + 64 * chunk_bytes
+            (POOL_RESERVED + nodes * node_bytes as u64 + blocks + 64 * chunk_bytes)
+                .min(POOL_SHAPE.span)
         };
+        let max_mb: u64 = k.get_in(NAME, KNOBS, "pool_max_mb", 0..=POOL_LIMIT >> 20)?;
+        let pool_limit = if max_mb == 0 {
+            POOL_LIMIT
+        } else {
+            max_mb << 20
+        };
+        let pool_bytes = pool_bytes.min(pool_limit);
+        if pool_bytes < POOL_RESERVED + node_bytes as u64 + chunk_bytes {
+            return Err(KvError::Config(format!(
+                "{NAME}: a pool of {pool_bytes} bytes (pool_mb={pool_mb}, pool_max_mb={max_mb}) \
+                 cannot hold the superblock, the root and one chunk"
+            )));
+        }
         Ok(Config {
             node_bytes,
-            cache_bytes: k.get::<u64>(NAME, KNOBS, "cache_mb")? << 20,
+            cache_bytes: k.get_in::<u64>(NAME, KNOBS, "cache_mb", 0..=1 << 20)? << 20,
             chunk_bytes,
             pool_bytes,
+            pool_limit,
             load_fill_percent: fill,
         })
     }
@@ -173,23 +202,34 @@ impl EngineSpec for ShermanSpec {
     }
     fn serve(&self, rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
         let cfg = Config::from_args(args)?;
-        let pool = rt.register_region(&args.name("pool"), cfg.pool_bytes as usize)?;
+        let mut reserved = POOL_RESERVED;
+        if args.node_index == 0 {
+            reserved += cfg.node_bytes as u64;
+        }
+        let pool = GrowingPool::new(
+            rt,
+            &args.name("pool"),
+            POOL_SHAPE,
+            cfg.pool_bytes,
+            reserved,
+            cfg.pool_limit,
+        )
+        .map_err(|e| KvError::Config(format!("{NAME} pool: {e}")))?;
         rt.register_region(&args.name("locks"), (LOCK_WORDS * 8) as usize)?;
-        let mut start = POOL_RESERVED;
         if args.node_index == 0 {
             // The initial tree: one empty leaf, the root.
+            let seg0 = pool.first_segment();
             let root = GAddr::new(0, POOL_RESERVED);
             let mut leaf = NodeImage::new(cfg.node_bytes, 0, 0, EMPTY_KEY, GAddr::NULL);
             leaf.seal();
-            pool.mem
+            seg0.mem
                 .write(root.offset(), leaf.bytes())
                 .map_err(|e| KvError::Config(format!("initial root: {e}")))?;
-            pool.mem
+            seg0.mem
                 .store_u64(ROOT_WORD, root.0)
                 .map_err(|e| KvError::Config(format!("root word: {e}")))?;
-            start += cfg.node_bytes as u64;
         }
-        let bump = Arc::new(BumpAllocator::new("sherman pool", &pool, start, pool.len()));
+        let bump = Arc::new(pool);
         let chunk = cfg.chunk_bytes;
         rt.register_service(
             &args.name("alloc"),
@@ -205,7 +245,9 @@ impl EngineSpec for ShermanSpec {
         let mut lock_tables = Vec::new();
         let mut chunks = Vec::new();
         for node in args.serve.node_ids() {
-            pools.push(block_on(ep.lookup_region(node, &args.serve.name("pool")))?);
+            let name = args.serve.name("pool");
+            let first = block_on(ep.lookup_region(node, &name))?;
+            pools.push(RemoteSegments::new(node, &name, POOL_SHAPE, first));
             lock_tables.push(block_on(ep.lookup_region(node, &args.serve.name("locks")))?);
             chunks.push(ChunkSource {
                 node,
@@ -230,6 +272,7 @@ impl EngineSpec for ShermanSpec {
                 lock_tag: u64::from(args.compute_node.0) + 1,
                 stats: TreeStats::default(),
             }),
+            load_alloc: parking_lot::Mutex::new(Vec::new()),
         }))
     }
 }
@@ -238,6 +281,11 @@ struct ShermanEngine {
     cfg: Config,
     compute: NodeId,
     shared: Arc<TreeShared>,
+    /// The loader's allocators, kept from one `load` call to the next: the
+    /// harness loads in many small calls, and a fresh allocator per call
+    /// would leave most of a chunk unused each time (at 4096 keys a call,
+    /// a million keys wasted 60 MiB of 256 KiB chunks).
+    load_alloc: parking_lot::Mutex<Vec<LocalAlloc>>,
 }
 
 impl ShermanEngine {
@@ -247,6 +295,36 @@ impl ShermanEngine {
                 .map(|_| LocalAlloc::default())
                 .collect(),
         )
+    }
+
+    /// One load call with the loader's allocators.
+    async fn load_with(
+        &self,
+        ep: &Endpoint,
+        pairs: &[(Key, Vec<u8>)],
+        alloc: &RefCell<Vec<LocalAlloc>>,
+    ) -> Result<()> {
+        let ctx = Ctx {
+            t: &self.shared,
+            ep,
+            alloc,
+        };
+        if let Some((root, g)) = ctx.lock_empty_root().await? {
+            let mut sorted: Vec<(Key, &[u8])> =
+                pairs.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            sorted.sort_unstable_by_key(|p| p.0);
+            if sorted.windows(2).any(|w| w[0].0 == w[1].0) {
+                return Err(KvError::Config("bulk load of duplicate keys".into()));
+            }
+            let cap = (self.cfg.node_bytes - layout::NODE_HEADER_BYTES) / layout::ENTRY_BYTES;
+            let fill = (cap * self.cfg.load_fill_percent / 100).clamp(2, cap);
+            return ctx.bulk_build(root, g, &sorted, fill).await;
+        }
+        // Not empty: the ordinary insert path.
+        for (k, v) in pairs {
+            ctx.modify(*k, WriteOp::Upsert(v)).await?;
+        }
+        Ok(())
     }
 }
 
@@ -272,28 +350,15 @@ impl Engine for ShermanEngine {
         if pairs.is_empty() {
             return Ok(());
         }
-        let alloc = self.allocs();
-        let ctx = Ctx {
-            t: &self.shared,
-            ep,
-            alloc: &alloc,
+        let kept = std::mem::take(&mut *self.load_alloc.lock());
+        let alloc = if kept.is_empty() {
+            self.allocs()
+        } else {
+            RefCell::new(kept)
         };
-        if let Some((root, g)) = ctx.lock_empty_root().await? {
-            let mut sorted: Vec<(Key, &[u8])> =
-                pairs.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-            sorted.sort_unstable_by_key(|p| p.0);
-            if sorted.windows(2).any(|w| w[0].0 == w[1].0) {
-                return Err(KvError::Config("bulk load of duplicate keys".into()));
-            }
-            let cap = (self.cfg.node_bytes - layout::NODE_HEADER_BYTES) / layout::ENTRY_BYTES;
-            let fill = (cap * self.cfg.load_fill_percent / 100).clamp(2, cap);
-            return ctx.bulk_build(root, g, &sorted, fill).await;
-        }
-        // Not empty: the ordinary insert path.
-        for (k, v) in pairs {
-            ctx.modify(*k, WriteOp::Upsert(v)).await?;
-        }
-        Ok(())
+        let res = self.load_with(ep, pairs, &alloc).await;
+        *self.load_alloc.lock() = alloc.into_inner();
+        res
     }
     async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
         let alloc = self.allocs();
@@ -310,6 +375,7 @@ impl Engine for ShermanEngine {
             "nodes_created": get(&s.nodes_created) + 1,
             "splits": get(&s.splits),
             "root_grows": get(&s.root_grows),
+            "root_races": get(&s.root_races),
             "lock_retries": get(&s.lock_retries),
             "lock_handovers": get(&s.handovers),
             "torn_retries": get(&s.torn_retries),

@@ -20,6 +20,7 @@ use crate::layout::{
 };
 use crate::lock::{LocalGuard, LocalLocks, lock_index};
 use dmkv_api::{Key, KvError, Result};
+use dmkv_memnode::RemoteSegments;
 use dmkv_transport::exec::yield_now;
 use dmkv_transport::{Endpoint, RemoteRegion};
 use std::cell::RefCell;
@@ -45,13 +46,18 @@ pub struct TreeStats {
     pub value_retries: AtomicU64,
     pub move_rights: AtomicU64,
     pub root_grows: AtomicU64,
+    /// Root installs that lost their CAS to another client's and linked
+    /// into the winner's root instead (the race behind the original
+    /// Sherman's small-tree root bug).
+    pub root_races: AtomicU64,
     pub chunks: AtomicU64,
 }
 
 /// What every client of a compute process shares.
 pub struct TreeShared {
     pub node_bytes: usize,
-    pub pools: Vec<RemoteRegion>,
+    /// Each memory node's pool segments.
+    pub pools: Vec<RemoteSegments>,
     pub lock_tables: Vec<RemoteRegion>,
     pub chunks: Vec<ChunkSource>,
     pub local_locks: LocalLocks,
@@ -82,11 +88,15 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn pool_at(&self, a: GAddr) -> Result<dmkv_transport::RemoteAddr> {
+    /// Where `a` is; the first use of a pool segment looks it up by name.
+    async fn pool_at(&self, a: GAddr) -> Result<dmkv_transport::RemoteAddr> {
         let pool = self.t.pools.get(a.mn()).ok_or_else(|| {
             KvError::Corrupt(format!("address {a:?} names an unknown memory node"))
         })?;
-        Ok(pool.at(a.offset()))
+        if let Some(at) = pool.known_at(a.offset()) {
+            return Ok(at);
+        }
+        Ok(pool.at(self.ep, a.offset()).await?)
     }
 
     fn lock_at(&self, a: GAddr) -> dmkv_transport::RemoteAddr {
@@ -95,13 +105,16 @@ impl Ctx<'_> {
 
     /// Reads the root word.
     pub async fn root(&self) -> Result<GAddr> {
-        let w = self.ep.read(self.t.pools[0].at(ROOT_WORD), 8).await?;
+        let w = self
+            .ep
+            .read(self.t.pools[0].first().at(ROOT_WORD), 8)
+            .await?;
         Ok(GAddr(u64::from_le_bytes(w.try_into().expect("8 bytes"))))
     }
 
     /// Reads the node at `a` until its checksum validates.
     pub async fn read_node(&self, a: GAddr) -> Result<NodeImage> {
-        let at = self.pool_at(a)?;
+        let at = self.pool_at(a).await?;
         for _ in 0..MAX_VALIDATION_RETRIES {
             let bytes = self.ep.read(at, self.t.node_bytes).await?;
             if let Some(n) = NodeImage::validated(bytes, self.t.node_bytes) {
@@ -200,7 +213,7 @@ impl Ctx<'_> {
             self.t.stats.handovers.fetch_add(1, Ordering::Relaxed);
             return self.read_node(a).await;
         }
-        let node_at = self.pool_at(a)?;
+        let node_at = self.pool_at(a).await?;
         loop {
             let mut b = self.ep.batch();
             let c = b.cas(self.lock_at(a), 0, self.t.lock_tag);
@@ -230,7 +243,7 @@ impl Ctx<'_> {
         let mut res = Ok(());
         for (at, data) in writes {
             debug_assert_eq!(at.mn(), a.mn(), "a write batch stays on one memory node");
-            match self.pool_at(at) {
+            match self.pool_at(at).await {
                 Ok(addr) => {
                     b.write(addr, data);
                 }
@@ -318,7 +331,7 @@ impl Ctx<'_> {
             idx.push(match v {
                 ValueRef::Inline(_) => None,
                 ValueRef::OutOfLine(p) => {
-                    let at = self.pool_at(GAddr::new(p.mn(), p.offset()))?;
+                    let at = self.pool_at(GAddr::new(p.mn(), p.offset())).await?;
                     Some(b.read(at, block_bytes(p.len())))
                 }
             });
@@ -597,10 +610,10 @@ impl Ctx<'_> {
         // The old root covered everything, so its low fence is 0.
         r.set_inner_entries(&[(0, left), (sep, child)]);
         r.seal();
-        self.ep.write(self.pool_at(raddr)?, r.bytes()).await?;
+        self.ep.write(self.pool_at(raddr).await?, r.bytes()).await?;
         let found = self
             .ep
-            .cas(self.t.pools[0].at(ROOT_WORD), left.0, raddr.0)
+            .cas(self.t.pools[0].first().at(ROOT_WORD), left.0, raddr.0)
             .await?;
         if found == left.0 {
             self.t.stats.root_grows.fetch_add(1, Ordering::Relaxed);
@@ -609,6 +622,7 @@ impl Ctx<'_> {
         }
         // Someone else grew the tree first: link into their root instead
         // (the unused node stays allocated; nodes are never freed).
+        self.t.stats.root_races.fetch_add(1, Ordering::Relaxed);
         Box::pin(self.insert_into_parent(level, sep, child, left)).await
     }
 
@@ -711,7 +725,7 @@ impl Ctx<'_> {
         if new_root != root {
             let found = self
                 .ep
-                .cas(self.t.pools[0].at(ROOT_WORD), root.0, new_root.0)
+                .cas(self.t.pools[0].first().at(ROOT_WORD), root.0, new_root.0)
                 .await?;
             if found != root.0 {
                 return Err(KvError::Corrupt("the root moved during a bulk load".into()));
@@ -724,7 +738,7 @@ impl Ctx<'_> {
         for chunk in writes.chunks(64) {
             let mut b = self.ep.batch();
             for (a, d) in chunk {
-                b.write(self.pool_at(*a)?, d.clone());
+                b.write(self.pool_at(*a).await?, d.clone());
             }
             b.run().await?;
         }

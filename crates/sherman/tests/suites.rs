@@ -112,6 +112,11 @@ fn bad_knobs_are_config_errors() {
         ("node_bytes", "2048"),
         ("chunk_kb", "1"),
         ("load_fill", "0"),
+        ("load_fill", "101"),
+        ("chunk_kb", "1000000"),
+        ("pool_mb", "5000"),
+        ("pool_max_mb", "99999999"),
+        ("cache_mb", "99999999"),
     ] {
         let mut knobs = Knobs::new();
         knobs.set(k, v);
@@ -126,14 +131,19 @@ fn bad_knobs_are_config_errors() {
     }
 }
 
-/// A pool too small for the data: a clear error, and nothing acknowledged is
-/// lost.
+/// A pool whose limit is too small for the data (1 MiB first segment, one
+/// more of 1 MiB allowed): a clear error, and nothing acknowledged is lost.
 #[test]
 fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
     let d = deploy_with(
         1,
         1,
-        &[("node_bytes", "256"), ("chunk_kb", "16"), ("pool_mb", "1")],
+        &[
+            ("node_bytes", "256"),
+            ("chunk_kb", "16"),
+            ("pool_mb", "1"),
+            ("pool_max_mb", "2"),
+        ],
     );
     let (_ep, store) = d.client(0).unwrap();
     let mut acked = Vec::new();
@@ -146,10 +156,12 @@ fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
                 Err(e) => return e,
             }
         }
-        unreachable!("a 1 MiB pool cannot hold a million values");
+        unreachable!("a 2 MiB pool cannot hold a million values");
     });
     assert!(matches!(err, dmkv_api::KvError::Exhausted(_)), "{err}");
     assert!(acked.len() > 1000);
+    let stats = block_on(d.engine.stats(&d.client(0).unwrap().0)).unwrap();
+    assert!(stats["chunks_allocated"].as_u64().unwrap() > 64, "{stats}");
     block_on(async {
         for k in acked {
             assert_eq!(
@@ -159,6 +171,60 @@ fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
             );
         }
     });
+}
+
+/// A first pool segment far too small (1 MiB for 60,000 100-byte values,
+/// about 12 MiB): the pool grows by segments, clients on two processes find
+/// the new segments, and every value stays readable; a bulk load into a
+/// small pool grows it too.
+#[test]
+fn a_small_pool_grows_and_clients_find_its_segments() {
+    let d = deploy_with(
+        2,
+        2,
+        &[("node_bytes", "256"), ("chunk_kb", "16"), ("pool_mb", "1")],
+    );
+    let (ep, store) = d.client(0).unwrap();
+    let pairs: Vec<_> = (0..20_000u64)
+        .map(|i| (i * 3 + 1, make_value(i * 3 + 1, 0, 100)))
+        .collect();
+    block_on(labeled(OpKind::Load, d.engine.load(&ep, &pairs))).unwrap();
+    // Another process, whose clients have seen no segment but the first.
+    let other = {
+        use dmkv_api::{ConnectArgs, EngineSpec};
+        use dmkv_transport::NodeHost;
+        SPEC.connect(ConnectArgs {
+            fabric: d.cluster.fabric(),
+            compute_node: d.cluster.add_node(0).id(),
+            serve: d.args.clone(),
+            threads: 1,
+            hosted: Vec::new(),
+        })
+        .unwrap()
+    };
+    let ep2 = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
+    let store2 = block_on(other.client(ep2, 0)).unwrap();
+    block_on(async {
+        for i in 0..20_000u64 {
+            let k = i * 3 + 2;
+            assert!(store.insert(k, &make_value(k, 1, 100)).await.unwrap());
+            let k = i * 3;
+            assert!(store2.insert(k, &make_value(k, 1, 100)).await.unwrap());
+        }
+        for i in 0..20_000u64 {
+            let k = i * 3 + 1;
+            assert_eq!(store2.get(k).await.unwrap(), Some(make_value(k, 0, 100)));
+            let k = i * 3 + 2;
+            assert_eq!(store2.get(k).await.unwrap(), Some(make_value(k, 1, 100)));
+            let k = i * 3;
+            assert_eq!(store.get(k).await.unwrap(), Some(make_value(k, 1, 100)));
+        }
+    });
+    let used = d.node_stats().iter().map(|s| s.memory_used).sum::<u64>();
+    assert!(
+        used > 4 << 20,
+        "the data outgrew the two first segments: {used}"
+    );
 }
 
 /// Bulk load builds the tree bottom-up; then a cached GET costs one READ,
