@@ -310,3 +310,22 @@ fn empty_leaves_are_merged_at_retraining() {
     assert!(n(&s, "retrains") > 0, "{s}");
     assert!(n(&s["memnode"], "empty_leaves_merged") > 0, "{s}");
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (knobs, memnodes, torn) in [
+        (Knobs::new(), 1, false),
+        (small(), 1, false),
+        (small(), 1, true),
+        (small(), 2, true),
+    ] {
+        let d = deploy_with(knobs, 3, memnodes);
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}
