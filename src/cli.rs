@@ -96,7 +96,7 @@ pub struct BenchArgs {
     pub trace: Option<PathBuf>,
     /// With --trace: YCSB's load phase (verbose BasicDB output of `ycsb load`, INSERT lines only);
     /// exactly its keys are loaded before the run is replayed.
-    #[arg(long, value_name = "PATH", requires = "trace")]
+    #[arg(long, value_name = "PATH")]
     pub trace_load: Option<PathBuf>,
     /// Keys loaded before the run.
     #[arg(long, value_name = "N", default_value_t = defaults::KEYS, conflicts_with = "trace")]
