@@ -90,9 +90,14 @@ pub struct BenchArgs {
     /// uniform, sequential, normal, lognormal or sosd:PATH.
     #[arg(long, conflicts_with = "trace", value_name = "KEYSET")]
     pub keyset: Option<KeysetSpec>,
-    /// Replay a YCSB trace (verbose BasicDB output) instead of a synthetic workload.
+    /// Replay a YCSB trace (verbose BasicDB output of `ycsb run`) instead of a synthetic workload;
+    /// without --trace-load, the keys the run reads, updates, deletes or scans before inserting them are loaded.
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
+    /// With --trace: YCSB's load phase (verbose BasicDB output of `ycsb load`, INSERT lines only);
+    /// exactly its keys are loaded before the run is replayed.
+    #[arg(long, value_name = "PATH")]
+    pub trace_load: Option<PathBuf>,
     /// Keys loaded before the run.
     #[arg(long, value_name = "N", default_value_t = defaults::KEYS, conflicts_with = "trace")]
     pub keys: u64,
@@ -410,6 +415,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     }
     let mut cfg = BenchConfig::new(engines);
     cfg.workload = workload;
+    cfg.trace_load = a.trace_load;
     cfg.dist = a.dist;
     cfg.keyset = a.keyset.unwrap_or(KeysetSpec::Uniform);
     cfg.keys = a.keys;

@@ -206,8 +206,9 @@ const RACED_KEYS: usize = 24;
 /// this wrong; RACE once let two claims win). None if it holds for `seed`.
 pub fn insert_race(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Option<DstFailure> {
     use dmkv_api::payload::make_value;
+    use dmkv_testkit::insert_race::{check_round, fresh_keys, insert_each};
     use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let fail = |why: String| {
         Some(DstFailure {
             engine: spec.name().into(),
@@ -227,14 +228,9 @@ pub fn insert_race(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> O
     };
     let caps = spec.capabilities();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ 0x1a5e_47ace);
-    let fresh = |rng: &mut rand::rngs::SmallRng| loop {
-        let k: u64 = rng.r#gen::<u64>() >> 1;
-        if k != 0 && !caps.reserved_keys.contains(&k) {
-            break k;
-        }
-    };
-    let base: Vec<u64> = (0..64).map(|_| fresh(&mut rng)).collect();
-    let raced: Vec<u64> = (0..RACED_KEYS).map(|_| fresh(&mut rng)).collect();
+    let mut taken = std::collections::HashSet::new();
+    let base = fresh_keys(&caps, &mut rng, 64, &mut taken);
+    let raced = fresh_keys(&caps, &mut rng, RACED_KEYS, &mut taken);
     let size = 16usize.max(dmkv_api::payload::MIN_LEN);
     let opts = dmkv_api::deploy::DeployOptions {
         expected_keys: (base.len() + raced.len()) as u64,
@@ -270,49 +266,18 @@ pub fn insert_race(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> O
         }
     }
     // Two tasks per client thread, all inserting the same keys in the same
-    // order; task i writes version i + 1.
+    // order; the check is the testkit's (which races real threads on the
+    // local backend in every engine's tests).
     let tasks: Vec<LocalTask<'_, Vec<Result<bool, String>>>> = (0..RACERS)
         .map(|i| {
             let kv = clients[i / 2].1.clone();
             let raced = &raced;
-            Box::pin(async move {
-                let mut out = Vec::new();
-                for &k in raced {
-                    let v = make_value(k, i as u32 + 1, size);
-                    out.push(kv.insert(k, &v).await.map_err(|e| e.to_string()));
-                }
-                out
-            }) as LocalTask<'_, _>
+            Box::pin(async move { insert_each(&*kv, raced, i, size).await }) as LocalTask<'_, _>
         })
         .collect();
     let results = run_tasks(tasks);
-    for (j, &k) in raced.iter().enumerate() {
-        let mut winners = Vec::new();
-        for (i, r) in results.iter().enumerate() {
-            match &r[j] {
-                Ok(true) => winners.push(i),
-                Ok(false) => {}
-                Err(e) => return fail(format!("insert of key {k} by task {i} failed: {e}")),
-            }
-        }
-        if winners.len() != 1 {
-            return fail(format!(
-                "key {k}: {} inserts succeeded (tasks {winners:?}); exactly one must",
-                winners.len()
-            ));
-        }
-        let want = make_value(k, winners[0] as u32 + 1, size);
-        match block_on(clients[0].1.get(k)) {
-            Ok(Some(v)) if v == want => {}
-            Ok(Some(_)) => {
-                return fail(format!(
-                    "key {k} does not hold the value of its one successful insert (task {})",
-                    winners[0]
-                ));
-            }
-            Ok(None) => return fail(format!("key {k} was inserted but is not found")),
-            Err(e) => return fail(format!("get of key {k} failed: {e}")),
-        }
+    if let Err(e) = block_on(check_round(&raced, &results, size, &*clients[0].1)) {
+        return fail(e);
     }
     None
 }

@@ -132,6 +132,24 @@ fn bad_input_is_one_line_and_exit_code_2() {
         ],
         "cannot read /nonexistent/trace",
     );
+    // A file that is not a YCSB trace, and --trace-load without --trace.
+    let not_a_trace = std::env::temp_dir().join(format!("dmkv-not-a-trace-{}", std::process::id()));
+    std::fs::write(&not_a_trace, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "reference",
+            "--trace",
+            not_a_trace.to_str().unwrap(),
+        ],
+        "no YCSB operation",
+    );
+    let _ = std::fs::remove_file(&not_a_trace);
+    assert_usage_error(
+        &["bench", "--engine", "reference", "--trace-load", "load.log"],
+        "--trace-load needs --trace",
+    );
     assert_usage_error(
         &["bench", "--engine", "reference", "--threads", "0"],
         "--threads",

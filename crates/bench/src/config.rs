@@ -59,6 +59,9 @@ pub struct BenchConfig {
     /// Run in this order; ratios are relative to the first.
     pub engines: Vec<EngineChoice>,
     pub workload: WorkloadSource,
+    /// With a trace: YCSB's load phase, whose keys are loaded before the
+    /// replay (`--trace-load`).
+    pub trace_load: Option<PathBuf>,
     /// None: the workload's natural distribution (latest for D, else uniform).
     pub dist: Option<Dist>,
     pub keyset: KeysetSpec,
@@ -93,6 +96,7 @@ impl BenchConfig {
         BenchConfig {
             engines,
             workload: WorkloadSource::Synthetic(Workload::YcsbC),
+            trace_load: None,
             dist: None,
             keyset: KeysetSpec::Uniform,
             keys: defaults::KEYS,
@@ -178,6 +182,11 @@ impl BenchConfig {
         if self.load_chunk == 0 {
             return Err(BenchError::input(
                 "the load chunk must hold at least one pair",
+            ));
+        }
+        if self.trace_load.is_some() && !matches!(self.workload, WorkloadSource::Trace(_)) {
+            return Err(BenchError::input(
+                "--trace-load needs --trace: it is the load phase of the run replayed",
             ));
         }
         if self.dist.is_some() && matches!(self.workload, WorkloadSource::Trace(_)) {

@@ -18,7 +18,7 @@ use crate::dist::{Latest, ScrambledZipfian, ZIPFIAN_THETA, zeta, zeta_extend};
 use crate::error::BenchError;
 use crate::keyset::{self, KeysetSpec};
 use crate::rng::{Rng, derive_seed, mix64, stream};
-use crate::trace::{Trace, TraceOpKind};
+use crate::trace::{Trace, TraceOpKind, key_universe};
 use crate::workload::{Dist, MAX_SCAN_LEN, Mix, Op, OpType, Workload};
 use std::collections::HashMap;
 
@@ -151,29 +151,31 @@ impl Plan {
         tasks: usize,
         reserved: &[u64],
     ) -> Result<Plan, BenchError> {
+        Plan::from_trace_with_load(trace, None, threads, tasks, reserved)
+    }
+
+    /// A plan replaying `trace` after loading exactly the keys of `load`
+    /// (YCSB's load phase), or as [`Plan::from_trace`] without it; see
+    /// [`key_universe`](crate::trace::key_universe).
+    pub fn from_trace_with_load(
+        trace: &Trace,
+        load: Option<&[u64]>,
+        threads: usize,
+        tasks: usize,
+        reserved: &[u64],
+    ) -> Result<Plan, BenchError> {
         let total_tasks = threads * tasks;
         if total_tasks == 0 {
             return Err(BenchError::input(
                 "--threads and --tasks must be at least 1",
             ));
         }
-        // First appearance of each key, in trace order.
-        let mut first: HashMap<u64, bool> = HashMap::new();
-        let mut order: Vec<u64> = Vec::new();
-        for op in &trace.ops {
-            first.entry(op.key).or_insert_with(|| {
-                order.push(op.key);
-                op.kind == TraceOpKind::Insert
-            });
-        }
-        if let Some(k) = order.iter().find(|k| reserved.contains(k)) {
+        let (keys, loaded) = key_universe(trace, load);
+        if let Some(k) = keys.iter().find(|k| reserved.contains(k)) {
             return Err(BenchError::input(format!(
                 "the trace uses key {k}, which an engine of this run reserves"
             )));
         }
-        let mut keys: Vec<u64> = order.iter().copied().filter(|k| !first[k]).collect();
-        let loaded = keys.len();
-        keys.extend(order.iter().copied().filter(|k| first[k]));
         if keys.len() > u32::MAX as usize {
             return Err(BenchError::input(
                 "the trace has more than 2^32 distinct keys",

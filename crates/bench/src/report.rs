@@ -269,6 +269,19 @@ pub struct TraceReport {
     pub lines: u64,
     pub operations: u64,
     pub ignored_lines: u64,
+    /// `--trace-load`: YCSB's load phase, loaded before the replay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<TraceLoadReport>,
+}
+
+/// What a replay's load file (`--trace-load`) held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TraceLoadReport {
+    pub path: String,
+    pub lines: u64,
+    /// Keys inserted by the load phase (all loaded before the run).
+    pub keys: u64,
+    pub ignored_lines: u64,
 }
 
 /// One engine's run.
@@ -633,6 +646,13 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
             "            trace {}: {} lines, {} operations, {} other lines ignored",
             t.path, t.lines, t.operations, t.ignored_lines
         )?;
+        if let Some(l) = &t.load {
+            writeln!(
+                out,
+                "            load {}: {} lines, {} keys loaded, {} other lines ignored",
+                l.path, l.lines, l.keys, l.ignored_lines
+            )?;
+        }
     }
     writeln!(out)?;
     let header: Vec<String> = reports.iter().map(|r| r.engine.clone()).collect();

@@ -22,11 +22,11 @@ use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
 use crate::report::{
     ChecksReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport, OpReport, PerOp,
-    SimReport, Totals, TraceReport, VerifyReport, WallReport,
+    SimReport, Totals, TraceLoadReport, TraceReport, VerifyReport, WallReport,
 };
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
-use crate::trace::{TraceOpKind, read_trace};
+use crate::trace::{TraceOpKind, read_load_trace, read_trace};
 use crate::workload::{Op, OpType};
 use dmkv_api::payload::make_value;
 use dmkv_api::{Capabilities, Key, KvStore};
@@ -73,6 +73,10 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
         WorkloadSource::Trace(path) => Some(read_trace(path)?),
         WorkloadSource::Synthetic(_) => None,
     };
+    let load = match &cfg.trace_load {
+        Some(path) => Some(read_load_trace(path)?),
+        None => None,
+    };
     let needs_scan = match (&cfg.workload, &trace) {
         (_, Some(t)) => t.ops.iter().any(|o| matches!(o.kind, TraceOpKind::Scan(_))),
         (WorkloadSource::Synthetic(w), None) => w.has_run_phase() && w.mix().scan > 0,
@@ -98,7 +102,13 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
         reserved.extend_from_slice(caps.reserved_keys);
     }
     let plan = match (&cfg.workload, &trace) {
-        (_, Some(t)) => Plan::from_trace(t, cfg.total_threads(), cfg.tasks, &reserved)?,
+        (_, Some(t)) => Plan::from_trace_with_load(
+            t,
+            load.as_ref().map(|l| &l.keys[..]),
+            cfg.total_threads(),
+            cfg.tasks,
+            &reserved,
+        )?,
         (WorkloadSource::Synthetic(w), None) => Plan::synthetic(
             &SyntheticParams {
                 workload: *w,
@@ -120,6 +130,15 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
             lines: t.lines,
             operations: t.ops.len() as u64,
             ignored_lines: t.ignored_lines,
+            load: match (&cfg.trace_load, &load) {
+                (Some(p), Some(l)) => Some(TraceLoadReport {
+                    path: p.display().to_string(),
+                    lines: l.lines,
+                    keys: l.keys.len() as u64,
+                    ignored_lines: l.ignored_lines,
+                }),
+                _ => None,
+            },
         }),
         _ => None,
     };

@@ -235,3 +235,17 @@ fn the_cache_stays_within_its_capacity() {
     let stats = block_on(d.engine.stats(&d.endpoint(0))).unwrap();
     assert!(stats["cache_evictions"].as_u64().unwrap() > 0, "{stats}");
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (torn, slots, cached) in [(false, 4, 1), (true, 4, 4), (true, 16, 1)] {
+        let d = LocalDeployment::deploy(&SPEC, &opts(slots, cached, 1, 3)).unwrap();
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

@@ -81,3 +81,22 @@ fn bad_input_is_refused() {
     let d = common::deploy_with(common::small_tables(), 3, 1);
     check_garbage_rpcs(&d, 60, 4).unwrap();
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (knobs, memnodes, torn) in [
+        (Knobs::new(), 1, false),
+        (common::small_tables(), 1, false),
+        (common::small_tables(), 1, true),
+        (common::small_tables(), 3, true),
+    ] {
+        let d = common::deploy_with(knobs, memnodes, 3);
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

@@ -358,3 +358,22 @@ fn a_stale_directory_cache_in_another_process_sees_new_values() {
     let stats = block_on(d.engine.stats(&ep_a)).unwrap();
     assert!(stats["resizes"].as_u64().unwrap() >= 4, "{stats}");
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (torn, memnodes, knobs) in [
+        (false, 1, &[][..]),
+        (false, 1, TINY),
+        (true, 1, TINY),
+        (true, 2, TINY),
+    ] {
+        let d = deploy_with(memnodes, 3, knobs);
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

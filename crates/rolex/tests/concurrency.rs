@@ -310,3 +310,26 @@ fn empty_leaves_are_merged_at_retraining() {
     assert!(n(&s, "retrains") > 0, "{s}");
     assert!(n(&s["memnode"], "empty_leaves_merged") > 0, "{s}");
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    // Small tables under torn reads are slow here (long synonym chains,
+    // every piece of every torn read yields): fewer, smaller rounds there.
+    for (knobs, memnodes, torn, rounds, keys_per_round) in [
+        (Knobs::new(), 1, false, 12, 32),
+        (small(), 1, false, 12, 32),
+        (Knobs::new(), 2, true, 12, 32),
+        (small(), 1, true, 4, 16),
+    ] {
+        let d = deploy_with(knobs, 3, memnodes);
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            rounds,
+            keys_per_round,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

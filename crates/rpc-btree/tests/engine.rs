@@ -184,3 +184,17 @@ fn long_scans_continue_past_the_reply_limit() {
     // 256 KiB replies hold 15 values of 16 KiB: 40 pairs take 3 RPCs, 20 take 2.
     assert_eq!(ep.counters().get(OpKind::Scan).rpcs, 5);
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (torn, slots, handlers) in [(false, 4, 1), (true, 4, 2), (true, 16, 1)] {
+        let d = LocalDeployment::deploy(&SPEC, &opts(slots, handlers, 3)).unwrap();
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

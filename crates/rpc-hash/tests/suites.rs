@@ -121,3 +121,22 @@ fn every_operation_is_one_rpc() {
         "{stats}"
     );
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (torn, memnodes, knobs) in [
+        (false, 1, &[][..]),
+        (false, 1, &[("buckets", "1")][..]),
+        (true, 1, &[("buckets", "1")][..]),
+        (true, 2, &[][..]),
+    ] {
+        let d = deploy_with(memnodes, 3, knobs);
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

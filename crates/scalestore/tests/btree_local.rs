@@ -84,3 +84,17 @@ fn races_with_and_without_torn_reads() {
 fn bad_input_is_refused() {
     check_api_input(&deploy(1)).unwrap();
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for torn in [false, true] {
+        let d = deploy(3);
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

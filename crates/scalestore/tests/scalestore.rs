@@ -591,3 +591,17 @@ fn a_zero_cache_size_is_sized_for_the_expected_keys() {
     o.cache_mb = 0;
     assert!(LocalDeployment::deploy(&SCALESTORE, &o).is_err());
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (nodes, torn) in [(1, false), (2, false), (2, true)] {
+        let d = deploy(opts(nodes, 3, &[]));
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

@@ -392,3 +392,22 @@ fn hierarchical_locks_under_contention_from_two_processes() {
     assert!(sum("lock_handovers") > 0, "{a} {b}");
     assert!(sum("lock_retries") > 0, "{a} {b}");
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (torn, memnodes, knobs) in [
+        (false, 1, &[][..]),
+        (false, 1, SMALL),
+        (true, 1, SMALL),
+        (true, 2, SMALL),
+    ] {
+        let d = deploy_with(memnodes, 3, knobs);
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}

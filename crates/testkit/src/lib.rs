@@ -7,6 +7,9 @@
 //!   with or without torn reads injected; every read is checked to return a
 //!   value some write produced and never a value older than a write that
 //!   completed before the read began.
+//! - [`insert_race`]: several clients on several threads insert the same
+//!   new keys at once; exactly one insert per key wins, the others see
+//!   "exists", and the key holds the winner's value.
 //! - [`bad_input`]: reserved keys, oversized values, scans where unsupported.
 //! - [`reference`]: a trivially correct engine to test the suites and the
 //!   harness themselves.
@@ -15,5 +18,6 @@
 
 pub mod bad_input;
 pub mod history;
+pub mod insert_race;
 pub mod oracle;
 pub mod reference;

@@ -129,3 +129,77 @@ fn the_race_checker_catches_a_stale_store() {
     let e = res.unwrap_err();
     assert!(e.contains("read of key"), "{e}");
 }
+
+#[test]
+fn insert_race_with_and_without_torn_reads() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for torn in [false, true] {
+        let d = LocalDeployment::deploy(
+            &Reference,
+            &DeployOptions {
+                threads: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let r = insert_race(
+            &d,
+            &InsertRaceConfig {
+                torn_reads: torn,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.keys, 12 * 32);
+    }
+}
+
+/// A store whose insert is a blind write that always reports success: the
+/// bug the insert race exists to catch.
+struct BlindInsert(Rc<dyn KvStore>);
+
+#[async_trait(?Send)]
+impl KvStore for BlindInsert {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        self.0.get(key).await
+    }
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.0.upsert(key, value).await.map(|_| true)
+    }
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.0.update(key, value).await
+    }
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.0.upsert(key, value).await
+    }
+    async fn delete(&self, key: Key) -> Result<bool> {
+        self.0.delete(key).await
+    }
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        self.0.scan(start, n).await
+    }
+}
+
+#[test]
+fn the_insert_race_catches_two_winners() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race_on};
+    let d = LocalDeployment::deploy(
+        &Reference,
+        &DeployOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let cfg = InsertRaceConfig {
+        threads: 2,
+        rounds: 1,
+        ..Default::default()
+    };
+    let e = insert_race_on(&d, &cfg, &|t| {
+        let (_ep, store) = d.client(t).map_err(|e| e.to_string())?;
+        Ok(Rc::new(BlindInsert(store)) as Rc<dyn KvStore>)
+    })
+    .unwrap_err();
+    assert!(e.contains("concurrent inserts succeeded"), "{e}");
+}

@@ -421,3 +421,31 @@ fn kill_and_recover_keeps_every_acknowledged_write() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[test]
+fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
+    use dmkv_testkit::insert_race::{InsertRaceConfig, insert_race};
+    for (torn, slots) in [(false, "4"), (true, "4"), (true, "32")] {
+        let d = LocalDeployment::deploy(
+            &SPEC,
+            &DeployOptions {
+                knobs: {
+                    let mut k = Knobs::new();
+                    k.set("slots", slots);
+                    k
+                },
+                expected_keys: 4000,
+                threads: 3,
+                handler_threads: 2,
+                ..DeployOptions::default()
+            },
+        )
+        .unwrap();
+        let cfg = InsertRaceConfig {
+            torn_reads: torn,
+            ..Default::default()
+        };
+        let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
+        assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}
