@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests use real threads and clocks
 //! The rebuild protocol step by step, on one memory node driven with raw
 //! requests: writes that arrive while a table is being rebuilt are
 //! buffered (inserts, deletes) or served (updates), and applied afterwards;
@@ -230,13 +231,15 @@ fn outcomes_wait_for_their_client_however_many_rebuilds_pass() {
     // in quick succession): the outcomes are still there.
     for _ in 0..20 {
         shard.applied.fetch_add(1, Ordering::AcqRel);
-        shard.forget_old_outcomes(Instant::now());
+        shard.forget_old_outcomes(dmkv_transport::time::Instant::now());
     }
     assert_eq!(result_status(&s, 7), Ok(Status::Ok));
     // Taken once.
     assert!(result_status(&s, 7).is_err());
     // Past the time any client could still ask, it is forgotten.
-    shard.forget_old_outcomes(Instant::now() + super::shard::OUTCOME_KEEP + Duration::from_secs(1));
+    shard.forget_old_outcomes(
+        dmkv_transport::time::Instant::now() + super::shard::OUTCOME_KEEP + Duration::from_secs(1),
+    );
     let gone = result_status(&s, 8);
     assert!(
         gone.as_ref()
