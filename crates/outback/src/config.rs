@@ -9,6 +9,11 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "target load factor ε of a freshly built DMPH table (paper default 0.95)",
     },
     KnobSpec {
+        name: "growth_load_factor",
+        default: "0.7",
+        help: "load factor a resize builds its table(s) at: lower leaves more room for inserts before the next resize (fewer resizes), higher takes less compute-node memory per key",
+    },
+    KnobSpec {
         name: "initial_buckets",
         default: "256",
         help: "buckets of each shard's table before the first bulk load",
@@ -84,6 +89,7 @@ pub const KNOBS: &[KnobSpec] = &[
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub load_factor: f64,
+    pub growth_load_factor: f64,
     pub initial_buckets: u32,
     pub table_keys: u64,
     pub overflow_ratio: f64,
@@ -106,6 +112,7 @@ impl Config {
         let u = |n: &str| -> Result<u64> { k.get::<u64>("outback", KNOBS, n) };
         let c = Config {
             load_factor: g("load_factor")?,
+            growth_load_factor: g("growth_load_factor")?,
             initial_buckets: u("initial_buckets")? as u32,
             table_keys: u("table_keys")?,
             overflow_ratio: g("overflow_ratio")?,
@@ -124,6 +131,9 @@ impl Config {
         let bad = |what: &str| Err(KvError::Config(format!("outback.{what}")));
         if !(0.3..=0.99).contains(&c.load_factor) {
             return bad("load_factor must be in [0.3, 0.99]");
+        }
+        if !(0.3..=0.99).contains(&c.growth_load_factor) {
+            return bad("growth_load_factor must be in [0.3, 0.99]");
         }
         if c.initial_buckets == 0 || c.initial_buckets > 1 << 30 {
             return bad("initial_buckets must be in [1, 2^30]");
@@ -154,9 +164,14 @@ impl Config {
         ((buckets as f64 * 4.0 * self.overflow_ratio) as usize).max(8)
     }
 
-    /// Buckets for `keys` keys at the target load factor.
+    /// Buckets for `keys` keys at the target load factor (full builds).
     pub fn buckets_for(&self, keys: usize) -> u32 {
-        ((keys as f64 / (4.0 * self.load_factor)).ceil() as u64).clamp(1, 1 << 30) as u32
+        buckets_at(keys, self.load_factor)
+    }
+
+    /// Buckets for `keys` keys at the growth load factor (resizes).
+    pub fn growth_buckets_for(&self, keys: usize) -> u32 {
+        buckets_at(keys, self.growth_load_factor)
     }
 
     /// The largest control-region body (a full directory and table list).
@@ -164,6 +179,10 @@ impl Config {
         let dirs = 1u64 << self.max_global_depth;
         64 + dirs * 4 + dirs * crate::publish::TABLE_ENTRY_BYTES
     }
+}
+
+fn buckets_at(keys: usize, load: f64) -> u32 {
+    ((keys as f64 / (4.0 * load)).ceil() as u64).clamp(1, 1 << 30) as u32
 }
 
 #[cfg(test)]
@@ -175,11 +194,15 @@ mod tests {
         let c = Config::from_knobs(&Knobs::new()).unwrap();
         assert_eq!(c.load_factor, 0.95);
         assert_eq!(c.buckets_for(95), 25);
+        assert_eq!(c.growth_buckets_for(70), 25);
         let mut k = Knobs::new();
         k.set("stop_fill", "0.1");
         assert!(Config::from_knobs(&k).is_err());
         let mut k = Knobs::new();
         k.set("load_factor", "2");
+        assert!(Config::from_knobs(&k).is_err());
+        let mut k = Knobs::new();
+        k.set("growth_load_factor", "0.1");
         assert!(Config::from_knobs(&k).is_err());
         let mut k = Knobs::new();
         k.set("table_keys", "0");
