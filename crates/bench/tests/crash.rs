@@ -4,6 +4,7 @@
 //! node 0 only (it has no failover), so crashing node 1 costs nothing and
 //! crashing node 0 makes every later operation fail: both are checked.
 
+#[allow(dead_code)] // this test uses only part of the shared support
 mod support;
 
 use dmkv_api::sim_deploy::SimOptions;
