@@ -10,8 +10,13 @@ pub const KNOBS: &[KnobSpec] = &[
     },
     KnobSpec {
         name: "growth_load_factor",
-        default: "0.7",
-        help: "load factor a resize builds its table(s) at: lower leaves more room for inserts before the next resize (fewer resizes), higher takes less compute-node memory per key",
+        default: "0.5",
+        help: "lowest load factor a resize builds its table(s) at (the most room for inserts before the next resize), when growth_bits_per_key allows it",
+    },
+    KnobSpec {
+        name: "growth_bits_per_key",
+        default: "5.2",
+        help: "compute-node memory a resize may bring the shard's index to, in bits per key: a resize builds at the lowest load factor (>= growth_load_factor, <= load_factor) that keeps the shard within it",
     },
     KnobSpec {
         name: "initial_buckets",
@@ -90,6 +95,7 @@ pub const KNOBS: &[KnobSpec] = &[
 pub struct Config {
     pub load_factor: f64,
     pub growth_load_factor: f64,
+    pub growth_bits_per_key: f64,
     pub initial_buckets: u32,
     pub table_keys: u64,
     pub overflow_ratio: f64,
@@ -113,6 +119,7 @@ impl Config {
         let c = Config {
             load_factor: g("load_factor")?,
             growth_load_factor: g("growth_load_factor")?,
+            growth_bits_per_key: g("growth_bits_per_key")?,
             initial_buckets: u("initial_buckets")? as u32,
             table_keys: u("table_keys")?,
             overflow_ratio: g("overflow_ratio")?,
@@ -132,8 +139,11 @@ impl Config {
         if !(0.3..=0.99).contains(&c.load_factor) {
             return bad("load_factor must be in [0.3, 0.99]");
         }
-        if !(0.3..=0.99).contains(&c.growth_load_factor) {
-            return bad("growth_load_factor must be in [0.3, 0.99]");
+        if !(0.3..=c.load_factor).contains(&c.growth_load_factor) {
+            return bad("growth_load_factor must be in [0.3, load_factor]");
+        }
+        if !(2.0..=64.0).contains(&c.growth_bits_per_key) {
+            return bad("growth_bits_per_key must be in [2, 64]");
         }
         if c.initial_buckets == 0 || c.initial_buckets > 1 << 30 {
             return bad("initial_buckets must be in [1, 2^30]");
@@ -169,9 +179,9 @@ impl Config {
         buckets_at(keys, self.load_factor)
     }
 
-    /// Buckets for `keys` keys at the growth load factor (resizes).
-    pub fn growth_buckets_for(&self, keys: usize) -> u32 {
-        buckets_at(keys, self.growth_load_factor)
+    /// Buckets for `keys` keys at load factor `load`.
+    pub fn buckets_at(&self, keys: usize, load: f64) -> u32 {
+        buckets_at(keys, load)
     }
 
     /// The largest control-region body (a full directory and table list).
@@ -194,7 +204,7 @@ mod tests {
         let c = Config::from_knobs(&Knobs::new()).unwrap();
         assert_eq!(c.load_factor, 0.95);
         assert_eq!(c.buckets_for(95), 25);
-        assert_eq!(c.growth_buckets_for(70), 25);
+        assert_eq!(c.buckets_at(50, c.growth_load_factor), 25);
         let mut k = Knobs::new();
         k.set("stop_fill", "0.1");
         assert!(Config::from_knobs(&k).is_err());
@@ -203,6 +213,9 @@ mod tests {
         assert!(Config::from_knobs(&k).is_err());
         let mut k = Knobs::new();
         k.set("growth_load_factor", "0.1");
+        assert!(Config::from_knobs(&k).is_err());
+        let mut k = Knobs::new();
+        k.set("growth_bits_per_key", "1");
         assert!(Config::from_knobs(&k).is_err());
         let mut k = Knobs::new();
         k.set("table_keys", "0");

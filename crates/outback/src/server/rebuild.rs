@@ -196,6 +196,8 @@ struct Snap {
     bucket: u32,
     /// `None`: in the overflow cache.
     slot: Option<u8>,
+    /// The block address the slot held at snapshot time (0 for overflow).
+    addr: u64,
 }
 
 /// Every key of `t` and where it is, bucket by bucket under the locks
@@ -211,6 +213,7 @@ fn snapshot(shard: &ShardServer, t: &Table, out: &mut Vec<Snap>) -> Result<(), S
                     table: t.id,
                     bucket: b,
                     slot: Some(s as u8),
+                    addr: w.addr(),
                 });
             }
         }
@@ -220,6 +223,7 @@ fn snapshot(shard: &ShardServer, t: &Table, out: &mut Vec<Snap>) -> Result<(), S
                 table: t.id,
                 bucket: b,
                 slot: None,
+                addr: 0,
             });
         }
     }
@@ -237,7 +241,10 @@ fn take_entry(
     let e = match s.slot {
         Some(slot) => {
             let w = t.slot(s.bucket, slot as usize);
-            if w.is_empty() || shard.heap.key_at(w.addr())? != s.key {
+            // An unchanged address is the same block, so the same key
+            // (blocks are immutable while referenced); an UPDATE during
+            // the rebuild moved it to a new block, whose key is read.
+            if w.is_empty() || w.addr() != s.addr && shard.heap.key_at(w.addr())? != s.key {
                 return Err(ServiceError::failed(format!(
                     "outback: key {:#x} moved during a rebuild (bug)",
                     s.key
@@ -451,10 +458,11 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
         parts[side(s.key)].push(i);
     }
     let depth = if split { d + 1 } else { d };
+    let load = growth_load(shard, t, &parts, split);
     let mut built = Vec::with_capacity(parts.len());
     for idx in &parts {
         let keys: Vec<u64> = idx.iter().map(|&i| snaps[i].key).collect();
-        let buckets = cfg.growth_buckets_for(keys.len()).max(cfg.initial_buckets);
+        let buckets = cfg.buckets_at(keys.len(), load).max(cfg.initial_buckets);
         built.push(new_table(shard, &keys, buckets, depth)?);
     }
 
@@ -462,20 +470,18 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     // barrier for writers that checked the old epoch) while the current
     // entries are read.
     t.epoch.fetch_add(1, Ordering::AcqRel);
-    let mut by_bucket: HashMap<u32, Vec<usize>> = HashMap::new();
-    for (i, s) in snaps.iter().enumerate() {
-        by_bucket.entry(s.bucket).or_default().push(i);
-    }
+    // `snapshot` lists keys bucket by bucket, in bucket order.
     let mut current = vec![SlotWord::default(); snaps.len()];
+    let mut i = 0;
     for b in 0..t.buckets {
         let g = t.lock(b);
-        if let Some(items) = by_bucket.get(&b) {
-            for &i in items {
-                current[i] = take_entry(shard, t, &snaps[i], false)?;
-            }
+        while i < snaps.len() && snaps[i].bucket == b {
+            current[i] = take_entry(shard, t, &snaps[i], false)?;
+            i += 1;
         }
         drop(g);
     }
+    debug_assert_eq!(i, snaps.len());
     for ((nt, build), idx) in built.iter().zip(&parts) {
         let entries: Vec<(u64, SlotWord)> =
             idx.iter().map(|&i| (snaps[i].key, current[i])).collect();
@@ -513,6 +519,40 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     );
     shard.ctx.withdraw(&table_prefix(shard.id, t.id));
     Ok(())
+}
+
+/// The load factor a resize of `t` builds its table(s) at: the lowest in
+/// [`growth_load_factor`, `load_factor`] that keeps what a compute node
+/// caches for the shard (Othello arrays, a seed byte per bucket, the
+/// directory) within `growth_bits_per_key` of its keys. Tables elsewhere
+/// in the shard that filled up since their own resize leave room, which
+/// this one takes: the more room a table gets, the more inserts it absorbs
+/// (each with one bucket choice) before its overflow cache starts the next
+/// resize.
+fn growth_load(shard: &ShardServer, t: &Table, parts: &[Vec<usize>], split: bool) -> f64 {
+    let cfg = &shard.ctx.cfg;
+    let mut others = 0u64;
+    let mut keys = 0u64;
+    for o in shard.live_tables() {
+        keys += o.keys();
+        if o.id != t.id {
+            others += o.othello.bytes() + o.buckets as u64;
+        }
+    }
+    let dir_entries = shard.dir.lock().entries.len() as u64;
+    let dir_bytes = dir_entries * if split && dir_entries > 0 { 8 } else { 4 };
+    let othello: u64 = parts
+        .iter()
+        .map(|p| crate::othello::Othello::expected_bytes(p.len()))
+        .sum();
+    let n: usize = parts.iter().map(Vec::len).sum();
+    let budget = (cfg.growth_bits_per_key * keys as f64 / 8.0) as i64
+        - (others + dir_bytes + othello) as i64;
+    if n == 0 || budget <= 0 {
+        return cfg.load_factor;
+    }
+    // One seed byte per bucket, four slots per bucket.
+    (n as f64 / (4.0 * budget as f64)).clamp(cfg.growth_load_factor, cfg.load_factor)
 }
 
 /// Full build: every key of the shard, plus bulk-loaded ones, into new
