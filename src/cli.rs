@@ -141,6 +141,12 @@ pub struct BenchArgs {
     /// After the run, read back every key and check it.
     #[arg(long)]
     pub verify: bool,
+    /// Crash memory node NODE (0-based) once FRACTION of the run's
+    /// operations have completed, e.g. 1@0.5; needs --memnodes 2 or more
+    /// and --transport local or sim. Reports failover time and the errors
+    /// clients saw.
+    #[arg(long, value_name = "NODE@FRACTION")]
+    pub crash_memnode: Option<dmkv_bench::CrashPlan>,
     /// Write the reports as JSON (an object, or an array for several engines).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -429,6 +435,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     cfg.cache_mb = a.cache_mb;
     cfg.data_dir = a.data_dir;
     cfg.verify = a.verify;
+    cfg.crash = a.crash_memnode;
     cfg.seed = a.seed;
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);

@@ -45,6 +45,45 @@ impl std::fmt::Debug for EngineChoice {
     }
 }
 
+/// `--crash-memnode NODE@FRACTION`: crash memory node NODE (0-based, as
+/// numbered by `--memnodes`) once FRACTION of the run's operations have
+/// completed, to see how an engine fails over: the run goes on, every error
+/// a client sees is counted, and `--verify` reads every key back after it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CrashPlan {
+    pub node: usize,
+    /// In (0, 1): the share of the run's operations completed first.
+    pub at_fraction: f64,
+}
+
+impl CrashPlan {
+    /// The operation count (1-based, over all threads) whose completion
+    /// triggers the crash.
+    pub fn at_op(&self, total_ops: u64) -> u64 {
+        ((total_ops as f64 * self.at_fraction).ceil() as u64).clamp(1, total_ops.max(1))
+    }
+}
+
+impl std::str::FromStr for CrashPlan {
+    type Err = String;
+    fn from_str(s: &str) -> Result<CrashPlan, String> {
+        let bad = || {
+            format!(
+                "--crash-memnode takes NODE@FRACTION, e.g. 1@0.5 (crash memory node 1 when half the operations have completed); got {s:?}"
+            )
+        };
+        let (node, frac) = s.split_once('@').ok_or_else(bad)?;
+        let node: usize = node.trim().parse().map_err(|_| bad())?;
+        let at_fraction: f64 = frac.trim().parse().map_err(|_| bad())?;
+        if !(at_fraction > 0.0 && at_fraction < 1.0) {
+            return Err(format!(
+                "--crash-memnode {s}: the fraction of operations must be strictly between 0 and 1"
+            ));
+        }
+        Ok(CrashPlan { node, at_fraction })
+    }
+}
+
 /// Where the operations come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkloadSource {
@@ -88,6 +127,8 @@ pub struct BenchConfig {
     pub load_chunk: usize,
     /// Where engines are deployed (in process unless told otherwise).
     pub deployer: Arc<dyn Deployer>,
+    /// Crash a memory node during the run (`--crash-memnode`).
+    pub crash: Option<CrashPlan>,
 }
 
 impl BenchConfig {
@@ -116,6 +157,7 @@ impl BenchConfig {
             local: LocalConfig::default(),
             load_chunk: defaults::LOAD_CHUNK,
             deployer: Arc::new(LocalDeployer),
+            crash: None,
         }
     }
 
@@ -188,6 +230,37 @@ impl BenchConfig {
             return Err(BenchError::input(
                 "--trace-load needs --trace: it is the load phase of the run replayed",
             ));
+        }
+        if let Some(c) = &self.crash {
+            if self.memnodes < 2 {
+                return Err(BenchError::input(
+                    "--crash-memnode needs --memnodes 2 or more: with one memory node there is nothing to fail over to",
+                ));
+            }
+            if c.node >= self.memnodes {
+                return Err(BenchError::input(format!(
+                    "--crash-memnode {}: there are memory nodes 0..{} (--memnodes {})",
+                    c.node,
+                    self.memnodes - 1,
+                    self.memnodes
+                )));
+            }
+            if !(c.at_fraction > 0.0 && c.at_fraction < 1.0) {
+                return Err(BenchError::input(
+                    "--crash-memnode: the fraction of operations must be strictly between 0 and 1",
+                ));
+            }
+            if !matches!(self.deployer.transport(), "local" | "sim") {
+                return Err(BenchError::input(format!(
+                    "--crash-memnode needs --transport local or sim (transport {} cannot crash a node)",
+                    self.deployer.transport()
+                )));
+            }
+            if matches!(self.workload, WorkloadSource::Synthetic(w) if !w.has_run_phase()) {
+                return Err(BenchError::input(
+                    "--crash-memnode crashes a node during the run phase; this workload only loads",
+                ));
+            }
         }
         if self.dist.is_some() && matches!(self.workload, WorkloadSource::Trace(_)) {
             return Err(BenchError::input(

@@ -27,6 +27,13 @@ pub trait Deployment: Sync {
     fn sim(&self) -> Option<&Simulation> {
         None
     }
+    /// Crashes serving node `index` (in deployment order: memory node
+    /// `index`) now: its memory is gone and every later request to it fails
+    /// with `NodeDown` (`--crash-memnode`).
+    fn crash_node(&self, index: usize) -> Result<(), String> {
+        let _ = index;
+        Err("this transport cannot crash a node".into())
+    }
 }
 
 /// Makes a fresh deployment of an engine for each run.
@@ -70,6 +77,14 @@ impl Deployment for LocalDeployment {
     fn node_stats(&self) -> Vec<NodeStats> {
         LocalDeployment::node_stats(self)
     }
+    fn crash_node(&self, index: usize) -> Result<(), String> {
+        let rt = self
+            .runtimes
+            .get(index)
+            .ok_or_else(|| format!("there is no serving node {index}"))?;
+        self.cluster.crash(rt.id());
+        Ok(())
+    }
 }
 
 /// A simulated cluster in virtual time on the calling thread
@@ -107,5 +122,13 @@ impl Deployment for SimDeployment {
     }
     fn sim(&self) -> Option<&Simulation> {
         Some(&self.sim)
+    }
+    fn crash_node(&self, index: usize) -> Result<(), String> {
+        let rt = self
+            .runtimes
+            .get(index)
+            .ok_or_else(|| format!("there is no serving node {index}"))?;
+        self.sim.crash_at(rt.id(), self.sim.now_ns());
+        Ok(())
     }
 }

@@ -37,7 +37,7 @@ pub mod stats;
 pub mod trace;
 pub mod workload;
 
-pub use config::{BenchConfig, EngineChoice, WorkloadSource, defaults};
+pub use config::{BenchConfig, CrashPlan, EngineChoice, WorkloadSource, defaults};
 pub use deployment::{Deployer, Deployment, LocalDeployer, SimDeployer};
 pub use error::BenchError;
 pub use keyset::KeysetSpec;

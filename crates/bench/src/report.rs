@@ -262,6 +262,32 @@ impl ErrorsReport {
     }
 }
 
+/// `--crash-memnode`: a memory node crashed during the run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CrashReport {
+    /// The memory node crashed (0-based).
+    pub node: usize,
+    pub at_fraction: f64,
+    /// The completion of this operation (1-based, all threads) crashed it.
+    pub at_op: u64,
+    /// The crash happened (false: the run never reached `at_op`, or the
+    /// transport refused; see `failure`).
+    pub crashed: bool,
+    /// When, in seconds after the run phase began.
+    pub at_seconds: f64,
+    /// Failover time as the clients saw it: the latency of the longest
+    /// operation among those that completed after the crash (an operation
+    /// on the lost node's keys waits until another node serves them; it
+    /// includes whatever the operation spent before the crash, so it is an
+    /// upper bound within one operation's normal latency).
+    pub failover_ms: f64,
+    pub ops_after_crash: u64,
+    /// Operations that completed after the crash with an error.
+    pub errors_after_crash: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
 /// What a trace replay read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TraceReport {
@@ -330,7 +356,10 @@ pub struct EngineReport {
     /// `run_seconds`, latencies and `load.seconds` are then virtual time).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimReport>,
-    /// No error, no failed check, no verification failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crash: Option<CrashReport>,
+    /// No error, no failed check, no verification failure (and, with
+    /// `--crash-memnode`, the crash happened).
     pub ok: bool,
 }
 
@@ -547,6 +576,29 @@ fn rows(reports: &[EngineReport]) -> Vec<Row> {
         col(&|r| r.checks.failures.to_string()),
     ));
     rows.push(("errors".into(), col(&|r| r.errors.count.to_string())));
+    if reports.iter().any(|r| r.crash.is_some()) {
+        let cell = |f: &dyn Fn(&CrashReport) -> String| {
+            col(&|r| r.crash.as_ref().map(f).unwrap_or_else(|| "-".into()))
+        };
+        rows.push((
+            "crash: memnode @ op".into(),
+            cell(&|c| {
+                if c.crashed {
+                    format!("{} @ {} ({:.2} s)", c.node, c.at_op, c.at_seconds)
+                } else {
+                    format!(
+                        "NOT CRASHED ({})",
+                        c.failure.as_deref().unwrap_or("run ended first")
+                    )
+                }
+            }),
+        ));
+        rows.push(("crash: failover (ms)".into(), cell(&|c| f1(c.failover_ms))));
+        rows.push((
+            "crash: ops / errors after".into(),
+            cell(&|c| format!("{} / {}", c.ops_after_crash, c.errors_after_crash)),
+        ));
+    }
     rows
 }
 

@@ -21,8 +21,8 @@ use crate::error::BenchError;
 use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
 use crate::report::{
-    ChecksReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport, OpReport, PerOp,
-    SimReport, Totals, TraceLoadReport, TraceReport, VerifyReport, WallReport,
+    ChecksReport, CrashReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport,
+    OpReport, PerOp, SimReport, Totals, TraceLoadReport, TraceReport, VerifyReport, WallReport,
 };
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
@@ -41,6 +41,8 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Barrier;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// What a whole invocation produced.
@@ -100,6 +102,12 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
             )));
         }
         reserved.extend_from_slice(caps.reserved_keys);
+        if cfg.crash.is_some() && e.spec.topology() != dmkv_api::Topology::Disaggregated {
+            return Err(BenchError::input(format!(
+                "--crash-memnode crashes a memory node; engine {} runs on symmetric nodes (--nodes), not memory nodes",
+                e.spec.name()
+            )));
+        }
     }
     let plan = match (&cfg.workload, &trace) {
         (_, Some(t)) => Plan::from_trace_with_load(
@@ -201,6 +209,8 @@ struct Phases {
     verify: Option<VerifyFigures>,
     verify_table: CounterTable,
     nodes_after: Vec<NodeStats>,
+    /// `--crash-memnode`: what happened.
+    crash: Option<CrashReport>,
 }
 
 fn run_engine(
@@ -234,7 +244,11 @@ fn run_engine(
     let verify = VerifyReport::new(phases.verify.as_ref());
     let checks = ChecksReport::new(&phases.figures.findings);
     let errors = ErrorsReport::new(&phases.figures.errors);
-    let ok = errors.count == 0 && checks.failures == 0 && verify.failures() == 0;
+    let crash_failed = phases
+        .crash
+        .as_ref()
+        .is_some_and(|c| c.failure.is_some() || !c.crashed);
+    let ok = errors.count == 0 && checks.failures == 0 && verify.failures() == 0 && !crash_failed;
     let (workload, dist, keyset) = match &cfg.workload {
         WorkloadSource::Synthetic(w) => (
             w.to_string(),
@@ -310,6 +324,7 @@ fn run_engine(
         trace,
         engine_stats,
         sim: phases.sim,
+        crash: phases.crash,
         ok,
     })
 }
@@ -366,6 +381,93 @@ struct Ctx<'a> {
     barrier: Barrier,
     run_bar: ProgressBar,
     verify_bar: ProgressBar,
+    crash: Option<CrashRun>,
+}
+
+/// `--crash-memnode` during one engine run: counts completed operations,
+/// crashes the node when the count reaches `at_op`, and measures what the
+/// clients saw afterwards.
+struct CrashRun {
+    node: usize,
+    at_fraction: f64,
+    at_op: u64,
+    /// Operations completed so far, all threads.
+    completed: AtomicU64,
+    /// `Instant::as_nanos` of the crash; `u64::MAX` before it.
+    crashed_at: AtomicU64,
+    /// Among operations that completed after the crash: how many, how many
+    /// failed, and the longest one's latency (ns).
+    ops_after: AtomicU64,
+    errors_after: AtomicU64,
+    longest_after_ns: AtomicU64,
+    /// Why the crash could not be made.
+    failure: Mutex<Option<String>>,
+}
+
+impl CrashRun {
+    fn new(cfg: &BenchConfig, total_ops: u64) -> Option<CrashRun> {
+        cfg.crash.map(|c| CrashRun {
+            node: c.node,
+            at_fraction: c.at_fraction,
+            at_op: c.at_op(total_ops),
+            completed: AtomicU64::new(0),
+            crashed_at: AtomicU64::new(u64::MAX),
+            ops_after: AtomicU64::new(0),
+            errors_after: AtomicU64::new(0),
+            longest_after_ns: AtomicU64::new(0),
+            failure: Mutex::new(None),
+        })
+    }
+
+    /// After an operation that ran from `start` to `end` (and `failed` with
+    /// an error); the operation completing number `at_op` crashes the node.
+    fn after_op(&self, dep: &dyn Deployment, start: Instant, end: Instant, failed: bool) {
+        let crashed = self.crashed_at.load(Ordering::Acquire);
+        if crashed != u64::MAX && end.as_nanos() >= crashed {
+            self.ops_after.fetch_add(1, Ordering::Relaxed);
+            self.errors_after
+                .fetch_add(failed as u64, Ordering::Relaxed);
+            self.longest_after_ns.fetch_max(
+                end.saturating_duration_since(start).as_nanos() as u64,
+                Ordering::Relaxed,
+            );
+        }
+        if self.completed.fetch_add(1, Ordering::AcqRel) + 1 == self.at_op {
+            // Marked before the crash, so that an operation failing because
+            // of it (on another thread) always counts as after it.
+            self.crashed_at
+                .store(Instant::now().as_nanos(), Ordering::Release);
+            if let Err(e) = dep.crash_node(self.node) {
+                self.crashed_at.store(u64::MAX, Ordering::Release);
+                *self.failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("crashing memory node {}: {e}", self.node));
+            }
+        }
+    }
+
+    fn report(&self, run_start: Instant) -> CrashReport {
+        let crashed = self.crashed_at.load(Ordering::Acquire);
+        let ms = |ns: u64| ns as f64 / 1e6;
+        CrashReport {
+            node: self.node,
+            at_fraction: self.at_fraction,
+            at_op: self.at_op,
+            crashed: crashed != u64::MAX,
+            at_seconds: if crashed != u64::MAX {
+                crashed.saturating_sub(run_start.as_nanos()) as f64 / 1e9
+            } else {
+                0.0
+            },
+            failover_ms: ms(self.longest_after_ns.load(Ordering::Relaxed)),
+            ops_after_crash: self.ops_after.load(Ordering::Relaxed),
+            errors_after_crash: self.errors_after.load(Ordering::Relaxed),
+            failure: self
+                .failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
 }
 
 impl Ctx<'_> {
@@ -400,6 +502,7 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
         } else {
             ProgressBar::hidden()
         },
+        crash: CrashRun::new(cfg, plan.total_ops()),
     };
     std::thread::scope(|s| {
         let ctx = &ctx;
@@ -439,6 +542,7 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             verify: cfg.verify.then_some(verify),
             verify_table,
             nodes_after,
+            crash: ctx.crash.as_ref().map(|c| c.report(start)),
         }
     })
 }
@@ -467,6 +571,7 @@ fn run_threads_sim(
         } else {
             ProgressBar::hidden()
         },
+        crash: CrashRun::new(cfg, plan.total_ops()),
     };
     let mut figures = RunFigures::default();
     let mut clients = Vec::new();
@@ -568,6 +673,7 @@ fn run_threads_sim(
         verify: cfg.verify.then_some(verify),
         verify_table,
         nodes_after,
+        crash: ctx.crash.as_ref().map(|c| c.report(start)),
     }
 }
 
@@ -650,7 +756,16 @@ async fn run_task(
 ) {
     let mut unreported = 0;
     for op in ctx.plan.stream(thread, task) {
-        execute(ctx, ep, kv, op, figures).await;
+        match &ctx.crash {
+            None => {
+                execute(ctx, ep, kv, op, figures).await;
+            }
+            Some(c) => {
+                let start = Instant::now();
+                let failed = execute(ctx, ep, kv, op, figures).await;
+                c.after_op(ctx.dep, start, Instant::now(), failed);
+            }
+        }
         unreported += 1;
         if unreported == PROGRESS_STEP {
             ctx.run_bar.inc(unreported);
@@ -669,14 +784,16 @@ async fn call<F: Future>(ep: &Endpoint, kind: OpKind, fut: F) -> (F::Output, Dur
     (out, start.elapsed(), cost)
 }
 
-/// Runs one operation, checks its answer and records it.
+/// Runs one operation, checks its answer and records it; true if it
+/// failed with an error.
 async fn execute(
     ctx: &Ctx<'_>,
     ep: &Endpoint,
     kv: &dyn KvStore,
     op: Op,
     figures: &RefCell<RunFigures>,
-) {
+) -> bool {
+    let mut errored = false;
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
     let size = ctx.cfg.value_size;
     let ty = op.op_type();
@@ -689,7 +806,10 @@ async fn execute(
             f.record(ty, lat, cost);
             match r {
                 Ok(v) => check.get("get", i, t0, v.as_deref(), &mut f.findings),
-                Err(e) => f.errors.push(ty, key, &e),
+                Err(e) => {
+                    f.errors.push(ty, key, &e);
+                    errored = true;
+                }
             }
         }
         Op::Update(i) => {
@@ -707,7 +827,10 @@ async fn execute(
                     b,
                     &mut f.findings,
                 ),
-                Err(e) => f.errors.push(ty, key, &e),
+                Err(e) => {
+                    f.errors.push(ty, key, &e);
+                    errored = true;
+                }
             }
         }
         Op::Insert(i) | Op::Delete(i) => {
@@ -736,7 +859,10 @@ async fn execute(
             f.record(ty, lat, cost);
             match r {
                 Ok(got) => check.outcome(ty.name(), i, expected, got, &mut f.findings),
-                Err(e) => f.errors.push(ty, key, &e),
+                Err(e) => {
+                    f.errors.push(ty, key, &e);
+                    errored = true;
+                }
             }
         }
         Op::Scan(i, n) => {
@@ -747,7 +873,10 @@ async fn execute(
             f.record(ty, lat, cost);
             match r {
                 Ok(items) => check.scan(key, n as usize, t0, &items, &mut f.findings),
-                Err(e) => f.errors.push(ty, key, &e),
+                Err(e) => {
+                    f.errors.push(ty, key, &e);
+                    errored = true;
+                }
             }
         }
         Op::Rmw(i) => {
@@ -766,7 +895,7 @@ async fn execute(
                     let f = &mut *figures.borrow_mut();
                     f.record(ty, read_lat, read_cost);
                     f.errors.push(ty, key, &e);
-                    return;
+                    return true;
                 }
             }
             let value = make_value(key, states.next_version(i), size);
@@ -782,10 +911,14 @@ async fn execute(
                     b,
                     &mut f.findings,
                 ),
-                Err(e) => f.errors.push(ty, key, &e),
+                Err(e) => {
+                    f.errors.push(ty, key, &e);
+                    errored = true;
+                }
             }
         }
     }
+    errored
 }
 
 /// Reads back this task's share of the universe after the run, when every

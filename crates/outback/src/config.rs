@@ -9,6 +9,16 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "target load factor ε of a freshly built DMPH table (paper default 0.95)",
     },
     KnobSpec {
+        name: "growth_load_factor",
+        default: "0.5",
+        help: "lowest load factor a resize builds its table(s) at (the most room for inserts before the next resize), when growth_bits_per_key allows it",
+    },
+    KnobSpec {
+        name: "growth_bits_per_key",
+        default: "5.2",
+        help: "compute-node memory a resize may bring the shard's index to, in bits per key: a resize builds at the lowest load factor (>= growth_load_factor, <= load_factor) that keeps the shard within it",
+    },
+    KnobSpec {
         name: "initial_buckets",
         default: "256",
         help: "buckets of each shard's table before the first bulk load",
@@ -84,6 +94,8 @@ pub const KNOBS: &[KnobSpec] = &[
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub load_factor: f64,
+    pub growth_load_factor: f64,
+    pub growth_bits_per_key: f64,
     pub initial_buckets: u32,
     pub table_keys: u64,
     pub overflow_ratio: f64,
@@ -106,6 +118,8 @@ impl Config {
         let u = |n: &str| -> Result<u64> { k.get::<u64>("outback", KNOBS, n) };
         let c = Config {
             load_factor: g("load_factor")?,
+            growth_load_factor: g("growth_load_factor")?,
+            growth_bits_per_key: g("growth_bits_per_key")?,
             initial_buckets: u("initial_buckets")? as u32,
             table_keys: u("table_keys")?,
             overflow_ratio: g("overflow_ratio")?,
@@ -124,6 +138,12 @@ impl Config {
         let bad = |what: &str| Err(KvError::Config(format!("outback.{what}")));
         if !(0.3..=0.99).contains(&c.load_factor) {
             return bad("load_factor must be in [0.3, 0.99]");
+        }
+        if !(0.3..=c.load_factor).contains(&c.growth_load_factor) {
+            return bad("growth_load_factor must be in [0.3, load_factor]");
+        }
+        if !(2.0..=64.0).contains(&c.growth_bits_per_key) {
+            return bad("growth_bits_per_key must be in [2, 64]");
         }
         if c.initial_buckets == 0 || c.initial_buckets > 1 << 30 {
             return bad("initial_buckets must be in [1, 2^30]");
@@ -154,9 +174,14 @@ impl Config {
         ((buckets as f64 * 4.0 * self.overflow_ratio) as usize).max(8)
     }
 
-    /// Buckets for `keys` keys at the target load factor.
+    /// Buckets for `keys` keys at the target load factor (full builds).
     pub fn buckets_for(&self, keys: usize) -> u32 {
-        ((keys as f64 / (4.0 * self.load_factor)).ceil() as u64).clamp(1, 1 << 30) as u32
+        buckets_at(keys, self.load_factor)
+    }
+
+    /// Buckets for `keys` keys at load factor `load`.
+    pub fn buckets_at(&self, keys: usize, load: f64) -> u32 {
+        buckets_at(keys, load)
     }
 
     /// The largest control-region body (a full directory and table list).
@@ -164,6 +189,10 @@ impl Config {
         let dirs = 1u64 << self.max_global_depth;
         64 + dirs * 4 + dirs * crate::publish::TABLE_ENTRY_BYTES
     }
+}
+
+fn buckets_at(keys: usize, load: f64) -> u32 {
+    ((keys as f64 / (4.0 * load)).ceil() as u64).clamp(1, 1 << 30) as u32
 }
 
 #[cfg(test)]
@@ -175,11 +204,18 @@ mod tests {
         let c = Config::from_knobs(&Knobs::new()).unwrap();
         assert_eq!(c.load_factor, 0.95);
         assert_eq!(c.buckets_for(95), 25);
+        assert_eq!(c.buckets_at(50, c.growth_load_factor), 25);
         let mut k = Knobs::new();
         k.set("stop_fill", "0.1");
         assert!(Config::from_knobs(&k).is_err());
         let mut k = Knobs::new();
         k.set("load_factor", "2");
+        assert!(Config::from_knobs(&k).is_err());
+        let mut k = Knobs::new();
+        k.set("growth_load_factor", "0.1");
+        assert!(Config::from_knobs(&k).is_err());
+        let mut k = Knobs::new();
+        k.set("growth_bits_per_key", "1");
         assert!(Config::from_knobs(&k).is_err());
         let mut k = Knobs::new();
         k.set("table_keys", "0");

@@ -23,6 +23,9 @@
 //! that check them, and where this departs from the paper.
 
 #![forbid(unsafe_code)]
+// engine_stats are built with serde_json::json!, whose expansion of an
+// object of some eighty fields needs more than the default 128 levels.
+#![recursion_limit = "256"]
 
 pub mod client;
 pub mod config;

@@ -84,6 +84,14 @@ impl Othello {
         self.bit(a as u64) ^ self.bit(self.ma as u64 + b as u64)
     }
 
+    /// Bytes of an Othello of `n` keys built at the first size tried (a
+    /// build that needs retries at larger sizes takes a few percent more).
+    pub fn expected_bytes(n: usize) -> u64 {
+        let mb = (n as u32).max(MIN_CELLS);
+        let ma = ((n as f64 * A_PER_KEY).ceil() as u32).max(MIN_CELLS);
+        words(ma, mb) as u64 * 8
+    }
+
     /// Builds an Othello that returns `values[i]` for `keys[i]`. Keys must be
     /// distinct (a duplicate is a cycle of length two that no seed avoids).
     pub fn build(keys: &[u64], values: &[bool], rng_seed: u64) -> Othello {

@@ -460,18 +460,56 @@ impl Shared {
         }
         let ticket = WireReader::new(&r.rest).u64().map_err(malformed)?;
         let ctl_r = self.region(ep, owner, &ctl_name(p)).await?;
+        let mut deadline = deadline;
         loop {
             let h = self.ctl_header(ep, ctl_r).await?;
             if h[5] >= ticket {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(KvError::Transport(TransportError::Timeout { node: owner }));
+                // A full build of millions of keys can outlast one
+                // operation's deadline on a busy machine: wait on while the
+                // memory node says it is still working on it.
+                let (busy, error) = self.shard_status(ep, owner, p).await?;
+                if self.ctl_header(ep, ctl_r).await?[5] >= ticket {
+                    break;
+                }
+                if !busy {
+                    return Err(KvError::Transport(TransportError::Backend(format!(
+                        "outback: the full build of shard {p} on node {owner} stopped without completing: {}",
+                        error.as_deref().unwrap_or("no error recorded")
+                    ))));
+                }
+                deadline = Instant::now() + OP_DEADLINE;
             }
             sleep(Duration::from_micros(200)).await;
         }
         self.fetch(ep, p).await?;
         Ok(())
+    }
+
+    /// Whether shard `p`'s memory node is rebuilding or about to (STATS
+    /// `busy`), and its last rebuild error.
+    async fn shard_status(
+        &self,
+        ep: &Endpoint,
+        owner: NodeId,
+        p: u16,
+    ) -> Result<(bool, Option<String>)> {
+        let mut w = WireWriter::new();
+        w.u8(op::STATS);
+        let r = Reply::parse(self.call(ep, owner, w.finish()).await?)?;
+        let text = WireReader::new(&r.rest).str().map_err(malformed)?;
+        let v: serde_json::Value = serde_json::from_str(text).map_err(malformed)?;
+        let s = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["shard"].as_u64() == Some(p as u64));
+        Ok((
+            s.is_some_and(|s| s["busy"] == true),
+            s.and_then(|s| s["last_rebuild_error"].as_str().map(str::to_string)),
+        ))
     }
 
     async fn complete_loads(&self, ep: &Endpoint) -> Result<()> {
@@ -703,9 +741,43 @@ impl Engine for OutbackEngine {
                 0.0
             }
         };
+        // Per shard, its locator bytes after each completed resize plus its
+        // share of the ring, per key it then held: the largest such ratio
+        // over shards and resizes, and the latest resize's (largest over
+        // shards); 0 if nothing resized.
+        let ring_share = sh.ring.bytes() as f64 / sh.nodes.len().max(1) as f64;
+        let ratio = |s: &serde_json::Value, b: &str, k: &str| -> f64 {
+            let a = &s["after_resize"];
+            match (a[b].as_u64(), a[k].as_u64()) {
+                (Some(bytes), Some(keys)) if keys > 0 => {
+                    (bytes as f64 + ring_share) * 8.0 / keys as f64
+                }
+                _ => 0.0,
+            }
+        };
+        let after_resize_max = per_shard
+            .iter()
+            .map(|s| ratio(s, "max_bytes", "max_keys"))
+            .fold(0.0, f64::max);
+        let after_resize_last = per_shard
+            .iter()
+            .map(|s| ratio(s, "last_bytes", "last_keys"))
+            .fold(0.0, f64::max);
+        // Why tables entered PRE_RESIZE or stopped (s_slow by overflow fill
+        // or by load, s_stop), and what let each resize start.
+        let triggers = serde_json::json!({
+            "slow_fill": sum("trigger_slow_fill"),
+            "slow_load": sum("trigger_slow_load"),
+            "stop_fill": sum("trigger_stop_fill"),
+        });
+        let starts = serde_json::json!({
+            "all_told": sum("start_all_told"),
+            "pre_resize_timeout": sum("start_timeout"),
+            "stop_fill": sum("start_stop_fill"),
+        });
         let c = &sh.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Ok(serde_json::json!({
+        let mut v = serde_json::json!({
             "shards": sh.nodes.len(),
             "replicas_per_shard": replicas_of(0, sh.nodes.len() as u16, sh.cfg.replicas).len(),
             "keys": keys,
@@ -727,7 +799,7 @@ impl Engine for OutbackEngine {
             "overflow_inserts": sum("overflow_inserts"),
             "promotions": sum("promotions"),
             "fallback_keys": sum("fallback_keys"),
-            "resizes": sum("splits"),
+            "resizes": sum("splits") + sum("grows"),
             "resize_ms_total": split_ns as f64 / 1e6,
             "resize_ms_max": max("split_max_ns") as f64 / 1e6,
             "resize_until_fetched_ms_total": sum("resize_total_ns") as f64 / 1e6,
@@ -744,7 +816,23 @@ impl Engine for OutbackEngine {
             "replica_round_trips": sum("replica_round_trips"),
             "memnode_heap_live_bytes": sum("heap_live_bytes"),
             "per_shard": per_shard,
-        }))
+        });
+        // Added apart: one json! of them all exceeds the macro recursion limit.
+        if let Some(o) = v.as_object_mut() {
+            o.insert("resize_splits".into(), sum("splits").into());
+            o.insert("resize_grows".into(), sum("grows").into());
+            o.insert("resize_triggers".into(), triggers);
+            o.insert("resize_starts".into(), starts);
+            o.insert(
+                "client_bits_per_key_after_resize_max".into(),
+                after_resize_max.into(),
+            );
+            o.insert(
+                "client_bits_per_key_after_resize_last".into(),
+                after_resize_last.into(),
+            );
+        }
+        Ok(v)
     }
 
     fn client_cache_bytes(&self) -> u64 {

@@ -1,10 +1,13 @@
 //! Index rebuilds on the memory node's worker (paper §4.4, Fig. 7–8).
 //!
 //! Two kinds, one protocol:
-//! - **split** (extendible hashing): a table over its thresholds keeps its
-//!   locator and the keys whose directory bit stays 0; the others move to a
-//!   new table with a freshly built Othello and seeds; the directory doubles
-//!   when the table's local depth reaches the global depth;
+//! - **resize** (extendible hashing): the keys of a table over its
+//!   thresholds are rebuilt (fresh Othello and seeds) into new tables sized
+//!   for them at the growth load factor: two (a split: the keys whose next
+//!   directory bit is 1 go to the second; the directory doubles when the
+//!   table's local depth reaches the global depth) if the table holds more
+//!   than `table_keys` keys, else one (the table grows in place); the old
+//!   table is retired;
 //! - **full build**: every key of the shard (including bulk-loaded and
 //!   recovered ones) into freshly built tables (bulk loads, takeovers).
 //!
@@ -37,7 +40,18 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Job {
     Full,
-    Split(u32),
+    Resize(u32, Start),
+}
+
+/// What let a resize start (paper Fig. 8 ②).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Every registered compute node had seen PRE_RESIZE.
+    AllTold,
+    /// The PRE_RESIZE wait (`pre_resize_timeout_ms`) ran out.
+    Timeout,
+    /// The overflow cache reached s_stop.
+    StopFill,
 }
 
 /// Runs rebuilds until none is due; the shard's `job_active` flag is held.
@@ -74,15 +88,21 @@ fn next_job(shard: &ShardServer) -> Option<Job> {
     }
     let tables = shard.live_tables();
     // Tables stopped at s_stop first, then those in PRE_RESIZE.
-    tables
+    if let Some(t) = tables
         .iter()
         .find(|t| t.state.load(Ordering::Acquire) == state::REBUILDING)
-        .or_else(|| {
-            tables
-                .iter()
-                .find(|t| t.state.load(Ordering::Acquire) == state::PRE_RESIZE)
-        })
-        .map(|t| Job::Split(t.id))
+    {
+        return Some(Job::Resize(t.id, Start::StopFill));
+    }
+    let start = if shard.all_told() {
+        Start::AllTold
+    } else {
+        Start::Timeout
+    };
+    tables
+        .iter()
+        .find(|t| t.state.load(Ordering::Acquire) == state::PRE_RESIZE)
+        .map(|t| Job::Resize(t.id, start))
 }
 
 /// Creates a table (regions, seeds, locator) for `build`.
@@ -176,6 +196,8 @@ struct Snap {
     bucket: u32,
     /// `None`: in the overflow cache.
     slot: Option<u8>,
+    /// The block address the slot held at snapshot time (0 for overflow).
+    addr: u64,
 }
 
 /// Every key of `t` and where it is, bucket by bucket under the locks
@@ -191,6 +213,7 @@ fn snapshot(shard: &ShardServer, t: &Table, out: &mut Vec<Snap>) -> Result<(), S
                     table: t.id,
                     bucket: b,
                     slot: Some(s as u8),
+                    addr: w.addr(),
                 });
             }
         }
@@ -200,6 +223,7 @@ fn snapshot(shard: &ShardServer, t: &Table, out: &mut Vec<Snap>) -> Result<(), S
                 table: t.id,
                 bucket: b,
                 slot: None,
+                addr: 0,
             });
         }
     }
@@ -217,7 +241,10 @@ fn take_entry(
     let e = match s.slot {
         Some(slot) => {
             let w = t.slot(s.bucket, slot as usize);
-            if w.is_empty() || shard.heap.key_at(w.addr())? != s.key {
+            // An unchanged address is the same block, so the same key
+            // (blocks are immutable while referenced); an UPDATE during
+            // the rebuild moved it to a new block, whose key is read.
+            if w.is_empty() || w.addr() != s.addr && shard.heap.key_at(w.addr())? != s.key {
                 return Err(ServiceError::failed(format!(
                     "outback: key {:#x} moved during a rebuild (bug)",
                     s.key
@@ -275,10 +302,19 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
     let started = Instant::now();
     let old: Vec<Arc<Table>> = match job {
         Job::Full => shard.live_tables(),
-        Job::Split(id) => shard.table(id).into_iter().collect(),
+        Job::Resize(id, _) => shard.table(id).into_iter().collect(),
     };
     if old.is_empty() && job != Job::Full {
         return Ok(());
+    }
+    if let Job::Resize(_, start) = job {
+        let st = &shard.stats;
+        match start {
+            Start::AllTold => &st.start_all_told,
+            Start::Timeout => &st.start_timeout,
+            Start::StopFill => &st.start_stop_fill,
+        }
+        .fetch_add(1, Ordering::Relaxed);
     }
     let build_target = shard.build_requested.load(Ordering::Acquire);
     // Freeze: from here inserts and deletes to these tables are buffered.
@@ -286,7 +322,7 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
     shard.rebuilding.store(
         match job {
             Job::Full => crate::server::shard::REBUILD_FULL,
-            Job::Split(_) => crate::server::shard::REBUILD_SPLIT,
+            Job::Resize(..) => crate::server::shard::REBUILD_SPLIT,
         },
         Ordering::Release,
     );
@@ -295,7 +331,7 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
     }
     let result = match job {
         Job::Full => full(shard, &old, build_target, started),
-        Job::Split(_) => split(shard, &old[0], started),
+        Job::Resize(..) => resize(shard, &old[0], started),
     };
     if let Err(e) = result {
         // Failed before the switch (regions, depth): the tables serve on
@@ -354,6 +390,10 @@ fn finish(
     }
     shard.applied.fetch_add(1, Ordering::AcqRel);
     shard.publish_progress();
+    if matches!(job, Job::Resize(..)) && published {
+        let (bytes, keys) = shard.index_size();
+        shard.stats.after_resize.lock().record(bytes, keys);
+    }
     let held = started.elapsed().as_nanos() as u64;
     let st = &shard.stats;
     if job == Job::Full {
@@ -393,71 +433,126 @@ pub(crate) fn apply_routed(
     r
 }
 
-/// Split (extendible hashing): the keys of `t` whose next directory bit is
-/// 1 move to a new table of the same size.
-fn split(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<(), ServiceError> {
+/// Resize (extendible hashing, §4.4): every key of `t` goes into new
+/// tables built for them at the growth load factor (fresh Othello and
+/// seeds), so that compute nodes cache no more than a load factor's worth
+/// per key; `t` is retired. A table of more than `table_keys` keys splits
+/// in two on its next directory bit; a smaller one is rebuilt alone,
+/// larger (its keys at the growth load factor).
+///
+/// Keeping the old table for the keys that stay (as an earlier version
+/// did) left both halves of a split at half the old load factor: inserts
+/// after a build have one bucket choice (the Othello's arbitrary bit), so
+/// a table overflows at about half load and its split halves start at a
+/// quarter; compute nodes then cached 6.3–7.1 bits per key instead of the
+/// paper's ~5.
+fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<(), ServiceError> {
+    let cfg = &shard.ctx.cfg;
     let d = t.local_depth.load(Ordering::Acquire);
-    if d >= shard.ctx.cfg.max_global_depth {
-        return Err(ServiceError::exhausted(
-            "outback: the table is at the maximum depth",
-        ));
-    }
     let mut snaps = Vec::new();
     snapshot(shard, t, &mut snaps)?;
-    let moving: Vec<Snap> = snaps
-        .into_iter()
-        .filter(|s| dir(s.key) >> d & 1 == 1)
-        .collect();
-    let keys: Vec<u64> = moving.iter().map(|s| s.key).collect();
-    let (nt, build) = new_table(shard, &keys, t.buckets, d + 1)?;
-
-    // Switch.
-    t.epoch.fetch_add(1, Ordering::AcqRel);
-    let mut by_bucket: HashMap<u32, Vec<usize>> = HashMap::new();
-    for (i, s) in moving.iter().enumerate() {
-        by_bucket.entry(s.bucket).or_default().push(i);
+    let split = snaps.len() as u64 > cfg.table_keys && d < cfg.max_global_depth;
+    let side = |k: u64| if split { (dir(k) >> d & 1) as usize } else { 0 };
+    let mut parts: Vec<Vec<usize>> = vec![Vec::new(); if split { 2 } else { 1 }];
+    for (i, s) in snaps.iter().enumerate() {
+        parts[side(s.key)].push(i);
     }
-    let mut entries = vec![(0u64, SlotWord::default()); moving.len()];
+    let depth = if split { d + 1 } else { d };
+    let load = growth_load(shard, t, &parts, split);
+    let mut built = Vec::with_capacity(parts.len());
+    for idx in &parts {
+        let keys: Vec<u64> = idx.iter().map(|&i| snaps[i].key).collect();
+        let buckets = cfg.buckets_at(keys.len(), load).max(cfg.initial_buckets);
+        built.push(new_table(shard, &keys, buckets, depth)?);
+    }
+
+    // Switch: the epoch bump, then every bucket passed under its lock (a
+    // barrier for writers that checked the old epoch) while the current
+    // entries are read.
+    t.epoch.fetch_add(1, Ordering::AcqRel);
+    // `snapshot` lists keys bucket by bucket, in bucket order.
+    let mut current = vec![SlotWord::default(); snaps.len()];
+    let mut i = 0;
     for b in 0..t.buckets {
         let g = t.lock(b);
-        if let Some(items) = by_bucket.get(&b) {
-            for &i in items {
-                entries[i] = (moving[i].key, take_entry(shard, t, &moving[i], true)?);
-            }
-            let o = t.overflow.lock();
-            t.refresh_cache_bits(b, g.seed(), o.keys_of(b));
+        while i < snaps.len() && snaps[i].bucket == b {
+            current[i] = take_entry(shard, t, &snaps[i], false)?;
+            i += 1;
         }
         drop(g);
     }
-    fill(&nt, &build, &entries);
-    shard.install(nt.clone());
+    debug_assert_eq!(i, snaps.len());
+    for ((nt, build), idx) in built.iter().zip(&parts) {
+        let entries: Vec<(u64, SlotWord)> =
+            idx.iter().map(|&i| (snaps[i].key, current[i])).collect();
+        fill(nt, build, &entries);
+        shard.install(nt.clone());
+    }
     {
         let mut dirs = shard.dir.lock();
-        if d == dirs.global_depth {
+        if split && d == dirs.global_depth {
             let copy = dirs.entries.clone();
             dirs.entries.extend(copy);
             dirs.global_depth += 1;
         }
         for (i, e) in dirs.entries.iter_mut().enumerate() {
-            if *e == t.id && (i >> d) & 1 == 1 {
-                *e = nt.id;
+            if *e == t.id {
+                *e = built[if split { (i >> d) & 1 } else { 0 }].0.id;
             }
         }
     }
-    t.local_depth.store(d + 1, Ordering::Release);
-    // Overflow keys that stay may now fit the slots the movers freed.
-    let waiting = t.overflow.lock().buckets();
-    for b in waiting {
-        let mut g = t.lock(b);
-        shard.promote(t, b, &mut g)?;
+    shard.retire(t.id);
+    let ops = drain(std::slice::from_ref(t), true);
+    if split {
+        shard.stats.splits.fetch_add(1, Ordering::Relaxed);
+    } else {
+        shard.stats.grows.fetch_add(1, Ordering::Relaxed);
     }
-    t.state.store(state::NORMAL, Ordering::Release);
-    *t.pre_resize_since.lock() = None;
-    let ops = drain(std::slice::from_ref(t), false);
-    shard.stats.splits.fetch_add(1, Ordering::Relaxed);
     shard.publish()?;
-    finish(shard, ops, Job::Split(t.id), 0, started, true);
+    finish(
+        shard,
+        ops,
+        Job::Resize(t.id, Start::AllTold),
+        0,
+        started,
+        true,
+    );
+    shard.ctx.withdraw(&table_prefix(shard.id, t.id));
     Ok(())
+}
+
+/// The load factor a resize of `t` builds its table(s) at: the lowest in
+/// [`growth_load_factor`, `load_factor`] that keeps what a compute node
+/// caches for the shard (Othello arrays, a seed byte per bucket, the
+/// directory) within `growth_bits_per_key` of its keys. Tables elsewhere
+/// in the shard that filled up since their own resize leave room, which
+/// this one takes: the more room a table gets, the more inserts it absorbs
+/// (each with one bucket choice) before its overflow cache starts the next
+/// resize.
+fn growth_load(shard: &ShardServer, t: &Table, parts: &[Vec<usize>], split: bool) -> f64 {
+    let cfg = &shard.ctx.cfg;
+    let mut others = 0u64;
+    let mut keys = 0u64;
+    for o in shard.live_tables() {
+        keys += o.keys();
+        if o.id != t.id {
+            others += o.othello.bytes() + o.buckets as u64;
+        }
+    }
+    let dir_entries = shard.dir.lock().entries.len() as u64;
+    let dir_bytes = dir_entries * if split && dir_entries > 0 { 8 } else { 4 };
+    let othello: u64 = parts
+        .iter()
+        .map(|p| crate::othello::Othello::expected_bytes(p.len()))
+        .sum();
+    let n: usize = parts.iter().map(Vec::len).sum();
+    let budget = (cfg.growth_bits_per_key * keys as f64 / 8.0) as i64
+        - (others + dir_bytes + othello) as i64;
+    if n == 0 || budget <= 0 {
+        return cfg.load_factor;
+    }
+    // One seed byte per bucket, four slots per bucket.
+    (n as f64 / (4.0 * budget as f64)).clamp(cfg.growth_load_factor, cfg.load_factor)
 }
 
 /// Full build: every key of the shard, plus bulk-loaded ones, into new

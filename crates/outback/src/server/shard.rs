@@ -897,10 +897,7 @@ impl ShardServer {
     /// node has seen PRE_RESIZE, or the wait timed out, or a table is
     /// already stopped at s_stop.
     pub(crate) fn split_ready(&self) -> bool {
-        let all_told = {
-            let c = self.computes.lock();
-            c.registered.iter().all(|id| c.acks.contains(id))
-        };
+        let all_told = self.all_told();
         let timeout = Duration::from_millis(self.ctx.cfg.pre_resize_timeout_ms);
         self.live_tables()
             .iter()
@@ -916,6 +913,25 @@ impl ShardServer {
             })
     }
 
+    /// Every registered compute node has seen PRE_RESIZE.
+    pub(crate) fn all_told(&self) -> bool {
+        let c = self.computes.lock();
+        c.registered.iter().all(|id| c.acks.contains(id))
+    }
+
+    /// What a compute node caches for this shard now (Othello arrays, a
+    /// seed byte per bucket, the directory: `ShardView::bytes`), and the
+    /// keys the shard holds.
+    pub(crate) fn index_size(&self) -> (u64, u64) {
+        let tables = self.live_tables();
+        let bytes = tables
+            .iter()
+            .map(|t| t.othello.bytes() + t.buckets as u64)
+            .sum::<u64>()
+            + self.dir.lock().entries.len() as u64 * 4;
+        (bytes, tables.iter().map(|t| t.keys()).sum())
+    }
+
     /// After an insert: s_slow starts PRE_RESIZE, s_stop stops inserts
     /// (paper §4.4).
     pub(crate) fn check_thresholds(self: &Arc<Self>, table: &Table) {
@@ -929,6 +945,7 @@ impl ShardServer {
         if over >= cfg.stop_fill * cap {
             let prev = table.state.swap(state::REBUILDING, Ordering::AcqRel);
             if prev != state::REBUILDING {
+                self.stats.trigger_stop_fill.fetch_add(1, Ordering::Relaxed);
                 self.resize_pending.store(true, Ordering::Release);
                 self.kick();
             }
@@ -943,6 +960,12 @@ impl ShardServer {
                 )
                 .is_ok()
         {
+            if over >= cfg.slow_fill * cap {
+                &self.stats.trigger_slow_fill
+            } else {
+                &self.stats.trigger_slow_load
+            }
+            .fetch_add(1, Ordering::Relaxed);
             *table.pre_resize_since.lock() = Some(Instant::now());
             if !self.resize_pending.swap(true, Ordering::AcqRel) {
                 self.computes.lock().acks.clear();
@@ -1055,6 +1078,14 @@ impl ShardServer {
             .sum();
         let s = &self.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let a = *s.after_resize.lock();
+        let after_resize = serde_json::json!({
+            "resizes": a.resizes,
+            "max_bytes": a.max_bytes,
+            "max_keys": a.max_keys,
+            "last_bytes": a.last_bytes,
+            "last_keys": a.last_keys,
+        });
         serde_json::json!({
             "shard": self.id,
             "tables": tables.len(),
@@ -1075,6 +1106,14 @@ impl ShardServer {
             "promotions": l(&s.promotions),
             "buffered_writes": l(&s.buffered),
             "splits": l(&s.splits),
+            "grows": l(&s.grows),
+            "trigger_slow_fill": l(&s.trigger_slow_fill),
+            "trigger_slow_load": l(&s.trigger_slow_load),
+            "trigger_stop_fill": l(&s.trigger_stop_fill),
+            "start_all_told": l(&s.start_all_told),
+            "start_timeout": l(&s.start_timeout),
+            "start_stop_fill": l(&s.start_stop_fill),
+            "after_resize": after_resize,
             "full_builds": l(&s.full_builds),
             "fallback_keys": l(&s.fallback_keys),
             "split_ns": l(&s.split_ns),

@@ -312,6 +312,35 @@ impl Table {
     }
 }
 
+/// The compute-heavy half of a shard (what a compute node caches for it:
+/// Othello arrays, one seed byte per bucket, the directory) measured when
+/// a resize completes, against the keys the shard then holds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AfterResize {
+    pub resizes: u64,
+    /// The largest bytes-per-key ratio seen, with its bytes and keys.
+    pub max_bytes: u64,
+    pub max_keys: u64,
+    pub last_bytes: u64,
+    pub last_keys: u64,
+}
+
+impl AfterResize {
+    pub fn record(&mut self, bytes: u64, keys: u64) {
+        self.resizes += 1;
+        self.last_bytes = bytes;
+        self.last_keys = keys;
+        // bytes/keys > max_bytes/max_keys, without division.
+        if self.max_keys == 0
+            || keys > 0
+                && bytes as u128 * self.max_keys as u128 > self.max_bytes as u128 * keys as u128
+        {
+            self.max_bytes = bytes;
+            self.max_keys = keys;
+        }
+    }
+}
+
 /// Counts kept per shard (all relaxed; they are statistics).
 #[derive(Default)]
 pub struct ShardStats {
@@ -321,7 +350,22 @@ pub struct ShardStats {
     pub overflow_inserts: AtomicU64,
     pub promotions: AtomicU64,
     pub buffered: AtomicU64,
+    /// Resizes that split a table in two (extendible hashing) and resizes
+    /// that rebuilt a table alone, larger (it held at most `table_keys`).
     pub splits: AtomicU64,
+    pub grows: AtomicU64,
+    /// Why tables entered PRE_RESIZE (s_slow: overflow fill, or load) and
+    /// how often a table reached s_stop (overflow fill that stops inserts).
+    pub trigger_slow_fill: AtomicU64,
+    pub trigger_slow_load: AtomicU64,
+    pub trigger_stop_fill: AtomicU64,
+    /// What let each resize start: every compute node had seen PRE_RESIZE,
+    /// the PRE_RESIZE wait timed out, or the table was stopped at s_stop.
+    pub start_all_told: AtomicU64,
+    pub start_timeout: AtomicU64,
+    pub start_stop_fill: AtomicU64,
+    /// Compute-node index size of this shard after each completed resize.
+    pub after_resize: parking_lot::Mutex<AfterResize>,
     pub full_builds: AtomicU64,
     pub fallback_keys: AtomicU64,
     /// Sum and max over splits (resizes) of the time from REBUILDING until

@@ -21,6 +21,8 @@ fn node() -> (LocalCluster, Arc<NodeRuntime>, Arc<NodeServer>) {
     let rt = NodeRuntime::new(c.add_node(1));
     let mut knobs = Knobs::new();
     knobs.set("initial_buckets", "4");
+    // More than four keys split on a resize (fewer grow the table alone).
+    knobs.set("table_keys", "4");
     knobs.set("countdown_timeout_ms", "10");
     knobs.set("heap_mb", "4");
     let args = ServeArgs {
@@ -159,6 +161,7 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     assert_eq!(head(&pending).0.status, Status::Recovering);
     // Run the rebuild (a split) and wait for it.
     let old_epoch = t0.epoch.load(Ordering::Acquire);
+    let old_target = target(&s, 0, 1).0;
     assert_eq!(shard.stats.splits.load(Ordering::Relaxed), 0);
     shard.job_active.store(false, Ordering::Release);
     shard.kick();
@@ -168,7 +171,12 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(shard.stats.splits.load(Ordering::Relaxed), 1);
+    assert_eq!(shard.stats.start_stop_fill.load(Ordering::Relaxed), 1);
+    // Both halves are new tables sized for their keys; table 0 is retired.
     assert_eq!(shard.live_tables().len(), 2);
+    assert!(shard.table(0).is_none());
+    let after = *shard.stats.after_resize.lock();
+    assert_eq!((after.resizes, after.last_keys), (1, 6));
     for (tk, want) in [(ticket, Status::Ok), (del_ticket, Status::Ok)] {
         let mut w = WireWriter::new();
         w.u8(op::RESULT).u16(0).u64(tk);
@@ -180,10 +188,10 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     for k in [1u64, 4, 5, 6] {
         assert_eq!(get(&s, k), Some(b"old".to_vec()), "key {k}");
     }
-    // A request naming the old epoch of the split table is told STALE.
+    // A request naming the split table (retired) is told STALE.
     let stale = Target {
         epoch: old_epoch,
-        ..target(&s, 0, 1).0
+        ..old_target
     };
     let r = s
         .handle(&DataReq::Get { t: stale, slot: 0 }.encode())
