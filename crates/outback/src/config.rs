@@ -81,7 +81,7 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "replicas",
         default: "2",
-        help: "shards that mirror each shard's KV data (at most memnodes - 1)",
+        help: "shards that mirror each shard's KV data (0: none; more than memnodes - 1 acts as memnodes - 1)",
     },
     KnobSpec {
         name: "max_global_depth",
@@ -166,6 +166,26 @@ impl Config {
         if c.max_global_depth > 16 {
             return bad("max_global_depth must be at most 16");
         }
+        if !(1..=60_000).contains(&c.pre_resize_timeout_ms) {
+            return bad("pre_resize_timeout_ms must be in [1, 60000]");
+        }
+        if !(1..=60_000).contains(&c.countdown_poll_ms) {
+            return bad("countdown_poll_ms must be in [1, 60000]");
+        }
+        if !(c.countdown_poll_ms..=3_600_000).contains(&c.countdown_timeout_ms) {
+            return bad("countdown_timeout_ms must be in [countdown_poll_ms, 3600000]");
+        }
+        if !(1..=1_000_000).contains(&c.poll_us) {
+            return bad("poll_us must be in [1, 1000000]");
+        }
+        if c.heap_mb > 1 << 20 {
+            return bad("heap_mb must be at most 2^20 (1 TiB; 0: sized from the expected keys)");
+        }
+        if c.replicas > 64 {
+            return bad(
+                "replicas must be at most 64 (more than memnodes - 1 acts as memnodes - 1)",
+            );
+        }
         Ok(c)
     }
 
@@ -220,5 +240,18 @@ mod tests {
         let mut k = Knobs::new();
         k.set("table_keys", "0");
         assert!(Config::from_knobs(&k).is_err());
+        for (knob, bad) in [
+            ("pre_resize_timeout_ms", "0"),
+            ("countdown_poll_ms", "0"),
+            ("countdown_timeout_ms", "1"),
+            ("poll_us", "0"),
+            ("heap_mb", "2000000"),
+            ("replicas", "65"),
+        ] {
+            let mut k = Knobs::new();
+            k.set(knob, bad);
+            let e = Config::from_knobs(&k).unwrap_err().to_string();
+            assert!(e.contains(knob), "{knob}={bad}: {e}");
+        }
     }
 }
