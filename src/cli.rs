@@ -61,6 +61,9 @@ pub struct DstArgs {
     pub keys: u64,
     #[arg(long, value_name = "N", default_value_t = 1200)]
     pub ops: u64,
+    /// Nodes of a symmetric design (ScaleStore).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub nodes: usize,
     /// Seeded random extra delay of up to this per message.
     #[arg(long, value_name = "NS", default_value_t = 400)]
     pub jitter_ns: u64,
@@ -357,6 +360,7 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
     let params = crate::dst::DstParams {
         keys: a.keys,
         ops: a.ops,
+        nodes: a.nodes,
         jitter_ns: a.jitter_ns,
         profile: a.profile,
         ..Default::default()

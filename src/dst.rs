@@ -17,8 +17,12 @@ use std::sync::Arc;
 
 /// The designs `dmkv dst` tests by default: the default comparison set,
 /// every design that runs on the simulated cluster.
-pub fn engines() -> &'static [&'static str] {
-    crate::engines::REGISTRY.default_set
+/// ScaleStore runs here on request (`--engine scalestore`, on
+/// `DstParams::nodes` nodes) but is not in the default set yet: its seed 6
+/// fails the insert race and a sweep of 300 seeds did not finish (see
+/// docs/simulation.md).
+pub fn engines() -> Vec<&'static str> {
+    crate::engines::REGISTRY.default_set.to_vec()
 }
 
 /// The shape of one simulated run.
@@ -27,6 +31,8 @@ pub struct DstParams {
     pub keys: u64,
     pub ops: u64,
     pub compute_nodes: usize,
+    /// Nodes of a symmetric design (ScaleStore's `--nodes`).
+    pub nodes: usize,
     pub threads: usize,
     pub tasks: usize,
     pub jitter_ns: u64,
@@ -39,6 +45,7 @@ impl Default for DstParams {
             keys: 256,
             ops: 1200,
             compute_nodes: 2,
+            nodes: 3,
             threads: 2,
             tasks: 4,
             jitter_ns: 400,
@@ -96,6 +103,7 @@ pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Optio
     cfg.threads = p.threads;
     cfg.tasks = p.tasks;
     cfg.compute_nodes = p.compute_nodes;
+    cfg.nodes = p.nodes;
     cfg.verify = true;
     cfg.seed = seed;
     cfg.load_chunk = 64;
@@ -111,7 +119,7 @@ pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Optio
         },
     });
     let replay = format!(
-        "dmkv bench --transport sim --profile {} --engine {} --workload mixed:{},{},{},{},{},{} --dist zipfian --keys {} --ops {} --compute-nodes {} --threads {} --tasks {} --jitter-ns {} --seed {seed} --verify",
+        "dmkv bench --transport sim --profile {} --engine {} --workload mixed:{},{},{},{},{},{} --dist zipfian --keys {} --ops {} --compute-nodes {} --nodes {} --threads {} --tasks {} --jitter-ns {} --seed {seed} --verify",
         p.profile,
         spec.name(),
         m.read,
@@ -123,6 +131,7 @@ pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Optio
         p.keys,
         p.ops,
         p.compute_nodes,
+        p.nodes,
         p.threads,
         p.tasks,
         p.jitter_ns
@@ -215,8 +224,9 @@ pub fn insert_race(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> O
             seed,
             why: format!("insert race: {why}"),
             replay: format!(
-                "dmkv dst --engine {} --first-seed {seed} --seeds 1 --jitter-ns {} --profile {}",
+                "dmkv dst --engine {} --first-seed {seed} --seeds 1 --nodes {} --jitter-ns {} --profile {}",
                 spec.name(),
+                p.nodes,
                 p.jitter_ns,
                 p.profile
             ),
@@ -233,6 +243,7 @@ pub fn insert_race(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> O
     let raced = fresh_keys(&caps, &mut rng, RACED_KEYS, &mut taken);
     let size = 16usize.max(dmkv_api::payload::MIN_LEN);
     let opts = dmkv_api::deploy::DeployOptions {
+        nodes: p.nodes,
         expected_keys: (base.len() + raced.len()) as u64,
         value_size: size as u32,
         threads: RACERS / 2,
