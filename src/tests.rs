@@ -526,3 +526,47 @@ fn a_dst_seed_replays_exactly() {
     assert_eq!(run(), run());
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn outback_fails_over_a_crashed_memory_node_in_the_simulation() {
+    // Memory node 1 of 3 crashes half way through a write-heavy run in
+    // virtual time: clients see no error and every key reads back. With
+    // seed 2 this deadlocked the simulator while a handler's wait for its
+    // mirror writes was a nested frame that ran the takeover job on top of
+    // it (now a wait on the network alone, `block_on_network`).
+    for seed in ["1", "2"] {
+        let out = dmkv(&[
+            "bench",
+            "--transport",
+            "sim",
+            "--engine",
+            "outback",
+            "--workload",
+            "ycsb-a",
+            "--keys",
+            "20000",
+            "--ops",
+            "20000",
+            "--memnodes",
+            "3",
+            "--crash-memnode",
+            "1@0.5",
+            "--seed",
+            seed,
+            "--verify",
+        ]);
+        assert_eq!(out.code, 0, "seed {seed}: {}", out.err);
+        assert!(
+            out.out
+                .contains("verify                         ok (20000 keys)"),
+            "{}",
+            out.out
+        );
+        let errors_after = out
+            .out
+            .lines()
+            .find(|l| l.starts_with("crash: ops / errors after"))
+            .unwrap_or_else(|| panic!("no crash line: {}", out.out));
+        assert!(errors_after.trim_end().ends_with("/ 0"), "{errors_after}");
+    }
+}

@@ -12,7 +12,7 @@
 
 use crate::layout::{HeapLayout, seq_offset};
 use crate::server::ctx::NodeCtx;
-use dmkv_transport::exec::block_on;
+use dmkv_transport::exec::block_on_network;
 use dmkv_transport::{NodeId, RemoteRegion, ServiceError, TransportError};
 use parking_lot::RwLock;
 use std::sync::Arc;
@@ -83,8 +83,11 @@ impl ReplicaSet {
         if mirrors.is_empty() || ops.is_empty() {
             return Ok(());
         }
+        // One-sided writes only: the network alone ends this wait (under the
+        // simulated cluster no job starts on top of this handler meanwhile,
+        // such as a takeover that needs this node's handler core).
         let results = ctx.with_endpoint(|ep| {
-            block_on(futures::future::join_all(mirrors.iter().map(|m| {
+            block_on_network(futures::future::join_all(mirrors.iter().map(|m| {
                 let mut b = ep.batch();
                 for op in ops {
                     match op {
