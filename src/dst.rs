@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// every design that runs on the simulated cluster.
 /// ScaleStore runs here on request (`--engine scalestore`, on
 /// `DstParams::nodes` nodes) but is not in the default set yet: its seed 6
-/// fails the insert race and a sweep of 300 seeds did not finish (see
+/// fails the insert race, and its seeds cost several seconds each (see
 /// docs/simulation.md).
 pub fn engines() -> Vec<&'static str> {
     crate::engines::REGISTRY.default_set.to_vec()
