@@ -297,14 +297,13 @@ impl Sched {
         self.run_frame(tasks, false)
     }
 
-    /// [`Sched::run_tasks`] for a wait that only the network, the cores'
-    /// queues and timers can end (a handler's own one-sided verb, an SSD
-    /// I/O): events run, but no task of this or any other frame and no
-    /// background task is polled until it is over. Code on a simulated core
-    /// that holds a lock across such a wait then cannot meet a task that
-    /// wants the same lock on this one OS thread, which would never return.
-    /// The frame is not registered, so frames nested inside it (handlers of
-    /// events that wait the same way) do not poll it either.
+    /// [`Sched::run_tasks`] for a wait that only the network and timers can
+    /// end (a handler's own one-sided verbs): events run, but no task of
+    /// this or any other frame and no background task is polled, and no job
+    /// starts on a simulated core (`hold_job`), until it is over. Code that
+    /// holds a lock across such a wait then cannot meet code that wants the
+    /// same lock on this one OS thread, which would never return. The frame
+    /// is not registered: nothing else ever polls it.
     pub(crate) fn run_alone<'a, T>(&self, task: LocalTask<'a, T>) -> T {
         self.alone.set(self.alone.get() + 1);
         let out = self.run_frame(vec![task], true).pop().expect("one task");
