@@ -244,16 +244,6 @@ impl SimCores {
     }
 }
 
-/// Waits for one I/O of `node`'s SSD (ScaleStore's page reads and writes)
-/// in a simulation: the device serves `kiops` thousand operations per
-/// second, each taking the profile's read or write latency. Outside a
-/// simulation it completes at once (the real I/O is the caller's).
-pub async fn ssd_io(node: NodeId, write: bool) {
-    let Some(sim) = current() else { return };
-    let done = net::ssd_io(&sim, node, write);
-    sleep_until_ns(done).await
-}
-
 /// Submits `count` I/Os together to `node`'s SSD; the virtual instant the
 /// last completes, or None outside a simulation.
 fn ssd_batch_done(node: NodeId, write: bool, count: usize) -> Option<u64> {
@@ -263,8 +253,11 @@ fn ssd_batch_done(node: NodeId, write: bool, count: usize) -> Option<u64> {
         .max()
 }
 
-/// Waits for `count` I/Os submitted together to `node`'s SSD: returns when
-/// the last completes, in virtual time under `sim`; at once elsewhere. For
+/// Waits for `count` I/Os submitted together to `node`'s SSD (ScaleStore's
+/// page reads and writes): the device serves `kiops` thousand operations
+/// per second, each taking the profile's read or write latency; returns
+/// when the last completes, in virtual time under `sim`; at once elsewhere
+/// (the real I/O is the caller's). For
 /// background activities (ScaleStore's page provider) that must not hold a
 /// nested frame of the scheduler while they wait.
 pub async fn ssd_io_batch(node: NodeId, write: bool, count: usize) {
