@@ -5,6 +5,7 @@
 //! in `default_set` once it belongs in the default comparison.
 
 use dmkv_api::EngineSpec;
+use dmkv_testkit::floor::BTreeFloor;
 use dmkv_testkit::reference::Reference;
 
 /// Engines by name, and the default comparison set.
@@ -17,7 +18,8 @@ pub struct Registry {
 
 /// The registry of this build. `reference` (a BTreeMap behind one RPC, for
 /// testing the harness) can be chosen with `--engine reference` but is not
-/// one of the designs compared by default.
+/// one of the designs compared by default; nor is `btree-floor` (a BTreeMap in
+/// the compute process, the floor the designs are quoted against).
 pub const REGISTRY: Registry = Registry {
     engines: &[
         &dmkv_xstore::SPEC,
@@ -31,6 +33,7 @@ pub const REGISTRY: Registry = Registry {
         dmkv_scalestore::SPEC,
         &dmkv_scalestore::BTREE_LOCAL,
         &Reference,
+        &BTreeFloor,
     ],
     default_set: &[
         "xstore",

@@ -13,6 +13,14 @@ mod ucx;
 
 use std::io::{IsTerminal, Write};
 
+/// mimalloc instead of glibc's malloc: every engine's data path allocates
+/// (values returned by `get`, read buffers, engine futures), and glibc spends
+/// ~150-400 instructions per malloc/free pair there, more for buffers above
+/// its thread cache's 1 KiB (leaves, buckets); mimalloc's thread-local free
+/// lists cost a few dozen (docs/performance.md has the counts).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let stdin = std::io::stdin();
     let stdin_is_terminal = stdin.is_terminal();

@@ -1,6 +1,7 @@
 use crate::error::{KvError, Result};
 use crate::store::{Capabilities, Key, KvStore};
-use async_trait::async_trait;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 
 /// Validates input before it reaches an engine: reserved keys, oversized
@@ -44,42 +45,87 @@ impl Checked {
     }
 }
 
-#[async_trait(?Send)]
+/// The future every `KvStore` method returns (the shape `async_trait`
+/// gives the trait's methods).
+type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + 'a>>;
+
+/// A refusal, as a future (only refused operations allocate it).
+fn refuse<'a, T: 'a>(e: KvError) -> Fut<'a, T> {
+    Box::pin(std::future::ready(Err(e)))
+}
+
+// Written out rather than with `#[async_trait]`: each method checks its input
+// and hands back the engine's own future, so a checked operation allocates
+// one future (the engine's), not a second one wrapping it.
 impl KvStore for Checked {
-    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
-        self.key(key)?;
-        self.inner.get(key).await
+    fn get<'s, 'f>(&'s self, key: Key) -> Fut<'f, Option<Vec<u8>>>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        match self.key(key) {
+            Ok(()) => self.inner.get(key),
+            Err(e) => refuse(e),
+        }
     }
-    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
-        self.key(key)?;
-        self.value(value)?;
-        self.inner.insert(key, value).await
+    fn insert<'s, 'v, 'f>(&'s self, key: Key, value: &'v [u8]) -> Fut<'f, bool>
+    where
+        's: 'f,
+        'v: 'f,
+        Self: 'f,
+    {
+        match self.key(key).and_then(|()| self.value(value)) {
+            Ok(()) => self.inner.insert(key, value),
+            Err(e) => refuse(e),
+        }
     }
-    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
-        self.key(key)?;
-        self.value(value)?;
-        self.inner.update(key, value).await
+    fn update<'s, 'v, 'f>(&'s self, key: Key, value: &'v [u8]) -> Fut<'f, bool>
+    where
+        's: 'f,
+        'v: 'f,
+        Self: 'f,
+    {
+        match self.key(key).and_then(|()| self.value(value)) {
+            Ok(()) => self.inner.update(key, value),
+            Err(e) => refuse(e),
+        }
     }
-    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
-        self.key(key)?;
-        self.value(value)?;
-        self.inner.upsert(key, value).await
+    fn upsert<'s, 'v, 'f>(&'s self, key: Key, value: &'v [u8]) -> Fut<'f, bool>
+    where
+        's: 'f,
+        'v: 'f,
+        Self: 'f,
+    {
+        match self.key(key).and_then(|()| self.value(value)) {
+            Ok(()) => self.inner.upsert(key, value),
+            Err(e) => refuse(e),
+        }
     }
-    async fn delete(&self, key: Key) -> Result<bool> {
-        self.key(key)?;
-        self.inner.delete(key).await
+    fn delete<'s, 'f>(&'s self, key: Key) -> Fut<'f, bool>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        match self.key(key) {
+            Ok(()) => self.inner.delete(key),
+            Err(e) => refuse(e),
+        }
     }
-    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+    fn scan<'s, 'f>(&'s self, start: Key, n: usize) -> Fut<'f, Vec<(Key, Vec<u8>)>>
+    where
+        's: 'f,
+        Self: 'f,
+    {
         if !self.caps.scan {
-            return Err(KvError::Unsupported {
+            return refuse(KvError::Unsupported {
                 engine: self.engine,
                 what: "ordered scans",
             });
         }
         if n == 0 {
-            return Ok(Vec::new());
+            return Box::pin(std::future::ready(Ok(Vec::new())));
         }
         // A reserved start key is fine: scans return stored keys only.
-        self.inner.scan(start, n).await
+        self.inner.scan(start, n)
     }
 }

@@ -13,10 +13,13 @@
 //! - [`bad_input`]: reserved keys, oversized values, scans where unsupported.
 //! - [`reference`]: a trivially correct engine to test the suites and the
 //!   harness themselves.
+//! - [`floor`]: `btree-floor`, a `BTreeMap` in the compute process with no
+//!   transport, the floor the designs' costs are quoted against.
 
 #![forbid(unsafe_code)]
 
 pub mod bad_input;
+pub mod floor;
 pub mod history;
 pub mod insert_race;
 pub mod oracle;

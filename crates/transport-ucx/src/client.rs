@@ -23,7 +23,7 @@ use dmkv_transport::exec::{self, IdleHookGuard};
 use dmkv_transport::region::RegionAccessError;
 use dmkv_transport::{
     EndpointBackend, NodeId, OpFuture, RemoteAddr, Reply, Result, ServiceId, TransportError, Verb,
-    VerbResult, WireReader, WireWriter,
+    VerbResult, VerbResults, Verbs, WireReader, WireWriter,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -496,7 +496,7 @@ impl EndpointBackend for UcxEndpoint {
         self.state.node
     }
 
-    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
+    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>> {
         // Check everything before anything is posted.
         let mut plan = Vec::with_capacity(verbs.len());
         for v in verbs {
@@ -523,7 +523,7 @@ impl EndpointBackend for UcxEndpoint {
             .fetch_add(1, Relaxed);
         }
         if plan.iter().all(|p| path_of(p) == Path::Direct) {
-            let results: Result<Vec<VerbResult>> = plan
+            let results: Result<VerbResults> = plan
                 .into_iter()
                 .map(|p| {
                     let view = p.target.as_ref().and_then(|t| t.view.as_ref());
@@ -795,7 +795,7 @@ struct SentVerbs {
 
 /// A batch that failed after some verbs were posted: wait for those (their
 /// buffers must outlive them), then report the error.
-async fn finish_err(posted: Vec<Posted>, e: TransportError) -> Result<Vec<VerbResult>> {
+async fn finish_err(posted: Vec<Posted>, e: TransportError) -> Result<VerbResults> {
     drop(posted);
     Err(e)
 }

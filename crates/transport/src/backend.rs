@@ -9,6 +9,7 @@ use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::region::RegionMem;
 use crate::service::{Reply, ServiceTable};
+use smallvec::SmallVec;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -57,6 +58,13 @@ pub enum VerbResult {
     Cas(u64),
     Faa(u64),
 }
+
+/// Verbs of one batch. Most batches hold one to four verbs, which then live
+/// inline: posting a batch allocates nothing for its list.
+pub type Verbs = SmallVec<[Verb; 4]>;
+
+/// Results of one batch, in posting order; inline up to four like [`Verbs`].
+pub type VerbResults = SmallVec<[VerbResult; 4]>;
 
 /// A backend operation that either completed at once (one-sided verbs in the
 /// local backend) or must be awaited. Completing at once costs no allocation.
@@ -113,7 +121,7 @@ pub trait EndpointBackend {
     /// Verbs to the same node execute in posting order; the batch fails as a
     /// whole on the first refused verb (earlier verbs may have executed, as
     /// with a failed RDMA work request list).
-    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>>;
+    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>>;
     /// Called once at the start of every operation a compute thread issues:
     /// the simulated backend charges the thread's core its per-operation CPU
     /// there. Others have nothing to do.

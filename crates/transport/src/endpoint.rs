@@ -1,7 +1,7 @@
 //! [`Endpoint`]: what engines use to reach other nodes, with exact counters.
 
 use crate::addr::{NodeId, RemoteAddr, RemoteRegion, ServiceId};
-use crate::backend::{EndpointBackend, Verb, VerbResult};
+use crate::backend::{EndpointBackend, Verb, VerbResult, VerbResults, Verbs};
 use crate::counters::{CounterTable, Counters, current_kind};
 use crate::error::{Result, TransportError};
 use crate::service::{decode_region, directory};
@@ -101,7 +101,7 @@ impl Endpoint {
     pub fn batch(&self) -> Batch<'_> {
         Batch {
             ep: self,
-            verbs: Vec::new(),
+            verbs: Verbs::new(),
         }
     }
 
@@ -154,7 +154,7 @@ impl Endpoint {
 /// Verbs posted together; see [`Endpoint::batch`].
 pub struct Batch<'a> {
     ep: &'a Endpoint,
-    verbs: Vec<Verb>,
+    verbs: Verbs,
 }
 
 impl Batch<'_> {
@@ -190,7 +190,7 @@ impl Batch<'_> {
     pub async fn run(self) -> Result<BatchResult> {
         if self.verbs.is_empty() {
             return Ok(BatchResult {
-                results: Vec::new(),
+                results: VerbResults::new(),
             });
         }
         self.ep.charge(|c| {
@@ -227,7 +227,7 @@ impl Batch<'_> {
 /// Results of a batch, by the index each verb got when it was added.
 #[derive(Debug)]
 pub struct BatchResult {
-    results: Vec<VerbResult>,
+    results: VerbResults,
 }
 
 impl BatchResult {

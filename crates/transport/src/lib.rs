@@ -53,7 +53,9 @@ pub mod time;
 pub mod wire;
 
 pub use addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
-pub use backend::{EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult};
+pub use backend::{
+    EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
+};
 pub use counters::{CounterTable, Counters, OpKind, labeled};
 pub use cputime::thread_cpu_ns;
 pub use endpoint::{Batch, BatchResult, Endpoint};

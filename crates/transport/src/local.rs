@@ -11,7 +11,9 @@
 //! delayed and dropped messages, and node crashes ([`LocalCluster::crash`]).
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
-use crate::backend::{EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult};
+use crate::backend::{
+    EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
+};
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
@@ -528,7 +530,7 @@ impl EndpointBackend for LocalEndpoint {
         self.node
     }
 
-    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
+    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>> {
         let faults = self.inner.faults();
         if faults.round_trip_latency.is_zero() && !faults.torn_reads {
             // The verbs run now, against the memory, like a NIC would; the
@@ -542,7 +544,7 @@ impl EndpointBackend for LocalEndpoint {
             if !half.is_zero() {
                 sleep(half).await;
             }
-            let mut out = Vec::with_capacity(verbs.len());
+            let mut out = VerbResults::with_capacity(verbs.len());
             for v in verbs {
                 out.push(match v {
                     Verb::Read { addr, len } if faults.torn_reads && len > 8 => {

@@ -161,6 +161,10 @@ enum LeafOutcome {
 /// in a healthy tree.
 const MAX_READ_RETRIES: u32 = 1_000_000;
 
+/// The stack buffer a node is copied into: at least the largest node
+/// (`MAX_SLOTS`; checked by `tests::the_largest_node_fits_a_snapshot`).
+const MAX_NODE_BYTES: usize = 1024;
+
 #[derive(Default)]
 struct Counters {
     leaves: AtomicU64,
@@ -335,7 +339,7 @@ impl XTree {
     /// The value of `key`.
     pub fn get(&self, key: u64) -> Result<Option<Vec<u8>>, XTreeError> {
         let _shared = self.structure.read();
-        let (leaf, _) = self.descend(key);
+        let leaf = self.descend_to_leaf(key);
         for _ in 0..MAX_READ_RETRIES {
             let img = self.read_consistent(leaf)?;
             let Some(j) = img.keys.find(key) else {
@@ -373,7 +377,7 @@ impl XTree {
     /// leaves (as in the paper); each leaf is read consistently.
     pub fn scan(&self, start: u64, n: usize) -> Result<Vec<(u64, Vec<u8>)>, XTreeError> {
         let _shared = self.structure.read();
-        let (mut leaf, _) = self.descend(start);
+        let mut leaf = self.descend_to_leaf(start);
         let mut out = Vec::new();
         while out.len() < n && leaf != NO_NODE {
             let mut settled = false;
@@ -438,7 +442,7 @@ impl XTree {
     /// The leaf that holds (or would hold) `key`, with its incarnation.
     pub fn find_leaf(&self, key: u64) -> Result<LeafRef, XTreeError> {
         let _shared = self.structure.read();
-        let (leaf, _) = self.descend(key);
+        let leaf = self.descend_to_leaf(key);
         let img = self.read_consistent(leaf)?;
         Ok(LeafRef {
             node: leaf,
@@ -451,7 +455,7 @@ impl XTree {
     /// reads; splits wait until the iteration ends.
     pub fn leaves(&self) -> Result<Vec<LeafInfo>, XTreeError> {
         let _shared = self.structure.read();
-        let (mut leaf, _) = self.descend(0);
+        let mut leaf = self.descend_to_leaf(0);
         let mut out = Vec::new();
         while leaf != NO_NODE {
             let img = self.read_consistent(leaf)?;
@@ -739,7 +743,7 @@ impl XTree {
         }
         {
             let _shared = self.structure.read();
-            let (leaf, _) = self.descend(key);
+            let leaf = self.descend_to_leaf(key);
             if let LeafOutcome::Done(b) = self.leaf_apply(leaf, key, op)? {
                 return Ok(b);
             }
@@ -1139,25 +1143,29 @@ impl XTree {
         Ok(node)
     }
 
-    fn snapshot(&self, node: u32) -> Vec<u8> {
-        let nm = self.node_mem(node);
+    /// Runs `f` on a copy of a node's bytes taken into a stack buffer (no
+    /// allocation per node read).
+    fn with_snapshot<R>(&self, node: u32, f: impl FnOnce(&[u8]) -> R) -> R {
+        let mut buf = [0u8; MAX_NODE_BYTES];
+        let img = &mut buf[..self.geo.node_bytes()];
         self.nodes
             .mem
-            .read_vec(nm.base, self.geo.node_bytes())
-            .expect("node numbers are checked against the region")
+            .read(self.node_mem(node).base, img)
+            .expect("node numbers are checked against the region");
+        f(img)
     }
 
     /// A node that cannot change under the caller (locked by it, or an
     /// inner node while `structure` is held), parsed without versions.
     fn read_locked(&self, node: u32) -> Result<NodeView, XTreeError> {
-        NodeView::parse_locked(&self.geo, &self.snapshot(node))
+        self.with_snapshot(node, |img| NodeView::parse_locked(&self.geo, img))
             .map_err(|e| XTreeError::Corrupt(format!("node {node}: {e}")))
     }
 
     /// A consistent image of a node that writers may be changing.
     fn read_consistent(&self, node: u32) -> Result<NodeView, XTreeError> {
         for attempt in 0..MAX_READ_RETRIES {
-            match NodeView::parse(&self.geo, &self.snapshot(node)) {
+            match self.with_snapshot(node, |img| NodeView::parse(&self.geo, img)) {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_transient() => {
                     if attempt > 64 {
@@ -1175,12 +1183,68 @@ impl XTree {
     /// The leaf covering `key` and the path to it (inner node, child index),
     /// root first. The caller holds `structure`, so inner nodes are stable.
     fn descend(&self, key: u64) -> (u32, Vec<(u32, usize)>) {
+        let mut path = Vec::new();
+        let leaf = self.walk(key, |node, j| path.push((node, j)));
+        (leaf, path)
+    }
+
+    /// The leaf covering `key`, without the path (lookups and scans).
+    fn descend_to_leaf(&self, key: u64) -> u32 {
+        self.walk(key, |_, _| {})
+    }
+
+    /// Walks from the root to the leaf covering `key`, calling `step` with
+    /// each inner node passed and the child index taken. Inner nodes are read
+    /// in place, word by word (a binary search over their key words), not
+    /// copied and parsed: the caller holds `structure`, under which inner
+    /// nodes do not change (docs/xtree.md, "Concurrency on the memory node":
+    /// inner nodes change only under `structure` held exclusive), and every
+    /// inner node was written whole by this code. `walk_parsed` below is the
+    /// parsing walk the tests compare it with.
+    fn walk(&self, key: u64, mut step: impl FnMut(u32, usize)) -> u32 {
+        let geo = &self.geo;
+        let mut node = self.root().node;
+        loop {
+            let nm = self.node_mem(node);
+            // A node's level never changes, so its meta word tells a leaf
+            // even while another handler is writing that leaf (whose other
+            // words must not be read unvalidated).
+            let meta = nm.load(geo.payload_word(Geometry::META));
+            if meta & 0xFF == 0 {
+                return node;
+            }
+            let count = Header::unpack(nm.load(geo.payload_word(Geometry::HDR))).count as usize;
+            assert!(
+                (1..=geo.slots()).contains(&count),
+                "inner node {node} has count {count}"
+            );
+            // The first key above `key`; the child before it covers `key`.
+            let (mut lo, mut hi) = (0, count);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if nm.load(geo.payload_word(geo.key(mid))) <= key {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            let j = lo
+                .checked_sub(1)
+                .expect("inner nodes on a descent from the root cover the key");
+            let child = ChildPtr::unpack(nm.load(geo.payload_word(geo.slot(j))))
+                .expect("inner nodes are valid while the tree lock is held");
+            step(node, j);
+            node = child.node;
+        }
+    }
+
+    /// The same walk as [`XTree::walk`] by copying and parsing every inner
+    /// node (what it replaced); tests check both agree.
+    #[cfg(test)]
+    fn walk_parsed(&self, key: u64) -> (u32, Vec<(u32, usize)>) {
         let mut node = self.root().node;
         let mut path = Vec::new();
         loop {
-            // A node's level never changes, so its meta word tells a leaf
-            // even while another handler is writing that leaf (whose other
-            // words must not be parsed unvalidated).
             let meta = self
                 .node_mem(node)
                 .load(self.geo.payload_word(Geometry::META));
@@ -1282,5 +1346,45 @@ fn check_value(key: u64, value: &[u8]) -> Result<(), XTreeError> {
 impl From<ViewError> for XTreeError {
     fn from(e: ViewError) -> XTreeError {
         XTreeError::Corrupt(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::MAX_SLOTS;
+    use dmkv_transport::local::{LocalCluster, LocalConfig};
+
+    #[test]
+    fn the_largest_node_fits_a_snapshot() {
+        let geo = Geometry::new(MAX_SLOTS).unwrap();
+        assert!(geo.node_bytes() <= MAX_NODE_BYTES, "{}", geo.node_bytes());
+    }
+
+    /// The in-place walk takes the same path as parsing every inner node,
+    /// for keys inside, between and beyond the stored ones, in trees of one
+    /// to several inner levels.
+    #[test]
+    fn the_in_place_walk_matches_the_parsing_walk() {
+        for slots in [4, 5, 16, MAX_SLOTS] {
+            let c = LocalCluster::new(LocalConfig::default());
+            let rt = NodeRuntime::new(c.add_node(1));
+            let cfg = XTreeConfig::sized_for(4_000, 8, slots).unwrap();
+            let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+            // Inserted in a scrambled order so that splits happen everywhere.
+            for i in 0..3_000u64 {
+                let k = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) | 1;
+                t.insert(k, &k.to_le_bytes()).unwrap();
+            }
+            assert!(t.stats().inner_nodes > 0, "slots {slots}: no inner level");
+            let mut probes: Vec<u64> = vec![0, 1, u64::MAX - 1];
+            probes.extend((0..2_000u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D)));
+            probes.extend((0..500u64).map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) | 1));
+            let _shared = t.structure.read();
+            for k in probes {
+                assert_eq!(t.descend(k), t.walk_parsed(k), "slots {slots}, key {k:#x}");
+                assert_eq!(t.descend_to_leaf(k), t.walk_parsed(k).0);
+            }
+        }
     }
 }

@@ -21,7 +21,9 @@
 
 use super::{Sim, current, with_metering};
 use crate::addr::{NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
-use crate::backend::{EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult};
+use crate::backend::{
+    EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
+};
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::region::{RegionEntry, RegionMem};
@@ -545,7 +547,7 @@ struct BatchState {
     left: usize,
     /// Latest completion time of a verb so far.
     done_at: u64,
-    completion: Completion<Result<Vec<VerbResult>>>,
+    completion: Completion<Result<VerbResults>>,
 }
 
 impl SimEndpoint {
@@ -781,7 +783,7 @@ fn respond(
                 let mut st = st3.borrow_mut();
                 (std::mem::take(&mut st.results), st.completion.handle())
             };
-            let mut out = Vec::with_capacity(results.len());
+            let mut out = VerbResults::with_capacity(results.len());
             let mut err = None;
             for r in results {
                 match r.expect("every verb answered") {
@@ -810,7 +812,7 @@ impl EndpointBackend for SimEndpoint {
         self.node
     }
 
-    fn execute(&self, verbs: Vec<Verb>) -> OpFuture<'_, Result<Vec<VerbResult>>> {
+    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>> {
         let sim = match sim_or_err() {
             Ok(s) => s,
             Err(e) => return OpFuture::ready(Err(e)),
