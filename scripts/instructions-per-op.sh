@@ -15,9 +15,11 @@
 # the crate of the function symbol; std and dependency generics that belong to
 # no crate of ours (Vec::from_iter, iterator folds, hash maps) are split over
 # the categories of their callers, weighted by what each caller spends in them;
-# libc (malloc, free, memcpy) stays framework, wherever it is called from:
+# libc (malloc, free, memcpy) and the allocator (mimalloc's mi_*) stay
+# framework, wherever they are called from:
 #   engine    - the engine crates (xstore, rolex, outback, race, sherman,
-#               rpc-hash, rpc-btree, cell, xtree, scalestore)
+#               rpc-hash, rpc-btree, cell, xtree, scalestore), and the
+#               btree-floor's BTreeMap (testkit's floor.rs)
 #   harness   - dmkv-bench (request generation, answer checking, recording)
 #               except its metering, the dmkv binary, value payloads
 #   framework - everything else: transport, api wrappers, metering, executor,
@@ -142,10 +144,10 @@ def classify(file, fn, ob):
         if crate is not None and "/rustc/" not in file and ".cargo" not in file and file != "???":
             pass
         # std or a dependency: only engine and harness code claims it back.
-        if crate in ENGINES and ("/rustc/" in file):
+        if (crate in ENGINES or "floor::" in fn) and ("/rustc/" in file):
             return "engine"
         return "framework"
-    if crate in ENGINES:
+    if crate in ENGINES or (crate == "testkit" and "floor::" in fn):
         return "engine"
     if crate == "bench":
         return "framework" if file.endswith("metered.rs") else "harness"
@@ -170,7 +172,7 @@ def symbol_category(fn):
     crate = crate_of_symbol(fn)
     if crate is None:
         return None
-    if crate in ENGINES or "checksum::" in fn:
+    if crate in ENGINES or "checksum::" in fn or "testkit::floor::" in fn:
         return "engine"
     if crate == "bench":
         return "framework" if "metered::" in fn else "harness"
@@ -198,11 +200,14 @@ def caller_mix(fn, depth=0, seen=()):
                 mix[k] += v * w / total_w
     return mix
 
+ALLOCATOR = re.compile(r"^_?mi_")
 SYSTEM_OBJ = re.compile(r"libc\.so|ld-linux|vgpreload|libm\.so|libgcc")
 _mix_cache = {}
 def categories(file, fn, ob):
     """{category: share} of one cost entry."""
     cat = classify(file, fn, ob)
+    if ALLOCATOR.search(fn) or "mimalloc" in file or "mimalloc" in ob:
+        return {"framework": 1.0}  # the allocator (mimalloc), like libc's malloc
     owned = re.search(r"/crates/|(^|/)src/\w+\.rs$", file) and "/rustc/" not in file and ".cargo" not in file
     if cat == "framework" and not owned and crate_of_symbol(fn) is None and not SYSTEM_OBJ.search(ob):
         if fn not in _mix_cache:

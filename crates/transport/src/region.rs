@@ -177,6 +177,20 @@ impl RegionMem {
         Ok(&self.words()[(offset / 8) as usize])
     }
 
+    /// The aligned words of `[offset, offset + len)`, for code on the node
+    /// that reads a structure in place (a tree walk) instead of copying it:
+    /// one bounds check and one `sim` touch for the whole span (as a
+    /// [`RegionMem::read`] of it would cost), then plain atomic loads.
+    pub fn words_in(&self, offset: u64, len: usize) -> Result<&[AtomicU64], RegionAccessError> {
+        if !offset.is_multiple_of(8) || !len.is_multiple_of(8) {
+            return Err(RegionAccessError::Misaligned { offset });
+        }
+        self.check(offset, len as u64)?;
+        crate::sim::touch(offset, len as u64);
+        let first = (offset / 8) as usize;
+        Ok(&self.words()[first..first + len / 8])
+    }
+
     /// Copies `out.len()` bytes starting at `offset` into `out`, loading words
     /// in increasing address order.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RegionAccessError> {

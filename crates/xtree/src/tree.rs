@@ -1205,15 +1205,24 @@ impl XTree {
         let geo = &self.geo;
         let mut node = self.root().node;
         loop {
-            let nm = self.node_mem(node);
             // A node's level never changes, so its meta word tells a leaf
             // even while another handler is writing that leaf (whose other
             // words must not be read unvalidated).
-            let meta = nm.load(geo.payload_word(Geometry::META));
+            let meta = self
+                .node_mem(node)
+                .load(geo.payload_word(Geometry::META));
             if meta & 0xFF == 0 {
                 return node;
             }
-            let count = Header::unpack(nm.load(geo.payload_word(Geometry::HDR))).count as usize;
+            // One bounds check (and one `sim` charge for the node's lines,
+            // as for the copy this replaces) per inner node; then plain loads.
+            let words = self
+                .nodes
+                .mem
+                .words_in(self.node_mem(node).base, geo.node_bytes())
+                .expect("node numbers are checked against the region");
+            let load = |i: usize| words[i].load(Ordering::Acquire);
+            let count = Header::unpack(load(geo.payload_word(Geometry::HDR))).count as usize;
             assert!(
                 (1..=geo.slots()).contains(&count),
                 "inner node {node} has count {count}"
@@ -1222,7 +1231,7 @@ impl XTree {
             let (mut lo, mut hi) = (0, count);
             while lo < hi {
                 let mid = (lo + hi) / 2;
-                if nm.load(geo.payload_word(geo.key(mid))) <= key {
+                if load(geo.payload_word(geo.key(mid))) <= key {
                     lo = mid + 1;
                 } else {
                     hi = mid;
@@ -1231,7 +1240,7 @@ impl XTree {
             let j = lo
                 .checked_sub(1)
                 .expect("inner nodes on a descent from the root cover the key");
-            let child = ChildPtr::unpack(nm.load(geo.payload_word(geo.slot(j))))
+            let child = ChildPtr::unpack(load(geo.payload_word(geo.slot(j))))
                 .expect("inner nodes are valid while the tree lock is held");
             step(node, j);
             node = child.node;
