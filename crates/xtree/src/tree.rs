@@ -1208,9 +1208,7 @@ impl XTree {
             // A node's level never changes, so its meta word tells a leaf
             // even while another handler is writing that leaf (whose other
             // words must not be read unvalidated).
-            let meta = self
-                .node_mem(node)
-                .load(geo.payload_word(Geometry::META));
+            let meta = self.node_mem(node).load(geo.payload_word(Geometry::META));
             if meta & 0xFF == 0 {
                 return node;
             }
