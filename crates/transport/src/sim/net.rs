@@ -484,10 +484,14 @@ impl Fabric for SimFabric {
             net.clients.len() as u64 - 1
         };
         Ok(Endpoint::new(Box::new(SimEndpoint {
+            shared: Rc::new(EpShared {
+                cluster: self.cluster.clone(),
+                node,
+                id,
+            }),
             cluster: self.cluster.clone(),
             node,
             core,
-            id,
         })))
     }
 }
@@ -547,8 +551,8 @@ struct SimEndpoint {
     node: NodeId,
     /// This compute thread's core.
     core: Rc<RefCell<Server>>,
-    /// Unique in the simulation: names this thread's queue pairs.
-    id: u64,
+    /// What its verbs' events need (made once, not per batch).
+    shared: Rc<EpShared>,
 }
 
 fn sim_or_err() -> Result<Rc<Sim>> {
@@ -641,21 +645,34 @@ fn resolve(cluster: &Cluster, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
 /// Word-aligned pieces of `[offset, offset + len)`: at most `MAX_PIECES`,
 /// each a whole number of cache lines except at the ends.
 fn pieces(offset: u64, len: usize) -> Vec<(usize, usize)> {
-    if len <= PIECE_BYTES {
-        return vec![(0, len)];
-    }
-    let lines = len.div_ceil(PIECE_BYTES);
-    let per = lines.div_ceil(MAX_PIECES) * PIECE_BYTES;
-    let mut out = Vec::new();
+    pieces_iter(offset, len).collect()
+}
+
+/// [`pieces`] without a vector (a read that cannot tear only needs their
+/// PCIe time).
+fn pieces_iter(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let per = if len <= PIECE_BYTES {
+        len.max(1)
+    } else {
+        len.div_ceil(PIECE_BYTES).div_ceil(MAX_PIECES) * PIECE_BYTES
+    };
     let mut done = 0;
-    while done < len {
+    let mut first = true;
+    std::iter::from_fn(move || {
+        if len <= PIECE_BYTES {
+            // One piece, even when empty.
+            return std::mem::take(&mut first).then_some((0, len));
+        }
+        if done >= len {
+            return None;
+        }
         // End each piece on a word boundary of the region.
         let pos = offset as usize + done;
         let n = (per - pos % 8).min(len - done);
-        out.push((done, n));
+        let piece = (done, n);
         done += n;
-    }
-    out
+        Some(piece)
+    })
 }
 
 /// Runs `f` at virtual time `at`: now, inline, if `at` has come (saves an
@@ -739,7 +756,6 @@ fn arrive_verb(
     }
     match verb {
         Verb::Read { len, .. } => {
-            let parts = pieces(addr.offset, len);
             let (sim2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
             at_or_now(sim, start, move || {
                 let whole = sim2.net.borrow().nodes[dst.0 as usize].writes_landing == 0;
@@ -747,7 +763,9 @@ fn arrive_verb(
                     // No write is landing on this node: nothing can tear
                     // this read, so it is copied in one event and answered
                     // when its last piece would have been fetched.
-                    let total: u64 = parts.iter().map(|&(_, n)| pcie_ns_of(&sim2, n)).sum();
+                    let total: u64 = pieces_iter(addr.offset, len)
+                        .map(|(_, n)| pcie_ns_of(&sim2, n))
+                        .sum();
                     let mut buf = vec![0u8; len];
                     let r = mem
                         .read(addr.offset, &mut buf)
@@ -756,6 +774,7 @@ fn arrive_verb(
                     let at = (sim2.sched.now() + total).max(rx_done);
                     respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
                 } else {
+                    let parts = pieces(addr.offset, len);
                     read_in_pieces(&sim2, ep2, st2, i, mem, addr, parts, rx_done, back_bytes);
                 }
             });
@@ -930,7 +949,8 @@ fn respond(
 struct EpShared {
     cluster: Arc<Cluster>,
     node: NodeId,
-    /// The issuing endpoint's id (its queue pair to each node).
+    /// The issuing endpoint's id, unique in the simulation (its queue pair
+    /// to each node).
     id: u64,
 }
 
@@ -952,11 +972,7 @@ impl EndpointBackend for SimEndpoint {
             done_at: 0,
             completion: completion.handle(),
         }));
-        let ep = Rc::new(EpShared {
-            cluster: self.cluster.clone(),
-            node: self.node,
-            id: self.id,
-        });
+        let ep = self.shared.clone();
         // Posting costs the core; then the verbs leave back to back.
         let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns * n as u64);
         for (i, verb) in verbs.into_iter().enumerate() {
