@@ -259,7 +259,10 @@ fn a_nic_fetches_queue_pair_contexts_it_does_not_cache() {
     assert!(misses > reads * 9 / 10, "{misses} misses of {reads} reads");
     let bound = 1e3 / (nic_ns + p.network.qp_miss_ns as f64);
     assert!(rate <= bound * 1.001, "{rate} Mops, bound {bound}");
-    assert!(rate >= bound * 0.8, "the misses, not the clients, limit: {rate}");
+    assert!(
+        rate >= bound * 0.8,
+        "the misses, not the clients, limit: {rate}"
+    );
     assert!(free_rate > rate * 2.0, "{free_rate} vs {rate} Mops");
 }
 
