@@ -10,6 +10,9 @@
 //! handler runs at the instant a core takes it, for a service time from the
 //! cost model (`rpc_base_ns` plus `line_ns` per cache line of registered
 //! memory it touched), and the reply leaves when the service time is over.
+//! When the profile models the NIC's queue-pair context cache, a one-sided
+//! verb whose queue pair (one per compute thread and memory node) is not
+//! cached first holds the memory node's NIC while the context is fetched.
 //!
 //! Invariants:
 //! 1. Messages between two nodes arrive in the order they were sent, and
