@@ -203,6 +203,69 @@ fn a_memnode_nic_saturates_at_its_message_rate() {
     );
 }
 
+/// Reads 8 bytes from one memory node with `threads` client threads (one
+/// endpoint, hence one queue pair, each; 4 tasks each) under `profile`;
+/// returns the rate in Mops and the NIC's connection-context misses.
+fn reads_through_qps(profile: Profile, threads: usize) -> (f64, u64) {
+    let sim = Simulation::new(SimConfig {
+        profile,
+        ..config(8)
+    });
+    let server = sim.add_node(1);
+    let (region, _mem) = server.register_region(4096).unwrap();
+    let clients: Vec<NodeId> = (0..4).map(|_| sim.add_node(0).id()).collect();
+    let eps: Vec<_> = (0..threads)
+        .map(|i| sim.fabric().endpoint(clients[i % 4]).unwrap())
+        .collect();
+    let per_task = 40u64;
+    let t0 = Instant::now();
+    let tasks: Vec<LocalTask<'_, ()>> = (0..threads * 4)
+        .map(|i| {
+            let ep = &eps[i % threads];
+            Box::pin(async move {
+                for _ in 0..per_task {
+                    ep.read(region.at(64), 8).await.unwrap();
+                }
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    let took = (Instant::now() - t0).as_nanos() as f64;
+    let misses = sim
+        .resources()
+        .iter()
+        .find(|r| r.name == "node0 nic qp-context misses")
+        .map_or(0, |r| r.count);
+    ((threads * 4) as f64 * per_task as f64 / took * 1e3, misses)
+}
+
+#[test]
+fn a_nic_fetches_queue_pair_contexts_it_does_not_cache() {
+    // A cache of 8 contexts: 8 client threads (8 queue pairs) miss once
+    // each; 64 threads touched round-robin miss on (almost) every verb, and
+    // each miss holds the NIC for qp_miss_ns, so the NIC's rate drops to
+    // 1 / (message time + qp_miss_ns). Without a modelled cache, 64 threads
+    // are not slowed.
+    let mut p = Profile::default_profile();
+    let nic_ns = (1e3 / p.network.nic_msg_rate_mops).ceil();
+    let (free_rate, free_misses) = reads_through_qps(p.clone(), 64);
+    assert_eq!(free_misses, 0);
+    p.network.qp_cache_entries = 8;
+    p.network.qp_miss_ns = 200;
+    let (_, few_misses) = reads_through_qps(p.clone(), 8);
+    assert_eq!(few_misses, 8, "cold misses only when every context fits");
+    let (rate, misses) = reads_through_qps(p.clone(), 64);
+    let reads = 64 * 4 * 40;
+    assert!(misses > reads * 9 / 10, "{misses} misses of {reads} reads");
+    let bound = 1e3 / (nic_ns + p.network.qp_miss_ns as f64);
+    assert!(rate <= bound * 1.001, "{rate} Mops, bound {bound}");
+    assert!(
+        rate >= bound * 0.8,
+        "the misses, not the clients, limit: {rate}"
+    );
+    assert!(free_rate > rate * 2.0, "{free_rate} vs {rate} Mops");
+}
+
 #[test]
 fn atomics_on_one_address_serialise() {
     let sim = Simulation::new(config(5));

@@ -370,7 +370,10 @@ impl Simulation {
 
     /// Every modelled resource's busy time and traffic so far.
     pub fn resources(&self) -> Vec<ResourceUse> {
-        net::resources(&self.sim().net.borrow())
+        net::resources(
+            &self.sim().net.borrow(),
+            self.sim().profile.network.qp_miss_ns,
+        )
     }
 }
 

@@ -10,6 +10,9 @@
 //! handler runs at the instant a core takes it, for a service time from the
 //! cost model (`rpc_base_ns` plus `line_ns` per cache line of registered
 //! memory it touched), and the reply leaves when the service time is over.
+//! When the profile models the NIC's queue-pair context cache, a one-sided
+//! verb whose queue pair (one per compute thread and memory node) is not
+//! cached first holds the memory node's NIC while the context is fetched.
 //!
 //! Invariants:
 //! 1. Messages between two nodes arrive in the order they were sent, and
@@ -63,6 +66,47 @@ impl Server {
         self.count += 1;
         self.bytes += bytes;
         self.free_at
+    }
+
+    /// Holds the server `ns` longer from `at` (work that is not a message
+    /// of its own, e.g. a connection-context fetch); returns when done.
+    fn stall(&mut self, at: u64, ns: u64) -> u64 {
+        let start = at.max(self.free_at);
+        self.free_at = start + ns;
+        self.busy_ns += ns;
+        self.free_at
+    }
+}
+
+/// The NIC's cache of connection (RC queue pair) contexts, least recently
+/// used first out. A one-sided verb names its queue pair; if its context is
+/// not cached, the NIC fetches it over PCIe before it can serve the verb
+/// (`qp_miss_ns` of the receiving direction), evicting the least recently
+/// used one. RPCs are not charged: the RPC designs serve from a handful of
+/// datagram (UD) queue pairs, one per handler thread, which always fit.
+#[derive(Debug, Default)]
+pub(crate) struct QpCache {
+    /// Cached queue pairs (the issuing endpoint's id), most recent last.
+    recent: Vec<u64>,
+    hits: u64,
+    misses: u64,
+}
+
+impl QpCache {
+    /// Looks up `qp` in a cache of `capacity` entries; true on a hit.
+    fn access(&mut self, qp: u64, capacity: usize) -> bool {
+        if let Some(i) = self.recent.iter().rposition(|&q| q == qp) {
+            self.recent.remove(i);
+            self.recent.push(qp);
+            self.hits += 1;
+            return true;
+        }
+        if self.recent.len() >= capacity {
+            self.recent.remove(0);
+        }
+        self.recent.push(qp);
+        self.misses += 1;
+        false
     }
 }
 
@@ -190,6 +234,12 @@ pub(crate) struct NodeModel {
     handlers: Option<usize>,
     /// Its SSD: occupancy per I/O is the device's IOPS share.
     ssd: Server,
+    /// Its NIC's connection-context cache (when the profile models one).
+    qp_cache: QpCache,
+    /// Writes of several pieces whose first piece has landed and whose last
+    /// has not: while there are none, a read cannot tear and is done in one
+    /// event (see `arrive_verb`).
+    writes_landing: u32,
 }
 
 /// Takes one I/O on `node`'s SSD now; returns when it completes.
@@ -246,7 +296,7 @@ pub struct ResourceUse {
     pub bytes: u64,
 }
 
-pub(crate) fn resources(net: &Net) -> Vec<ResourceUse> {
+pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
     let mut out = Vec::new();
     for (i, n) in net.nodes.iter().enumerate() {
         for (dir, s) in [("nic tx", &n.tx), ("nic rx", &n.rx), ("ssd", &n.ssd)] {
@@ -259,6 +309,16 @@ pub(crate) fn resources(net: &Net) -> Vec<ResourceUse> {
                 busy_ns: s.busy_ns,
                 count: s.count,
                 bytes: s.bytes,
+            });
+        }
+        if n.qp_cache.misses > 0 {
+            // Count: misses; busy: the NIC time the fetches took.
+            out.push(ResourceUse {
+                name: format!("node{i} nic qp-context misses"),
+                servers: 1,
+                busy_ns: n.qp_cache.misses * miss_ns,
+                count: n.qp_cache.misses,
+                bytes: 0,
             });
         }
     }
@@ -335,6 +395,8 @@ impl Cluster {
             rx: Server::default(),
             handlers,
             ssd: Server::default(),
+            qp_cache: QpCache::default(),
+            writes_landing: 0,
         });
         Arc::new(SimNode {
             state,
@@ -415,7 +477,7 @@ impl Fabric for SimFabric {
             )
         })?;
         let core = Rc::new(RefCell::new(Server::default()));
-        {
+        let id = {
             let mut net = sim.net.borrow_mut();
             let n = net
                 .clients
@@ -424,8 +486,14 @@ impl Fabric for SimFabric {
                 .count();
             net.clients
                 .push((format!("node{} client core {n}", node.0), core.clone()));
-        }
+            net.clients.len() as u64 - 1
+        };
         Ok(Endpoint::new(Box::new(SimEndpoint {
+            shared: Rc::new(EpShared {
+                cluster: self.cluster.clone(),
+                node,
+                id,
+            }),
             cluster: self.cluster.clone(),
             node,
             core,
@@ -488,6 +556,8 @@ struct SimEndpoint {
     node: NodeId,
     /// This compute thread's core.
     core: Rc<RefCell<Server>>,
+    /// What its verbs' events need (made once, not per batch).
+    shared: Rc<EpShared>,
 }
 
 fn sim_or_err() -> Result<Rc<Sim>> {
@@ -580,21 +650,44 @@ fn resolve(cluster: &Cluster, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
 /// Word-aligned pieces of `[offset, offset + len)`: at most `MAX_PIECES`,
 /// each a whole number of cache lines except at the ends.
 fn pieces(offset: u64, len: usize) -> Vec<(usize, usize)> {
-    if len <= PIECE_BYTES {
-        return vec![(0, len)];
-    }
-    let lines = len.div_ceil(PIECE_BYTES);
-    let per = lines.div_ceil(MAX_PIECES) * PIECE_BYTES;
-    let mut out = Vec::new();
+    pieces_iter(offset, len).collect()
+}
+
+/// [`pieces`] without a vector (a read that cannot tear only needs their
+/// PCIe time).
+fn pieces_iter(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let per = if len <= PIECE_BYTES {
+        len.max(1)
+    } else {
+        len.div_ceil(PIECE_BYTES).div_ceil(MAX_PIECES) * PIECE_BYTES
+    };
     let mut done = 0;
-    while done < len {
+    let mut first = true;
+    std::iter::from_fn(move || {
+        if len <= PIECE_BYTES {
+            // One piece, even when empty.
+            return std::mem::take(&mut first).then_some((0, len));
+        }
+        if done >= len {
+            return None;
+        }
         // End each piece on a word boundary of the region.
         let pos = offset as usize + done;
         let n = (per - pos % 8).min(len - done);
-        out.push((done, n));
+        let piece = (done, n);
         done += n;
+        Some(piece)
+    })
+}
+
+/// Runs `f` at virtual time `at`: now, inline, if `at` has come (saves an
+/// event per verb), else as an event.
+fn at_or_now(sim: &Sim, at: u64, f: impl FnOnce() + 'static) {
+    if at <= sim.sched.now() {
+        f()
+    } else {
+        sim.sched.at(at, f)
     }
-    out
 }
 
 /// Executes verb `i` of a batch at the memory node, now (it just arrived).
@@ -607,7 +700,7 @@ fn arrive_verb(
 ) {
     let (out_bytes, back_bytes) = verb_bytes(&verb);
     let dst = verb.node();
-    let rx_done = receive_message(sim, dst, out_bytes);
+    let mut rx_done = receive_message(sim, dst, out_bytes);
     let now = sim.sched.now();
     let addr = match &verb {
         Verb::Read { addr, .. }
@@ -619,35 +712,43 @@ fn arrive_verb(
         Ok(m) => m,
         Err(e) => return respond(sim, &ep, &state, i, dst, rx_done, 0, Err(e)),
     };
+    // The queue pair's context must be in the NIC's cache before the verb
+    // is served; a miss holds the receiving direction while it is fetched.
+    let net_profile = &sim.profile.network;
+    let mut context_ready = now;
+    if net_profile.qp_cache_entries > 0 {
+        let mut net = sim.net.borrow_mut();
+        let node = &mut net.nodes[dst.0 as usize];
+        if !node
+            .qp_cache
+            .access(ep.id, net_profile.qp_cache_entries as usize)
+        {
+            rx_done = node.rx.stall(rx_done, net_profile.qp_miss_ns);
+            context_ready = rx_done;
+        }
+    }
     // Start after the previous verb of this queue pair (and, for atomics,
-    // after the atomics unit frees the address).
+    // after the atomics unit frees the address), and once the NIC has it.
     let (qp_key, pcie_ns) = ((ep.node.0, dst.0), |b: usize| sim.profile.pcie_ns(b as u64));
-    let mut start = now.max(
-        sim.net
-            .borrow()
-            .qp_busy_until
-            .get(&qp_key)
-            .copied()
-            .unwrap_or(0),
-    );
+    let mut guard = sim.net.borrow_mut();
+    let net = &mut *guard;
+    let qp_free = net.qp_busy_until.entry(qp_key).or_insert(0);
+    let mut start = now.max(*qp_free).max(context_ready);
     let duration = match &verb {
         Verb::Read { len, .. } => pcie_ns(*len),
         Verb::Write { data, .. } => link_ns(sim, data.len()),
-        Verb::Cas { .. } | Verb::Faa { .. } => {
-            let mut net = sim.net.borrow_mut();
-            let free = net
-                .atomic_free
-                .entry((dst.0, addr.region.0, addr.offset))
-                .or_insert(0);
-            start = start.max(*free);
-            *free = start + sim.profile.network.atomic_ns;
-            sim.profile.network.atomic_ns
-        }
+        Verb::Cas { .. } | Verb::Faa { .. } => net_profile.atomic_ns,
     };
-    sim.net
-        .borrow_mut()
-        .qp_busy_until
-        .insert(qp_key, start + duration);
+    if let Verb::Cas { .. } | Verb::Faa { .. } = &verb {
+        let free = net
+            .atomic_free
+            .entry((dst.0, addr.region.0, addr.offset))
+            .or_insert(0);
+        start = start.max(*free);
+        *free = start + net_profile.atomic_ns;
+    }
+    *qp_free = start + duration;
+    drop(guard);
     // A read or write outside the region is refused before any piece moves
     // (atomics are checked by the region when they run).
     let span = match &verb {
@@ -660,34 +761,28 @@ fn arrive_verb(
     }
     match verb {
         Verb::Read { len, .. } => {
-            let buf = Rc::new(RefCell::new(vec![0u8; len]));
-            let parts = pieces(addr.offset, len);
-            let last = parts.len() - 1;
-            let mut t = start;
-            for (k, (from, n)) in parts.into_iter().enumerate() {
-                let piece_at = t;
-                t += pcie_ns(n);
-                let (buf, mem, sim2, ep2, st2) = (
-                    buf.clone(),
-                    mem.clone(),
-                    sim.clone(),
-                    ep.clone(),
-                    state.clone(),
-                );
-                sim.sched.at(piece_at, move || {
-                    let read = mem.read(
-                        addr.offset + from as u64,
-                        &mut buf.borrow_mut()[from..from + n],
-                    );
-                    if k == last {
-                        let r = read
-                            .map(|_| VerbResult::Read(std::mem::take(&mut *buf.borrow_mut())))
-                            .map_err(|e| e.at(&addr));
-                        let at = (sim2.sched.now() + pcie_ns_of(&sim2, n)).max(rx_done);
-                        respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
-                    }
-                });
-            }
+            let (sim2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
+            at_or_now(sim, start, move || {
+                let whole = sim2.net.borrow().nodes[dst.0 as usize].writes_landing == 0;
+                if whole {
+                    // No write is landing on this node: nothing can tear
+                    // this read, so it is copied in one event and answered
+                    // when its last piece would have been fetched.
+                    let total: u64 = pieces_iter(addr.offset, len)
+                        .map(|(_, n)| pcie_ns_of(&sim2, n))
+                        .sum();
+                    let mut buf = vec![0u8; len];
+                    let r = mem
+                        .read(addr.offset, &mut buf)
+                        .map(|_| VerbResult::Read(buf))
+                        .map_err(|e| e.at(&addr));
+                    let at = (sim2.sched.now() + total).max(rx_done);
+                    respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
+                } else {
+                    let parts = pieces(addr.offset, len);
+                    read_in_pieces(&sim2, ep2, st2, i, mem, addr, parts, rx_done, back_bytes);
+                }
+            });
         }
         Verb::Write { data, .. } => {
             let data = Rc::new(data);
@@ -704,9 +799,17 @@ fn arrive_verb(
                     ep.clone(),
                     state.clone(),
                 );
-                sim.sched.at(piece_at, move || {
+                at_or_now(sim, piece_at, move || {
+                    // While a write of several pieces lands, reads on this
+                    // node go piece by piece so that it can tear them.
+                    if last > 0 && k == 0 {
+                        sim2.net.borrow_mut().nodes[dst.0 as usize].writes_landing += 1;
+                    }
                     let w = mem.write(addr.offset + from as u64, &data[from..from + n]);
                     if k == last {
+                        if last > 0 {
+                            sim2.net.borrow_mut().nodes[dst.0 as usize].writes_landing -= 1;
+                        }
                         let r = w.map(|_| VerbResult::Write).map_err(|e| e.at(&addr));
                         let at = (sim2.sched.now() + link_ns(&sim2, n)).max(rx_done);
                         respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
@@ -716,7 +819,7 @@ fn arrive_verb(
         }
         Verb::Cas { expected, new, .. } => {
             let (sim2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
-            sim.sched.at(start, move || {
+            at_or_now(sim, start, move || {
                 let r = mem
                     .cas_u64(addr.offset, expected, new)
                     .map(VerbResult::Cas)
@@ -727,7 +830,7 @@ fn arrive_verb(
         }
         Verb::Faa { add, .. } => {
             let (sim2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
-            sim.sched.at(start, move || {
+            at_or_now(sim, start, move || {
                 let r = mem
                     .faa_u64(addr.offset, add)
                     .map(VerbResult::Faa)
@@ -736,6 +839,52 @@ fn arrive_verb(
                 respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
             });
         }
+    }
+}
+
+/// A read while a write lands on its node: each piece is fetched at its
+/// own instant (from now, at PCIe speed), so a write landing between two
+/// pieces tears the read where virtual time puts it.
+#[allow(clippy::too_many_arguments)]
+fn read_in_pieces(
+    sim: &Rc<Sim>,
+    ep: Rc<EpShared>,
+    state: Rc<RefCell<BatchState>>,
+    i: usize,
+    mem: Arc<RegionMem>,
+    addr: RemoteAddr,
+    parts: Vec<(usize, usize)>,
+    rx_done: u64,
+    back_bytes: u64,
+) {
+    let dst = addr.node;
+    let len: usize = parts.iter().map(|&(_, n)| n).sum();
+    let buf = Rc::new(RefCell::new(vec![0u8; len]));
+    let last = parts.len() - 1;
+    let mut t = sim.sched.now();
+    for (k, (from, n)) in parts.into_iter().enumerate() {
+        let piece_at = t;
+        t += pcie_ns_of(sim, n);
+        let (buf, mem, sim2, ep2, st2) = (
+            buf.clone(),
+            mem.clone(),
+            sim.clone(),
+            ep.clone(),
+            state.clone(),
+        );
+        at_or_now(sim, piece_at, move || {
+            let read = mem.read(
+                addr.offset + from as u64,
+                &mut buf.borrow_mut()[from..from + n],
+            );
+            if k == last {
+                let r = read
+                    .map(|_| VerbResult::Read(std::mem::take(&mut *buf.borrow_mut())))
+                    .map_err(|e| e.at(&addr));
+                let at = (sim2.sched.now() + pcie_ns_of(&sim2, n)).max(rx_done);
+                respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
+            }
+        });
     }
 }
 
@@ -805,6 +954,9 @@ fn respond(
 struct EpShared {
     cluster: Arc<Cluster>,
     node: NodeId,
+    /// The issuing endpoint's id, unique in the simulation (its queue pair
+    /// to each node).
+    id: u64,
 }
 
 impl EndpointBackend for SimEndpoint {
@@ -825,10 +977,7 @@ impl EndpointBackend for SimEndpoint {
             done_at: 0,
             completion: completion.handle(),
         }));
-        let ep = Rc::new(EpShared {
-            cluster: self.cluster.clone(),
-            node: self.node,
-        });
+        let ep = self.shared.clone();
         // Posting costs the core; then the verbs leave back to back.
         let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns * n as u64);
         for (i, verb) in verbs.into_iter().enumerate() {

@@ -26,6 +26,15 @@ pub struct NetworkProfile {
     /// How long the NIC's atomics unit holds one 8-byte address per atomic
     /// (atomics on the same address serialise).
     pub atomic_ns: u64,
+    /// Connection (RC queue pair) contexts the NIC keeps in its on-chip
+    /// cache; a one-sided verb whose connection is not cached makes the NIC
+    /// fetch the context from host memory first. 0: not modelled (every
+    /// context fits).
+    #[serde(default)]
+    pub qp_cache_entries: u64,
+    /// NIC time to fetch a missing connection context over PCIe (ns).
+    #[serde(default)]
+    pub qp_miss_ns: u64,
 }
 
 /// The CPU of a compute thread.
@@ -139,6 +148,11 @@ impl Profile {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{what} must be a positive number, not {v}"));
             }
+        }
+        if n.qp_cache_entries > 0 && n.qp_miss_ns == 0 {
+            return Err(
+                "network.qp_cache_entries is set, so network.qp_miss_ns must be positive".into(),
+            );
         }
         Ok(())
     }
