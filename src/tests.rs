@@ -480,8 +480,8 @@ fn dst_every_engine_across_seeds() {
     for e in crate::dst::engines() {
         let spec = crate::engines::REGISTRY.find(e).unwrap();
         // Not yet the kill for ROLEX and Sherman: when the dead compute
-        // node holds a leaf lock, the run does not end (the survivors'
-        // operation limit does not cut it short; see docs/simulation.md).
+        // node holds a leaf lock, the blocked survivors' retry loops make a
+        // seed cost seconds (see docs/simulation.md).
         let kill = !["rolex", "sherman"].contains(&e);
         let params = crate::dst::DstParams {
             faults: crate::dst::Faults {
