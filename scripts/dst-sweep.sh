@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Long deterministic-simulation sweeps (CI runs 300 seeds per engine; this
+# Long deterministic-simulation sweeps (CI runs 300 seeds per engine, 100 for
+# ScaleStore, with every fault kind on the seeds that choose it; this
 # runs as many as you like). Every failing seed is printed with the command
 # that replays exactly that run.
 #
 #   scripts/dst-sweep.sh [SEEDS] [FIRST_SEED] [extra `dmkv dst` flags...]
 #   scripts/dst-sweep.sh 20000 0 --engine race,rolex --jitter-ns 1000
+#   scripts/dst-sweep.sh 2000 0 --faults all   # delay, kill, crash, large
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-10000}

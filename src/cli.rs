@@ -69,6 +69,12 @@ pub struct DstArgs {
     pub jitter_ns: u64,
     #[arg(long, value_name = "NAME|PATH", default_value = "rolex-cx5")]
     pub profile: String,
+    /// Faults the seed may inject: delay (large delays on chosen messages,
+    /// reordering them across connections), kill (a compute client dies
+    /// mid-operation), crash (a memory node crashes mid-run), large (values
+    /// of several cache lines, so reads tear where writes land), or all.
+    #[arg(long, value_name = "KIND[,KIND...]", default_value = "")]
+    pub faults: crate::dst::Faults,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -178,6 +184,11 @@ pub struct BenchArgs {
     /// nanoseconds to every message (explores interleavings; --seed replays).
     #[arg(long, value_name = "NS", default_value_t = 0)]
     pub jitter_ns: u64,
+    /// With --transport sim: delay PER_MILLION of the messages by a seeded
+    /// MAX_NS/2..MAX_NS each (reorders them across connections, never within
+    /// one queue pair).
+    #[arg(long, value_name = "PER_MILLION@MAX_NS")]
+    pub delay_faults: Option<dmkv_transport::sim::MessageDelays>,
 }
 
 #[derive(Debug, Args)]
@@ -363,6 +374,7 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
         nodes: a.nodes,
         jitter_ns: a.jitter_ns,
         profile: a.profile,
+        faults: a.faults,
         ..Default::default()
     };
     let failures = crate::dst::sweep(
@@ -396,9 +408,14 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             "--torn-reads and --rtt-us are local-transport knobs; under --transport sim, latency comes from --profile and reads tear where virtual time puts them (add --jitter-ns to explore)",
         ));
     }
-    if !sim && (a.profile.is_some() || a.compute_nodes != 1 || a.jitter_ns > 0) {
+    if !sim
+        && (a.profile.is_some()
+            || a.compute_nodes != 1
+            || a.jitter_ns > 0
+            || a.delay_faults.is_some())
+    {
         return Err(usage(
-            "--profile, --compute-nodes and --jitter-ns need --transport sim",
+            "--profile, --compute-nodes, --jitter-ns and --delay-faults need --transport sim",
         ));
     }
     let mut engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
@@ -456,6 +473,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
                     profile,
                     seed: a.seed,
                     jitter_ns: a.jitter_ns,
+                    delays: a.delay_faults.unwrap_or_default(),
                 },
                 compute_nodes: a.compute_nodes,
                 threads_per_node: a.threads,

@@ -5,24 +5,171 @@
 //! of concurrent inserts of the same fresh keys. A failing
 //! seed is printed with the `dmkv bench` command that replays exactly it.
 //!
+//! With `--faults`, the seed also chooses faults (see [`FaultPlan`]): large
+//! delays on chosen messages (reordered across connections), a compute
+//! client killed mid-operation ([`kill_client`]), a memory node crashing
+//! mid-run, and values of several cache lines (torn reads). Everything is a
+//! function of the seed and the flags, so `--first-seed S --seeds 1` with
+//! the same `--faults` replays a failure exactly.
+//!
 //! The test target runs a few hundred seeds per engine; `scripts/dst-sweep.sh`
 //! runs many more.
 
 use dmkv_api::EngineSpec;
 use dmkv_bench::workload::Mix;
 use dmkv_bench::{BenchConfig, Dist, EngineChoice, SimDeployer, Workload, WorkloadSource};
-use dmkv_transport::sim::{Profile, SimConfig};
+use dmkv_transport::sim::{MessageDelays, Profile, SimConfig};
+use rand::{Rng, SeedableRng};
 use std::io::Write;
 use std::sync::Arc;
 
-/// The designs `dmkv dst` tests by default: the default comparison set,
-/// every design that runs on the simulated cluster.
-/// ScaleStore runs here on request (`--engine scalestore`, on
-/// `DstParams::nodes` nodes) but is not in the default set yet: its seed 6
-/// fails the insert race, and its seeds cost several seconds each (see
-/// docs/simulation.md).
+mod kill;
+pub use kill::kill_client;
+
+/// The designs `dmkv dst` tests by default: the default comparison set and
+/// ScaleStore (on `DstParams::nodes` symmetric nodes): every design that
+/// runs on the simulated cluster.
 pub fn engines() -> Vec<&'static str> {
-    crate::engines::REGISTRY.default_set.to_vec()
+    let mut v = crate::engines::REGISTRY.default_set.to_vec();
+    if !v.contains(&"scalestore") {
+        v.push("scalestore");
+    }
+    v
+}
+
+/// The fault kinds a seed may inject (`--faults`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Large seeded delays on chosen messages.
+    pub delay: bool,
+    /// A compute client killed mid-operation.
+    pub kill: bool,
+    /// A memory node crashing mid-run (disaggregated designs).
+    pub crash: bool,
+    /// Values of several cache lines (torn reads where writes land).
+    pub large: bool,
+}
+
+impl Faults {
+    pub const ALL: Faults = Faults {
+        delay: true,
+        kill: true,
+        crash: true,
+        large: true,
+    };
+}
+
+impl std::str::FromStr for Faults {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Faults, String> {
+        let mut f = Faults::default();
+        for kind in s.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+            match kind {
+                "delay" => f.delay = true,
+                "kill" => f.kill = true,
+                "crash" => f.crash = true,
+                "large" => f.large = true,
+                "all" => f = Faults::ALL,
+                "none" => {}
+                _ => {
+                    return Err(format!(
+                        "unknown fault {kind:?}: expected delay, kill, crash, large, all or none"
+                    ));
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+impl std::fmt::Display for Faults {
+    /// The `--faults` value that selects these (empty for none).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds: Vec<&str> = [
+            (self.delay, "delay"),
+            (self.kill, "kill"),
+            (self.crash, "crash"),
+            (self.large, "large"),
+        ]
+        .iter()
+        .filter(|k| k.0)
+        .map(|k| k.1)
+        .collect();
+        write!(f, "{}", kinds.join(","))
+    }
+}
+
+/// The faults one seed injects into one engine's runs. Every choice is drawn
+/// from the seed, all of them whatever `--faults` enables (so a seed's
+/// delays are the same with `--faults delay` as with `--faults all`), then
+/// the kinds not enabled are left out.
+#[derive(Debug, Clone)]
+pub struct FaultPlan {
+    /// Message delays (every simulated run of the seed).
+    pub delays: MessageDelays,
+    /// Value size of the mixed workload (8 bytes without `large`).
+    pub value_size: usize,
+    /// The mixed workload's memory nodes, and the crash of one of them.
+    pub memnodes: usize,
+    pub crash: Option<dmkv_bench::CrashPlan>,
+    /// Whether the kill phase runs ([`kill_client`]).
+    pub kill: bool,
+}
+
+impl FaultPlan {
+    pub fn choose(spec: &dyn EngineSpec, seed: u64, faults: Faults) -> FaultPlan {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ 0xfa17_5eed_0bad_c0de);
+        // Half the seeds delay 2% of the messages by 5-40 us each: far
+        // beyond the ~1 us wire latency and the 400 ns jitter, so messages
+        // on different connections overtake each other.
+        let delay = rng.gen_bool(0.5);
+        let delays = MessageDelays {
+            per_million: 20_000,
+            max_ns: rng.gen_range(10_000..=40_000),
+        };
+        // Half the seeds use values of 2-4 cache lines (the simulator moves
+        // reads and writes of more than 64 bytes in pieces, so a read
+        // racing a write of the same value tears).
+        let large = rng.gen_bool(0.5);
+        let large_size = (64 * rng.gen_range(2..=4) + 24).min(spec.capabilities().max_value_len);
+        // A third of the seeds crash a memory node once 20-80% of the
+        // operations completed: Outback (which fails over) on 3 memory
+        // nodes, the others on 2 (keys on the survivor stay reachable).
+        let crash = rng.gen_bool(1.0 / 3.0);
+        let memnodes = if spec.name() == "outback" { 3 } else { 2 };
+        let crash_plan = dmkv_bench::CrashPlan {
+            node: rng.gen_range(0..memnodes),
+            at_fraction: rng.gen_range(4..=16) as f64 / 20.0,
+        };
+        let kill = rng.gen_bool(0.5);
+        let crash = faults.crash && crash && spec.topology() == dmkv_api::Topology::Disaggregated;
+        FaultPlan {
+            delays: if faults.delay && delay {
+                delays
+            } else {
+                MessageDelays::default()
+            },
+            value_size: if faults.large && large && large_size > 64 {
+                large_size
+            } else {
+                dmkv_bench::config::defaults::VALUE_SIZE
+            },
+            memnodes: if crash { memnodes } else { 1 },
+            crash: crash.then_some(crash_plan),
+            kill: faults.kill && kill,
+        }
+    }
+}
+
+/// What the faults of a sweep did, per engine.
+#[derive(Debug, Default, Clone, Copy)]
+struct FaultTally {
+    delayed_runs: u64,
+    large_runs: u64,
+    crashes: u64,
+    kills: u64,
+    kills_mid_op: u64,
+    blocked: u64,
 }
 
 /// The shape of one simulated run.
@@ -37,6 +184,8 @@ pub struct DstParams {
     pub tasks: usize,
     pub jitter_ns: u64,
     pub profile: String,
+    /// Fault kinds the seeds may inject.
+    pub faults: Faults,
 }
 
 impl Default for DstParams {
@@ -50,6 +199,7 @@ impl Default for DstParams {
             tasks: 4,
             jitter_ns: 400,
             profile: dmkv_transport::sim::profile::DEFAULT_PROFILE.into(),
+            faults: Faults::default(),
         }
     }
 }
@@ -78,10 +228,26 @@ fn mix(spec: &dyn EngineSpec) -> Mix {
     }
 }
 
-/// Runs `spec` once with `seed`; None if every check passed.
-pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Option<DstFailure> {
-    let profile = match Profile::load(&p.profile) {
-        Ok(pr) => pr,
+/// The simulation of one run of `seed`.
+fn sim_config(p: &DstParams, seed: u64, plan: &FaultPlan) -> Result<SimConfig, String> {
+    Ok(SimConfig {
+        profile: Profile::load(&p.profile)?,
+        seed,
+        jitter_ns: p.jitter_ns,
+        delays: plan.delays,
+    })
+}
+
+/// Runs `spec` once with `seed` (the mixed workload, with the seed's
+/// delays, value size and memory-node crash); None if every check passed.
+pub fn run_mixed(
+    spec: &'static dyn EngineSpec,
+    seed: u64,
+    p: &DstParams,
+    plan: &FaultPlan,
+) -> Option<DstFailure> {
+    let config = match sim_config(p, seed, plan) {
+        Ok(c) => c,
         Err(e) => {
             return Some(DstFailure {
                 engine: spec.name().into(),
@@ -107,18 +273,17 @@ pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Optio
     cfg.verify = true;
     cfg.seed = seed;
     cfg.load_chunk = 64;
+    cfg.value_size = plan.value_size;
+    cfg.memnodes = plan.memnodes;
+    cfg.crash = plan.crash;
     cfg.deployer = Arc::new(SimDeployer {
         options: dmkv_api::sim_deploy::SimOptions {
-            config: SimConfig {
-                profile,
-                seed,
-                jitter_ns: p.jitter_ns,
-            },
+            config,
             compute_nodes: p.compute_nodes,
             threads_per_node: p.threads,
         },
     });
-    let replay = format!(
+    let mut replay = format!(
         "dmkv bench --transport sim --profile {} --engine {} --workload mixed:{},{},{},{},{},{} --dist zipfian --keys {} --ops {} --compute-nodes {} --nodes {} --threads {} --tasks {} --jitter-ns {} --seed {seed} --verify",
         p.profile,
         spec.name(),
@@ -136,6 +301,18 @@ pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Optio
         p.tasks,
         p.jitter_ns
     );
+    if plan.value_size != dmkv_bench::config::defaults::VALUE_SIZE {
+        replay += &format!(" --value-size {}", plan.value_size);
+    }
+    if plan.delays.enabled() {
+        replay += &format!(" --delay-faults {}", plan.delays);
+    }
+    if let Some(c) = plan.crash {
+        replay += &format!(
+            " --memnodes {} --crash-memnode {}@{}",
+            plan.memnodes, c.node, c.at_fraction
+        );
+    }
     let fail = |why: String| {
         Some(DstFailure {
             engine: spec.name().into(),
@@ -155,6 +332,23 @@ pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Optio
     if r.ok {
         return None;
     }
+    if let (Some(_), Some(c)) = (plan.crash, &r.crash) {
+        // A memory node crashed. Outback replicates and fails over: its run
+        // must pass every check (handled above). The other designs do not
+        // promise availability: operations may fail with an error once the
+        // node is gone, and keys it held may not read back, but no
+        // operation may return a wrong answer and no key may read back a
+        // wrong value.
+        if spec.name() != "outback"
+            && c.crashed
+            && c.failure.is_none()
+            && r.checks.failures == 0
+            && r.verify.mismatches == 0
+            && r.verify.unexpected == 0
+        {
+            return None;
+        }
+    }
     let sample = r
         .errors
         .samples
@@ -172,7 +366,27 @@ pub fn run_one(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Optio
     ))
 }
 
-/// Runs every engine on every seed of `seeds`; reports failures as they come.
+/// The command that replays one seed of `dmkv dst` exactly.
+fn dst_replay(spec: &dyn EngineSpec, seed: u64, p: &DstParams) -> String {
+    let mut s = format!(
+        "dmkv dst --engine {} --first-seed {seed} --seeds 1 --keys {} --ops {} --nodes {} --jitter-ns {} --profile {}",
+        spec.name(),
+        p.keys,
+        p.ops,
+        p.nodes,
+        p.jitter_ns,
+        p.profile
+    );
+    if p.faults != Faults::default() {
+        s += &format!(" --faults {}", p.faults);
+    }
+    s
+}
+
+/// Runs every engine on every seed of `seeds`: the mixed workload, the
+/// insert race and, where the seed kills a client, the kill phase; reports
+/// failures as they come, then per engine how many seeds passed and what
+/// the faults did.
 pub fn sweep(
     engines: &[&'static dyn EngineSpec],
     seeds: std::ops::Range<u64>,
@@ -182,8 +396,25 @@ pub fn sweep(
     let mut failures = Vec::new();
     for &spec in engines {
         let mut failed = 0;
+        let mut t = FaultTally::default();
         for seed in seeds.clone() {
-            if let Some(f) = run_one(spec, seed, p).or_else(|| insert_race(spec, seed, p)) {
+            let plan = FaultPlan::choose(spec, seed, p.faults);
+            t.delayed_runs += plan.delays.enabled() as u64;
+            t.large_runs += (plan.value_size > 64) as u64;
+            t.crashes += plan.crash.is_some() as u64;
+            let mut result =
+                run_mixed(spec, seed, p, &plan).or_else(|| insert_race(spec, seed, p, &plan));
+            if result.is_none() && plan.kill {
+                t.kills += 1;
+                match kill_client(spec, seed, p, &plan) {
+                    Ok(k) => {
+                        t.kills_mid_op += k.killed_mid_op as u64;
+                        t.blocked += k.blocked;
+                    }
+                    Err(f) => result = Some(f),
+                }
+            }
+            if let Some(f) = result {
                 let _ = writeln!(
                     out,
                     "FAIL {} seed {}: {}\n  replay: {}",
@@ -200,6 +431,13 @@ pub fn sweep(
             seeds.end - seeds.start - failed,
             seeds.end - seeds.start
         );
+        if p.faults != Faults::default() {
+            let _ = writeln!(
+                out,
+                "  faults: {} runs with delayed messages, {} with large values, {} memory-node crashes, {} clients killed ({} mid-operation; {} survivor operations blocked by a dead client)",
+                t.delayed_runs, t.large_runs, t.crashes, t.kills, t.kills_mid_op, t.blocked
+            );
+        }
     }
     failures
 }
@@ -213,27 +451,26 @@ const RACED_KEYS: usize = 24;
 /// nodes: exactly one succeeds, the others see "exists", and the key then
 /// holds the winner's value (hash engines on disaggregated memory have got
 /// this wrong; RACE once let two claims win). None if it holds for `seed`.
-pub fn insert_race(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> Option<DstFailure> {
+/// The seed's message delays apply.
+pub fn insert_race(
+    spec: &'static dyn EngineSpec,
+    seed: u64,
+    p: &DstParams,
+    plan: &FaultPlan,
+) -> Option<DstFailure> {
     use dmkv_api::payload::make_value;
     use dmkv_testkit::insert_race::{check_round, fresh_keys, insert_each};
     use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
-    use rand::SeedableRng;
     let fail = |why: String| {
         Some(DstFailure {
             engine: spec.name().into(),
             seed,
             why: format!("insert race: {why}"),
-            replay: format!(
-                "dmkv dst --engine {} --first-seed {seed} --seeds 1 --nodes {} --jitter-ns {} --profile {}",
-                spec.name(),
-                p.nodes,
-                p.jitter_ns,
-                p.profile
-            ),
+            replay: dst_replay(spec, seed, p),
         })
     };
-    let profile = match Profile::load(&p.profile) {
-        Ok(pr) => pr,
+    let config = match sim_config(p, seed, plan) {
+        Ok(c) => c,
         Err(e) => return fail(e),
     };
     let caps = spec.capabilities();
@@ -250,11 +487,7 @@ pub fn insert_race(spec: &'static dyn EngineSpec, seed: u64, p: &DstParams) -> O
         ..Default::default()
     };
     let sim_opts = dmkv_api::sim_deploy::SimOptions {
-        config: SimConfig {
-            profile,
-            seed,
-            jitter_ns: p.jitter_ns,
-        },
+        config,
         compute_nodes: 2,
         threads_per_node: RACERS / 4,
     };

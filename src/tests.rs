@@ -462,30 +462,108 @@ fn a_wrong_engine_fails_the_run_with_exit_code_1() {
 }
 
 /// Deterministic simulation testing in CI: every engine that runs on the
-/// simulated cluster, its oracle checks, read-back verification and the
-/// same-key insert race, across many seeds with message jitter. A failure
-/// prints the seed and the command that replays it. `DMKV_DST_SEEDS`
-/// changes the count (scripts/dst-sweep.sh runs far more).
+/// simulated cluster (ScaleStore included), its oracle checks, read-back
+/// verification, the same-key insert race and, on the seeds that choose
+/// them, every fault kind (delayed messages, a killed compute node, a
+/// crashed memory node, multi-line values), across many seeds with message
+/// jitter. A failure prints the seed and the command that replays it.
+/// `DMKV_DST_SEEDS` changes the count (scripts/dst-sweep.sh runs far more);
+/// ScaleStore, whose seeds cost several times more, runs a third of it.
 #[test]
 fn dst_every_engine_across_seeds() {
     let seeds: u64 = std::env::var("DMKV_DST_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let engines: Vec<_> = crate::dst::engines()
-        .iter()
-        .map(|n| crate::engines::REGISTRY.find(n).unwrap())
-        .collect();
     let mut log = Vec::new();
-    let failures = crate::dst::sweep(&engines, 0..seeds, &Default::default(), &mut log);
-    let log = String::from_utf8(log).unwrap();
-    assert!(failures.is_empty(), "{log}");
+    let mut failures = Vec::new();
     for e in crate::dst::engines() {
+        let spec = crate::engines::REGISTRY.find(e).unwrap();
+        // Not yet the kill for ROLEX and Sherman: when the dead compute
+        // node holds a leaf lock, the blocked survivors' retry loops make a
+        // seed cost seconds (see docs/simulation.md).
+        let kill = !["rolex", "sherman"].contains(&e);
+        let params = crate::dst::DstParams {
+            faults: crate::dst::Faults {
+                kill,
+                ..crate::dst::Faults::ALL
+            },
+            ..Default::default()
+        };
+        let n = if e == "scalestore" {
+            seeds.div_ceil(3)
+        } else {
+            seeds
+        };
+        failures.extend(crate::dst::sweep(&[spec], 0..n, &params, &mut log));
+        if !kill {
+            log.extend_from_slice(b"  (no kills)\n");
+        }
+        let text = String::from_utf8_lossy(&log).to_string();
         assert!(
-            log.contains(&format!("{e}: {seeds} of {seeds} seeds passed")),
-            "{log}"
+            text.contains(&format!("{e}: {n} of {n} seeds passed")),
+            "{text}"
         );
     }
+    let log = String::from_utf8(log).unwrap();
+    assert!(failures.is_empty(), "{log}");
+    // The faults were injected: some seeds of every engine delayed
+    // messages and killed a client mid-operation.
+    let lines: Vec<&str> = log.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("faults:") {
+            assert!(!line.contains(" 0 runs with delayed messages"), "{line}");
+            let no_kills = lines.get(i + 1).is_some_and(|l| l.contains("(no kills)"));
+            assert!(no_kills || !line.contains("(0 mid-operation"), "{line}");
+        }
+    }
+}
+
+/// The kill fault: a compute node dies mid-operation and the engine keeps
+/// its promises (see `src/dst/kill.rs`); the victim's tasks really stop
+/// (checked inside: no verb posted after the kill) and for some seed the
+/// kill hits an operation in flight.
+#[test]
+fn dst_a_killed_compute_node_stops_and_survivors_stay_correct() {
+    let params = crate::dst::DstParams::default();
+    for e in ["rpc-hash", "race"] {
+        let spec = crate::engines::REGISTRY.find(e).unwrap();
+        let plan = crate::dst::FaultPlan::choose(spec, 0, crate::dst::Faults::default());
+        let mut mid_op = 0;
+        for seed in 0..6 {
+            match crate::dst::kill_client(spec, seed, &params, &plan) {
+                Ok(k) => mid_op += k.killed_mid_op as u32,
+                Err(f) => panic!("{e} seed {seed}: {}\n{}", f.why, f.replay),
+            }
+        }
+        assert!(mid_op > 0, "{e}: no kill hit an operation in flight");
+    }
+}
+
+/// `--faults` parses, prints and replays: the plan is a function of the
+/// seed, and what `delay` chooses is the same with `all`.
+#[test]
+fn dst_fault_plans_follow_the_seed() {
+    use crate::dst::{FaultPlan, Faults};
+    let spec = crate::engines::REGISTRY.find("race").unwrap();
+    let all: Faults = "all".parse().unwrap();
+    assert_eq!(all, Faults::ALL);
+    assert_eq!(all.to_string().parse::<Faults>().unwrap(), all);
+    assert!("delay,bogus".parse::<Faults>().is_err());
+    let delay: Faults = "delay".parse().unwrap();
+    let mut delayed = 0;
+    for seed in 0..40 {
+        let a = FaultPlan::choose(spec, seed, all);
+        let d = FaultPlan::choose(spec, seed, delay);
+        assert_eq!(a.delays, d.delays);
+        assert_eq!(d.crash, None);
+        assert!(!d.kill);
+        delayed += a.delays.enabled() as u32;
+        let none = FaultPlan::choose(spec, seed, Faults::default());
+        assert!(!none.delays.enabled() && none.crash.is_none() && !none.kill);
+        assert_eq!(none.value_size, dmkv_bench::config::defaults::VALUE_SIZE);
+    }
+    assert!(delayed > 5 && delayed < 35, "{delayed} of 40 seeds delay");
 }
 
 #[test]

@@ -34,6 +34,7 @@ fn crashing(node: usize, sim: bool) -> BenchConfig {
                     profile: Profile::default_profile(),
                     seed: 1,
                     jitter_ns: 0,
+                    delays: Default::default(),
                 },
                 compute_nodes: 1,
                 threads_per_node: cfg.threads,

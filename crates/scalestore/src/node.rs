@@ -27,8 +27,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// Most node indices a cluster can have (owner bitmaps are 64 bits).
@@ -191,8 +191,13 @@ pub(crate) fn corrupt(m: impl Into<String>) -> KvError {
 thread_local! {
     /// Endpoints of the transport's handler threads (and of our own
     /// threads), by fabric and node: handlers get no per-thread state from
-    /// the transport, and an endpoint must stay on its thread.
-    static THREAD_EPS: RefCell<HashMap<(usize, NodeId), Rc<Endpoint>>> = RefCell::new(HashMap::new());
+    /// the transport, and an endpoint must stay on its thread. Each entry
+    /// keeps a weak handle on its fabric: while it lives, the fabric's
+    /// address cannot be reused by a later fabric (a later simulation on
+    /// this thread), and an entry whose fabric is gone is stale.
+    #[allow(clippy::type_complexity)]
+    static THREAD_EPS: RefCell<HashMap<(usize, NodeId), (Weak<dyn Fabric>, Rc<Endpoint>)>> =
+        RefCell::new(HashMap::new());
 }
 
 impl ScaleNode {
@@ -449,11 +454,13 @@ impl ScaleNode {
         let key = (Arc::as_ptr(&self.fabric) as *const () as usize, self.id);
         THREAD_EPS.with(|m| {
             let mut m = m.borrow_mut();
-            if let Some(ep) = m.get(&key) {
+            if let Some((_, ep)) = m.get(&key) {
                 return Ok(ep.clone());
             }
+            // Endpoints of fabrics that are gone (earlier deployments).
+            m.retain(|_, (fabric, _)| fabric.strong_count() > 0);
             let ep = Rc::new(self.fabric.endpoint(self.id)?);
-            m.insert(key, ep.clone());
+            m.insert(key, (Arc::downgrade(&self.fabric), ep.clone()));
             Ok(ep)
         })
     }

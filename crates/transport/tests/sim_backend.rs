@@ -29,6 +29,7 @@ fn config(seed: u64) -> SimConfig {
         profile: Profile::default_profile(),
         seed,
         jitter_ns: 0,
+        delays: Default::default(),
     }
 }
 
@@ -301,6 +302,7 @@ fn large_reads_tear_where_a_write_lands() {
     // 8-byte word is ever torn.
     let sim = Simulation::new(SimConfig {
         jitter_ns: 200,
+        delays: Default::default(),
         ..config(6)
     });
     let server = sim.add_node(1);
@@ -408,6 +410,7 @@ fn a_wait_nothing_ends_is_reported() {
 fn racy_run(seed: u64) -> (Vec<u64>, u64) {
     let sim = Simulation::new(SimConfig {
         jitter_ns: 200,
+        delays: Default::default(),
         ..config(seed)
     });
     let server = sim.add_node(1);
@@ -568,4 +571,53 @@ fn a_wait_on_the_network_alone_runs_no_task_and_holds_jobs() {
     ];
     run_tasks(tasks);
     assert_eq!(polls_during_wait.get(), 0, "a task ran during the wait");
+}
+
+/// Two writes of one word: the first from node A, the second 10 us later
+/// from node B (`same_qp`: from A too). Returns the word's final value.
+fn last_write_wins(seed: u64, same_qp: bool, delays: dmkv_transport::sim::MessageDelays) -> u8 {
+    let sim = Simulation::new(SimConfig {
+        delays,
+        ..config(seed)
+    });
+    let server = sim.add_node(0);
+    let (a, b) = (sim.add_node(0).id(), sim.add_node(0).id());
+    let (region, _mem) = server.register_region(64).unwrap();
+    let fabric = sim.fabric();
+    let ea = fabric.endpoint(a).unwrap();
+    let eb = fabric.endpoint(if same_qp { a } else { b }).unwrap();
+    let tasks: Vec<LocalTask<'_, ()>> = vec![
+        Box::pin(async { ea.write(region.at(0), &[1u8; 8]).await.unwrap() }),
+        Box::pin(async {
+            sleep(Duration::from_micros(10)).await;
+            eb.write(region.at(0), &[2u8; 8]).await.unwrap()
+        }),
+    ];
+    run_tasks(tasks);
+    assert_eq!(sim.delayed_messages() > 0, delays.enabled());
+    block_on(ea.read(region.at(0), 8)).unwrap()[0]
+}
+
+#[test]
+fn delayed_messages_reorder_across_connections_never_within_one() {
+    let delays = dmkv_transport::sim::MessageDelays {
+        per_million: 1_000_000,
+        max_ns: 100_000,
+    };
+    let none = Default::default();
+    // Without delays the later write always lands last.
+    for seed in 0..20 {
+        assert_eq!(last_write_wins(seed, false, none), 2, "seed {seed}");
+    }
+    // With 50-100 us delays the first write overtakes the second on some
+    // seeds when they travel on different connections...
+    let across: Vec<u8> = (0..20)
+        .map(|seed| last_write_wins(seed, false, delays))
+        .collect();
+    assert!(across.contains(&1), "no reordering: {across:?}");
+    assert!(across.contains(&2), "always reordered: {across:?}");
+    // ...and never on one queue pair.
+    for seed in 0..20 {
+        assert_eq!(last_write_wins(seed, true, delays), 2, "seed {seed}");
+    }
 }

@@ -13,11 +13,13 @@
 //! See `docs/simulation.md` for the model, its calibration and what it
 //! leaves out.
 
+pub mod faults;
 pub mod net;
 pub mod profile;
 #[allow(unsafe_code)]
 mod sched;
 
+pub use faults::MessageDelays;
 pub use net::{ResourceUse, SimNode};
 pub use profile::Profile;
 
@@ -39,6 +41,10 @@ pub(crate) struct Sim {
     pub(crate) profile: Profile,
     pub(crate) jitter_ns: u64,
     pub(crate) cluster: Arc<Cluster>,
+    /// Seeded message delays (fault injection, see [`faults`]).
+    pub(crate) delays: MessageDelays,
+    /// Messages delayed so far.
+    pub(crate) delayed: Cell<u64>,
 }
 
 thread_local! {
@@ -284,6 +290,8 @@ pub struct SimConfig {
     pub seed: u64,
     /// Each message's wire latency gets a seeded random extra of up to this.
     pub jitter_ns: u64,
+    /// Seeded large delays on chosen messages (fault injection).
+    pub delays: MessageDelays,
 }
 
 /// A simulated cluster, run by the thread that made it (it is entered on
@@ -308,6 +316,8 @@ impl Simulation {
             profile: cfg.profile,
             jitter_ns: cfg.jitter_ns,
             cluster: cluster.clone(),
+            delays: cfg.delays,
+            delayed: Cell::new(0),
         });
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
@@ -356,6 +366,12 @@ impl Simulation {
     /// Virtual time now, in ns.
     pub fn now_ns(&self) -> u64 {
         self.sim().sched.now()
+    }
+
+    /// Messages given a fault-injection delay so far
+    /// ([`SimConfig::delays`]).
+    pub fn delayed_messages(&self) -> u64 {
+        self.sim().delayed.get()
     }
 
     /// Events run so far.

@@ -584,7 +584,7 @@ fn verb_bytes(v: &Verb) -> (u64, u64) {
 /// sender's NIC and the wire (jitter included; invariant 1 kept).
 fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64) -> u64 {
     let service = sim.profile.nic_service_ns(payload);
-    let jitter = sim.sched.random(sim.jitter_ns + 1);
+    let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
     let mut net = sim.net.borrow_mut();
     let wire_bytes = payload + sim.profile.network.header_bytes;
     let sent = net.nodes[from.0 as usize]
