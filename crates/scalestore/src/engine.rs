@@ -645,6 +645,7 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "parked_at_directory": sum(&|n| ld(&n.stats.parked_directory)),
         "handover_retries": sum(&|n| ld(&n.stats.handover_retries)),
         "fifo_queued": sum(&|n| ld(&n.stats.fifo_queued)),
+        "fifo_bypassed": sum(&|n| ld(&n.stats.fifo_bypassed)),
         "gone_replies": sum(&|n| ld(&n.stats.gone)),
         "copy_failures": sum(&|n| ld(&n.stats.copy_failures)),
         "stale_requests": sum(&|n| ld(&n.stats.stale)),

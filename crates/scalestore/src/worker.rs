@@ -205,7 +205,13 @@ impl Worker {
                     Decision::Busy | Decision::Held => {
                         // Our own directory is busy with this entry (an
                         // eviction pull, a FIFO transfer, a handover).
-                        b.pause().await;
+                        // Under FIFO the page is left to us after the
+                        // acknowledgement: ask again soon.
+                        if node.cfg.protocol == Protocol::Fifo {
+                            b.pause_short().await;
+                        } else {
+                            b.pause().await;
+                        }
                         continue;
                     }
                 }
