@@ -308,9 +308,8 @@ fn main() {
 /// times higher throughput than the remote nodes"; chaining has "30 %
 /// higher system throughput".
 fn side_by_side(results: &[serde_json::Value]) {
-    let rate = |r: &serde_json::Value, i: usize| {
-        r["per_node"][i]["updates_per_s"].as_f64().unwrap_or(0.0)
-    };
+    let rate =
+        |r: &serde_json::Value, i: usize| r["per_node"][i]["updates_per_s"].as_f64().unwrap_or(0.0);
     let nodes = results
         .first()
         .and_then(|r| r["per_node"].as_array())

@@ -469,8 +469,11 @@ mod tests {
                 p
             })
             .collect();
-        let batch: Vec<(u64, &AlignedPage)> =
-            pages.iter().enumerate().map(|(i, p)| (i as u64, p)).collect();
+        let batch: Vec<(u64, &AlignedPage)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u64, p))
+            .collect();
         f.write_batch(&batch).unwrap();
         std::thread::scope(|s| {
             for t in 0..4u64 {

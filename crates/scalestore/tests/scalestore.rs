@@ -214,29 +214,29 @@ fn data_larger_than_all_caches() {
     let read_bytes: Vec<u64> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..3)
             .map(|t| {
-            let d = &d;
-            s.spawn(move || {
-                let (ep, store) = d.client(t).unwrap();
-                let tasks: Vec<LocalTask<'_, ()>> = (0..2u64)
-                    .map(|task| {
-                        let store = store.clone();
-                        Box::pin(async move {
-                            // Every key is read from every node.
-                            for i in (task..n).step_by(2) {
-                                let k = key(i);
-                                let v = store
-                                    .get(k)
-                                    .await
-                                    .unwrap()
-                                    .unwrap_or_else(|| panic!("key {k} missing"));
-                                assert_eq!(check_value(k, &v), Ok(1), "key {k}");
-                            }
-                        }) as LocalTask<'_, ()>
-                    })
-                    .collect();
-                run_tasks(tasks);
-                ep.total_counters().bytes_read
-            })
+                let d = &d;
+                s.spawn(move || {
+                    let (ep, store) = d.client(t).unwrap();
+                    let tasks: Vec<LocalTask<'_, ()>> = (0..2u64)
+                        .map(|task| {
+                            let store = store.clone();
+                            Box::pin(async move {
+                                // Every key is read from every node.
+                                for i in (task..n).step_by(2) {
+                                    let k = key(i);
+                                    let v = store
+                                        .get(k)
+                                        .await
+                                        .unwrap()
+                                        .unwrap_or_else(|| panic!("key {k} missing"));
+                                    assert_eq!(check_value(k, &v), Ok(1), "key {k}");
+                                }
+                            }) as LocalTask<'_, ()>
+                        })
+                        .collect();
+                    run_tasks(tasks);
+                    ep.total_counters().bytes_read
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -274,7 +274,10 @@ fn data_larger_than_all_caches() {
     // once (workers and handler threads of three nodes read concurrently).
     if st["ssd_io_uring"] == true {
         let through = st["ssd_reads_through_ring"].as_u64().unwrap();
-        assert!(through > 0 && through <= st["ssd_reads"].as_u64().unwrap(), "{st}");
+        assert!(
+            through > 0 && through <= st["ssd_reads"].as_u64().unwrap(),
+            "{st}"
+        );
         assert!(st["ssd_read_depth_max"].as_u64().unwrap() >= 1, "{st}");
         assert!(st["ssd_read_depth_mean"].as_f64().unwrap() >= 1.0, "{st}");
     } else {
@@ -681,7 +684,12 @@ fn fifo_favours_the_directorys_own_worker() {
     });
     let total: u64 = counts.iter().sum();
     let in_page = block_on(async {
-        ExclusiveGuard::fix(&w0, pid).await.unwrap().page().word(0).unwrap()
+        ExclusiveGuard::fix(&w0, pid)
+            .await
+            .unwrap()
+            .page()
+            .word(0)
+            .unwrap()
     });
     assert_eq!(in_page, total, "every update is in the page: {counts:?}");
     // The mechanism: the directory's worker was granted the page while
