@@ -116,9 +116,9 @@ pub struct BenchArgs {
     /// Value size in bytes (at least 8: values check themselves).
     #[arg(long, value_name = "BYTES", default_value_t = defaults::VALUE_SIZE)]
     pub value_size: usize,
-    /// Compute threads.
-    #[arg(long, value_name = "T", default_value_t = defaults::THREADS)]
-    pub threads: usize,
+    /// Compute threads [default: 1; with --nodes K > 1, K: one per node].
+    #[arg(long, value_name = "T")]
+    pub threads: Option<usize>,
     /// Tasks (coroutines) per compute thread.
     #[arg(long, value_name = "C", default_value_t = defaults::TASKS)]
     pub tasks: usize,
@@ -390,6 +390,34 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
     })
 }
 
+/// The compute threads of a bench run. Compute thread `t` of a symmetric
+/// design issues from node `t % K`, so one thread with `--nodes K > 1` would
+/// run every operation on node 0 and send no message: without `--threads`
+/// the run gets one thread per node, and a run with fewer threads than nodes
+/// is told which nodes stay idle.
+fn bench_threads(threads: Option<usize>, nodes: usize, err: &mut dyn Write) -> usize {
+    match threads {
+        None if nodes > 1 => {
+            let _ = writeln!(
+                err,
+                "note: --threads not given: {nodes} compute threads, one per node of --nodes {nodes}"
+            );
+            nodes
+        }
+        None => defaults::THREADS,
+        Some(t) => {
+            if t > 0 && t < nodes {
+                let _ = writeln!(
+                    err,
+                    "note: --threads {t} < --nodes {nodes}: nodes {t}..{} issue no operations (they only serve)",
+                    nodes - 1
+                );
+            }
+            t
+        }
+    }
+}
+
 fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
     #[cfg(not(feature = "ucx"))]
     if a.transport == Transport::Ucx {
@@ -440,6 +468,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             scans
         });
     }
+    let threads = bench_threads(a.threads, a.nodes, io.err);
     let mut cfg = BenchConfig::new(engines);
     cfg.workload = workload;
     cfg.trace_load = a.trace_load;
@@ -448,7 +477,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     cfg.keys = a.keys;
     cfg.ops = a.ops;
     cfg.value_size = a.value_size;
-    cfg.threads = a.threads;
+    cfg.threads = threads;
     cfg.tasks = a.tasks;
     cfg.memnode_threads = a.memnode_threads;
     cfg.memnodes = a.memnodes;
@@ -476,7 +505,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
                     delays: a.delay_faults.unwrap_or_default(),
                 },
                 compute_nodes: a.compute_nodes,
-                threads_per_node: a.threads,
+                threads_per_node: threads,
             },
         });
     }

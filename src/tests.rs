@@ -262,6 +262,51 @@ fn bench_runs_the_reference_engine_and_writes_json() {
 }
 
 #[test]
+fn symmetric_nodes_get_one_thread_each_by_default() {
+    let dir = std::env::temp_dir().join(format!("dmkv-cli-nodes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("out.json");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--engine",
+            "scalestore",
+            "--nodes",
+            "3",
+            "--workload",
+            "ycsb-a",
+            "--keys",
+            "2000",
+            "--ops",
+            "3000",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = dmkv(&args);
+        assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (o.err, v)
+    };
+    // Without --threads: one compute thread per node, each issuing, so the
+    // protocol's messages flow.
+    let (err, v) = run(&[]);
+    assert!(err.contains("one per node"), "{err}");
+    assert_eq!(v["threads"], 3);
+    let st = &v["engine_stats"];
+    for n in st["per_node"].as_array().unwrap() {
+        assert!(n["ops"].as_u64().unwrap() > 0, "node idle: {st}");
+    }
+    assert!(st["messages_total"].as_u64().unwrap() > 0, "{st}");
+    // Fewer threads than nodes: said, and the run still goes.
+    let (err, v) = run(&["--threads", "1"]);
+    assert!(err.contains("nodes 1..2 issue no operations"), "{err}");
+    assert_eq!(v["threads"], 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn bench_with_torn_reads_verifies_the_tree_engines() {
     // Scans and updates race one-sided readers whose reads are torn: cell
     // must detect the tears (it reports retries) and nothing may be wrong.

@@ -289,10 +289,71 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let mut results = Vec::new();
     for p in &a.protocols {
-        if let Err(e) = run(&a, p) {
-            eprintln!("fairness: {e}");
-            std::process::exit(1);
+        match run(&a, p) {
+            Ok(v) => results.push(v),
+            Err(e) => {
+                eprintln!("fairness: {e}");
+                std::process::exit(1);
+            }
         }
     }
+    side_by_side(&results);
+}
+
+/// The runs on one page, beside the paper's Fig. 6 (contended, five nodes,
+/// one worker each). The paper gives no per-node numbers in its text, only
+/// the shape: chaining is fair; under FIFO the directory's node has "two
+/// times higher throughput than the remote nodes"; chaining has "30 %
+/// higher system throughput".
+fn side_by_side(results: &[serde_json::Value]) {
+    let rate =
+        |r: &serde_json::Value, i: usize| r["per_node"][i]["updates_per_s"].as_f64().unwrap_or(0.0);
+    let nodes = results
+        .first()
+        .and_then(|r| r["per_node"].as_array())
+        .map_or(0, |v| v.len());
+    if nodes < 2 {
+        return;
+    }
+    println!("\nper node, updates/s (share of the total):");
+    print!("  node");
+    for r in results {
+        print!("  {:>22}", r["protocol"].as_str().unwrap_or("?"));
+    }
+    println!();
+    for i in 0..nodes {
+        print!("  {i:>4}");
+        for r in results {
+            let total = r["updates_per_s"].as_f64().unwrap_or(0.0).max(1e-9);
+            print!(
+                "  {:>12.0} ({:>5.1} %)",
+                rate(r, i),
+                100.0 * rate(r, i) / total
+            );
+        }
+        println!();
+    }
+    print!("  directory / mean of the others:");
+    for r in results {
+        let others: f64 = (1..nodes).map(|i| rate(r, i)).sum::<f64>() / (nodes - 1) as f64;
+        print!(
+            "  {}: {:.2}x",
+            r["protocol"].as_str().unwrap_or("?"),
+            rate(r, 0) / others.max(1e-9)
+        );
+    }
+    println!();
+    let find = |p: &str| results.iter().find(|r| r["protocol"] == p);
+    if let (Some(c), Some(f)) = (find("chaining"), find("fifo")) {
+        println!(
+            "  chaining / fifo total throughput: {:.2}x",
+            c["updates_per_s"].as_f64().unwrap_or(0.0)
+                / f["updates_per_s"].as_f64().unwrap_or(0.0).max(1e-9)
+        );
+    }
+    println!(
+        "  paper (Fig. 6, 5 nodes, one page): chaining fair; fifo directory about 2x each remote node; chaining about 1.3x fifo"
+    );
 }

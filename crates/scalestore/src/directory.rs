@@ -166,12 +166,17 @@ impl ScaleNode {
                 None => Decision::Busy,
             });
         }
-        if self.cfg.protocol == Protocol::Fifo && (d.transfer.is_some() || !d.queue.is_empty()) {
-            if local {
-                // The directory's own workers bypass the queue (§3.4.2), but
-                // never a transfer in flight.
-                return Ok(Decision::Busy);
-            }
+        if self.cfg.protocol == Protocol::Fifo && local && d.transfer.is_some() {
+            // The directory's own workers bypass the queue (§3.4.2), but
+            // never a transfer in flight: the acknowledgement ending it
+            // leaves the page to them (`local_waiting`).
+            d.local_waiting = true;
+            return Ok(Decision::Busy);
+        }
+        if self.cfg.protocol == Protocol::Fifo
+            && !local
+            && (d.transfer.is_some() || !d.queue.is_empty() || d.local_waiting)
+        {
             if d.transfer == Some(q.from) || d.queue.iter().any(|h| h.from == q.from) {
                 return Err(corrupt(format!(
                     "{}: node {} asks again while its request is pending",
@@ -186,6 +191,10 @@ impl ScaleNode {
         let g = self.grant(shard, fi, m, d, q)?;
         if self.cfg.protocol == Protocol::Fifo {
             d.transfer = Some(q.from);
+            if local {
+                d.local_waiting = false;
+                Counters::add(&self.stats.fifo_bypassed, !d.queue.is_empty() as u64);
+            }
         }
         if local {
             Counters::add(&self.stats.local_grants, 1);
@@ -403,7 +412,13 @@ impl ScaleNode {
                 self.answer_held(&shard, fi, m, &mut d, h, out);
             }
         }
-        while self.cfg.protocol == Protocol::Fifo && d.transfer.is_none() && !d.evicting {
+        // A waiting worker of this node goes first: it asks again (its
+        // backoff) and is granted; its acknowledgement grants the queue.
+        while self.cfg.protocol == Protocol::Fifo
+            && d.transfer.is_none()
+            && !d.evicting
+            && !d.local_waiting
+        {
             let Some(h) = d.queue.pop_front() else { break };
             let q = OwnRequest {
                 from: h.from,

@@ -588,14 +588,35 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
     let fixes = sum(&|n| ld(&n.stats.fixes));
     let hot = sum(&|n| ld(&n.stats.hot));
     let (mut reads, mut writes, mut direct, mut uring) = (0, 0, true, true);
+    let (mut submitted, mut depth_sum, mut depth_max) = (0, 0, 0);
     for n in nodes {
         for (_, s) in n.shard_list() {
             reads += s.file.reads();
             writes += s.file.writes();
             direct &= s.file.direct();
             uring &= s.file.uring();
+            let d = s.file.read_depth();
+            submitted += ld(&d.submitted);
+            depth_sum += ld(&d.sum);
+            depth_max = depth_max.max(ld(&d.max));
         }
     }
+    // Per client operation of the whole run (load, run and verify alike:
+    // the nodes' counters are not split by phase; the report's per-op
+    // figures are the run phase's).
+    let client_ops = shared.ops.load(Ordering::Relaxed);
+    let per_op = |v: u64| {
+        if client_ops == 0 {
+            0.0
+        } else {
+            v as f64 / client_ops as f64
+        }
+    };
+    let mut by_kind_per_op = serde_json::Map::new();
+    for (k, v) in &by_kind {
+        by_kind_per_op.insert(k.clone(), per_op(v.as_u64().unwrap_or(0)).into());
+    }
+    let pages_moved = sum(&|n| ld(&n.stats.pages_remote)) + sum(&|n| ld(&n.stats.pages_ssd));
     let per_node: Vec<serde_json::Value> = nodes
         .iter()
         .map(|n| {
@@ -618,11 +639,13 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "protocol": format!("{protocol:?}").to_lowercase(),
         "nodes": nodes.len(),
         "messages": serde_json::Value::Object(by_kind),
+        "messages_per_client_op": serde_json::Value::Object(by_kind_per_op),
         "messages_total": sum(&|n| n.stats.sent.iter().map(ld).sum()),
         "parked_at_holder": sum(&|n| ld(&n.stats.parked_holder)),
         "parked_at_directory": sum(&|n| ld(&n.stats.parked_directory)),
         "handover_retries": sum(&|n| ld(&n.stats.handover_retries)),
         "fifo_queued": sum(&|n| ld(&n.stats.fifo_queued)),
+        "fifo_bypassed": sum(&|n| ld(&n.stats.fifo_bypassed)),
         "gone_replies": sum(&|n| ld(&n.stats.gone)),
         "copy_failures": sum(&|n| ld(&n.stats.copy_failures)),
         "stale_requests": sum(&|n| ld(&n.stats.stale)),
@@ -635,6 +658,11 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "ssd_writes": writes,
         "ssd_direct_io": direct,
         "ssd_io_uring": uring,
+        "ssd_reads_through_ring": submitted,
+        "ssd_read_depth_max": depth_max,
+        "ssd_read_depth_mean": if submitted == 0 { 0.0 } else { depth_sum as f64 / submitted as f64 },
+        "page_bytes_moved": pages_moved * crate::page::PAGE_SIZE as u64,
+        "page_bytes_per_client_op": per_op(pages_moved * crate::page::PAGE_SIZE as u64),
         "evictions": sum(&|n| ld(&n.stats.evictions)),
         "evictions_declined": sum(&|n| ld(&n.stats.evict_declined)),
         "eviction_batches": sum(&|n| ld(&n.stats.evict_batches)),

@@ -175,6 +175,11 @@ pub struct Dir {
     pub transfer: Option<u8>,
     /// FIFO variant: requesters waiting for their turn, answered in order.
     pub queue: VecDeque<HeldRequest>,
+    /// FIFO variant: a worker of the directory's own node found a transfer
+    /// in flight and asks again; it goes before the queue (§3.4.2: local
+    /// workers bypass it), so the next acknowledgement leaves the page to
+    /// it instead of granting the queue's head.
+    pub local_waiting: bool,
 }
 
 impl Dir {
@@ -189,6 +194,7 @@ impl Dir {
             held: Vec::new(),
             transfer: None,
             queue: VecDeque::new(),
+            local_waiting: false,
         }
     }
 

@@ -36,6 +36,9 @@ impl ScaleNode {
             Ok(()) => {}
             Err((responder, e)) => responder.reply(Err(e)),
         }
+        // Under the simulated cluster: SSD reads not waited for before a
+        // reply (none should be left) are not left to other code.
+        crate::ssd::settle_sim_wait_blocking();
     }
 
     fn dispatch(
@@ -120,6 +123,9 @@ impl ScaleNode {
                     },
                     &mut r,
                 );
+                // The page may have come from the SSD under the entry's
+                // mutex: its modelled device time passes before the reply.
+                crate::ssd::settle_sim_wait_blocking();
                 match (d, r) {
                     (Ok(Decision::Reply(reply)), Some(r)) => r.reply(Ok(reply.encode())),
                     (Err(e), Some(r)) => r.reply(Err(service_error(e))),
@@ -147,6 +153,7 @@ impl ScaleNode {
                     return Ok(());
                 }
                 let r = tri!(self.ssd_fetch(from, pid, epoch, offset).map_err(kv));
+                crate::ssd::settle_sim_wait_blocking();
                 responder.reply(Ok(r.encode()));
             }
             Request::Ack { pid } => {

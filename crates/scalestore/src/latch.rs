@@ -435,6 +435,19 @@ impl Backoff {
     /// threshold, so the thread really parks when every task sleeps).
     const SLEEP: std::time::Duration = std::time::Duration::from_micros(250);
 
+    /// [`Backoff::pause`] for a wait that an event of another thread ends
+    /// and that should see it soon: never sleeps longer than `SHORT`
+    /// (a FIFO directory's own worker waiting for an acknowledgement, after
+    /// which the page is left to it: a long sleep would leave the page idle).
+    pub async fn pause_short(&mut self) {
+        const SHORT: std::time::Duration = std::time::Duration::from_micros(5);
+        if self.round < Self::SPINS + Self::YIELDS {
+            self.pause().await;
+        } else {
+            dmkv_transport::exec::sleep(SHORT).await;
+        }
+    }
+
     pub async fn pause(&mut self) {
         self.round += 1;
         if self.round <= Self::SPINS {

@@ -531,6 +531,7 @@ impl ScaleNode {
             s.file
                 .read(slot, &mut buf)
                 .map_err(|e| KvError::Exhausted(format!("SSD read: {e}")))?;
+            crate::ssd::settle_sim_wait_blocking();
             if buf.bytes().iter().all(|&b| b == 0) {
                 continue;
             }

@@ -123,6 +123,9 @@ pub struct Counters {
     /// Requests answered "retry" by a shard being handed over.
     pub handover_retries: AtomicU64,
     pub fifo_queued: AtomicU64,
+    /// FIFO: grants to this node's own workers while remote requests were
+    /// queued (the bypass of §3.4.2).
+    pub fifo_bypassed: AtomicU64,
     pub gone: AtomicU64,
     pub copy_failures: AtomicU64,
     /// Moves or copies for a grant older than this node's possession

@@ -137,6 +137,9 @@ pub async fn run_async(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
         };
         for fi in frames {
             node.retry_parked(fi);
+            // Held requests granted from the SSD (replies already sent:
+            // the device time delays the next retry only).
+            crate::ssd::settle_sim_wait().await;
         }
     }
 }

@@ -175,14 +175,15 @@ impl Worker {
             .ok_or_else(|| corrupt(format!("{pid}: no directory known")))
     }
 
-    /// Asks the directory of `pid` (a message, or a call if it is here).
+    /// Asks the directory of `pid` (a message, or a call if it is here);
+    /// returns the grant and the directory that gave it.
     async fn ask_directory(
         &self,
         pid: Pid,
         want: Want,
         retry: bool,
         offset: u64,
-    ) -> PageResult<Grant> {
+    ) -> PageResult<(Grant, u8)> {
         let node = &self.node;
         let mut b = Backoff::default();
         loop {
@@ -195,12 +196,22 @@ impl Worker {
                     retry,
                     offset,
                 };
-                match node.own_request(q, &mut None).map_err(fatal)? {
+                let decision = node.own_request(q, &mut None);
+                // A page read from our SSD for us: wait out the device as a
+                // task (other tasks of this thread run meanwhile).
+                crate::ssd::settle_sim_wait().await;
+                match decision.map_err(fatal)? {
                     Decision::Reply(r) => r,
                     Decision::Busy | Decision::Held => {
                         // Our own directory is busy with this entry (an
                         // eviction pull, a FIFO transfer, a handover).
-                        b.pause().await;
+                        // Under FIFO the page is left to us after the
+                        // acknowledgement: ask again soon.
+                        if node.cfg.protocol == Protocol::Fifo {
+                            b.pause_short().await;
+                        } else {
+                            b.pause().await;
+                        }
                         continue;
                     }
                 }
@@ -217,7 +228,7 @@ impl Worker {
                 }
             };
             match reply {
-                Reply::Grant(g) => return Ok(g),
+                Reply::Grant(g) => return Ok((g, dir)),
                 Reply::Moved(h) if h != dir => node.set_host(pid.shard(), h),
                 Reply::Retry => {
                     // The shard is being handed over: let go of every latch
@@ -230,8 +241,9 @@ impl Worker {
         }
     }
 
-    /// Sends `q` about `pid` to its directory, following `Moved`.
-    async fn to_directory(&self, pid: Pid, q: Request) -> PageResult<Reply> {
+    /// Sends `q` about `pid` to its directory, following `Moved`; returns
+    /// the reply and the directory that gave it.
+    async fn to_directory(&self, pid: Pid, q: Request) -> PageResult<(Reply, u8)> {
         loop {
             let dir = self.directory_of(pid)?;
             let r = if dir == self.node.index {
@@ -240,10 +252,11 @@ impl Worker {
                         self.node.ack(dir, pid, false).map_err(fatal)?;
                         Reply::Done
                     }
-                    Request::SsdFetch { pid, epoch, offset } => self
-                        .node
-                        .ssd_fetch(dir, pid, epoch, offset)
-                        .map_err(fatal)?,
+                    Request::SsdFetch { pid, epoch, offset } => {
+                        let r = self.node.ssd_fetch(dir, pid, epoch, offset);
+                        crate::ssd::settle_sim_wait().await;
+                        r.map_err(fatal)?
+                    }
                     _ => unreachable!("only acks and SSD fetches"),
                 }
             } else {
@@ -254,7 +267,7 @@ impl Worker {
             };
             match r {
                 Reply::Moved(h) if h != dir => self.node.set_host(pid.shard(), h),
-                r => return Ok(r),
+                r => return Ok((r, dir)),
             }
         }
     }
@@ -294,14 +307,17 @@ impl Worker {
             m.awaiting = Awaiting::Unknown;
             retry || m.phantom
         };
-        let g = self.ask_directory(pid, want, retry, offset).await?;
+        let (g, granted_by) = self.ask_directory(pid, want, retry, offset).await?;
         f.meta.lock().awaiting = Awaiting::Known(g.epoch);
         // Requests parked on our older copy can be decided now.
         node.released(fi);
         let mut invalidate = g.invalidate & !(1 << node.index);
         let mut ok = true;
+        // The node that wrote the page into our slot one-sided, if another
+        // one did: its 4 KiB are this operation's (see `charge_pushed`).
+        let mut pushed_by: Option<u8> = None;
         match g.source {
-            Source::Written => {}
+            Source::Written => pushed_by = Some(granted_by),
             Source::Kept => {
                 if f.local().mode == Possession::None {
                     return Err(corrupt(format!(
@@ -330,6 +346,7 @@ impl Worker {
                         .await?;
                     invalidate &= !(1 << c);
                     if r == Reply::Done {
+                        pushed_by = Some(c);
                         got = true;
                         break;
                     }
@@ -340,10 +357,11 @@ impl Worker {
                         epoch: g.epoch,
                         offset,
                     };
-                    let r = self.to_directory(pid, q).await?;
+                    let (r, d) = self.to_directory(pid, q).await?;
                     if r != Reply::Done {
                         return Err(corrupt(format!("{pid}: SSD fetch answered {r:?}")));
                     }
+                    pushed_by = Some(d);
                 }
             }
             Source::Copy(s) => {
@@ -353,7 +371,7 @@ impl Worker {
                     offset,
                 };
                 match self.send(s, q).await? {
-                    Reply::Done => {}
+                    Reply::Done => pushed_by = Some(s),
                     Reply::Gone => {
                         Counters::add(&node.stats.copy_failures, 1);
                         ok = false;
@@ -361,6 +379,9 @@ impl Worker {
                     r => return Err(corrupt(format!("{pid}: copy answered {r:?}"))),
                 }
             }
+        }
+        if pushed_by.is_some_and(|n| n != node.index) {
+            self.ep.charge_pushed(PAGE_SIZE as u64);
         }
         if ok && invalidate != 0 {
             // Invalidate the other sharers, all at once (§3.3).
@@ -383,7 +404,7 @@ impl Worker {
             }
         }
         if node.cfg.protocol == Protocol::Fifo {
-            let r = self.to_directory(pid, Request::Ack { pid }).await?;
+            let (r, _) = self.to_directory(pid, Request::Ack { pid }).await?;
             if r != Reply::Done {
                 return Err(corrupt(format!("{pid}: acknowledgement answered {r:?}")));
             }

@@ -58,6 +58,16 @@ impl Endpoint {
         f(&mut self.total.borrow_mut());
     }
 
+    /// Counts `bytes` that another node wrote one-sided into this node's
+    /// memory on behalf of the operation being polled, as read by it
+    /// (ScaleStore's page transfers: the holder writes the page into the
+    /// requester's frame, §3.5). No verb or round trip is added: the issuing
+    /// node's endpoint counts the write, and the RPC that asked for it is
+    /// this operation's round trip.
+    pub fn charge_pushed(&self, bytes: u64) {
+        self.charge(|c| c.bytes_read += bytes);
+    }
+
     /// Marks the start of one operation of the workload: the `sim` backend
     /// charges the thread's simulated core its per-operation CPU here (the
     /// engine's index work and the request's preparation); other backends

@@ -272,6 +272,17 @@ pub async fn ssd_io_batch(node: NodeId, write: bool, count: usize) {
     }
 }
 
+/// Submits `count` I/Os together to `node`'s SSD now and returns the
+/// virtual instant (nanoseconds, as [`crate::time::Instant::as_nanos`]) the
+/// last completes; None outside a simulation. For code that must not wait
+/// where it issues the I/O (ScaleStore reads a page under the page's entry
+/// mutex, which a job of another node on this one OS thread may want): it
+/// waits for the instant later, with [`crate::exec::sleep_until`], once it
+/// holds no lock.
+pub fn ssd_io_submit(node: NodeId, write: bool, count: usize) -> Option<u64> {
+    ssd_batch_done(node, write, count)
+}
+
 /// [`ssd_io_batch`] waited for synchronously (a worker's or handler's own
 /// I/O): under `sim` a nested frame until the last I/O completes. (Not
 /// [`crate::exec::block_on_network`]: that would hold every memory-node
