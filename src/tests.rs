@@ -553,9 +553,10 @@ fn dst_every_engine_across_seeds() {
     let log = String::from_utf8(log).unwrap();
     assert!(failures.is_empty(), "{log}");
     // The faults were injected: some seeds of every engine delayed
-    // messages and killed a client mid-operation.
+    // messages and killed a client mid-operation (each happens on about
+    // half the seeds; with a handful of seeds it may not).
     let lines: Vec<&str> = log.lines().collect();
-    for (i, line) in lines.iter().enumerate() {
+    for (i, line) in lines.iter().enumerate().filter(|_| seeds >= 60) {
         if line.trim_start().starts_with("faults:") {
             assert!(!line.contains(" 0 runs with delayed messages"), "{line}");
             let no_kills = lines.get(i + 1).is_some_and(|l| l.contains("(no kills)"));

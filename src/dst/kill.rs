@@ -116,7 +116,7 @@ pub fn kill_client(
     };
     let config = sim_config(p, seed, plan).map_err(fail)?;
     let caps = spec.capabilities();
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ 0xdead_c11e_17);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ 0x00de_adc1_1e17);
     let owners = THREADS * TASKS;
     let mut taken = std::collections::HashSet::new();
     let mut base =
