@@ -141,6 +141,23 @@ struct Inner {
     /// Set once the node left: the process may exit.
     left: AtomicBool,
     leaving: AtomicBool,
+    /// Set when a member was found down (killed): this node then refuses
+    /// every operation (fail-stop; see the module doc).
+    dead: Mutex<Option<String>>,
+}
+
+impl Inner {
+    fn mark_dead(&self, index: u8, node: NodeId, why: &str) {
+        let mut d = self.dead.lock();
+        if d.is_none() {
+            *d = Some(format!(
+                "scalestore member {index} ({node}) is down ({why}): ScaleStore keeps no replicas, \
+                 so the pages it cached and the directory it held are lost; node {} refuses \
+                 operations from now on",
+                self.node.index
+            ));
+        }
+    }
 }
 
 /// One ScaleStore node served by this process; see the module doc.
@@ -301,7 +318,15 @@ impl NodeProcess {
             jobs: Mutex::new(Some(tx)),
             left: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
+            dead: Mutex::new(None),
         });
+        drop(dmkv_transport::exec::spawn_background(
+            "scalestore-monitor",
+            {
+                let weak = Arc::downgrade(&inner);
+                async move { monitor(weak) }
+            },
+        ));
         let pool = rt.worker_pool(&format!("{}-ctl-workers", opts.instance), opts.workers);
         for t in 0..opts.workers {
             let weak = Arc::downgrade(&inner);
@@ -527,6 +552,11 @@ fn run_job(
     if kv && node.state() != NodeState::Active {
         return Ok(not_member());
     }
+    if let Some(why) = inner.dead.lock().clone()
+        && code != op::STATS
+    {
+        return Ok(failed(&KvError::Transport(TransportError::Backend(why))));
+    }
     let mut w = WireWriter::new();
     let res: Result<()> = (|| -> std::result::Result<Result<()>, ServiceError> {
         Ok(match code {
@@ -623,7 +653,55 @@ fn run_job(
         Err(KvError::Config(m)) if kv && node.state() != NodeState::Active && m.contains("member") => {
             Ok(not_member())
         }
-        Err(e) => Ok(failed(&e)),
+        Err(e) => {
+            if let KvError::Transport(TransportError::NodeDown(n)) = &e
+                && let Some((i, _)) = node.members().into_iter().find(|(_, m)| m.node == *n)
+            {
+                inner.mark_dead(i, *n, "a message to it failed");
+            }
+            Ok(failed(&e))
+        }
+    }
+}
+
+/// How often a node probes its members.
+const PROBE_MS: u64 = 100;
+
+/// Probes every member's control service; a member that is down and still
+/// a member afterwards (a node that left is forgotten before it stops:
+/// `Depart` reaches everybody before `leave` returns) is dead.
+fn monitor(weak: Weak<Inner>) {
+    let ep = match weak.upgrade() {
+        Some(i) => match i.node.fabric.endpoint(i.node.id) {
+            Ok(ep) => ep,
+            Err(_) => return,
+        },
+        None => return,
+    };
+    loop {
+        dmkv_transport::time::sleep_blocking(std::time::Duration::from_millis(PROBE_MS));
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.dead.lock().is_some() || inner.left.load(Ordering::SeqCst) {
+            return;
+        }
+        for (i, m) in inner.node.members() {
+            let r = block_on(async {
+                let svc = ep.lookup_service(m.node, CTL_SERVICE).await?;
+                ep.call(m.node, svc, vec![op::MEMBERS]).await.map(drop)
+            });
+            if let Err(TransportError::NodeDown(_) | TransportError::Timeout { .. }) = r
+                && inner.node.member(i).is_some_and(|x| x.node == m.node)
+            {
+                inner.mark_dead(i, m.node, "found by the liveness probe");
+            }
+        }
+    }
+}
+
+impl NodeProcess {
+    /// Why this node refuses operations, once a member was found dead.
+    pub fn dead(&self) -> Option<String> {
+        self.inner.dead.lock().clone()
     }
 }
 

@@ -251,8 +251,18 @@ fn a_crashed_node_makes_operations_on_its_pages_fail_not_hang() {
     // right.
     let (mut ok, mut failed) = (0, 0);
     let mut first_error = None;
-    for &k in &keys {
-        match block_on(c0.get(k)) {
+    // Every key three times from nodes 0 and 1, and writes: a failed
+    // transfer must not leave a page that later reads as something else.
+    let c1 = clients[1].clone();
+    for (i, &k) in keys.iter().cycle().take(3 * keys.len()).enumerate() {
+        let c = if i % 2 == 0 { &c0 } else { &c1 };
+        if i >= 2 * keys.len() && i % 3 == 0 {
+            if block_on(c.update(k, &value(k, 1))).is_ok() {
+                ok += 1;
+            }
+            continue;
+        }
+        match block_on(c.get(k)) {
             Ok(v) => {
                 check(&v, k, Some(1));
                 ok += 1;
@@ -266,10 +276,24 @@ fn a_crashed_node_makes_operations_on_its_pages_fail_not_hang() {
     eprintln!("after the crash: {ok} reads answered, {failed} failed; first error: {first_error:?}");
     assert!(failed > 0, "node 2 held pages");
     assert!(
-        first_error.as_deref().unwrap().contains("down")
-            || first_error.as_deref().unwrap().contains("dead"),
+        first_error.as_deref().unwrap().contains("down"),
         "{first_error:?}"
     );
+    // The survivors find the dead member and refuse operations with a
+    // clear error from then on.
+    for p in &_procs[..2] {
+        let mut waited = 0;
+        while p.dead().is_none() {
+            assert!(waited < 10_000, "node {} never noticed", p.node().index);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            waited += 10;
+        }
+        assert!(p.dead().unwrap().contains("member 2"), "{:?}", p.dead());
+    }
+    for c in [&c0, &c1] {
+        let e = block_on(c.get(keys[1])).unwrap_err().to_string();
+        assert!(e.contains("is down") && e.contains("no replicas"), "{e}");
+    }
     // The client whose node crashed gets an error (it did not leave).
     assert!(block_on(clients[2].get(keys[0])).is_err());
 }
