@@ -98,6 +98,9 @@ pub struct NodeOptions {
     pub workers: usize,
     /// The address other processes reach this node at (told to peers).
     pub advertise: String,
+    /// Addresses of other nodes this process already reaches (founders),
+    /// told to joiners that ask for the members.
+    pub known_addrs: Vec<(NodeId, String)>,
     /// `serve` arguments: knobs, cache size, data directory.
     pub knobs: dmkv_api::Knobs,
     pub cache_mb: u64,
@@ -251,6 +254,9 @@ impl NodeProcess {
             .ok_or_else(|| ctl_err("the served node is not attached"))?;
         let mut addrs = BTreeMap::new();
         addrs.insert(u16::from(opts.index), opts.advertise.clone());
+        for (n, a) in &opts.known_addrs {
+            addrs.insert(n.0, a.clone());
+        }
         if let Start::Join { members } = start {
             // Everybody must reach us before we introduce ourselves.
             for m in members {

@@ -41,6 +41,7 @@ fn options(index: u8) -> NodeOptions {
         index,
         workers: 2,
         advertise: format!("local:{index}"),
+        known_addrs: Vec::new(),
         knobs: Knobs::new(),
         cache_mb: 1,
         data_dir: None,
