@@ -144,7 +144,12 @@ pub struct BenchArgs {
     /// With --transport ucx and --engine scalestore: running ScaleStore node
     /// processes (`dmkv node --listen`); compute thread t sends its
     /// operations to node t % K, whose workers run them.
-    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',', conflicts_with = "memnode_addr")]
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        conflicts_with = "memnode_addr"
+    )]
     pub node_addr: Vec<String>,
     /// With --transport ucx: a file holding the cluster secret (else the
     /// DMKV_SECRET environment variable; children started here get a fresh one).

@@ -19,7 +19,12 @@ pub struct NodeArgs {
     pub node_id: u8,
     /// Founding nodes' addresses in node-id order, this node's own included
     /// (all founders are started with the same list).
-    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',', conflicts_with = "join")]
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        conflicts_with = "join"
+    )]
     pub peers: Vec<String>,
     /// Join a running cluster through this member (a seed).
     #[arg(long, value_name = "ADDR")]
@@ -184,7 +189,10 @@ mod with_ucx {
                     ));
                 }
                 if let Some(m) = members.iter().find(|m| m.addr.is_empty()) {
-                    return Err(format!("{seed} does not know the address of member {}", m.index));
+                    return Err(format!(
+                        "{seed} does not know the address of member {}",
+                        m.index
+                    ));
                 }
                 Start::Join { members }
             }
@@ -273,7 +281,10 @@ mod with_ucx {
         let n = cluster
             .connect(a.addr.as_str())
             .map_err(|e| format!("{}: {e}", a.addr))?;
-        let ep = cluster.fabric().endpoint(NodeId(61000)).map_err(|e| e.to_string())?;
+        let ep = cluster
+            .fabric()
+            .endpoint(NodeId(61000))
+            .map_err(|e| e.to_string())?;
         match a.action {
             NodeCtlAction::Leave => {
                 let succ = block_on(ask_to_leave(&ep, n)).map_err(|e| format!("leave: {e}"))?;

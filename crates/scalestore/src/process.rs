@@ -310,8 +310,7 @@ impl NodeProcess {
                 let _ = tx.send(n.join(&instance, &peers));
             });
             h.join();
-            rx.recv()
-                .map_err(|_| ctl_err("the join panicked"))??;
+            rx.recv().map_err(|_| ctl_err("the join panicked"))??;
         }
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
@@ -425,12 +424,7 @@ fn leave(inner: &Arc<Inner>, done: &Arc<Mutex<Option<mpsc::Sender<()>>>>) -> Res
 }
 
 /// The control service's dispatch (a handler thread: nothing here waits).
-fn ctl(
-    inner: &Arc<Inner>,
-    done: &Arc<Mutex<Option<mpsc::Sender<()>>>>,
-    req: &[u8],
-    r: Responder,
-) {
+fn ctl(inner: &Arc<Inner>, done: &Arc<Mutex<Option<mpsc::Sender<()>>>>, req: &[u8], r: Responder) {
     let Some(&code) = req.first() else {
         return r.reply(Err(ServiceError::malformed("empty control request")));
     };
@@ -485,7 +479,11 @@ fn ctl(
 fn members_reply(inner: &Inner) -> Vec<u8> {
     let node = &inner.node;
     let addrs = inner.addrs.lock();
-    let mut list: Vec<(u8, NodeId)> = node.members().into_iter().map(|(i, m)| (i, m.node)).collect();
+    let mut list: Vec<(u8, NodeId)> = node
+        .members()
+        .into_iter()
+        .map(|(i, m)| (i, m.node))
+        .collect();
     let me_member = node.state() == NodeState::Active;
     if me_member {
         list.push((node.index, node.id));
@@ -632,7 +630,10 @@ fn run_job(
             }
             op::STATS => {
                 r.end()?;
-                let ep = inner.node.thread_ep().map_err(|e| ServiceError::failed(e.to_string()))?;
+                let ep = inner
+                    .node
+                    .thread_ep()
+                    .map_err(|e| ServiceError::failed(e.to_string()))?;
                 block_on(inner.engine.stats(&ep)).map(|v| {
                     let mut v = v;
                     v["state"] = format!("{:?}", node.state()).to_lowercase().into();
@@ -656,7 +657,9 @@ fn run_job(
         Ok(()) => Ok(w.finish()),
         // Refused at the door (the node stopped being a member meanwhile):
         // nothing was done.
-        Err(KvError::Config(m)) if kv && node.state() != NodeState::Active && m.contains("member") => {
+        Err(KvError::Config(m))
+            if kv && node.state() != NodeState::Active && m.contains("member") =>
+        {
             Ok(not_member())
         }
         Err(e) => {

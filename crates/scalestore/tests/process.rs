@@ -117,8 +117,8 @@ fn nodes_as_processes_join_and_leave_keeping_every_value() {
     let cl = cluster(4);
     let mut procs = found(&cl, 3);
     let fabric = cl.c.fabric();
-    let engine = RemoteEngine::new(fabric.clone(), cl.compute, (0..3).map(NodeId).collect())
-        .unwrap();
+    let engine =
+        RemoteEngine::new(fabric.clone(), cl.compute, (0..3).map(NodeId).collect()).unwrap();
     let ep = Rc::new(fabric.endpoint(cl.compute).unwrap());
     let keys: Vec<u64> = (0..600u64).map(|i| i * 7919 + 3).collect();
     let mut oracle: BTreeMap<u64, u64> = BTreeMap::new();
@@ -147,13 +147,8 @@ fn nodes_as_processes_join_and_leave_keeping_every_value() {
         members.iter().map(|m| m.index).collect::<Vec<_>>(),
         vec![0, 1, 2]
     );
-    let joiner = NodeProcess::start(
-        &cl.rts[3],
-        &options(3),
-        &Start::Join { members },
-        no_link(),
-    )
-    .unwrap();
+    let joiner =
+        NodeProcess::start(&cl.rts[3], &options(3), &Start::Join { members }, no_link()).unwrap();
     let (_, members) = block_on(members_of(&ep, NodeId(0))).unwrap();
     assert_eq!(
         members.iter().map(|m| m.index).collect::<Vec<_>>(),
@@ -232,8 +227,8 @@ fn a_crashed_node_makes_operations_on_its_pages_fail_not_hang() {
     let cl = cluster(3);
     let _procs = found(&cl, 3);
     let fabric = cl.c.fabric();
-    let engine = RemoteEngine::new(fabric.clone(), cl.compute, (0..3).map(NodeId).collect())
-        .unwrap();
+    let engine =
+        RemoteEngine::new(fabric.clone(), cl.compute, (0..3).map(NodeId).collect()).unwrap();
     let ep = Rc::new(fabric.endpoint(cl.compute).unwrap());
     let keys: Vec<u64> = (0..3000u64).map(|i| i * 31 + 1).collect();
     let pairs: Vec<(u64, Vec<u8>)> = keys.iter().map(|&k| (k, value(k, 0))).collect();
@@ -274,7 +269,9 @@ fn a_crashed_node_makes_operations_on_its_pages_fail_not_hang() {
             }
         }
     }
-    eprintln!("after the crash: {ok} reads answered, {failed} failed; first error: {first_error:?}");
+    eprintln!(
+        "after the crash: {ok} reads answered, {failed} failed; first error: {first_error:?}"
+    );
     assert!(failed > 0, "node 2 held pages");
     assert!(
         first_error.as_deref().unwrap().contains("down"),
