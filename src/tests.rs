@@ -195,7 +195,13 @@ fn ucx_is_refused_clearly() {
 #[test]
 fn node_commands_and_flags_are_checked() {
     assert_usage_error(
-        &["bench", "--engine", "scalestore", "--node-addr", "127.0.0.1:1"],
+        &[
+            "bench",
+            "--engine",
+            "scalestore",
+            "--node-addr",
+            "127.0.0.1:1",
+        ],
         "need --transport ucx",
     );
     #[cfg(not(feature = "ucx"))]
@@ -208,7 +214,13 @@ fn node_commands_and_flags_are_checked() {
     #[cfg(feature = "ucx")]
     {
         assert_usage_error(
-            &["node", "--listen", "127.0.0.1:0", "--secret-file", "/nonexistent/s"],
+            &[
+                "node",
+                "--listen",
+                "127.0.0.1:0",
+                "--secret-file",
+                "/nonexistent/s",
+            ],
             "secret",
         );
     }
