@@ -4,7 +4,8 @@
 # suites of dmkv-transport-ucx with the `ucx` feature (tcp, shared memory,
 # shared memory through ucp_get/put), a `dmkv bench --transport ucx` smoke
 # run compared with --transport local, XStore's logs surviving kill -9 of a
-# `dmkv memnode --data-dir` process, and the multi-host namespace test when
+# `dmkv memnode --data-dir` process, ScaleStore as `dmkv node` processes on
+# loopback (scripts/scalestore-nodes.sh), and the multi-host namespace test when
 # this machine allows network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,10 +41,13 @@ step "ucx: xstore durability across processes (dmkv memnode --data-dir, kill -9,
 DMKV_BIN="$PWD/target/release/dmkv" cargo test --release -p dmkv-transport-ucx --features ucx \
     --test ucx_xstore_durability -- --test-threads=1
 
+step "ucx: scalestore as node processes (dmkv node): ycsb-a/c uniform/zipfian, join + leave mid-run, kill -9"
+timeout 600 bash scripts/scalestore-nodes.sh target/release/dmkv
+
 step "ucx: multi-host test in network namespaces"
 if ip netns add dmkv-ci-probe 2>/dev/null; then
     ip netns del dmkv-ci-probe
-    bash scripts/netns-test.sh target/release/dmkv
+    timeout 900 bash scripts/netns-test.sh target/release/dmkv
 else
     echo "skipped: this machine does not allow network namespaces (ip netns add failed)"
 fi

@@ -8,7 +8,9 @@
 #
 # Checks: an engine installed on both memory nodes runs and verifies from a
 # compute host; a compute host with the wrong secret is refused; killing a
-# compute process mid-run leaves the memory nodes serving another one.
+# compute process mid-run leaves the memory nodes serving another one;
+# ScaleStore runs as three `dmkv node` processes in dmkv-mn0, dmkv-mn1 and
+# dmkv-cn1 (port 7500), driven from dmkv-cn0, ycsb-c and ycsb-a verified.
 # Needs root (ip netns). Every address is inside namespaces made here.
 #
 # usage: scripts/netns-test.sh [path/to/dmkv built with --features ucx]
@@ -117,4 +119,35 @@ echo "killed the compute process (pid $VICTIM)"
 for p in "${PIDS[@]}"; do kill -0 "$p" || { echo "FAIL: a memory node died"; exit 1; }; done
 bench dmkv-cn0 "$WORK/secret" --engine "$FIRST" --keys 20000 --ops 20000 --json "$WORK/after.json" >/dev/null
 python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['ok'], r; print('after the kill, another compute host verified', r['verify']['checked'], 'keys')" "$WORK/after.json"
+echo "== ScaleStore: three node processes on three hosts (dmkv node), bench from dmkv-cn0"
+SPORT=7500
+SNODES="dmkv-mn0:$NET.1 dmkv-mn1:$NET.2 dmkv-cn1:$NET.12"
+SPEERS="$NET.1:$SPORT,$NET.2:$SPORT,$NET.12:$SPORT"
+i=0
+for h in $SNODES; do
+    ns=${h%%:*} ip=${h##*:}
+    ip netns exec "$ns" "$DMKV" node --listen "$ip:$SPORT" --node-id $i --peers "$SPEERS" \
+        --secret-file "$WORK/secret" --data-dir "$WORK/ss-$ns" --cache-mb 16 \
+        >"$WORK/ss-$ns.out" 2>"$WORK/ss-$ns.err" &
+    PIDS+=($!)
+    i=$((i + 1))
+done
+for h in $SNODES; do
+    ns=${h%%:*}
+    for _ in $(seq 600); do grep -q "listening" "$WORK/ss-$ns.out" 2>/dev/null && break; sleep 0.1; done
+    grep -q "listening" "$WORK/ss-$ns.out" || { cat "$WORK/ss-$ns.err"; echo "FAIL: scalestore node in $ns did not start"; exit 1; }
+done
+for w in ycsb-c ycsb-a; do
+    ip netns exec dmkv-cn0 "$DMKV" bench --transport ucx --engine scalestore --node-addr "$SPEERS" \
+        --secret-file "$WORK/secret" --workload $w --value-size 128 --threads 3 --tasks 1 \
+        --keys 10000 --ops 10000 --verify --json "$WORK/ss-$w.json" >"$WORK/ss-$w.out" 2>&1 ||
+        { cat "$WORK/ss-$w.out"; echo "FAIL: scalestore $w across namespaces"; exit 1; }
+    python3 -c "
+import json,sys
+r=json.load(open(sys.argv[1])); v=r['verify']
+assert r['ok'] and v['mismatches']==0 and v['missing']==0, r
+print('scalestore', sys.argv[2], 'verified', v['checked'], 'keys;', ', '.join('node %s: %.3f msgs/op, %.3f remote pages/op' % (n['index'], n['messages_total_per_op'] or 0, n['pages_from_remote_memory_per_op'] or 0) for n in r['engine_stats']['per_node']))
+" "$WORK/ss-$w.json" "$w"
+done
+
 echo "netns test: passed"

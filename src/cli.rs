@@ -43,6 +43,10 @@ pub enum Command {
     Memnode(MemnodeArgs),
     /// Deploy an engine in this process and run get/put/delete/scan by hand or from a script on stdin.
     Shell(ShellArgs),
+    /// Serve one ScaleStore node in this process, with peers in other processes or hosts (needs the `ucx` feature).
+    Node(crate::node::NodeArgs),
+    /// Ask a `dmkv node` process to leave, or show its members or figures (needs the `ucx` feature).
+    NodeCtl(crate::node::NodeCtlArgs),
     /// Deterministic simulation testing: every engine's checks on the simulated cluster across many seeds.
     Dst(DstArgs),
 }
@@ -143,6 +147,16 @@ pub struct BenchArgs {
     /// to use, in order; without it, --memnodes children start on loopback.
     #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
     pub memnode_addr: Vec<String>,
+    /// With --transport ucx and --engine scalestore: running ScaleStore node
+    /// processes (`dmkv node --listen`); compute thread t sends its
+    /// operations to node t % K, whose workers run them.
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        conflicts_with = "memnode_addr"
+    )]
+    pub node_addr: Vec<String>,
     /// With --transport ucx: a file holding the cluster secret (else the
     /// DMKV_SECRET environment variable; children started here get a fresh one).
     #[arg(long, value_name = "PATH")]
@@ -271,6 +285,14 @@ pub fn run(registry: &Registry, args: Vec<OsString>, io: &mut Io<'_>) -> i32 {
         #[cfg(not(feature = "ucx"))]
         Command::Memnode(_) => Err(usage(format!(
             "{NO_UCX}: `dmkv memnode` cannot serve other processes (run engines in-process with `dmkv bench --transport local`)"
+        ))),
+        #[cfg(feature = "ucx")]
+        Command::Node(args) => crate::node::node(args, io.out).map_err(usage),
+        #[cfg(feature = "ucx")]
+        Command::NodeCtl(args) => crate::node::node_ctl(args, io.out).map_err(usage),
+        #[cfg(not(feature = "ucx"))]
+        Command::Node(_) | Command::NodeCtl(_) => Err(usage(format!(
+            "{NO_UCX}: `dmkv node` cannot run ScaleStore nodes as processes (run them in-process with `dmkv bench --engine scalestore --nodes K`)"
         ))),
         Command::Shell(args) => shell_command(registry, args, io),
         Command::Dst(args) => dst_command(registry, args, io),
@@ -425,9 +447,11 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             "{NO_UCX}: --transport ucx is unavailable; use --transport local"
         )));
     }
-    if a.transport != Transport::Ucx && (!a.memnode_addr.is_empty() || a.secret_file.is_some()) {
+    if a.transport != Transport::Ucx
+        && (!a.memnode_addr.is_empty() || !a.node_addr.is_empty() || a.secret_file.is_some())
+    {
         return Err(usage(
-            "--memnode-addr and --secret-file need --transport ucx",
+            "--memnode-addr, --node-addr and --secret-file need --transport ucx",
         ));
     }
     let sim = a.transport == Transport::Sim;
@@ -511,8 +535,13 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     }
     #[cfg(feature = "ucx")]
     if a.transport == Transport::Ucx {
-        cfg.deployer =
-            crate::ucx::deployer(&a.memnode_addr, a.secret_file.as_deref()).map_err(usage)?;
+        cfg.deployer = if a.node_addr.is_empty() {
+            crate::ucx::deployer(&a.memnode_addr, a.secret_file.as_deref()).map_err(usage)?
+        } else {
+            // Node processes: as many nodes as addresses.
+            cfg.nodes = a.node_addr.len();
+            crate::node::node_deployer(&a.node_addr, a.secret_file.as_deref()).map_err(usage)?
+        };
     }
     cfg.validate().map_err(bench_failure)?;
     // Fail on an unwritable report path before spending minutes on a run.

@@ -7,6 +7,7 @@
 mod cli;
 mod dst;
 mod engines;
+mod node;
 mod shell;
 #[cfg(feature = "ucx")]
 mod ucx;

@@ -193,6 +193,52 @@ fn ucx_is_refused_clearly() {
 }
 
 #[test]
+fn node_commands_and_flags_are_checked() {
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "scalestore",
+            "--node-addr",
+            "127.0.0.1:1",
+        ],
+        "need --transport ucx",
+    );
+    #[cfg(not(feature = "ucx"))]
+    for args in [
+        &["node", "--listen", "127.0.0.1:7000"][..],
+        &["node-ctl", "--addr", "127.0.0.1:7000", "leave"][..],
+    ] {
+        assert_usage_error(args, "built without the `ucx` feature");
+    }
+    #[cfg(feature = "ucx")]
+    {
+        assert_usage_error(
+            &[
+                "node",
+                "--listen",
+                "127.0.0.1:0",
+                "--secret-file",
+                "/nonexistent/s",
+            ],
+            "secret",
+        );
+    }
+    assert_usage_error(
+        &[
+            "bench",
+            "--transport",
+            "ucx",
+            "--node-addr",
+            "127.0.0.1:1",
+            "--memnode-addr",
+            "127.0.0.1:2",
+        ],
+        "cannot be used with",
+    );
+}
+
+#[test]
 fn help_goes_to_stdout() {
     let o = dmkv(&["bench", "--help"]);
     assert_eq!(o.code, EXIT_OK);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// Where the cluster secret comes from.
 const SECRET_ENV: &str = "DMKV_SECRET";
 
-fn read_secret(file: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
+pub(crate) fn read_secret(file: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
     if let Some(path) = file {
         let s = std::fs::read(path)
             .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;

@@ -305,6 +305,11 @@ impl EngineSpec for ScaleStoreSpec {
         // The page provider and the re-poll thread hold the node; they stop
         // when the runtime (and with it the pool) goes away.
         let pool = rt.worker_pool(&format!("{}-provider-repoll", args.instance), 2);
+        // Held by the node's attachments: the runtime retires pools that
+        // only it holds whenever another pool is started on it (a node
+        // process starts its workers' pool after this), which would stop
+        // both loops. Removing the instance drops it.
+        rt.attach(&args.name("provider-pool"), pool.clone());
         if dmkv_transport::sim::active() {
             // The simulated cluster runs on one thread: the two loops are
             // runtime background tasks that wait in virtual time.

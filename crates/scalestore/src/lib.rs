@@ -31,6 +31,7 @@ pub mod msg;
 pub mod node;
 pub mod page;
 pub mod pid;
+pub mod process;
 pub mod provider;
 pub mod repoll;
 pub mod ssd;

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# ScaleStore with one node per process (`dmkv node`) on loopback, over UCX:
+#
+# 1. three `dmkv node --listen 127.0.0.1:PORT` processes (founders) and
+#    `dmkv bench --transport ucx --engine scalestore --node-addr ...` on
+#    ycsb-a and ycsb-c, uniform and zipfian, --value-size 128 --verify:
+#    every run verifies and reports messages and remote pages per op per node;
+# 2. a fourth node joins (`dmkv node --join`) and node 1 leaves
+#    (`dmkv node-ctl leave`) while a bench runs: the run verifies (clients
+#    of the leaver move on to another node), node 1's process exits 0;
+# 3. node 2 is killed with -9: the survivors find it down and refuse
+#    operations with a clear error (ScaleStore keeps no replicas) instead
+#    of hanging.
+#
+# usage: scripts/scalestore-nodes.sh [path/to/dmkv built with --features ucx]
+set -euo pipefail
+DMKV=$(realpath "${1:-target/release/dmkv}")
+BASE=${BASE_PORT:-7610}
+KEYS=${KEYS:-5000}
+OPS=${OPS:-5000}
+WORK=$(mktemp -d)
+PIDS=()
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/secret"
+addr() { echo "127.0.0.1:$((BASE + $1))"; }
+PEERS="$(addr 0),$(addr 1),$(addr 2)"
+
+start_node() { # id extra-args...
+    local id=$1
+    shift
+    mkdir -p "$WORK/data$id"
+    "$DMKV" node --listen "$(addr "$id")" --node-id "$id" --secret-file "$WORK/secret" \
+        --data-dir "$WORK/data$id" --cache-mb 16 "$@" >"$WORK/node$id.out" 2>"$WORK/node$id.err" &
+    PIDS+=($!)
+    eval "NODE$id=$!"
+}
+wait_listening() { # id
+    for _ in $(seq 600); do grep -q "listening" "$WORK/node$1.out" 2>/dev/null && return 0; sleep 0.1; done
+    cat "$WORK/node$1.err"
+    echo "FAIL: node $1 did not start"
+    exit 1
+}
+check() { # json label
+    python3 - "$1" "$2" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+v = r["verify"]
+assert r["ok"] and r["transport"] == "ucx", r
+assert v["mismatches"] == 0 and v["missing"] == 0 and v["checked"] > 0, v
+s = r["engine_stats"]
+rows = []
+for n in s["per_node"]:
+    if "unreachable" in n:
+        # A node that left (and exited) cannot report; one that was not
+        # seen to leave is a failure.
+        assert n["left"], n
+        rows.append("node %s: left during the run" % n["node"])
+        continue
+    rows.append("node %s: %d ops, %.3f msgs/op, %.3f remote pages/op" % (
+        n["index"], n["ops"], n["messages_total_per_op"] or 0, n["pages_from_remote_memory_per_op"] or 0))
+assert sum(n.get("ops", 0) for n in s["per_node"]) > 0
+print("%s: verified %d keys, %.0f ops/s, errors %d, failovers %d" % (
+    sys.argv[2], v["checked"], r["throughput_ops_per_s"], r["errors"]["count"], s["failovers"]))
+for x in rows:
+    print("   " + x)
+EOF
+}
+
+echo "== three founding nodes on loopback"
+for i in 0 1 2; do start_node $i --peers "$PEERS"; done
+for i in 0 1 2; do wait_listening $i; done
+bench() { # extra...
+    "$DMKV" bench --transport ucx --engine scalestore --node-addr "$PEERS" \
+        --secret-file "$WORK/secret" --value-size 128 --threads 3 --tasks 1 --verify "$@"
+}
+for w in ycsb-c ycsb-a; do
+    for d in uniform zipfian; do
+        bench --workload $w --dist $d --keys "$KEYS" --ops "$OPS" --json "$WORK/$w-$d.json" \
+            >"$WORK/$w-$d.out" 2>&1 || { cat "$WORK/$w-$d.out"; echo "FAIL: $w $d"; exit 1; }
+        check "$WORK/$w-$d.json" "$w $d"
+    done
+done
+
+echo "== node 3 joins and node 1 leaves while a bench runs"
+bench --workload ycsb-a --keys "$KEYS" --ops $((OPS * 4)) --json "$WORK/churn.json" \
+    >"$WORK/churn.out" 2>&1 &
+BENCH=$!
+sleep 3
+start_node 3 --join "$(addr 0)"
+wait_listening 3
+"$DMKV" node-ctl --addr "$(addr 0)" --secret-file "$WORK/secret" members | tr '\n' ' '
+echo
+"$DMKV" node-ctl --addr "$(addr 1)" --secret-file "$WORK/secret" leave
+wait "$NODE1" || { echo "FAIL: node 1 did not exit cleanly"; exit 1; }
+echo "node 1's process exited: $(tail -1 "$WORK/node1.out")"
+wait "$BENCH" || { cat "$WORK/churn.out"; echo "FAIL: the bench across the join and leave"; exit 1; }
+check "$WORK/churn.json" "ycsb-a across join+leave"
+"$DMKV" node-ctl --addr "$(addr 3)" --secret-file "$WORK/secret" members | tr '\n' ' '
+echo
+
+echo "== node 2 killed with -9"
+kill -9 "$NODE2"
+wait "$NODE2" 2>/dev/null || true
+set +e
+timeout 120 "$DMKV" bench --transport ucx --engine scalestore --node-addr "$(addr 0),$(addr 3)" \
+    --secret-file "$WORK/secret" --value-size 128 --threads 2 --tasks 1 --workload ycsb-c \
+    --keys 2000 --ops 2000 >"$WORK/dead.out" 2>&1
+rc=$?
+set -e
+[ "$rc" -ne 124 ] || { cat "$WORK/dead.out"; echo "FAIL: the bench hung after the kill"; exit 1; }
+[ "$rc" -ne 0 ] || { cat "$WORK/dead.out"; echo "FAIL: a bench succeeded with a member dead"; exit 1; }
+grep -m1 -o "member 2 ([^)]*) is down.*ScaleStore keeps no replicas" "$WORK/dead.out" ||
+    { cat "$WORK/dead.out"; echo "FAIL: no clear error"; exit 1; }
+for p in "$NODE0" "$NODE3"; do kill -0 "$p" || { echo "FAIL: a survivor died"; exit 1; }; done
+echo "scalestore nodes: passed"
