@@ -172,6 +172,10 @@ pub struct BenchArgs {
     /// each with `run`: the command line, seed, profile and git commit.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Report throughput per interval of this many milliseconds of the run
+    /// (virtual time under --transport sim), in the JSON's `timeline`.
+    #[arg(long, value_name = "MS")]
+    pub timeline_ms: Option<f64>,
     /// Draw the run (throughput, latency percentiles, per-op counters per
     /// engine) as SVG (PATH ending .svg) or PNG (any other PATH).
     #[arg(long, value_name = "PATH")]
@@ -569,6 +573,14 @@ pub(crate) fn bench_config(
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
+    if let Some(ms) = a.timeline_ms {
+        if !(ms.is_finite() && ms >= 0.001) {
+            return Err(usage(format!(
+                "--timeline-ms {ms}: the interval must be at least 0.001 ms (1 us)"
+            )));
+        }
+        cfg.timeline_ns = (ms * 1e6).round() as u64;
+    }
     if sim {
         let profile = match &a.profile {
             Some(p) => dmkv_transport::sim::Profile::load(p).map_err(usage)?,

@@ -28,6 +28,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../figures/xstore-fig10.toml"),
     ),
     (
+        "xstore-fig11",
+        include_str!("../../figures/xstore-fig11.toml"),
+    ),
+    (
         "xstore-fig12a",
         include_str!("../../figures/xstore-fig12a.toml"),
     ),
@@ -70,12 +74,20 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../figures/outback-fig16.toml"),
     ),
     (
+        "outback-fig17",
+        include_str!("../../figures/outback-fig17.toml"),
+    ),
+    (
         "scalestore-fig6",
         include_str!("../../figures/scalestore-fig6.toml"),
     ),
     (
         "scalestore-fig7",
         include_str!("../../figures/scalestore-fig7.toml"),
+    ),
+    (
+        "scalestore-ssd",
+        include_str!("../../figures/scalestore-ssd.toml"),
     ),
 ];
 
@@ -114,6 +126,9 @@ pub enum PlotKind {
     Bars,
     /// One line per series over a numeric x.
     Lines,
+    /// Throughput over the run's time (needs the `timeline-ms` parameter):
+    /// one line per series and point.
+    Timeline,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -353,6 +368,26 @@ impl Figure {
                 if matches!(v, Value::List(_)) && k != "set" {
                     return Err(format!("{what}: only `set` takes a list, not {k:?}"));
                 }
+                if k == "set" {
+                    let items = match v {
+                        Value::List(l) => l.clone(),
+                        other => vec![other.text()],
+                    };
+                    for item in items {
+                        let engine = item
+                            .split_once('=')
+                            .and_then(|(n, _)| n.split_once('.'))
+                            .map(|(e, _)| e);
+                        match engine {
+                            Some(e) if registry.find(e).is_some() => {}
+                            _ => {
+                                return Err(format!(
+                                    "{what}: set {item:?} is not ENGINE.KNOB=VALUE with a known engine"
+                                ));
+                            }
+                        }
+                    }
+                }
             }
             Ok(())
         };
@@ -382,6 +417,12 @@ impl Figure {
         }
         if self.series.is_empty() {
             return Err("no [[series]]: name at least one engine".into());
+        }
+        if self.plot == PlotKind::Timeline && !self.params.contains_key("timeline-ms") {
+            return Err(
+                "plot \"timeline\" needs params.timeline-ms (the interval of the throughput timeline)"
+                    .into(),
+            );
         }
         for (i, s) in self.series.iter().enumerate() {
             if s.label.trim().is_empty() {
@@ -512,7 +553,19 @@ impl Figure {
                 }
             }
         }
+        // Only this series' engine's knobs (a point may set knobs of every
+        // engine of the figure), each once: the last setting wins.
+        let mut knobs: Vec<(String, String)> = Vec::new();
         for s in sets {
+            let (name, _) = s.split_once('=').unwrap_or((&s, ""));
+            if name.split_once('.').map(|(e, _)| e) != Some(series.engine.as_str()) {
+                continue;
+            }
+            let name = name.to_string();
+            knobs.retain(|(n, _)| *n != name);
+            knobs.push((name, s));
+        }
+        for (_, s) in knobs {
             argv.push("--set".into());
             argv.push(s);
         }

@@ -226,7 +226,7 @@ fn lines<DB: DrawingBackend>(
     let ymax = ys.iter().copied().fold(0.0f64, f64::max);
     let (xmin, xmax) = if xmin.is_finite() && xmax > xmin {
         let pad = (xmax - xmin) * 0.05;
-        ((xmin - pad).min(if xmin >= 0.0 { 0.0 } else { xmin - pad }), xmax + pad)
+        (xmin - pad, xmax + pad)
     } else if xmin.is_finite() {
         (xmin - 1.0, xmin + 1.0)
     } else {
@@ -285,6 +285,74 @@ fn lines<DB: DrawingBackend>(
     legend(&mut chart)
 }
 
+/// Throughput over time: one line per (series, point) from each report's
+/// `timeline` (the last, partial interval left out).
+fn timeline<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    fig: &Figure,
+    run: &FigureRun,
+    title: &str,
+) -> DrawResult<()> {
+    let many_points = fig.points_to_run(run.quick).len() > 1;
+    let mut curves: Vec<(String, usize, Vec<(f64, f64)>)> = Vec::new();
+    for p in &run.points {
+        let Some(s) = fig.series.iter().position(|s| s.label == p.series) else {
+            continue;
+        };
+        let t = &p.report["timeline"];
+        let (Some(ms), Some(v)) = (t["interval_ms"].as_f64(), t["ops_per_s"].as_array()) else {
+            continue;
+        };
+        let n = v.len().saturating_sub(1).max(1);
+        let pts: Vec<(f64, f64)> = v
+            .iter()
+            .take(n)
+            .enumerate()
+            .filter_map(|(i, y)| Some(((i as f64 + 0.5) * ms, y.as_f64()? * fig.metric.scale)))
+            .collect();
+        let label = if many_points {
+            format!("{} @ {}", p.series, p.point)
+        } else {
+            p.series.clone()
+        };
+        curves.push((label, s + curves.len() * usize::from(many_points), pts));
+    }
+    let xmax = curves
+        .iter()
+        .flat_map(|c| c.2.iter().map(|p| p.0))
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
+    let ymax = curves
+        .iter()
+        .flat_map(|c| c.2.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max);
+    let ytop = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, (FAMILY, 20))
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..xmax * 1.02, 0f64..ytop)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("time since the run began (ms, virtual time on sim)")
+        .y_desc(&run.y_label)
+        .label_style((FAMILY, 14))
+        .axis_desc_style((FAMILY, 16))
+        .draw()
+        .map_err(err)?;
+    for (label, ci, pts) in curves {
+        let c = colour(ci);
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+    }
+    legend(&mut chart)
+}
+
 /// Paper values placed on a line plot: (x, y, series index, from ratio).
 fn paper_points(fig: &Figure, run: &FigureRun) -> Vec<(f64, f64, usize, bool)> {
     fig.paper
@@ -328,6 +396,7 @@ fn figure_on<DB: DrawingBackend>(
     );
     match fig.plot {
         PlotKind::Lines => lines(&root, fig, run, &title)?,
+        PlotKind::Timeline => timeline(&root, fig, run, &title)?,
         PlotKind::Bars => {
             let mut groups: Vec<String> = Vec::new();
             for p in &run.points {
