@@ -44,7 +44,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../figures/xstore-fig15d.toml"),
     ),
     ("rolex-fig7", include_str!("../../figures/rolex-fig7.toml")),
-    ("rolex-fig8a", include_str!("../../figures/rolex-fig8a.toml")),
+    (
+        "rolex-fig8a",
+        include_str!("../../figures/rolex-fig8a.toml"),
+    ),
     (
         "rolex-synonyms",
         include_str!("../../figures/rolex-synonyms.toml"),
@@ -311,8 +314,18 @@ fn normalise(params: &Params) -> Params {
 impl Figure {
     /// Parses and checks a figure file; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str, registry: &Registry) -> Result<Figure, String> {
-        let mut fig: Figure =
-            toml::from_str(text).map_err(|e| format!("figure {origin}: {}", e.to_string().trim()))?;
+        // One line: the TOML error's message and where it is.
+        let mut fig: Figure = toml::from_str(text).map_err(|e: toml::de::Error| {
+            let line = e.span().map(|sp| {
+                text.as_bytes()[..sp.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
+            });
+            let at = line.map(|l| format!("line {l}: ")).unwrap_or_default();
+            format!("figure {origin}: {at}{}", e.message().replace('\n', " "))
+        })?;
         fig.normalise();
         fig.check(registry)
             .map_err(|e| format!("figure {origin}: {e}"))?;

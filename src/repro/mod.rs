@@ -141,12 +141,7 @@ fn run_bench(
 }
 
 /// Runs every point of every series of `fig`, printing progress on `out`.
-pub fn run_figure(
-    registry: &Registry,
-    fig: &Figure,
-    quick: bool,
-    io: &mut Io<'_>,
-) -> FigureRun {
+pub fn run_figure(registry: &Registry, fig: &Figure, quick: bool, io: &mut Io<'_>) -> FigureRun {
     let points: Vec<&Point> = fig.points_to_run(quick);
     let total = points.len() * fig.series.len();
     let mut results = Vec::with_capacity(total);

@@ -127,10 +127,13 @@ fn grouped_bars<DB: DrawingBackend>(
             .label(label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], c.filled()));
     }
-    draw_markers(&mut chart, markers.iter().map(|m| {
-        let x = left(m.group, m.series) + width / 2.0;
-        (x, m.value, m.series, m.from_ratio)
-    }))?;
+    draw_markers(
+        &mut chart,
+        markers.iter().map(|m| {
+            let x = left(m.group, m.series) + width / 2.0;
+            (x, m.value, m.series, m.from_ratio)
+        }),
+    )?;
     // Group labels under the axis.
     let style = TextStyle::from((FAMILY, 14).into_font())
         .color(&BLACK)
@@ -162,10 +165,11 @@ fn draw_markers<'a, DB: DrawingBackend + 'a>(
                 + TriangleMarker::new((0, 0), 8, BLACK.stroke_width(2));
             let anno = chart.draw_series(std::iter::once(m)).map_err(err)?;
             if first {
-                anno.label("paper: its ratio x our baseline").legend(|(x, y)| {
-                    EmptyElement::at((x + 7, y))
-                        + TriangleMarker::new((0, 0), 7, BLACK.stroke_width(2))
-                });
+                anno.label("paper: its ratio x our baseline")
+                    .legend(|(x, y)| {
+                        EmptyElement::at((x + 7, y))
+                            + TriangleMarker::new((0, 0), 7, BLACK.stroke_width(2))
+                    });
             }
         } else {
             let diamond = |r: i32| vec![(0, -r), (r, 0), (0, r), (-r, 0), (0, -r)];
@@ -175,7 +179,8 @@ fn draw_markers<'a, DB: DrawingBackend + 'a>(
             let anno = chart.draw_series(std::iter::once(m)).map_err(err)?;
             if first {
                 anno.label("paper value").legend(move |(x, y)| {
-                    EmptyElement::at((x + 7, y)) + PathElement::new(diamond(7), BLACK.stroke_width(2))
+                    EmptyElement::at((x + 7, y))
+                        + PathElement::new(diamond(7), BLACK.stroke_width(2))
                 });
             }
         }
@@ -183,9 +188,7 @@ fn draw_markers<'a, DB: DrawingBackend + 'a>(
     Ok(())
 }
 
-fn legend<'a, DB: DrawingBackend + 'a>(
-    chart: &mut Chart<'a, DB>,
-) -> DrawResult<()> {
+fn legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>) -> DrawResult<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
@@ -219,7 +222,12 @@ fn lines<DB: DrawingBackend>(
         .collect();
     xs.extend(markers.iter().map(|m| m.0));
     ys.extend(markers.iter().map(|m| m.1));
-    let finite = |v: &Vec<f64>| v.iter().copied().filter(|x| x.is_finite()).collect::<Vec<_>>();
+    let finite = |v: &Vec<f64>| {
+        v.iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .collect::<Vec<_>>()
+    };
     let (xs, ys) = (finite(&xs), finite(&ys));
     let xmin = xs.iter().copied().fold(f64::INFINITY, f64::min);
     let xmax = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -389,11 +397,7 @@ fn figure_on<DB: DrawingBackend>(
 ) -> DrawResult<()> {
     register_font();
     root.fill(&WHITE).map_err(err)?;
-    let title = format!(
-        "{}{}",
-        fig.title,
-        if run.quick { " (--quick)" } else { "" }
-    );
+    let title = format!("{}{}", fig.title, if run.quick { " (--quick)" } else { "" });
     match fig.plot {
         PlotKind::Lines => lines(&root, fig, run, &title)?,
         PlotKind::Timeline => timeline(&root, fig, run, &title)?,
@@ -549,7 +553,10 @@ fn bench_on<DB: DrawingBackend>(
 /// Writes `dmkv bench --plot PATH`: SVG if PATH ends in `.svg`, else PNG.
 pub fn bench_plot(reports: &[EngineReport], path: &Path) -> DrawResult<()> {
     let size = (1500, 600);
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"))
+    {
         bench_on(SVGBackend::new(path, size).into_drawing_area(), reports)
     } else {
         bench_on(BitMapBackend::new(path, size).into_drawing_area(), reports)

@@ -106,7 +106,9 @@ pub fn markdown(fig: &Figure, run: &FigureRun) -> String {
             );
             for v in values.iter().filter(|v| v.ratio_to.is_some()) {
                 let base = v.ratio_to.as_deref().unwrap_or("");
-                let ours = ours_for(run, v).map(|x| format!("{x:.2}x")).unwrap_or("-".into());
+                let ours = ours_for(run, v)
+                    .map(|x| format!("{x:.2}x"))
+                    .unwrap_or("-".into());
                 let (paper, ratio, src, why) = cells(fig, run, v);
                 let _ = writeln!(
                     s,
@@ -149,7 +151,9 @@ fn cells(fig: &Figure, run: &FigureRun, v: &PaperValue) -> (String, String, Stri
     };
     (
         num(v.value),
-        ratio.map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".into()),
+        ratio
+            .map(|r| format!("{r:.2}"))
+            .unwrap_or_else(|| "-".into()),
         escape(&v.source),
         escape(&why),
     )

@@ -125,7 +125,10 @@ fn a_tiny_figure_runs_end_to_end_and_writes_json_svg_png_and_markdown() {
             p["report"]["keys"].as_u64().unwrap().to_string(),
             p["point"].as_str().unwrap()
         );
-        assert_eq!(p["report"]["run"]["command"].as_array().unwrap().len(), cmd.len());
+        assert_eq!(
+            p["report"]["run"]["command"].as_array().unwrap().len(),
+            cmd.len()
+        );
     }
 
     // SVG: a line per series, labelled; the paper's marker in the legend.
@@ -154,7 +157,10 @@ fn a_tiny_figure_runs_end_to_end_and_writes_json_svg_png_and_markdown() {
         md.contains("| 600 | rpc-hash | 1.00 | 2.00 | 0.50 | made up for the test"),
         "{md}"
     );
-    assert!(md.contains("the test's paper value is twice the truth"), "{md}");
+    assert!(
+        md.contains("the test's paper value is twice the truth"),
+        "{md}"
+    );
     assert!(
         md.contains("| 300 | reference (BTreeMap by RPC) | 1.00 |  |  |  |  |"),
         "{md}"
@@ -212,7 +218,10 @@ fn parameters_layer_figure_then_quick_then_point_then_series() {
 fn bad_figure_files_are_refused_with_a_clear_message() {
     let dir = scratch("bad");
     let cases: Vec<(String, &str)> = vec![
-        (TINY.replace("[sweep]", "colour = \"red\"\n[sweep]"), "unknown field `colour`"),
+        (
+            TINY.replace("[metric]", "colour = \"red\"\n[metric]"),
+            "unknown field `colour`",
+        ),
         (
             TINY.replace("engine = \"reference\"", "engine = \"nosuch\""),
             "unknown engine \"nosuch\"",
@@ -243,7 +252,10 @@ fn bad_figure_files_are_refused_with_a_clear_message() {
             "a line plot needs a numeric x",
         ),
         (
-            TINY.replace("label = \"reference (BTreeMap by RPC)\"", "label = \"rpc-hash\""),
+            TINY.replace(
+                "label = \"reference (BTreeMap by RPC)\"",
+                "label = \"rpc-hash\"",
+            ),
             "series \"rpc-hash\" is listed twice",
         ),
         (TINY.replace("value = 2.0", "value = \"two\""), "figure"),
@@ -251,16 +263,27 @@ fn bad_figure_files_are_refused_with_a_clear_message() {
     for (i, (text, needle)) in cases.iter().enumerate() {
         let file = dir.join(format!("bad{i}.toml"));
         std::fs::write(&file, text).unwrap();
-        let (code, out, err) = dmkv(&["repro", file.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+        let (code, out, err) = dmkv(&[
+            "repro",
+            file.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
         assert_eq!(code, EXIT_USAGE, "case {i}: {err}");
         assert_eq!(err.lines().count(), 1, "case {i}: one line: {err:?}");
-        assert!(err.contains(file.to_str().unwrap()), "case {i} names the file: {err}");
+        assert!(
+            err.contains(file.to_str().unwrap()),
+            "case {i} names the file: {err}"
+        );
         assert!(err.contains(needle), "case {i}: {err:?} lacks {needle:?}");
         assert!(out.is_empty(), "case {i}: nothing ran: {out}");
     }
     let (code, _, err) = dmkv(&["repro", "no-such-figure"]);
     assert_eq!(code, EXIT_USAGE);
-    assert!(err.contains("xstore-fig10"), "lists the known figures: {err}");
+    assert!(
+        err.contains("xstore-fig10"),
+        "lists the known figures: {err}"
+    );
     let (code, _, err) = dmkv(&["repro"]);
     assert_eq!(code, EXIT_USAGE);
     assert!(err.contains("--list"), "{err}");
@@ -302,7 +325,14 @@ fn bench_plot_draws_svg_and_png() {
         let bytes = std::fs::read(&p).unwrap();
         if name.ends_with(".svg") {
             let svg = String::from_utf8(bytes).unwrap();
-            for t in ["throughput", "latency", "round trips", "rpc-hash", "reference", "p99"] {
+            for t in [
+                "throughput",
+                "latency",
+                "round trips",
+                "rpc-hash",
+                "reference",
+                "p99",
+            ] {
                 assert!(svg.contains(t), "SVG lacks {t:?}");
             }
         } else {
