@@ -323,7 +323,9 @@ fn timeline<DB: DrawingBackend>(
         } else {
             p.series.clone()
         };
-        curves.push((label, s + curves.len() * usize::from(many_points), pts));
+        // One colour per curve: per series, or per (series, point) pair.
+        let ci = if many_points { curves.len() } else { s };
+        curves.push((label, ci, pts));
     }
     let xmax = curves
         .iter()
