@@ -489,10 +489,10 @@ impl Figure {
             if !self.points.iter().any(|p| p.label == v.point) {
                 return Err(format!("{where_}: no point {:?}", v.point));
             }
-            if let Some(r) = &v.ratio_to {
-                if !self.series.iter().any(|s| &s.label == r) || r == &v.series {
-                    return Err(format!("{where_}: ratio_to {r:?} is not another series"));
-                }
+            if let Some(r) = &v.ratio_to
+                && (!self.series.iter().any(|s| &s.label == r) || r == &v.series)
+            {
+                return Err(format!("{where_}: ratio_to {r:?} is not another series"));
             }
             if !v.value.is_finite() || v.source.trim().is_empty() {
                 return Err(format!("{where_}: needs a finite value and a source"));

@@ -102,12 +102,13 @@ fn measure(report: &serde_json::Value, m: &Metric) -> Option<f64> {
 }
 
 /// Runs one `dmkv bench` command line through the CLI's own parsing and
-/// the harness; returns the engine's report.
+/// the harness; returns the engine's report and, if the run found errors or
+/// wrong answers, what they were.
 fn run_bench(
     registry: &Registry,
     argv: &[String],
     err: &mut dyn Write,
-) -> Result<serde_json::Value, String> {
+) -> Result<(serde_json::Value, Option<String>), String> {
     let cli = Cli::try_parse_from(argv).map_err(|e| {
         e.render()
             .to_string()
@@ -129,15 +130,23 @@ fn run_bench(
         .first()
         .ok_or("the run produced no report")?;
     let value = crate::cli::report_json(report, argv);
-    if !report.ok {
-        return Err(format!(
-            "wrong answers or errors: {} check failures, {} errors, {} verify failures",
+    // A run with wrong answers or errors keeps its report (with samples).
+    let error = (!report.ok).then(|| {
+        format!(
+            "wrong answers or errors: {} check failures, {} errors, {} verify failures; first: {}",
             report.checks.failures,
             report.errors.count,
-            report.verify.failures()
-        ));
-    }
-    Ok(value)
+            report.verify.failures(),
+            report
+                .errors
+                .samples
+                .iter()
+                .chain(&report.checks.samples)
+                .next()
+                .map_or("-", String::as_str)
+        )
+    });
+    Ok((value, error))
 }
 
 /// Runs every point of every series of `fig`, printing progress on `out`.
@@ -193,7 +202,7 @@ fn run_point(
     let outcome = run_bench(registry, &argv, io.err);
     let wall_seconds = start.elapsed().as_secs_f64();
     let (report, error) = match outcome {
-        Ok(v) => (v, None),
+        Ok((v, error)) => (v, error),
         Err(e) => (serde_json::Value::Null, Some(e)),
     };
     let y = measure(&report, &fig.metric);

@@ -302,7 +302,9 @@ fn timeline<DB: DrawingBackend>(
     title: &str,
 ) -> DrawResult<()> {
     let many_points = fig.points_to_run(run.quick).len() > 1;
-    let mut curves: Vec<(String, usize, Vec<(f64, f64)>)> = Vec::new();
+    // (legend label, colour index, points)
+    type Curve = (String, usize, Vec<(f64, f64)>);
+    let mut curves: Vec<Curve> = Vec::new();
     for p in &run.points {
         let Some(s) = fig.series.iter().position(|s| s.label == p.series) else {
             continue;
