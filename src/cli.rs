@@ -49,6 +49,24 @@ pub enum Command {
     NodeCtl(crate::node::NodeCtlArgs),
     /// Deterministic simulation testing: every engine's checks on the simulated cluster across many seeds.
     Dst(DstArgs),
+    /// Rerun the papers' figures: raw JSON, plots (SVG, PNG) and a table beside the paper's numbers.
+    Repro(ReproArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReproArgs {
+    /// List the figures shipped with dmkv.
+    #[arg(long, conflicts_with = "figure")]
+    pub list: bool,
+    /// A figure name (see --list), `all`, or a figure file (.toml).
+    #[arg(value_name = "FIGURE|all|PATH")]
+    pub figure: Option<String>,
+    /// A reduced run: fewer points, smaller key sets (minutes, not hours).
+    #[arg(long)]
+    pub quick: bool,
+    /// Where to write; each figure gets DIR/NAME/NAME.{json,svg,png,md}.
+    #[arg(long, value_name = "DIR", default_value = "repro-out")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -170,9 +188,18 @@ pub struct BenchArgs {
     /// clients saw.
     #[arg(long, value_name = "NODE@FRACTION")]
     pub crash_memnode: Option<dmkv_bench::CrashPlan>,
-    /// Write the reports as JSON (an object, or an array for several engines).
+    /// Write the reports as JSON (an object, or an array for several engines),
+    /// each with `run`: the command line, seed, profile and git commit.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Report throughput per interval of this many milliseconds of the run
+    /// (virtual time under --transport sim), in the JSON's `timeline`.
+    #[arg(long, value_name = "MS")]
+    pub timeline_ms: Option<f64>,
+    /// Draw the run (throughput, latency percentiles, per-op counters per
+    /// engine) as SVG (PATH ending .svg) or PNG (any other PATH).
+    #[arg(long, value_name = "PATH")]
+    pub plot: Option<PathBuf>,
     /// Seed of the key set and the request streams.
     #[arg(long, value_name = "S", default_value_t = defaults::SEED)]
     pub seed: u64,
@@ -262,7 +289,7 @@ pub struct Io<'a> {
 }
 
 /// A message for stderr and the exit code that goes with it.
-struct Failure(i32, String);
+pub(crate) struct Failure(pub i32, pub String);
 
 fn usage(msg: impl Into<String>) -> Failure {
     Failure(EXIT_USAGE, msg.into())
@@ -274,12 +301,16 @@ const NO_UCX: &str = "dmkv was built without the `ucx` feature, so it has no UCX
 /// Runs the command line `args` (including the program name) and returns
 /// the process's exit code.
 pub fn run(registry: &Registry, args: Vec<OsString>, io: &mut Io<'_>) -> i32 {
+    let argv: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return clap_error(e, io),
     };
     let result = match cli.command {
-        Command::Bench(args) => bench(registry, args, io),
+        Command::Bench(args) => bench(registry, args, &argv, io),
         #[cfg(feature = "ucx")]
         Command::Memnode(args) => crate::ucx::memnode(registry, args, io.out).map_err(usage),
         #[cfg(not(feature = "ucx"))]
@@ -296,6 +327,7 @@ pub fn run(registry: &Registry, args: Vec<OsString>, io: &mut Io<'_>) -> i32 {
         ))),
         Command::Shell(args) => shell_command(registry, args, io),
         Command::Dst(args) => dst_command(registry, args, io),
+        Command::Repro(args) => repro_command(registry, args, io),
     };
     match result {
         Ok(code) => code,
@@ -440,7 +472,103 @@ fn bench_threads(threads: Option<usize>, nodes: usize, err: &mut dyn Write) -> u
     }
 }
 
-fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
+fn repro_command(registry: &Registry, a: ReproArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
+    if !a.list && a.figure.is_none() {
+        return Err(usage(
+            "dmkv repro needs --list, a figure name, `all`, or a figure file",
+        ));
+    }
+    let ok = crate::repro::command(registry, a.list, a.figure.as_deref(), a.quick, &a.out, io)
+        .map_err(usage)?;
+    Ok(if ok { EXIT_OK } else { EXIT_FAILED })
+}
+
+/// One engine's report as `--json` writes it: the report, plus `run`, what
+/// reruns it exactly (the command line, which holds every flag and the
+/// seed; the hardware profile; the git commit of the binary).
+pub(crate) fn report_json(r: &dmkv_bench::EngineReport, argv: &[String]) -> serde_json::Value {
+    let mut v = serde_json::to_value(r).unwrap_or(serde_json::Value::Null);
+    if let serde_json::Value::Object(m) = &mut v {
+        m.insert(
+            "run".into(),
+            serde_json::json!({
+                "command": argv,
+                "seed": r.seed,
+                "profile": r.sim.as_ref().map(|s| s.profile.clone()),
+                "git_commit": crate::repro::GIT_COMMIT,
+                "dmkv_version": env!("CARGO_PKG_VERSION"),
+            }),
+        );
+    }
+    v
+}
+
+fn bench(
+    registry: &Registry,
+    mut a: BenchArgs,
+    argv: &[String],
+    io: &mut Io<'_>,
+) -> Result<i32, Failure> {
+    let json = a.json.take();
+    let plot = a.plot.take();
+    let cfg = bench_config(registry, a, io.err, io.progress)?;
+    // Fail on an unwritable report path before spending minutes on a run.
+    for path in json.iter().chain(&plot) {
+        std::fs::File::create(path)
+            .map_err(|e| usage(format!("cannot write {}: {e}", path.display())))?;
+    }
+    let outcome = dmkv_bench::run(&cfg).map_err(bench_failure)?;
+    let write = |r: std::io::Result<()>| r.map_err(|e| Failure(EXIT_FAILED, e.to_string()));
+    write(dmkv_bench::print_table(io.out, &outcome.reports))?;
+    for f in &outcome.failures {
+        let _ = writeln!(io.err, "error: engine {}: {}", f.engine, f.error);
+    }
+    if let Some(path) = &json {
+        let values: Vec<serde_json::Value> = outcome
+            .reports
+            .iter()
+            .map(|r| report_json(r, argv))
+            .collect();
+        let text = if values.len() == 1 {
+            serde_json::to_string_pretty(&values[0])
+        } else {
+            serde_json::to_string_pretty(&values)
+        }
+        .map_err(|e| Failure(EXIT_FAILED, e.to_string()))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Failure(EXIT_FAILED, format!("cannot write {}: {e}", path.display())))?;
+    }
+    if let Some(path) = &plot {
+        crate::repro::plot::bench_plot(&outcome.reports, path)
+            .map_err(|e| Failure(EXIT_FAILED, e))?;
+    }
+    if outcome.ok() {
+        Ok(EXIT_OK)
+    } else {
+        let bad: Vec<&str> = outcome
+            .reports
+            .iter()
+            .filter(|r| !r.ok)
+            .map(|r| r.engine.as_str())
+            .chain(outcome.failures.iter().map(|f| f.engine.as_str()))
+            .collect();
+        let _ = writeln!(
+            io.err,
+            "dmkv bench: FAILED: {} (errors, wrong answers or verification failures; see above)",
+            bad.join(", ")
+        );
+        Ok(EXIT_FAILED)
+    }
+}
+
+/// The harness configuration of `dmkv bench` arguments (everything but
+/// `--json` and `--plot`), checked.
+pub(crate) fn bench_config(
+    registry: &Registry,
+    a: BenchArgs,
+    err: &mut dyn Write,
+    progress: bool,
+) -> Result<BenchConfig, Failure> {
     #[cfg(not(feature = "ucx"))]
     if a.transport == Transport::Ucx {
         return Err(usage(format!(
@@ -470,7 +598,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             "--profile, --compute-nodes, --jitter-ns and --delay-faults need --transport sim",
         ));
     }
-    let mut engines = choices(registry, a.engine.as_deref(), &a.set, io.err)?;
+    let mut engines = choices(registry, a.engine.as_deref(), &a.set, err)?;
     let workload = match (a.trace, a.workload) {
         (Some(path), _) => WorkloadSource::Trace(path),
         (None, w) => WorkloadSource::Synthetic(w.unwrap_or(Workload::YcsbC)),
@@ -484,7 +612,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             let scans = e.spec.capabilities().scan;
             if !scans {
                 let _ = writeln!(
-                    io.err,
+                    err,
                     "note: leaving out {}: it has no ordered scans, which this workload needs",
                     e.spec.name()
                 );
@@ -492,7 +620,13 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
             scans
         });
     }
-    let threads = bench_threads(a.threads, a.nodes, io.err);
+    // With node processes (`--node-addr`) there are as many nodes as addresses.
+    let nodes = if a.node_addr.is_empty() {
+        a.nodes
+    } else {
+        a.node_addr.len()
+    };
+    let threads = bench_threads(a.threads, nodes, err);
     let mut cfg = BenchConfig::new(engines);
     cfg.workload = workload;
     cfg.trace_load = a.trace_load;
@@ -513,8 +647,16 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
     cfg.seed = a.seed;
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
-    cfg.progress = io.progress;
+    cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
+    if let Some(ms) = a.timeline_ms {
+        if !(ms.is_finite() && ms >= 0.001) {
+            return Err(usage(format!(
+                "--timeline-ms {ms}: the interval must be at least 0.001 ms (1 us)"
+            )));
+        }
+        cfg.timeline_ns = (ms * 1e6).round() as u64;
+    }
     if sim {
         let profile = match &a.profile {
             Some(p) => dmkv_transport::sim::Profile::load(p).map_err(usage)?,
@@ -544,38 +686,7 @@ fn bench(registry: &Registry, a: BenchArgs, io: &mut Io<'_>) -> Result<i32, Fail
         };
     }
     cfg.validate().map_err(bench_failure)?;
-    // Fail on an unwritable report path before spending minutes on a run.
-    if let Some(path) = &a.json {
-        std::fs::File::create(path)
-            .map_err(|e| usage(format!("cannot write {}: {e}", path.display())))?;
-    }
-    let outcome = dmkv_bench::run(&cfg).map_err(bench_failure)?;
-    let write = |r: std::io::Result<()>| r.map_err(|e| Failure(EXIT_FAILED, e.to_string()));
-    write(dmkv_bench::print_table(io.out, &outcome.reports))?;
-    for f in &outcome.failures {
-        let _ = writeln!(io.err, "error: engine {}: {}", f.engine, f.error);
-    }
-    if let Some(path) = &a.json {
-        dmkv_bench::write_json(path, &outcome.reports)
-            .map_err(|e| Failure(EXIT_FAILED, format!("cannot write {}: {e}", path.display())))?;
-    }
-    if outcome.ok() {
-        Ok(EXIT_OK)
-    } else {
-        let bad: Vec<&str> = outcome
-            .reports
-            .iter()
-            .filter(|r| !r.ok)
-            .map(|r| r.engine.as_str())
-            .chain(outcome.failures.iter().map(|f| f.engine.as_str()))
-            .collect();
-        let _ = writeln!(
-            io.err,
-            "dmkv bench: FAILED: {} (errors, wrong answers or verification failures; see above)",
-            bad.join(", ")
-        );
-        Ok(EXIT_FAILED)
-    }
+    Ok(cfg)
 }
 
 fn bench_failure(e: BenchError) -> Failure {

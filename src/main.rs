@@ -1,6 +1,7 @@
 //! `dmkv`: the benchmark harness (`dmkv bench`), a memory node for
 //! multi-process runs (`dmkv memnode`, with the `ucx` feature) and an
-//! interactive shell on an in-process engine (`dmkv shell`).
+//! interactive shell on an in-process engine (`dmkv shell`), deterministic
+//! simulation testing (`dmkv dst`) and the papers' figures (`dmkv repro`).
 
 #![forbid(unsafe_code)]
 
@@ -8,6 +9,7 @@ mod cli;
 mod dst;
 mod engines;
 mod node;
+mod repro;
 mod shell;
 #[cfg(feature = "ucx")]
 mod ucx;

@@ -129,6 +129,9 @@ pub struct BenchConfig {
     pub deployer: Arc<dyn Deployer>,
     /// Crash a memory node during the run (`--crash-memnode`).
     pub crash: Option<CrashPlan>,
+    /// Report throughput per interval of this many nanoseconds of the run
+    /// (`--timeline-ms`; 0: no timeline).
+    pub timeline_ns: u64,
 }
 
 impl BenchConfig {
@@ -158,6 +161,7 @@ impl BenchConfig {
             load_chunk: defaults::LOAD_CHUNK,
             deployer: Arc::new(LocalDeployer),
             crash: None,
+            timeline_ns: 0,
         }
     }
 

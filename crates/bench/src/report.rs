@@ -358,9 +358,37 @@ pub struct EngineReport {
     pub sim: Option<SimReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crash: Option<CrashReport>,
+    /// `--timeline-ms`: throughput per interval of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<TimelineReport>,
     /// No error, no failed check, no verification failure (and, with
     /// `--crash-memnode`, the crash happened).
     pub ok: bool,
+}
+
+/// Throughput over the run, interval by interval (virtual time under
+/// `sim`); the last interval is usually partial.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelineReport {
+    pub interval_ms: f64,
+    /// Operations completed in each interval.
+    pub ops: Vec<u64>,
+    /// The same, per second.
+    pub ops_per_s: Vec<f64>,
+}
+
+impl TimelineReport {
+    pub fn new(t: &crate::stats::Timeline) -> Option<TimelineReport> {
+        if t.interval_ns == 0 {
+            return None;
+        }
+        let secs = t.interval_ns as f64 / 1e9;
+        Some(TimelineReport {
+            interval_ms: t.interval_ns as f64 / 1e6,
+            ops: t.counts.clone(),
+            ops_per_s: t.counts.iter().map(|&c| c as f64 / secs).collect(),
+        })
+    }
 }
 
 /// What a simulated run reports besides the usual figures.

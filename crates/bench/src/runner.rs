@@ -22,7 +22,8 @@ use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
 use crate::report::{
     ChecksReport, CrashReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport,
-    OpReport, PerOp, SimReport, Totals, TraceLoadReport, TraceReport, VerifyReport, WallReport,
+    OpReport, PerOp, SimReport, TimelineReport, Totals, TraceLoadReport, TraceReport, VerifyReport,
+    WallReport,
 };
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
@@ -323,6 +324,7 @@ fn run_engine(
         errors,
         trace,
         engine_stats,
+        timeline: TimelineReport::new(&phases.figures.timeline),
         sim: phases.sim,
         crash: phases.crash,
         ok,
@@ -594,8 +596,9 @@ fn run_threads_sim(
     #[allow(clippy::disallowed_methods)]
     let wall = std::time::Instant::now();
     let start = Instant::now();
-    let per_thread: Vec<RefCell<RunFigures>> =
-        (0..clients.len()).map(|_| RefCell::default()).collect();
+    let per_thread: Vec<RefCell<RunFigures>> = (0..clients.len())
+        .map(|_| RefCell::new(RunFigures::with_timeline(start.as_nanos(), cfg.timeline_ns)))
+        .collect();
     let ran = catch(|| {
         let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
         for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
@@ -701,7 +704,10 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
     }
     ctx.barrier.wait();
     if let Some((ep, kv)) = &client {
-        let figures = RefCell::new(RunFigures::default());
+        let figures = RefCell::new(RunFigures::with_timeline(
+            Instant::now().as_nanos(),
+            ctx.cfg.timeline_ns,
+        ));
         let ran = catch(|| {
             let tasks: Vec<LocalTask<'_, ()>> = (0..ctx.cfg.tasks)
                 .map(|task| {

@@ -78,6 +78,59 @@ pub struct RunFigures {
     pub overall: Histogram<u64>,
     pub errors: Errors,
     pub findings: Findings,
+    pub timeline: Timeline,
+}
+
+/// Operations completed per interval of the run (`--timeline-ms`), by the
+/// runtime's clock (virtual time under `sim`): `counts[i]` holds those
+/// completed in `[start + i * interval, start + (i + 1) * interval)`.
+/// Off (nothing recorded, no clock read) while `interval_ns` is 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Timeline {
+    pub start_ns: u64,
+    pub interval_ns: u64,
+    pub counts: Vec<u64>,
+}
+
+impl Timeline {
+    pub fn new(start_ns: u64, interval_ns: u64) -> Timeline {
+        Timeline {
+            start_ns,
+            interval_ns,
+            counts: Vec::new(),
+        }
+    }
+
+    /// Counts one completion at `now_ns` (the vector grows by whole
+    /// intervals, so steady state allocates nothing).
+    pub fn note(&mut self, now_ns: u64) {
+        if self.interval_ns == 0 {
+            return;
+        }
+        let i = (now_ns.saturating_sub(self.start_ns) / self.interval_ns) as usize;
+        if i >= self.counts.len() {
+            self.counts.resize(i + 1, 0);
+        }
+        self.counts[i] += 1;
+    }
+
+    /// Adds another thread's counts, interval by interval (threads of one
+    /// run share the interval and, to within a barrier, the start).
+    pub fn merge(&mut self, o: &Timeline) {
+        if o.interval_ns == 0 {
+            return;
+        }
+        if self.interval_ns == 0 {
+            *self = o.clone();
+            return;
+        }
+        if o.counts.len() > self.counts.len() {
+            self.counts.resize(o.counts.len(), 0);
+        }
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+    }
 }
 
 impl Default for RunFigures {
@@ -87,13 +140,27 @@ impl Default for RunFigures {
             overall: new_histogram(),
             errors: Errors::default(),
             findings: Findings::default(),
+            timeline: Timeline::default(),
         }
     }
 }
 
 impl RunFigures {
+    /// Figures that also count completions per `interval_ns` from `start_ns`
+    /// (0: no timeline).
+    pub fn with_timeline(start_ns: u64, interval_ns: u64) -> RunFigures {
+        RunFigures {
+            timeline: Timeline::new(start_ns, interval_ns),
+            ..RunFigures::default()
+        }
+    }
+
     /// Records one completed operation.
     pub fn record(&mut self, op: OpType, latency: Duration, cost: Counters) {
+        if self.timeline.interval_ns > 0 {
+            self.timeline
+                .note(dmkv_transport::time::Instant::now().as_nanos());
+        }
         let ns = latency.as_nanos().clamp(1, u64::MAX as u128) as u64;
         let f = &mut self.by_op[op.index()];
         f.count += 1;
@@ -123,6 +190,7 @@ impl RunFigures {
             .expect("histograms share bounds");
         self.errors.merge(&o.errors);
         self.findings.merge(&o.findings);
+        self.timeline.merge(&o.timeline);
     }
 }
 

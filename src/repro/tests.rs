@@ -1,0 +1,352 @@
+//! `dmkv repro` end to end on a tiny figure, the checks that refuse bad
+//! figure files, the shipped figures, and `dmkv bench --plot` / `--json`.
+
+use super::figure::{self, Figure};
+use crate::cli::{EXIT_OK, EXIT_USAGE, Io, run};
+use crate::engines::REGISTRY;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+fn dmkv(args: &[&str]) -> (i32, String, String) {
+    let mut input: &[u8] = b"";
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let argv: Vec<OsString> = std::iter::once("dmkv")
+        .chain(args.iter().copied())
+        .map(OsString::from)
+        .collect();
+    let code = run(
+        &REGISTRY,
+        argv,
+        &mut Io {
+            stdin: &mut input,
+            stdin_is_terminal: false,
+            out: &mut out,
+            err: &mut err,
+            progress: false,
+        },
+    );
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+/// A fresh directory under the system's temporary directory.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dmkv-repro-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const TINY: &str = r#"
+name = "tiny"
+title = "Tiny: round trips per GET vs keys"
+source = "no paper: a test figure"
+caption = "Two engines, two key-set sizes."
+transport = "local"
+plot = "lines"
+x_label = "keys"
+
+[metric]
+path = "per_op.round_trips"
+label = "round trips per operation"
+
+[params]
+workload = "ycsb-c"
+ops = 300
+threads = 1
+tasks = 2
+
+[quick.params]
+ops = 200
+
+[sweep]
+param = "keys"
+values = [300, 600]
+
+[[series]]
+label = "rpc-hash"
+engine = "rpc-hash"
+[[series]]
+label = "reference (BTreeMap by RPC)"
+engine = "reference"
+
+[[paper]]
+series = "rpc-hash"
+point = "600"
+value = 2.0
+source = "made up for the test: one RPC per GET is 1.0, so the ratio is 0.50"
+reason = "the test's paper value is twice the truth"
+"#;
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn a_tiny_figure_runs_end_to_end_and_writes_json_svg_png_and_markdown() {
+    let dir = scratch("tiny");
+    let file = dir.join("tiny.toml");
+    std::fs::write(&file, TINY).unwrap();
+    let out = dir.join("out");
+    let (code, stdout, stderr) = dmkv(&[
+        "repro",
+        file.to_str().unwrap(),
+        "--quick",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, EXIT_OK, "stdout {stdout}\nstderr {stderr}");
+    let base = out.join("tiny");
+
+    // JSON: every (point, series) with its value and exact command.
+    let json: serde_json::Value = serde_json::from_str(&read(&base.join("tiny.json"))).unwrap();
+    assert_eq!(json["quick"], true);
+    let points = json["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4, "2 points x 2 series");
+    for p in points {
+        assert!(p["error"].is_null(), "{p}");
+        // Every GET of both engines is one RPC round trip.
+        assert_eq!(p["y"].as_f64(), Some(1.0), "{}", p["series"]);
+        let cmd: Vec<&str> = p["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(&cmd[..2], ["dmkv", "bench"]);
+        // --quick's ops, the point's keys.
+        let flag = |f: &str| cmd[cmd.iter().position(|c| *c == f).unwrap() + 1];
+        assert_eq!(flag("--ops"), "200");
+        assert_eq!(flag("--keys"), p["point"].as_str().unwrap());
+        assert_eq!(
+            p["report"]["keys"].as_u64().unwrap().to_string(),
+            p["point"].as_str().unwrap()
+        );
+        assert_eq!(
+            p["report"]["run"]["command"].as_array().unwrap().len(),
+            cmd.len()
+        );
+    }
+
+    // SVG: a line per series, labelled; the paper's marker in the legend.
+    let svg = read(&base.join("tiny.svg"));
+    assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
+    for label in [
+        "rpc-hash",
+        "reference (BTreeMap by RPC)",
+        "paper value",
+        "round trips per operation",
+    ] {
+        assert!(svg.contains(label), "SVG lacks {label:?}");
+    }
+    assert!(svg.matches("<polyline").count() >= 2, "one line per series");
+
+    // PNG: a real PNG file.
+    let png = std::fs::read(base.join("tiny.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(png.len() > 5000, "a drawn image, not an empty one");
+
+    // Markdown: each row, the paper's value beside ours with the ratio and
+    // the reason, an empty paper cell where the paper has no number.
+    let md = read(&base.join("tiny.md"));
+    assert!(md.contains("## tiny: Tiny"), "{md}");
+    assert!(
+        md.contains("| 600 | rpc-hash | 1.00 | 2.00 | 0.50 | made up for the test"),
+        "{md}"
+    );
+    assert!(
+        md.contains("the test's paper value is twice the truth"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 300 | reference (BTreeMap by RPC) | 1.00 |  |  |  |  |"),
+        "{md}"
+    );
+}
+
+#[test]
+fn a_points_recorded_command_reruns_it() {
+    let reg = &REGISTRY;
+    let fig = Figure::parse(TINY, "tiny", reg).unwrap();
+    let argv = fig.argv(&fig.points[1], &fig.series[0], false);
+    let dir = scratch("rerun");
+    let json = dir.join("a.json");
+    let mut args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+    args.extend(["--json", json.to_str().unwrap()]);
+    let (code, _, err) = dmkv(&args);
+    assert_eq!(code, EXIT_OK, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&read(&json)).unwrap();
+    assert_eq!(v["keys"], 600);
+    assert_eq!(v["ops"], 300, "the full run's ops");
+    assert_eq!(v["engine"], "rpc-hash");
+    assert_eq!(v["run"]["seed"], 1);
+    assert_eq!(v["run"]["git_commit"].as_str(), Some(super::GIT_COMMIT));
+    assert!(!super::GIT_COMMIT.is_empty());
+    let recorded: Vec<String> = v["run"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(recorded[1..argv.len()], argv[1..], "every flag recorded");
+}
+
+#[test]
+fn parameters_layer_figure_then_quick_then_point_then_series() {
+    let text = TINY.replace(
+        "label = \"rpc-hash\"\nengine = \"rpc-hash\"",
+        "label = \"rpc-hash\"\nengine = \"rpc-hash\"\nparams = { tasks = 4, set = [\"rpc-hash.buckets=1024\"] }",
+    );
+    let fig = Figure::parse(&text, "t", &REGISTRY).unwrap();
+    let argv = fig.argv(&fig.points[0], &fig.series[0], true);
+    let joined = argv.join(" ");
+    assert!(joined.contains("--ops 200"), "{joined}");
+    assert!(joined.contains("--keys 300"), "{joined}");
+    assert!(joined.contains("--tasks 4"), "{joined}");
+    assert!(joined.contains("--set rpc-hash.buckets=1024"), "{joined}");
+    assert!(joined.contains("--transport local"), "{joined}");
+    let full = fig.argv(&fig.points[0], &fig.series[0], false).join(" ");
+    assert!(full.contains("--ops 300"), "{full}");
+}
+
+/// Each bad file is refused by `dmkv repro PATH` with exit code 2 and one
+/// line naming the file and what is wrong.
+#[test]
+fn bad_figure_files_are_refused_with_a_clear_message() {
+    let dir = scratch("bad");
+    let cases: Vec<(String, &str)> = vec![
+        (
+            TINY.replace("[metric]", "colour = \"red\"\n[metric]"),
+            "unknown field `colour`",
+        ),
+        (
+            TINY.replace("engine = \"reference\"", "engine = \"nosuch\""),
+            "unknown engine \"nosuch\"",
+        ),
+        (
+            TINY.replace("tasks = 2", "tasks = 2\nwarp = 9"),
+            "\"warp\" is not a `dmkv bench` flag",
+        ),
+        (
+            TINY.replace("tasks = 2", "tasks = 2\nengine = \"race\""),
+            "\"engine\" is set by the figure itself",
+        ),
+        (
+            TINY.replace("point = \"600\"", "point = \"700\""),
+            "no point \"700\"",
+        ),
+        (
+            TINY.replace("series = \"rpc-hash\"", "series = \"nobody\""),
+            "no series \"nobody\"",
+        ),
+        (
+            TINY.replace("transport = \"local\"", "transport = \"sim\""),
+            "transport \"sim\" needs a profile",
+        ),
+        (
+            TINY.replace("values = [300, 600]", "values = [\"small\", \"large\"]")
+                .replace("point = \"600\"", "point = \"large\""),
+            "a line plot needs a numeric x",
+        ),
+        (
+            TINY.replace(
+                "label = \"reference (BTreeMap by RPC)\"",
+                "label = \"rpc-hash\"",
+            ),
+            "series \"rpc-hash\" is listed twice",
+        ),
+        (TINY.replace("value = 2.0", "value = \"two\""), "figure"),
+    ];
+    for (i, (text, needle)) in cases.iter().enumerate() {
+        let file = dir.join(format!("bad{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let (code, out, err) = dmkv(&[
+            "repro",
+            file.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, EXIT_USAGE, "case {i}: {err}");
+        assert_eq!(err.lines().count(), 1, "case {i}: one line: {err:?}");
+        assert!(
+            err.contains(file.to_str().unwrap()),
+            "case {i} names the file: {err}"
+        );
+        assert!(err.contains(needle), "case {i}: {err:?} lacks {needle:?}");
+        assert!(out.is_empty(), "case {i}: nothing ran: {out}");
+    }
+    let (code, _, err) = dmkv(&["repro", "no-such-figure"]);
+    assert_eq!(code, EXIT_USAGE);
+    assert!(
+        err.contains("xstore-fig10"),
+        "lists the known figures: {err}"
+    );
+    let (code, _, err) = dmkv(&["repro"]);
+    assert_eq!(code, EXIT_USAGE);
+    assert!(err.contains("--list"), "{err}");
+}
+
+#[test]
+fn every_shipped_figure_parses_and_is_listed() {
+    let (code, out, err) = dmkv(&["repro", "--list"]);
+    assert_eq!(code, EXIT_OK, "{err}");
+    assert_eq!(out.lines().count(), figure::BUILTIN.len());
+    for (name, text) in figure::BUILTIN {
+        let fig = Figure::parse(text, name, &REGISTRY).unwrap();
+        assert_eq!(&fig.name, name, "a shipped figure's name is its file name");
+        assert!(out.contains(name));
+        assert!(!fig.points_to_run(true).is_empty());
+    }
+    for paper in ["xstore-", "rolex-", "outback-", "scalestore-"] {
+        assert!(out.contains(paper), "a figure of each paper: {paper}");
+    }
+}
+
+#[test]
+fn bench_plot_draws_svg_and_png() {
+    let dir = scratch("plot");
+    for name in ["run.svg", "run.png"] {
+        let p = dir.join(name);
+        let (code, _, err) = dmkv(&[
+            "bench",
+            "--engine",
+            "rpc-hash,reference",
+            "--keys",
+            "300",
+            "--ops",
+            "300",
+            "--plot",
+            p.to_str().unwrap(),
+        ]);
+        assert_eq!(code, EXIT_OK, "{err}");
+        let bytes = std::fs::read(&p).unwrap();
+        if name.ends_with(".svg") {
+            let svg = String::from_utf8(bytes).unwrap();
+            for t in [
+                "throughput",
+                "latency",
+                "round trips",
+                "rpc-hash",
+                "reference",
+                "p99",
+            ] {
+                assert!(svg.contains(t), "SVG lacks {t:?}");
+            }
+        } else {
+            assert_eq!(&bytes[..4], b"\x89PNG");
+        }
+    }
+}
+
+#[test]
+fn metric_paths_read_nested_numbers() {
+    let v = serde_json::json!({"a": {"b": 2.5, "c": [1, 7]}, "n": 4});
+    assert_eq!(super::lookup(&v, "a.b"), Some(2.5));
+    assert_eq!(super::lookup(&v, "a.c.1"), Some(7.0));
+    assert_eq!(super::lookup(&v, "n"), Some(4.0));
+    assert_eq!(super::lookup(&v, "a.x"), None);
+    assert_eq!(super::lookup(&v, "a"), None, "an object is not a number");
+}
