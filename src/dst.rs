@@ -358,8 +358,15 @@ pub fn run_mixed(
         .next()
         .cloned()
         .unwrap_or_default();
+    // A failed check (a wrong answer) matters more than an error: name it.
+    let check = r
+        .checks
+        .samples
+        .first()
+        .map(|c| format!("; first failed check: {c}"))
+        .unwrap_or_default();
     fail(format!(
-        "{} errors, {} failed checks, {} verification failures; first: {sample}",
+        "{} errors, {} failed checks, {} verification failures; first: {sample}{check}",
         r.errors.count,
         r.checks.failures,
         r.verify.failures()

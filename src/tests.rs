@@ -4,13 +4,14 @@ use crate::cli::{EXIT_FAILED, EXIT_OK, EXIT_USAGE, Io, run};
 use crate::engines::REGISTRY;
 use std::ffi::OsString;
 
-struct Outcome {
-    code: i32,
-    out: String,
-    err: String,
+pub(crate) struct Outcome {
+    pub(crate) code: i32,
+    pub(crate) out: String,
+    pub(crate) err: String,
 }
 
-fn dmkv_with_stdin(args: &[&str], stdin: &str) -> Outcome {
+/// Runs the command line in-process (also used by `repro::tests`).
+pub(crate) fn dmkv_with_stdin(args: &[&str], stdin: &str) -> Outcome {
     let mut input = stdin.as_bytes();
     let mut out = Vec::new();
     let mut err = Vec::new();

@@ -2,34 +2,13 @@
 //! figure files, the shipped figures, and `dmkv bench --plot` / `--json`.
 
 use super::figure::{self, Figure};
-use crate::cli::{EXIT_OK, EXIT_USAGE, Io, run};
+use crate::cli::{EXIT_OK, EXIT_USAGE};
 use crate::engines::REGISTRY;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 fn dmkv(args: &[&str]) -> (i32, String, String) {
-    let mut input: &[u8] = b"";
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let argv: Vec<OsString> = std::iter::once("dmkv")
-        .chain(args.iter().copied())
-        .map(OsString::from)
-        .collect();
-    let code = run(
-        &REGISTRY,
-        argv,
-        &mut Io {
-            stdin: &mut input,
-            stdin_is_terminal: false,
-            out: &mut out,
-            err: &mut err,
-            progress: false,
-        },
-    );
-    (
-        code,
-        String::from_utf8(out).unwrap(),
-        String::from_utf8(err).unwrap(),
-    )
+    let o = crate::tests::dmkv_with_stdin(args, "");
+    (o.code, o.out, o.err)
 }
 
 /// A fresh directory under the system's temporary directory.

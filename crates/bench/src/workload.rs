@@ -211,20 +211,22 @@ impl FromStr for Workload {
     }
 }
 
-/// Parses `R,U,I,D,S`: five whole percentages of read, update, insert,
-/// delete and scan that sum to 100.
+/// Parses `R,U,I,D,S[,M]`: whole percentages of read, update, insert,
+/// delete, scan and (optionally) read-modify-write that sum to 100. The
+/// sixth field lets `dmkv dst`'s replay commands, whose mixes include
+/// read-modify-writes, run through `dmkv bench`.
 pub fn parse_mix(spec: &str) -> Result<Mix, String> {
     let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
-    if parts.len() != 5 {
+    if !(5..=6).contains(&parts.len()) {
         return Err(format!(
-            "mixed:{spec} has {} fields; expected five percentages mixed:R,U,I,D,S (read, update, insert, delete, scan)",
+            "mixed:{spec} has {} fields; expected five percentages mixed:R,U,I,D,S (read, update, insert, delete, scan), optionally a sixth for read-modify-write",
             parts.len()
         ));
     }
-    let mut p = [0u32; 5];
+    let mut p = [0u32; 6];
     for (i, (field, name)) in parts
         .iter()
-        .zip(["read", "update", "insert", "delete", "scan"])
+        .zip(["read", "update", "insert", "delete", "scan", "read-modify-write"])
         .enumerate()
     {
         p[i] = field.parse::<u32>().map_err(|_| {
@@ -241,7 +243,7 @@ pub fn parse_mix(spec: &str) -> Result<Mix, String> {
         insert: p[2],
         delete: p[3],
         scan: p[4],
-        rmw: 0,
+        rmw: p[5],
     })
 }
 
@@ -256,6 +258,11 @@ impl fmt::Display for Workload {
             Workload::YcsbF => write!(f, "ycsb-f"),
             Workload::Insert => write!(f, "insert"),
             Workload::Load => write!(f, "load"),
+            Workload::Mixed(m) if m.rmw > 0 => write!(
+                f,
+                "mixed:{},{},{},{},{},{}",
+                m.read, m.update, m.insert, m.delete, m.scan, m.rmw
+            ),
             Workload::Mixed(m) => write!(
                 f,
                 "mixed:{},{},{},{},{}",

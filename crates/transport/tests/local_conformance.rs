@@ -58,29 +58,32 @@ fn one_server(config: LocalConfig) -> (LocalCluster, Arc<LocalNode>, NodeId) {
 
 #[test]
 fn torn_reads_really_tear() {
-    // One task reads 64 bytes with torn reads on; another task of the same
+    // One task reads 256 bytes with torn reads on; another task of the same
     // thread rewrites the block while the read is in pieces. The read must
-    // see both old and new words: the knob works.
+    // see both old and new words: the knob works. Pieces are 8 to 32 bytes,
+    // so a 256-byte read takes at least 8 pieces and the writer (which
+    // yields once before writing) always lands inside it; with 64 bytes a
+    // 32 + 32 split finished before the write (about 1 run in 16).
     let (cluster, server, client) = one_server(LocalConfig::default());
-    let (region, _mem) = server.register_region(64).unwrap();
+    let (region, _mem) = server.register_region(256).unwrap();
     let ep = cluster.fabric().endpoint(client).unwrap();
-    block_on(ep.write(region.at(0), &[1; 64])).unwrap();
+    block_on(ep.write(region.at(0), &[1; 256])).unwrap();
     cluster.set_faults(Faults {
         torn_reads: true,
         ..Faults::default()
     });
     let ep = &ep;
     let tasks: Vec<LocalTask<'_, Option<Vec<u8>>>> = vec![
-        Box::pin(async move { Some(ep.read(region.at(0), 64).await.unwrap()) }),
+        Box::pin(async move { Some(ep.read(region.at(0), 256).await.unwrap()) }),
         Box::pin(async move {
             yield_now().await;
-            ep.write(region.at(0), &[2; 64]).await.unwrap();
+            ep.write(region.at(0), &[2; 256]).await.unwrap();
             None
         }),
     ];
     let got = run_tasks(tasks).remove(0).unwrap();
     assert_eq!(got[0], 1, "the first piece was copied before the write");
-    assert_eq!(got[63], 2, "the last piece was copied after the write");
+    assert_eq!(got[255], 2, "the last piece was copied after the write");
 }
 
 #[test]
