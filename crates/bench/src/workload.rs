@@ -226,7 +226,14 @@ pub fn parse_mix(spec: &str) -> Result<Mix, String> {
     let mut p = [0u32; 6];
     for (i, (field, name)) in parts
         .iter()
-        .zip(["read", "update", "insert", "delete", "scan", "read-modify-write"])
+        .zip([
+            "read",
+            "update",
+            "insert",
+            "delete",
+            "scan",
+            "read-modify-write",
+        ])
         .enumerate()
     {
         p[i] = field.parse::<u32>().map_err(|_| {

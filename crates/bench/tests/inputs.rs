@@ -234,7 +234,11 @@ fn mixed_specs_parse_or_say_why_not() {
     );
     assert!(parse_mix(" 100 ,0,0,0,0").is_ok());
     let m = parse_mix("40,25,15,10,5,5").unwrap();
-    assert_eq!((m.scan, m.rmw), (5, 5), "a sixth field is read-modify-write");
+    assert_eq!(
+        (m.scan, m.rmw),
+        (5, 5),
+        "a sixth field is read-modify-write"
+    );
     for (spec, why) in [
         ("50,50", "has 2 fields"),
         ("10,20,30,40,0,0,0", "has 7 fields"),
