@@ -586,9 +586,14 @@ fn dst_every_engine_across_seeds() {
         // node holds a leaf lock, the blocked survivors' retry loops make a
         // seed cost seconds (see docs/simulation.md).
         let kill = !["rolex", "sherman"].contains(&e);
+        // Nor the memory-node crash for them: a ROLEX sweep with crashes
+        // did not finish 20 seeds in 10 minutes (its clients retry against
+        // the dead node; docs/simulation.md), which CI cannot afford.
+        let crash = kill;
         let params = crate::dst::DstParams {
             faults: crate::dst::Faults {
                 kill,
+                crash,
                 ..crate::dst::Faults::ALL
             },
             ..Default::default()
