@@ -34,7 +34,7 @@ use dmkv_transport::{
 };
 use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -668,7 +668,9 @@ impl Engine for OutbackEngine {
 
     async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
         let sh = &self.sh;
-        let mut by_shard: HashMap<u16, Vec<&(Key, Vec<u8>)>> = HashMap::new();
+        // Ordered by shard, so that a simulation replays the same messages
+        // (a HashMap's iteration order differs from run to run).
+        let mut by_shard: BTreeMap<u16, Vec<&(Key, Vec<u8>)>> = BTreeMap::new();
         for kv in pairs {
             if kv.1.len() > CAPS.max_value_len {
                 return Err(KvError::ValueTooLarge {

@@ -27,7 +27,7 @@ use dmkv_transport::time::Instant;
 use dmkv_transport::{
     AccessKey, NodeId, RegionId, RemoteRegion, ServiceError, TransportError, WireReader, WireWriter,
 };
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -243,7 +243,9 @@ fn run(
     // 2. Scan.
     let layout = node.layout;
     let image = scan(&layout, |at, n| region.mem.read_vec(at, n).ok());
-    let mut best: HashMap<u64, (u64, u64, u64)> = HashMap::new();
+    // Ordered by key: the loaded list below is built in this order, and a
+    // simulation must replay it (a HashMap's order differs between runs).
+    let mut best: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
     let mut dead = image.dead.clone();
     let mut max_seq = 0;
     for &(key, addr, words, seq) in &image.live {
