@@ -4,11 +4,16 @@
 # 1. three `dmkv node --listen 127.0.0.1:PORT` processes (founders) and
 #    `dmkv bench --transport ucx --engine scalestore --node-addr ...` on
 #    ycsb-a and ycsb-c, uniform and zipfian, --value-size 128 --verify:
-#    every run verifies and reports messages and remote pages per op per node;
+#    every run verifies and reports messages and remote pages per op per node
+#    (JSON and the text report's per-node table); before them, `dmkv shell
+#    --node-addr` puts, gets, scans and deletes through node 0 and reads
+#    back through node 1;
 # 2. a fourth node joins (`dmkv node --join`) and node 1 leaves
 #    (`dmkv node-ctl leave`) while a bench runs: the run verifies (clients
 #    of the leaver move on to another node), node 1's process exits 0;
-# 3. node 2 is killed with -9: the survivors find it down and refuse
+# 3. node 3 gets SIGTERM while a bench runs: it leaves as node 1 did (hands
+#    over, exits 0) and the run verifies;
+# 4. node 2 is killed with -9: the survivors find it down and refuse
 #    operations with a clear error (ScaleStore keeps no replicas) instead
 #    of hanging.
 #
@@ -77,6 +82,20 @@ EOF
 echo "== three founding nodes on loopback"
 for i in 0 1 2; do start_node $i --peers "$PEERS"; done
 for i in 0 1 2; do wait_listening $i; done
+echo "== dmkv shell on the node processes"
+shell() { # node-addrs (commands on stdin)
+    "$DMKV" shell --transport ucx --engine scalestore --node-addr "$1" --secret-file "$WORK/secret"
+}
+printf 'put 11 eleven\nput 12 twelve\ninsert 13 thirteen\nput 12 TWELVE\nget 12\nscan 11 10\ndelete 11\nget 11\nquit\n' |
+    shell "$PEERS" >"$WORK/shell0.out" 2>&1 || { cat "$WORK/shell0.out"; echo "FAIL: shell through node 0"; exit 1; }
+printf 'inserted\ninserted\ninserted\nupdated\nTWELVE\n11 eleven\n12 TWELVE\n13 thirteen\n(3 pairs)\ndeleted\n(not found)\n' >"$WORK/shell0.want"
+diff "$WORK/shell0.want" "$WORK/shell0.out" || { echo "FAIL: shell through node 0"; exit 1; }
+printf 'scan 0 10\nget 13\ndelete 12\ndelete 13\nscan 0 10\n' |
+    shell "$(addr 1),$(addr 0)" >"$WORK/shell1.out" 2>&1 || { cat "$WORK/shell1.out"; echo "FAIL: shell through node 1"; exit 1; }
+printf '12 TWELVE\n13 thirteen\n(2 pairs)\nthirteen\ndeleted\ndeleted\n(0 pairs)\n' >"$WORK/shell1.want"
+diff "$WORK/shell1.want" "$WORK/shell1.out" || { echo "FAIL: shell through node 1"; exit 1; }
+echo "shell: put/insert/get/scan/delete through node 0, read back and emptied through node 1: ok"
+
 bench() { # extra...
     "$DMKV" bench --transport ucx --engine scalestore --node-addr "$PEERS" \
         --secret-file "$WORK/secret" --value-size 128 --threads 3 --tasks 1 --verify "$@"
@@ -86,8 +105,12 @@ for w in ycsb-c ycsb-a; do
         bench --workload $w --dist $d --keys "$KEYS" --ops "$OPS" --json "$WORK/$w-$d.json" \
             >"$WORK/$w-$d.out" 2>&1 || { cat "$WORK/$w-$d.out"; echo "FAIL: $w $d"; exit 1; }
         check "$WORK/$w-$d.json" "$w $d"
+        # The text report has the per-node table, one row per node.
+        [ "$(grep -cE '^ +[0-2] +[0-9]+ +[0-9.]+ +[0-9.]+ ' "$WORK/$w-$d.out")" -eq 3 ] ||
+            { cat "$WORK/$w-$d.out"; echo "FAIL: no per-node table in the text report"; exit 1; }
     done
 done
+sed -n '/per node/,$p' "$WORK/ycsb-a-zipfian.out"
 
 echo "== node 3 joins and node 1 leaves while a bench runs"
 bench --workload ycsb-a --keys "$KEYS" --ops $((OPS * 4)) --json "$WORK/churn.json" \
@@ -106,12 +129,28 @@ check "$WORK/churn.json" "ycsb-a across join+leave"
 "$DMKV" node-ctl --addr "$(addr 3)" --secret-file "$WORK/secret" members | tr '\n' ' '
 echo
 
+echo "== node 3 gets SIGTERM while a bench runs"
+NOW="$(addr 0),$(addr 2),$(addr 3)"
+"$DMKV" bench --transport ucx --engine scalestore --node-addr "$NOW" --secret-file "$WORK/secret" \
+    --value-size 128 --threads 3 --tasks 1 --verify --workload ycsb-a --keys "$KEYS" \
+    --ops $((OPS * 4)) --json "$WORK/term.json" >"$WORK/term.out" 2>&1 &
+BENCH=$!
+sleep 3
+kill -0 "$BENCH" || { cat "$WORK/term.out"; echo "FAIL: the bench ended before the signal"; exit 1; }
+kill -TERM "$NODE3"
+wait "$NODE3" || { cat "$WORK/node3.err"; echo "FAIL: node 3 did not leave cleanly on SIGTERM"; exit 1; }
+echo "node 3's process exited 0: $(tail -1 "$WORK/node3.out"); $(grep -m1 "handed over" "$WORK/node3.err")"
+wait "$BENCH" || { cat "$WORK/term.out"; echo "FAIL: the bench across the SIGTERM"; exit 1; }
+check "$WORK/term.json" "ycsb-a across SIGTERM to node 3"
+"$DMKV" node-ctl --addr "$(addr 0)" --secret-file "$WORK/secret" members | tr '\n' ' '
+echo
+
 echo "== node 2 killed with -9"
 kill -9 "$NODE2"
 wait "$NODE2" 2>/dev/null || true
 set +e
-timeout 120 "$DMKV" bench --transport ucx --engine scalestore --node-addr "$(addr 0),$(addr 3)" \
-    --secret-file "$WORK/secret" --value-size 128 --threads 2 --tasks 1 --workload ycsb-c \
+timeout 120 "$DMKV" bench --transport ucx --engine scalestore --node-addr "$(addr 0)" \
+    --secret-file "$WORK/secret" --value-size 128 --threads 1 --tasks 1 --workload ycsb-c \
     --keys 2000 --ops 2000 >"$WORK/dead.out" 2>&1
 rc=$?
 set -e
@@ -119,5 +158,5 @@ set -e
 [ "$rc" -ne 0 ] || { cat "$WORK/dead.out"; echo "FAIL: a bench succeeded with a member dead"; exit 1; }
 grep -m1 -o "member 2 ([^)]*) is down.*ScaleStore keeps no replicas" "$WORK/dead.out" ||
     { cat "$WORK/dead.out"; echo "FAIL: no clear error"; exit 1; }
-for p in "$NODE0" "$NODE3"; do kill -0 "$p" || { echo "FAIL: a survivor died"; exit 1; }; done
+kill -0 "$NODE0" || { echo "FAIL: the survivor died"; exit 1; }
 echo "scalestore nodes: passed"

@@ -276,6 +276,26 @@ pub struct ShellArgs {
     pub data_dir: Option<PathBuf>,
     #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
     pub set: Vec<String>,
+    /// local (the engine in this process) or ucx (memory nodes, or
+    /// ScaleStore node processes with --node-addr); not sim.
+    #[arg(long, value_enum, default_value_t = Transport::Local)]
+    pub transport: Transport,
+    /// With --transport ucx: running memory nodes (`dmkv memnode --listen`);
+    /// without it (and without --node-addr), --memnodes children start on loopback.
+    #[arg(long, value_name = "ADDR[,ADDR...]", value_delimiter = ',')]
+    pub memnode_addr: Vec<String>,
+    /// With --transport ucx and --engine scalestore: running ScaleStore node
+    /// processes (`dmkv node`); the shell's operations go to the first.
+    #[arg(
+        long,
+        value_name = "ADDR[,ADDR...]",
+        value_delimiter = ',',
+        conflicts_with = "memnode_addr"
+    )]
+    pub node_addr: Vec<String>,
+    /// With --transport ucx: a file holding the cluster secret (else DMKV_SECRET).
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
 }
 
 /// Where a command reads and writes; the binary passes the process's own.
@@ -520,6 +540,7 @@ fn bench(
     let outcome = dmkv_bench::run(&cfg).map_err(bench_failure)?;
     let write = |r: std::io::Result<()>| r.map_err(|e| Failure(EXIT_FAILED, e.to_string()));
     write(dmkv_bench::print_table(io.out, &outcome.reports))?;
+    write(crate::node::print_per_node(io.out, &outcome.reports))?;
     for f in &outcome.failures {
         let _ = writeln!(io.err, "error: engine {}: {}", f.engine, f.error);
     }
@@ -705,9 +726,20 @@ fn shell_command(registry: &Registry, a: ShellArgs, io: &mut Io<'_>) -> Result<i
             "--memnode-threads, --memnodes and --nodes must be at least 1",
         ));
     }
+    let remote = !a.memnode_addr.is_empty() || !a.node_addr.is_empty() || a.secret_file.is_some();
+    if a.transport != Transport::Ucx && remote {
+        return Err(usage(
+            "--memnode-addr, --node-addr and --secret-file need --transport ucx",
+        ));
+    }
+    let nodes = if a.node_addr.is_empty() {
+        a.nodes
+    } else {
+        a.node_addr.len()
+    };
     let opts = DeployOptions {
         memnodes: a.memnodes,
-        nodes: a.nodes,
+        nodes,
         handler_threads: a.memnode_threads,
         knobs,
         cache_mb: a.cache_mb,
@@ -715,7 +747,37 @@ fn shell_command(registry: &Registry, a: ShellArgs, io: &mut Io<'_>) -> Result<i
         instance: "shell".into(),
         ..DeployOptions::default()
     };
-    match shell::run(spec, &opts, io.stdin, io.out, io.stdin_is_terminal) {
+    let (deployer, banner): (std::sync::Arc<dyn dmkv_bench::Deployer>, String) = match a.transport {
+        Transport::Local => (
+            std::sync::Arc::new(dmkv_bench::LocalDeployer),
+            format!("engine {} ({}), in-process", spec.name(), spec.about()),
+        ),
+        Transport::Sim => {
+            return Err(usage(
+                "the shell runs in real time: --transport local or ucx",
+            ));
+        }
+        #[cfg(not(feature = "ucx"))]
+        Transport::Ucx => return Err(usage(format!("{NO_UCX}; use --transport local"))),
+        #[cfg(feature = "ucx")]
+        Transport::Ucx if a.node_addr.is_empty() => (
+            crate::ucx::deployer(&a.memnode_addr, a.secret_file.as_deref()).map_err(usage)?,
+            format!("engine {} over UCX", spec.name()),
+        ),
+        #[cfg(feature = "ucx")]
+        Transport::Ucx => (
+            crate::node::node_deployer(&a.node_addr, a.secret_file.as_deref()).map_err(usage)?,
+            format!(
+                "engine {} on node processes {} (operations go to the first)",
+                spec.name(),
+                a.node_addr.join(",")
+            ),
+        ),
+    };
+    let dep = deployer
+        .deploy(spec, &opts)
+        .map_err(|e| Failure(EXIT_FAILED, e.to_string()))?;
+    match shell::run(&*dep, &banner, io.stdin, io.out, io.stdin_is_terminal) {
         Ok(true) => Ok(EXIT_OK),
         Ok(false) => Ok(EXIT_FAILED),
         Err(e) => Err(Failure(EXIT_FAILED, e)),

@@ -80,6 +80,65 @@ pub enum NodeCtlAction {
     Stats,
 }
 
+/// The per-node figures of a run against node processes (`engine_stats`
+/// of `--node-addr` runs: `per_node` rows with `*_per_op` figures), as a
+/// table after the main report; nothing for other runs.
+pub fn print_per_node(
+    out: &mut dyn std::io::Write,
+    reports: &[dmkv_bench::EngineReport],
+) -> std::io::Result<()> {
+    for r in reports {
+        let Some(rows) = r.engine_stats["per_node"].as_array() else {
+            continue;
+        };
+        if !rows
+            .iter()
+            .any(|n| n.get("messages_total_per_op").is_some() || n.get("unreachable").is_some())
+        {
+            continue;
+        }
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{}: per node (figures of the run; per op = per operation that node's workers ran)",
+            r.engine
+        )?;
+        writeln!(
+            out,
+            "  {:>5} {:>9} {:>9} {:>13} {:>11} {:>10}  state",
+            "node", "ops", "msgs/op", "remote pg/op", "ssd pg/op", "evictions"
+        )?;
+        for n in rows {
+            let id = n["node"].as_u64().unwrap_or(0);
+            if let Some(e) = n["unreachable"].as_str() {
+                let why = if n["left"].as_bool() == Some(true) {
+                    "left during the run".to_string()
+                } else {
+                    format!("unreachable: {e}")
+                };
+                writeln!(out, "  {id:>5} {why}")?;
+                continue;
+            }
+            let per_op = |k: &str| {
+                n[format!("{k}_per_op")]
+                    .as_f64()
+                    .map_or_else(|| "-".to_string(), |x| format!("{x:.3}"))
+            };
+            writeln!(
+                out,
+                "  {id:>5} {:>9} {:>9} {:>13} {:>11} {:>10}  {}",
+                n["ops"].as_u64().unwrap_or(0),
+                per_op("messages_total"),
+                per_op("pages_from_remote_memory"),
+                per_op("pages_from_ssd"),
+                n["evictions"].as_u64().unwrap_or(0),
+                n["state"].as_str().unwrap_or("?"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(feature = "ucx")]
 pub use with_ucx::{node, node_ctl, node_deployer};
 
@@ -244,8 +303,11 @@ mod with_ucx {
             cache_mb: a.cache_mb,
             data_dir: a.data_dir.clone(),
         };
-        let proc = NodeProcess::start(&rt, &opts, &start, linker)
-            .map_err(|e| format!("cannot start node {}: {e}", a.node_id))?;
+        let proc = Arc::new(
+            NodeProcess::start(&rt, &opts, &start, linker)
+                .map_err(|e| format!("cannot start node {}: {e}", a.node_id))?,
+        );
+        leave_on_signal(&proc, a.node_id)?;
         writeln!(out, "{LISTENING} {advertise}").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
         if a.exit_on_stdin_eof {
@@ -266,6 +328,35 @@ mod with_ucx {
         drop(rt);
         drop(cluster);
         Ok(crate::cli::EXIT_OK)
+    }
+
+    /// SIGTERM (or SIGINT) makes the node leave as `dmkv node-ctl leave`
+    /// does: hand its pages and directory share to another member, after
+    /// which `wait_left` returns and the process exits 0. A leave that
+    /// fails (e.g. the last member has nobody to hand over to) keeps the
+    /// node serving, so nothing is lost; another signal tries again, and
+    /// SIGKILL stops it without a handover.
+    fn leave_on_signal(proc: &Arc<NodeProcess>, index: u8) -> Result<(), String> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+            .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+        let proc = Arc::downgrade(proc);
+        std::thread::spawn(move || {
+            for sig in signals.forever() {
+                let Some(p) = proc.upgrade() else { return };
+                eprintln!("dmkv node {index}: signal {sig}: leaving the cluster");
+                match p.leave() {
+                    Ok(succ) => {
+                        eprintln!("dmkv node {index}: handed over to node {succ}");
+                        return;
+                    }
+                    Err(e) => eprintln!(
+                        "dmkv node {index}: cannot leave ({e}); still serving (signal again to retry; SIGKILL stops it without a handover)"
+                    ),
+                }
+            }
+        });
+        Ok(())
     }
 
     /// A UCX cluster view for a process that only issues.

@@ -1,8 +1,9 @@
-//! `dmkv shell`: an engine deployed in this process, driven by commands read
-//! from stdin (interactive or piped).
+//! `dmkv shell`: an engine, deployed in this process or running elsewhere
+//! (memory nodes, or ScaleStore node processes with `--node-addr`), driven
+//! by commands read from stdin (interactive or piped).
 
-use dmkv_api::deploy::{DeployOptions, LocalDeployment};
-use dmkv_api::{EngineSpec, Key, KvStore};
+use dmkv_api::{Key, KvStore};
+use dmkv_bench::Deployment;
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{Endpoint, OpKind, labeled};
 use std::io::{self, BufRead, Write};
@@ -135,25 +136,19 @@ pub fn show_value(v: &[u8]) -> String {
     }
 }
 
-/// Deploys `spec` with `opts` and runs commands from `input` until `quit` or
-/// its end. Returns whether every command succeeded.
+/// Runs commands from `input` against `dep` (as compute thread 0) until
+/// `quit` or its end; `banner` says where the engine runs. Returns whether
+/// every command succeeded.
 pub fn run(
-    spec: &dyn EngineSpec,
-    opts: &DeployOptions,
+    dep: &dyn Deployment,
+    banner: &str,
     input: &mut dyn BufRead,
     out: &mut dyn Write,
     interactive: bool,
 ) -> Result<bool, String> {
-    let dep = LocalDeployment::deploy(spec, opts).map_err(|e| e.to_string())?;
     let (ep, kv) = dep.client(0).map_err(|e| e.to_string())?;
     if interactive {
-        writeln!(
-            out,
-            "dmkv shell: engine {} ({}), in-process; type help",
-            spec.name(),
-            spec.about()
-        )
-        .map_err(|e| e.to_string())?;
+        writeln!(out, "dmkv shell: {banner}; type help").map_err(|e| e.to_string())?;
     }
     let mut all_ok = true;
     let mut line = String::new();
@@ -173,7 +168,7 @@ pub fn run(
                 writeln!(out, "error: {e}").map(|_| false)
             }
             Ok(Command::Quit) => Ok(true),
-            Ok(cmd) => match execute(&dep, &ep, &*kv, cmd, out) {
+            Ok(cmd) => match execute(dep, &ep, &*kv, cmd, out) {
                 Ok(ok) => {
                     all_ok &= ok;
                     Ok(false)
@@ -191,7 +186,7 @@ pub fn run(
 /// Runs one command; Ok(false) if the operation failed with an error
 /// (already printed).
 fn execute(
-    dep: &LocalDeployment,
+    dep: &dyn Deployment,
     ep: &Endpoint,
     kv: &dyn KvStore,
     cmd: Command,
@@ -237,12 +232,12 @@ fn execute(
             writeln!(out, "({} pairs)", items.len())?;
         }
         Command::Stats => {
-            let stats = op!(OpKind::Setup, dep.engine.stats(ep));
-            writeln!(out, "engine {}: {stats}", dep.engine.name())?;
+            let stats = op!(OpKind::Setup, dep.engine().stats(ep));
+            writeln!(out, "engine {}: {stats}", dep.engine().name())?;
             writeln!(
                 out,
                 "client cache: {} bytes",
-                dep.engine.client_cache_bytes()
+                dep.engine().client_cache_bytes()
             )?;
             for (i, s) in dep.node_stats().iter().enumerate() {
                 writeln!(
@@ -282,6 +277,7 @@ fn execute(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dmkv_api::deploy::{DeployOptions, LocalDeployment};
     use dmkv_testkit::reference::Reference;
 
     #[test]
@@ -313,14 +309,8 @@ mod tests {
     fn runs_a_script_against_the_reference_engine() {
         let script = "put 1 one\nput 2 two\nget 1\ninsert 1 again\nupdate 3 x\nscan 0 10\ndelete 2\nget 2\nget 18446744073709551615\nbogus\nstats\nquit\nget 1\n";
         let mut out = Vec::new();
-        let ok = run(
-            &Reference,
-            &DeployOptions::default(),
-            &mut script.as_bytes(),
-            &mut out,
-            false,
-        )
-        .unwrap();
+        let dep = LocalDeployment::deploy(&Reference, &DeployOptions::default()).unwrap();
+        let ok = run(&dep, "reference", &mut script.as_bytes(), &mut out, false).unwrap();
         let out = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(
