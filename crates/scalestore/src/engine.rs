@@ -59,6 +59,11 @@ const KNOBS: &[KnobSpec] = &[
                (and --cache-mb 0, the default, sizes every node's cache to hold the expected keys)",
     },
     KnobSpec {
+        name: "slot_wait_ms",
+        default: "30000",
+        help: "how long a worker waits for a free cache slot before failing the operation, ms (1..=3600000)",
+    },
+    KnobSpec {
         name: "join",
         default: "none",
         help: "NODE@OPS: node NODE starts outside the cluster and joins once clients started OPS operations",
@@ -182,6 +187,7 @@ impl ScaleStoreSpec {
             ));
         }
         let cache_pages: usize = k.get_in("scalestore", KNOBS, "cache_pages", 0..=1 << 28)?;
+        let slot_wait_ms: u64 = k.get_in("scalestore", KNOBS, "slot_wait_ms", 1..=3_600_000)?;
         let pages = match cache_pages {
             0 if args.cache_mb == 0 => pages_for(args.expected_keys, args.value_size, free_percent),
             0 => (args.cache_mb as usize * (1 << 20) / PAGE_SIZE).max(64),
@@ -200,6 +206,7 @@ impl ScaleStoreSpec {
                 data_dir: Default::default(),
                 free_percent,
                 evict_percent,
+                slot_wait: std::time::Duration::from_millis(slot_wait_ms),
             },
             join,
             leave,

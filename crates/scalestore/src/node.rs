@@ -66,6 +66,11 @@ pub struct NodeConfig {
     pub free_percent: usize,
     /// Share of sampled frames under the eviction threshold, percent.
     pub evict_percent: usize,
+    /// How long a worker waits for a free cache slot before it fails the
+    /// operation (`scalestore.slot_wait_ms`; the page provider frees slots
+    /// continuously, so only a stuck provider or all slots latched make it
+    /// wait that long).
+    pub slot_wait: std::time::Duration,
 }
 
 /// A member of the cluster, as seen by this node.

@@ -21,11 +21,6 @@ use dmkv_transport::time::Instant;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
-
-/// How long a worker waits for a free cache slot before giving up with a
-/// clear error (the page provider frees slots continuously).
-const SLOT_WAIT: Duration = Duration::from_secs(30);
 
 /// A compute thread's pager on a node.
 pub struct Worker {
@@ -158,10 +153,10 @@ impl Worker {
                 return Ok(s);
             }
             self.node.wake_provider();
-            if start.elapsed() > SLOT_WAIT {
+            if start.elapsed() > self.node.cfg.slot_wait {
                 return Err(fatal(KvError::Exhausted(format!(
                     "node {}: no free cache slot for {:?} (all {} pages latched?)",
-                    self.node.index, SLOT_WAIT, self.node.cfg.pages
+                    self.node.index, self.node.cfg.slot_wait, self.node.cfg.pages
                 ))));
             }
             b.pause().await;

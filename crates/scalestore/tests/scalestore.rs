@@ -39,6 +39,19 @@ fn opts(nodes: usize, threads: usize, knobs: &[(&str, &str)]) -> DeployOptions {
     }
 }
 
+/// For the page races, which must not fail on a clock: no wall-clock
+/// limit below the watchdog's on an RPC reply or on a free cache slot. On
+/// a loaded machine the defaults (30 s each) failed
+/// `many_pages_under_eviction_and_transfers_fifo` once in 37 runs (a
+/// `Transport(Timeout)`, then a worker without a slot for 30 s) where the
+/// run was only stalled (earlier loops saw machine-wide stalls over 15 s);
+/// a real hang still ends in the watchdog's abort.
+fn untimed(mut o: DeployOptions) -> DeployOptions {
+    o.local.rpc_timeout = std::time::Duration::from_secs(3600);
+    o.knobs.set("slot_wait_ms", "3600000");
+    o
+}
+
 fn deploy(o: DeployOptions) -> LocalDeployment {
     arm_watchdog();
     LocalDeployment::deploy(&SCALESTORE, &o).unwrap()
@@ -545,7 +558,7 @@ fn page_race(d: &LocalDeployment, pages: usize, ops: usize, seed: u64) -> serde_
 #[test]
 fn one_page_under_writers_from_every_node() {
     for (protocol, torn) in [("chaining", false), ("chaining", true), ("fifo", false)] {
-        let d = deploy(opts(3, 3, &[("protocol", protocol)]));
+        let d = deploy(untimed(opts(3, 3, &[("protocol", protocol)])));
         d.cluster.set_faults(Faults {
             torn_reads: torn,
             ..Default::default()
@@ -562,7 +575,11 @@ fn one_page_under_writers_from_every_node() {
 /// stability, dirty pulls), upgrades race copies, optimistic readers race
 /// moves.
 fn many_pages(protocol: &str, torn: bool) {
-    let d = deploy(opts(3, 3, &[("protocol", protocol), ("cache_pages", "64")]));
+    let d = deploy(untimed(opts(
+        3,
+        3,
+        &[("protocol", protocol), ("cache_pages", "64")],
+    )));
     d.cluster.set_faults(Faults {
         torn_reads: torn,
         ..Default::default()
@@ -707,4 +724,21 @@ fn fifo_favours_the_directorys_own_worker() {
         counts[0] * 4 >= least_other,
         "the directory's worker is starved under FIFO: {counts:?}, {st}"
     );
+}
+
+/// `scalestore.slot_wait_ms` takes 1..=3 600 000 ms; anything else is
+/// refused when the engine is deployed.
+#[test]
+fn slot_wait_out_of_range_is_refused() {
+    for bad in ["0", "3600001", "soon"] {
+        let r = LocalDeployment::deploy(&SCALESTORE, &opts(1, 1, &[("slot_wait_ms", bad)]));
+        let e = r
+            .err()
+            .unwrap_or_else(|| panic!("slot_wait_ms={bad} was accepted"));
+        assert!(e.to_string().contains("slot_wait_ms"), "{bad}: {e}");
+    }
+    for good in ["1", "3600000"] {
+        LocalDeployment::deploy(&SCALESTORE, &opts(1, 1, &[("slot_wait_ms", good)]))
+            .unwrap_or_else(|e| panic!("slot_wait_ms={good}: {e}"));
+    }
 }
