@@ -10,7 +10,9 @@
 # compute host; a compute host with the wrong secret is refused; killing a
 # compute process mid-run leaves the memory nodes serving another one;
 # ScaleStore runs as three `dmkv node` processes in dmkv-mn0, dmkv-mn1 and
-# dmkv-cn1 (port 7500), driven from dmkv-cn0, ycsb-c and ycsb-a verified.
+# dmkv-cn1 (port 7500), driven from dmkv-cn0, ycsb-c and ycsb-a verified;
+# then the node in dmkv-cn1 gets SIGTERM, leaves (exit 0), and ycsb-c on
+# the other two verifies.
 # Needs root (ip netns). Every address is inside namespaces made here.
 #
 # usage: scripts/netns-test.sh [path/to/dmkv built with --features ucx]
@@ -23,7 +25,9 @@ WORK=$(mktemp -d)
 PIDS=()
 
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    # -9: SIGTERM makes a ScaleStore node leave, and the last member,
+    # with nobody to hand over to, keeps serving.
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     for ns in dmkv-mn0 dmkv-mn1 dmkv-cn0 dmkv-cn1 dmkv-sw; do
         ip netns del "$ns" 2>/dev/null || true
@@ -149,5 +153,16 @@ assert r['ok'] and v['mismatches']==0 and v['missing']==0, r
 print('scalestore', sys.argv[2], 'verified', v['checked'], 'keys;', ', '.join('node %s: %.3f msgs/op, %.3f remote pages/op' % (n['index'], n['messages_total_per_op'] or 0, n['pages_from_remote_memory_per_op'] or 0) for n in r['engine_stats']['per_node']))
 " "$WORK/ss-$w.json" "$w"
 done
+# SIGTERM is a clean leave across hosts: the node in dmkv-cn1 hands over
+# its pages, directory share and B-tree pages and exits 0; the two left
+# then serve a verified run.
+SS2=${PIDS[-1]}
+kill -TERM "$SS2"
+wait "$SS2" || { cat "$WORK/ss-dmkv-cn1.err"; echo "FAIL: the scalestore node in dmkv-cn1 did not leave on SIGTERM"; exit 1; }
+ip netns exec dmkv-cn0 "$DMKV" bench --transport ucx --engine scalestore --node-addr "$NET.1:$SPORT,$NET.2:$SPORT" \
+    --secret-file "$WORK/secret" --workload ycsb-c --value-size 128 --threads 2 --tasks 1 \
+    --keys 10000 --ops 10000 --verify --json "$WORK/ss-after-term.json" >"$WORK/ss-after-term.out" 2>&1 ||
+    { cat "$WORK/ss-after-term.out"; echo "FAIL: scalestore after a node left on SIGTERM"; exit 1; }
+echo "scalestore: node 2 left on SIGTERM ($(grep -m1 "handed over" "$WORK/ss-dmkv-cn1.err")); ycsb-c on the other two verified"
 
 echo "netns test: passed"
