@@ -8,6 +8,7 @@ use dmkv_memnode::{NodeRuntime, Region, WorkerPool};
 use dmkv_transport::{Endpoint, NodeId, ServiceError};
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 pub struct NodeCtx {
@@ -19,15 +20,43 @@ pub struct NodeCtx {
     /// Weak, so that the services the runtime holds do not keep it alive.
     pub rt: Weak<NodeRuntime>,
     pub pool: Weak<WorkerPool>,
+    /// Unique in the process (see `ENDPOINT`).
+    id: u64,
 }
 
 thread_local! {
     /// The endpoint this thread (a handler or the worker) issues from, with
-    /// the address of the context it belongs to. A thread serves one node.
-    static ENDPOINT: RefCell<Option<(usize, Rc<Endpoint>)>> = const { RefCell::new(None) };
+    /// the id of the context it belongs to. Keyed by a process-unique id,
+    /// not the context's address: a simulation runs every node and, in a
+    /// seed sweep, one cluster after another on one thread, and a new
+    /// context can sit at a freed one's address; an endpoint of the old
+    /// cluster's fabric then reached the old (crashed) nodes, and a DST seed
+    /// failed only after certain earlier seeds.
+    static ENDPOINT: RefCell<Option<(u64, Rc<Endpoint>)>> = const { RefCell::new(None) };
 }
 
+static NEXT_CTX_ID: AtomicU64 = AtomicU64::new(0);
+
 impl NodeCtx {
+    pub fn new(
+        node: NodeId,
+        nodes: Vec<NodeId>,
+        args: ServeArgs,
+        cfg: Config,
+        rt: Weak<NodeRuntime>,
+        pool: Weak<WorkerPool>,
+    ) -> NodeCtx {
+        NodeCtx {
+            node,
+            nodes,
+            args,
+            cfg,
+            rt,
+            pool,
+            id: NEXT_CTX_ID.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
     pub fn shards(&self) -> u16 {
         self.nodes.len() as u16
     }
@@ -69,7 +98,7 @@ impl NodeCtx {
 
     /// Runs `f` with this thread's endpoint (made on first use).
     pub fn with_endpoint<R>(&self, f: impl FnOnce(&Endpoint) -> R) -> Result<R, ServiceError> {
-        let me = self as *const NodeCtx as usize;
+        let me = self.id;
         let ep = ENDPOINT.with(|cell| -> Result<Rc<Endpoint>, ServiceError> {
             if let Some((owner, ep)) = &*cell.borrow()
                 && *owner == me

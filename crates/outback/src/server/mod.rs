@@ -112,14 +112,14 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     }
     let own = args.node_index as u16;
     let pool = rt.worker_pool("outback", 1);
-    let ctx = Arc::new(NodeCtx {
-        node: rt.id(),
-        nodes: args.node_ids(),
-        args: args.clone(),
-        cfg: cfg.clone(),
-        rt: Arc::downgrade(rt),
-        pool: Arc::downgrade(&pool),
-    });
+    let ctx = Arc::new(NodeCtx::new(
+        rt.id(),
+        args.node_ids(),
+        args.clone(),
+        cfg.clone(),
+        Arc::downgrade(rt),
+        Arc::downgrade(&pool),
+    ));
     let cerr = |e: ServiceError| KvError::Config(e.to_string());
     let layout = heap_layout(args, &cfg);
     let heap = Heap::create(
