@@ -49,7 +49,7 @@ pub struct LockTable {
 /// (the operation failed on a path that did not release, or its future was
 /// dropped mid-operation) ends the turn as a release without hand-over:
 /// otherwise the group would stay busy for this compute node forever.
-/// Invariant 10 of docs/rolex.md.
+/// Invariant 11 of docs/rolex.md.
 pub struct Turn<'a> {
     table: &'a LockTable,
     key: GroupKey,
