@@ -20,8 +20,10 @@
 //! A holder takes at most one lock at a time (splits release the child
 //! before locking the parent), so lock-word collisions cannot deadlock.
 
-use dmkv_transport::exec::yield_now;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::task::{Poll, Waker};
 
 /// Global lock words per memory node (256 KiB, Sherman's on-chip budget).
 pub const LOCK_WORDS: u64 = 32 * 1024;
@@ -47,6 +49,24 @@ struct LocalLock {
 /// The local lock table of one compute process, for every memory node.
 pub struct LocalLocks {
     locks: Vec<LocalLock>,
+    /// Tasks waiting for a local lock, by lock index. A waiter registers
+    /// under this mutex after its failed attempt, and a release clears
+    /// `held` before taking the mutex, so no wake-up is lost; every release
+    /// wakes all of that lock's waiters (one may have been dropped). They
+    /// wait without polling: a lock held for long (its holder waits for a
+    /// global lock a dead process holds) costs no scheduler events.
+    wakers: Mutex<BTreeMap<usize, Vec<Waker>>>,
+}
+
+/// A task waiting in [`LocalLocks::acquire`]: counted in `waiters` until it
+/// gets the lock or is dropped (its operation abandoned), so that holders
+/// do not hand the global lock over to a waiter that is gone.
+struct Waiting<'a>(&'a LocalLock);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A taken local lock: whether the global lock came with it.
@@ -63,6 +83,7 @@ impl LocalLocks {
             locks: (0..memnodes as u64 * LOCK_WORDS)
                 .map(|_| LocalLock::default())
                 .collect(),
+            wakers: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -72,14 +93,25 @@ impl LocalLocks {
         let index = mn * LOCK_WORDS as usize + word as usize;
         let l = &self.locks[index];
         l.waiters.fetch_add(1, Ordering::AcqRel);
-        while l
-            .held
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            yield_now().await;
-        }
-        l.waiters.fetch_sub(1, Ordering::AcqRel);
+        let waiting = Waiting(l);
+        let take = || {
+            l.held
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        };
+        std::future::poll_fn(|cx| {
+            if take() {
+                return Poll::Ready(());
+            }
+            let mut w = self.wakers.lock();
+            if take() {
+                return Poll::Ready(());
+            }
+            w.entry(index).or_default().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        drop(waiting);
         LocalGuard {
             index,
             has_global: l.handed_over.load(Ordering::Acquire),
@@ -105,6 +137,8 @@ impl LocalLocks {
     /// completed.
     pub fn release(&self, g: LocalGuard) {
         self.locks[g.index].held.store(false, Ordering::Release);
+        let woken = self.wakers.lock().remove(&g.index);
+        woken.into_iter().flatten().for_each(Waker::wake);
     }
 
     /// Marks the global lock as not held by this process (after a failure
@@ -119,7 +153,7 @@ impl LocalLocks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dmkv_transport::exec::{LocalTask, run_tasks};
+    use dmkv_transport::exec::{LocalTask, run_tasks, yield_now};
     use std::cell::Cell;
 
     /// Local locks exclude each other across tasks, and handover happens only

@@ -331,7 +331,10 @@ impl RolexClient {
             // ② Lock.
             let j = lo + g;
             let gk = (mc.m, j);
-            let held = sh.locks.acquire(gk).await;
+            // The turn is released explicitly on every path of `locked`;
+            // if an error or a dropped future skips that, dropping it does.
+            let turn = sh.locks.acquire(gk).await;
+            let held = turn.held;
             let res = self
                 .locked(
                     kind,
@@ -345,6 +348,7 @@ impl RolexClient {
                     held,
                 )
                 .await;
+            drop(turn);
             match res {
                 Ok(Outcome::Done(b)) => return Ok(b),
                 Ok(Outcome::Retry) => backoff(attempt).await,
