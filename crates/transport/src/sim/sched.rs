@@ -14,25 +14,39 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cell::{Cell, RefCell};
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
-type Event = Box<dyn FnOnce()>;
+/// What an event does when its instant comes. Wakes, the most common
+/// kind, carry their waker inline instead of in a boxed closure.
+enum Event {
+    Wake(Waker),
+    Run(Box<dyn FnOnce()>),
+}
 
+/// A pending event. `key` packs (time, tie) as `time << 64 | tie`, so one
+/// 128-bit comparison orders by time and then by the seeded tie; `seq`
+/// (unique, in scheduling order) settles equal keys. The order is exactly
+/// (time, tie, seq), as invariants 1 and 2 require.
 struct Entry {
-    at: u64,
-    tie: u64,
+    key: u128,
     seq: u64,
     ev: Event,
 }
 
+impl Entry {
+    fn at(&self) -> u64 {
+        (self.key >> 64) as u64
+    }
+}
+
 impl PartialEq for Entry {
     fn eq(&self, o: &Self) -> bool {
-        (self.at, self.tie, self.seq) == (o.at, o.tie, o.seq)
+        (self.key, self.seq) == (o.key, o.seq)
     }
 }
 impl Eq for Entry {}
@@ -42,8 +56,9 @@ impl PartialOrd for Entry {
     }
 }
 impl Ord for Entry {
+    /// Reversed, so that the standard max-heap pops the earliest entry.
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.tie, self.seq).cmp(&(o.at, o.tie, o.seq))
+        (o.key, o.seq).cmp(&(self.key, self.seq))
     }
 }
 
@@ -51,6 +66,11 @@ impl Ord for Entry {
 /// ready to be polled, in the order they were woken.
 pub(crate) struct ReadyQueue {
     inner: parking_lot::Mutex<ReadyInner>,
+    /// Tasks in `order`, readable without the lock: the scheduler looks
+    /// for ready tasks of every frame before each event, and most of the
+    /// time there are none. Written under the lock; everything runs on one
+    /// thread (invariant 3), so a read sees every push made before it.
+    len: AtomicUsize,
 }
 
 struct ReadyInner {
@@ -69,6 +89,7 @@ impl ReadyQueue {
                     VecDeque::new()
                 },
             }),
+            len: AtomicUsize::new(if all_ready { n } else { 0 }),
         })
     }
     fn push(&self, i: usize) {
@@ -79,12 +100,17 @@ impl ReadyQueue {
         if !r.queued[i] {
             r.queued[i] = true;
             r.order.push_back(i);
+            self.len.store(r.order.len(), Ordering::Release);
         }
     }
     fn pop(&self) -> Option<usize> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut r = self.inner.lock();
         let i = r.order.pop_front()?;
         r.queued[i] = false;
+        self.len.store(r.order.len(), Ordering::Release);
         Some(i)
     }
 }
@@ -128,7 +154,7 @@ struct Background {
 /// The scheduler's state. Owned by one thread (see invariant 3).
 pub(crate) struct Sched {
     now: Cell<u64>,
-    queue: RefCell<BinaryHeap<Reverse<Entry>>>,
+    queue: RefCell<BinaryHeap<Entry>>,
     seq: Cell<u64>,
     rng: RefCell<SmallRng>,
     events: Cell<u64>,
@@ -187,21 +213,26 @@ impl Sched {
 
     /// Runs `ev` at virtual time `at` (not before now).
     pub(crate) fn at(&self, at: u64, ev: impl FnOnce() + 'static) {
-        let at = at.max(self.now.get());
-        let seq = self.seq.get();
-        self.seq.set(seq + 1);
-        let tie = self.rng.borrow_mut().r#gen::<u64>();
-        self.queue.borrow_mut().push(Reverse(Entry {
-            at,
-            tie,
-            seq,
-            ev: Box::new(ev),
-        }));
+        self.schedule(at, Event::Run(Box::new(ev)));
     }
 
     /// Wakes `waker` at virtual time `at`.
     pub(crate) fn wake_at(&self, at: u64, waker: Waker) {
-        self.at(at, move || waker.wake());
+        self.schedule(at, Event::Wake(waker));
+    }
+
+    /// Queues `ev` at `at` (not before now) with the next tie and sequence
+    /// number; every event draws one tie, in scheduling order.
+    fn schedule(&self, at: u64, ev: Event) {
+        let at = at.max(self.now.get());
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let tie = self.rng.borrow_mut().r#gen::<u64>();
+        self.queue.borrow_mut().push(Entry {
+            key: (u128::from(at) << 64) | u128::from(tie),
+            seq,
+            ev,
+        });
     }
 
     /// Drops every pending event and background task (the simulation ends).
@@ -214,13 +245,16 @@ impl Sched {
 
     /// Runs the next event; false if there is none.
     fn step(&self) -> bool {
-        let Some(Reverse(e)) = self.queue.borrow_mut().pop() else {
+        let Some(e) = self.queue.borrow_mut().pop() else {
             return false;
         };
-        debug_assert!(e.at >= self.now.get(), "time went backwards");
-        self.now.set(e.at);
+        debug_assert!(e.at() >= self.now.get(), "time went backwards");
+        self.now.set(e.at());
         self.events.set(self.events.get() + 1);
-        (e.ev)();
+        match e.ev {
+            Event::Wake(w) => w.wake(),
+            Event::Run(f) => f(),
+        }
         true
     }
 
