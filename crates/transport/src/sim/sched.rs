@@ -22,31 +22,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 /// What an event does when its instant comes. Wakes, the most common
-/// kind, carry their waker inline instead of in a boxed closure.
-enum Event {
+/// kind, carry their waker, and the network's per-verb events their
+/// state, inline; anything else is a boxed closure.
+pub(crate) enum Event {
     Wake(Waker),
+    Net(super::net::NetEvent),
     Run(Box<dyn FnOnce()>),
 }
 
-/// A pending event. `key` packs (time, tie) as `time << 64 | tie`, so one
-/// 128-bit comparison orders by time and then by the seeded tie; `seq`
-/// (unique, in scheduling order) settles equal keys. The order is exactly
-/// (time, tie, seq), as invariants 1 and 2 require.
+/// A pending event's place in the queue: ordered by (time, tie, seq), the
+/// event itself in slot `slot` of the scheduler's slab (so that the heap
+/// moves 32 bytes per step, not the event). `seq` is unique, in scheduling
+/// order, and settles equal (time, tie) pairs; the order is exactly what
+/// invariants 1 and 2 require.
 struct Entry {
-    key: u128,
+    at: u64,
+    tie: u64,
     seq: u64,
-    ev: Event,
-}
-
-impl Entry {
-    fn at(&self) -> u64 {
-        (self.key >> 64) as u64
-    }
+    slot: u32,
 }
 
 impl PartialEq for Entry {
     fn eq(&self, o: &Self) -> bool {
-        (self.key, self.seq) == (o.key, o.seq)
+        (self.at, self.tie, self.seq) == (o.at, o.tie, o.seq)
     }
 }
 impl Eq for Entry {}
@@ -58,7 +56,35 @@ impl PartialOrd for Entry {
 impl Ord for Entry {
     /// Reversed, so that the standard max-heap pops the earliest entry.
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (o.key, o.seq).cmp(&(self.key, self.seq))
+        (o.at, o.tie, o.seq).cmp(&(self.at, self.tie, self.seq))
+    }
+}
+
+/// Pending events' bodies, by slot; freed slots are reused.
+#[derive(Default)]
+struct Slab {
+    events: Vec<Option<Event>>,
+    free: Vec<u32>,
+}
+
+impl Slab {
+    fn insert(&mut self, ev: Event) -> u32 {
+        match self.free.pop() {
+            Some(slot) => {
+                self.events[slot as usize] = Some(ev);
+                slot
+            }
+            None => {
+                self.events.push(Some(ev));
+                u32::try_from(self.events.len() - 1).expect("fewer than 2^32 pending events")
+            }
+        }
+    }
+    fn take(&mut self, slot: u32) -> Event {
+        self.free.push(slot);
+        self.events[slot as usize]
+            .take()
+            .expect("a queued entry's slot holds its event")
     }
 }
 
@@ -155,6 +181,7 @@ struct Background {
 pub(crate) struct Sched {
     now: Cell<u64>,
     queue: RefCell<BinaryHeap<Entry>>,
+    slab: RefCell<Slab>,
     seq: Cell<u64>,
     rng: RefCell<SmallRng>,
     events: Cell<u64>,
@@ -176,6 +203,7 @@ impl Sched {
         Sched {
             now: Cell::new(0),
             queue: RefCell::new(BinaryHeap::new()),
+            slab: RefCell::new(Slab::default()),
             seq: Cell::new(0),
             rng: RefCell::new(SmallRng::seed_from_u64(seed ^ 0x5eed_d3c0_de00_0001)),
             events: Cell::new(0),
@@ -221,6 +249,11 @@ impl Sched {
         self.schedule(at, Event::Wake(waker));
     }
 
+    /// Runs the network event `ev` at virtual time `at` (not before now).
+    pub(crate) fn net_at(&self, at: u64, ev: super::net::NetEvent) {
+        self.schedule(at, Event::Net(ev));
+    }
+
     /// Queues `ev` at `at` (not before now) with the next tie and sequence
     /// number; every event draws one tie, in scheduling order.
     fn schedule(&self, at: u64, ev: Event) {
@@ -228,16 +261,14 @@ impl Sched {
         let seq = self.seq.get();
         self.seq.set(seq + 1);
         let tie = self.rng.borrow_mut().r#gen::<u64>();
-        self.queue.borrow_mut().push(Entry {
-            key: (u128::from(at) << 64) | u128::from(tie),
-            seq,
-            ev,
-        });
+        let slot = self.slab.borrow_mut().insert(ev);
+        self.queue.borrow_mut().push(Entry { at, tie, seq, slot });
     }
 
     /// Drops every pending event and background task (the simulation ends).
     pub(crate) fn clear(&self) {
-        let events = std::mem::take(&mut *self.queue.borrow_mut());
+        self.queue.borrow_mut().clear();
+        let events = std::mem::take(&mut *self.slab.borrow_mut());
         let tasks = std::mem::take(&mut self.bg.borrow_mut().tasks);
         drop(events);
         drop(tasks);
@@ -248,11 +279,13 @@ impl Sched {
         let Some(e) = self.queue.borrow_mut().pop() else {
             return false;
         };
-        debug_assert!(e.at() >= self.now.get(), "time went backwards");
-        self.now.set(e.at());
+        debug_assert!(e.at >= self.now.get(), "time went backwards");
+        self.now.set(e.at);
         self.events.set(self.events.get() + 1);
-        match e.ev {
+        let ev = self.slab.borrow_mut().take(e.slot);
+        match ev {
             Event::Wake(w) => w.wake(),
+            Event::Net(n) => n.run(),
             Event::Run(f) => f(),
         }
         true
@@ -284,6 +317,9 @@ impl Sched {
 
     /// Polls the background tasks that are ready; true if any was polled.
     fn poll_background(&self) -> bool {
+        if self.bg_ready.len.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let mut polled = false;
         let mut busy = Vec::new();
         while let Some(i) = self.bg_ready.pop() {
