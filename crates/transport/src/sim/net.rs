@@ -1012,7 +1012,11 @@ fn link_ns(sim: &Sim, n: usize) -> u64 {
 /// infinity `u64::MAX`, as the cast of `ceil` does.
 fn ceil_u64(x: f64) -> u64 {
     let t = x as u64;
-    if (t as f64) < x { t.saturating_add(1) } else { t }
+    if (t as f64) < x {
+        t.saturating_add(1)
+    } else {
+        t
+    }
 }
 
 fn pcie_ns_of(sim: &Sim, n: usize) -> u64 {
@@ -1295,7 +1299,12 @@ mod tests {
     #[test]
     fn ceil_u64_matches_ceil() {
         let mut xs = vec![0.0, 0.5, 1.0, 1.0 - f64::EPSILON, 1.0 + 1e-12, 2.5e9, 1e300];
-        xs.extend([f64::NAN, f64::INFINITY, (1u64 << 53) as f64, u64::MAX as f64]);
+        xs.extend([
+            f64::NAN,
+            f64::INFINITY,
+            (1u64 << 53) as f64,
+            u64::MAX as f64,
+        ]);
         for bytes in 0..5000u64 {
             for gbps in [25.0, 56.0, 100.0, 128.0, 200.0, 12.5, 3.3] {
                 xs.push((bytes * 8) as f64 / gbps);
