@@ -510,7 +510,7 @@ struct Slot<T> {
     waker: Option<Waker>,
 }
 
-struct Completion<T>(Rc<RefCell<Slot<T>>>);
+pub(crate) struct Completion<T>(Rc<RefCell<Slot<T>>>);
 
 impl<T> Completion<T> {
     fn new() -> Completion<T> {
@@ -612,7 +612,7 @@ fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64) -> u64 {
         .occupy(at, service, wire_bytes)
 }
 
-struct BatchState {
+pub(crate) struct BatchState {
     results: Vec<Option<Result<VerbResult>>>,
     left: usize,
     /// Latest completion time of a verb so far.
@@ -690,6 +690,123 @@ fn at_or_now(sim: &Sim, at: u64, f: impl FnOnce() + 'static) {
     }
 }
 
+/// The network's most frequent events, carried in the scheduler's slab
+/// instead of as boxed closures (see `sched::Event`).
+pub(crate) enum NetEvent {
+    /// Verb `i` of a batch reaches its memory node (`arrive_verb`).
+    Arrive {
+        sim: Rc<Sim>,
+        ep: Rc<EpShared>,
+        state: Rc<RefCell<BatchState>>,
+        i: usize,
+        verb: Verb,
+    },
+    /// A read's turn at the memory has come (`read_now`).
+    Read {
+        sim: Rc<Sim>,
+        ep: Rc<EpShared>,
+        state: Rc<RefCell<BatchState>>,
+        i: usize,
+        mem: Arc<RegionMem>,
+        addr: RemoteAddr,
+        len: usize,
+        rx_done: u64,
+        back_bytes: u64,
+    },
+    /// A batch's last response is through the client's NIC.
+    BatchDone { state: Rc<RefCell<BatchState>> },
+    /// An RPC's reply is through the caller's NIC.
+    Reply {
+        done: Completion<Result<Reply>>,
+        reply: Reply,
+    },
+}
+
+impl NetEvent {
+    pub(crate) fn run(self) {
+        match self {
+            NetEvent::Arrive {
+                sim,
+                ep,
+                state,
+                i,
+                verb,
+            } => arrive_verb(&sim, ep, state, i, verb),
+            NetEvent::Read {
+                sim,
+                ep,
+                state,
+                i,
+                mem,
+                addr,
+                len,
+                rx_done,
+                back_bytes,
+            } => read_now(&sim, ep, state, i, mem, addr, len, rx_done, back_bytes),
+            NetEvent::BatchDone { state } => finish_batch(&state),
+            NetEvent::Reply { done, reply } => done.complete(Ok(reply)),
+        }
+    }
+}
+
+/// Delivers a batch's results (or its first error) to the waiting task.
+fn finish_batch(state: &RefCell<BatchState>) {
+    let (results, completion) = {
+        let mut st = state.borrow_mut();
+        (std::mem::take(&mut st.results), st.completion.handle())
+    };
+    let mut out = VerbResults::with_capacity(results.len());
+    let mut err = None;
+    for r in results {
+        match r.expect("every verb answered") {
+            Ok(v) => out.push(v),
+            Err(e) => {
+                err.get_or_insert(e);
+            }
+        }
+    }
+    completion.complete(match err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    });
+}
+
+/// A read of `len` bytes at `addr` acts on memory now (its turn at the
+/// memory node has come).
+#[allow(clippy::too_many_arguments)]
+fn read_now(
+    sim: &Rc<Sim>,
+    ep: Rc<EpShared>,
+    state: Rc<RefCell<BatchState>>,
+    i: usize,
+    mem: Arc<RegionMem>,
+    addr: RemoteAddr,
+    len: usize,
+    rx_done: u64,
+    back_bytes: u64,
+) {
+    let dst = addr.node;
+    let whole = sim.net.borrow().nodes[dst.0 as usize].writes_landing == 0;
+    if whole {
+        // No write is landing on this node: nothing can tear this read, so
+        // it is copied in one event and answered when its last piece would
+        // have been fetched.
+        let total: u64 = pieces_iter(addr.offset, len)
+            .map(|(_, n)| pcie_ns_of(sim, n))
+            .sum();
+        let mut buf = vec![0u8; len];
+        let r = mem
+            .read(addr.offset, &mut buf)
+            .map(|_| VerbResult::Read(buf))
+            .map_err(|e| e.at(&addr));
+        let at = (sim.sched.now() + total).max(rx_done);
+        respond(sim, &ep, &state, i, dst, at, back_bytes, r);
+    } else {
+        let parts = pieces(addr.offset, len);
+        read_in_pieces(sim, ep, state, i, mem, addr, parts, rx_done, back_bytes);
+    }
+}
+
 /// Executes verb `i` of a batch at the memory node, now (it just arrived).
 fn arrive_verb(
     sim: &Rc<Sim>,
@@ -761,28 +878,22 @@ fn arrive_verb(
     }
     match verb {
         Verb::Read { len, .. } => {
-            let (sim2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
-            at_or_now(sim, start, move || {
-                let whole = sim2.net.borrow().nodes[dst.0 as usize].writes_landing == 0;
-                if whole {
-                    // No write is landing on this node: nothing can tear
-                    // this read, so it is copied in one event and answered
-                    // when its last piece would have been fetched.
-                    let total: u64 = pieces_iter(addr.offset, len)
-                        .map(|(_, n)| pcie_ns_of(&sim2, n))
-                        .sum();
-                    let mut buf = vec![0u8; len];
-                    let r = mem
-                        .read(addr.offset, &mut buf)
-                        .map(|_| VerbResult::Read(buf))
-                        .map_err(|e| e.at(&addr));
-                    let at = (sim2.sched.now() + total).max(rx_done);
-                    respond(&sim2, &ep2, &st2, i, dst, at, back_bytes, r);
-                } else {
-                    let parts = pieces(addr.offset, len);
-                    read_in_pieces(&sim2, ep2, st2, i, mem, addr, parts, rx_done, back_bytes);
-                }
-            });
+            let ev = NetEvent::Read {
+                sim: sim.clone(),
+                ep,
+                state,
+                i,
+                mem,
+                addr,
+                len,
+                rx_done,
+                back_bytes,
+            };
+            if start <= sim.sched.now() {
+                ev.run()
+            } else {
+                sim.sched.net_at(start, ev)
+            }
         }
         Verb::Write { data, .. } => {
             let data = Rc::new(data);
@@ -892,7 +1003,20 @@ fn read_in_pieces(
 /// rate, slower than a read is fetched over PCIe, so a read that starts
 /// after a write can overtake it (a torn read).
 fn link_ns(sim: &Sim, n: usize) -> u64 {
-    ((n as u64 * 8) as f64 / sim.profile.network.link_gbps).ceil() as u64
+    ceil_u64((n as u64 * 8) as f64 / sim.profile.network.link_gbps)
+}
+
+/// `x.ceil() as u64`, without a call into libm (the default x86-64 target
+/// has no rounding instruction): `x as u64` truncates, which for x >= 0 is
+/// the floor, and one is added when x was not whole. NaN gives 0 and
+/// infinity `u64::MAX`, as the cast of `ceil` does.
+fn ceil_u64(x: f64) -> u64 {
+    let t = x as u64;
+    if (t as f64) < x {
+        t.saturating_add(1)
+    } else {
+        t
+    }
 }
 
 fn pcie_ns_of(sim: &Sim, n: usize) -> u64 {
@@ -926,32 +1050,17 @@ fn respond(
         (st.left == 0).then_some(st.done_at)
     };
     if let Some(t) = finished {
-        let st3 = state.clone();
-        sim.sched.at(t, move || {
-            let (results, completion) = {
-                let mut st = st3.borrow_mut();
-                (std::mem::take(&mut st.results), st.completion.handle())
-            };
-            let mut out = VerbResults::with_capacity(results.len());
-            let mut err = None;
-            for r in results {
-                match r.expect("every verb answered") {
-                    Ok(v) => out.push(v),
-                    Err(e) => {
-                        err.get_or_insert(e);
-                    }
-                }
-            }
-            completion.complete(match err {
-                Some(e) => Err(e),
-                None => Ok(out),
-            });
-        });
+        sim.sched.net_at(
+            t,
+            NetEvent::BatchDone {
+                state: state.clone(),
+            },
+        );
     }
 }
 
 /// What event closures need of an endpoint (it cannot be borrowed by them).
-struct EpShared {
+pub(crate) struct EpShared {
     cluster: Arc<Cluster>,
     node: NodeId,
     /// The issuing endpoint's id, unique in the simulation (its queue pair
@@ -1001,9 +1110,16 @@ impl EndpointBackend for SimEndpoint {
                 continue;
             }
             let arrive = send_message(&sim, self.node, dst, posted, out_bytes);
-            let (s2, ep2, st2) = (sim.clone(), ep.clone(), state.clone());
-            sim.sched
-                .at(arrive, move || arrive_verb(&s2, ep2, st2, i, verb));
+            sim.sched.net_at(
+                arrive,
+                NetEvent::Arrive {
+                    sim: sim.clone(),
+                    ep: ep.clone(),
+                    state: state.clone(),
+                    i,
+                    verb,
+                },
+            );
         }
         OpFuture::boxed(completion)
     }
@@ -1170,5 +1286,32 @@ fn send_reply(sim: &Rc<Sim>, id: u64, reply: Reply, at: u64) {
     let arrive = send_message(sim, route.from, route.to, at, bytes);
     let done = route.done;
     let t = receive_message_at(sim, route.to, bytes, arrive);
-    sim.sched.at(t, move || done.complete(Ok(reply)));
+    sim.sched.net_at(t, NetEvent::Reply { done, reply });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ceil_u64;
+
+    /// `ceil_u64` agrees with `f64::ceil` (the oracle) on whole numbers,
+    /// fractions on both sides of them, the link rates' quotients and the
+    /// edge cases.
+    #[test]
+    fn ceil_u64_matches_ceil() {
+        let mut xs = vec![0.0, 0.5, 1.0, 1.0 - f64::EPSILON, 1.0 + 1e-12, 2.5e9, 1e300];
+        xs.extend([
+            f64::NAN,
+            f64::INFINITY,
+            (1u64 << 53) as f64,
+            u64::MAX as f64,
+        ]);
+        for bytes in 0..5000u64 {
+            for gbps in [25.0, 56.0, 100.0, 128.0, 200.0, 12.5, 3.3] {
+                xs.push((bytes * 8) as f64 / gbps);
+            }
+        }
+        for x in xs {
+            assert_eq!(ceil_u64(x), x.ceil() as u64, "x = {x}");
+        }
+    }
 }

@@ -14,20 +14,32 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cell::{Cell, RefCell};
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
-type Event = Box<dyn FnOnce()>;
+/// What an event does when its instant comes. Wakes, the most common
+/// kind, carry their waker, and the network's per-verb events their
+/// state, inline; anything else is a boxed closure.
+pub(crate) enum Event {
+    Wake(Waker),
+    Net(super::net::NetEvent),
+    Run(Box<dyn FnOnce()>),
+}
 
+/// A pending event's place in the queue: ordered by (time, tie, seq), the
+/// event itself in slot `slot` of the scheduler's slab (so that the heap
+/// moves 32 bytes per step, not the event). `seq` is unique, in scheduling
+/// order, and settles equal (time, tie) pairs; the order is exactly what
+/// invariants 1 and 2 require.
 struct Entry {
     at: u64,
     tie: u64,
     seq: u64,
-    ev: Event,
+    slot: u32,
 }
 
 impl PartialEq for Entry {
@@ -42,8 +54,37 @@ impl PartialOrd for Entry {
     }
 }
 impl Ord for Entry {
+    /// Reversed, so that the standard max-heap pops the earliest entry.
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.tie, self.seq).cmp(&(o.at, o.tie, o.seq))
+        (o.at, o.tie, o.seq).cmp(&(self.at, self.tie, self.seq))
+    }
+}
+
+/// Pending events' bodies, by slot; freed slots are reused.
+#[derive(Default)]
+struct Slab {
+    events: Vec<Option<Event>>,
+    free: Vec<u32>,
+}
+
+impl Slab {
+    fn insert(&mut self, ev: Event) -> u32 {
+        match self.free.pop() {
+            Some(slot) => {
+                self.events[slot as usize] = Some(ev);
+                slot
+            }
+            None => {
+                self.events.push(Some(ev));
+                u32::try_from(self.events.len() - 1).expect("fewer than 2^32 pending events")
+            }
+        }
+    }
+    fn take(&mut self, slot: u32) -> Event {
+        self.free.push(slot);
+        self.events[slot as usize]
+            .take()
+            .expect("a queued entry's slot holds its event")
     }
 }
 
@@ -51,6 +92,11 @@ impl Ord for Entry {
 /// ready to be polled, in the order they were woken.
 pub(crate) struct ReadyQueue {
     inner: parking_lot::Mutex<ReadyInner>,
+    /// Tasks in `order`, readable without the lock: the scheduler looks
+    /// for ready tasks of every frame before each event, and most of the
+    /// time there are none. Written under the lock; everything runs on one
+    /// thread (invariant 3), so a read sees every push made before it.
+    len: AtomicUsize,
 }
 
 struct ReadyInner {
@@ -69,6 +115,7 @@ impl ReadyQueue {
                     VecDeque::new()
                 },
             }),
+            len: AtomicUsize::new(if all_ready { n } else { 0 }),
         })
     }
     fn push(&self, i: usize) {
@@ -79,12 +126,17 @@ impl ReadyQueue {
         if !r.queued[i] {
             r.queued[i] = true;
             r.order.push_back(i);
+            self.len.store(r.order.len(), Ordering::Release);
         }
     }
     fn pop(&self) -> Option<usize> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut r = self.inner.lock();
         let i = r.order.pop_front()?;
         r.queued[i] = false;
+        self.len.store(r.order.len(), Ordering::Release);
         Some(i)
     }
 }
@@ -128,7 +180,8 @@ struct Background {
 /// The scheduler's state. Owned by one thread (see invariant 3).
 pub(crate) struct Sched {
     now: Cell<u64>,
-    queue: RefCell<BinaryHeap<Reverse<Entry>>>,
+    queue: RefCell<BinaryHeap<Entry>>,
+    slab: RefCell<Slab>,
     seq: Cell<u64>,
     rng: RefCell<SmallRng>,
     events: Cell<u64>,
@@ -150,6 +203,7 @@ impl Sched {
         Sched {
             now: Cell::new(0),
             queue: RefCell::new(BinaryHeap::new()),
+            slab: RefCell::new(Slab::default()),
             seq: Cell::new(0),
             rng: RefCell::new(SmallRng::seed_from_u64(seed ^ 0x5eed_d3c0_de00_0001)),
             events: Cell::new(0),
@@ -187,26 +241,34 @@ impl Sched {
 
     /// Runs `ev` at virtual time `at` (not before now).
     pub(crate) fn at(&self, at: u64, ev: impl FnOnce() + 'static) {
-        let at = at.max(self.now.get());
-        let seq = self.seq.get();
-        self.seq.set(seq + 1);
-        let tie = self.rng.borrow_mut().r#gen::<u64>();
-        self.queue.borrow_mut().push(Reverse(Entry {
-            at,
-            tie,
-            seq,
-            ev: Box::new(ev),
-        }));
+        self.schedule(at, Event::Run(Box::new(ev)));
     }
 
     /// Wakes `waker` at virtual time `at`.
     pub(crate) fn wake_at(&self, at: u64, waker: Waker) {
-        self.at(at, move || waker.wake());
+        self.schedule(at, Event::Wake(waker));
+    }
+
+    /// Runs the network event `ev` at virtual time `at` (not before now).
+    pub(crate) fn net_at(&self, at: u64, ev: super::net::NetEvent) {
+        self.schedule(at, Event::Net(ev));
+    }
+
+    /// Queues `ev` at `at` (not before now) with the next tie and sequence
+    /// number; every event draws one tie, in scheduling order.
+    fn schedule(&self, at: u64, ev: Event) {
+        let at = at.max(self.now.get());
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let tie = self.rng.borrow_mut().r#gen::<u64>();
+        let slot = self.slab.borrow_mut().insert(ev);
+        self.queue.borrow_mut().push(Entry { at, tie, seq, slot });
     }
 
     /// Drops every pending event and background task (the simulation ends).
     pub(crate) fn clear(&self) {
-        let events = std::mem::take(&mut *self.queue.borrow_mut());
+        self.queue.borrow_mut().clear();
+        let events = std::mem::take(&mut *self.slab.borrow_mut());
         let tasks = std::mem::take(&mut self.bg.borrow_mut().tasks);
         drop(events);
         drop(tasks);
@@ -214,13 +276,18 @@ impl Sched {
 
     /// Runs the next event; false if there is none.
     fn step(&self) -> bool {
-        let Some(Reverse(e)) = self.queue.borrow_mut().pop() else {
+        let Some(e) = self.queue.borrow_mut().pop() else {
             return false;
         };
         debug_assert!(e.at >= self.now.get(), "time went backwards");
         self.now.set(e.at);
         self.events.set(self.events.get() + 1);
-        (e.ev)();
+        let ev = self.slab.borrow_mut().take(e.slot);
+        match ev {
+            Event::Wake(w) => w.wake(),
+            Event::Net(n) => n.run(),
+            Event::Run(f) => f(),
+        }
         true
     }
 
@@ -250,6 +317,9 @@ impl Sched {
 
     /// Polls the background tasks that are ready; true if any was polled.
     fn poll_background(&self) -> bool {
+        if self.bg_ready.len.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let mut polled = false;
         let mut busy = Vec::new();
         while let Some(i) = self.bg_ready.pop() {
