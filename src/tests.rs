@@ -845,3 +845,64 @@ fn outback_fails_over_a_crashed_memory_node_in_the_simulation() {
         assert!(errors_after.trim_end().ends_with("/ 0"), "{errors_after}");
     }
 }
+
+#[test]
+fn llc_keys_scales_the_simulated_memory_node_cache() {
+    assert_usage_error(&["bench", "--llc-keys", "1000000"], "--llc-keys");
+    // rpc-hash, 20,000 keys: its table fits the full 35.75 MiB cache; with
+    // the cache scaled as for 2e9 keys (one set) nearly every access misses.
+    let dir = std::env::temp_dir().join(format!("dmkv-llc-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let json = dir.join("llc.json");
+        let mut args = vec![
+            "bench",
+            "--transport",
+            "sim",
+            "--engine",
+            "rpc-hash",
+            "--workload",
+            "ycsb-c",
+            "--keys",
+            "20000",
+            "--ops",
+            "20000",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = dmkv(&args);
+        assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let per_s = |r: &serde_json::Value, row: &str| -> f64 {
+        r["sim"]["utilisation"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == row)
+            .map_or(0.0, |u| u["per_s"].as_f64().unwrap())
+    };
+    let full = run(&[]);
+    let scaled = run(&["--llc-keys", "2000000000"]);
+    let cpu = |r: &serde_json::Value| r["per_op"]["memnode_cpu_ns"].as_f64().unwrap();
+    assert!(
+        per_s(&full, "node0 llc misses") < 0.01 * per_s(&full, "node0 llc hits"),
+        "the table fits the full cache"
+    );
+    // A GET reads a bucket, then the KV block it points to: two dependent
+    // accesses, both missing a one-set cache.
+    let gets = scaled["throughput_ops_per_s"].as_f64().unwrap();
+    assert!(
+        per_s(&scaled, "node0 llc dependent misses") > 1.5 * gets,
+        "a one-set cache misses: {} dependent misses/s at {gets} GETs/s",
+        per_s(&scaled, "node0 llc dependent misses")
+    );
+    assert!(
+        cpu(&scaled) > cpu(&full) + 100.0,
+        "misses cost handler time: {} vs {} ns per GET",
+        cpu(&scaled),
+        cpu(&full)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

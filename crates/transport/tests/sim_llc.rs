@@ -123,7 +123,11 @@ fn a_pointer_chase_pays_the_dram_latency_per_missing_step_and_line_ns_once_cache
         "warm: 8 lines fit the cache, every step hits"
     );
     assert_eq!(
-        (r.count("hits"), r.count("misses"), r.count("dependent misses")),
+        (
+            r.count("hits"),
+            r.count("misses"),
+            r.count("dependent misses")
+        ),
         (8, 8, 8)
     );
 }
@@ -143,7 +147,11 @@ fn the_lines_of_one_access_overlap_behind_its_first_miss() {
         m.rpc_base_ns + 8 * m.line_ns
     );
     assert_eq!(
-        (r.count("hits"), r.count("misses"), r.count("dependent misses")),
+        (
+            r.count("hits"),
+            r.count("misses"),
+            r.count("dependent misses")
+        ),
         (8, 8, 1)
     );
 }

@@ -91,7 +91,8 @@ impl Llc {
         // Fibonacci hashing of the key: fixed multiplier, so deterministic
         // (invariant 1); spreads a region's consecutive lines and different
         // regions' lines over the sets like a real LLC's slice hash does.
-        let h = ((key >> 64) as u64 ^ (key as u64).rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let h =
+            ((key >> 64) as u64 ^ (key as u64).rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let set = ((h >> 20) % self.sets) as usize;
         let ways = &mut self.keys[set * self.ways..(set + 1) * self.ways];
         let hit = match ways.iter().position(|&k| k == key) {

@@ -161,7 +161,8 @@ impl Sim {
         if caches.len() <= node {
             caches.resize_with(node + 1, || None);
         }
-        let llc = caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
+        let llc =
+            caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
         let mut cost = 0;
         for line in first..=last {
             let hit = llc.access(cache::line_key(region, line));

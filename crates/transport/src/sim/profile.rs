@@ -252,7 +252,11 @@ mod tests {
         p.scale_llc(2_000_000, 100_000_000).unwrap();
         assert_eq!(p.memnode.llc_bytes, full / 50);
         p.scale_llc(1, 1 << 40).unwrap();
-        assert_eq!(p.memnode.llc_bytes, 64 * p.memnode.llc_ways, "one set stays");
+        assert_eq!(
+            p.memnode.llc_bytes,
+            64 * p.memnode.llc_ways,
+            "one set stays"
+        );
         assert!(p.scale_llc(1, 0).is_err());
         p.memnode.llc_bytes = 0;
         assert!(p.scale_llc(1, 2).unwrap_err().contains("does not model"));
