@@ -6,7 +6,7 @@
 
 use dmkv_transport::exec::block_on;
 use dmkv_transport::sim::{Profile, SimConfig, Simulation};
-use dmkv_transport::{Fabric, NodeHost, RpcContext};
+use dmkv_transport::{NodeHost, RpcContext};
 use std::sync::Arc;
 
 /// A simulation with one memory node (one handler core, a 1 MiB region)
