@@ -21,10 +21,24 @@ pub struct NodeCtx {
     pub pool: Weak<WorkerPool>,
 }
 
+/// A thread's cached endpoint and whose it is: the context's address and a
+/// weak handle on the context's runtime. The weak handle keeps the
+/// runtime's allocation, so a later deployment's runtime cannot get its
+/// address: under `sim` every node of every deployment runs on one OS
+/// thread, and an entry keyed by address alone was once reused by a new
+/// context at a freed one's address, whose endpoint belonged to a dead
+/// simulation ("RPC to node n0 timed out"; which seed failed depended on
+/// the allocation history of the process, as ScaleStore's stale endpoint
+/// cache did).
+struct Cached {
+    owner: usize,
+    rt: Weak<NodeRuntime>,
+    ep: Rc<Endpoint>,
+}
+
 thread_local! {
-    /// The endpoint this thread (a handler or the worker) issues from, with
-    /// the address of the context it belongs to. A thread serves one node.
-    static ENDPOINT: RefCell<Option<(usize, Rc<Endpoint>)>> = const { RefCell::new(None) };
+    /// The endpoint this thread (a handler or the worker) last issued from.
+    static ENDPOINT: RefCell<Option<Cached>> = const { RefCell::new(None) };
 }
 
 impl NodeCtx {
@@ -71,10 +85,11 @@ impl NodeCtx {
     pub fn with_endpoint<R>(&self, f: impl FnOnce(&Endpoint) -> R) -> Result<R, ServiceError> {
         let me = self as *const NodeCtx as usize;
         let ep = ENDPOINT.with(|cell| -> Result<Rc<Endpoint>, ServiceError> {
-            if let Some((owner, ep)) = &*cell.borrow()
-                && *owner == me
+            if let Some(c) = &*cell.borrow()
+                && c.owner == me
+                && Weak::ptr_eq(&c.rt, &self.rt)
             {
-                return Ok(ep.clone());
+                return Ok(c.ep.clone());
             }
             let rt = self.runtime()?;
             let ep = Rc::new(
@@ -83,7 +98,11 @@ impl NodeCtx {
                     .endpoint(self.node)
                     .map_err(|e| ServiceError::failed(format!("outback: endpoint: {e}")))?,
             );
-            *cell.borrow_mut() = Some((me, ep.clone()));
+            *cell.borrow_mut() = Some(Cached {
+                owner: me,
+                rt: self.rt.clone(),
+                ep: ep.clone(),
+            });
             Ok(ep)
         })?;
         Ok(f(&ep))
