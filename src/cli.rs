@@ -230,6 +230,11 @@ pub struct BenchArgs {
     /// one queue pair).
     #[arg(long, value_name = "PER_MILLION@MAX_NS")]
     pub delay_faults: Option<dmkv_transport::sim::MessageDelays>,
+    /// With --transport sim: the key count the profile's memory-node cache
+    /// stands for (the paper's); the simulated cache is scaled by
+    /// --keys / N, keeping the paper's ratio of index to cache bytes.
+    #[arg(long, value_name = "N")]
+    pub llc_keys: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -613,10 +618,11 @@ pub(crate) fn bench_config(
         && (a.profile.is_some()
             || a.compute_nodes != 1
             || a.jitter_ns > 0
-            || a.delay_faults.is_some())
+            || a.delay_faults.is_some()
+            || a.llc_keys.is_some())
     {
         return Err(usage(
-            "--profile, --compute-nodes, --jitter-ns and --delay-faults need --transport sim",
+            "--profile, --compute-nodes, --jitter-ns, --delay-faults and --llc-keys need --transport sim",
         ));
     }
     let mut engines = choices(registry, a.engine.as_deref(), &a.set, err)?;
@@ -679,10 +685,13 @@ pub(crate) fn bench_config(
         cfg.timeline_ns = (ms * 1e6).round() as u64;
     }
     if sim {
-        let profile = match &a.profile {
+        let mut profile = match &a.profile {
             Some(p) => dmkv_transport::sim::Profile::load(p).map_err(usage)?,
             None => dmkv_transport::sim::Profile::default_profile(),
         };
+        if let Some(n) = a.llc_keys {
+            profile.scale_llc(a.keys, n).map_err(usage)?;
+        }
         cfg.deployer = std::sync::Arc::new(dmkv_bench::SimDeployer {
             options: dmkv_api::sim_deploy::SimOptions {
                 config: dmkv_transport::sim::SimConfig {

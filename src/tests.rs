@@ -567,9 +567,11 @@ fn a_wrong_engine_fails_the_run_with_exit_code_1() {
 /// checks that it still fails that way.
 const KNOWN_DST_FAILURES: &[(&str, u64, &str)] = &[
     // An XStore scan under delayed messages, large values and a crash of
-    // memory node 0 returned 90 pairs and skipped a key present throughout
-    // (a wrong answer, not an error). Not yet diagnosed.
-    ("xstore", 201, "skipped key 9150184083773466283"),
+    // memory node 0 returned 99 pairs and skipped a key present throughout
+    // (a wrong answer, not an error). Not yet diagnosed. (Seed 201 showed
+    // it first; since sim's memory-node cache model changed handler times,
+    // seed 201 passes and seed 143 is the one of 0..300 that fails so.)
+    ("xstore", 143, "skipped key 8686635528993091306"),
 ];
 
 /// A seed gives the same outcome inside a sweep as alone. Outback's memory
@@ -854,4 +856,65 @@ fn outback_fails_over_a_crashed_memory_node_in_the_simulation() {
             .unwrap_or_else(|| panic!("no crash line: {}", out.out));
         assert!(errors_after.trim_end().ends_with("/ 0"), "{errors_after}");
     }
+}
+
+#[test]
+fn llc_keys_scales_the_simulated_memory_node_cache() {
+    assert_usage_error(&["bench", "--llc-keys", "1000000"], "--llc-keys");
+    // rpc-hash, 20,000 keys: its table fits the full 35.75 MiB cache; with
+    // the cache scaled as for 2e9 keys (one set) nearly every access misses.
+    let dir = std::env::temp_dir().join(format!("dmkv-llc-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let json = dir.join("llc.json");
+        let mut args = vec![
+            "bench",
+            "--transport",
+            "sim",
+            "--engine",
+            "rpc-hash",
+            "--workload",
+            "ycsb-c",
+            "--keys",
+            "20000",
+            "--ops",
+            "20000",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = dmkv(&args);
+        assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let per_s = |r: &serde_json::Value, row: &str| -> f64 {
+        r["sim"]["utilisation"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == row)
+            .map_or(0.0, |u| u["per_s"].as_f64().unwrap())
+    };
+    let full = run(&[]);
+    let scaled = run(&["--llc-keys", "2000000000"]);
+    let cpu = |r: &serde_json::Value| r["per_op"]["memnode_cpu_ns"].as_f64().unwrap();
+    assert!(
+        per_s(&full, "node0 llc misses") < 0.01 * per_s(&full, "node0 llc hits"),
+        "the table fits the full cache"
+    );
+    // A GET reads a bucket, then the KV block it points to: two dependent
+    // accesses, both missing a one-set cache.
+    let gets = scaled["throughput_ops_per_s"].as_f64().unwrap();
+    assert!(
+        per_s(&scaled, "node0 llc dependent misses") > 1.5 * gets,
+        "a one-set cache misses: {} dependent misses/s at {gets} GETs/s",
+        per_s(&scaled, "node0 llc dependent misses")
+    );
+    assert!(
+        cpu(&scaled) > cpu(&full) + 100.0,
+        "misses cost handler time: {} vs {} ns per GET",
+        cpu(&scaled),
+        cpu(&full)
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -62,12 +62,15 @@ pub(crate) fn register_zeroed(
     len: usize,
 ) -> crate::error::Result<(crate::addr::RemoteRegion, std::sync::Arc<RegionMem>)> {
     use crate::addr::{AccessKey, RegionId, RemoteRegion};
-    let mem = std::sync::Arc::new(RegionMem::zeroed(len).ok_or_else(|| {
-        crate::error::TransportError::Backend(format!("cannot allocate a region of {len} bytes"))
-    })?);
     let key = AccessKey(rand::random());
     let mut regions = regions.write();
     let id = RegionId(u32::try_from(regions.len()).expect("fewer than 2^32 regions"));
+    let mut mem = RegionMem::zeroed(len).ok_or_else(|| {
+        crate::error::TransportError::Backend(format!("cannot allocate a region of {len} bytes"))
+    })?;
+    // Deterministic (registration order), so `sim`'s cache model replays.
+    mem.sim_tag = crate::sim::region_tag(node.0, id.0);
+    let mem = std::sync::Arc::new(mem);
     let remote = RemoteRegion {
         node,
         id,
@@ -94,6 +97,9 @@ pub struct RegionMem {
     words: NonNull<AtomicU64>,
     len_words: usize,
     backing: Backing,
+    /// Which node and region this is, for `sim`'s memory-node cache model
+    /// (`sim::cache`); untagged if no backend registered it.
+    sim_tag: u64,
 }
 
 // SAFETY: the memory is only ever accessed through `&AtomicU64`, which is
@@ -117,6 +123,7 @@ impl RegionMem {
             words,
             len_words: len / 8,
             backing: Backing::Heap(layout),
+            sim_tag: crate::sim::UNTAGGED,
         })
     }
 
@@ -134,6 +141,7 @@ impl RegionMem {
             words,
             len_words: len / 8,
             backing: Backing::External(owner),
+            sim_tag: crate::sim::UNTAGGED,
         }
     }
 
@@ -169,7 +177,7 @@ impl RegionMem {
 
     /// The 8-byte word at `offset`, which must be aligned.
     pub fn word(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
-        crate::sim::touch(offset, 8);
+        crate::sim::touch(self.sim_tag, offset, 8);
         if !offset.is_multiple_of(8) {
             return Err(RegionAccessError::Misaligned { offset });
         }
@@ -186,7 +194,7 @@ impl RegionMem {
             return Err(RegionAccessError::Misaligned { offset });
         }
         self.check(offset, len as u64)?;
-        crate::sim::touch(offset, len as u64);
+        crate::sim::touch(self.sim_tag, offset, len as u64);
         let first = (offset / 8) as usize;
         Ok(&self.words()[first..first + len / 8])
     }
@@ -195,7 +203,7 @@ impl RegionMem {
     /// in increasing address order.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RegionAccessError> {
         self.check(offset, out.len() as u64)?;
-        crate::sim::touch(offset, out.len() as u64);
+        crate::sim::touch(self.sim_tag, offset, out.len() as u64);
         let words = self.words();
         let mut pos = offset as usize;
         let mut out = out;
@@ -234,6 +242,7 @@ impl RegionMem {
         }
         // Whole words: append each word's bytes, without zeroing first.
         self.check(offset, len as u64)?;
+        crate::sim::touch(self.sim_tag, offset, len as u64);
         let first = (offset / 8) as usize;
         let mut v = Vec::with_capacity(len);
         for w in &self.words()[first..first + len / 8] {
@@ -245,7 +254,7 @@ impl RegionMem {
     /// Stores `data` at `offset`, storing words in increasing address order.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {
         self.check(offset, data.len() as u64)?;
-        crate::sim::touch(offset, data.len() as u64);
+        crate::sim::touch(self.sim_tag, offset, data.len() as u64);
         let words = self.words();
         let mut pos = offset as usize;
         let mut data = data;

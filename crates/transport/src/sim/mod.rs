@@ -13,6 +13,7 @@
 //! See `docs/simulation.md` for the model, its calibration and what it
 //! leaves out.
 
+pub(crate) mod cache;
 pub mod faults;
 pub mod net;
 pub mod profile;
@@ -22,6 +23,8 @@ mod sched;
 pub use faults::MessageDelays;
 pub use net::{ResourceUse, SimNode};
 pub use profile::Profile;
+
+pub(crate) use cache::{UNTAGGED, region_tag};
 
 use crate::addr::NodeId;
 use crate::backend::Fabric;
@@ -45,6 +48,9 @@ pub(crate) struct Sim {
     pub(crate) delays: MessageDelays,
     /// Messages delayed so far.
     pub(crate) delayed: Cell<u64>,
+    /// Each node's last-level cache (index: node id), made at its first
+    /// touch; empty when the profile does not model it (`llc_bytes` 0).
+    pub(crate) llc: RefCell<Vec<Option<cache::Llc>>>,
 }
 
 thread_local! {
@@ -112,24 +118,63 @@ pub(crate) fn with_metering<R>(line_ns: u64, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Region memory `[offset, offset + len)` was touched by code on the
-/// calling thread: charged when a simulated core is metering.
+/// Region memory `[offset, offset + len)` of the region tagged `tag` was
+/// touched by code on the calling thread: charged when a simulated core is
+/// metering (see [`Sim::charge_lines`]).
 #[inline]
-pub(crate) fn touch(offset: u64, len: u64) {
+pub(crate) fn touch(tag: u64, offset: u64, len: u64) {
     let line_ns = METER_LINE_NS.with(|m| m.get());
-    if line_ns == 0 {
+    if line_ns == 0 || len == 0 {
         return;
     }
-    let lines = if len == 0 {
-        0
-    } else {
-        (offset + len - 1) / 64 - offset / 64 + 1
-    };
+    let (first, last) = (offset / 64, (offset + len - 1) / 64);
     CURRENT.with(|c| {
         if let Some(s) = c.borrow().as_ref() {
-            s.sched.cpu_ns.set(s.sched.cpu_ns.get() + lines * line_ns);
+            let cost = s.charge_lines(tag, first, last, line_ns);
+            s.sched.cpu_ns.set(s.sched.cpu_ns.get() + cost);
         }
     });
+}
+
+impl Sim {
+    /// The CPU cost of one access (one `touch`) to lines `first..=last` of
+    /// the region tagged `tag`, and its effect on the node's cache.
+    ///
+    /// The rule (docs/simulation.md, "Memory-node CPU"): every line goes
+    /// through the node's LLC model; a line that hits costs `line_ns`; the
+    /// FIRST line of the access, if it misses, costs `dram_miss_ns` (the
+    /// access cannot start before its address is known, so a pointer chase
+    /// pays the full DRAM latency at every step); the further lines of the
+    /// same access cost `line_ns` whether they hit or miss (their addresses
+    /// are known together, so their misses overlap with the first and with
+    /// each other: `line_ns` is the one-core rate of such independent
+    /// misses). Without an LLC in the profile, or for memory no backend
+    /// registered, every line costs `line_ns` (the flat model).
+    fn charge_lines(&self, tag: u64, first: u64, last: u64, line_ns: u64) -> u64 {
+        let m = &self.profile.memnode;
+        if m.llc_bytes == 0 || tag == UNTAGGED {
+            return (last - first + 1) * line_ns;
+        }
+        let (node, region) = cache::split_tag(tag);
+        let mut caches = self.llc.borrow_mut();
+        let node = node as usize;
+        if caches.len() <= node {
+            caches.resize_with(node + 1, || None);
+        }
+        let llc =
+            caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
+        let mut cost = 0;
+        for line in first..=last {
+            let hit = llc.access(cache::line_key(region, line));
+            cost += if !hit && line == first {
+                llc.dependent_misses += 1;
+                m.dram_miss_ns
+            } else {
+                line_ns
+            };
+        }
+        cost
+    }
 }
 
 /// Adds a background task to the running simulation; gives the task back
@@ -329,6 +374,7 @@ impl Simulation {
             cluster: cluster.clone(),
             delays: cfg.delays,
             delayed: Cell::new(0),
+            llc: RefCell::new(Vec::new()),
         });
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
@@ -395,12 +441,30 @@ impl Simulation {
         self.sim().sched.background_count()
     }
 
-    /// Every modelled resource's busy time and traffic so far.
+    /// Every modelled resource's busy time and traffic so far, then each
+    /// memory node's cache counts (rows with no busy time: `count` is hits,
+    /// misses, or misses charged the DRAM latency; a miss row's `bytes` are
+    /// the lines fetched from DRAM).
     pub fn resources(&self) -> Vec<ResourceUse> {
-        net::resources(
-            &self.sim().net.borrow(),
-            self.sim().profile.network.qp_miss_ns,
-        )
+        let sim = self.sim();
+        let mut out = net::resources(&sim.net.borrow(), sim.profile.network.qp_miss_ns);
+        for (i, c) in sim.llc.borrow().iter().enumerate() {
+            let Some(c) = c else { continue };
+            for (what, count, bytes) in [
+                ("llc hits", c.hits, 0),
+                ("llc misses", c.misses, c.misses * 64),
+                ("llc dependent misses", c.dependent_misses, 0),
+            ] {
+                out.push(ResourceUse {
+                    name: format!("node{i} {what}"),
+                    servers: 1,
+                    busy_ns: 0,
+                    count,
+                    bytes,
+                });
+            }
+        }
+        out
     }
 }
 

@@ -54,10 +54,24 @@ pub struct ClientProfile {
 pub struct MemnodeProfile {
     /// Per RPC served: receive, dispatch, reply (the message cost).
     pub rpc_base_ns: u64,
-    /// Per cache line of registered memory a handler or job touches.
+    /// Per cache line of registered memory a handler or job touches that
+    /// hits the last-level cache, or that misses but overlaps with the
+    /// first line of its access (see `dram_miss_ns`).
     pub line_ns: u64,
     /// Per background job (waking a worker, bookkeeping).
     pub job_base_ns: u64,
+    /// The memory node's last-level cache per socket (the CPU's data
+    /// sheet), bytes; 0: not modelled, every line costs `line_ns`.
+    #[serde(default)]
+    pub llc_bytes: u64,
+    /// Its associativity (lines per set).
+    #[serde(default)]
+    pub llc_ways: u64,
+    /// A dependent load that misses the last-level cache: the first line of
+    /// an access that misses waits this long for DRAM (idle load-to-use
+    /// latency of the CPU, published measurements).
+    #[serde(default)]
+    pub dram_miss_ns: u64,
 }
 
 /// A node's SSD (ScaleStore).
@@ -149,11 +163,44 @@ impl Profile {
                 return Err(format!("{what} must be a positive number, not {v}"));
             }
         }
+        let m = &self.memnode;
+        if m.llc_bytes > 0 && (m.llc_ways == 0 || m.dram_miss_ns == 0) {
+            return Err(
+                "memnode.llc_bytes is set, so memnode.llc_ways and memnode.dram_miss_ns must be positive"
+                    .into(),
+            );
+        }
+        if m.llc_bytes > 0 && m.llc_bytes < 64 * m.llc_ways {
+            return Err(format!(
+                "memnode.llc_bytes {} is less than one set ({} ways of 64 bytes)",
+                m.llc_bytes, m.llc_ways
+            ));
+        }
         if n.qp_cache_entries > 0 && n.qp_miss_ns == 0 {
             return Err(
                 "network.qp_cache_entries is set, so network.qp_miss_ns must be positive".into(),
             );
         }
+        Ok(())
+    }
+
+    /// Scales the memory node's last-level cache by `keys / paper_keys`, so
+    /// that a run with fewer keys than the paper's keeps the paper's ratio of
+    /// index bytes to cache bytes (docs/simulation.md, "Key-set size and the
+    /// cache"); at least one set remains.
+    pub fn scale_llc(&mut self, keys: u64, paper_keys: u64) -> Result<(), String> {
+        let m = &mut self.memnode;
+        if paper_keys == 0 {
+            return Err("--llc-keys must be positive".into());
+        }
+        if m.llc_bytes == 0 {
+            return Err(format!(
+                "profile {} does not model the memory node's cache (memnode.llc_bytes = 0): nothing to scale",
+                self.name
+            ));
+        }
+        let scaled = (m.llc_bytes as u128 * keys as u128 / paper_keys as u128) as u64;
+        m.llc_bytes = scaled.max(64 * m.llc_ways);
         Ok(())
     }
 
@@ -190,11 +237,39 @@ mod tests {
     }
 
     #[test]
+    fn shipped_profiles_model_the_memory_node_cache() {
+        for (name, _) in SHIPPED {
+            let m = Profile::load(name).unwrap().memnode;
+            assert!(m.llc_bytes >= 16 << 20, "{name}: {m:?}");
+            assert!(m.dram_miss_ns > m.line_ns, "{name}: {m:?}");
+        }
+    }
+
+    #[test]
+    fn the_cache_scales_with_the_key_count() {
+        let mut p = Profile::load("xstore-cx4").unwrap();
+        let full = p.memnode.llc_bytes;
+        p.scale_llc(2_000_000, 100_000_000).unwrap();
+        assert_eq!(p.memnode.llc_bytes, full / 50);
+        p.scale_llc(1, 1 << 40).unwrap();
+        assert_eq!(
+            p.memnode.llc_bytes,
+            64 * p.memnode.llc_ways,
+            "one set stays"
+        );
+        assert!(p.scale_llc(1, 0).is_err());
+        p.memnode.llc_bytes = 0;
+        assert!(p.scale_llc(1, 2).unwrap_err().contains("does not model"));
+    }
+
+    #[test]
     fn bad_profiles_are_refused() {
         let mut text = SHIPPED[0].1.replace("link_gbps = ", "link_gbps = -");
         assert!(Profile::parse(&text).unwrap_err().contains("link_gbps"));
         text = format!("{}\nbogus = 1\n", SHIPPED[0].1);
         assert!(Profile::parse(&text).is_err());
+        let no_ways = SHIPPED[0].1.replace("llc_ways = ", "llc_ways = 0 # ");
+        assert!(Profile::parse(&no_ways).unwrap_err().contains("llc_ways"));
         assert!(
             Profile::load("no-such-profile")
                 .unwrap_err()

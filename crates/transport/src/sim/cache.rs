@@ -1,0 +1,176 @@
+//! The memory node's last-level cache, as a deterministic model.
+//!
+//! Code on a simulated core (RPC handlers, background jobs) touches region
+//! memory through [`super::touch`]; each 64-byte line it touches goes
+//! through a set-associative LRU model of the last-level cache of the node
+//! the region lives on. The model decides only whether a line hits; what a
+//! hit or a miss costs is [`super::touch`]'s rule (docs/simulation.md,
+//! "Memory-node CPU").
+//!
+//! Invariants:
+//! 1. Deterministic: a line's set comes from its region's tag (node and
+//!    region id, assigned in registration order) and its line number only,
+//!    never from a host address or a randomly keyed hash, so the same run
+//!    hits and misses the same lines in any process on any machine.
+//! 2. Regions never alias: two lines share a cache slot only if they are
+//!    the same line of the same region ([`line_key`] is the region id and
+//!    the line number side by side; each node has its own cache).
+//! 3. Each set holds at most `ways` distinct lines, most recently used
+//!    first; a miss evicts the least recently used line of its set.
+//! 4. Only code on simulated cores changes the cache: one-sided verbs
+//!    (the NIC's DMA) neither fill nor evict lines (see the design note for
+//!    what that leaves out).
+
+/// A free way (no line key equals it: a real key's region half is below
+/// 2^32).
+const EMPTY: u128 = u128::MAX;
+
+/// The key of line `line` of region `region` in its node's cache: unique
+/// for every (region, line) pair (invariant 2).
+#[inline]
+pub(crate) fn line_key(region: u32, line: u64) -> u128 {
+    ((region as u128) << 64) | line as u128
+}
+
+/// What a region's memory carries so its lines reach the right cache: the
+/// node it lives on and its id there, packed (`node << 32 | region`);
+/// [`UNTAGGED`] for memory no backend registered.
+pub(crate) fn region_tag(node: u16, region: u32) -> u64 {
+    ((node as u64) << 32) | region as u64
+}
+
+/// The tag of memory that no backend registered (for example an engine's
+/// private scratch memory): it is charged without the cache model.
+pub(crate) const UNTAGGED: u64 = u64::MAX;
+
+/// The node and region of a tag other than [`UNTAGGED`].
+#[inline]
+pub(crate) fn split_tag(tag: u64) -> (u16, u32) {
+    ((tag >> 32) as u16, tag as u32)
+}
+
+/// One node's last-level cache: `sets` sets of `ways` lines, true LRU
+/// within a set.
+pub(crate) struct Llc {
+    sets: u64,
+    ways: usize,
+    /// `sets * ways` line keys; set `s` is `keys[s*ways .. (s+1)*ways]`,
+    /// most recently used first, free ways ([`EMPTY`]) at the end.
+    keys: Vec<u128>,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    /// Misses charged the DRAM latency (the first line of an access).
+    pub(crate) dependent_misses: u64,
+}
+
+impl Llc {
+    /// A cache of `bytes` (at least one set) with `ways` lines per set.
+    pub(crate) fn new(bytes: u64, ways: usize) -> Llc {
+        let ways = ways.max(1);
+        let sets = (bytes / 64 / ways as u64).max(1);
+        Llc {
+            sets,
+            ways,
+            keys: vec![EMPTY; sets as usize * ways],
+            hits: 0,
+            misses: 0,
+            dependent_misses: 0,
+        }
+    }
+
+    /// Capacity in lines.
+    #[cfg(test)]
+    pub(crate) fn lines(&self) -> u64 {
+        self.sets * self.ways as u64
+    }
+
+    /// Looks `key` up and makes it the most recently used line of its set
+    /// (filling it on a miss, evicting the set's least recently used line).
+    /// True on a hit.
+    pub(crate) fn access(&mut self, key: u128) -> bool {
+        // Fibonacci hashing of the key: fixed multiplier, so deterministic
+        // (invariant 1); spreads a region's consecutive lines and different
+        // regions' lines over the sets like a real LLC's slice hash does.
+        let h =
+            ((key >> 64) as u64 ^ (key as u64).rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let set = ((h >> 20) % self.sets) as usize;
+        let ways = &mut self.keys[set * self.ways..(set + 1) * self.ways];
+        let hit = match ways.iter().position(|&k| k == key) {
+            Some(p) => {
+                ways[..=p].rotate_right(1);
+                true
+            }
+            None => {
+                // The last way is free or the LRU line: it goes.
+                ways.rotate_right(1);
+                ways[0] = key;
+                false
+            }
+        };
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+        hit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_working_set_that_fits_hits_after_the_first_pass() {
+        // 64 KiB, 8 ways: 1024 lines. 512 lines of one region, twice.
+        let mut c = Llc::new(64 << 10, 8);
+        assert_eq!(c.lines(), 1024);
+        let tag = 3;
+        for l in 0..512 {
+            assert!(!c.access(line_key(tag, l)), "line {l} is cold");
+        }
+        // Half the capacity spread by the hash: a set may still overflow,
+        // but nearly every line stays.
+        let hits = (0..512).filter(|&l| c.access(line_key(tag, l))).count();
+        assert!(hits >= 480, "{hits} of 512 hit");
+    }
+
+    #[test]
+    fn a_working_set_far_larger_than_the_cache_mostly_misses() {
+        let mut c = Llc::new(64 << 10, 8);
+        let tag = 0;
+        // 16x the capacity, cyclically: LRU keeps none of it.
+        for _ in 0..2 {
+            for l in 0..16 * 1024 {
+                c.access(line_key(tag, l));
+            }
+        }
+        let rate = c.hits as f64 / (c.hits + c.misses) as f64;
+        assert!(rate < 0.05, "hit rate {rate}");
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used_line_of_a_set() {
+        // One set of 4 ways: every key lands in it.
+        let mut c = Llc::new(4 * 64, 4);
+        let k = |l| line_key(0, l);
+        for l in 0..4 {
+            c.access(k(l));
+        }
+        assert!(c.access(k(0))); // 0 becomes most recent; 1 is now LRU
+        assert!(!c.access(k(4))); // evicts 1
+        assert!(c.access(k(0)) && c.access(k(2)) && c.access(k(3)) && c.access(k(4)));
+        assert!(!c.access(k(1)), "line 1 was evicted");
+    }
+
+    #[test]
+    fn regions_do_not_alias() {
+        let mut c = Llc::new(4 * 64, 4);
+        assert!(!c.access(line_key(0, 7)));
+        assert!(!c.access(line_key(1, 7)), "other region, same line");
+        assert!(!c.access(line_key(0, 7 + (1 << 40))), "far line");
+        assert!(c.access(line_key(0, 7)));
+        assert_eq!(split_tag(region_tag(3, 9)), (3, 9));
+        assert_ne!(region_tag(u16::MAX, u32::MAX), UNTAGGED);
+    }
+}
