@@ -23,8 +23,8 @@
 
 use crate::cache::{GenCache, PartClient, SubCache};
 use crate::config::{CacheMode, XStoreConfig};
-use crate::scan_chain::{Absorbed, Chain, LeafFacts, Pending, ScanStop};
 use crate::layout::{SubRecord, TtEntry};
+use crate::scan_chain::{Absorbed, Chain, LeafFacts, Pending, ScanStop};
 use crate::stats::{ClientStats, FallbackCause};
 use crate::wire::*;
 use async_trait::async_trait;
