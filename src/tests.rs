@@ -566,12 +566,8 @@ fn a_wrong_engine_fails_the_run_with_exit_code_1() {
 /// parameters, text of the failure). The sweep leaves the seed out and
 /// checks that it still fails that way.
 const KNOWN_DST_FAILURES: &[(&str, u64, &str)] = &[
-    // An XStore scan under delayed messages, large values and a crash of
-    // memory node 0 returned 99 pairs and skipped a key present throughout
-    // (a wrong answer, not an error). Not yet diagnosed. (Seed 201 showed
-    // it first; since sim's memory-node cache model changed handler times,
-    // seed 201 passes and seed 143 is the one of 0..300 that fails so.)
-    ("xstore", 143, "skipped key 8686635528993091306"),
+    // (XStore seed 201, a scan skipping a key, is fixed: see
+    // crates/xstore/src/scan_chain.rs and docs/simulation.md.)
 ];
 
 /// A seed gives the same outcome inside a sweep as alone. Outback's memory

@@ -214,6 +214,33 @@ struct Phases {
     crash: Option<CrashReport>,
 }
 
+/// A range-partitioned engine (one with a `bounds` knob: K-1 split keys
+/// over `--memnodes K`, XStore's) gets its split keys at the loaded keys'
+/// K-quantiles unless `--set` gave them: every memory node then holds an
+/// equal share of the loaded keys whatever the key set (equal ranges of
+/// the u64 space put sequential keys all on the first node). The knob is
+/// part of the configuration every node and client gets, so the clients
+/// route by the same split keys. Keys inserted later go where their range
+/// is. Fewer loaded keys than nodes: the engine's default.
+fn with_quantile_bounds(choice: &EngineChoice, plan: &Plan, memnodes: usize) -> EngineChoice {
+    let mut out = choice.clone();
+    let partitioned = choice.spec.knobs().iter().any(|k| k.name == "bounds");
+    let given = choice.knobs.iter().any(|(k, _)| k == "bounds");
+    let loaded = plan.loaded();
+    if !partitioned || given || memnodes < 2 || loaded < memnodes {
+        return out;
+    }
+    let mut keys: Vec<u64> = plan.keys()[..loaded].to_vec();
+    keys.sort_unstable();
+    // keys[j * L / K] for j = 1..K: strictly ascending (distinct keys,
+    // distinct indices as L >= K) and above 0 (index >= 1).
+    let bounds: Vec<String> = (1..memnodes)
+        .map(|j| keys[j * loaded / memnodes].to_string())
+        .collect();
+    out.knobs.set("bounds", &bounds.join(","));
+    out
+}
+
 fn run_engine(
     cfg: &BenchConfig,
     plan: &Plan,
@@ -221,9 +248,10 @@ fn run_engine(
     trace: Option<TraceReport>,
 ) -> Result<EngineReport, BenchError> {
     let name = choice.spec.name();
+    let placed = with_quantile_bounds(choice, plan, cfg.memnodes);
     let dep = cfg.deployer.deploy(
-        choice.spec,
-        &cfg.deploy_options(choice, plan.keys().len() as u64),
+        placed.spec,
+        &cfg.deploy_options(&placed, plan.keys().len() as u64),
     )?;
     let dep = &*dep;
     let main_ep = dep.endpoint(0);

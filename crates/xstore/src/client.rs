@@ -6,7 +6,8 @@
 //! `xstore.batch_limit`), checks each leaf's incarnation against its TT
 //! entry, and searches the keys. Then:
 //! - found in a consistent leaf image: the key is there (whatever the
-//!   incarnation), and its value is read in a second round trip;
+//!   incarnation); an inline value came with the whole leaf (one round
+//!   trip in all), an out-of-line one is read in a second round trip;
 //! - a leaf's incarnation differs (it split since training): the entry is
 //!   invalidated and, unless the key is in the split leaf, its right
 //!   sibling is read once (speculative execution, §5.3.2); if the key is
@@ -23,6 +24,7 @@
 use crate::cache::{GenCache, PartClient, SubCache};
 use crate::config::{CacheMode, XStoreConfig};
 use crate::layout::{SubRecord, TtEntry};
+use crate::scan_chain::{Absorbed, Chain, LeafFacts, Pending, ScanStop};
 use crate::stats::{ClientStats, FallbackCause};
 use crate::wire::*;
 use async_trait::async_trait;
@@ -43,7 +45,9 @@ pub struct Shared {
     pub cfg: XStoreConfig,
     pub parts: Vec<PartClient>,
     /// Read whole leaves (values or fat pointers included) instead of the
-    /// key lines: when values are expected out of line.
+    /// key lines (then the value is one more read of its slot line). The
+    /// engine always sets it (docs/xstore.md, GET); the key-lines path is
+    /// kept for comparison.
     pub whole_leaves: bool,
     pub stats: Arc<ClientStats>,
 }
@@ -83,24 +87,6 @@ struct Found {
     leaf: u32,
     slot: usize,
     image: Image,
-}
-
-/// An out-of-line value a scan still has to read: its place in the
-/// result, its partition, key and block.
-struct Pending {
-    at: usize,
-    part: usize,
-    key: Key,
-    fat: FatPtr,
-}
-
-/// Where a one-sided scan stopped.
-enum ScanStop {
-    /// Go on in partition `.0` from key `.1` with a fresh one-sided lookup
-    /// (`.0` = the number of partitions: nothing is left).
-    At(usize, Key),
-    /// Go on in partition `.0` from key `.1` by the server.
-    Fallback(usize, Key, FallbackCause),
 }
 
 /// Where a scan's plan of the next leaves stands: partition, model
@@ -590,93 +576,58 @@ impl Client {
             v,
             last,
         };
-        // Where the chain of leaves processed so far stands: its partition,
-        // the first key not yet covered there (`None`: past the largest
-        // key), the last image's right link.
-        let mut at = first;
-        let mut next = Some(start);
-        let mut prev_next: Option<u32> = None;
-        let parts = self.sh.parts.len();
-        let part_start = |q: usize| ScanStop::At(q, self.sh.parts.get(q).map_or(0, |x| x.lo));
-        let resume = |at: usize, next: Option<Key>| match next {
-            Some(k) => ScanStop::At(at, k),
-            None => ScanStop::At(parts, 0),
+        let mut chain = Chain {
+            at: first,
+            next: Some(start),
+            prev_next: None,
+            parts: self.sh.parts.iter().map(|x| x.lo).collect(),
         };
-        let fall_back = |at: usize, next: Option<Key>| match next {
-            Some(k) => ScanStop::Fallback(at, k, FallbackCause::ScanChain),
-            None => ScanStop::At(parts, 0),
-        };
+        let stats = self.stats();
         loop {
-            ClientStats::bump(&self.stats().scan_rounds);
+            ClientStats::bump(&stats.scan_rounds);
             for l in &batch {
-                if l.part != at {
-                    // A planned partition head: the chain before it must
-                    // have reached its partition's rightmost leaf, and it
-                    // must be as trained (then it starts at its
-                    // partition's first key, invariant 1).
-                    if prev_next != Some(0) || l.part != at + 1 {
-                        return Ok(fall_back(at, next));
-                    }
-                    at = l.part;
-                    next = Some(self.sh.parts[at].lo);
-                    let en = l.entry.expect("planned via the TT");
-                    if l.image.keys().incarnation() != en.incarnation {
-                        // Split since training: look its start up afresh.
-                        return Ok(part_start(at));
-                    }
-                    ClientStats::bump(&self.stats().scan_partition_crossings);
-                } else if prev_next.is_some_and(|want| want != l.node) {
-                    // Each leaf after the first must be the right link of
-                    // the one before it (invariant 4 of docs/xtree.md: then
-                    // no key is missed or returned twice).
-                    return Ok(fall_back(at, next));
-                }
-                prev_next = Some(l.image.keys().header.next);
-                ClientStats::bump(&self.stats().scan_leaves);
                 let Image::Whole(img) = &l.image else {
                     unreachable!("scans read whole leaves")
                 };
-                for (k, sv) in img.sorted_pairs() {
-                    if k < start || out.len() >= n {
-                        continue;
+                let facts = LeafFacts {
+                    part: l.part,
+                    node: l.node,
+                    as_trained: l.entry.expect("read via the TT").incarnation
+                        == l.image.keys().incarnation(),
+                    next: l.image.keys().header.next,
+                };
+                match chain.absorb(&facts, &img.sorted_pairs(), start, n, out, pending) {
+                    Absorbed::Taken => ClientStats::bump(&stats.scan_leaves),
+                    Absorbed::Crossed => {
+                        ClientStats::bump(&stats.scan_partition_crossings);
+                        ClientStats::bump(&stats.scan_leaves);
                     }
-                    match sv {
-                        SlotValue::Inline(b) => out.push((k, b.to_vec())),
-                        SlotValue::OutOfLine(f) => {
-                            pending.push(Pending {
-                                at: out.len(),
-                                part: at,
-                                key: k,
-                                fat: f,
-                            });
-                            out.push((k, Vec::new()));
-                        }
-                    }
-                    next = k.checked_add(1);
+                    Absorbed::Stop(stop) => return Ok(stop),
                 }
             }
+            let at = chain.at;
             if out.len() >= n {
-                return Ok(resume(at, next));
+                return Ok(chain.resume());
             }
             // The chain reached this partition's rightmost leaf: every key
             // of it from the start is in `out`.
-            let ended = prev_next == Some(0);
+            let ended = chain.prev_next == Some(0);
             if ended && plan.part == at && !self.plan_next_partition(&mut plan).await? {
-                return Ok(part_start(at + 1));
+                return Ok(chain.part_start(at + 1));
             }
             let targets = self.plan_leaves(&mut plan, n - out.len()).await?;
             if targets.is_empty() || targets.iter().any(|t| !t.2.is_some_and(|e| e.valid)) {
                 return Ok(if ended {
                     // Nothing to predict the next partition with.
-                    part_start(at + 1)
+                    chain.part_start(at + 1)
                 } else {
-                    fall_back(at, next)
+                    chain.fall_back()
                 });
             }
             batch = match self.read_leaves_in(&targets, true).await? {
                 Ok(l) => l,
-                Err(_) if ended => return Ok(part_start(at + 1)),
-                Err(_) => return Ok(fall_back(at, next)),
+                Err(_) if ended => return Ok(chain.part_start(at + 1)),
+                Err(_) => return Ok(chain.fall_back()),
             };
         }
     }

@@ -29,6 +29,7 @@ pub mod config;
 mod engine;
 pub mod layout;
 pub mod model;
+mod scan_chain;
 pub mod server;
 pub mod stats;
 pub mod wire;
