@@ -50,6 +50,11 @@ pub(crate) const REQUEST_HEADER: usize = 4 + 8 + 8 + 4 + 2;
 
 /// How long the progress thread spins after the last event before it sleeps.
 pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(200);
+/// How long a handler thread keeps polling its queue after its last request
+/// before it blocks (first a short spin, then yielding its core between
+/// polls), so that a request arriving in a busy stretch does not pay a
+/// futex wake-up of a parked thread.
+pub const HANDLER_POLL: Duration = Duration::from_millis(1);
 /// How long a withdrawn region that a client process held stays mapped after
 /// that process disconnects (UCX may still be delivering its last verbs).
 pub const RELEASE_GRACE: Duration = Duration::from_secs(2);
@@ -110,6 +115,9 @@ pub(crate) struct NodeInner {
     progress_cpu_ns: Arc<AtomicU64>,
     cmd_tx: Sender<Cmd>,
     wake: UnixStream,
+    /// Set by the progress thread while it sleeps (or is about to) in
+    /// `poll`: only then does a command need a byte on `wake`.
+    sleeping: Arc<AtomicBool>,
     pub(crate) worker_address: Vec<u8>,
     pub(crate) listen_addr: SocketAddr,
     conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
@@ -124,10 +132,19 @@ pub(crate) struct NodeInner {
 }
 
 impl NodeInner {
+    /// Queues a command for the progress thread, writing to its wake-up
+    /// socket (a system call) only if it sleeps. Invariant (with the
+    /// progress thread's sleep): it sets `sleeping`, then checks the queue;
+    /// this sends, then checks `sleeping`, each with a `SeqCst` fence in
+    /// between, so either it sees the command or this sees it sleeping.
     fn send_cmd(&self, cmd: Cmd) {
         if self.cmd_tx.send(cmd).is_ok() {
-            // Non-blocking: if the socket is full a wake-up is pending anyway.
-            let _ = (&self.wake).write(&[1]);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.sleeping.load(Ordering::SeqCst) {
+                // Non-blocking: if the socket is full a wake-up is pending
+                // anyway.
+                let _ = (&self.wake).write(&[1]);
+            }
         }
     }
 
@@ -166,6 +183,7 @@ impl UcxNode {
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
         let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
         let progress_cpu_ns = Arc::new(AtomicU64::new(0));
+        let sleeping = Arc::new(AtomicBool::new(false));
         let regions: Regions = Arc::default();
 
         // The progress thread makes the worker (it is used only there) and
@@ -176,6 +194,7 @@ impl UcxNode {
             let cmd_tx = cmd_tx.clone();
             let cpu = progress_cpu_ns.clone();
             let regions = regions.clone();
+            let sleeping = sleeping.clone();
             std::thread::Builder::new()
                 .name(format!("dmkv-{id}-progress"))
                 .spawn(move || {
@@ -189,6 +208,7 @@ impl UcxNode {
                         handler_threads,
                         addr_tx,
                         regions,
+                        sleeping,
                     )
                 })
                 .map_err(|e| TransportError::Backend(format!("spawn progress thread: {e}")))?
@@ -210,6 +230,7 @@ impl UcxNode {
             progress_cpu_ns,
             cmd_tx,
             wake,
+            sleeping,
             worker_address,
             listen_addr,
             conns: Mutex::new(HashMap::new()),
@@ -407,8 +428,34 @@ impl NodeHost for UcxNode {
     }
 }
 
+/// The next job, polling the queue for up to [`HANDLER_POLL`] before blocking
+/// on it; `None` once the queue is closed.
+#[inline(never)] // kept apart so profiles can tell idle polling from work
+fn wait_for_job(rx: &Receiver<Job>) -> Option<Job> {
+    const SPINS: u32 = 64;
+    let mut polls = 0u32;
+    let mut since: Option<Instant> = None;
+    loop {
+        match rx.try_recv() {
+            Ok(j) => return Some(j),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        polls += 1;
+        if polls < SPINS {
+            std::hint::spin_loop();
+            continue;
+        }
+        let start = *since.get_or_insert_with(Instant::now);
+        if start.elapsed() >= HANDLER_POLL {
+            return rx.recv().ok();
+        }
+        std::thread::yield_now();
+    }
+}
+
 fn handler_thread(node: Arc<NodeInner>, rx: Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = rx.try_recv().ok().or_else(|| wait_for_job(&rx)) {
         if node.is_stopped() {
             break;
         }
@@ -446,6 +493,7 @@ fn progress_thread(
     handler_threads: usize,
     addr_tx: Sender<std::result::Result<Vec<u8>, ffi::UcxError>>,
     regions: Regions,
+    sleeping: Arc<AtomicBool>,
 ) {
     let worker = match Worker::new(&ctx).and_then(|w| w.address().map(|a| (w, a))) {
         Ok((w, a)) => {
@@ -605,9 +653,13 @@ fn progress_thread(
         }
         // Sleep until UCX or a handler has something for us.
         cpu.store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
+        // See `NodeInner::send_cmd` for the handshake.
+        sleeping.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         let mut sink = [0u8; 64];
         while matches!(wake_rx.read(&mut sink), Ok(n) if n > 0) {}
         if !cmd_rx.is_empty() {
+            sleeping.store(false, Ordering::SeqCst);
             continue;
         }
         match efd {
@@ -619,6 +671,7 @@ fn progress_thread(
                 ffi::poll_readable(&[wake_rx.as_raw_fd()], 1);
             }
         }
+        sleeping.store(false, Ordering::SeqCst);
         last_event = Instant::now();
     }
     // Close every endpoint and finish sends before the worker goes.
