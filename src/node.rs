@@ -146,8 +146,8 @@ pub use with_ucx::{node, node_ctl, node_deployer};
 mod with_ucx {
     use super::{NodeArgs, NodeCtlAction, NodeCtlArgs};
     use crate::ucx::read_secret;
-    use dmkv_api::deploy::DeployOptions;
-    use dmkv_api::{Checked, Engine, EngineSpec, Knobs, KvError, KvStore};
+    use dmkv_api::deploy::{DeployOptions, checked_client};
+    use dmkv_api::{Engine, EngineSpec, Knobs, KvError, KvStore};
     use dmkv_bench::{Deployer, Deployment};
     use dmkv_memnode::{NodeRuntime, NodeStats};
     use dmkv_scalestore::process::{
@@ -428,13 +428,7 @@ mod with_ucx {
             )
         }
         fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>), KvError> {
-            let ep = self.endpoint(thread);
-            let inner = block_on(labeled(
-                OpKind::Setup,
-                self.engine.client(ep.clone(), thread),
-            ))?;
-            let checked = Checked::new(self.engine.name(), self.engine.capabilities(), inner);
-            Ok((ep, Rc::new(checked)))
+            checked_client(&self.engine, self.endpoint(thread), thread)
         }
         fn node_stats(&self) -> Vec<NodeStats> {
             let Ok(ep) = self.cluster.fabric().endpoint(self.compute) else {

@@ -159,7 +159,7 @@ pub(crate) fn install(
 
 /// The engine's client for compute thread `thread` on `ep` (made under the
 /// `setup` label), behind the API's input checks.
-pub(crate) fn checked_client(
+pub fn checked_client(
     engine: &Arc<dyn Engine>,
     ep: Rc<Endpoint>,
     thread: usize,

@@ -17,8 +17,8 @@
 
 use crate::cluster::{PeerLinker, UcxCluster, UcxConfig};
 use crate::server::UcxNode;
-use dmkv_api::deploy::DeployOptions;
-use dmkv_api::{Checked, ConnectArgs, Engine, EngineSpec, KvError, KvStore, ServeArgs, Topology};
+use dmkv_api::deploy::{DeployOptions, checked_client};
+use dmkv_api::{ConnectArgs, Engine, EngineSpec, KvError, KvStore, ServeArgs, Topology};
 use dmkv_memnode::{NodeRuntime, NodeStats};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{
@@ -372,13 +372,7 @@ impl UcxDeployment {
 
     /// A validated client for compute thread `thread`, with its endpoint.
     pub fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>), KvError> {
-        let ep = self.endpoint(thread);
-        let inner = block_on(labeled(
-            OpKind::Setup,
-            self.engine.client(ep.clone(), thread),
-        ))?;
-        let checked = Checked::new(self.engine.name(), self.engine.capabilities(), inner);
-        Ok((ep, Rc::new(checked)))
+        checked_client(&self.engine, self.endpoint(thread), thread)
     }
 
     /// Figures of every node the engine is installed on (remote ones through
