@@ -428,34 +428,8 @@ impl NodeHost for UcxNode {
     }
 }
 
-/// The next job, polling the queue for up to [`HANDLER_POLL`] before blocking
-/// on it; `None` once the queue is closed.
-#[inline(never)] // kept apart so profiles can tell idle polling from work
-fn wait_for_job(rx: &Receiver<Job>) -> Option<Job> {
-    const SPINS: u32 = 64;
-    let mut polls = 0u32;
-    let mut since: Option<Instant> = None;
-    loop {
-        match rx.try_recv() {
-            Ok(j) => return Some(j),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) => {}
-        }
-        polls += 1;
-        if polls < SPINS {
-            std::hint::spin_loop();
-            continue;
-        }
-        let start = *since.get_or_insert_with(Instant::now);
-        if start.elapsed() >= HANDLER_POLL {
-            return rx.recv().ok();
-        }
-        std::thread::yield_now();
-    }
-}
-
 fn handler_thread(node: Arc<NodeInner>, rx: Receiver<Job>) {
-    while let Some(job) = rx.try_recv().ok().or_else(|| wait_for_job(&rx)) {
+    while let Some(job) = dmkv_transport::local::recv_polling(&rx, HANDLER_POLL) {
         if node.is_stopped() {
             break;
         }

@@ -168,41 +168,11 @@ impl NodeState {
         while self.rx.try_recv().is_ok() {}
     }
 
-    /// The next message, polling the queue for up to `handler_poll` before
-    /// blocking on it: first a short spin, then yielding the core between
-    /// polls (so a compute thread on a shared core still runs). `None` once
-    /// the queue is closed.
-    #[inline(never)] // kept apart so profiles can tell idle polling from work
-    fn wait_for_request(&self) -> Option<Msg> {
-        const SPINS: u32 = 64;
-        let mut polls = 0u32;
-        let mut since: Option<Instant> = None;
-        loop {
-            match self.rx.try_recv() {
-                Ok(m) => return Some(m),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-                Err(crossbeam_channel::TryRecvError::Empty) => {}
-            }
-            polls += 1;
-            if polls < SPINS {
-                std::hint::spin_loop();
-                continue;
-            }
-            let start = *since.get_or_insert_with(Instant::now);
-            if start.elapsed() >= self.handler_poll {
-                return self.rx.recv().ok();
-            }
-            std::thread::yield_now();
-        }
-    }
-
     fn serve(self: Arc<Self>) {
         loop {
-            let msg = match self.rx.try_recv() {
-                Ok(m) => Some(m),
-                Err(_) => self.wait_for_request(),
+            let Some(Msg::Call(req)) = recv_polling(&self.rx, self.handler_poll) else {
+                return;
             };
-            let Some(Msg::Call(req)) = msg else { return };
             if self.crashed.load(Ordering::Acquire) {
                 continue;
             }
@@ -626,5 +596,35 @@ impl EndpointBackend for LocalEndpoint {
             }
             Ok(reply)
         })
+    }
+}
+
+/// The next item of a handler thread's queue, polling it for up to `poll`
+/// before blocking on it: first a short spin, then yielding the core between
+/// polls (so a compute thread on a shared core still runs), so that a
+/// request arriving in a busy stretch does not pay the futex wake-up of a
+/// parked thread. `None` once the queue is closed. Shared by the local and
+/// UCX backends' handler threads.
+#[inline(never)] // kept apart so profiles can tell idle polling from work
+pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
+    const SPINS: u32 = 64;
+    let mut polls = 0u32;
+    let mut since: Option<Instant> = None;
+    loop {
+        match rx.try_recv() {
+            Ok(m) => return Some(m),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        polls += 1;
+        if polls < SPINS {
+            std::hint::spin_loop();
+            continue;
+        }
+        let start = *since.get_or_insert_with(Instant::now);
+        if start.elapsed() >= poll {
+            return rx.recv().ok();
+        }
+        std::thread::yield_now();
     }
 }
