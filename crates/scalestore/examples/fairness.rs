@@ -10,7 +10,17 @@
 //!
 //! ```text
 //! cargo run --release -p dmkv-scalestore --example fairness -- [--nodes 5] [--seconds 3] [--pages 1] [--protocol chaining,fifo] [--rtt-us 0] [--think-us 20]
+//! cargo run --release -p dmkv-scalestore --example fairness -- --transport sim [--profile scalestore-cx5] [--seed 1] [--seconds 0.02] [--think-us 0]
 //! ```
+//!
+//! `--transport sim` runs the same workers on the simulated cluster
+//! (`dmkv_transport::sim`): one OS thread, virtual time, a seeded and
+//! replayable schedule, costs from the hardware profile. Every worker is a
+//! simulated compute core of its node; each update charges the profile's
+//! client CPU per operation (`client.cpu_per_op_ns`, as `dmkv bench` does
+//! per operation), messages and page writes cost what the profile says.
+//! `--seconds` are then virtual seconds, and `--think-us` (default 0 there)
+//! is a virtual sleep: there is no OS scheduler to work around.
 //!
 //! In the paper every thread has a core of its own, so a request for the
 //! page reaches its holder within microseconds. In one process on a few
@@ -25,19 +35,22 @@
 
 use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
+use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
 use dmkv_scalestore::SCALESTORE;
 use dmkv_scalestore::guard::ExclusiveGuard;
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::pid::Pid;
 use dmkv_scalestore::worker::Worker;
-use dmkv_transport::exec::block_on;
+use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep};
 use dmkv_transport::local::Faults;
+use dmkv_transport::sim::{Profile, SimConfig};
+use dmkv_transport::time::Instant;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 struct Args {
     nodes: usize,
@@ -46,6 +59,10 @@ struct Args {
     protocols: Vec<String>,
     rtt_us: u64,
     think_us: u64,
+    sim: bool,
+    profile: String,
+    seed: u64,
+    json: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -56,20 +73,47 @@ fn parse() -> Result<Args, String> {
         protocols: vec!["chaining".into(), "fifo".into()],
         rtt_us: 0,
         think_us: 20,
+        sim: false,
+        profile: "scalestore-cx5".into(),
+        seed: 1,
+        json: None,
     };
+    let (mut seconds, mut think) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let bad = |e: &dyn std::fmt::Display| format!("{flag} {v}: {e}");
         match flag.as_str() {
             "--nodes" => a.nodes = v.parse().map_err(|e| bad(&e))?,
-            "--seconds" => a.seconds = v.parse().map_err(|e| bad(&e))?,
+            "--seconds" => seconds = Some(v.parse().map_err(|e| bad(&e))?),
             "--pages" => a.pages = v.parse().map_err(|e| bad(&e))?,
             "--protocol" => a.protocols = v.split(',').map(String::from).collect(),
             "--rtt-us" => a.rtt_us = v.parse().map_err(|e| bad(&e))?,
-            "--think-us" => a.think_us = v.parse().map_err(|e| bad(&e))?,
+            "--think-us" => think = Some(v.parse().map_err(|e| bad(&e))?),
+            "--transport" => {
+                a.sim = match v.as_str() {
+                    "local" => false,
+                    "sim" => true,
+                    _ => return Err(format!("{flag} {v}: local or sim")),
+                }
+            }
+            "--profile" => a.profile = v,
+            "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
+            "--json" => a.json = Some(v),
             _ => return Err(format!("unknown flag {flag}")),
         }
+    }
+    // Virtual seconds are expensive to simulate, and the simulated cluster
+    // needs no think time (see the module doc).
+    a.seconds = seconds.unwrap_or(if a.sim { 0.02 } else { 3.0 });
+    a.think_us = think.unwrap_or(if a.sim { 0 } else { 20 });
+    if a.sim && a.rtt_us > 0 {
+        return Err(
+            "--rtt-us is the local transport's; the profile sets the simulated network".into(),
+        );
+    }
+    if !(a.seconds > 0.0) {
+        return Err("--seconds must be positive".into());
     }
     if a.nodes < 2 || a.pages == 0 {
         return Err("needs at least 2 nodes and 1 page".into());
@@ -90,36 +134,114 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
-    let mut knobs = Knobs::new();
-    knobs.set("protocol", protocol);
-    knobs.set("alloc", "local");
-    let d = LocalDeployment::deploy(
-        &SCALESTORE,
-        &DeployOptions {
+/// The cluster the workers run on.
+enum Deployment {
+    Local(LocalDeployment),
+    Sim(SimDeployment),
+}
+
+impl Deployment {
+    fn new(a: &Args, protocol: &str) -> Result<Deployment, String> {
+        let mut knobs = Knobs::new();
+        knobs.set("protocol", protocol);
+        knobs.set("alloc", "local");
+        let opts = DeployOptions {
             nodes: a.nodes,
             threads: a.nodes,
             cache_mb: 16,
             knobs,
             ..Default::default()
-        },
+        };
+        if a.sim {
+            let profile = Profile::load(&a.profile)?;
+            let sim_opts = SimOptions {
+                config: SimConfig {
+                    profile,
+                    seed: a.seed,
+                    jitter_ns: 0,
+                    delays: Default::default(),
+                },
+                compute_nodes: 1,
+                threads_per_node: a.nodes,
+            };
+            return SimDeployment::deploy(&SCALESTORE, &opts, &sim_opts)
+                .map(Deployment::Sim)
+                .map_err(|e| e.to_string());
+        }
+        let d = LocalDeployment::deploy(&SCALESTORE, &opts).map_err(|e| e.to_string())?;
+        d.cluster.set_faults(Faults {
+            round_trip_latency: Duration::from_micros(a.rtt_us),
+            ..Default::default()
+        });
+        Ok(Deployment::Local(d))
+    }
+
+    fn nodes(&self) -> Vec<Arc<ScaleNode>> {
+        let (runtimes, args) = match self {
+            Deployment::Local(d) => (&d.runtimes, &d.args),
+            Deployment::Sim(d) => (&d.runtimes, &d.args),
+        };
+        runtimes
+            .iter()
+            .filter_map(|rt| rt.attachment::<ScaleNode>(&args.name("node")))
+            .collect()
+    }
+
+    fn stats(&self) -> Result<serde_json::Value, String> {
+        let r = match self {
+            Deployment::Local(d) => block_on(d.engine.stats(&d.endpoint(0))),
+            Deployment::Sim(d) => block_on(d.engine.stats(&d.endpoint(0))),
+        };
+        r.map_err(|e| e.to_string())
+    }
+}
+
+/// A worker on `node` with an endpoint (a compute core) of its own.
+fn worker(node: &Arc<ScaleNode>) -> Worker {
+    Worker::new(
+        node.clone(),
+        Rc::new(node.fabric.endpoint(node.id).expect("endpoint")),
     )
-    .map_err(|e| e.to_string())?;
-    d.cluster.set_faults(Faults {
-        round_trip_latency: Duration::from_micros(a.rtt_us),
-        ..Default::default()
-    });
-    let nodes: Vec<Arc<ScaleNode>> = d
-        .runtimes
-        .iter()
-        .filter_map(|rt| rt.attachment::<ScaleNode>(&d.args.name("node")))
-        .collect();
+}
+
+/// One node's worker: updates pages until `seconds` have passed (virtual
+/// seconds under sim), measuring each update.
+async fn updates(w: &Worker, i: usize, pids: &[Pid], a: &Args) -> NodeRun {
+    let mut rng = SmallRng::seed_from_u64(i as u64);
+    let mut r = NodeRun {
+        ops: 0,
+        latencies_us: Vec::new(),
+    };
+    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
+    while Instant::now() < end {
+        let pid = pids[rng.gen_range(0..pids.len())];
+        let t = Instant::now();
+        // The client CPU of one operation under sim (nothing on local).
+        w.ep.begin_op().await;
+        let g = ExclusiveGuard::fix(w, pid).await.expect("fix");
+        let p = g.page();
+        p.set_word(0, p.word(0).expect("word") + 1);
+        drop(g);
+        r.latencies_us.push(t.elapsed().as_secs_f64() * 1e6);
+        r.ops += 1;
+        if a.think_us > 0 {
+            let think = Duration::from_micros(a.think_us);
+            if a.sim {
+                sleep(think).await;
+            } else {
+                // An OS sleep, so that the worker gives its core away.
+                std::thread::sleep(think);
+            }
+        }
+    }
+    r
+}
+
+fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
+    let d = Deployment::new(a, protocol)?;
+    let nodes = d.nodes();
     let pids: Vec<Pid> = {
-        let n0 = &nodes[0];
-        let w = Worker::new(
-            n0.clone(),
-            Rc::new(n0.fabric.endpoint(n0.id).map_err(|e| e.to_string())?),
-        );
+        let w = worker(&nodes[0]);
         block_on(async {
             let mut v = Vec::new();
             for _ in 0..a.pages {
@@ -143,8 +265,7 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
                 .sum::<u64>()
         })
         .sum();
-    let barrier = std::sync::Barrier::new(nodes.len());
-    if std::env::var("FAIRNESS_DUMP").is_ok() {
+    if std::env::var("FAIRNESS_DUMP").is_ok() && !a.sim {
         let nodes = nodes.clone();
         let secs = a.seconds;
         std::thread::spawn(move || {
@@ -162,48 +283,39 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
             }
         });
     }
-    let runs: Vec<NodeRun> = std::thread::scope(|s| {
-        let handles: Vec<_> = nodes
+    let wall = std::time::Instant::now();
+    let runs: Vec<NodeRun> = if a.sim {
+        // Every worker a task of the one simulation thread, each on its
+        // own simulated core; they start at the same virtual instant.
+        let workers: Vec<Worker> = nodes.iter().map(worker).collect();
+        let tasks: Vec<LocalTask<'_, NodeRun>> = workers
             .iter()
             .enumerate()
-            .map(|(i, node)| {
-                let (pids, barrier) = (&pids, &barrier);
-                s.spawn(move || -> NodeRun {
-                    let w = Worker::new(
-                        node.clone(),
-                        Rc::new(node.fabric.endpoint(node.id).expect("endpoint")),
-                    );
-                    let mut rng = SmallRng::seed_from_u64(i as u64);
-                    let mut r = NodeRun {
-                        ops: 0,
-                        latencies_us: Vec::new(),
-                    };
-                    barrier.wait();
-                    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
-                    block_on(async {
-                        while Instant::now() < end {
-                            let pid = pids[rng.gen_range(0..pids.len())];
-                            let t = Instant::now();
-                            let g = ExclusiveGuard::fix(&w, pid).await.expect("fix");
-                            let p = g.page();
-                            p.set_word(0, p.word(0).expect("word") + 1);
-                            drop(g);
-                            r.latencies_us.push(t.elapsed().as_secs_f64() * 1e6);
-                            r.ops += 1;
-                            if a.think_us > 0 {
-                                std::thread::sleep(Duration::from_micros(a.think_us));
-                            }
-                        }
-                    });
-                    r
-                })
-            })
+            .map(|(i, w)| Box::pin(updates(w, i, &pids, a)) as LocalTask<'_, NodeRun>)
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("worker"))
-            .collect()
-    });
+        run_tasks(tasks)
+    } else {
+        let barrier = std::sync::Barrier::new(nodes.len());
+        std::thread::scope(|s| {
+            let handles: Vec<_> = nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| {
+                    let (pids, barrier) = (&pids, &barrier);
+                    s.spawn(move || -> NodeRun {
+                        let w = worker(node);
+                        barrier.wait();
+                        block_on(updates(&w, i, pids, a))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("worker"))
+                .collect()
+        })
+    };
+    let wall_s = wall.elapsed().as_secs_f64();
     let after: u64 = nodes
         .iter()
         .map(|n| {
@@ -227,9 +339,17 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
         tput.iter().cloned().fold(f64::MIN, f64::max),
         tput.iter().cloned().fold(f64::MAX, f64::min),
     );
-    let stats = block_on(d.engine.stats(&d.endpoint(0))).map_err(|e| e.to_string())?;
+    let stats = d.stats()?;
     println!(
-        "\n{protocol}: {} nodes, {} page(s), {:.1} s, think {} us: {:.0} updates/s in total, Jain's fairness {:.3}, max/min per node {:.2}, {:.2} messages per update",
+        "\n{protocol} ({}): {} nodes, {} page(s), {} s, think {} us: {:.0} updates/s in total, Jain's fairness {:.3}, max/min per node {:.2}, {:.2} messages per update",
+        if a.sim {
+            format!(
+                "sim, profile {}, seed {}, {wall_s:.1} s wall",
+                a.profile, a.seed
+            )
+        } else {
+            "local".into()
+        },
         a.nodes,
         a.pages,
         a.seconds,
@@ -251,15 +371,7 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
         );
     }
     // Every update is in the pages.
-    let w = Worker::new(
-        nodes[0].clone(),
-        Rc::new(
-            nodes[0]
-                .fabric
-                .endpoint(nodes[0].id)
-                .map_err(|e| e.to_string())?,
-        ),
-    );
+    let w = worker(&nodes[0]);
     let counted: u64 = block_on(async {
         let mut c = 0;
         for pid in &pids {
@@ -274,7 +386,10 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
         ));
     }
     Ok(serde_json::json!({
-        "protocol": protocol, "nodes": a.nodes, "pages": a.pages, "seconds": a.seconds,
+        "protocol": protocol, "transport": if a.sim { "sim" } else { "local" },
+        "profile": if a.sim { Some(&a.profile) } else { None }, "seed": a.seed,
+        "think_us": a.think_us,
+        "nodes": a.nodes, "pages": a.pages, "seconds": a.seconds,
         "updates_per_s": sum, "jain": jain, "max_over_min": mx / mn,
         "messages_per_update": (after - before) as f64 / total.max(1) as f64,
         "per_node": per_node, "engine_stats": stats,
@@ -300,6 +415,13 @@ fn main() {
         }
     }
     side_by_side(&results);
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&results).expect("json");
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("fairness: {path}: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// The runs on one page, beside the paper's Fig. 6 (contended, five nodes,
