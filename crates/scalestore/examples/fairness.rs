@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! cargo run --release -p dmkv-scalestore --example fairness -- [--nodes 5] [--seconds 3] [--pages 1] [--protocol chaining,fifo] [--rtt-us 0] [--think-us 20]
-//! cargo run --release -p dmkv-scalestore --example fairness -- --transport sim [--profile scalestore-cx5] [--seed 1] [--seconds 0.02] [--think-us 0]
+//! cargo run --release -p dmkv-scalestore --example fairness -- --transport sim [--profile scalestore-cx5] [--seed 1] [--jitter-ns 0] [--seconds 0.02] [--think-us 0]
+//! [--fifo-ack post|await] (`scalestore.fifo_ack`, either transport)
 //! ```
 //!
 //! `--transport sim` runs the same workers on the simulated cluster
@@ -62,6 +63,8 @@ struct Args {
     sim: bool,
     profile: String,
     seed: u64,
+    jitter_ns: u64,
+    fifo_ack: String,
     json: Option<String>,
 }
 
@@ -76,6 +79,8 @@ fn parse() -> Result<Args, String> {
         sim: false,
         profile: "scalestore-cx5".into(),
         seed: 1,
+        jitter_ns: 0,
+        fifo_ack: "post".into(),
         json: None,
     };
     let (mut seconds, mut think) = (None, None);
@@ -99,6 +104,8 @@ fn parse() -> Result<Args, String> {
             }
             "--profile" => a.profile = v,
             "--seed" => a.seed = v.parse().map_err(|e| bad(&e))?,
+            "--jitter-ns" => a.jitter_ns = v.parse().map_err(|e| bad(&e))?,
+            "--fifo-ack" => a.fifo_ack = v,
             "--json" => a.json = Some(v),
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -107,6 +114,9 @@ fn parse() -> Result<Args, String> {
     // needs no think time (see the module doc).
     a.seconds = seconds.unwrap_or(if a.sim { 0.02 } else { 3.0 });
     a.think_us = think.unwrap_or(if a.sim { 0 } else { 20 });
+    if !a.sim && a.jitter_ns > 0 {
+        return Err("--jitter-ns needs --transport sim".into());
+    }
     if a.sim && a.rtt_us > 0 {
         return Err(
             "--rtt-us is the local transport's; the profile sets the simulated network".into(),
@@ -145,6 +155,7 @@ impl Deployment {
         let mut knobs = Knobs::new();
         knobs.set("protocol", protocol);
         knobs.set("alloc", "local");
+        knobs.set("fifo_ack", &a.fifo_ack);
         let opts = DeployOptions {
             nodes: a.nodes,
             threads: a.nodes,
@@ -158,7 +169,7 @@ impl Deployment {
                 config: SimConfig {
                     profile,
                     seed: a.seed,
-                    jitter_ns: 0,
+                    jitter_ns: a.jitter_ns,
                     delays: Default::default(),
                 },
                 compute_nodes: 1,
@@ -234,6 +245,8 @@ async fn updates(w: &Worker, i: usize, pids: &[Pid], a: &Args) -> NodeRun {
             }
         }
     }
+    // Acknowledgements still unanswered (FIFO): none may fail.
+    w.settle_acks().await.expect("acknowledgements");
     r
 }
 
@@ -348,7 +361,7 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
                 a.profile, a.seed
             )
         } else {
-            "local".into()
+            format!("local, fifo_ack {}", a.fifo_ack)
         },
         a.nodes,
         a.pages,
@@ -388,7 +401,7 @@ fn run(a: &Args, protocol: &str) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({
         "protocol": protocol, "transport": if a.sim { "sim" } else { "local" },
         "profile": if a.sim { Some(&a.profile) } else { None }, "seed": a.seed,
-        "think_us": a.think_us,
+        "think_us": a.think_us, "jitter_ns": a.jitter_ns, "fifo_ack": a.fifo_ack,
         "nodes": a.nodes, "pages": a.pages, "seconds": a.seconds,
         "updates_per_s": sum, "jain": jain, "max_over_min": mx / mn,
         "messages_per_update": (after - before) as f64 / total.max(1) as f64,

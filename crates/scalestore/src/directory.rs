@@ -177,7 +177,13 @@ impl ScaleNode {
             && !local
             && (d.transfer.is_some() || !d.queue.is_empty() || d.local_waiting)
         {
-            if d.transfer == Some(q.from) || d.queue.iter().any(|h| h.from == q.from) {
+            // A node asks for the page at most once at a time (its frame is
+            // latched through the request). Its request can find its own
+            // transfer still open: the acknowledgement is posted without
+            // waiting (worker `acknowledge`), and another thread of that
+            // node, or a message on another handler, may overtake it. It
+            // then queues like any other.
+            if d.queue.iter().any(|h| h.from == q.from) {
                 return Err(corrupt(format!(
                     "{}: node {} asks again while its request is pending",
                     q.pid, q.from
@@ -185,6 +191,10 @@ impl ScaleNode {
             }
             let h = hold(responder).expect("a remote request has a responder");
             Counters::add(&self.stats.fifo_queued, 1);
+            Counters::add(
+                &self.stats.fifo_before_ack,
+                (d.transfer == Some(q.from)) as u64,
+            );
             d.queue.push_back(h);
             return Ok(Decision::Held);
         }

@@ -38,6 +38,13 @@ const KNOBS: &[KnobSpec] = &[
         help: "conflict handling: chaining (anticipatory chaining, §3.4.3) or fifo (directory FIFO queue, §3.4.2)",
     },
     KnobSpec {
+        name: "fifo_ack",
+        default: "post",
+        help: "fifo only: post (the grantee posts its acknowledgement and uses the page at once, \
+               awaiting the answer before its next message to the directory) or await (it waits \
+               for the answer first, a round trip before the page is used; for comparison)",
+    },
+    KnobSpec {
         name: "alloc",
         default: "round-robin",
         help: "directory of new pages: round-robin over the nodes (remote allocation) or local",
@@ -149,6 +156,15 @@ impl ScaleStoreSpec {
                 )));
             }
         };
+        let await_ack = match k.get::<String>("scalestore", KNOBS, "fifo_ack")?.as_str() {
+            "post" => false,
+            "await" => true,
+            o => {
+                return Err(KvError::Config(format!(
+                    "scalestore.fifo_ack={o}: use post or await"
+                )));
+            }
+        };
         let alloc = match k.get::<String>("scalestore", KNOBS, "alloc")?.as_str() {
             "round-robin" => AllocPolicy::RoundRobin,
             "local" => AllocPolicy::Local,
@@ -202,6 +218,7 @@ impl ScaleStoreSpec {
             node: NodeConfig {
                 pages,
                 protocol,
+                await_ack,
                 alloc,
                 data_dir: Default::default(),
                 free_percent,
@@ -658,6 +675,7 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "handover_retries": sum(&|n| ld(&n.stats.handover_retries)),
         "fifo_queued": sum(&|n| ld(&n.stats.fifo_queued)),
         "fifo_bypassed": sum(&|n| ld(&n.stats.fifo_bypassed)),
+        "fifo_before_ack": sum(&|n| ld(&n.stats.fifo_before_ack)),
         "gone_replies": sum(&|n| ld(&n.stats.gone)),
         "copy_failures": sum(&|n| ld(&n.stats.copy_failures)),
         "stale_requests": sum(&|n| ld(&n.stats.stale)),
@@ -755,26 +773,38 @@ impl Client {
 impl KvStore for Client {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         let (w, _g) = self.enter(true)?;
-        BTree::new(&*w).lookup(key).await
+        let r = BTree::new(&*w).lookup(key).await;
+        w.settle_acks().await?;
+        r
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        BTree::new(&*w).write(WriteKind::Insert, key, value).await
+        let r = BTree::new(&*w).write(WriteKind::Insert, key, value).await;
+        w.settle_acks().await?;
+        r
     }
     async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        BTree::new(&*w).write(WriteKind::Update, key, value).await
+        let r = BTree::new(&*w).write(WriteKind::Update, key, value).await;
+        w.settle_acks().await?;
+        r
     }
     async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        BTree::new(&*w).write(WriteKind::Upsert, key, value).await
+        let r = BTree::new(&*w).write(WriteKind::Upsert, key, value).await;
+        w.settle_acks().await?;
+        r
     }
     async fn delete(&self, key: Key) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        BTree::new(&*w).write(WriteKind::Delete, key, &[]).await
+        let r = BTree::new(&*w).write(WriteKind::Delete, key, &[]).await;
+        w.settle_acks().await?;
+        r
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         let (w, _g) = self.enter(true)?;
-        BTree::new(&*w).scan(start, n).await
+        let r = BTree::new(&*w).scan(start, n).await;
+        w.settle_acks().await?;
+        r
     }
 }

@@ -59,6 +59,10 @@ pub struct NodeConfig {
     /// Page slots of the cache.
     pub pages: usize,
     pub protocol: Protocol,
+    /// FIFO: the grantee awaits the answer to its acknowledgement before
+    /// it uses the page (`scalestore.fifo_ack=await`) instead of posting
+    /// it (`post`, the default; see `Worker::acknowledge`).
+    pub await_ack: bool,
     pub alloc: AllocPolicy,
     /// Where page files go.
     pub data_dir: PathBuf,
@@ -131,6 +135,9 @@ pub struct Counters {
     /// FIFO: grants to this node's own workers while remote requests were
     /// queued (the bypass of §3.4.2).
     pub fifo_bypassed: AtomicU64,
+    /// FIFO: requests that arrived while their own node's acknowledgement
+    /// of the previous transfer was still on its way (posted acks).
+    pub fifo_before_ack: AtomicU64,
     pub gone: AtomicU64,
     pub copy_failures: AtomicU64,
     /// Moves or copies for a grant older than this node's possession

@@ -18,14 +18,31 @@ use dmkv_api::KvError;
 use dmkv_transport::Endpoint;
 use dmkv_transport::exec::yield_now;
 use dmkv_transport::time::Instant;
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 
 /// A compute thread's pager on a node.
 pub struct Worker {
     pub node: Arc<ScaleNode>,
     pub ep: Rc<Endpoint>,
+    /// FIFO acknowledgements posted to remote directories whose answers
+    /// are not awaited yet (see [`Worker::acknowledge`]), oldest first.
+    acks: RefCell<Vec<PendingAck>>,
+}
+
+/// The answer to a posted acknowledgement.
+type AckReply = Pin<Box<dyn Future<Output = dmkv_transport::Result<Vec<u8>>>>>;
+
+/// An acknowledgement (`Request::Ack`) posted to directory `dir`.
+struct PendingAck {
+    dir: u8,
+    pid: Pid,
+    reply: AckReply,
 }
 
 fn fatal(e: impl Into<KvError>) -> PageError {
@@ -46,7 +63,11 @@ fn need_of(mode: Mode) -> Possession {
 
 impl Worker {
     pub fn new(node: Arc<ScaleNode>, ep: Rc<Endpoint>) -> Worker {
-        Worker { node, ep }
+        Worker {
+            node,
+            ep,
+            acks: RefCell::new(Vec::new()),
+        }
     }
 
     /// Sends a protocol message to member `to` and decodes the reply.
@@ -56,8 +77,18 @@ impl Worker {
             .ok_or_else(|| corrupt(format!("node {to} is no member")))
     }
 
-    /// [`Self::send`], or `None` if `to` is no member (any more).
+    /// [`Self::send`], or `None` if `to` is no member (any more). An
+    /// acknowledgement to `to` still unanswered is awaited first: one
+    /// message at a time from a worker to a node, as with the paper's
+    /// per-worker mailboxes (§3.5), and the directory sees our
+    /// acknowledgement before our next request.
     async fn send_member(&self, to: u8, q: Request) -> PageResult<Option<Reply>> {
+        self.settle_to(Some(to)).await?;
+        self.post_member(to, q).await
+    }
+
+    /// [`Self::send_member`] without settling acknowledgements first.
+    async fn post_member(&self, to: u8, q: Request) -> PageResult<Option<Reply>> {
         let Some(m) = self.node.member(to) else {
             return Ok(None);
         };
@@ -399,9 +430,11 @@ impl Worker {
             }
         }
         if node.cfg.protocol == Protocol::Fifo {
-            let (r, _) = self.to_directory(pid, Request::Ack { pid }).await?;
-            if r != Reply::Done {
-                return Err(corrupt(format!("{pid}: acknowledgement answered {r:?}")));
+            // Posted, not awaited: the page is ours to use now (see
+            // `acknowledge`), unless `scalestore.fifo_ack=await`.
+            self.acknowledge(pid).await?;
+            if node.cfg.await_ack {
+                self.settle_to(None).await?;
             }
         }
         {
@@ -423,6 +456,140 @@ impl Worker {
         }
         node.released(fi);
         Ok(ok)
+    }
+
+    /// FIFO (§3.4.2, Fig. 5(b)): tells the directory of `pid` that the
+    /// transfer it granted us is complete, so that it grants the next
+    /// queued request. To a remote directory the message is posted (the
+    /// first poll of a call posts it on every backend) and its answer is
+    /// awaited only before this worker's next message to that node
+    /// ([`Self::send_member`]), when an operation of the engine ends
+    /// ([`Self::settle_acks`]), or found ready on a later `fix`: the page
+    /// is used meanwhile. Awaiting the answer first would keep the page
+    /// idle for a round trip per hand-over, which neither the paper's FIFO
+    /// (whose mailboxes need the answer only before the next message,
+    /// §3.5) nor anticipatory chaining pays. Acknowledgements to our own
+    /// directory are a call, as before.
+    async fn acknowledge(&self, pid: Pid) -> PageResult<()> {
+        let dir = self.directory_of(pid)?;
+        let member = if dir == self.node.index {
+            None
+        } else {
+            self.node.member(dir)
+        };
+        let Some(m) = member else {
+            // Ours, or the directory left since we read its host: the
+            // awaited path (it follows the shard to its new host).
+            let (r, _) = self.to_directory(pid, Request::Ack { pid }).await?;
+            return Self::check_acked(pid, r);
+        };
+        self.settle_to(Some(dir)).await?;
+        self.node.stats.sent(crate::msg::Kind::Ack);
+        let ep = self.ep.clone();
+        let payload = Request::Ack { pid }.encode();
+        let mut reply: AckReply =
+            Box::pin(async move { ep.call(m.node, m.service, payload).await });
+        match futures::poll!(reply.as_mut()) {
+            Poll::Ready(r) => self.acked(dir, pid, r).await,
+            Poll::Pending => {
+                self.acks.borrow_mut().push(PendingAck { dir, pid, reply });
+                Ok(())
+            }
+        }
+    }
+
+    fn check_acked(pid: Pid, r: Reply) -> PageResult<()> {
+        match r {
+            Reply::Done => Ok(()),
+            r => Err(corrupt(format!("{pid}: acknowledgement answered {r:?}"))),
+        }
+    }
+
+    /// Handles the answer `r` of an acknowledgement posted to `dir`. If
+    /// the shard moved meanwhile (a handover), the acknowledgement goes to
+    /// its new host, awaited.
+    async fn acked(&self, dir: u8, pid: Pid, r: dmkv_transport::Result<Vec<u8>>) -> PageResult<()> {
+        let r = r.map_err(fatal)?;
+        let mut r =
+            Reply::decode(&r).map_err(|e| fatal(dmkv_transport::TransportError::from(e)))?;
+        let mut dir = dir;
+        loop {
+            match r {
+                Reply::Moved(h) if h != dir => self.node.set_host(pid.shard(), h),
+                r => return Self::check_acked(pid, r),
+            }
+            dir = self.directory_of(pid)?;
+            if dir == self.node.index {
+                self.node.ack(dir, pid, false).map_err(fatal)?;
+                return Ok(());
+            }
+            r = match self.post_member(dir, Request::Ack { pid }).await? {
+                Some(r) => r,
+                None if self.node.host_of(pid.shard()) == Some(dir) => {
+                    return Err(corrupt(format!(
+                        "{pid}: directory {dir} is no member, and no other host is known"
+                    )));
+                }
+                None => Reply::Moved(self.directory_of(pid)?),
+            };
+        }
+    }
+
+    /// Awaits the answers of the acknowledgements posted to `dir` (to any
+    /// node if `None`), oldest first.
+    async fn settle_to(&self, dir: Option<u8>) -> PageResult<()> {
+        loop {
+            let next = {
+                let mut acks = self.acks.borrow_mut();
+                acks.iter()
+                    .position(|p| dir.is_none_or(|d| p.dir == d))
+                    .map(|i| acks.remove(i))
+            };
+            let Some(p) = next else {
+                return Ok(());
+            };
+            let r = p.reply.await;
+            self.acked(p.dir, p.pid, r).await?;
+        }
+    }
+
+    /// Handles the acknowledgements whose answers have arrived, without
+    /// waiting for the others.
+    async fn reap_acks(&self) -> PageResult<()> {
+        let ready = std::future::poll_fn(|cx| {
+            let mut acks = self.acks.borrow_mut();
+            let mut ready = Vec::new();
+            let mut i = 0;
+            while i < acks.len() {
+                match acks[i].reply.as_mut().poll(cx) {
+                    Poll::Ready(r) => {
+                        let p = acks.remove(i);
+                        ready.push((p.dir, p.pid, r));
+                    }
+                    Poll::Pending => i += 1,
+                }
+            }
+            Poll::Ready(ready)
+        })
+        .await;
+        for (dir, pid, r) in ready {
+            self.acked(dir, pid, r).await?;
+        }
+        Ok(())
+    }
+
+    /// Awaits every acknowledgement this worker posted (FIFO): an engine
+    /// operation ends with it, so that a failed acknowledgement is its
+    /// error and none is left unsent by a backend that posts late (the
+    /// local transport's injected latency). Nothing to do under chaining.
+    pub async fn settle_acks(&self) -> Result<(), KvError> {
+        match self.settle_to(None).await {
+            Ok(()) => Ok(()),
+            Err(PageError::Fatal(e)) => Err(e),
+            Err(PageError::Restart) => Err(KvError::Corrupt(
+                "an acknowledgement asked for a restart".into(),
+            )),
+        }
     }
 
     /// Latches frame `fi` exclusively for the slow path, waiting while a
@@ -591,6 +758,9 @@ impl Pager for Worker {
 
     async fn fix(&self, pid: Pid, mode: Mode) -> PageResult<Fixed> {
         Counters::add(&self.node.stats.fixes, 1);
+        if !self.acks.borrow().is_empty() {
+            self.reap_acks().await?;
+        }
         let mut b = Backoff::default();
         loop {
             if let Some(f) = self.hot(pid, mode) {
