@@ -193,6 +193,7 @@ fn bad_input_and_garbage_messages_are_refused() {
 fn bad_knobs_are_refused() {
     for (k, v) in [
         ("protocol", "lifo"),
+        ("fifo_ack", "later"),
         ("cache_pages", "10"),
         ("join", "0@5"),
         ("join", "7@5"),
