@@ -122,7 +122,7 @@ fn parse() -> Result<Args, String> {
             "--rtt-us is the local transport's; the profile sets the simulated network".into(),
         );
     }
-    if !(a.seconds > 0.0) {
+    if a.seconds.is_nan() || a.seconds <= 0.0 {
         return Err("--seconds must be positive".into());
     }
     if a.nodes < 2 || a.pages == 0 {
