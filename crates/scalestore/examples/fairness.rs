@@ -11,7 +11,7 @@
 //! ```text
 //! cargo run --release -p dmkv-scalestore --example fairness -- [--nodes 5] [--seconds 3] [--pages 1] [--protocol chaining,fifo] [--rtt-us 0] [--think-us 20]
 //! cargo run --release -p dmkv-scalestore --example fairness -- --transport sim [--profile scalestore-cx5] [--seed 1] [--jitter-ns 0] [--seconds 0.02] [--think-us 0]
-//! [--fifo-ack post|await] (`scalestore.fifo_ack`, either transport)
+//! [--fifo-ack post|await] (`scalestore.fifo_ack`, either transport) [--json PATH] (every run, with engine_stats)
 //! ```
 //!
 //! `--transport sim` runs the same workers on the simulated cluster

@@ -32,6 +32,10 @@ pub struct Worker {
     pub ep: Rc<Endpoint>,
     /// FIFO acknowledgements posted to remote directories whose answers
     /// are not awaited yet (see [`Worker::acknowledge`]), oldest first.
+    /// Dropping the worker drops them unanswered: the messages went out at
+    /// their first poll (sim and UCX post in the call; the local transport
+    /// too unless it injects latency, which is why engine operations end
+    /// with [`Worker::settle_acks`] and users of a bare worker should).
     acks: RefCell<Vec<PendingAck>>,
 }
 
