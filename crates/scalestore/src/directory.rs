@@ -525,12 +525,10 @@ impl ScaleNode {
             .ok_or_else(|| corrupt(format!("node {} hosts no own shard", self.index)))?;
         let slot = s.next_slot.fetch_add(1, Ordering::AcqRel);
         let pid = Pid::new(self.index, slot);
-        let fi = self
+        let (fi, mut m) = self
             .frames
-            .find_or_insert(pid)
+            .lock_or_insert(pid)
             .map_err(|_| KvError::Exhausted("the frame table is full".into()))?;
-        let f = self.frames.frame(fi);
-        let mut m = f.meta.lock();
         let mut d = Dir::new(s.tick());
         d.owners = Owners::Exclusive(owner);
         d.dirty = true;

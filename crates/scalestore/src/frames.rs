@@ -15,7 +15,7 @@ use crate::latch::HybridLatch;
 use crate::msg::{Request, Want};
 use crate::pid::Pid;
 use dmkv_transport::Responder;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -490,6 +490,31 @@ impl FrameTable {
         b.head.store(n, Ordering::Release);
         b.lock.store(v + 2, Ordering::Release);
         Ok(n)
+    }
+
+    /// The frame of `pid` (inserted if there is none) with its mutex held,
+    /// checked to be `pid`'s frame *under* the mutex.
+    ///
+    /// A frame index found without the mutex can be stale by the time the
+    /// mutex is ours: whoever held it may have removed the frame (a worker
+    /// giving up a fetch, `release_empty`), and the frame may even be in
+    /// use again, for `pid` or for another page. Writing state into it
+    /// then loses that state (the frame is reset when it is reused) or
+    /// gives it to the wrong page. Removal clears the page id under the
+    /// mutex, and reuse publishes the new id only after resetting the
+    /// meta under the mutex, so a frame that holds `pid` while we hold its
+    /// mutex is in the table for `pid` and stays there until we let go.
+    /// (The lost directory entry behind `join_and_leave_keep_every_value`'s
+    /// `page p1:0 is not a tree node`: `docs/scalestore.md`, invariant 12.)
+    pub fn lock_or_insert(&self, pid: Pid) -> Result<(u32, MutexGuard<'_, Meta>), TableFull> {
+        loop {
+            let i = self.find_or_insert(pid)?;
+            let f = self.frame(i);
+            let m = f.meta.lock();
+            if f.pid() == pid {
+                return Ok((i, m));
+            }
+        }
     }
 
     /// Unlinks frame `i` (held exclusively, its mutex held by the caller)

@@ -218,12 +218,13 @@ impl ScaleNode {
                     e.pid
                 )));
             }
-            let fi = self
+            // Under the mutex of a frame checked to be the page's: a
+            // worker of ours that was told "retry" for this page may be
+            // removing the frame we would find (invariant 12).
+            let (_, mut m) = self
                 .frames
-                .find_or_insert(e.pid)
+                .lock_or_insert(e.pid)
                 .map_err(|_| KvError::Exhausted("the frame table is full".into()))?;
-            let f = self.frames.frame(fi);
-            let mut m = f.meta.lock();
             let mut d = Dir::new(e.epoch);
             d.owners = owners;
             d.dirty = e.dirty;
@@ -568,7 +569,7 @@ impl ScaleNode {
                         copy_grants: d.copy_grants.clone(),
                     });
                 }
-                frames.push(fi);
+                frames.push((fi, pid));
             }
         }
         for chunk in entries.chunks(HANDOVER_ENTRIES) {
@@ -580,11 +581,15 @@ impl ScaleNode {
         self.remove_shard(id);
         // Requests that got hold of the shard before it was removed.
         *s.moved_to.lock() = Some(succ);
-        for fi in frames {
+        for (fi, pid) in frames {
             let f = self.frames.frame(fi);
             let mut replies = Vec::new();
             {
                 let mut m = f.meta.lock();
+                if f.pid() != pid {
+                    // Removed (its entry was idle) and reused since.
+                    continue;
+                }
                 if let Some(mut d) = m.dir.take() {
                     replies.extend(d.held.drain(..).map(|h| h.responder));
                     replies.extend(d.queue.drain(..).map(|h| h.responder));
