@@ -322,7 +322,10 @@ fn seeds_array_follows_the_control_words() {
         assert!(Instant::now() < deadline, "rebuilds did not settle");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(shard.stats.reseeds.load(Ordering::Relaxed) > 0, "no re-seed happened");
+    assert!(
+        shard.stats.reseeds.load(Ordering::Relaxed) > 0,
+        "no re-seed happened"
+    );
     assert!(shard.live_tables().len() > 1, "no split happened");
     compared += check();
     assert!(compared > 0);
