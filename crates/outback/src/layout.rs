@@ -6,7 +6,7 @@
 //!   version (the memory node's per-bucket mutex and seqlock).
 //! - KV blocks: `key_len | value_len | key | value.. | seq | check`.
 //! - The heap region (header, block-start bitmap, blocks), the table region
-//!   (control words, then buckets), the per-shard control region (`ctl`)
+//!   (seeds array, then 64-byte bucket lines: control word and four slots), the per-shard control region (`ctl`)
 //!   and the per-table locator region.
 
 use dmkv_api::checksum64;
@@ -241,31 +241,58 @@ impl HeapLayout {
 
 // --------------------------------------------------------------- tables
 
-/// Table region: `buckets` control words, then (from the next cache line)
-/// `buckets` buckets of four slot words.
+/// Table region: the latest-seeds array (`buckets` bytes, one per bucket,
+/// padded to a whole cache line), then `buckets` bucket lines of 64 bytes:
+///
+/// ```text
+/// word 0      control word (lock, version, latest seed)
+/// words 1..5  the bucket's four slots (the paper's 32-byte bucket)
+/// words 5..8  reserved, zero
+/// ```
+///
+/// The control word shares the slots' cache line so that a GET (control
+/// word, slot, control word again) touches one line of the table, as the
+/// paper's GET touches one bucket line, and one line of the heap (the
+/// block). The seeds array duplicates the control words' seed bytes for
+/// compute nodes, which fetch it one-sided (one byte per bucket, the
+/// paper's seed array); a writer stores it under the bucket's lock, before
+/// the control word (so it is never behind the control word once unlocked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableLayout {
     pub buckets: u32,
-    pub slots_start: u64,
+    pub buckets_start: u64,
 }
 
-pub const BUCKET_BYTES: u64 = 32;
+/// Bytes of one bucket line (control word, four slots, three reserved words).
+pub const BUCKET_BYTES: u64 = 64;
+/// Offset of slot 0 within a bucket line.
+pub const BUCKET_SLOTS_AT: u64 = 8;
+const _: () = assert!(BUCKET_SLOTS_AT + 4 * 8 <= BUCKET_BYTES && BUCKET_BYTES == 64);
 
 impl TableLayout {
     pub fn new(buckets: u32) -> TableLayout {
         TableLayout {
             buckets,
-            slots_start: (buckets as u64 * 8).div_ceil(64) * 64,
+            buckets_start: (buckets as u64).div_ceil(64) * 64,
         }
     }
     pub fn region_len(&self) -> u64 {
-        self.slots_start + self.buckets as u64 * BUCKET_BYTES
+        self.buckets_start + self.buckets as u64 * BUCKET_BYTES
+    }
+    /// Byte offset of bucket `bucket`'s seed in the seeds array.
+    pub fn seed(&self, bucket: u32) -> u64 {
+        bucket as u64
+    }
+    /// Bytes a compute node reads for all seeds (the array, rounded up to
+    /// whole words; the padding is zero and ignored).
+    pub fn seeds_read_len(&self) -> usize {
+        (self.buckets as usize).div_ceil(8) * 8
     }
     pub fn control(&self, bucket: u32) -> u64 {
-        bucket as u64 * 8
+        self.buckets_start + bucket as u64 * BUCKET_BYTES
     }
     pub fn slot(&self, bucket: u32, slot: usize) -> u64 {
-        self.slots_start + bucket as u64 * BUCKET_BYTES + slot as u64 * 8
+        self.control(bucket) + BUCKET_SLOTS_AT + slot as u64 * 8
     }
 }
 
@@ -366,8 +393,24 @@ mod tests {
         assert!(h.data_start >= 64 + (1 << 20) / 64);
         assert_eq!(h.start_bit(h.data_start + 8 * 65), (h.bitmap_start + 8, 1));
         let t = TableLayout::new(3);
-        assert_eq!(t.slots_start, 64);
-        assert_eq!(t.slot(2, 3), 64 + 64 + 24);
-        assert_eq!(t.region_len(), 64 + 96);
+        assert_eq!(t.buckets_start, 64);
+        assert_eq!((t.seed(2), t.seeds_read_len()), (2, 8));
+        assert_eq!(t.control(2), 64 + 128);
+        assert_eq!(t.slot(2, 3), 64 + 128 + 8 + 24);
+        assert_eq!(t.region_len(), 64 + 192);
+        // Every bucket's control word and slots lie in one 64-byte line
+        // (the seeds array ends on a line boundary), and no two buckets
+        // share a line.
+        for buckets in [1u32, 7, 64, 65, 1000] {
+            let t = TableLayout::new(buckets);
+            assert!(t.buckets_start.is_multiple_of(64) && t.buckets_start >= buckets as u64);
+            assert!(t.seeds_read_len() as u64 <= t.buckets_start);
+            for b in [0, buckets / 2, buckets - 1] {
+                let line = t.control(b) / 64;
+                assert!((0..4).all(|s| t.slot(b, s) / 64 == line), "bucket {b}");
+                assert!(b == 0 || t.control(b - 1) / 64 != line);
+                assert!(t.slot(b, 3) + 8 <= t.region_len());
+            }
+        }
     }
 }

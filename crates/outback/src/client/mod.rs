@@ -16,7 +16,7 @@
 pub mod view;
 
 use crate::config::Config;
-use crate::layout::{BlockFront, ctl};
+use crate::layout::{BlockFront, TableLayout, ctl};
 use crate::othello::Othello;
 use crate::proto::{DataReq, ReplyHead, Status, Target, op};
 use crate::publish::{
@@ -300,8 +300,8 @@ impl Shared {
         Ok(true)
     }
 
-    /// One table's Othello (locator region) and latest seeds (the control
-    /// words of its table region), one-sided.
+    /// One table's Othello (locator region) and latest seeds (the seeds
+    /// array at the front of its table region), one-sided.
     async fn fetch_table(
         &self,
         ep: &Endpoint,
@@ -315,8 +315,14 @@ impl Shared {
             .await?;
         let othello: Othello = decode_locator(&bytes, t).map_err(malformed)?;
         let bkt = self.region(ep, owner, &table_name(p, t.id)).await?;
-        let words = self.read_all(ep, bkt, 0, t.buckets as usize * 8).await?;
-        let seeds = words.chunks_exact(8).map(|w| AtomicU8::new(w[0])).collect();
+        let layout = TableLayout::new(t.buckets);
+        let bytes = self
+            .read_all(ep, bkt, layout.seed(0), layout.seeds_read_len())
+            .await?;
+        let seeds = bytes[..t.buckets as usize]
+            .iter()
+            .map(|&s| AtomicU8::new(s))
+            .collect();
         Ok(TableView {
             desc: *t,
             othello: Arc::new(othello),

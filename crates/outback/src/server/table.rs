@@ -114,7 +114,7 @@ pub struct Table {
     pub id: u32,
     pub buckets: u32,
     pub layout: TableLayout,
-    /// Control words and buckets.
+    /// The seeds array and the bucket lines (`TableLayout`).
     pub region: Region,
     /// The published Othello (compute nodes read it one-sided).
     pub locator: Region,
@@ -155,6 +155,15 @@ impl BucketGuard<'_> {
 impl Drop for BucketGuard<'_> {
     fn drop(&mut self) {
         let t = self.table;
+        // The seeds array (read one-sided by compute nodes) first, still
+        // under the lock, then the control word that publishes the seed to
+        // GETs and releases the lock.
+        if self.seed != self.prev.seed() {
+            t.region
+                .mem
+                .write(t.layout.seed(self.bucket), &[self.seed])
+                .expect("seed byte inside the table region");
+        }
         seqlock::unlock(
             &Mem(&t.region.mem),
             t.layout.control(self.bucket),
@@ -233,6 +242,10 @@ impl Table {
 
     /// Writes the initial seeds of a freshly built table.
     pub fn init_seeds(&self, seeds: &[u8]) {
+        self.region
+            .mem
+            .write(self.layout.seed(0), seeds)
+            .expect("seeds array inside the table region");
         for (b, &s) in seeds.iter().enumerate() {
             self.control(b as u32)
                 .store(ControlWord::initial(s).0, Ordering::Release);
