@@ -61,6 +61,7 @@ impl std::str::FromStr for MessageDelays {
 
 /// The extra delay of the message being sent now (0 for most messages).
 /// Called once per message by `net::send_message`.
+#[inline]
 pub(crate) fn extra_delay(sim: &Sim) -> u64 {
     let d = sim.delays;
     if !d.enabled() || sim.sched.random(1_000_000) >= u64::from(d.per_million) {

@@ -51,6 +51,8 @@ pub(crate) struct Sim {
     /// Each node's last-level cache (index: node id), made at its first
     /// touch; empty when the profile does not model it (`llc_bytes` 0).
     pub(crate) llc: RefCell<Vec<Option<cache::Llc>>>,
+    /// The profile's per-size costs, kept once computed.
+    pub(crate) costs: net::Costs,
 }
 
 thread_local! {
@@ -375,6 +377,7 @@ impl Simulation {
             delays: cfg.delays,
             delayed: Cell::new(0),
             llc: RefCell::new(Vec::new()),
+            costs: net::Costs::new(),
         });
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();

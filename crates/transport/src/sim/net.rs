@@ -32,6 +32,7 @@ use crate::error::{Result, TransportError};
 use crate::region::{RegionEntry, RegionMem};
 use crate::service::{Reply, RpcContext, ServiceTable};
 use parking_lot::RwLock;
+use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -268,11 +269,81 @@ pub(crate) struct Net {
     /// Client cores (one per endpoint): name and server.
     clients: Vec<(String, Rc<RefCell<Server>>)>,
     /// Per ordered node pair: when the last message arrives (invariant 1).
-    last_arrival: FastMap<(u16, u16), u64>,
+    last_arrival: PairTable,
     /// Per ordered node pair: when the last verb's memory access ends.
-    qp_busy_until: FastMap<(u16, u16), u64>,
+    qp_busy_until: PairTable,
     /// Per atomic address: when the NIC's atomics unit frees it.
     atomic_free: FastMap<(u16, u32, u64), u64>,
+}
+
+/// A time per ordered pair of nodes (0 until set), indexed directly: node
+/// ids are small and dense, and a message looks up one of these twice.
+#[derive(Default)]
+struct PairTable {
+    /// `rows[from][to]`, grown on first use.
+    rows: Vec<Vec<u64>>,
+}
+
+impl PairTable {
+    fn get_mut(&mut self, from: NodeId, to: NodeId) -> &mut u64 {
+        let (from, to) = (from.0 as usize, to.0 as usize);
+        if self.rows.len() <= from {
+            self.rows.resize_with(from + 1, Vec::new);
+        }
+        let row = &mut self.rows[from];
+        if row.len() <= to {
+            row.resize(to + 1, 0);
+        }
+        &mut row[to]
+    }
+}
+
+/// The model's per-size costs (NIC occupancy of a message, PCIe and link
+/// time of a transfer), each computed once per size from the profile and
+/// kept: a message asks for two or three of them, and each is a float
+/// division and a rounding. Sizes up to [`COST_MEMO_BYTES`]; larger ones
+/// are computed each time. The profile does not change during a
+/// simulation, so a kept value is the value the profile gives.
+pub(crate) struct Costs {
+    nic: Box<[Cell<u64>]>,
+    pcie: Box<[Cell<u64>]>,
+    link: Box<[Cell<u64>]>,
+}
+
+const COST_MEMO_BYTES: usize = 4096;
+/// Not computed yet (a cost that really is `u64::MAX` is recomputed each
+/// time, which gives the same value).
+const UNSET: u64 = u64::MAX;
+
+impl Costs {
+    pub(crate) fn new() -> Costs {
+        let table = || (0..=COST_MEMO_BYTES).map(|_| Cell::new(UNSET)).collect();
+        Costs {
+            nic: table(),
+            pcie: table(),
+            link: table(),
+        }
+    }
+}
+
+#[inline]
+fn memo(table: &[Cell<u64>], bytes: u64, f: impl FnOnce() -> u64) -> u64 {
+    match table.get(bytes as usize) {
+        Some(c) if c.get() != UNSET => c.get(),
+        Some(c) => {
+            let v = f();
+            c.set(v);
+            v
+        }
+        None => f(),
+    }
+}
+
+/// Nanoseconds a message with `payload` bytes occupies a NIC direction.
+fn nic_ns(sim: &Sim, payload: u64) -> u64 {
+    memo(&sim.costs.nic, payload, || {
+        sim.profile.nic_service_ns(payload)
+    })
 }
 
 impl Net {
@@ -374,6 +445,16 @@ impl Cluster {
             .get(id.0 as usize)
             .cloned()
             .ok_or(TransportError::UnknownNode(id))
+    }
+
+    /// Whether `id` names a node ([`Cluster::node`] without taking a
+    /// reference: a verb checks it on every post).
+    fn has_node(&self, id: NodeId) -> Result<()> {
+        if (id.0 as usize) < self.nodes.read().len() {
+            Ok(())
+        } else {
+            Err(TransportError::UnknownNode(id))
+        }
     }
 
     pub(crate) fn add_node(self: &Arc<Self>, sim: &Sim, handler_threads: usize) -> Arc<SimNode> {
@@ -493,6 +574,7 @@ impl Fabric for SimFabric {
                 cluster: self.cluster.clone(),
                 node,
                 id,
+                spare: RefCell::new(Vec::new()),
             }),
             cluster: self.cluster.clone(),
             node,
@@ -583,7 +665,7 @@ fn verb_bytes(v: &Verb) -> (u64, u64) {
 /// When a message sent at `at` from `from` arrives at `to`, through the
 /// sender's NIC and the wire (jitter included; invariant 1 kept).
 fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64) -> u64 {
-    let service = sim.profile.nic_service_ns(payload);
+    let service = nic_ns(sim, payload);
     let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
     let mut net = sim.net.borrow_mut();
     let wire_bytes = payload + sim.profile.network.header_bytes;
@@ -591,7 +673,7 @@ fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64) -> u
         .tx
         .occupy(at, service, wire_bytes);
     let mut arrive = sent + sim.profile.network.one_way_ns + jitter;
-    let last = net.last_arrival.entry((from.0, to.0)).or_insert(0);
+    let last = net.last_arrival.get_mut(from, to);
     arrive = arrive.max(*last + 1);
     *last = arrive;
     arrive
@@ -605,19 +687,98 @@ fn receive_message(sim: &Sim, to: NodeId, payload: u64) -> u64 {
 
 /// The receiving NIC takes a message arriving at `at`.
 fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64) -> u64 {
-    let service = sim.profile.nic_service_ns(payload);
+    let service = nic_ns(sim, payload);
     let wire_bytes = payload + sim.profile.network.header_bytes;
     sim.net.borrow_mut().nodes[to.0 as usize]
         .rx
         .occupy(at, service, wire_bytes)
 }
 
+/// One batch in flight: shared by its verbs' events and the task that
+/// awaits it ([`BatchFuture`]), in one allocation that the endpoint reuses
+/// for its next batches (`EpShared::spare`).
 pub(crate) struct BatchState {
-    results: Vec<Option<Result<VerbResult>>>,
+    results: SmallVec<[Option<Result<VerbResult>>; 4]>,
     left: usize,
     /// Latest completion time of a verb so far.
     done_at: u64,
-    completion: Completion<Result<VerbResults>>,
+    /// The batch's outcome once its last response is through, until the
+    /// awaiting task takes it.
+    outcome: Option<Result<VerbResults>>,
+    waker: Option<Waker>,
+}
+
+impl BatchState {
+    /// The batch is over: hands `v` to the awaiting task and wakes it.
+    fn complete(state: &RefCell<BatchState>, v: Result<VerbResults>) {
+        let w = {
+            let mut st = state.borrow_mut();
+            st.outcome = Some(v);
+            st.waker.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+/// A batch's state shared with its events.
+type BatchRef = Rc<RefCell<BatchState>>;
+
+/// Batch states an endpoint keeps for reuse, at most.
+const SPARE_BATCHES: usize = 16;
+
+/// What the task that posted a batch awaits.
+struct BatchFuture {
+    state: BatchRef,
+    ep: Rc<EpShared>,
+}
+
+impl Future for BatchFuture {
+    type Output = Result<VerbResults>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<VerbResults>> {
+        let mut st = self.state.borrow_mut();
+        match st.outcome.take() {
+            Some(v) => Poll::Ready(v),
+            None => {
+                st.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for BatchFuture {
+    /// Gives the state back to the endpoint once nothing else holds it (no
+    /// event of the batch is pending: it completed, or never will).
+    fn drop(&mut self) {
+        if Rc::strong_count(&self.state) == 1 {
+            let mut spare = self.ep.spare.borrow_mut();
+            if spare.len() < SPARE_BATCHES {
+                spare.push(self.state.clone());
+            }
+        }
+    }
+}
+
+impl EpShared {
+    /// A batch state for `n` verbs: a spare one if the endpoint has one.
+    fn batch_state(&self, n: usize) -> BatchRef {
+        let fresh = || BatchState {
+            results: (0..n).map(|_| None).collect(),
+            left: n,
+            done_at: 0,
+            outcome: None,
+            waker: None,
+        };
+        match self.spare.borrow_mut().pop() {
+            Some(state) => {
+                *state.borrow_mut() = fresh();
+                state
+            }
+            None => Rc::new(RefCell::new(fresh())),
+        }
+    }
 }
 
 impl SimEndpoint {
@@ -629,7 +790,10 @@ impl SimEndpoint {
 
 /// Finds the memory behind `addr` after checking node, region and key.
 fn resolve(cluster: &Cluster, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
-    let node = cluster.node(addr.node)?;
+    let nodes = cluster.nodes.read();
+    let node = nodes
+        .get(addr.node.0 as usize)
+        .ok_or(TransportError::UnknownNode(addr.node))?;
     if node.crashed.load(Ordering::Acquire) {
         return Err(TransportError::NodeDown(addr.node));
     }
@@ -751,10 +915,7 @@ impl NetEvent {
 
 /// Delivers a batch's results (or its first error) to the waiting task.
 fn finish_batch(state: &RefCell<BatchState>) {
-    let (results, completion) = {
-        let mut st = state.borrow_mut();
-        (std::mem::take(&mut st.results), st.completion.handle())
-    };
+    let results = std::mem::take(&mut state.borrow_mut().results);
     let mut out = VerbResults::with_capacity(results.len());
     let mut err = None;
     for r in results {
@@ -765,10 +926,13 @@ fn finish_batch(state: &RefCell<BatchState>) {
             }
         }
     }
-    completion.complete(match err {
-        Some(e) => Err(e),
-        None => Ok(out),
-    });
+    BatchState::complete(
+        state,
+        match err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        },
+    );
 }
 
 /// A read of `len` bytes at `addr` acts on memory now (its turn at the
@@ -846,13 +1010,12 @@ fn arrive_verb(
     }
     // Start after the previous verb of this queue pair (and, for atomics,
     // after the atomics unit frees the address), and once the NIC has it.
-    let (qp_key, pcie_ns) = ((ep.node.0, dst.0), |b: usize| sim.profile.pcie_ns(b as u64));
     let mut guard = sim.net.borrow_mut();
     let net = &mut *guard;
-    let qp_free = net.qp_busy_until.entry(qp_key).or_insert(0);
+    let qp_free = net.qp_busy_until.get_mut(ep.node, dst);
     let mut start = now.max(*qp_free).max(context_ready);
     let duration = match &verb {
-        Verb::Read { len, .. } => pcie_ns(*len),
+        Verb::Read { len, .. } => pcie_ns_of(sim, *len),
         Verb::Write { data, .. } => link_ns(sim, data.len()),
         Verb::Cas { .. } | Verb::Faa { .. } => net_profile.atomic_ns,
     };
@@ -1003,7 +1166,9 @@ fn read_in_pieces(
 /// rate, slower than a read is fetched over PCIe, so a read that starts
 /// after a write can overtake it (a torn read).
 fn link_ns(sim: &Sim, n: usize) -> u64 {
-    ceil_u64((n as u64 * 8) as f64 / sim.profile.network.link_gbps)
+    memo(&sim.costs.link, n as u64, || {
+        ceil_u64((n as u64 * 8) as f64 / sim.profile.network.link_gbps)
+    })
 }
 
 /// `x.ceil() as u64`, without a call into libm (the default x86-64 target
@@ -1020,7 +1185,7 @@ fn ceil_u64(x: f64) -> u64 {
 }
 
 fn pcie_ns_of(sim: &Sim, n: usize) -> u64 {
-    sim.profile.pcie_ns(n as u64)
+    memo(&sim.costs.pcie, n as u64, || sim.profile.pcie_ns(n as u64))
 }
 
 /// Sends verb `i`'s response from `dst` at `at`; the batch completes when
@@ -1066,6 +1231,8 @@ pub(crate) struct EpShared {
     /// The issuing endpoint's id, unique in the simulation (its queue pair
     /// to each node).
     id: u64,
+    /// Batch states of finished batches, for reuse (see [`BatchFuture`]).
+    spare: RefCell<Vec<BatchRef>>,
 }
 
 impl EndpointBackend for SimEndpoint {
@@ -1079,32 +1246,29 @@ impl EndpointBackend for SimEndpoint {
             Err(e) => return OpFuture::ready(Err(e)),
         };
         let n = verbs.len();
-        let completion = Completion::new();
-        let state = Rc::new(RefCell::new(BatchState {
-            results: (0..n).map(|_| None).collect(),
-            left: n,
-            done_at: 0,
-            completion: completion.handle(),
-        }));
         let ep = self.shared.clone();
+        let state = ep.batch_state(n);
         // Posting costs the core; then the verbs leave back to back.
         let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns * n as u64);
         for (i, verb) in verbs.into_iter().enumerate() {
             let (out_bytes, _) = verb_bytes(&verb);
             let dst = verb.node();
-            if let Err(e) = self.cluster.node(dst) {
+            if let Err(e) = self.cluster.has_node(dst) {
                 state.borrow_mut().results[i] = Some(Err(e));
                 let st = state.clone();
                 sim.sched.at(posted, move || {
-                    let mut s = st.borrow_mut();
-                    s.left -= 1;
-                    if s.left == 0 {
-                        let results = std::mem::take(&mut s.results);
-                        let e = results
-                            .into_iter()
-                            .find_map(|r| r.and_then(|r| r.err()))
-                            .expect("an error was recorded");
-                        s.completion.complete(Err(e));
+                    let err = {
+                        let mut s = st.borrow_mut();
+                        s.left -= 1;
+                        (s.left == 0).then(|| {
+                            std::mem::take(&mut s.results)
+                                .into_iter()
+                                .find_map(|r| r.and_then(|r| r.err()))
+                                .expect("an error was recorded")
+                        })
+                    };
+                    if let Some(e) = err {
+                        BatchState::complete(&st, Err(e));
                     }
                 });
                 continue;
@@ -1121,7 +1285,7 @@ impl EndpointBackend for SimEndpoint {
                 },
             );
         }
-        OpFuture::boxed(completion)
+        OpFuture::boxed(BatchFuture { state, ep })
     }
 
     fn call(

@@ -12,9 +12,9 @@
 //! frames keeps lifetime-erased pointers to them (see `FrameRegistration`).
 
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 use std::cell::{Cell, RefCell};
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,29 +34,96 @@ pub(crate) enum Event {
 /// event itself in slot `slot` of the scheduler's slab (so that the heap
 /// moves 32 bytes per step, not the event). `seq` is unique, in scheduling
 /// order, and settles equal (time, tie) pairs; the order is exactly what
-/// invariants 1 and 2 require.
+/// invariants 1 and 2 require. Time and tie are packed into one `u128`
+/// (`at << 64 | tie`) so that the usual comparison is a single one.
+#[derive(Clone, Copy)]
 struct Entry {
-    at: u64,
-    tie: u64,
+    key: u128,
     seq: u64,
     slot: u32,
 }
 
-impl PartialEq for Entry {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.tie, self.seq) == (o.at, o.tie, o.seq)
+impl Entry {
+    fn new(at: u64, tie: u64, seq: u64, slot: u32) -> Entry {
+        Entry {
+            key: ((at as u128) << 64) | tie as u128,
+            seq,
+            slot,
+        }
+    }
+
+    fn at(&self) -> u64 {
+        (self.key >> 64) as u64
+    }
+
+    /// Whether this entry runs before `o`: (time, tie, seq) order.
+    #[inline]
+    fn before(&self, o: &Entry) -> bool {
+        self.key < o.key || (self.key == o.key && self.seq < o.seq)
     }
 }
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
+
+/// The pending events' entries as a 4-ary min-heap on [`Entry::before`].
+/// Every entry's order is unique (its `seq`), so any correct priority
+/// queue pops exactly the same sequence; four children per node halve the
+/// depth of a binary heap, and a pop moves the hole down instead of
+/// swapping (the queue is popped once per event, its largest cost).
+#[derive(Default)]
+struct EventQueue {
+    heap: Vec<Entry>,
 }
-impl Ord for Entry {
-    /// Reversed, so that the standard max-heap pops the earliest entry.
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (o.at, o.tie, o.seq).cmp(&(self.at, self.tie, self.seq))
+
+const ARITY: usize = 4;
+
+impl EventQueue {
+    fn push(&mut self, e: Entry) {
+        let mut i = self.heap.len();
+        self.heap.push(e);
+        while i > 0 {
+            let parent = (i - 1) / ARITY;
+            if !e.before(&self.heap[parent]) {
+                break;
+            }
+            self.heap[i] = self.heap[parent];
+            i = parent;
+        }
+        self.heap[i] = e;
+    }
+
+    fn pop(&mut self) -> Option<Entry> {
+        let last = self.heap.pop()?;
+        let n = self.heap.len();
+        if n == 0 {
+            return Some(last);
+        }
+        let top = self.heap[0];
+        // Sift `last` down from the root: the hole moves to the earliest
+        // child while that child runs before `last`.
+        let mut i = 0;
+        loop {
+            let first = ARITY * i + 1;
+            if first >= n {
+                break;
+            }
+            let end = (first + ARITY).min(n);
+            let mut min = first;
+            for c in first + 1..end {
+                if self.heap[c].before(&self.heap[min]) {
+                    min = c;
+                }
+            }
+            if !self.heap[min].before(&last) {
+                break;
+            }
+            self.heap[i] = self.heap[min];
+            i = min;
+        }
+        self.heap[i] = last;
+        Some(top)
+    }
+
+    fn clear(&mut self) {
+        self.heap.clear();
     }
 }
 
@@ -97,15 +164,25 @@ pub(crate) struct ReadyQueue {
     /// time there are none. Written under the lock; everything runs on one
     /// thread (invariant 3), so a read sees every push made before it.
     len: AtomicUsize,
+    /// Tasks queued in every open ready queue of the scheduler together
+    /// (shared by them): while it is zero, no frame and no background task
+    /// has anything to poll and the scheduler goes straight to the next
+    /// event. Invariant: it is exactly the sum of the open queues' `len`
+    /// (pushes into a closed queue are dropped, see `close`).
+    total: Arc<AtomicUsize>,
 }
 
 struct ReadyInner {
     queued: Vec<bool>,
     order: VecDeque<usize>,
+    /// The frame is over: nothing polls this queue any more.
+    closed: bool,
 }
 
 impl ReadyQueue {
-    fn new(n: usize, all_ready: bool) -> Arc<ReadyQueue> {
+    fn new(n: usize, all_ready: bool, total: &Arc<AtomicUsize>) -> Arc<ReadyQueue> {
+        let len = if all_ready { n } else { 0 };
+        total.fetch_add(len, Ordering::AcqRel);
         Arc::new(ReadyQueue {
             inner: parking_lot::Mutex::new(ReadyInner {
                 queued: vec![all_ready; n],
@@ -114,12 +191,17 @@ impl ReadyQueue {
                 } else {
                     VecDeque::new()
                 },
+                closed: false,
             }),
-            len: AtomicUsize::new(if all_ready { n } else { 0 }),
+            len: AtomicUsize::new(len),
+            total: total.clone(),
         })
     }
     fn push(&self, i: usize) {
         let mut r = self.inner.lock();
+        if r.closed {
+            return;
+        }
         if r.queued.len() <= i {
             r.queued.resize(i + 1, false);
         }
@@ -127,6 +209,7 @@ impl ReadyQueue {
             r.queued[i] = true;
             r.order.push_back(i);
             self.len.store(r.order.len(), Ordering::Release);
+            self.total.fetch_add(1, Ordering::AcqRel);
         }
     }
     fn pop(&self) -> Option<usize> {
@@ -137,7 +220,20 @@ impl ReadyQueue {
         let i = r.order.pop_front()?;
         r.queued[i] = false;
         self.len.store(r.order.len(), Ordering::Release);
+        self.total.fetch_sub(1, Ordering::AcqRel);
         Some(i)
+    }
+    /// The frame that polled this queue is over: its queued tasks leave the
+    /// scheduler's total, and later wakes (of finished tasks, by events
+    /// still pending) are dropped instead of queued where no one looks.
+    fn close(&self) {
+        let mut r = self.inner.lock();
+        if !r.closed {
+            r.closed = true;
+            self.total.fetch_sub(r.order.len(), Ordering::AcqRel);
+            r.order.clear();
+            self.len.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -180,7 +276,7 @@ struct Background {
 /// The scheduler's state. Owned by one thread (see invariant 3).
 pub(crate) struct Sched {
     now: Cell<u64>,
-    queue: RefCell<BinaryHeap<Entry>>,
+    queue: RefCell<EventQueue>,
     slab: RefCell<Slab>,
     seq: Cell<u64>,
     rng: RefCell<SmallRng>,
@@ -190,6 +286,8 @@ pub(crate) struct Sched {
     pub(crate) cpu_ns: Cell<u64>,
     bg: RefCell<Background>,
     bg_ready: Arc<ReadyQueue>,
+    /// Tasks ready in all ready queues (see `ReadyQueue::total`).
+    ready_total: Arc<AtomicUsize>,
     /// Frames (nested `run_tasks` calls) currently running, outermost first.
     frames: RefCell<Vec<FramePtr>>,
     /// Waits on the network alone in progress (`run_alone`).
@@ -200,9 +298,10 @@ pub(crate) struct Sched {
 
 impl Sched {
     pub(crate) fn new(seed: u64) -> Sched {
+        let ready_total = Arc::new(AtomicUsize::new(0));
         Sched {
             now: Cell::new(0),
-            queue: RefCell::new(BinaryHeap::new()),
+            queue: RefCell::new(EventQueue::default()),
             slab: RefCell::new(Slab::default()),
             seq: Cell::new(0),
             rng: RefCell::new(SmallRng::seed_from_u64(seed ^ 0x5eed_d3c0_de00_0001)),
@@ -215,7 +314,8 @@ impl Sched {
                 done: Vec::new(),
                 wakers: Vec::new(),
             }),
-            bg_ready: ReadyQueue::new(0, false),
+            bg_ready: ReadyQueue::new(0, false, &ready_total),
+            ready_total,
             frames: RefCell::new(Vec::new()),
             alone: Cell::new(0),
             held_jobs: RefCell::new(Vec::new()),
@@ -232,10 +332,21 @@ impl Sched {
 
     /// A seeded random number (jitter, fault choices).
     pub(crate) fn random(&self, below: u64) -> u64 {
-        if below == 0 {
-            0
-        } else {
-            self.rng.borrow_mut().gen_range(0..below)
+        match below {
+            0 => 0,
+            // The common case (every message draws its jitter, mostly with
+            // none configured): `gen_range(0..1)` done the way rand 0.8
+            // does it, without its general arithmetic, so that the
+            // generator advances exactly as it did (checked against
+            // `gen_range` by `random_below_one_draws_as_gen_range_does`).
+            1 => {
+                let mut rng = self.rng.borrow_mut();
+                // For a range of one value, rand's rejection zone is the
+                // draws below 2^63: it draws until one falls in it.
+                while rng.next_u64() >> 63 != 0 {}
+                0
+            }
+            _ => self.rng.borrow_mut().gen_range(0..below),
         }
     }
 
@@ -262,7 +373,7 @@ impl Sched {
         self.seq.set(seq + 1);
         let tie = self.rng.borrow_mut().r#gen::<u64>();
         let slot = self.slab.borrow_mut().insert(ev);
-        self.queue.borrow_mut().push(Entry { at, tie, seq, slot });
+        self.queue.borrow_mut().push(Entry::new(at, tie, seq, slot));
     }
 
     /// Drops every pending event and background task (the simulation ends).
@@ -279,8 +390,8 @@ impl Sched {
         let Some(e) = self.queue.borrow_mut().pop() else {
             return false;
         };
-        debug_assert!(e.at >= self.now.get(), "time went backwards");
-        self.now.set(e.at);
+        debug_assert!(e.at() >= self.now.get(), "time went backwards");
+        self.now.set(e.at());
         self.events.set(self.events.get() + 1);
         let ev = self.slab.borrow_mut().take(e.slot);
         match ev {
@@ -406,7 +517,7 @@ impl Sched {
 
     fn run_frame<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
         let n = tasks.len();
-        let ready = ReadyQueue::new(n, true);
+        let ready = ReadyQueue::new(n, true, &self.ready_total);
         let frame = Frame {
             wakers: wakers(&ready, 0, n),
             ready,
@@ -430,23 +541,29 @@ impl Sched {
                 }
                 continue;
             }
-            // Innermost first. Frames below this one stay registered while
-            // it runs (nested frames push and pop above it), so the indices
-            // stay valid across the polls.
-            let depth = self.frames.borrow().len();
-            for k in (0..depth).rev() {
-                let f = self.frames.borrow()[k];
-                // SAFETY: every registered frame lives on the stack below or
-                // at this call and unregisters itself (the registration guard)
-                // before it is dropped; frames are used on this thread only.
-                polled |= unsafe { &*f }.poll_ready();
-            }
-            polled |= self.poll_background();
-            if frame.remaining.get() == 0 {
-                break;
-            }
-            if polled {
-                continue;
+            // Nothing ready anywhere (the usual case between events): no
+            // frame or background task would poll anything, so go straight
+            // to the next event.
+            if self.ready_total.load(Ordering::Acquire) > 0 {
+                // Innermost first. Frames below this one stay registered
+                // while it runs (nested frames push and pop above it), so
+                // the indices stay valid across the polls.
+                let depth = self.frames.borrow().len();
+                for k in (0..depth).rev() {
+                    let f = self.frames.borrow()[k];
+                    // SAFETY: every registered frame lives on the stack below
+                    // or at this call and unregisters itself (the
+                    // registration guard) before it is dropped; frames are
+                    // used on this thread only.
+                    polled |= unsafe { &*f }.poll_ready();
+                }
+                polled |= self.poll_background();
+                if frame.remaining.get() == 0 {
+                    break;
+                }
+                if polled {
+                    continue;
+                }
             }
             if !self.step() {
                 panic!(
@@ -457,6 +574,7 @@ impl Sched {
                 );
             }
         }
+        frame.ready.close();
         frame
             .results
             .into_inner()
@@ -540,5 +658,70 @@ impl<'s> FrameRegistration<'s> {
 impl Drop for FrameRegistration<'_> {
     fn drop(&mut self) {
         self.sched.frames.borrow_mut().pop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BinaryHeap;
+
+    /// The 4-ary queue pops exactly what a standard binary heap on the
+    /// (time, tie, seq) order pops (the oracle), across interleaved pushes
+    /// and pops with many equal times and some equal ties, as the
+    /// scheduler's queue sees them.
+    /// `random(1)`'s shortcut leaves the generator where `gen_range(0..1)`
+    /// leaves it (the oracle), so that every later draw is the same.
+    #[test]
+    fn random_below_one_draws_as_gen_range_does() {
+        for seed in 0..200 {
+            let sched = Sched::new(seed);
+            let mut oracle = SmallRng::seed_from_u64(seed ^ 0x5eed_d3c0_de00_0001);
+            for k in 0..50u64 {
+                assert_eq!(sched.random(1), 0);
+                assert_eq!(oracle.gen_range(0..1u64), 0);
+                // Interleave other draws, as the simulation does.
+                let below = 2 + k * 977;
+                assert_eq!(sched.random(below), oracle.gen_range(0..below));
+            }
+            assert_eq!(sched.rng.borrow_mut().next_u64(), oracle.next_u64());
+        }
+    }
+
+    #[test]
+    fn the_event_queue_pops_in_time_tie_seq_order() {
+        let mut rng = SmallRng::seed_from_u64(42);
+        for round in 0..50 {
+            let mut q = EventQueue::default();
+            let mut oracle = BinaryHeap::new();
+            let mut seq = 0u64;
+            let mut now = 0u64;
+            for _ in 0..2000 {
+                if rng.gen_range(0..3) > 0 || oracle.is_empty() {
+                    let at = now + rng.gen_range(0..[4, 50, 1000][round % 3]);
+                    // Few distinct ties, so that equal (time, tie) pairs
+                    // occur and `seq` must settle them.
+                    let tie = if round % 2 == 0 {
+                        rng.gen_range(0..3)
+                    } else {
+                        rng.r#gen::<u64>()
+                    };
+                    let slot = rng.gen_range(0..100);
+                    q.push(Entry::new(at, tie, seq, slot));
+                    oracle.push(std::cmp::Reverse((at, tie, seq, slot)));
+                    seq += 1;
+                } else {
+                    let e = q.pop().expect("not empty");
+                    let std::cmp::Reverse(o) = oracle.pop().expect("not empty");
+                    assert_eq!((e.at(), e.key as u64, e.seq, e.slot), o);
+                    now = e.at();
+                }
+            }
+            while let Some(std::cmp::Reverse(o)) = oracle.pop() {
+                let e = q.pop().expect("as many entries as the oracle");
+                assert_eq!((e.at(), e.key as u64, e.seq, e.slot), o);
+            }
+            assert!(q.pop().is_none());
+        }
     }
 }
