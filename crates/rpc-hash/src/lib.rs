@@ -80,7 +80,7 @@ fn config_for(args: &ServeArgs) -> Result<TableConfig> {
 
 fn handle(t: &ClusterTable, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceError> {
     let reply = match Request::decode(req)? {
-        Request::Get { key } => Reply::Value(t.get(key)),
+        Request::Get { key } => return Ok(proto::encode_get(|out| t.get_into(key, out))),
         Request::Put { mode, key, value } => Reply::Existed(
             t.put(key, value, mode)
                 .map_err(|TableError::Exhausted(m)| ServiceError::exhausted(m))?,
@@ -261,10 +261,13 @@ impl RpcHashClient {
 #[async_trait(?Send)]
 impl KvStore for RpcHashClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
-        match call(&self.ep, shard_of(&self.shards, key), Request::Get { key }).await? {
-            Reply::Value(v) => Ok(v),
-            _ => Err(KvError::Corrupt("get reply of the wrong kind".into())),
-        }
+        // The value is handed over in the reply's own buffer, not copied.
+        let (node, svc) = shard_of(&self.shards, key);
+        let bytes = self
+            .ep
+            .call(node, svc, Request::Get { key }.encode())
+            .await?;
+        Ok(proto::decode_get(bytes).map_err(dmkv_transport::TransportError::from)?)
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         Ok(!self.put(PutMode::Insert, key, value).await?)

@@ -58,8 +58,18 @@ fn value<'a>(r: &mut WireReader<'a>) -> Result<&'a [u8], WireError> {
 }
 
 impl<'a> Request<'a> {
+    /// The encoded length (so a request is built in one allocation).
+    fn encoded_len(&self) -> usize {
+        match self {
+            Request::Get { .. } | Request::Delete { .. } => 9,
+            Request::Put { value, .. } => 14 + value.len(),
+            Request::Load { pairs } => 5 + pairs.iter().map(|(_, v)| 12 + v.len()).sum::<usize>(),
+            Request::Stats => 1,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = WireWriter::new();
+        let mut w = WireWriter::with_capacity(self.encoded_len());
         match self {
             Request::Get { key } => {
                 w.u8(GET).u64(*key);
@@ -165,8 +175,17 @@ pub enum Reply {
 }
 
 impl Reply {
+    fn encoded_len(&self) -> usize {
+        match self {
+            Reply::Value(None) | Reply::Existed(_) => 1,
+            Reply::Value(Some(v)) => 5 + v.len(),
+            Reply::Done => 0,
+            Reply::Stats(_) => 72,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = WireWriter::new();
+        let mut w = WireWriter::with_capacity(self.encoded_len());
         match self {
             Reply::Value(None) => {
                 w.bool(false);
@@ -221,6 +240,38 @@ impl Reply {
     }
 }
 
+/// Encodes a GET reply exactly as `Reply::Value(..).encode()` does, with
+/// the value appended by `read` straight into the reply instead of being
+/// copied from a vector of its own: `read(out)` appends the value to `out`
+/// and returns whether the key was found.
+pub fn encode_get(read: impl FnOnce(&mut Vec<u8>) -> bool) -> Vec<u8> {
+    // Room for the header and a typical value; a longer one grows it once.
+    let mut out = Vec::with_capacity(5 + 64);
+    out.extend_from_slice(&[1, 0, 0, 0, 0]);
+    if !read(&mut out) {
+        out.clear();
+        out.push(0);
+        return out;
+    }
+    let len = u32::try_from(out.len() - 5).expect("values are below MAX_VALUE_LEN");
+    out[1..5].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+/// Decodes a GET reply as [`Reply::decode`] does (same checks), taking the
+/// reply's buffer and returning the value in it rather than a copy.
+pub fn decode_get(mut buf: Vec<u8>) -> Result<Option<Vec<u8>>, WireError> {
+    let mut r = WireReader::new(&buf);
+    if !r.bool()? {
+        r.end()?;
+        return Ok(None);
+    }
+    value(&mut r)?;
+    r.end()?;
+    buf.drain(..5);
+    Ok(Some(buf))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,5 +313,59 @@ mod tests {
         .encode();
         assert!(Request::decode(&buf).is_err(), "oversized value");
         assert!(Request::decode(&[2, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn get_replies_built_in_place_match_the_general_encoding() {
+        for v in [
+            None,
+            Some(vec![]),
+            Some(b"abc".to_vec()),
+            Some(vec![7; 300]),
+        ] {
+            let req = Request::Get { key: 1 };
+            let general = Reply::Value(v.clone()).encode();
+            let direct = encode_get(|out| match &v {
+                Some(v) => {
+                    out.extend_from_slice(v);
+                    true
+                }
+                None => false,
+            });
+            assert_eq!(direct, general, "{v:?}");
+            assert_eq!(decode_get(direct.clone()).unwrap(), v);
+            assert_eq!(Reply::decode(&direct, &req).unwrap(), Reply::Value(v));
+            for cut in 0..direct.len() {
+                assert!(decode_get(direct[..cut].to_vec()).is_err(), "cut at {cut}");
+            }
+            let mut long = direct.clone();
+            long.push(0);
+            assert!(decode_get(long).is_err());
+        }
+        for req in [
+            Request::Get { key: 7 },
+            Request::Put {
+                mode: PutMode::Upsert,
+                key: 9,
+                value: b"abcde",
+            },
+            Request::Delete { key: 1 },
+            Request::Load {
+                pairs: vec![(1, b"x".as_slice()), (2, b"".as_slice())],
+            },
+            Request::Stats,
+        ] {
+            assert_eq!(req.encode().len(), req.encoded_len(), "{req:?}");
+        }
+        let stats = Reply::Stats(TableStats::default());
+        for r in [
+            Reply::Value(None),
+            Reply::Value(Some(vec![1, 2])),
+            Reply::Existed(true),
+            Reply::Done,
+            stats,
+        ] {
+            assert_eq!(r.encode().len(), r.encoded_len(), "{r:?}");
+        }
     }
 }

@@ -274,10 +274,13 @@ impl ClusterTable {
         }
     }
 
-    fn read_value(&self, slot: Slot) -> Vec<u8> {
+    /// Appends the value of `slot` to `out` (one region read, as before).
+    fn read_value_into(&self, slot: Slot, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + slot.len(), 0);
         self.kv_mem
-            .read_vec(slot.kv() + 8, slot.len())
-            .expect("KV blocks are inside the region")
+            .read(slot.kv() + 8, &mut out[at..])
+            .expect("KV blocks are inside the region");
     }
 
     fn write_block(&self, key: u64, value: &[u8]) -> Result<u64, TableError> {
@@ -298,12 +301,24 @@ impl ClusterTable {
     }
 
     pub fn get(&self, key: u64) -> Option<Vec<u8>> {
+        let mut v = Vec::new();
+        self.get_into(key, &mut v).then_some(v)
+    }
+
+    /// [`get`](Self::get) appending the value to `out` (the handler reads it
+    /// straight into its reply); returns whether the key was found.
+    pub fn get_into(&self, key: u64, out: &mut Vec<u8>) -> bool {
         let h = hash64(key);
         let b = self.main_bucket(h);
         let _g = self.locks[b as usize % LOCK_STRIPES].lock();
         self.counters.lookups.fetch_add(1, Ordering::Relaxed);
-        self.find(b, key, fingerprint(h), true)
-            .map(|f| self.read_value(f.slot))
+        match self.find(b, key, fingerprint(h), true) {
+            Some(f) => {
+                self.read_value_into(f.slot, out);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Inserts or replaces as `mode` says; returns whether the key existed

@@ -44,6 +44,7 @@ pub mod endpoint;
 pub mod error;
 pub mod exec;
 pub mod local;
+mod local_rpc;
 mod parker;
 #[allow(unsafe_code)]
 pub mod region;

@@ -17,10 +17,10 @@ use crate::backend::{
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
+use crate::local_rpc::{Reaper, ReplyTo, RpcSlots};
 use crate::region::{RegionEntry, RegionMem};
 use crate::service::{Reply, RpcContext, ServiceTable};
 use crossbeam_channel::{Receiver, Sender};
-use futures::channel::oneshot;
 use parking_lot::{Mutex, RwLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -87,6 +87,8 @@ struct Inner {
     faults_active: AtomicBool,
     rpc_timeout: Duration,
     handler_poll: Duration,
+    /// Ticks every endpoint's RPC watchdog (see `local_rpc`).
+    reaper: Arc<Reaper>,
 }
 
 impl Faults {
@@ -124,7 +126,7 @@ struct Request {
     from: NodeId,
     service: ServiceId,
     payload: Vec<u8>,
-    reply: oneshot::Sender<Reply>,
+    reply: ReplyTo,
     deliver_at: Option<Instant>,
 }
 
@@ -188,9 +190,7 @@ impl NodeState {
             };
             let reply = req.reply;
             self.services
-                .dispatch(&ctx, req.service, &req.payload, move |r| {
-                    let _ = reply.send(r);
-                });
+                .dispatch(&ctx, req.service, &req.payload, move |r| reply.send(r));
         }
     }
 }
@@ -199,10 +199,12 @@ impl NodeState {
 /// node's handler threads.
 pub struct LocalCluster {
     inner: Arc<Inner>,
+    reaper: Option<JoinHandle<()>>,
 }
 
 impl LocalCluster {
     pub fn new(config: LocalConfig) -> LocalCluster {
+        let (reaper, handle) = Reaper::start(config.rpc_timeout);
         LocalCluster {
             inner: Arc::new(Inner {
                 nodes: RwLock::new(Vec::new()),
@@ -210,7 +212,9 @@ impl LocalCluster {
                 faults: RwLock::new(config.faults),
                 rpc_timeout: config.rpc_timeout,
                 handler_poll: config.handler_poll,
+                reaper,
             }),
+            reaper: Some(handle),
         }
     }
 
@@ -297,6 +301,10 @@ impl Drop for LocalCluster {
             n.regions.write().clear();
             n.region_generation.fetch_add(1, Ordering::AcqRel);
         }
+        self.inner.reaper.shut_down();
+        if let Some(h) = self.reaper.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -354,6 +362,8 @@ impl Fabric for LocalFabric {
             node,
             regions: RefCell::new(Vec::new()),
             rng: RefCell::new(SmallRng::from_entropy()),
+            targets: RefCell::new(Vec::new()),
+            rpcs: RpcSlots::new(&self.inner.reaper),
         })))
     }
 }
@@ -374,6 +384,11 @@ struct LocalEndpoint {
     /// reference counting.
     regions: RefCell<Vec<Vec<Option<ResolvedRegion>>>>,
     rng: RefCell<SmallRng>,
+    /// RPC targets by node id (nodes are never removed from a cluster), so
+    /// an RPC finds its node's queue without a lock or reference count.
+    targets: RefCell<Vec<Option<Arc<NodeState>>>>,
+    /// Where this endpoint's RPC replies land (see `local_rpc`).
+    rpcs: RpcSlots,
 }
 
 impl LocalEndpoint {
@@ -543,7 +558,7 @@ impl EndpointBackend for LocalEndpoint {
         service: ServiceId,
         payload: Vec<u8>,
     ) -> OpFuture<'_, Result<Reply>> {
-        let target = match self.inner.node(node).and_then(|n| n.check_up().map(|_| n)) {
+        let target = match self.target(node) {
             Ok(n) => n,
             Err(e) => return OpFuture::ready(Err(e)),
         };
@@ -552,6 +567,52 @@ impl EndpointBackend for LocalEndpoint {
                 "node {node} has no handler threads and serves no RPCs"
             ))));
         }
+        if self.inner.faults_active.load(Ordering::Acquire) {
+            return self.call_with_faults(target, node, service, payload);
+        }
+        // The fault-free path: no timer, no clock read, no channel per RPC.
+        let (reply, wait) = self.rpcs.begin(node);
+        send_request(
+            &target,
+            Request {
+                from: self.node,
+                service,
+                payload,
+                reply,
+                deliver_at: None,
+            },
+        );
+        OpFuture::boxed(wait)
+    }
+}
+
+impl LocalEndpoint {
+    /// The node `node`, if it exists and is up.
+    fn target(&self, node: NodeId) -> Result<Arc<NodeState>> {
+        let i = node.0 as usize;
+        if let Some(Some(n)) = self.targets.borrow().get(i) {
+            n.check_up()?;
+            return Ok(n.clone());
+        }
+        let n = self.inner.node(node)?;
+        n.check_up()?;
+        let mut t = self.targets.borrow_mut();
+        if t.len() <= i {
+            t.resize_with(i + 1, || None);
+        }
+        t[i] = Some(n.clone());
+        Ok(n)
+    }
+
+    /// An RPC while faults are injected: round-trip latency, delays and
+    /// drops (a dropped request waits out the whole timeout).
+    fn call_with_faults(
+        &self,
+        target: Arc<NodeState>,
+        node: NodeId,
+        service: ServiceId,
+        payload: Vec<u8>,
+    ) -> OpFuture<'_, Result<Reply>> {
         let faults = self.inner.faults();
         let timeout = self.inner.rpc_timeout;
         let dropped = faults.rpc_drop_probability > 0.0
@@ -569,33 +630,35 @@ impl EndpointBackend for LocalEndpoint {
                 sleep(timeout).await;
                 return Err(TransportError::Timeout { node });
             }
-            let (tx, rx) = oneshot::channel();
+            let (reply, wait) = self.rpcs.begin(node);
             let deliver_at =
                 (!faults.rpc_delay.is_zero()).then(|| Instant::now() + faults.rpc_delay);
-            let req = Request {
-                from,
-                service,
-                payload,
-                reply: tx,
-                deliver_at,
-            };
-            if target.tx.send(Msg::Call(req)).is_err() || target.crashed.load(Ordering::Acquire) {
-                // The node went down around the send; drop whatever is queued
-                // so no caller waits for a reply that cannot come.
-                while target.rx.try_recv().is_ok() {}
-            }
-            let reply = match futures::future::select(rx, sleep(timeout)).await {
-                futures::future::Either::Left((Ok(reply), _)) => reply,
-                futures::future::Either::Left((Err(_canceled), _)) => {
-                    return Err(TransportError::NodeDown(node));
-                }
-                futures::future::Either::Right(_) => return Err(TransportError::Timeout { node }),
-            };
+            send_request(
+                &target,
+                Request {
+                    from,
+                    service,
+                    payload,
+                    reply,
+                    deliver_at,
+                },
+            );
+            let reply = wait.await?;
             if !half.is_zero() {
                 sleep(half).await;
             }
             Ok(reply)
         })
+    }
+}
+
+/// Queues `req` for `target`'s handler threads.
+fn send_request(target: &NodeState, req: Request) {
+    if target.tx.send(Msg::Call(req)).is_err() || target.crashed.load(Ordering::Acquire) {
+        // The node went down around the send; drop whatever is queued so no
+        // caller waits for a reply that cannot come (a dropped request
+        // answers `NodeDown`).
+        while target.rx.try_recv().is_ok() {}
     }
 }
 
@@ -605,8 +668,19 @@ impl EndpointBackend for LocalEndpoint {
 /// request arriving in a busy stretch does not pay the futex wake-up of a
 /// parked thread. `None` once the queue is closed. Shared by the local and
 /// UCX backends' handler threads.
-#[inline(never)] // kept apart so profiles can tell idle polling from work
+#[inline]
 pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
+    match rx.try_recv() {
+        Ok(m) => Some(m),
+        Err(crossbeam_channel::TryRecvError::Disconnected) => None,
+        Err(crossbeam_channel::TryRecvError::Empty) => wait_for_request(rx, poll),
+    }
+}
+
+/// [`recv_polling`] once the queue was found empty: the waiting part.
+#[inline(never)] // kept apart (and so named) so profiles can tell idle polling
+// from work: scripts/instructions-per-op.sh counts `wait_for_request` as idle
+fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
     const SPINS: u32 = 64;
     let mut polls = 0u32;
     let mut since: Option<Instant> = None;
