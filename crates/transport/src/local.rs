@@ -442,8 +442,10 @@ impl LocalEndpoint {
     fn perform(&self, verb: Verb) -> Result<VerbResult> {
         match verb {
             Verb::Read { addr, len } => {
-                let buf = self
-                    .with_region(&addr, |mem| mem.read_vec(addr.offset, len))?
+                // A spare buffer of this thread if it has one (returned by
+                // a dropped `BatchResult` or `ReadBuf`), else a new one.
+                let mut buf = crate::buffers::take();
+                self.with_region(&addr, |mem| mem.read_to_vec(addr.offset, len, &mut buf))?
                     .map_err(|e| e.at(&addr))?;
                 Ok(VerbResult::Read(buf))
             }
