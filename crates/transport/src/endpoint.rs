@@ -215,7 +215,7 @@ impl Batch<'_> {
     }
 
     /// Posts the verbs and waits once. An empty batch costs nothing.
-    pub async fn run(self) -> Result<BatchResult> {
+    pub async fn run(mut self) -> Result<BatchResult> {
         let ep = self.ep;
         if self.verbs.is_empty() {
             return Ok(BatchResult {
@@ -251,7 +251,7 @@ impl Batch<'_> {
             }
         }
         ep.add(&c);
-        let results = ep.backend.execute(self.verbs).await?;
+        let results = ep.backend.execute(&mut self.verbs).await?;
         Ok(BatchResult { results })
     }
 }

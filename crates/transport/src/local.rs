@@ -502,7 +502,7 @@ impl EndpointBackend for LocalEndpoint {
         self.node
     }
 
-    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>> {
+    fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
         let faults = self.inner.faults();
         if faults.round_trip_latency.is_zero() && !faults.torn_reads {
             // The verbs run now, against the memory, like a NIC would; the
@@ -510,7 +510,7 @@ impl EndpointBackend for LocalEndpoint {
             // A plain loop: collecting into `Result<VerbResults>` goes through
             // iterator adapters that cost more than the verbs themselves.
             let mut out = VerbResults::new();
-            for v in verbs {
+            for v in verbs.drain(..) {
                 match self.perform(v) {
                     Ok(r) => out.push(r),
                     Err(e) => return OpFuture::ready_after_yield(Err(e)),
@@ -518,6 +518,7 @@ impl EndpointBackend for LocalEndpoint {
             }
             return OpFuture::ready_after_yield(Ok(out));
         }
+        let verbs = std::mem::take(verbs);
         OpFuture::boxed(async move {
             let half = faults.round_trip_latency / 2;
             if !half.is_zero() {

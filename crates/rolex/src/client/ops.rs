@@ -172,12 +172,12 @@ impl RolexClient {
         for attempt in 0..MAX_ATTEMPTS {
             let mc = sh.model_for(&self.ep, key, false).await?;
             let (lo, hi) = mc.p.leaf_range(key, layout.slots());
-            let Some(chains) = mc.chains(lo, hi) else {
+            let mut ids: Vec<LeafId> = Vec::new();
+            if !mc.chain_leaves(lo, hi, &mut ids) {
                 sh.refresh_tables(&self.ep, &mc).await?;
                 backoff(attempt).await;
                 continue;
-            };
-            let ids: Vec<LeafId> = chains.iter().flatten().map(|l| l.entry.into()).collect();
+            }
             let mut b = self.ep.batch();
             for id in &ids {
                 b.read(self.leaf_addr(*id)?, layout.bytes());
