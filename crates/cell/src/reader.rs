@@ -124,7 +124,9 @@ impl TreeReader {
         if !refresh && let Some(r) = RootWord::unpack(self.root.load(Ordering::Relaxed)) {
             return Ok(r);
         }
-        let b = ep.read(self.nodes.at(SUPERBLOCK_ROOT_OFFSET), 8).await?;
+        let b = ep
+            .read_buf(self.nodes.at(SUPERBLOCK_ROOT_OFFSET), 8)
+            .await?;
         bump(&self.stats.superblock_reads);
         let w = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
         let r = RootWord::unpack(w).ok_or_else(|| corrupt(format!("root word {w:#x}")))?;
@@ -143,7 +145,7 @@ impl TreeReader {
     ) -> Result<T> {
         let off = self.node_offset(node)? + span.offset() as u64;
         for _ in 0..MAX_ATTEMPTS {
-            let bytes = ep.read(self.nodes.at(off), span.len(&self.geo)).await?;
+            let bytes = ep.read_buf(self.nodes.at(off), span.len(&self.geo)).await?;
             bump(&self.stats.level_reads[level.min(MAX_LEVEL) as usize]);
             match parse(&bytes) {
                 Ok(v) => return Ok(v),
@@ -276,7 +278,7 @@ impl TreeReader {
             };
             let span = geo.slot_span(j);
             let off = self.node_offset(leaf)? + span.offset() as u64;
-            let line = ep.read(self.nodes.at(off), span.len(&geo)).await?;
+            let line = ep.read_buf(self.nodes.at(off), span.len(&geo)).await?;
             bump(&self.stats.value_reads);
             let word = match parse_slot_line(&geo, j, keys.version, &line) {
                 Ok(w) => w,
@@ -315,7 +317,7 @@ impl TreeReader {
     /// (freed and reused since the leaf was read).
     async fn read_block(&self, ep: &Endpoint, key: u64, f: FatPtr) -> Result<Option<Vec<u8>>> {
         self.check_fat(f)?;
-        let b = ep.read(self.values.at(f.offset), f.block_len()).await?;
+        let b = ep.read_buf(self.values.at(f.offset), f.block_len()).await?;
         bump(&self.stats.value_reads);
         Ok(parse_block(key, f, &b).ok())
     }
@@ -346,10 +348,10 @@ impl TreeReader {
         }
         let mut fetched = std::collections::HashMap::new();
         if !batch.is_empty() {
-            let mut res = batch.run().await?;
+            let res = batch.run().await?;
             bump(&self.stats.value_reads);
             for (i, k, f) in blocks {
-                match parse_block(k, f, &res.take_read(i)) {
+                match parse_block(k, f, res.read(i)) {
                     Ok(v) => {
                         fetched.insert(k, v);
                     }

@@ -104,13 +104,28 @@ pub struct Buckets {
 impl Buckets {
     /// Every slot of the (up to four distinct) buckets: (offset in the
     /// subtable, slot), without duplicates.
+    ///
+    /// Bucket offsets are multiples of `BUCKET_BYTES`, so two slots share an
+    /// offset exactly when they are the same slot of the same bucket: a
+    /// bucket already listed (the two combined buckets may share one) is
+    /// skipped whole, which gives what comparing every slot's offset with
+    /// every earlier one gave, in the same order (test
+    /// `slots_skip_a_shared_bucket`), without the quadratic scan.
     pub fn slots(&self) -> Vec<(u64, Slot)> {
         let mut v: Vec<(u64, Slot)> = Vec::with_capacity(4 * SLOTS_PER_BUCKET);
+        let mut seen = [u64::MAX; 4];
+        let mut n = 0;
         for c in &self.combined {
-            for (i, s) in c.slots.iter().enumerate() {
-                let off = c.slot_offset(i);
-                if !v.iter().any(|e| e.0 == off) {
-                    v.push((off, *s));
+            for bucket in 0..2 {
+                let first = bucket * SLOTS_PER_BUCKET;
+                let base = c.slot_offset(first);
+                if seen[..n].contains(&base) {
+                    continue;
+                }
+                seen[n] = base;
+                n += 1;
+                for i in first..first + SLOTS_PER_BUCKET {
+                    v.push((c.slot_offset(i), c.slots[i]));
                 }
             }
         }
@@ -232,11 +247,12 @@ impl Ctx<'_> {
                 .await?,
                 COMBINED_BYTES,
             );
-            let mut res = self.run(b).await?;
+            let res = self.run(b).await?;
             let combined = [
-                Combined::parse(offs[0], &res.take_read(r0)),
-                Combined::parse(offs[1], &res.take_read(r1)),
+                Combined::parse(offs[0], res.read(r0)),
+                Combined::parse(offs[1], res.read(r1)),
             ];
+            drop(res);
             let ok = combined.iter().all(|c| {
                 c.headers
                     .iter()
@@ -264,10 +280,10 @@ impl Ctx<'_> {
         for (_, s) in slots {
             idx.push(b.read(self.pool_at(s.kv()).await?, usize::from(s.units()) * 64));
         }
-        let mut res = self.run(b).await?;
+        let res = self.run(b).await?;
         let mut out = Vec::with_capacity(slots.len());
         for ((_, s), i) in slots.iter().zip(idx) {
-            match decode_kv(&res.take_read(i), *s) {
+            match decode_kv(res.read(i), *s) {
                 Some(kv) => out.push(kv),
                 None => {
                     self.t.stats.kv_retries.fetch_add(1, Ordering::Relaxed);
@@ -628,4 +644,60 @@ pub fn subtable_image(groups: u64, local_depth: u8, suffix: u64) -> Vec<u8> {
         img[at..at + 8].copy_from_slice(&hdr);
     }
     img
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{BucketHeader, DirEntry};
+
+    /// The former definition of `Buckets::slots`: every slot whose offset
+    /// no earlier slot had.
+    fn slots_by_offset(b: &Buckets) -> Vec<(u64, Slot)> {
+        let mut v: Vec<(u64, Slot)> = Vec::new();
+        for c in &b.combined {
+            for (i, s) in c.slots.iter().enumerate() {
+                let off = c.slot_offset(i);
+                if !v.iter().any(|e| e.0 == off) {
+                    v.push((off, *s));
+                }
+            }
+        }
+        v
+    }
+
+    fn combined(b: u64) -> Combined {
+        let offset = combined_offset(b);
+        let mut slots = [Slot::EMPTY; 2 * SLOTS_PER_BUCKET];
+        for (i, s) in slots.iter_mut().enumerate() {
+            *s = Slot(offset * 100 + i as u64 + 1);
+        }
+        Combined {
+            offset,
+            headers: [BucketHeader(0), BucketHeader(0)],
+            slots,
+        }
+    }
+
+    #[test]
+    fn slots_skip_a_shared_bucket() {
+        // Every pair of candidate buckets over a few groups: disjoint, the
+        // same, and sharing the middle (overflow) bucket of a group.
+        let mut shared = 0;
+        for b1 in 0..8 {
+            for b2 in 0..8 {
+                let b = Buckets {
+                    entry: DirEntry(0),
+                    combined: [combined(b1), combined(b2)],
+                };
+                let (new, old) = (b.slots(), slots_by_offset(&b));
+                assert_eq!(new, old, "buckets {b1} and {b2}");
+                let distinct = if b1 == b2 { 2 } else { 4 };
+                if new.len() < distinct * SLOTS_PER_BUCKET {
+                    shared += 1;
+                }
+            }
+        }
+        assert!(shared > 0, "some pairs share a bucket");
+    }
 }

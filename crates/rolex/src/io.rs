@@ -115,27 +115,38 @@ pub struct Link {
 /// order, following synonym pointers through `slt`. Refuses pointers past
 /// slot_use and cycles (a scribbled table must not hang anyone).
 pub fn chain(lt_word: u64, slt: &[u64]) -> Result<Vec<Link>, String> {
+    let mut out = Vec::new();
+    walk_chain(lt_word, slt, |l| out.push(l))?;
+    Ok(out)
+}
+
+/// Hands each link of the chain to `f`, in the order [`chain`] lists them,
+/// with the same refusals (links before a refused pointer were handed
+/// over already); for callers that need no list.
+pub fn walk_chain(lt_word: u64, slt: &[u64], mut f: impl FnMut(Link)) -> Result<(), String> {
     let head = Entry::decode(lt_word).ok_or("retired entry")?;
     let used = (slt.first().copied().unwrap_or(1) as usize).min(slt.len());
-    let mut out = vec![Link {
+    f(Link {
         slot: 0,
         entry: head,
-    }];
+    });
+    let mut links = 1;
     let mut next = head.syn as usize;
     while next != 0 {
-        if next >= used || out.len() > slt.len() {
+        if next >= used || links > slt.len() {
             return Err(format!(
                 "synonym pointer {next} past the {used} used SLT slots or in a cycle"
             ));
         }
         let e = Entry::decode(slt[next]).ok_or("retired SLT entry")?;
-        out.push(Link {
+        f(Link {
             slot: next,
             entry: e,
         });
+        links += 1;
         next = e.syn as usize;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Reads leaves in one batch, reading torn ones again until every image is

@@ -496,7 +496,8 @@ impl EndpointBackend for UcxEndpoint {
         self.state.node
     }
 
-    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>> {
+    fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
+        let verbs = std::mem::take(verbs);
         // Check everything before anything is posted.
         let mut plan = Vec::with_capacity(verbs.len());
         for v in verbs {

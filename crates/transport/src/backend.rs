@@ -120,8 +120,10 @@ pub trait EndpointBackend {
     /// Posts every verb, waits once, and returns their results in order.
     /// Verbs to the same node execute in posting order; the batch fails as a
     /// whole on the first refused verb (earlier verbs may have executed, as
-    /// with a failed RDMA work request list).
-    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>>;
+    /// with a failed RDMA work request list). The backend takes the verbs
+    /// out of `verbs` (passed by reference so that the inline batch is not
+    /// copied on every call).
+    fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>>;
     /// Called once at the start of every operation a compute thread issues:
     /// the simulated backend charges the thread's core its per-operation CPU
     /// there. Others have nothing to do.

@@ -54,8 +54,15 @@ impl Endpoint {
     }
 
     fn charge(&self, f: impl Fn(&mut Counters)) {
-        f(self.counters.borrow_mut().get_mut(current_kind()));
-        f(&mut self.total.borrow_mut());
+        let mut d = Counters::default();
+        f(&mut d);
+        self.add(&d);
+    }
+
+    /// Adds `d` to the current kind's counters and to the total.
+    fn add(&self, d: &Counters) {
+        *self.counters.borrow_mut().get_mut(current_kind()) += *d;
+        *self.total.borrow_mut() += *d;
     }
 
     /// Counts `bytes` that another node wrote one-sided into this node's
@@ -81,6 +88,17 @@ impl Endpoint {
         let mut b = self.batch();
         b.read(addr, len);
         Ok(b.run().await?.take_read(0))
+    }
+
+    /// Reads `len` bytes at `addr` (one round trip, counted as
+    /// [`Endpoint::read`]) into a buffer that goes back to the thread's
+    /// spare buffers ([`crate::buffers`]) when dropped: for callers that only
+    /// look at the bytes.
+    pub async fn read_buf(&self, addr: RemoteAddr, len: usize) -> Result<ReadBuf> {
+        let mut b = self.batch();
+        b.read(addr, len);
+        let buf = b.run().await?.take_read(0);
+        Ok(ReadBuf { buf })
     }
 
     /// Writes `data` at `addr`: one round trip.
@@ -197,53 +215,77 @@ impl Batch<'_> {
     }
 
     /// Posts the verbs and waits once. An empty batch costs nothing.
-    pub async fn run(self) -> Result<BatchResult> {
+    pub async fn run(mut self) -> Result<BatchResult> {
+        let ep = self.ep;
         if self.verbs.is_empty() {
             return Ok(BatchResult {
                 results: VerbResults::new(),
             });
         }
-        self.ep.charge(|c| {
-            c.round_trips += 1;
-            for v in &self.verbs {
-                c.verbs += 1;
-                match v {
-                    Verb::Read { len, .. } => {
-                        c.reads += 1;
-                        c.bytes_read += *len as u64;
-                    }
-                    Verb::Write { data, .. } => {
-                        c.writes += 1;
-                        c.bytes_written += data.len() as u64;
-                    }
-                    Verb::Cas { .. } => {
-                        c.cas += 1;
-                        c.bytes_written += 16;
-                        c.bytes_read += 8;
-                    }
-                    Verb::Faa { .. } => {
-                        c.faa += 1;
-                        c.bytes_written += 8;
-                        c.bytes_read += 8;
-                    }
+        // Summed once, then added to the kind's counters and the total.
+        let mut c = Counters {
+            round_trips: 1,
+            verbs: self.verbs.len() as u64,
+            ..Counters::default()
+        };
+        for v in &self.verbs {
+            match v {
+                Verb::Read { len, .. } => {
+                    c.reads += 1;
+                    c.bytes_read += *len as u64;
+                }
+                Verb::Write { data, .. } => {
+                    c.writes += 1;
+                    c.bytes_written += data.len() as u64;
+                }
+                Verb::Cas { .. } => {
+                    c.cas += 1;
+                    c.bytes_written += 16;
+                    c.bytes_read += 8;
+                }
+                Verb::Faa { .. } => {
+                    c.faa += 1;
+                    c.bytes_written += 8;
+                    c.bytes_read += 8;
                 }
             }
-        });
-        let results = self.ep.backend.execute(self.verbs).await?;
+        }
+        ep.add(&c);
+        let results = ep.backend.execute(&mut self.verbs).await?;
         Ok(BatchResult { results })
     }
 }
 
-/// Results of a batch, by the index each verb got when it was added.
+/// Results of a batch, by the index each verb got when it was added. Read
+/// buffers not taken out go back to the thread's spare buffers
+/// ([`crate::buffers`]) when it drops.
 #[derive(Debug)]
 pub struct BatchResult {
     results: VerbResults,
+}
+
+impl Drop for BatchResult {
+    fn drop(&mut self) {
+        for r in self.results.drain(..) {
+            if let VerbResult::Read(b) = r {
+                crate::buffers::give(b);
+            }
+        }
+    }
 }
 
 impl BatchResult {
     /// The bytes of read `i` (taken out; a second take panics).
     pub fn take_read(&mut self, i: usize) -> Vec<u8> {
         match std::mem::replace(&mut self.results[i], VerbResult::Write) {
+            VerbResult::Read(b) => b,
+            other => panic!("verb {i} is not an unread read: {other:?}"),
+        }
+    }
+    /// The bytes of read `i`, borrowed (the buffer stays in the result and
+    /// is reused once the result drops).
+    pub fn read(&self, i: usize) -> &[u8] {
+        match &self.results[i] {
             VerbResult::Read(b) => b,
             other => panic!("verb {i} is not an unread read: {other:?}"),
         }
@@ -260,5 +302,32 @@ impl BatchResult {
     }
     pub fn is_empty(&self) -> bool {
         self.results.is_empty()
+    }
+}
+
+/// The bytes of one read ([`Endpoint::read_buf`]); its buffer goes back to
+/// the thread's spare buffers ([`crate::buffers`]) when it drops.
+#[derive(Debug)]
+pub struct ReadBuf {
+    buf: Vec<u8>,
+}
+
+impl ReadBuf {
+    /// The bytes as an owned vector (not reused).
+    pub fn into_vec(mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+impl std::ops::Deref for ReadBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for ReadBuf {
+    fn drop(&mut self) {
+        crate::buffers::give(std::mem::take(&mut self.buf));
     }
 }

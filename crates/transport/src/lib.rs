@@ -36,6 +36,7 @@
 
 pub mod addr;
 pub mod backend;
+pub mod buffers;
 pub mod conformance;
 pub mod counters;
 #[allow(unsafe_code)]
@@ -59,7 +60,7 @@ pub use backend::{
 };
 pub use counters::{CounterTable, Counters, OpKind, labeled};
 pub use cputime::thread_cpu_ns;
-pub use endpoint::{Batch, BatchResult, Endpoint};
+pub use endpoint::{Batch, BatchResult, Endpoint, ReadBuf};
 pub use error::{ErrorCode, Result, ServiceError, TransportError};
 pub use region::RegionMem;
 pub use service::{DeferredService, Reply, Responder, RpcContext, Service, ServiceTable};

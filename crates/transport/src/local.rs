@@ -457,8 +457,10 @@ impl LocalEndpoint {
     fn perform(&self, verb: Verb) -> Result<VerbResult> {
         match verb {
             Verb::Read { addr, len } => {
-                let buf = self
-                    .with_region(&addr, |mem| mem.read_vec(addr.offset, len))?
+                // A spare buffer of this thread if it has one (returned by
+                // a dropped `BatchResult` or `ReadBuf`), else a new one.
+                let mut buf = crate::buffers::take();
+                self.with_region(&addr, |mem| mem.read_to_vec(addr.offset, len, &mut buf))?
                     .map_err(|e| e.at(&addr))?;
                 Ok(VerbResult::Read(buf))
             }
@@ -515,7 +517,7 @@ impl EndpointBackend for LocalEndpoint {
         self.node
     }
 
-    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>> {
+    fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
         let faults = self.inner.faults();
         if faults.round_trip_latency.is_zero() && !faults.torn_reads {
             // The verbs run now, against the memory, like a NIC would; the
@@ -523,7 +525,7 @@ impl EndpointBackend for LocalEndpoint {
             // A plain loop: collecting into `Result<VerbResults>` goes through
             // iterator adapters that cost more than the verbs themselves.
             let mut out = VerbResults::new();
-            for v in verbs {
+            for v in verbs.drain(..) {
                 match self.perform(v) {
                     Ok(r) => out.push(r),
                     Err(e) => return OpFuture::ready_after_yield(Err(e)),
@@ -531,6 +533,7 @@ impl EndpointBackend for LocalEndpoint {
             }
             return OpFuture::ready_after_yield(Ok(out));
         }
+        let verbs = std::mem::take(verbs);
         OpFuture::boxed(async move {
             let half = faults.round_trip_latency / 2;
             if !half.is_zero() {

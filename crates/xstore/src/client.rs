@@ -174,18 +174,18 @@ impl Client {
                 let nb = p.geo.node_bytes() as u64;
                 b.read(p.nodes.at(*node as u64 * nb), span_of(p).len(&p.geo));
             }
-            let mut res = b.run().await?;
+            let res = b.run().await?;
             ClientStats::bump(&self.stats().leaf_batches);
             self.stats()
                 .leaves_read
                 .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
             for (i, (part, node, entry)) in chunk.iter().enumerate() {
                 let geo = &self.sh.parts[*part].geo;
-                let bytes = res.take_read(i);
+                let bytes = res.read(i);
                 let parsed = if whole {
-                    NodeView::parse(geo, &bytes).map(Image::Whole)
+                    NodeView::parse(geo, bytes).map(Image::Whole)
                 } else {
-                    KeysView::parse(geo, span_of(&self.sh.parts[*part]), &bytes).map(Image::Keys)
+                    KeysView::parse(geo, span_of(&self.sh.parts[*part]), bytes).map(Image::Keys)
                 };
                 match parsed {
                     Ok(image) if image.keys().is_leaf() => out.push(Leaf {
@@ -412,7 +412,7 @@ impl Client {
                 let span = geo.slot_span(f.slot);
                 let bytes = self
                     .ep
-                    .read(p.nodes.at(base + span.offset() as u64), span.len(geo))
+                    .read_buf(p.nodes.at(base + span.offset() as u64), span.len(geo))
                     .await?;
                 let Ok(word) = parse_slot_line(geo, f.slot, k.version, &bytes) else {
                     return Ok(None);
@@ -429,7 +429,7 @@ impl Client {
     async fn read_block(&self, p: &PartClient, key: Key, fat: FatPtr) -> Result<Option<Vec<u8>>> {
         let bytes = self
             .ep
-            .read(p.values.at(fat.offset), fat.block_len())
+            .read_buf(p.values.at(fat.offset), fat.block_len())
             .await?;
         Ok(parse_block(key, fat, &bytes).ok())
     }

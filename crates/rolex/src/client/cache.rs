@@ -5,12 +5,15 @@
 //! themselves (docs/rolex.md, invariants 5-7), and staleness found that way
 //! triggers a refresh.
 
-use crate::io::{Link, Tables, chain};
+use crate::io::{LeafId, Link, Tables, chain, walk_chain};
 use crate::layout::entry::{RETIRED, unlocked};
 use crate::layout::meta::{Directory, ModelRef};
 use crate::layout::record::{ModelParams, ModelState};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+// Looked up on every operation: FxHash instead of SipHash (which cost ~200
+// instructions per GET). Nothing depends on its iteration order (a sum, and
+// a list that no caller orders by).
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -80,6 +83,18 @@ impl ModelCache {
             .collect()
     }
 
+    /// The leaves of the cached chains of groups `lo..=hi`, in the order
+    /// [`ModelCache::chains`] lists them, into `out`; false (and `out`
+    /// unspecified) where `chains` gives `None`.
+    pub fn chain_leaves(&self, lo: usize, hi: usize, out: &mut Vec<LeafId>) -> bool {
+        out.clear();
+        let c = self.tables.lock();
+        (lo..=hi).all(|j| {
+            c.lt.get(j)
+                .is_some_and(|&w| walk_chain(w, &c.slt, |l| out.push(l.entry.into())).is_ok())
+        })
+    }
+
     pub fn lt(&self, j: usize) -> u64 {
         self.tables.lock().lt[j]
     }
@@ -125,7 +140,7 @@ impl Caches {
     pub fn new(dir: Directory) -> Caches {
         Caches {
             dir: RwLock::new(Arc::new(dir)),
-            models: RwLock::new(HashMap::new()),
+            models: RwLock::new(HashMap::default()),
         }
     }
 

@@ -16,7 +16,7 @@ use super::cache::ModelCache;
 use super::{Shared, bump};
 use crate::io::{LeafId, Link, chain, corrupt};
 use crate::layout::entry::{Entry, LOCK_BIT, RETIRED, unlocked};
-use crate::layout::leaf::{Leaf, LeafError, Slot, words_of};
+use crate::layout::leaf::{Leaf, LeafError, LeafView, Slot};
 use crate::layout::meta::{ModelRef, W_QTAIL, W_UTAIL};
 use crate::layout::record::{ModelState, RecordLayout, W_SLT, W_STATE, W_URGENT};
 use crate::layout::value::{FatPtr, block_bytes, decode_block, encode_block};
@@ -130,7 +130,7 @@ impl RolexClient {
 
     /// Notes what the 16-byte state/slot_use read says about the cache.
     fn observe(&self, mc: &ModelCache, b: &[u8]) -> (u64, u64) {
-        let w = words_of(b);
+        let w = [word(b), word(&b[8..])];
         let going = w[0] == ModelState::Retired as u64 || w[0] == ModelState::Freezing as u64;
         if going && !mc.retired.swap(true, Ordering::AcqRel) {
             bump(&self.sh.stats.retired_noticed);
@@ -172,25 +172,28 @@ impl RolexClient {
         for attempt in 0..MAX_ATTEMPTS {
             let mc = sh.model_for(&self.ep, key, false).await?;
             let (lo, hi) = mc.p.leaf_range(key, layout.slots());
-            let Some(chains) = mc.chains(lo, hi) else {
+            let mut ids: Vec<LeafId> = Vec::new();
+            if !mc.chain_leaves(lo, hi, &mut ids) {
                 sh.refresh_tables(&self.ep, &mc).await?;
                 backoff(attempt).await;
                 continue;
-            };
-            let ids: Vec<LeafId> = chains.iter().flatten().map(|l| l.entry.into()).collect();
+            }
             let mut b = self.ep.batch();
             for id in &ids {
                 b.read(self.leaf_addr(*id)?, layout.bytes());
             }
             let si = b.read(self.rec(mc.m, W_STATE)?, 16);
-            let mut res = b.run().await?;
+            let res = b.run().await?;
             sh.stats.leaves_read[GET].fetch_add(ids.len() as u64, Ordering::Relaxed);
-            self.observe(&mc, &res.take_read(si));
+            self.observe(&mc, res.read(si));
             let mut torn = false;
             for i in 0..ids.len() {
-                match Leaf::decode(&layout, &res.take_read(i)) {
+                // Validated as `Leaf::decode` would, searched in place.
+                match LeafView::parse(&layout, res.read(i)) {
                     Ok(l) if l.covers(key) => {
-                        return match l.get(key) {
+                        let found = l.get(key);
+                        drop(res);
+                        return match found {
                             Some(s) => Ok(Some(self.value_of(key, s).await?)),
                             None => Ok(None),
                         };

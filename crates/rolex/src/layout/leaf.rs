@@ -100,15 +100,6 @@ impl LeafLayout {
         (self.back_word() * 8) as u64
     }
 
-    fn bitmap_get(&self, w: &[u64], i: usize) -> bool {
-        if i < META_BITMAP_SLOTS {
-            w[W_META] >> (META_BITMAP_SHIFT as usize + i) & 1 == 1
-        } else {
-            let j = i - META_BITMAP_SLOTS;
-            w[4 + j / 64] >> (j % 64) & 1 == 1
-        }
-    }
-
     fn bitmap_set(&self, w: &mut [u64], i: usize) {
         if i < META_BITMAP_SLOTS {
             w[W_META] |= 1 << (META_BITMAP_SHIFT as usize + i);
@@ -198,6 +189,36 @@ impl Leaf {
 
     /// Parses and validates a leaf image of `layout.bytes()` bytes.
     pub fn decode(layout: &LeafLayout, bytes: &[u8]) -> Result<Leaf, LeafError> {
+        let v = LeafView::parse(layout, bytes)?;
+        Ok(Leaf {
+            version: v.version,
+            low: v.low,
+            high: v.high,
+            dead: v.dead,
+            pairs: (0..v.count).map(|i| v.slot(i)).collect(),
+        })
+    }
+}
+
+/// A validated leaf image read in place: what [`Leaf::decode`] checks and
+/// answers, without copying the pairs out (a GET looks at one key of one
+/// leaf; decoding every pair of every leaf it reads cost more than the rest
+/// of its work).
+#[derive(Debug, Clone, Copy)]
+pub struct LeafView<'b> {
+    layout: LeafLayout,
+    bytes: &'b [u8],
+    pub version: u64,
+    pub low: Key,
+    pub high: Key,
+    pub dead: bool,
+    count: usize,
+}
+
+impl<'b> LeafView<'b> {
+    /// Validates a leaf image of `layout.bytes()` bytes exactly as
+    /// [`Leaf::decode`] does (same checks, same order, same errors).
+    pub fn parse(layout: &LeafLayout, bytes: &'b [u8]) -> Result<LeafView<'b>, LeafError> {
         if bytes.len() != layout.bytes() {
             return Err(LeafError::Corrupt(format!(
                 "leaf image of {} bytes, want {}",
@@ -205,16 +226,14 @@ impl Leaf {
                 layout.bytes()
             )));
         }
-        let w: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        let version = w[W_FRONT];
-        if version == 0 || version != w[layout.back_word()] {
+        let w = |i: usize| word_at(bytes, i);
+        let version = w(W_FRONT);
+        if version == 0 || version != w(layout.back_word()) {
             return Err(LeafError::Torn);
         }
-        let (low, high) = (w[W_LOW], w[W_HIGH]);
-        let count = (w[W_META] & META_COUNT_MASK) as usize;
+        let (low, high) = (w(W_LOW), w(W_HIGH));
+        let meta = w(W_META);
+        let count = (meta & META_COUNT_MASK) as usize;
         if count > layout.slots {
             return Err(LeafError::Corrupt(format!(
                 "count {count} exceeds {} slots",
@@ -226,31 +245,84 @@ impl Leaf {
                 "fences out of order: [{low:#x}, {high:#x})"
             )));
         }
-        let mut pairs = Vec::with_capacity(count);
+        let mut prev: Option<Key> = None;
         for i in 0..count {
-            let key = w[layout.key_word(i)];
+            let key = w(layout.key_word(i));
             if key < low || key >= high {
                 return Err(LeafError::Corrupt(format!(
                     "key {key:#x} outside the fences [{low:#x}, {high:#x})"
                 )));
             }
-            if pairs.last().is_some_and(|p: &Slot| p.key >= key) {
+            if prev.is_some_and(|p| p >= key) {
                 return Err(LeafError::Corrupt("keys not strictly ascending".into()));
             }
-            pairs.push(Slot {
-                key,
-                word: w[layout.val_word(i)],
-                out_of_line: layout.bitmap_get(&w, i),
-            });
+            prev = Some(key);
         }
-        Ok(Leaf {
+        Ok(LeafView {
+            layout: *layout,
+            bytes,
             version,
             low,
             high,
-            dead: w[W_META] & META_DEAD != 0,
-            pairs,
+            dead: meta & META_DEAD != 0,
+            count,
         })
     }
+
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// As [`Leaf::covers`].
+    pub fn covers(&self, key: Key) -> bool {
+        !self.dead && self.low <= key && key < self.high
+    }
+
+    fn key(&self, i: usize) -> Key {
+        word_at(self.bytes, self.layout.key_word(i))
+    }
+
+    /// Pair `i` (< `len()`).
+    pub fn slot(&self, i: usize) -> Slot {
+        let bitmap = |j: usize| {
+            if j < META_BITMAP_SLOTS {
+                word_at(self.bytes, W_META) >> (META_BITMAP_SHIFT as usize + j) & 1 == 1
+            } else {
+                let k = j - META_BITMAP_SLOTS;
+                word_at(self.bytes, 4 + k / 64) >> (k % 64) & 1 == 1
+            }
+        };
+        Slot {
+            key: self.key(i),
+            word: word_at(self.bytes, self.layout.val_word(i)),
+            out_of_line: bitmap(i),
+        }
+    }
+
+    /// As [`Leaf::get`]: a binary search over the key words in place (the
+    /// keys are strictly ascending, checked by `parse`).
+    pub fn get(&self, key: Key) -> Option<Slot> {
+        let (mut lo, mut hi) = (0, self.count);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.key(mid).cmp(&key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(self.slot(mid)),
+            }
+        }
+        None
+    }
+}
+
+/// Word `i` of a leaf image (little-endian).
+fn word_at(bytes: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
 }
 
 /// The three writes that store `words` (an encoded leaf) at leaf byte
@@ -310,7 +382,14 @@ mod tests {
                 }).collect(),
             };
             let img = bytes(&leaf.encode(&l, version));
-            prop_assert_eq!(Leaf::decode(&l, &img), Ok(leaf));
+            prop_assert_eq!(Leaf::decode(&l, &img), Ok(leaf.clone()));
+            // The in-place view answers every key as the decoded leaf does.
+            let v = LeafView::parse(&l, &img).unwrap();
+            prop_assert_eq!(v.len(), leaf.pairs.len());
+            for probe in (0..20_000u64).step_by(7).chain(keys.iter().copied()) {
+                prop_assert_eq!(v.get(probe), leaf.get(probe));
+                prop_assert_eq!(v.covers(probe), leaf.covers(probe));
+            }
         }
 
         // Any mix of two versions' words where the front and back come from
@@ -339,6 +418,10 @@ mod tests {
         });
         let img = bytes(&leaf.encode(&l, 3));
         assert!(matches!(Leaf::decode(&l, &img), Err(LeafError::Corrupt(_))));
+        assert!(matches!(
+            LeafView::parse(&l, &img),
+            Err(LeafError::Corrupt(_))
+        ));
         let mut w = Leaf::empty(10, 20).encode(&l, 3);
         w[3] = 200;
         assert!(matches!(
@@ -349,6 +432,10 @@ mod tests {
             Leaf::decode(&l, &vec![0; l.bytes()]),
             Err(LeafError::Torn),
             "an unwritten leaf"
+        );
+        assert_eq!(
+            LeafView::parse(&l, &vec![0; l.bytes()]).map(|v| v.version),
+            Err(LeafError::Torn)
         );
     }
 

@@ -1240,7 +1240,8 @@ impl EndpointBackend for SimEndpoint {
         self.node
     }
 
-    fn execute(&self, verbs: Verbs) -> OpFuture<'_, Result<VerbResults>> {
+    fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
+        let verbs = std::mem::take(verbs);
         let sim = match sim_or_err() {
             Ok(s) => s,
             Err(e) => return OpFuture::ready(Err(e)),
