@@ -523,12 +523,7 @@ impl ScaleNode {
 
     /// Asks the other members, lowest index first, to adopt shard `id`;
     /// returns the first that accepts.
-    fn find_successor(
-        &self,
-        ep: &Endpoint,
-        id: u8,
-        s: &crate::node::Shard,
-    ) -> Result<u8, KvError> {
+    fn find_successor(&self, ep: &Endpoint, id: u8, s: &crate::node::Shard) -> Result<u8, KvError> {
         let mut refused = Vec::new();
         for (i, _) in self.members() {
             if i == self.index {

@@ -299,8 +299,14 @@ fn a_crashed_node_makes_operations_on_its_pages_fail_not_hang() {
 /// Loads and spreads `keys` over a three-node cluster, then makes the
 /// nodes in `leavers` leave at the same moment (one thread each, released
 /// together), and reads every key back from every node still a member.
-/// Returns the leave results by node.
-fn leave_at_once(round: u64, leavers: &[u8]) -> Vec<(u8, dmkv_api::Result<u8>)> {
+/// Returns the leave results by node. With `after_adopting`, the first
+/// leaver starts alone and each other one once it holds the first's shard
+/// (it accepted to adopt it: its leave must wait for that handover).
+fn leave_at_once(
+    round: u64,
+    leavers: &[u8],
+    after_adopting: bool,
+) -> Vec<(u8, dmkv_api::Result<u8>)> {
     let cl = cluster(3);
     let procs: Vec<Arc<NodeProcess>> = found(&cl, 3).into_iter().map(Arc::new).collect();
     let fabric = cl.c.fabric();
@@ -322,13 +328,22 @@ fn leave_at_once(round: u64, leavers: &[u8]) -> Vec<(u8, dmkv_api::Result<u8>)> 
         oracle.insert(k, v);
     }
     let gate = Arc::new(std::sync::Barrier::new(leavers.len()));
+    let first = leavers[0];
     let threads: Vec<_> = leavers
         .iter()
         .map(|&i| {
             let p = procs[i as usize].clone();
             let gate = gate.clone();
+            let firsts = procs[first as usize].clone();
             std::thread::spawn(move || {
                 gate.wait();
+                if after_adopting && i != first {
+                    // Until we hold the first leaver's shard (or it left
+                    // without choosing us).
+                    while p.node().shard(first).is_none() && !firsts.left() {
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                }
                 (i, p.leave())
             })
         })
@@ -383,7 +398,7 @@ fn two_nodes_leaving_at_once_lose_nothing() {
     arm_watchdog(600);
     let mut refused = 0;
     for round in 0..6 {
-        for r in leave_at_once(round, &[0, 2]) {
+        for r in leave_at_once(round, &[0, 2], false) {
             if r.1.is_err() {
                 refused += 1;
             }
@@ -398,8 +413,23 @@ fn two_nodes_leaving_at_once_lose_nothing() {
 fn every_node_leaving_at_once_keeps_one_serving_with_every_value() {
     arm_watchdog(600);
     for round in 0..6 {
-        let rs = leave_at_once(round, &[0, 1, 2]);
+        let rs = leave_at_once(round, &[0, 1, 2], false);
         assert!(rs.iter().any(|r| r.1.is_err()), "round {round}: {rs:?}");
         eprintln!("round {round}: {rs:?}");
+    }
+}
+
+/// The case that lost a shard: node 0 accepts node 2's shard and is asked
+/// to leave while that handover runs. It waits for node 2's departure
+/// (invariant 13), then hands its own shard and node 2's on to node 1.
+#[test]
+fn a_node_asked_to_leave_while_it_adopts_hands_the_adopted_shard_on() {
+    arm_watchdog(600);
+    for round in 0..4 {
+        let rs = leave_at_once(round, &[2, 0], true);
+        assert!(
+            matches!(rs[..], [(2, Ok(0)), (0, Ok(1))]),
+            "round {round}: {rs:?}"
+        );
     }
 }
