@@ -7,7 +7,13 @@
 //!   the peer records it (checking that the transport's caller id is the
 //!   node it claims to be) and answers with the members and shard hosts it
 //!   knows, which the newcomer introduces itself to in turn.
-//! - **Leaving** (node L, successor S, one node at a time):
+//! - **Leaving** (node L, successor S):
+//!   0. L becomes `Leaving` only if `Active` and adopting nothing, under
+//!      the lock under which a node accepts an `Adopt`; an `Adopt` reaching
+//!      a node that is not `Active` is refused (`Retry`), and a node that
+//!      accepted one may not start leaving until the leaver's `Depart`
+//!      reached it (invariant 13 in `docs/scalestore.md`). Otherwise a node
+//!      could adopt a shard after it listed its own, and carry it away;
 //!   1. L stops issuing (its workers' operations drain; new ones go
 //!      through another member);
 //!   2. L evicts every page of other directories it caches, round after
@@ -18,14 +24,18 @@
 //!      "retry" to what their entries hold, waits for transfers and pulls
 //!      in flight, and drops its own copies of their pages (dirty sole
 //!      copies to its SSD first);
-//!   4. per shard: `Adopt` (S creates the page file), `HandoverPages`
+//!   4. S is the first other member (lowest index first) that accepts
+//!      the first shard's `Adopt`; if none does (all leaving), L unfreezes
+//!      its shards and is `Active` again, and the leave fails;
+//!      per shard: `Adopt` (S creates the page file), `HandoverPages`
 //!      (every written slot of L's file), `HandoverEntries` (every
 //!      directory entry: owners, conflict epoch, dirty flags, pending copy
 //!      grants), `HostShard` (S serves the shard from now on); requests
 //!      that still reach L are answered "moved to S";
-//!   5. `Depart` to every member: they note the new host (before they
-//!      forget L), forget L, and scrub L from their directory entries (it
-//!      holds nothing by now).
+//!   5. `Depart` to every member, S last (S may leave once it has it, and
+//!      its own `Depart` must not reach a member before L's): they note the
+//!      new host (before they forget L), forget L, and scrub L from their
+//!      directory entries (it holds nothing by now).
 //!
 //! Why "retry" and not hold: step 3 waits for transfers in flight, and a
 //! transfer can wait for a requester of *another* page of the frozen shard
@@ -537,7 +547,7 @@ impl ScaleNode {
             }
         }
         Err(KvError::Config(format!(
-            "node {}: no other member can adopt shard {id} now ({}); still serving",
+            "node {}: no other member can adopt shard {id} now ({})",
             self.index,
             refused.join("; ")
         )))
