@@ -8,13 +8,13 @@
 //!   node it claims to be) and answers with the members and shard hosts it
 //!   knows, which the newcomer introduces itself to in turn.
 //! - **Leaving** (node L, successor S):
-//!   0. L becomes `Leaving` only if `Active` and adopting nothing, under
-//!      the lock under which a node accepts an `Adopt`; an `Adopt` reaching
+//!   1. L becomes `Leaving` only if `Active` and adopting nothing, under
+//!      the lock under which a node accepts an `Adopt`: an `Adopt` reaching
 //!      a node that is not `Active` is refused (`Retry`), and a node that
 //!      accepted one may not start leaving until the leaver's `Depart`
-//!      reached it (invariant 13 in `docs/scalestore.md`). Otherwise a node
-//!      could adopt a shard after it listed its own, and carry it away;
-//!   1. L stops issuing (its workers' operations drain; new ones go
+//!      reached it (invariant 13 in `docs/scalestore.md`; otherwise a node
+//!      could adopt a shard after it listed its own, and carry it away).
+//!      L stops issuing (its workers' operations drain; new ones go
 //!      through another member);
 //!   2. L evicts every page of other directories it caches, round after
 //!      round: a declined eviction means a move or copy for it is coming
