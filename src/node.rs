@@ -332,10 +332,12 @@ mod with_ucx {
 
     /// SIGTERM (or SIGINT) makes the node leave as `dmkv node-ctl leave`
     /// does: hand its pages and directory share to another member, after
-    /// which `wait_left` returns and the process exits 0. A leave that
-    /// fails (e.g. the last member has nobody to hand over to) keeps the
-    /// node serving, so nothing is lost; another signal tries again, and
-    /// SIGKILL stops it without a handover.
+    /// which `wait_left` returns and the process exits 0. A leave that is
+    /// refused (the last member has nobody to hand over to; every other
+    /// member is leaving too; it still adopts a leaver's shard) keeps the
+    /// node serving, so nothing is lost: the last member never exits on a
+    /// signal, since it holds the only copy of the data. Another signal
+    /// tries again, and SIGKILL stops it without a handover.
     fn leave_on_signal(proc: &Arc<NodeProcess>, index: u8) -> Result<(), String> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
@@ -351,7 +353,7 @@ mod with_ucx {
                         return;
                     }
                     Err(e) => eprintln!(
-                        "dmkv node {index}: cannot leave ({e}); still serving (signal again to retry; SIGKILL stops it without a handover)"
+                        "dmkv node {index}: leave refused: {e}; still serving, not exiting (signal again to retry; SIGKILL stops it without a handover, losing the pages and directory entries it holds)"
                     ),
                 }
             }

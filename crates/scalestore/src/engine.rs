@@ -5,7 +5,8 @@
 //! Elasticity (§6.6) in a run: `scalestore.join=N@OPS` keeps node `N` out
 //! of the cluster until the clients have started `OPS` operations, then it
 //! joins; `scalestore.leave=N@OPS` makes node `N` leave after `OPS`
-//! operations. A compute thread whose node is not (or no longer) a member
+//! operations (a comma-separated list makes several nodes leave, at once
+//! if their counts are equal: leaves may overlap, invariant 13). A compute thread whose node is not (or no longer) a member
 //! issues through another member of this process (its own endpoint there).
 
 use crate::btree::{self, BTree, MAX_VALUE_LEN, WriteKind};
@@ -78,7 +79,7 @@ const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "leave",
         default: "none",
-        help: "NODE@OPS: node NODE leaves (handing over its pages and directory) once clients started OPS operations",
+        help: "NODE@OPS[,NODE@OPS...]: node NODE leaves (handing over its pages and directory) once clients started OPS operations; several may leave at once",
     },
 ];
 
@@ -124,6 +125,31 @@ fn parse_event(knob: &str, raw: &str, nodes: usize) -> Result<Option<ChurnEvent>
     Ok(Some(ChurnEvent { node, at_ops }))
 }
 
+/// `none`, or one or more `NODE@OPS` separated by commas, each node once.
+fn parse_leaves(raw: &str, nodes: usize) -> Result<Vec<ChurnEvent>> {
+    if raw == "none" {
+        return Ok(Vec::new());
+    }
+    let mut v: Vec<ChurnEvent> = Vec::new();
+    for part in raw.split(',') {
+        let e = parse_event("leave", part, nodes)
+            .map_err(|_| {
+                KvError::Config(format!(
+                    "scalestore.leave={raw:?}: use none or NODE@OPS[,NODE@OPS...] with NODE < {nodes}"
+                ))
+            })?
+            .ok_or_else(|| KvError::Config(format!("scalestore.leave={raw:?}: none in a list")))?;
+        if v.iter().any(|o| o.node == e.node) {
+            return Err(KvError::Config(format!(
+                "scalestore.leave={raw:?}: node {} leaves twice",
+                e.node
+            )));
+        }
+        v.push(e);
+    }
+    Ok(v)
+}
+
 /// Cache pages of one node when `--cache-mb` is 0: the whole expected data
 /// set (every node may end up holding any page, as in the paper's
 /// in-memory runs), with the page provider's free share on top, and at
@@ -141,7 +167,7 @@ pub fn pages_for(expected_keys: u64, value_size: u32, free_percent: usize) -> us
 struct Settings {
     node: NodeConfig,
     join: Option<ChurnEvent>,
-    leave: Option<ChurnEvent>,
+    leave: Vec<ChurnEvent>,
 }
 
 impl ScaleStoreSpec {
@@ -183,20 +209,21 @@ impl ScaleStoreSpec {
         }
         let n = args.nodes.len();
         let join = parse_event("join", &k.get::<String>("scalestore", KNOBS, "join")?, n)?;
-        let leave = parse_event("leave", &k.get::<String>("scalestore", KNOBS, "leave")?, n)?;
+        let leave = parse_leaves(&k.get::<String>("scalestore", KNOBS, "leave")?, n)?;
         if join.is_some_and(|j| j.node == 0) {
             return Err(KvError::Config(
                 "scalestore.join: node 0 creates the tree and must start in the cluster".into(),
             ));
         }
-        if leave.is_some() && n < 2 {
+        if !leave.is_empty() && n < 2 {
             return Err(KvError::Config(
                 "scalestore.leave needs at least two nodes".into(),
             ));
         }
-        if let (Some(j), Some(l)) = (join, leave)
-            && j.node == l.node
-            && l.at_ops <= j.at_ops
+        if let Some(j) = join
+            && leave
+                .iter()
+                .any(|l| j.node == l.node && l.at_ops <= j.at_ops)
         {
             return Err(KvError::Config(
                 "scalestore: a node cannot leave before it joined".into(),
@@ -396,13 +423,13 @@ impl EngineSpec for ScaleStoreSpec {
                 instance: args.serve.instance.clone(),
                 founders,
                 join: s.join,
+                left: s.leave.iter().map(|_| AtomicBool::new(false)).collect(),
                 leave: s.leave,
                 ops: AtomicU64::new(0),
                 joined: AtomicBool::new(false),
-                left: AtomicBool::new(false),
                 proxied: AtomicU64::new(0),
                 churn: Mutex::new(Vec::new()),
-                one_change: Mutex::new(()),
+                one_change: parking_lot::RwLock::new(()),
                 log: Mutex::new(Vec::new()),
             }),
         }))
@@ -437,11 +464,12 @@ struct Shared {
     /// The nodes that start in the cluster.
     founders: Vec<(u8, NodeId)>,
     join: Option<ChurnEvent>,
-    leave: Option<ChurnEvent>,
+    leave: Vec<ChurnEvent>,
     /// Client operations started.
     ops: AtomicU64,
     joined: AtomicBool,
-    left: AtomicBool,
+    /// Per leave event: fired.
+    left: Vec<AtomicBool>,
     /// Clients that issued through another node than their own.
     proxied: AtomicU64,
     /// Membership changes under way and their outcomes.
@@ -449,7 +477,9 @@ struct Shared {
     /// Held by a join or leave while it runs: membership changes happen one
     /// at a time (a joiner's introduction must not overlap a departure, see
     /// `docs/scalestore.md`, invariants).
-    one_change: Mutex<()>,
+    /// Joins take it exclusively, leaves shared: leaves may overlap each
+    /// other (invariant 13), a join overlaps nothing.
+    one_change: parking_lot::RwLock<()>,
     log: Mutex<Vec<String>>,
 }
 
@@ -467,11 +497,10 @@ impl Shared {
         {
             self.fire(j.node, true);
         }
-        if let Some(l) = self.leave
-            && n >= l.at_ops
-            && !self.left.swap(true, Ordering::SeqCst)
-        {
-            self.fire(l.node, false);
+        for (l, fired) in self.leave.iter().zip(&self.left) {
+            if n >= l.at_ops && !fired.swap(true, Ordering::SeqCst) {
+                self.fire(l.node, false);
+            }
         }
     }
 
@@ -491,16 +520,18 @@ impl Shared {
                     dmkv_transport::time::sleep_blocking(std::time::Duration::from_millis(1));
                 }
             }
-            // One membership change at a time: a node that joins while
-            // another leaves could learn the leaver's shard hosts from a
-            // welcome sent before the departure, or introduce itself to the
-            // leaver after it sent its departures, and keep addressing a
-            // node that is gone.
-            let _one = me.one_change.lock();
+            // A join overlaps no other membership change: a node that
+            // joins while another leaves could learn the leaver's shard
+            // hosts from a welcome sent before the departure, or introduce
+            // itself to the leaver after it sent its departures, and keep
+            // addressing a node that is gone. Leaves may overlap each other
+            // (invariant 13).
             let res = if join {
+                let _one = me.one_change.write();
                 node.join(&me.instance, &me.founders)
                     .map(|()| format!("node {index} joined at op {at}"))
             } else {
+                let _one = me.one_change.read();
                 node.leave().map(|succ| {
                     format!("node {index} left at op {at}, handing over to node {succ}")
                 })

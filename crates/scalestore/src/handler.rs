@@ -184,8 +184,10 @@ impl ScaleNode {
                 next_slot,
                 clock,
             } => {
-                tri!(self.handle_adopt(from, shard, next_slot, clock).map_err(kv));
-                responder.reply(Ok(Reply::Done.encode()));
+                let accepted = tri!(self.handle_adopt(from, shard, next_slot, clock).map_err(kv));
+                // Refused (we are not active): the leaver asks another.
+                let r = if accepted { Reply::Done } else { Reply::Retry };
+                responder.reply(Ok(r.encode()));
             }
             Request::HostShard { shard } => {
                 tri!(self.handle_host_shard(from, shard).map_err(kv));

@@ -7,8 +7,14 @@
 //!   the peer records it (checking that the transport's caller id is the
 //!   node it claims to be) and answers with the members and shard hosts it
 //!   knows, which the newcomer introduces itself to in turn.
-//! - **Leaving** (node L, successor S, one node at a time):
-//!   1. L stops issuing (its workers' operations drain; new ones go
+//! - **Leaving** (node L, successor S):
+//!   1. L becomes `Leaving` only if `Active` and adopting nothing, under
+//!      the lock under which a node accepts an `Adopt`: an `Adopt` reaching
+//!      a node that is not `Active` is refused (`Retry`), and a node that
+//!      accepted one may not start leaving until the leaver's `Depart`
+//!      reached it (invariant 13 in `docs/scalestore.md`; otherwise a node
+//!      could adopt a shard after it listed its own, and carry it away).
+//!      L stops issuing (its workers' operations drain; new ones go
 //!      through another member);
 //!   2. L evicts every page of other directories it caches, round after
 //!      round: a declined eviction means a move or copy for it is coming
@@ -18,14 +24,18 @@
 //!      "retry" to what their entries hold, waits for transfers and pulls
 //!      in flight, and drops its own copies of their pages (dirty sole
 //!      copies to its SSD first);
-//!   4. per shard: `Adopt` (S creates the page file), `HandoverPages`
+//!   4. S is the first other member (lowest index first) that accepts
+//!      the first shard's `Adopt`; if none does (all leaving), L unfreezes
+//!      its shards and is `Active` again, and the leave fails;
+//!      per shard: `Adopt` (S creates the page file), `HandoverPages`
 //!      (every written slot of L's file), `HandoverEntries` (every
 //!      directory entry: owners, conflict epoch, dirty flags, pending copy
 //!      grants), `HostShard` (S serves the shard from now on); requests
 //!      that still reach L are answered "moved to S";
-//!   5. `Depart` to every member: they note the new host (before they
-//!      forget L), forget L, and scrub L from their directory entries (it
-//!      holds nothing by now).
+//!   5. `Depart` to every member, S last (S may leave once it has it, and
+//!      its own `Depart` must not reach a member before L's): they note the
+//!      new host (before they forget L), forget L, and scrub L from their
+//!      directory entries (it holds nothing by now).
 //!
 //! Why "retry" and not hold: step 3 waits for transfers in flight, and a
 //! transfer can wait for a requester of *another* page of the frozen shard
@@ -141,14 +151,19 @@ impl ScaleNode {
         .encode())
     }
 
-    /// The leaving host of `shard` asks us to adopt it.
+    /// The leaving host of `shard` asks us to adopt it. Refused
+    /// (`Ok(false)`, answered `Retry`) unless this node is `Active`, under
+    /// the lock that makes it `Leaving` (invariant 13): a node that is
+    /// leaving has listed its shards already and would not hand this one
+    /// on. Once accepted, this node cannot start leaving until `from`
+    /// departed.
     pub fn handle_adopt(
         &self,
         from: u8,
         shard: u8,
         next_slot: u64,
         clock: u64,
-    ) -> Result<(), KvError> {
+    ) -> Result<bool, KvError> {
         if self.host_of(shard) != Some(from) || self.shard(shard).is_some() {
             return Err(corrupt(format!(
                 "node {from} cannot hand over shard {shard}"
@@ -157,12 +172,14 @@ impl ScaleNode {
         if next_slot > crate::pid::SLOT_MASK {
             return Err(corrupt(format!("next slot {next_slot}")));
         }
-        let s = self
-            .add_shard(shard, next_slot, clock)
-            .map_err(|e| KvError::Exhausted(format!("page file for shard {shard}: {e}")))?;
-        // Not served until `HostShard`.
-        s.frozen.store(true, Ordering::SeqCst);
-        Ok(())
+        self.accept_adoption(from, || {
+            let s = self
+                .add_shard(shard, next_slot, clock)
+                .map_err(|e| KvError::Exhausted(format!("page file for shard {shard}: {e}")))?;
+            // Not served until `HostShard`.
+            s.frozen.store(true, Ordering::SeqCst);
+            Ok(())
+        })
     }
 
     fn adopting(&self, from: u8, shard: u8) -> Result<std::sync::Arc<crate::node::Shard>, KvError> {
@@ -261,6 +278,8 @@ impl ScaleNode {
             self.set_host(shard, host);
         }
         self.remove_member(from);
+        // Its handover to us (if it chose us) is complete: we may leave.
+        self.adoption_done(from);
         let mut lost = Vec::new();
         for fi in 0..self.frames.high_water() {
             let f = self.frames.frame(fi);
@@ -357,59 +376,213 @@ impl ScaleNode {
         Ok(())
     }
 
-    /// Leaves the cluster at run time, handing everything to the
-    /// lowest-indexed other member; returns it.
+    /// Leaves the cluster at run time, handing every shard to the
+    /// lowest-indexed other member that accepts them; returns it. A leave
+    /// that fails before its departure went out (no other member accepts:
+    /// they are all leaving, or this is the last member) makes the node
+    /// serve its remaining shards again (`Active`), so nothing is lost.
     pub fn leave(&self) -> Result<u8, KvError> {
         let ep = self.thread_ep()?;
-        self.set_state(NodeState::Leaving);
+        if !self.members().iter().any(|(i, _)| *i != self.index) {
+            return Err(KvError::Config(format!(
+                "node {} is the last member: it cannot leave (it holds the only copy of the data)",
+                self.index
+            )));
+        }
+        self.begin_leave()?;
+        let r = self.hand_everything_over(&ep);
+        match r {
+            Ok(succ) => {
+                self.set_state(NodeState::Left);
+                Ok(succ)
+            }
+            Err(Failed::Before(e)) => {
+                // Serve again what we still host (shards handed over
+                // already stay with their successor; we answer "moved").
+                for (id, s) in self.shard_list() {
+                    if self.host_of(id) == Some(self.index) {
+                        s.frozen.store(false, Ordering::SeqCst);
+                    }
+                }
+                self.set_state(NodeState::Active);
+                Err(e)
+            }
+            Err(Failed::Departing(e)) => Err(e),
+        }
+    }
+
+    /// `Active` to `Leaving` (invariant 13), waiting (bounded) for the
+    /// handovers of leavers whose shards we accepted to adopt: until such a
+    /// leaver departed, leaving would carry its shard away.
+    fn begin_leave(&self) -> Result<(), KvError> {
+        const WAIT: Duration = Duration::from_secs(30);
+        const STEP: Duration = Duration::from_millis(1);
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.try_begin_leave() {
+                Ok(()) => return Ok(()),
+                Err(None) => {
+                    return Err(KvError::Config(format!(
+                        "node {} is not an active member ({:?}): it cannot leave",
+                        self.index,
+                        self.state()
+                    )));
+                }
+                Err(Some(from)) if waited >= WAIT => {
+                    return Err(KvError::Config(format!(
+                        "node {} still adopts shards of leaving node(s) {from:?} after {WAIT:?}; try again later",
+                        self.index
+                    )));
+                }
+                Err(Some(_)) => {
+                    dmkv_transport::time::sleep_blocking(STEP);
+                    waited += STEP;
+                }
+            }
+        }
+    }
+
+    /// Steps 1 to 5 of leaving (module documentation) for a `Leaving` node.
+    fn hand_everything_over(&self, ep: &Endpoint) -> Result<u8, Failed> {
         while self.inflight.load(Ordering::SeqCst) > 0 {
             dmkv_transport::time::sleep_blocking(Duration::from_micros(200));
         }
-        let succ = self
-            .members()
-            .into_iter()
-            .map(|(i, _)| i)
-            .find(|&i| i != self.index)
-            .ok_or_else(|| KvError::Config("the last member cannot leave".into()))?;
         // 2. Other directories' pages.
         loop {
-            let left = self.evict_all_remote(&ep)?;
+            let left = self.evict_all_remote(ep).map_err(Failed::Before)?;
             if left == 0 {
                 break;
             }
             dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
         }
-        // 3. Freeze our shards and let go of our own copies.
-        let shards = self.shard_list();
+        // 3. Freeze our shards and let go of our own copies. (Only shards
+        // we host: one a failed handover left half-adopted here is not
+        // ours to hand on.) No shard is added from now on: `Adopt` is
+        // refused while we are `Leaving` (invariant 13).
+        let shards: Vec<_> = self
+            .shard_list()
+            .into_iter()
+            .filter(|(id, _)| self.host_of(*id) == Some(self.index))
+            .collect();
         for (_, s) in &shards {
             s.frozen.store(true, Ordering::SeqCst);
         }
         loop {
-            let busy = self.drop_own_copies()?;
+            let busy = self.drop_own_copies().map_err(Failed::Before)?;
             if busy == 0 {
                 break;
             }
             dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
         }
-        // 4. Hand each shard over.
+        // 4. Hand each shard over. The successor is the first other member
+        // (lowest index first) that accepts our first shard; having
+        // accepted, it cannot start leaving before our departure reached
+        // it, so it accepts the others too.
+        let mut succ = None;
         let mut moved = Vec::new();
         for (id, s) in &shards {
-            self.hand_over(&ep, *id, s, succ)?;
-            moved.push((*id, succ));
+            let to = match succ {
+                Some(to) => {
+                    if !self.adopt_call(ep, *id, s, to).map_err(Failed::Before)? {
+                        return Err(Failed::Before(corrupt(format!(
+                            "node {to} accepted our shards, then refused shard {id}"
+                        ))));
+                    }
+                    to
+                }
+                None => {
+                    let to = self.find_successor(ep, *id, s).map_err(Failed::Before)?;
+                    succ = Some(to);
+                    to
+                }
+            };
+            self.hand_over(ep, *id, s, to).map_err(Failed::Before)?;
+            moved.push((*id, to));
         }
-        // 5. Tell everybody.
+        let succ = match succ {
+            Some(s) => s,
+            // Nothing to hand over: name the lowest other member.
+            None => self
+                .members()
+                .into_iter()
+                .map(|(i, _)| i)
+                .find(|&i| i != self.index)
+                .ok_or_else(|| Failed::Before(KvError::Config("no other member".into())))?,
+        };
+        // 5. Tell everybody, the successor last: once it has our departure
+        // it may leave itself, and its own departure must not reach a
+        // member before ours (which names it as a host).
         let depart = Depart {
             index: self.index,
             moved,
         }
         .encode();
-        for (i, m) in self.members() {
+        let mut members = self.members();
+        members.sort_by_key(|(i, _)| *i == succ);
+        for (i, m) in members {
             self.stats.sent(Kind::Depart);
-            block_on(ep.call(m.node, m.service, depart.clone()))
-                .map_err(|e| corrupt(format!("departure to {i}: {e}")))?;
+            if let Err(e) = block_on(ep.call(m.node, m.service, depart.clone())) {
+                // A member that departed meanwhile needs no word from us.
+                if self.member(i).is_some() {
+                    return Err(Failed::Departing(corrupt(format!("departure to {i}: {e}"))));
+                }
+            }
         }
-        self.set_state(NodeState::Left);
         Ok(succ)
+    }
+
+    /// Asks the other members, lowest index first, to adopt shard `id`;
+    /// returns the first that accepts.
+    fn find_successor(&self, ep: &Endpoint, id: u8, s: &crate::node::Shard) -> Result<u8, KvError> {
+        let mut refused = Vec::new();
+        for (i, _) in self.members() {
+            if i == self.index {
+                continue;
+            }
+            match self.adopt_call(ep, id, s, i) {
+                Ok(true) => return Ok(i),
+                Ok(false) => refused.push(format!("node {i} is not active")),
+                // Gone, or left meanwhile: ask the next.
+                Err(e) => refused.push(format!("node {i}: {e}")),
+            }
+        }
+        Err(KvError::Config(format!(
+            "node {}: no other member can adopt shard {id} now ({})",
+            self.index,
+            refused.join("; ")
+        )))
+    }
+
+    /// `Adopt` for shard `id` to `to`: `Ok(false)` if refused (invariant
+    /// 13).
+    fn adopt_call(
+        &self,
+        ep: &Endpoint,
+        id: u8,
+        s: &crate::node::Shard,
+        to: u8,
+    ) -> Result<bool, KvError> {
+        let m = self
+            .member(to)
+            .ok_or_else(|| corrupt(format!("successor {to} is no member")))?;
+        self.stats.sent(Kind::Adopt);
+        let r = block_on(
+            ep.call(
+                m.node,
+                m.service,
+                Request::Adopt {
+                    shard: id,
+                    next_slot: s.next_slot.load(Ordering::Acquire),
+                    clock: s.clock.load(Ordering::Acquire),
+                }
+                .encode(),
+            ),
+        )?;
+        match Reply::decode(&r).map_err(|e| corrupt(e.to_string()))? {
+            Reply::Done => Ok(true),
+            Reply::Retry => Ok(false),
+            r => Err(corrupt(format!("adopt answered {r:?}"))),
+        }
     }
 
     /// Sends eviction batches for every page of another directory this node
@@ -495,7 +668,8 @@ impl ScaleNode {
         Ok(busy)
     }
 
-    /// Hands shard `id` (frozen, no copies here) over to `succ`.
+    /// Hands shard `id` (frozen, no copies here) over to `succ`, which
+    /// accepted to adopt it.
     fn hand_over(
         &self,
         ep: &Endpoint,
@@ -515,15 +689,6 @@ impl ScaleNode {
             }
         };
         let next_slot = s.next_slot.load(Ordering::Acquire);
-        call(
-            Kind::Adopt,
-            Request::Adopt {
-                shard: id,
-                next_slot,
-                clock: s.clock.load(Ordering::Acquire),
-            }
-            .encode(),
-        )?;
         // The page file: every slot ever written (unwritten ones read as
         // zeroes on the successor too).
         let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
@@ -608,4 +773,11 @@ impl ScaleNode {
         }
         Ok(())
     }
+}
+
+/// How a leave failed: before its departure went out (the node serves
+/// again), or while sending it (some members forgot it already).
+enum Failed {
+    Before(KvError),
+    Departing(KvError),
 }

@@ -23,7 +23,7 @@ use dmkv_transport::exec::block_on_network;
 use dmkv_transport::{Endpoint, Fabric, NodeId, RegionMem, RemoteRegion, ServiceId};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -182,6 +182,11 @@ pub struct ScaleNode {
     hosts: RwLock<Vec<Option<u8>>>,
     shards: RwLock<HashMap<u8, Arc<Shard>>>,
     state: AtomicU8,
+    /// Taken to make this node `Leaving` and to accept an `Adopt`, so the
+    /// two exclude each other (invariant 13 in `docs/scalestore.md`); holds
+    /// the leavers whose shards this node accepted to adopt and that have
+    /// not departed yet (it may not start leaving while any is listed).
+    adopting_from: Mutex<BTreeSet<u8>>,
     /// Operations of this node's workers in progress (a leaving node waits
     /// for them to finish).
     pub inflight: AtomicU64,
@@ -238,6 +243,7 @@ impl ScaleNode {
             hosts: RwLock::new(vec![None; MAX_SHARDS]),
             shards: RwLock::new(HashMap::new()),
             state: AtomicU8::new(state as u8),
+            adopting_from: Mutex::new(BTreeSet::new()),
             inflight: AtomicU64::new(0),
             global_epoch: AtomicU64::new(1),
             stats: Counters::default(),
@@ -266,6 +272,44 @@ impl ScaleNode {
 
     pub fn set_state(&self, s: NodeState) {
         self.state.store(s as u8, Ordering::SeqCst);
+    }
+
+    /// Makes an `Active` node `Leaving`, under the lock `Adopt` takes
+    /// (invariant 13): refused unless the node is `Active`, and refused
+    /// while it adopts a shard from a leaver that has not departed yet
+    /// (`Some(leavers)`: the caller may wait and try again).
+    pub fn try_begin_leave(&self) -> Result<(), Option<Vec<u8>>> {
+        let a = self.adopting_from.lock();
+        if self.state() != NodeState::Active {
+            return Err(None);
+        }
+        if !a.is_empty() {
+            return Err(Some(a.iter().copied().collect()));
+        }
+        self.set_state(NodeState::Leaving);
+        Ok(())
+    }
+
+    /// Accepts to adopt shards of `from` if this node is `Active` (under
+    /// the lock `try_begin_leave` takes), running `adopt` under it; `Ok(false)`
+    /// if refused.
+    pub fn accept_adoption(
+        &self,
+        from: u8,
+        adopt: impl FnOnce() -> Result<(), KvError>,
+    ) -> Result<bool, KvError> {
+        let mut a = self.adopting_from.lock();
+        if self.state() != NodeState::Active {
+            return Ok(false);
+        }
+        adopt()?;
+        a.insert(from);
+        Ok(true)
+    }
+
+    /// `from` departed: its handover to us, if any, is complete.
+    pub fn adoption_done(&self, from: u8) {
+        self.adopting_from.lock().remove(&from);
     }
 
     /// What this node tells its peers about itself.

@@ -198,11 +198,17 @@ fn bad_knobs_are_refused() {
         ("join", "0@5"),
         ("join", "7@5"),
         ("leave", "1"),
+        ("leave", "0@5,0@9"),
+        ("leave", "0@5,none"),
+        ("leave", "0@5,3@5"),
+        ("leave", "0@5,"),
         ("free_percent", "0"),
     ] {
         let r = LocalDeployment::deploy(&SCALESTORE, &opts(3, 1, &[(k, v)]));
         assert!(r.is_err(), "scalestore.{k}={v} was accepted");
     }
+    // A list of leaves is accepted.
+    LocalDeployment::deploy(&SCALESTORE, &opts(3, 1, &[("leave", "0@5,2@5")])).unwrap();
 }
 
 /// Values of `n` keys, written once from node 0 and read back from every
@@ -326,6 +332,77 @@ fn walk(p: &std::path::Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// Nodes 0 and 2 leave at the same operation count while every node's
+/// clients write and read (leaves may overlap: invariant 13); afterwards
+/// node 1 serves every key with its last value, from every client.
+#[test]
+fn two_leaves_at_once_during_a_run_keep_every_value() {
+    for protocol in ["chaining", "fifo"] {
+        let d = deploy(opts(
+            3,
+            3,
+            &[
+                ("protocol", protocol),
+                ("cache_pages", "64"),
+                ("leave", "0@700,2@700"),
+            ],
+        ));
+        let _w = watch(&d);
+        let (threads, keys, rounds) = (3usize, 120u64, 6u32);
+        let key = |t: usize, i: u64| (t as u64) << 32 | i;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let d = &d;
+                s.spawn(move || {
+                    let (_ep, store) = d.client(t).unwrap();
+                    block_on(async {
+                        for round in 1..=rounds {
+                            for i in 0..keys {
+                                let k = key(t, i);
+                                store.upsert(k, &make_value(k, round, 100)).await.unwrap();
+                            }
+                        }
+                    });
+                });
+            }
+        });
+        block_on(d.engine.settle(&d.endpoint(0))).unwrap_or_else(|e| panic!("{protocol}: {e}"));
+        let st = stats(&d);
+        let events: Vec<String> = serde_json::from_value(st["membership_events"].clone()).unwrap();
+        for n in [0, 2] {
+            assert!(
+                events.iter().any(|e| e.contains(&format!("node {n} left"))),
+                "{protocol}: {events:?}"
+            );
+        }
+        let states: Vec<String> = st["per_node"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["state"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(states, ["left", "active", "left"], "{st}");
+        for t in 0..threads {
+            let (_ep, store) = d.client(t).unwrap();
+            block_on(async {
+                for tt in 0..threads {
+                    for i in 0..keys {
+                        let k = key(tt, i);
+                        let v = store
+                            .get(k)
+                            .await
+                            .unwrap()
+                            .unwrap_or_else(|| panic!("{protocol}: key {k:#x} lost"));
+                        assert_eq!(check_value(k, &v), Ok(rounds), "{protocol}: {k:#x} stale");
+                    }
+                }
+                let all = store.scan(0, 10_000).await.unwrap();
+                assert_eq!(all.len(), threads * keys as usize, "{protocol}");
+            });
+        }
+    }
 }
 
 /// Node 2 joins and node 1 leaves while every node's clients write and
