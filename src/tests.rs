@@ -914,3 +914,61 @@ fn llc_keys_scales_the_simulated_memory_node_cache() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Several ScaleStore leaves in one simulated run are refused with a clear
+/// error (blocking leave tasks nest on the simulator's one thread and can
+/// wait on each other for ever: docs/scalestore.md); one leave still runs
+/// and verifies there.
+#[test]
+fn scalestore_overlapping_leaves_are_refused_on_sim() {
+    let base = [
+        "bench",
+        "--transport",
+        "sim",
+        "--engine",
+        "scalestore",
+        "--nodes",
+        "3",
+        "--threads",
+        "3",
+        "--tasks",
+        "2",
+        "--workload",
+        "ycsb-a",
+        "--keys",
+        "400",
+        "--ops",
+        "800",
+        "--value-size",
+        "64",
+        "--verify",
+        "--seed",
+        "100",
+        "--set",
+    ];
+    let two: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["scalestore.leave=0@300,2@400"])
+        .collect();
+    let o = dmkv(&two);
+    assert_eq!(o.code, 1, "{}", o.err);
+    assert!(
+        o.err
+            .contains("leaves in one run are not supported on the simulated cluster"),
+        "{}",
+        o.err
+    );
+    let json = std::env::temp_dir().join(format!("dmkv-one-leave-{}.json", std::process::id()));
+    let one: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["scalestore.leave=2@300", "--json", json.to_str().unwrap()])
+        .collect();
+    let o = dmkv(&one);
+    assert_eq!(o.code, 0, "{}\n{}", o.out, o.err);
+    assert!(o.out.contains("ok (400 keys)"), "{}", o.out);
+    let report = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert!(report.contains("node 2 left at op"), "{report}");
+}
