@@ -145,6 +145,16 @@ fn stats(d: &LocalDeployment) -> serde_json::Value {
     block_on(d.engine.stats(&d.endpoint(0))).unwrap()
 }
 
+/// Each node's membership state from the engine's stats, in node order.
+fn node_states(st: &serde_json::Value) -> Vec<String> {
+    st["per_node"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["state"].as_str().unwrap().to_string())
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
     #[test]
@@ -377,12 +387,7 @@ fn two_leaves_at_once_during_a_run_keep_every_value() {
                 "{protocol}: {events:?}"
             );
         }
-        let states: Vec<String> = st["per_node"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n["state"].as_str().unwrap().to_string())
-            .collect();
+        let states = node_states(&st);
         assert_eq!(states, ["left", "active", "left"], "{st}");
         for t in 0..threads {
             let (_ep, store) = d.client(t).unwrap();
@@ -464,12 +469,7 @@ fn join_and_leave_keep_every_value() {
             events.iter().any(|e| e.contains("node 1 left")),
             "{events:?}"
         );
-        let states: Vec<String> = st["per_node"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n["state"].as_str().unwrap().to_string())
-            .collect();
+        let states = node_states(&st);
         assert_eq!(states, ["active", "left", "active"], "{st}");
         for t in 0..threads {
             let (_ep, store) = d.client(t).unwrap();
