@@ -276,21 +276,31 @@ pub fn decode_get(mut buf: Vec<u8>) -> Result<Option<Vec<u8>>, WireError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn requests_round_trip_and_bad_ones_are_refused() {
-        let reqs = [
+    /// One request of every kind (both put modes).
+    fn sample_requests() -> Vec<Request<'static>> {
+        vec![
             Request::Get { key: 7 },
             Request::Put {
                 mode: PutMode::Update,
                 key: 9,
                 value: b"abc",
             },
+            Request::Put {
+                mode: PutMode::Upsert,
+                key: 9,
+                value: b"abcde",
+            },
             Request::Delete { key: 1 },
             Request::Load {
                 pairs: vec![(1, b"x".as_slice()), (2, b"".as_slice())],
             },
             Request::Stats,
-        ];
+        ]
+    }
+
+    #[test]
+    fn requests_round_trip_and_bad_ones_are_refused() {
+        let reqs = sample_requests();
         for req in &reqs {
             let buf = req.encode();
             assert_eq!(&Request::decode(&buf).unwrap(), req);
@@ -342,19 +352,7 @@ mod tests {
             long.push(0);
             assert!(decode_get(long).is_err());
         }
-        for req in [
-            Request::Get { key: 7 },
-            Request::Put {
-                mode: PutMode::Upsert,
-                key: 9,
-                value: b"abcde",
-            },
-            Request::Delete { key: 1 },
-            Request::Load {
-                pairs: vec![(1, b"x".as_slice()), (2, b"".as_slice())],
-            },
-            Request::Stats,
-        ] {
+        for req in sample_requests() {
             assert_eq!(req.encode().len(), req.encoded_len(), "{req:?}");
         }
         let stats = Reply::Stats(TableStats::default());

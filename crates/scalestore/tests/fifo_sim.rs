@@ -52,6 +52,19 @@ fn nodes_of(d: &SimDeployment) -> Vec<Arc<ScaleNode>> {
         .collect()
 }
 
+/// Word 0 of page `pid`, fixed exclusively by a worker of node 0.
+fn word0_on_node0(nodes: &[Arc<ScaleNode>], pid: Pid) -> u64 {
+    let w0 = worker(&nodes[0]);
+    block_on(async {
+        ExclusiveGuard::fix(&w0, pid)
+            .await
+            .unwrap()
+            .page()
+            .word(0)
+            .unwrap()
+    })
+}
+
 /// A worker with a simulated core of its own on `node`.
 fn worker(node: &Arc<ScaleNode>) -> Worker {
     Worker::new(
@@ -91,15 +104,7 @@ fn first_fix(fifo_ack: &str) -> (u64, u64) {
             Instant::now().duration_since(fixed).as_nanos() as u64,
         )
     });
-    let w0 = worker(&nodes[0]);
-    let back = block_on(async {
-        ExclusiveGuard::fix(&w0, pid)
-            .await
-            .unwrap()
-            .page()
-            .word(0)
-            .unwrap()
-    });
+    let back = word0_on_node0(&nodes, pid);
     assert_eq!(back, 1, "{fifo_ack}: the update moved back to node 0");
     (fix_ns, settle_ns)
 }
@@ -169,15 +174,7 @@ fn shared_exclusive_mix(
         })
         .collect();
     let made: u64 = run_tasks(tasks).iter().sum();
-    let w0 = worker(&nodes[0]);
-    let total = block_on(async {
-        ExclusiveGuard::fix(&w0, pid)
-            .await
-            .unwrap()
-            .page()
-            .word(0)
-            .unwrap()
-    });
+    let total = word0_on_node0(nodes, pid);
     let st = stats();
     assert!(st["messages"]["ack"].as_u64().unwrap() > 0, "{st}");
     (made, total, st["fifo_before_ack"].as_u64().unwrap())

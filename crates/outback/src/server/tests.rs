@@ -106,15 +106,12 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     // The table stops at s_stop; the job has not run yet. Hold the job
     // flag so that the requests below (which kick the job once every
     // compute node has seen PRE_RESIZE) cannot start it before the test does.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while shard
-        .job_active
-        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "a job is still running");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(Duration::from_secs(10), "a job is still running", || {
+        shard
+            .job_active
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    });
     let t0 = shard.table(0).unwrap();
     t0.state.store(state::REBUILDING, Ordering::Release);
     shard.resize_pending.store(true, Ordering::Release);
@@ -165,11 +162,11 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
     assert_eq!(shard.stats.splits.load(Ordering::Relaxed), 0);
     shard.job_active.store(false, Ordering::Release);
     shard.kick();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while shard.applied.load(Ordering::Acquire) == 0 {
-        assert!(Instant::now() < deadline, "the rebuild did not finish");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the rebuild did not finish",
+        || shard.applied.load(Ordering::Acquire) != 0,
+    );
     assert_eq!(shard.stats.splits.load(Ordering::Relaxed), 1);
     assert_eq!(shard.stats.start_stop_fill.load(Ordering::Relaxed), 1);
     // Both halves are new tables sized for their keys; table 0 is retired.
@@ -308,20 +305,14 @@ fn seeds_array_follows_the_control_words() {
         compared += check();
     }
     // Let every rebuild finish (no job, no table outside NORMAL).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let idle = !shard.job_active.load(Ordering::Acquire)
+    wait_until(Duration::from_secs(20), "rebuilds did not settle", || {
+        !shard.job_active.load(Ordering::Acquire)
             && !shard.resize_pending.load(Ordering::Acquire)
             && shard
                 .live_tables()
                 .iter()
-                .all(|t| t.state.load(Ordering::Acquire) == state::NORMAL);
-        if idle {
-            break;
-        }
-        assert!(Instant::now() < deadline, "rebuilds did not settle");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+                .all(|t| t.state.load(Ordering::Acquire) == state::NORMAL)
+    });
     assert!(
         shard.stats.reseeds.load(Ordering::Relaxed) > 0,
         "no re-seed happened"
@@ -329,4 +320,15 @@ fn seeds_array_follows_the_control_words() {
     assert!(shard.live_tables().len() > 1, "no split happened");
     compared += check();
     assert!(compared > 0);
+}
+
+/// Polls `done` every millisecond until it holds; fails with `what` after
+/// `limit` (these tests run the memory node's rebuild job on its own
+/// thread, on the local transport).
+fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
