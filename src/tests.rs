@@ -972,3 +972,52 @@ fn scalestore_overlapping_leaves_are_refused_on_sim() {
     let _ = std::fs::remove_file(&json);
     assert!(report.contains("node 2 left at op"), "{report}");
 }
+
+/// A ScaleStore node with several handler cores on the simulated cluster,
+/// its cache far smaller than the data so handlers wait for the SSD: such a
+/// wait runs the node's other handlers nested on the simulator's thread,
+/// and the handler used to hold the node slot's lock through `handle`, so
+/// the nested one waited for it for ever (the run hung at once; see
+/// `scalestore::engine`). The run happens on a thread so that a hang fails
+/// the test instead of stalling the suite; 120 s is a hang guard, not a
+/// timing (the run takes a few seconds).
+#[test]
+fn scalestore_with_several_handler_cores_and_its_ssd_finishes_on_sim() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let o = dmkv(&[
+            "bench",
+            "--transport",
+            "sim",
+            "--engine",
+            "scalestore",
+            "--nodes",
+            "2",
+            "--threads",
+            "2",
+            "--tasks",
+            "2",
+            "--workload",
+            "ycsb-a",
+            "--keys",
+            "20000",
+            "--ops",
+            "4000",
+            "--value-size",
+            "128",
+            "--cache-mb",
+            "1",
+            "--memnode-threads",
+            "4",
+            "--verify",
+            "--seed",
+            "5",
+        ]);
+        let _ = done.send(o);
+    });
+    let o = finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the simulated run hung (nested handlers waiting on each other)");
+    assert_eq!(o.code, 0, "{}\n{}", o.out, o.err);
+    assert!(o.out.contains("ok (20000 keys)"), "{}", o.out);
+}

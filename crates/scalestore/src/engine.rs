@@ -338,7 +338,14 @@ impl EngineSpec for ScaleStoreSpec {
             .register_deferred_service(
                 &service_name(&args.instance),
                 Arc::new(move |ctx: &RpcContext, req: &[u8], r: Responder| {
-                    match for_handler.lock().upgrade() {
+                    // Upgrade and release the slot's lock before handling: a
+                    // guard in the `match` scrutinee would live through
+                    // `handle`, serialising a node's handler threads, and on
+                    // `sim` a handler waiting for its SSD runs the node's
+                    // other handlers nested on this thread, so the second
+                    // one would wait for this lock forever.
+                    let node = for_handler.lock().upgrade();
+                    match node {
                         Some(node) => node.handle(ctx, req, r),
                         None => r.reply(Err(dmkv_transport::ServiceError::failed(
                             "node is shutting down",
