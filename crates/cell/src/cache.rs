@@ -53,12 +53,25 @@ impl NodeCache {
 
     /// The cached image of `node`, marked most recently used.
     pub fn get(&mut self, node: u32) -> Option<Arc<NodeView>> {
-        let stamp = self.stamp();
+        self.with(node, |v| v.clone())
+    }
+
+    /// `f` of the cached image of `node`, marked most recently used; no
+    /// reference count is taken.
+    pub fn with<T>(&mut self, node: u32, f: impl FnOnce(&Arc<NodeView>) -> T) -> Option<T> {
+        let last = self.next_stamp;
         let e = self.map.get_mut(&node)?;
-        self.lru.remove(&e.stamp);
-        e.stamp = stamp;
-        self.lru.insert(stamp, node);
-        Some(e.node.clone())
+        // An entry holding the last stamp issued is already the most recent
+        // one: re-stamping it would not change the order (the root, hit by
+        // every descent, is usually that entry).
+        if e.stamp != last {
+            self.next_stamp += 1;
+            let stamp = self.next_stamp;
+            self.lru.remove(&e.stamp);
+            e.stamp = stamp;
+            self.lru.insert(stamp, node);
+        }
+        Some(f(&e.node))
     }
 
     /// Caches `v` as the image of `node`, evicting the least recently used
@@ -152,6 +165,14 @@ mod tests {
         assert_eq!(c.used_bytes(), 2 * one);
         c.insert(1, img(4));
         assert_eq!(c.len(), 2, "re-inserting replaces");
+        // A hit on the most recent entry keeps it most recent without a
+        // new stamp; the others keep their order.
+        assert_eq!(c.with(4, |v| v.level()), Some(1));
+        assert_eq!(c.with(4, |v| v.level()), Some(1));
+        c.insert(5, img(4));
+        c.insert(6, img(4));
+        assert!(c.get(4).is_some(), "4 was the most recent");
+        assert!(c.get(1).is_none() && c.get(5).is_some() && c.get(6).is_some());
         let mut tiny = NodeCache::new(10);
         tiny.insert(1, img(4));
         assert!(

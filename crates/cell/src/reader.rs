@@ -8,7 +8,7 @@ use dmkv_transport::exec::yield_now;
 use dmkv_transport::{Endpoint, RemoteRegion};
 use dmkv_xtree::layout::{MAX_LEVEL, NO_NODE, SUPERBLOCK_ROOT_OFFSET};
 use dmkv_xtree::view::{parse_block, parse_slot_line};
-use dmkv_xtree::{FatPtr, Geometry, KeysView, NodeView, RootWord, SlotValue, ViewError};
+use dmkv_xtree::{ChildPtr, FatPtr, Geometry, KeysView, NodeView, RootWord, SlotValue, ViewError};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -186,37 +186,61 @@ impl TreeReader {
         bump(&self.stats.stale_retries);
     }
 
-    /// The inner node `node` at `level`, from the cache if it is cached,
-    /// else read (and cached if its level is high enough).
-    async fn inner(
+    /// Where the search for `key` goes from the inner node `node` at
+    /// `level`: from its cached image if its level is cached and it is in
+    /// the cache, else from a read of the node (cached whole if its level is
+    /// high enough, searched in place where it lies if not). `Stale` if the
+    /// image does not match its pointer (invariants 1 and 2) or `key` is
+    /// below its lower bound.
+    async fn route(
         &self,
         ep: &Endpoint,
         node: u32,
         level: u8,
         expect: Expect,
-    ) -> Result<std::result::Result<Arc<NodeView>, Stale>> {
-        let cacheable = level >= self.cached_levels;
-        if cacheable {
-            let hit = self.cache.lock().get(node);
-            if let Some(img) = hit {
-                bump(&self.stats.cache_hits);
-                if self.matches(img.header(), img.level(), level, expect) {
-                    return Ok(Ok(img));
+        key: u64,
+    ) -> Result<std::result::Result<ChildPtr, Stale>> {
+        let found = if level >= self.cached_levels {
+            // Looked up under the lock: a hit needs no reference count.
+            let hit = self.cache.lock().with(node, |img| {
+                self.matches(img.header(), img.level(), level, expect)
+                    .then(|| img.child_for(key))
+            });
+            match hit {
+                Some(routed) => {
+                    bump(&self.stats.cache_hits);
+                    routed
                 }
-                self.forget(node, expect);
-                return Ok(Err(Stale));
+                None => {
+                    bump(&self.stats.cache_misses);
+                    let img = self.read_node(ep, node, level).await?;
+                    let ok = self.matches(img.header(), img.level(), level, expect);
+                    let routed = ok.then(|| img.child_for(key));
+                    if ok {
+                        self.cache.lock().insert(node, Arc::new(img));
+                    }
+                    routed
+                }
             }
-            bump(&self.stats.cache_misses);
+        } else {
+            let geo = self.geo;
+            let l = self
+                .read_span(ep, node, level, geo.node_span(), |b| {
+                    NodeView::child_in_image(&geo, b, key)
+                })
+                .await?;
+            self.matches(l.header, l.level, level, expect)
+                .then_some(l.child)
+        };
+        match found {
+            Some(Some((_, child))) => Ok(Ok(child)),
+            // A mismatch, or below the node's lower bound (the image is not
+            // current): forget it and its parent.
+            Some(None) | None => {
+                self.forget(node, expect);
+                Ok(Err(Stale))
+            }
         }
-        let img = Arc::new(self.read_node(ep, node, level).await?);
-        if !self.matches(img.header(), img.level(), level, expect) {
-            self.forget(node, expect);
-            return Ok(Err(Stale));
-        }
-        if cacheable {
-            self.cache.lock().insert(node, img.clone());
-        }
-        Ok(Ok(img))
     }
 
     /// Descends to the leaf whose range holds `key`.
@@ -232,14 +256,9 @@ impl TreeReader {
         let mut level = root.root_level();
         let mut expect = Expect::Root;
         while level > 0 {
-            let img = match self.inner(ep, node, level, expect).await? {
-                Ok(img) => img,
+            let child = match self.route(ep, node, level, expect, key).await? {
+                Ok(c) => c,
                 Err(stale) => return Ok(Err(stale)),
-            };
-            let Some((_, child)) = img.child_for(key) else {
-                // Below the node's lower bound: the image is not current.
-                self.forget(node, expect);
-                return Ok(Err(Stale));
             };
             expect = Expect::Child {
                 parent: node,
@@ -263,9 +282,11 @@ impl TreeReader {
                     continue;
                 }
             };
+            // The keys are searched where they lie in the read, not
+            // collected (same checks as `KeysView::parse`).
             let keys = self
                 .read_span(ep, leaf, 0, geo.key_span(), |b| {
-                    KeysView::parse(&geo, geo.key_span(), b)
+                    KeysView::find_in_image(&geo, geo.key_span(), b, key)
                 })
                 .await?;
             if !self.matches(keys.header, keys.meta.level, 0, expect) {
@@ -273,7 +294,7 @@ impl TreeReader {
                 refresh = true;
                 continue;
             }
-            let Some(j) = keys.find(key) else {
+            let Some(j) = keys.slot else {
                 return Ok(None);
             };
             let span = geo.slot_span(j);

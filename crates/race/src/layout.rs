@@ -262,6 +262,11 @@ fn kv_checksum(head: &[u8], value: &[u8]) -> u64 {
 /// The (key, value) of a block read for `slot`, if it is intact and is the
 /// block the slot names (its tag and length agree).
 pub fn decode_kv(b: &[u8], slot: Slot) -> Option<(u64, Vec<u8>)> {
+    decode_kv_ref(b, slot).map(|(key, value)| (key, value.to_vec()))
+}
+
+/// [`decode_kv`] without copying the value out of the read.
+pub fn decode_kv_ref(b: &[u8], slot: Slot) -> Option<(u64, &[u8])> {
     if b.len() < KV_HEADER_BYTES {
         return None;
     }
@@ -277,7 +282,7 @@ pub fn decode_kv(b: &[u8], slot: Slot) -> Option<(u64, Vec<u8>)> {
         return None;
     }
     let value = &b[24..24 + len];
-    (kv_checksum(&b[0..16], value) == word(2)).then(|| (key, value.to_vec()))
+    (kv_checksum(&b[0..16], value) == word(2)).then_some((key, value))
 }
 
 /// A read combined bucket: two buckets, each a header and 7 slots.

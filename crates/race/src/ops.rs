@@ -15,13 +15,15 @@
 use crate::alloc::{ALLOC_CHUNK, AllocSource, LocalAlloc};
 use crate::layout::{
     BucketHeader, COMBINED_BYTES, Combined, DIR_DEPTH, DIR_ENTRIES, DirEntry, GAddr, KeyHash,
-    MAX_DEPTH, SLOTS_PER_BUCKET, Slot, combined_offset, decode_kv, encode_kv, kv_units,
+    MAX_DEPTH, SLOTS_PER_BUCKET, Slot, combined_offset, decode_kv, decode_kv_ref, encode_kv,
+    kv_units,
 };
 use dmkv_api::{Key, KvError, Result};
 use dmkv_memnode::RemoteSegments;
 use dmkv_transport::exec::yield_now;
 use dmkv_transport::{Batch, BatchResult, Endpoint, RemoteAddr, RemoteRegion};
 use parking_lot::RwLock;
+use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -113,6 +115,13 @@ impl Buckets {
     /// `slots_skip_a_shared_bucket`), without the quadratic scan.
     pub fn slots(&self) -> Vec<(u64, Slot)> {
         let mut v: Vec<(u64, Slot)> = Vec::with_capacity(4 * SLOTS_PER_BUCKET);
+        self.for_each_slot(|off, s| v.push((off, s)));
+        v
+    }
+
+    /// Calls `f` with what [`Buckets::slots`] lists, in the same order,
+    /// without collecting it.
+    pub fn for_each_slot(&self, mut f: impl FnMut(u64, Slot)) {
         let mut seen = [u64::MAX; 4];
         let mut n = 0;
         for c in &self.combined {
@@ -124,12 +133,13 @@ impl Buckets {
                 }
                 seen[n] = base;
                 n += 1;
-                for i in first..first + SLOTS_PER_BUCKET {
-                    v.push((c.slot_offset(i), c.slots[i]));
+                // Slots of a bucket are consecutive words: slot_offset(first
+                // + j) = base + 8 j (no division per slot).
+                for (j, s) in c.slots[first..first + SLOTS_PER_BUCKET].iter().enumerate() {
+                    f(base + 8 * j as u64, *s);
                 }
             }
         }
-        v
     }
     fn any_frozen(&self) -> bool {
         self.combined
@@ -156,20 +166,34 @@ pub struct Ctx<'a> {
 impl Ctx<'_> {
     /// Where `a` is; the first use of a pool segment looks it up by name.
     pub async fn pool_at(&self, a: GAddr) -> Result<RemoteAddr> {
+        if let Some(at) = self.known_pool_at(a)? {
+            return Ok(at);
+        }
+        Ok(self.t.pools[a.mn].at(self.ep, a.offset).await?)
+    }
+
+    /// Where `a` is if its pool segment has been looked up already (the
+    /// usual case, answered without a future); an error for an unknown
+    /// memory node.
+    fn known_pool_at(&self, a: GAddr) -> Result<Option<RemoteAddr>> {
         let p = self.t.pools.get(a.mn).ok_or_else(|| {
             KvError::Corrupt(format!("address {a:?} names an unknown memory node"))
         })?;
-        if let Some(at) = p.known_at(a.offset) {
-            return Ok(at);
-        }
-        Ok(p.at(self.ep, a.offset).await?)
+        Ok(p.known_at(a.offset))
     }
 
     pub async fn run(&self, b: Batch<'_>) -> Result<BatchResult> {
+        self.count_rtt(&b);
+        Ok(b.run().await?)
+    }
+
+    /// Counts the round trip `b` will cost (none if it is empty); for the
+    /// GET path, which runs its batches directly rather than through
+    /// [`Ctx::run`]'s extra future.
+    fn count_rtt(&self, b: &Batch<'_>) {
         if !b.is_empty() {
             self.rtts.set(self.rtts.get() + 1);
         }
-        Ok(b.run().await?)
     }
 
     /// Charges this operation to `kind` in the process's counters.
@@ -231,23 +255,22 @@ impl Ctx<'_> {
                 b.write(self.pool_at(at).await?, data);
             }
             let offs = [combined_offset(h.b1), combined_offset(h.b2)];
-            let r0 = b.read(
-                self.pool_at(GAddr {
+            let mut at = [None; 2];
+            for (i, off) in offs.iter().enumerate() {
+                let a = GAddr {
                     mn: st.mn,
-                    offset: st.offset + offs[0],
-                })
-                .await?,
-                COMBINED_BYTES,
-            );
-            let r1 = b.read(
-                self.pool_at(GAddr {
-                    mn: st.mn,
-                    offset: st.offset + offs[1],
-                })
-                .await?,
-                COMBINED_BYTES,
-            );
-            let res = self.run(b).await?;
+                    offset: st.offset + off,
+                };
+                // Awaited only for a segment not looked up yet.
+                at[i] = Some(match self.known_pool_at(a)? {
+                    Some(at) => at,
+                    None => self.pool_at(a).await?,
+                });
+            }
+            let r0 = b.read(at[0].expect("set above"), COMBINED_BYTES);
+            let r1 = b.read(at[1].expect("set above"), COMBINED_BYTES);
+            self.count_rtt(&b);
+            let res = b.run().await?;
             let combined = [
                 Combined::parse(offs[0], res.read(r0)),
                 Combined::parse(offs[1], res.read(r1)),
@@ -294,6 +317,43 @@ impl Ctx<'_> {
         Ok(Some(out))
     }
 
+    /// GET's [`Ctx::read_kvs`]: reads the KV blocks of `slots` in one batch
+    /// and finds the first that holds `key`, copying out only its value.
+    /// `None` (counted as `read_kvs` counts it) if any block is not what its
+    /// slot names any more, whichever comes first, as `read_kvs` decides.
+    async fn find_kv(
+        &self,
+        slots: &[(u64, Slot)],
+        key: Key,
+    ) -> Result<Option<Option<(usize, Vec<u8>)>>> {
+        let mut b = self.ep.batch();
+        for (i, (_, s)) in slots.iter().enumerate() {
+            let at = match self.known_pool_at(s.kv())? {
+                Some(at) => at,
+                None => self.pool_at(s.kv()).await?,
+            };
+            let r = b.read(at, usize::from(s.units()) * 64);
+            debug_assert_eq!(r, i, "read i of a fresh batch has index i");
+        }
+        self.count_rtt(&b);
+        let res = b.run().await?;
+        let mut found = None;
+        for (i, (_, s)) in slots.iter().enumerate() {
+            match decode_kv_ref(res.read(i), *s) {
+                Some((k, v)) => {
+                    if found.is_none() && k == key {
+                        found = Some((i, v.to_vec()));
+                    }
+                }
+                None => {
+                    self.t.stats.kv_retries.fetch_add(1, Ordering::Relaxed);
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(found))
+    }
+
     /// Whether the directory no longer sends `h` to `entry` (re-read).
     async fn moved(&self, h: &KeyHash, entry: DirEntry) -> Result<bool> {
         self.refresh_dir().await?;
@@ -313,12 +373,15 @@ impl Ctx<'_> {
         let h = KeyHash::new(key, self.t.groups);
         for _ in 0..MAX_RETRIES {
             let b = self.read_buckets(&h, None).await?;
-            let cands: Vec<(u64, Slot)> = b
-                .slots()
-                .into_iter()
-                .filter(|(_, s)| s.is_visible() && s.fp() == h.fp)
-                .collect();
-            let Some(kvs) = self.read_kvs(&cands).await? else {
+            // Candidates in `Buckets::slots` order, on the stack (a key
+            // rarely has more than one).
+            let mut cands: SmallVec<[(u64, Slot); 4]> = SmallVec::new();
+            b.for_each_slot(|off, s| {
+                if s.is_visible() && s.fp() == h.fp {
+                    cands.push((off, s));
+                }
+            });
+            let Some(found) = self.find_kv(&cands, key).await? else {
                 // A block changed under its slot. If the slot is frozen, the
                 // subtable may be retired and the block reused since: only a
                 // fresh directory gets us out.
@@ -327,17 +390,16 @@ impl Ctx<'_> {
                 }
                 continue;
             };
-            let found = cands.iter().zip(kvs).find(|(_, kv)| kv.0 == key);
             // A frozen slot is current only while the directory still sends
             // the key to this subtable (writers wait for the new ones).
             let frozen = match &found {
-                Some(((_, s), _)) => s.is_frozen(),
+                Some((i, _)) => cands[*i].1.is_frozen(),
                 None => b.any_frozen(),
             };
             if frozen && self.moved(&h, b.entry).await? {
                 continue;
             }
-            return Ok(found.map(|(_, kv)| kv.1));
+            return Ok(found.map(|(_, v)| v));
         }
         Err(KvError::Corrupt(format!(
             "get of key {key:#x} never settled"

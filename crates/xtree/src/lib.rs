@@ -35,4 +35,4 @@ pub use tree::{
     CoveredLeaf, HintedUpdate, LeafInfo, LeafRef, SplitEvent, SplitHook, TreeStats, XTree,
     XTreeError,
 };
-pub use view::{BlockError, KeysView, NodeView, SlotValue, ViewError};
+pub use view::{BlockError, ChildLookup, KeysView, LeafFind, NodeView, SlotValue, ViewError};

@@ -10,7 +10,8 @@
 //! and a malformed image means the bytes are not an XTree node at all.
 
 use crate::layout::{
-    BLOCK_HEADER_BYTES, ChildPtr, FatPtr, Geometry, Header, INLINE_VALUE_LEN, MAX_LEVEL, Meta, Span,
+    BLOCK_HEADER_BYTES, ChildPtr, FatPtr, Geometry, Header, INLINE_VALUE_LEN, MAX_LEVEL, Meta,
+    Span, WORDS_PER_LINE,
 };
 use crate::protocol::{Inconsistent, check_span, word_at};
 use dmkv_api::checksum64;
@@ -51,6 +52,90 @@ fn malformed(s: impl Into<String>) -> ViewError {
     ViewError::Malformed(s.into())
 }
 
+/// The header and meta of a node image, with every check of them that does
+/// not need the keys: the count is within N, the level within
+/// [`MAX_LEVEL`], out-of-line bits only below the count, and an inner node
+/// has children and no out-of-line bits. Shared by the parsing views and
+/// the in-place lookups so that both refuse exactly the same images.
+fn check_head(geo: &Geometry, bytes: &[u8]) -> Result<(Header, Meta), ViewError> {
+    let header = Header::unpack(word_at(bytes, geo.payload_offset(Geometry::HDR)));
+    let meta = Meta::unpack(word_at(bytes, geo.payload_offset(Geometry::META)))
+        .ok_or_else(|| malformed("reserved bits set in meta"))?;
+    let count = header.count as usize;
+    if count > geo.slots() {
+        return Err(malformed(format!(
+            "count {count} exceeds {} slots",
+            geo.slots()
+        )));
+    }
+    if meta.level > MAX_LEVEL {
+        return Err(malformed(format!("level {}", meta.level)));
+    }
+    if meta.out_of_line >> count != 0 {
+        return Err(malformed("out-of-line bits beyond the count"));
+    }
+    if meta.level > 0 {
+        if meta.out_of_line != 0 {
+            return Err(malformed("an inner node with out-of-line bits"));
+        }
+        if count == 0 {
+            return Err(malformed("an inner node without children"));
+        }
+    }
+    Ok((header, meta))
+}
+
+/// Checks that `bytes` is a whole image of `span` (which must start at line
+/// 0 and cover the key lines) with consistent versions; returns the version.
+/// The checks of [`KeysView::parse`] before it looks at the payload.
+fn check_keys_span(geo: &Geometry, span: Span, bytes: &[u8]) -> Result<u64, ViewError> {
+    if span.first_line != 0 || span.lines < geo.key_lines() || span.lines > geo.lines() {
+        return Err(malformed(format!(
+            "span {span:?} does not cover the key lines"
+        )));
+    }
+    let want = span.len(geo);
+    if bytes.len() != want {
+        return Err(ViewError::Length {
+            want,
+            got: bytes.len(),
+        });
+    }
+    Ok(check_span(geo, span, bytes)?)
+}
+
+/// Byte offsets of `n` consecutive logical payload words from `first`, as
+/// [`Geometry::payload_offset`] places them, found by stepping over each
+/// line's version word instead of dividing per word.
+fn payload_offsets(geo: &Geometry, first: usize, n: usize) -> impl Iterator<Item = usize> {
+    let mut w = geo.payload_word(first);
+    (0..n).map(move |_| {
+        let at = 8 * w;
+        w += 1;
+        if w.is_multiple_of(WORDS_PER_LINE) {
+            w += 1; // the next line's version word
+        }
+        at
+    })
+}
+
+/// In an inner node's image: whether its `count` keys ascend strictly (the
+/// check [`KeysView::parse`] makes on its collected keys) and how many of
+/// them are at most `key` (where `child_for` routes it, when they ascend).
+fn inner_keys_route(geo: &Geometry, bytes: &[u8], count: usize, key: u64) -> (bool, usize) {
+    let mut prev = None;
+    let mut below = 0;
+    for at in payload_offsets(geo, geo.key(0), count) {
+        let k = word_at(bytes, at);
+        if prev.is_some_and(|p| p >= k) {
+            return (false, below);
+        }
+        prev = Some(k);
+        below += usize::from(k <= key);
+    }
+    (true, below)
+}
+
 /// The header, meta and keys of a node, from a read of at least its key
 /// lines (a lookup's prefix read or a whole-node read).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,20 +151,33 @@ pub struct KeysView {
 impl KeysView {
     /// Parses a span image starting at line 0 that covers every key line.
     pub fn parse(geo: &Geometry, span: Span, bytes: &[u8]) -> Result<KeysView, ViewError> {
-        if span.first_line != 0 || span.lines < geo.key_lines() || span.lines > geo.lines() {
-            return Err(malformed(format!(
-                "span {span:?} does not cover the key lines"
-            )));
-        }
-        let want = span.len(geo);
-        if bytes.len() != want {
-            return Err(ViewError::Length {
-                want,
-                got: bytes.len(),
-            });
-        }
-        let version = check_span(geo, span, bytes)?;
+        let version = check_keys_span(geo, span, bytes)?;
         Self::parse_payload(geo, version, bytes)
+    }
+
+    /// What [`KeysView::parse`] followed by [`KeysView::find`] gives, found
+    /// in the image itself without collecting its keys: the image is checked
+    /// exactly as `parse` checks it (same errors in the same order), then
+    /// the keys are searched linearly where they lie.
+    pub fn find_in_image(
+        geo: &Geometry,
+        span: Span,
+        bytes: &[u8],
+        key: u64,
+    ) -> Result<LeafFind, ViewError> {
+        let version = check_keys_span(geo, span, bytes)?;
+        let (header, meta) = check_head(geo, bytes)?;
+        let count = header.count as usize;
+        if meta.level > 0 && !inner_keys_route(geo, bytes, count, key).0 {
+            return Err(malformed("inner keys are not strictly ascending"));
+        }
+        let slot = payload_offsets(geo, geo.key(0), count).position(|at| word_at(bytes, at) == key);
+        Ok(LeafFind {
+            version,
+            header,
+            meta,
+            slot,
+        })
     }
 
     /// Parses the payload without checking versions (the caller holds the
@@ -89,30 +187,8 @@ impl KeysView {
         version: u64,
         bytes: &[u8],
     ) -> Result<KeysView, ViewError> {
-        let header = Header::unpack(word_at(bytes, geo.payload_offset(Geometry::HDR)));
-        let meta = Meta::unpack(word_at(bytes, geo.payload_offset(Geometry::META)))
-            .ok_or_else(|| malformed("reserved bits set in meta"))?;
+        let (header, meta) = check_head(geo, bytes)?;
         let count = header.count as usize;
-        if count > geo.slots() {
-            return Err(malformed(format!(
-                "count {count} exceeds {} slots",
-                geo.slots()
-            )));
-        }
-        if meta.level > MAX_LEVEL {
-            return Err(malformed(format!("level {}", meta.level)));
-        }
-        if meta.out_of_line >> count != 0 {
-            return Err(malformed("out-of-line bits beyond the count"));
-        }
-        if meta.level > 0 {
-            if meta.out_of_line != 0 {
-                return Err(malformed("an inner node with out-of-line bits"));
-            }
-            if count == 0 {
-                return Err(malformed("an inner node without children"));
-            }
-        }
         let keys: Vec<u64> = (0..count)
             .map(|j| word_at(bytes, geo.payload_offset(geo.key(j))))
             .collect();
@@ -186,6 +262,50 @@ impl NodeView {
         Ok(NodeView { keys, slots })
     }
 
+    /// What [`NodeView::parse`] followed by [`NodeView::child_for`] gives
+    /// (`child_for` only in an inner node), found in the image itself
+    /// without collecting keys or slots: the image is checked exactly as
+    /// `parse` checks it (same errors in the same order), then the keys are
+    /// searched in place. For readers that walk past a node without keeping
+    /// its image.
+    pub fn child_in_image(
+        geo: &Geometry,
+        bytes: &[u8],
+        key: u64,
+    ) -> Result<ChildLookup, ViewError> {
+        check_keys_span(geo, geo.node_span(), bytes)?;
+        let (header, meta) = check_head(geo, bytes)?;
+        let count = header.count as usize;
+        if meta.level == 0 {
+            return Ok(ChildLookup {
+                header,
+                level: 0,
+                child: None,
+            });
+        }
+        let (ascend, below) = inner_keys_route(geo, bytes, count, key);
+        if !ascend {
+            return Err(malformed("inner keys are not strictly ascending"));
+        }
+        // Keys ascend, so the `below` keys at most `key` come first: the
+        // child is the last of them, as `child_for` finds it. Every child
+        // pointer is checked, as `parse` does.
+        let mut child = None;
+        for (j, at) in payload_offsets(geo, geo.slot(0), count).enumerate() {
+            let Some(c) = ChildPtr::unpack(word_at(bytes, at)) else {
+                return Err(malformed("an inner node with an invalid child pointer"));
+            };
+            if j + 1 == below {
+                child = Some((j, c));
+            }
+        }
+        Ok(ChildLookup {
+            header,
+            level: meta.level,
+            child,
+        })
+    }
+
     pub fn level(&self) -> u8 {
         self.keys.meta.level
     }
@@ -225,6 +345,28 @@ impl NodeView {
         v.sort_unstable_by_key(|p| p.0);
         v
     }
+}
+
+/// A key looked up in a leaf's key read ([`KeysView::find_in_image`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeafFind {
+    /// The version every version word of the read carried.
+    pub version: u64,
+    pub header: Header,
+    pub meta: Meta,
+    /// The slot holding the key, if the image has it.
+    pub slot: Option<usize>,
+}
+
+/// An inner node's routing of one key, found in a whole-node image
+/// ([`NodeView::child_in_image`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildLookup {
+    pub header: Header,
+    pub level: u8,
+    /// In an inner node, [`NodeView::child_for`] of the key; `None` in a
+    /// leaf or when the key is below the node's lower bound.
+    pub child: Option<(usize, ChildPtr)>,
 }
 
 /// What a leaf slot holds.
@@ -627,7 +769,163 @@ mod tests {
         );
     }
 
+    /// What the in-place lookups must equal: parse, then search the
+    /// collected keys.
+    fn parsed_child(g: &Geometry, b: &[u8], key: u64) -> Result<ChildLookup, ViewError> {
+        NodeView::parse(g, b).map(|v| ChildLookup {
+            header: v.header(),
+            level: v.level(),
+            child: if v.level() > 0 {
+                v.child_for(key)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn parsed_find(g: &Geometry, span: Span, b: &[u8], key: u64) -> Result<LeafFind, ViewError> {
+        KeysView::parse(g, span, b).map(|k| LeafFind {
+            version: k.version,
+            header: k.header,
+            meta: k.meta,
+            slot: k.find(key),
+        })
+    }
+
+    /// A node written through the protocol from generated parts: `level`
+    /// 0 is a leaf with the keys as given, else an inner node with the keys
+    /// sorted and deduplicated and real child pointers.
+    fn generated(g: &Geometry, level: u8, keys: &[u64], oob: u64) -> Plain {
+        let mut keys = keys.to_vec();
+        keys.truncate(g.slots());
+        if level > 0 {
+            keys.sort_unstable();
+            keys.dedup();
+        }
+        let slots: Vec<u64> = (0..keys.len() as u32)
+            .map(|j| {
+                ChildPtr {
+                    node: j + 1,
+                    incarnation: j * 7,
+                }
+                .pack()
+            })
+            .collect();
+        let meta = Meta {
+            level,
+            out_of_line: if level == 0 {
+                oob & ((1u64 << keys.len()) - 1)
+            } else {
+                0
+            },
+        };
+        let hdr = Header {
+            incarnation: 5,
+            count: keys.len() as u8,
+            next: 0,
+        };
+        node(g, hdr, meta, &keys, &slots)
+    }
+
+    #[test]
+    fn payload_offsets_step_like_payload_offset() {
+        for n in [4, 5, 16, 31, 48] {
+            let g = Geometry::new(n).unwrap();
+            for first in 0..g.payload_words() {
+                let stepped: Vec<usize> =
+                    payload_offsets(&g, first, g.payload_words() - first).collect();
+                let direct: Vec<usize> = (first..g.payload_words())
+                    .map(|i| g.payload_offset(i))
+                    .collect();
+                assert_eq!(stepped, direct, "N = {n}, from {first}");
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_lookups_route_like_parsed_images() {
+        let g = Geometry::new(4).unwrap();
+        let c = |n| ChildPtr {
+            node: n,
+            incarnation: n + 100,
+        };
+        let n = node(
+            &g,
+            Header {
+                incarnation: 0,
+                count: 3,
+                next: 0,
+            },
+            Meta {
+                level: 1,
+                out_of_line: 0,
+            },
+            &[10, 20, 30],
+            &[c(1).pack(), c(2).pack(), c(3).pack()],
+        );
+        let b = n.bytes();
+        let at = |k| NodeView::child_in_image(&g, &b, k).unwrap().child;
+        assert_eq!(at(9), None, "below the lower bound");
+        assert_eq!(at(10), Some((0, c(1))));
+        assert_eq!(at(29), Some((1, c(2))));
+        assert_eq!(at(u64::MAX), Some((2, c(3))));
+        let g16 = Geometry::new(16).unwrap();
+        let l = leaf(&g16).bytes();
+        let ks = g16.key_span();
+        let f = KeysView::find_in_image(&g16, ks, &l[..ks.len(&g16)], 20).unwrap();
+        assert_eq!((f.version, f.slot), (1, Some(2)));
+        assert_eq!(f.meta.out_of_line, 0b010);
+        assert_eq!(
+            KeysView::find_in_image(&g16, ks, &l[..ks.len(&g16)], 25)
+                .unwrap()
+                .slot,
+            None
+        );
+    }
+
     proptest! {
+        // The in-place lookups accept and refuse exactly the images the
+        // parsing views do, with the same errors, and route every key the
+        // same way: valid leaves and inner nodes, and the same with one
+        // word overwritten (torn or locked versions, bad heads, unsorted
+        // keys, null children, anything).
+        #[test]
+        fn in_place_lookups_equal_parse_then_search(
+            n in 4usize..=16,
+            level in prop_oneof![Just(0u8), Just(1u8), 2u8..40],
+            keys in prop::collection::vec(0u64..64, 0..20),
+            oob in any::<u64>(),
+            probe in 0u64..70,
+            poke in prop::option::of((0usize..400, prop_oneof![
+                any::<u64>(), 0u64..64, Just(LOCK_BIT | 1), Just(2u64), Just(0u64)])),
+        ) {
+            let g = Geometry::new(n).unwrap();
+            let p = generated(&g, level.min(MAX_LEVEL), &keys, oob);
+            if let Some((w, v)) = poke {
+                let w = w % g.node_words();
+                p.0.borrow_mut()[w] = v;
+            }
+            let b = p.bytes();
+            prop_assert_eq!(NodeView::child_in_image(&g, &b, probe), parsed_child(&g, &b, probe));
+            for span in [g.key_span(), g.node_span()] {
+                let img = &b[..span.len(&g)];
+                prop_assert_eq!(
+                    KeysView::find_in_image(&g, span, img, probe),
+                    parsed_find(&g, span, img, probe)
+                );
+            }
+            // Wrong lengths and spans are refused alike.
+            prop_assert_eq!(
+                NodeView::child_in_image(&g, &b[..b.len() - 8], probe),
+                parsed_child(&g, &b[..b.len() - 8], probe)
+            );
+            let s = g.slot_span(0);
+            prop_assert_eq!(
+                KeysView::find_in_image(&g, s, &b[..s.len(&g)], probe),
+                parsed_find(&g, s, &b[..s.len(&g)], probe)
+            );
+        }
+
         // Any bytes at all: parsing returns, never panics.
         #[test]
         fn random_bytes_never_panic(words in prop::collection::vec(any::<u64>(), 40), n in 4usize..=16) {
@@ -638,6 +936,8 @@ mod tests {
                 let _ = NodeView::parse_locked(&g, &b[..g.node_bytes()]);
                 let ks = g.key_span();
                 let _ = KeysView::parse(&g, ks, &b[..ks.len(&g)]);
+                let _ = NodeView::child_in_image(&g, &b[..g.node_bytes()], words[1]);
+                let _ = KeysView::find_in_image(&g, ks, &b[..ks.len(&g)], words[1]);
                 let _ = parse_block(1, FatPtr::unpack(words[0]), &b[..24.min(b.len())]);
             }
         }
