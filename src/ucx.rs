@@ -78,6 +78,9 @@ pub fn memnode(registry: &Registry, a: MemnodeArgs, out: &mut dyn Write) -> Resu
         let mut sink = [0u8; 256];
         let mut stdin = std::io::stdin();
         while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        // What serving cost outside the services, split into idle polling
+        // and work (the stats service reports only the sum).
+        eprintln!("{}", node.serving_summary());
     } else {
         loop {
             std::thread::park();

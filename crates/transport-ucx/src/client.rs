@@ -78,7 +78,23 @@ struct Conn {
     token: u64,
     generation: Cell<u64>,
     rkeys: RefCell<HashMap<u32, Rc<Cached>>>,
+    /// To the node's progress thread (verbs messages; RPCs if the node has
+    /// no handler threads, which answers them with an error).
     ep: Ep,
+    /// To each of the node's handler threads' workers, which serve RPCs
+    /// inline; a call goes to `rpc_eps[rid % len]`.
+    rpc_eps: Vec<Ep>,
+}
+
+impl Conn {
+    /// The endpoint RPC `rid` goes to.
+    fn rpc_ep(&self, rid: u64) -> &Ep {
+        if self.rpc_eps.is_empty() {
+            &self.ep
+        } else {
+            &self.rpc_eps[(rid % self.rpc_eps.len() as u64) as usize]
+        }
+    }
 }
 
 impl Drop for Conn {
@@ -184,9 +200,20 @@ impl State {
         }
         let session = r.u32()?;
         let token = r.u64()?;
+        let handlers = r.u16()?;
+        let mut handler_addresses = Vec::with_capacity(handlers as usize);
+        for _ in 0..handlers {
+            handler_addresses.push(r.bytes()?.to_vec());
+        }
+        r.end()?;
         let ep = self
             .worker
             .connect(&peer.worker_address)
+            .map_err(|e| self.ucx_error(node, e))?;
+        let rpc_eps = handler_addresses
+            .iter()
+            .map(|a| self.worker.connect(a))
+            .collect::<std::result::Result<Vec<Ep>, UcxError>>()
             .map_err(|e| self.ucx_error(node, e))?;
         let c = Rc::new(Conn {
             generation: Cell::new(peer.generation.load(std::sync::atomic::Ordering::Acquire)),
@@ -195,6 +222,7 @@ impl State {
             token,
             rkeys: RefCell::new(HashMap::new()),
             ep,
+            rpc_eps,
         });
         self.conns.borrow_mut().insert(node, c.clone());
         self.cluster.stats.sessions.fetch_add(1, Relaxed);
@@ -737,7 +765,8 @@ impl EndpointBackend for UcxEndpoint {
             .u32(service.0)
             .u16(state.node.0);
         state.rpcs.borrow_mut().insert(rid, Slot::default());
-        let send = match conn.ep.am_send(AM_REQUEST, h.finish(), request) {
+        let ep = conn.rpc_ep(rid).clone();
+        let send = match ep.am_send(AM_REQUEST, h.finish(), request) {
             Ok(op) => op,
             Err(e) => {
                 state.rpcs.borrow_mut().remove(&rid);
@@ -768,7 +797,7 @@ impl EndpointBackend for UcxEndpoint {
                 if let Some(Err(e)) = op_status(node, &send) {
                     return Poll::Ready(Err(e));
                 }
-                if conn.peer.is_down() || conn.ep.failed().is_some() {
+                if conn.peer.is_down() || ep.failed().is_some() {
                     return Poll::Ready(Err(TransportError::NodeDown(node)));
                 }
                 if Instant::now() >= deadline {
