@@ -36,10 +36,13 @@ use std::time::{Duration, Instant};
 /// How often waiting tasks are woken to re-check timeouts and node failures
 /// even when UCX reports no progress.
 const RECHECK: Duration = Duration::from_micros(100);
-/// How long an idle thread with operations in flight spins on UCX before it
-/// sleeps on the worker's event fd (so that on a small machine the serving
-/// threads get the CPU instead of spinning clients).
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(30);
+/// How long an idle thread with operations in flight polls UCX before it
+/// sleeps on the worker's event fd: a reply that comes within this time
+/// costs no wake-up. After [`SPINS`] empty polls it yields its core between
+/// polls, so that on a small machine the serving threads get the CPU.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(1);
+/// Empty polls before the thread yields between polls.
+const SPINS: u32 = 64;
 /// The longest such a sleep lasts (other wake-ups, such as timers, are not
 /// seen while sleeping).
 const SLEEP: i32 = 1;
@@ -117,6 +120,8 @@ struct State {
     waiters: RefCell<Vec<Waker>>,
     last_wake: Cell<Instant>,
     idle_since: Cell<Option<Instant>>,
+    /// Empty polls since the last event.
+    empty_polls: Cell<u32>,
     event_fd: Option<i32>,
     address: Vec<u8>,
     // Last: everything above may hold UCX objects of this worker.
@@ -147,9 +152,12 @@ impl State {
     fn idle(&self) {
         if self.worker.progress() {
             self.idle_since.set(None);
+            self.empty_polls.set(0);
             self.wake_all();
             return;
         }
+        let polls = self.empty_polls.get().saturating_add(1);
+        self.empty_polls.set(polls);
         let now = Instant::now();
         let since = *self.idle_since.get().get_or_insert(now);
         self.idle_since.set(Some(since));
@@ -161,6 +169,9 @@ impl State {
             && self.worker.arm()
         {
             crate::ffi::poll_readable(&[fd], SLEEP);
+            self.empty_polls.set(0);
+        } else if polls > SPINS {
+            std::thread::yield_now();
         }
         if self.last_wake.get().elapsed() >= RECHECK {
             self.wake_all();
@@ -423,6 +434,7 @@ impl UcxEndpoint {
         let event_fd = worker.event_fd().ok();
         let state = Rc::new(State {
             idle_since: Cell::new(None),
+            empty_polls: Cell::new(0),
             event_fd,
             cluster,
             node,
