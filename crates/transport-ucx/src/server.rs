@@ -124,10 +124,11 @@ pub(crate) struct LoopShared {
     /// their replies' `server_cpu_ns`): the part of `cpu_ns` that callers
     /// already see as `memnode_cpu_ns`.
     charged_ns: AtomicU64,
-    /// Wall time the loop spent polling with nothing to do (not sleeping):
-    /// an estimate of its idle polling (wall time, so too high when the
-    /// thread lost its core while it polled).
-    idle_ns: AtomicU64,
+    /// Wall time of the loop's iterations that did something (received,
+    /// ran a service, sent, executed verbs): its work, services included.
+    /// These iterations never yield, so their wall time is their CPU time
+    /// unless the thread lost its core in one (then it is too high).
+    busy_ns: AtomicU64,
 }
 
 impl LoopShared {
@@ -146,7 +147,7 @@ impl LoopShared {
                 sleeping: AtomicBool::new(false),
                 cpu_ns: AtomicU64::new(0),
                 charged_ns: AtomicU64::new(0),
-                idle_ns: AtomicU64::new(0),
+                busy_ns: AtomicU64::new(0),
             }),
             cmd_rx,
             wake_rx,
@@ -175,6 +176,15 @@ impl LoopShared {
         self.cpu_ns
             .load(Ordering::Relaxed)
             .saturating_sub(self.charged_ns.load(Ordering::Relaxed))
+    }
+
+    /// The part of [`LoopShared::overhead_ns`] spent working (not polling
+    /// idle): busy iterations less the services' charge, at most the whole.
+    fn busy_overhead_ns(&self) -> u64 {
+        self.busy_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.charged_ns.load(Ordering::Relaxed))
+            .min(self.overhead_ns())
     }
 }
 
@@ -373,15 +383,14 @@ impl UcxNode {
     }
 
     /// The part of [`UcxNode::progress_cpu_ns`] spent polling with nothing
-    /// to do, estimated in wall time (an upper bound where the polling
-    /// thread lost its core), at most the whole.
+    /// to do: the whole less the loops' work outside services, which is
+    /// measured as the wall time of iterations that did something (so idle
+    /// polling is if anything underestimated).
     pub fn progress_idle_ns(&self) -> u64 {
-        let idle: u64 = self
-            .inner
+        self.inner
             .loops()
-            .map(|l| l.idle_ns.load(Ordering::Relaxed))
-            .sum();
-        idle.min(self.progress_cpu_ns())
+            .map(|l| l.overhead_ns() - l.busy_overhead_ns())
+            .sum()
     }
 
     /// Limits the bytes of regions registered at once (`None`: no limit);
@@ -660,6 +669,7 @@ fn handler_thread(
 
 /// The progress thread: verbs carried as messages (the TCP path), and an
 /// error for an RPC sent to this worker instead of a handler thread's.
+#[allow(clippy::too_many_arguments)] // one per thing the thread owns
 fn progress_thread(
     ctx: Arc<Context>,
     shared: Arc<LoopShared>,
@@ -766,19 +776,11 @@ fn serve_loop(
     let mut sessions: HashMap<u32, Ep> = HashMap::new();
     let mut inflight: Vec<Op> = Vec::new();
     let mut last_event = Instant::now();
-    // Start of the current stretch of empty polls (for `idle_ns`).
-    let mut idle_since: Option<Instant> = None;
     let mut empty_polls: u32 = 0;
     let mut iterations: u64 = 0;
     let mut stop = false;
-    let end_idle = |since: &mut Option<Instant>| {
-        if let Some(s) = since.take() {
-            shared
-                .idle_ns
-                .fetch_add(s.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
-    };
     while !stop {
+        let start = Instant::now();
         let mut busy = worker.progress();
         busy |= work();
         while let Ok(cmd) = cmd_rx.try_recv() {
@@ -825,13 +827,15 @@ fn serve_loop(
             sessions.retain(|_, ep| ep.failed().is_none());
         }
         if busy {
-            end_idle(&mut idle_since);
-            empty_polls = 0;
             last_event = Instant::now();
+            shared.busy_ns.fetch_add(
+                last_event.duration_since(start).as_nanos() as u64,
+                Ordering::Relaxed,
+            );
+            empty_polls = 0;
             continue;
         }
-        let now = Instant::now();
-        idle_since.get_or_insert(now);
+        let now = start;
         if now - last_event < idle.poll || !inflight.is_empty() {
             empty_polls = empty_polls.saturating_add(1);
             if idle.yields && empty_polls > IDLE_SPINS {
@@ -839,7 +843,6 @@ fn serve_loop(
             }
             continue;
         }
-        end_idle(&mut idle_since);
         // Sleep until UCX or another thread has something for us.
         shared
             .cpu_ns
