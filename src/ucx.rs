@@ -75,9 +75,17 @@ pub fn memnode(registry: &Registry, a: MemnodeArgs, out: &mut dyn Write) -> Resu
     writeln!(out, "{LISTENING} {}", node.listen_addr()).map_err(|e| e.to_string())?;
     out.flush().map_err(|e| e.to_string())?;
     if a.exit_on_stdin_eof {
+        // Not `std::io::stdin()`: `main` holds its lock for the CLI's whole
+        // run, so reading through it here would wait forever (and a child
+        // memory node would never see its parent go). `/dev/stdin` is a new
+        // descriptor for the same pipe.
         let mut sink = [0u8; 256];
-        let mut stdin = std::io::stdin();
+        let mut stdin = std::fs::File::open("/dev/stdin")
+            .map_err(|e| format!("--exit-on-stdin-eof: cannot read stdin: {e}"))?;
         while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        // What serving cost outside the services, split into idle polling
+        // and work (the stats service reports only the sum).
+        eprintln!("{}", node.serving_summary());
     } else {
         loop {
             std::thread::park();

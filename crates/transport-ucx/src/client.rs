@@ -36,10 +36,13 @@ use std::time::{Duration, Instant};
 /// How often waiting tasks are woken to re-check timeouts and node failures
 /// even when UCX reports no progress.
 const RECHECK: Duration = Duration::from_micros(100);
-/// How long an idle thread with operations in flight spins on UCX before it
-/// sleeps on the worker's event fd (so that on a small machine the serving
-/// threads get the CPU instead of spinning clients).
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(30);
+/// How long an idle thread with operations in flight polls UCX before it
+/// sleeps on the worker's event fd: a reply that comes within this time
+/// costs no wake-up. After [`SPINS`] empty polls it yields its core between
+/// polls, so that on a small machine the serving threads get the CPU.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(1);
+/// Empty polls before the thread yields between polls.
+const SPINS: u32 = 64;
 /// The longest such a sleep lasts (other wake-ups, such as timers, are not
 /// seen while sleeping).
 const SLEEP: i32 = 1;
@@ -78,7 +81,23 @@ struct Conn {
     token: u64,
     generation: Cell<u64>,
     rkeys: RefCell<HashMap<u32, Rc<Cached>>>,
+    /// To the node's progress thread (verbs messages; RPCs if the node has
+    /// no handler threads, which answers them with an error).
     ep: Ep,
+    /// To each of the node's handler threads' workers, which serve RPCs
+    /// inline; a call goes to `rpc_eps[rid % len]`.
+    rpc_eps: Vec<Ep>,
+}
+
+impl Conn {
+    /// The endpoint RPC `rid` goes to.
+    fn rpc_ep(&self, rid: u64) -> &Ep {
+        if self.rpc_eps.is_empty() {
+            &self.ep
+        } else {
+            &self.rpc_eps[(rid % self.rpc_eps.len() as u64) as usize]
+        }
+    }
 }
 
 impl Drop for Conn {
@@ -101,6 +120,8 @@ struct State {
     waiters: RefCell<Vec<Waker>>,
     last_wake: Cell<Instant>,
     idle_since: Cell<Option<Instant>>,
+    /// Empty polls since the last event.
+    empty_polls: Cell<u32>,
     event_fd: Option<i32>,
     address: Vec<u8>,
     // Last: everything above may hold UCX objects of this worker.
@@ -131,9 +152,12 @@ impl State {
     fn idle(&self) {
         if self.worker.progress() {
             self.idle_since.set(None);
+            self.empty_polls.set(0);
             self.wake_all();
             return;
         }
+        let polls = self.empty_polls.get().saturating_add(1);
+        self.empty_polls.set(polls);
         let now = Instant::now();
         let since = *self.idle_since.get().get_or_insert(now);
         self.idle_since.set(Some(since));
@@ -145,6 +169,9 @@ impl State {
             && self.worker.arm()
         {
             crate::ffi::poll_readable(&[fd], SLEEP);
+            self.empty_polls.set(0);
+        } else if polls > SPINS {
+            std::thread::yield_now();
         }
         if self.last_wake.get().elapsed() >= RECHECK {
             self.wake_all();
@@ -184,9 +211,20 @@ impl State {
         }
         let session = r.u32()?;
         let token = r.u64()?;
+        let handlers = r.u16()?;
+        let mut handler_addresses = Vec::with_capacity(handlers as usize);
+        for _ in 0..handlers {
+            handler_addresses.push(r.bytes()?.to_vec());
+        }
+        r.end()?;
         let ep = self
             .worker
             .connect(&peer.worker_address)
+            .map_err(|e| self.ucx_error(node, e))?;
+        let rpc_eps = handler_addresses
+            .iter()
+            .map(|a| self.worker.connect(a))
+            .collect::<std::result::Result<Vec<Ep>, UcxError>>()
             .map_err(|e| self.ucx_error(node, e))?;
         let c = Rc::new(Conn {
             generation: Cell::new(peer.generation.load(std::sync::atomic::Ordering::Acquire)),
@@ -195,6 +233,7 @@ impl State {
             token,
             rkeys: RefCell::new(HashMap::new()),
             ep,
+            rpc_eps,
         });
         self.conns.borrow_mut().insert(node, c.clone());
         self.cluster.stats.sessions.fetch_add(1, Relaxed);
@@ -395,6 +434,7 @@ impl UcxEndpoint {
         let event_fd = worker.event_fd().ok();
         let state = Rc::new(State {
             idle_since: Cell::new(None),
+            empty_polls: Cell::new(0),
             event_fd,
             cluster,
             node,
@@ -737,7 +777,8 @@ impl EndpointBackend for UcxEndpoint {
             .u32(service.0)
             .u16(state.node.0);
         state.rpcs.borrow_mut().insert(rid, Slot::default());
-        let send = match conn.ep.am_send(AM_REQUEST, h.finish(), request) {
+        let ep = conn.rpc_ep(rid).clone();
+        let send = match ep.am_send(AM_REQUEST, h.finish(), request) {
             Ok(op) => op,
             Err(e) => {
                 state.rpcs.borrow_mut().remove(&rid);
@@ -768,7 +809,7 @@ impl EndpointBackend for UcxEndpoint {
                 if let Some(Err(e)) = op_status(node, &send) {
                     return Poll::Ready(Err(e));
                 }
-                if conn.peer.is_down() || conn.ep.failed().is_some() {
+                if conn.peer.is_down() || ep.failed().is_some() {
                     return Poll::Ready(Err(TransportError::NodeDown(node)));
                 }
                 if Instant::now() >= deadline {

@@ -12,9 +12,11 @@
 //!    address)` or `REFUSED(reason)` and closes. A peer without the secret
 //!    never learns the node's worker address and gets no session.
 //! 2. **Sessions**: a client thread's UCX worker is registered with
-//!    `OPEN_SESSION(worker address)`; the node connects back to it (for RPC
-//!    replies) and returns a session id and a random token that every RPC
-//!    carries.
+//!    `OPEN_SESSION(worker address)`; the node connects back to it from
+//!    every worker it serves with (verbs replies, RPC replies) and returns
+//!    `SESSION(session id, random token, handler worker addresses)`: every
+//!    RPC carries the token, and goes to one of the handler threads'
+//!    workers, which serve RPCs inline.
 //! 3. **Remote keys**: `FETCH_RKEY(region, access key)` returns the region's
 //!    base address, length and packed rkey, or a refusal. A wrong access key
 //!    is refused here, before any byte moves.

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::rc::Rc;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The service through which engines are installed on a memory node.
 pub const ADMIN_SERVICE: &str = "dmkv/admin";
@@ -100,6 +100,24 @@ impl Memnode {
 
     pub fn listen_addr(&self) -> SocketAddr {
         self.node.listen_addr()
+    }
+
+    /// One line on what serving cost this node outside its services so
+    /// far: the serving loops' CPU (`progress_cpu_ns` in its stats), the
+    /// part of it spent polling with nothing to do, and the RPCs served.
+    pub fn serving_summary(&self) -> String {
+        let total = self.node.progress_cpu_ns();
+        let idle = self.node.progress_idle_ns();
+        let node: &dyn NodeHost = &*self.node;
+        let (served, _) = node.services().served();
+        format!(
+            "dmkv memnode {}: serving loops used {:.1} ms of CPU outside services \
+             ({:.1} ms of it polling idle, {:.1} ms busy) for {served} RPCs",
+            node.id(),
+            total as f64 / 1e6,
+            idle as f64 / 1e6,
+            (total - idle) as f64 / 1e6,
+        )
     }
 }
 
@@ -203,15 +221,28 @@ impl UcxDeployOptions {
     }
 }
 
-/// A memory-node child process; killed (and reaped) on drop. Its stdin is
+/// A memory-node child process; stopped (and reaped) on drop. Its stdin is
 /// a pipe from us, so it also exits if this process dies.
 struct ChildNode {
     child: Child,
     _stdin: Option<ChildStdin>,
 }
 
+/// How long a child memory node gets to exit by itself (and print its
+/// serving summary) once its stdin closes, before it is killed.
+const CHILD_EXIT_GRACE: Duration = Duration::from_secs(1);
+
 impl Drop for ChildNode {
     fn drop(&mut self) {
+        // Closing stdin asks it to exit (`--exit-on-stdin-eof`).
+        drop(self._stdin.take());
+        let deadline = Instant::now() + CHILD_EXIT_GRACE;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

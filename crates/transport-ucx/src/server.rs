@@ -2,18 +2,26 @@
 //!
 //! Threads of a serving node:
 //!
-//! - the **progress thread** owns the node's UCX worker. It drives UCX (which
-//!   over TCP executes the emulated one-sided verbs of clients here, on this
-//!   thread), receives RPC requests as active messages and hands them to the
-//!   handler threads, and sends their replies. When nothing happens for
-//!   [`SPIN_BEFORE_SLEEP`] it arms the worker's event fd and sleeps in
-//!   `poll`, so its CPU time (reported in [`UcxNode::progress_cpu_ns`]) is
-//!   what the node really spent moving data for clients;
-//! - **handler threads** (the node's configured number, 1 by default) run
-//!   the services through [`ServiceTable::dispatch`];
+//! - **handler threads** (the node's configured number, 1 by default) each
+//!   own a UCX worker that clients send their RPCs to: the thread drives its
+//!   worker, runs each request's service ([`ServiceTable::dispatch`]) inline
+//!   as soon as the worker delivers it, and sends the reply from its own
+//!   worker. An RPC crosses no other thread (a service that defers its reply
+//!   hands it back through the loop's command queue). After its last event a
+//!   handler thread polls for [`HANDLER_POLL`] (yielding its core between
+//!   polls after a short spin), then sleeps on its worker's event fd;
+//! - the **progress thread** owns the node's main UCX worker. It drives UCX
+//!   (which over TCP executes the emulated one-sided verbs of clients here,
+//!   on this thread), executes verbs carried as messages (the TCP path) and
+//!   wires up sessions. When nothing happens for [`SPIN_BEFORE_SLEEP`] it
+//!   arms the worker's event fd and sleeps in `poll`;
 //! - the **control listener** accepts TCP connections and runs one thread per
 //!   client process for the control protocol ([`crate::control`]): the
 //!   secret handshake, sessions, remote keys, invalidation and liveness.
+//!
+//! [`UcxNode::progress_cpu_ns`] reports what the progress thread and the
+//! handler threads spend outside the services (receiving, sending, polling);
+//! the services' own CPU is charged to each RPC's caller.
 
 use crate::cluster::ClusterInner;
 use crate::control::{self, HandshakeError};
@@ -24,7 +32,8 @@ use dmkv_transport::{
     ServiceId, ServiceTable, TransportError, WireReader, WireWriter,
 };
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::collections::{HashMap, HashSet};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -69,12 +78,19 @@ pub(crate) struct RegionEntry {
 
 type Regions = Arc<RwLock<HashMap<u32, RegionEntry>>>;
 
+/// Every open session's token, shared by the node's serving loops. The
+/// control thread enters a session's token before it answers the client,
+/// so a request never reaches a loop before its session's token does.
+type Tokens = Arc<RwLock<HashMap<u32, u64>>>;
+
 enum Cmd {
+    /// Connect back to a client worker for `session` (its token is in the
+    /// node's table already). The progress loop reports the outcome; the
+    /// handler loops' endpoints are made without anyone waiting for them.
     OpenSession {
         session: u32,
-        token: u64,
         address: Vec<u8>,
-        done: Sender<std::result::Result<(), String>>,
+        done: Option<Sender<std::result::Result<(), String>>>,
     },
     CloseSession(u32),
     Reply {
@@ -91,6 +107,85 @@ struct Job {
     service: ServiceId,
     caller: NodeId,
     payload: Vec<u8>,
+}
+
+/// What a serving loop (the progress thread's or a handler thread's) shares
+/// with the threads that send it commands.
+pub(crate) struct LoopShared {
+    cmd_tx: Sender<Cmd>,
+    wake: UnixStream,
+    /// Set by the loop's thread while it sleeps (or is about to) in `poll`:
+    /// only then does a command need a byte on `wake`.
+    sleeping: AtomicBool,
+    /// The loop thread's CPU time, sampled every few thousand iterations
+    /// and before every sleep.
+    cpu_ns: AtomicU64,
+    /// CPU charged to the RPCs this loop's services handled (the sum of
+    /// their replies' `server_cpu_ns`): the part of `cpu_ns` that callers
+    /// already see as `memnode_cpu_ns`.
+    charged_ns: AtomicU64,
+    /// Wall time of the loop's iterations that did something (received,
+    /// ran a service, sent, executed verbs): its work, services included.
+    /// These iterations never yield, so their wall time is their CPU time
+    /// unless the thread lost its core in one (then it is too high).
+    busy_ns: AtomicU64,
+}
+
+impl LoopShared {
+    fn new() -> Result<(Arc<LoopShared>, Receiver<Cmd>, UnixStream)> {
+        let (wake, wake_rx) = UnixStream::pair()
+            .map_err(|e| TransportError::Backend(format!("wake-up socket: {e}")))?;
+        wake.set_nonblocking(true).expect("nonblocking wake socket");
+        wake_rx
+            .set_nonblocking(true)
+            .expect("nonblocking wake socket");
+        let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
+        Ok((
+            Arc::new(LoopShared {
+                cmd_tx,
+                wake,
+                sleeping: AtomicBool::new(false),
+                cpu_ns: AtomicU64::new(0),
+                charged_ns: AtomicU64::new(0),
+                busy_ns: AtomicU64::new(0),
+            }),
+            cmd_rx,
+            wake_rx,
+        ))
+    }
+
+    /// Queues a command for the loop, writing to its wake-up socket (a
+    /// system call) only if it sleeps. Invariant (with the loop's sleep): it
+    /// sets `sleeping`, then checks the queue; this sends, then checks
+    /// `sleeping`, each with a `SeqCst` fence in between, so either it sees
+    /// the command or this sees it sleeping. A reply sent by a handler
+    /// running on the loop's own thread therefore costs no system call.
+    fn send_cmd(&self, cmd: Cmd) {
+        if self.cmd_tx.send(cmd).is_ok() {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.sleeping.load(Ordering::SeqCst) {
+                // Non-blocking: if the socket is full a wake-up is pending
+                // anyway.
+                let _ = (&self.wake).write(&[1]);
+            }
+        }
+    }
+
+    /// CPU the loop spent outside the services it ran.
+    fn overhead_ns(&self) -> u64 {
+        self.cpu_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.charged_ns.load(Ordering::Relaxed))
+    }
+
+    /// The part of [`LoopShared::overhead_ns`] spent working (not polling
+    /// idle): busy iterations less the services' charge, at most the whole.
+    fn busy_overhead_ns(&self) -> u64 {
+        self.busy_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.charged_ns.load(Ordering::Relaxed))
+            .min(self.overhead_ns())
+    }
 }
 
 /// One client process's control connection.
@@ -110,14 +205,17 @@ pub(crate) struct NodeInner {
     secret: Arc<[u8]>,
     services: ServiceTable,
     regions: Regions,
+    tokens: Tokens,
     next_region: AtomicU32,
     handler_threads: usize,
-    progress_cpu_ns: Arc<AtomicU64>,
-    cmd_tx: Sender<Cmd>,
-    wake: UnixStream,
-    /// Set by the progress thread while it sleeps (or is about to) in
-    /// `poll`: only then does a command need a byte on `wake`.
-    sleeping: Arc<AtomicBool>,
+    /// The progress thread's loop (verbs messages, session wire-up).
+    progress: Arc<LoopShared>,
+    /// Each handler thread's loop: it owns a UCX worker of its own that
+    /// clients send their RPCs to, and serves them inline.
+    handlers: Vec<Arc<LoopShared>>,
+    /// The handler threads' worker addresses, in order (sent to a client
+    /// with its session).
+    handler_addresses: Vec<Vec<u8>>,
     pub(crate) worker_address: Vec<u8>,
     pub(crate) listen_addr: SocketAddr,
     conns: Mutex<HashMap<u64, Arc<ServerConn>>>,
@@ -132,19 +230,16 @@ pub(crate) struct NodeInner {
 }
 
 impl NodeInner {
-    /// Queues a command for the progress thread, writing to its wake-up
-    /// socket (a system call) only if it sleeps. Invariant (with the
-    /// progress thread's sleep): it sets `sleeping`, then checks the queue;
-    /// this sends, then checks `sleeping`, each with a `SeqCst` fence in
-    /// between, so either it sees the command or this sees it sleeping.
-    fn send_cmd(&self, cmd: Cmd) {
-        if self.cmd_tx.send(cmd).is_ok() {
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if self.sleeping.load(Ordering::SeqCst) {
-                // Non-blocking: if the socket is full a wake-up is pending
-                // anyway.
-                let _ = (&self.wake).write(&[1]);
-            }
+    /// Every serving loop: the progress thread's, then the handlers'.
+    fn loops(&self) -> impl Iterator<Item = &Arc<LoopShared>> {
+        std::iter::once(&self.progress).chain(&self.handlers)
+    }
+
+    /// Forgets a session: its token, and every loop's endpoint back to it.
+    fn close_session(&self, session: u32) {
+        self.tokens.write().remove(&session);
+        for l in self.loops() {
+            l.send_cmd(Cmd::CloseSession(session));
         }
     }
 
@@ -174,49 +269,67 @@ impl UcxNode {
         let listen_addr = listener
             .local_addr()
             .map_err(|e| TransportError::Backend(format!("listener address: {e}")))?;
-        let (wake, wake_rx) = UnixStream::pair()
-            .map_err(|e| TransportError::Backend(format!("wake-up socket: {e}")))?;
-        wake.set_nonblocking(true).expect("nonblocking wake socket");
-        wake_rx
-            .set_nonblocking(true)
-            .expect("nonblocking wake socket");
-        let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<Cmd>();
-        let (job_tx, job_rx) = crossbeam_channel::unbounded::<Job>();
-        let progress_cpu_ns = Arc::new(AtomicU64::new(0));
-        let sleeping = Arc::new(AtomicBool::new(false));
         let regions: Regions = Arc::default();
+        let tokens: Tokens = Arc::default();
+        let mut threads = Vec::new();
 
-        // The progress thread makes the worker (it is used only there) and
-        // reports its address.
+        // Each serving loop's thread makes its worker (it is used only
+        // there) and reports its address.
+        let (progress, cmd_rx, wake_rx) = LoopShared::new()?;
         let (addr_tx, addr_rx) = crossbeam_channel::bounded(1);
-        let progress = {
+        {
             let ctx = ctx.clone();
-            let cmd_tx = cmd_tx.clone();
-            let cpu = progress_cpu_ns.clone();
             let regions = regions.clone();
-            let sleeping = sleeping.clone();
-            std::thread::Builder::new()
-                .name(format!("dmkv-{id}-progress"))
-                .spawn(move || {
-                    progress_thread(
-                        ctx,
-                        cmd_rx,
-                        cmd_tx,
-                        job_tx,
-                        wake_rx,
-                        cpu,
-                        handler_threads,
-                        addr_tx,
-                        regions,
-                        sleeping,
-                    )
-                })
-                .map_err(|e| TransportError::Backend(format!("spawn progress thread: {e}")))?
-        };
+            let tokens = tokens.clone();
+            let shared = progress.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("dmkv-{id}-progress"))
+                    .spawn(move || {
+                        progress_thread(
+                            ctx,
+                            shared,
+                            cmd_rx,
+                            wake_rx,
+                            handler_threads,
+                            addr_tx,
+                            regions,
+                            tokens,
+                        )
+                    })
+                    .map_err(|e| TransportError::Backend(format!("spawn progress thread: {e}")))?,
+            );
+        }
         let worker_address = addr_rx
             .recv()
             .map_err(|_| TransportError::Backend("the progress thread died".into()))?
             .map_err(|e| TransportError::Backend(format!("UCX worker: {e}")))?;
+
+        // Handler threads get the node once it exists (they need its
+        // services); until then they only make their workers.
+        let mut handlers = Vec::new();
+        let mut handler_addresses = Vec::new();
+        let mut node_txs = Vec::new();
+        for h in 0..handler_threads {
+            let (shared, cmd_rx, wake_rx) = LoopShared::new()?;
+            let (addr_tx, addr_rx) = crossbeam_channel::bounded(1);
+            let (node_tx, node_rx) = crossbeam_channel::bounded::<Arc<NodeInner>>(1);
+            let ctx = ctx.clone();
+            let s = shared.clone();
+            let tokens = tokens.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("dmkv-{id}-h{h}"))
+                .spawn(move || handler_thread(ctx, s, cmd_rx, wake_rx, addr_tx, node_rx, tokens))
+                .map_err(|e| TransportError::Backend(format!("spawn handler thread: {e}")))?;
+            threads.push(t);
+            let address = addr_rx
+                .recv()
+                .map_err(|_| TransportError::Backend("a handler thread died".into()))?
+                .map_err(|e| TransportError::Backend(format!("UCX worker: {e}")))?;
+            handlers.push(shared);
+            handler_addresses.push(address);
+            node_txs.push(node_tx);
+        }
 
         let inner = Arc::new(NodeInner {
             id,
@@ -225,12 +338,12 @@ impl UcxNode {
             secret,
             services: ServiceTable::new(),
             regions,
+            tokens,
             next_region: AtomicU32::new(0),
             handler_threads,
-            progress_cpu_ns,
-            cmd_tx,
-            wake,
-            sleeping,
+            progress,
+            handlers,
+            handler_addresses,
             worker_address,
             listen_addr,
             conns: Mutex::new(HashMap::new()),
@@ -238,20 +351,13 @@ impl UcxNode {
             next_session: AtomicU32::new(1),
             invalidate_seq: AtomicU64::new(1),
             stopped: AtomicBool::new(false),
-            threads: Mutex::new(vec![progress]),
+            threads: Mutex::new(threads),
             pool_limit: AtomicU64::new(u64::MAX),
             registered: AtomicU64::new(0),
         });
-        for h in 0..handler_threads {
-            let node = inner.clone();
-            let rx = job_rx.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("dmkv-{id}-h{h}"))
-                .spawn(move || handler_thread(node, rx))
-                .map_err(|e| TransportError::Backend(format!("spawn handler thread: {e}")))?;
-            inner.threads.lock().push(t);
+        for tx in node_txs {
+            let _ = tx.send(inner.clone());
         }
-        drop(job_rx);
         let node = inner.clone();
         let t = std::thread::Builder::new()
             .name(format!("dmkv-{id}-listen"))
@@ -266,10 +372,25 @@ impl UcxNode {
         self.inner.listen_addr
     }
 
-    /// CPU time the progress thread has used so far (driving UCX: emulated
-    /// one-sided verbs over TCP, moving RPC messages).
+    /// CPU time this node's serving loops have used so far outside the
+    /// services they ran: the progress thread (emulated one-sided verbs
+    /// over TCP, session wire-up) and the handler threads' UCX work
+    /// (receiving requests, sending replies), idle polling included (see
+    /// [`UcxNode::progress_idle_ns`]). What the services themselves cost is
+    /// charged to each RPC's caller (`memnode_cpu_ns`), not counted here.
     pub fn progress_cpu_ns(&self) -> u64 {
-        self.inner.progress_cpu_ns.load(Ordering::Relaxed)
+        self.inner.loops().map(|l| l.overhead_ns()).sum()
+    }
+
+    /// The part of [`UcxNode::progress_cpu_ns`] spent polling with nothing
+    /// to do: the whole less the loops' work outside services, which is
+    /// measured as the wall time of iterations that did something (so idle
+    /// polling is if anything underestimated).
+    pub fn progress_idle_ns(&self) -> u64 {
+        self.inner
+            .loops()
+            .map(|l| l.overhead_ns() - l.busy_overhead_ns())
+            .sum()
     }
 
     /// Limits the bytes of regions registered at once (`None`: no limit);
@@ -302,7 +423,9 @@ impl UcxNode {
         for c in inner.conns.lock().values() {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
-        inner.send_cmd(Cmd::Stop);
+        for l in inner.loops() {
+            l.send_cmd(Cmd::Stop);
+        }
         inner.regions.write().clear();
         let threads: Vec<_> = inner.threads.lock().drain(..).collect();
         let me = std::thread::current().id();
@@ -428,96 +551,70 @@ impl NodeHost for UcxNode {
     }
 }
 
-fn handler_thread(node: Arc<NodeInner>, rx: Receiver<Job>) {
-    while let Some(job) = dmkv_transport::local::recv_polling(&rx, HANDLER_POLL) {
-        if node.is_stopped() {
-            break;
-        }
-        let ctx = RpcContext {
-            caller: job.caller,
-            node: node.id,
-        };
-        // The reply goes out whenever the service produces it (at once, or
-        // later from another thread for a deferred service).
-        let n = node.clone();
-        let (session, rid) = (job.session, job.rid);
-        node.services
-            .dispatch(&ctx, job.service, &job.payload, move |reply| {
-                n.send_cmd(Cmd::Reply {
-                    session,
-                    rid,
-                    reply: reply.encode(),
-                });
-            });
-    }
-}
-
-struct Session {
-    ep: Ep,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn progress_thread(
-    ctx: Arc<Context>,
-    cmd_rx: Receiver<Cmd>,
-    cmd_tx: Sender<Cmd>,
-    job_tx: Sender<Job>,
-    mut wake_rx: UnixStream,
-    cpu: Arc<AtomicU64>,
-    handler_threads: usize,
-    addr_tx: Sender<std::result::Result<Vec<u8>, ffi::UcxError>>,
-    regions: Regions,
-    sleeping: Arc<AtomicBool>,
-) {
-    let worker = match Worker::new(&ctx).and_then(|w| w.address().map(|a| (w, a))) {
+/// Makes a serving loop's worker and reports its address (or the error).
+fn make_worker(
+    ctx: &Arc<Context>,
+    addr_tx: &Sender<std::result::Result<Vec<u8>, ffi::UcxError>>,
+) -> Option<Worker> {
+    match Worker::new(ctx).and_then(|w| w.address().map(|a| (w, a))) {
         Ok((w, a)) => {
             let _ = addr_tx.send(Ok(a));
-            w
+            Some(w)
         }
         Err(e) => {
             let _ = addr_tx.send(Err(e));
-            return;
+            None
         }
+    }
+}
+
+/// Parses an RPC request header: `(session, rid, service, caller)`, or
+/// `None` for a malformed header, an unknown session or a wrong token
+/// (such requests are dropped unanswered: only authenticated clients are
+/// served).
+fn parse_request(header: &[u8], tokens: &Tokens) -> Option<(u32, u64, u32, u16)> {
+    let mut r = WireReader::new(header);
+    let parsed = (|| {
+        Ok::<_, dmkv_transport::WireError>((r.u32()?, r.u64()?, r.u64()?, r.u32()?, r.u16()?))
+    })();
+    let (session, token, rid, service, caller) = parsed.ok()?;
+    (tokens.read().get(&session) == Some(&token)).then_some((session, rid, service, caller))
+}
+
+/// A handler thread: it owns a UCX worker that clients send their RPCs to
+/// (one endpoint per client session, made when the session opens), runs
+/// each request's service inline on this thread as soon as the worker
+/// delivers it, and sends the reply from here. A service that defers its
+/// reply sends it later from another thread through this loop's command
+/// queue. No request or reply passes through another thread.
+fn handler_thread(
+    ctx: Arc<Context>,
+    shared: Arc<LoopShared>,
+    cmd_rx: Receiver<Cmd>,
+    wake_rx: UnixStream,
+    addr_tx: Sender<std::result::Result<Vec<u8>, ffi::UcxError>>,
+    node_rx: Receiver<Arc<NodeInner>>,
+    tokens: Tokens,
+) {
+    let Some(worker) = make_worker(&ctx, &addr_tx) else {
+        return;
     };
-    let tokens: Rc<std::cell::RefCell<HashMap<u32, u64>>> = Rc::default();
+    let Ok(node) = node_rx.recv() else {
+        return;
+    };
+    // Requests the worker delivered during its last progress call. The
+    // active-message callback only queues them: services run outside UCX's
+    // progress, so that a reply they send at once goes out on a worker that
+    // is not inside a callback.
+    let jobs: Rc<RefCell<VecDeque<Job>>> = Rc::default();
     {
         let tokens = tokens.clone();
-        let job_tx = job_tx.clone();
-        let cmd_tx = cmd_tx.clone();
+        let jobs = jobs.clone();
         let handler = move |header: &[u8], data: &[u8]| {
-            let mut r = WireReader::new(header);
-            let parsed = (|| {
-                Ok::<_, dmkv_transport::WireError>((
-                    r.u32()?,
-                    r.u64()?,
-                    r.u64()?,
-                    r.u32()?,
-                    r.u16()?,
-                ))
-            })();
-            // Requests from unknown sessions or with a wrong token are
-            // dropped unanswered: only authenticated clients are served.
-            let Ok((session, token, rid, service, caller)) = parsed else {
+            let Some((session, rid, service, caller)) = parse_request(header, &tokens) else {
                 return;
             };
-            if tokens.borrow().get(&session) != Some(&token) {
-                return;
-            }
-            if handler_threads == 0 {
-                let reply = dmkv_transport::Reply {
-                    result: Err(dmkv_transport::ServiceError::failed(
-                        "the node has no handler threads and serves no RPCs",
-                    )),
-                    server_cpu_ns: 0,
-                };
-                let _ = cmd_tx.send(Cmd::Reply {
-                    session,
-                    rid,
-                    reply: reply.encode(),
-                });
-                return;
-            }
-            let _ = job_tx.send(Job {
+            jobs.borrow_mut().push_back(Job {
                 session,
                 rid,
                 service: ServiceId(service),
@@ -532,22 +629,107 @@ fn progress_thread(
             return;
         }
     }
+    let idle = Idle {
+        poll: HANDLER_POLL,
+        yields: true,
+    };
+    serve_loop(&worker, &shared, &cmd_rx, wake_rx, idle, || {
+        let mut served = false;
+        loop {
+            let Some(job) = jobs.borrow_mut().pop_front() else {
+                break;
+            };
+            served = true;
+            if node.is_stopped() {
+                continue;
+            }
+            let ctx = RpcContext {
+                caller: job.caller,
+                node: node.id,
+            };
+            // The reply goes out whenever the service produces it: at once
+            // (on this thread: queued, then sent by this loop without a
+            // wake-up), or later from another thread (deferred).
+            let s = shared.clone();
+            let (session, rid) = (job.session, job.rid);
+            node.services
+                .dispatch(&ctx, job.service, &job.payload, move |reply| {
+                    s.charged_ns
+                        .fetch_add(reply.server_cpu_ns, Ordering::Relaxed);
+                    s.send_cmd(Cmd::Reply {
+                        session,
+                        rid,
+                        reply: reply.encode(),
+                    });
+                });
+        }
+        served
+    });
+}
+
+/// The progress thread: verbs carried as messages (the TCP path), and an
+/// error for an RPC sent to this worker instead of a handler thread's.
+#[allow(clippy::too_many_arguments)] // one per thing the thread owns
+fn progress_thread(
+    ctx: Arc<Context>,
+    shared: Arc<LoopShared>,
+    cmd_rx: Receiver<Cmd>,
+    wake_rx: UnixStream,
+    handler_threads: usize,
+    addr_tx: Sender<std::result::Result<Vec<u8>, ffi::UcxError>>,
+    regions: Regions,
+    tokens: Tokens,
+) {
+    let Some(worker) = make_worker(&ctx, &addr_tx) else {
+        return;
+    };
+    {
+        // Clients send RPCs to the handler threads' workers; a node without
+        // handler threads has none to give them, and its RPCs land here.
+        let tokens = tokens.clone();
+        let shared = shared.clone();
+        let handler = move |header: &[u8], _data: &[u8]| {
+            let Some((session, rid, _, _)) = parse_request(header, &tokens) else {
+                return;
+            };
+            let why = if handler_threads == 0 {
+                "the node has no handler threads and serves no RPCs".to_string()
+            } else {
+                format!("RPCs go to the node's {handler_threads} handler workers")
+            };
+            let reply = dmkv_transport::Reply {
+                result: Err(dmkv_transport::ServiceError::failed(why)),
+                server_cpu_ns: 0,
+            };
+            shared.send_cmd(Cmd::Reply {
+                session,
+                rid,
+                reply: reply.encode(),
+            });
+        };
+        if worker
+            .set_am_handler(AM_REQUEST, Box::new(handler))
+            .is_err()
+        {
+            return;
+        }
+    }
     {
         // Verbs carried as messages: checked and executed here, on the
         // progress thread, as UCX's own emulation would be.
         let tokens = tokens.clone();
-        let cmd_tx = cmd_tx.clone();
+        let shared = shared.clone();
         let handler = move |header: &[u8], data: &[u8]| {
             let mut r = WireReader::new(header);
             let parsed = (|| Ok::<_, dmkv_transport::WireError>((r.u32()?, r.u64()?, r.u64()?)))();
             let Ok((session, token, rid)) = parsed else {
                 return;
             };
-            if tokens.borrow().get(&session) != Some(&token) {
+            if tokens.read().get(&session) != Some(&token) {
                 return;
             }
             let reply = crate::verbs::serve(&regions.read(), data);
-            let _ = cmd_tx.send(Cmd::Reply {
+            shared.send_cmd(Cmd::Reply {
                 session,
                 rid,
                 reply,
@@ -557,35 +739,66 @@ fn progress_thread(
             return;
         }
     }
-    drop(job_tx);
+    let idle = Idle {
+        poll: SPIN_BEFORE_SLEEP,
+        yields: false,
+    };
+    serve_loop(&worker, &shared, &cmd_rx, wake_rx, idle, || false);
+}
+
+/// How a serving loop waits when it has nothing to do.
+struct Idle {
+    /// How long it keeps polling after its last event before it sleeps.
+    poll: Duration,
+    /// Whether it yields its core between polls (after [`IDLE_SPINS`]
+    /// polls), so that on a small machine the threads it waits for run.
+    yields: bool,
+}
+
+/// Polls a loop makes without yielding before it yields between polls.
+const IDLE_SPINS: u32 = 64;
+
+/// Runs a serving loop on `worker` until [`Cmd::Stop`]: drives UCX, runs
+/// `work` after every progress call (a handler thread serves there the
+/// requests its worker delivered; it says whether it did anything), and
+/// carries out commands (sessions, replies). With nothing to do for
+/// `idle.poll` it arms the worker's event fd and sleeps in `poll` until UCX
+/// or a command wakes it.
+fn serve_loop(
+    worker: &Worker,
+    shared: &LoopShared,
+    cmd_rx: &Receiver<Cmd>,
+    mut wake_rx: UnixStream,
+    idle: Idle,
+    mut work: impl FnMut() -> bool,
+) {
     let efd = worker.event_fd().ok();
-    let mut sessions: HashMap<u32, Session> = HashMap::new();
+    let mut sessions: HashMap<u32, Ep> = HashMap::new();
     let mut inflight: Vec<Op> = Vec::new();
     let mut last_event = Instant::now();
+    let mut empty_polls: u32 = 0;
     let mut iterations: u64 = 0;
     let mut stop = false;
     while !stop {
+        let start = Instant::now();
         let mut busy = worker.progress();
+        busy |= work();
         while let Ok(cmd) = cmd_rx.try_recv() {
             busy = true;
             match cmd {
                 Cmd::OpenSession {
                     session,
-                    token,
                     address,
                     done,
-                } => match worker.connect(&address) {
-                    Ok(ep) => {
-                        tokens.borrow_mut().insert(session, token);
-                        sessions.insert(session, Session { ep });
-                        let _ = done.send(Ok(()));
+                } => {
+                    let outcome = worker.connect(&address).map(|ep| {
+                        sessions.insert(session, ep);
+                    });
+                    if let Some(done) = done {
+                        let _ = done.send(outcome.map_err(|e| e.to_string()));
                     }
-                    Err(e) => {
-                        let _ = done.send(Err(e.to_string()));
-                    }
-                },
+                }
                 Cmd::CloseSession(s) => {
-                    tokens.borrow_mut().remove(&s);
                     sessions.remove(&s);
                 }
                 Cmd::Reply {
@@ -593,9 +806,9 @@ fn progress_thread(
                     rid,
                     reply,
                 } => {
-                    if let Some(s) = sessions.get(&session)
-                        && s.ep.failed().is_none()
-                        && let Ok(op) = s.ep.am_send(AM_REPLY, rid.to_le_bytes().to_vec(), reply)
+                    if let Some(ep) = sessions.get(&session)
+                        && ep.failed().is_none()
+                        && let Ok(op) = ep.am_send(AM_REPLY, rid.to_le_bytes().to_vec(), reply)
                     {
                         inflight.push(op);
                     }
@@ -606,34 +819,41 @@ fn progress_thread(
         inflight.retain(|op| op.poll().is_none());
         iterations += 1;
         if iterations.is_multiple_of(4096) {
-            cpu.store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
-            // Forget sessions whose peer UCX reported gone.
-            let dead: Vec<u32> = sessions
-                .iter()
-                .filter(|(_, s)| s.ep.failed().is_some())
-                .map(|(id, _)| *id)
-                .collect();
-            for id in dead {
-                tokens.borrow_mut().remove(&id);
-                sessions.remove(&id);
-            }
+            shared
+                .cpu_ns
+                .store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
+            // Drop endpoints whose peer UCX reported gone (the session's
+            // token goes when its control connection ends).
+            sessions.retain(|_, ep| ep.failed().is_none());
         }
         if busy {
             last_event = Instant::now();
+            shared.busy_ns.fetch_add(
+                last_event.duration_since(start).as_nanos() as u64,
+                Ordering::Relaxed,
+            );
+            empty_polls = 0;
             continue;
         }
-        if last_event.elapsed() < SPIN_BEFORE_SLEEP || !inflight.is_empty() {
+        let now = start;
+        if now - last_event < idle.poll || !inflight.is_empty() {
+            empty_polls = empty_polls.saturating_add(1);
+            if idle.yields && empty_polls > IDLE_SPINS {
+                std::thread::yield_now();
+            }
             continue;
         }
-        // Sleep until UCX or a handler has something for us.
-        cpu.store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
-        // See `NodeInner::send_cmd` for the handshake.
-        sleeping.store(true, Ordering::SeqCst);
+        // Sleep until UCX or another thread has something for us.
+        shared
+            .cpu_ns
+            .store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
+        // See `LoopShared::send_cmd` for the handshake.
+        shared.sleeping.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         let mut sink = [0u8; 64];
         while matches!(wake_rx.read(&mut sink), Ok(n) if n > 0) {}
         if !cmd_rx.is_empty() {
-            sleeping.store(false, Ordering::SeqCst);
+            shared.sleeping.store(false, Ordering::SeqCst);
             continue;
         }
         match efd {
@@ -645,15 +865,16 @@ fn progress_thread(
                 ffi::poll_readable(&[wake_rx.as_raw_fd()], 1);
             }
         }
-        sleeping.store(false, Ordering::SeqCst);
+        shared.sleeping.store(false, Ordering::SeqCst);
+        empty_polls = 0;
         last_event = Instant::now();
     }
     // Close every endpoint and finish sends before the worker goes.
     drop(inflight);
     sessions.clear();
-    tokens.borrow_mut().clear();
-    cpu.store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
-    drop(worker);
+    shared
+        .cpu_ns
+        .store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
 }
 
 fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
@@ -717,7 +938,7 @@ fn serve_conn(node: Arc<NodeInner>, stream: TcpStream) {
     let _ = stream.shutdown(Shutdown::Both);
     node.conns.lock().remove(&conn_id);
     for s in conn.sessions.lock().drain() {
-        node.send_cmd(Cmd::CloseSession(s));
+        node.close_session(s);
     }
     let held: Vec<Arc<MappedMemory>> = conn.held.lock().drain().map(|(_, m)| m).collect();
     if !held.is_empty() {
@@ -743,28 +964,45 @@ fn handle_frame(
             let address = r.bytes().map_err(|_| ())?.to_vec();
             let session = node.next_session.fetch_add(1, Ordering::Relaxed);
             let token: u64 = rand::random();
+            node.tokens.write().insert(session, token);
+            // Every serving loop connects back to the client's worker: the
+            // progress thread (verbs messages) and each handler thread (RPC
+            // replies). A loop takes its commands in order, so a handler
+            // loop has its endpoint before it sends a reply on it.
             let (tx, rx) = crossbeam_channel::bounded(1);
-            node.send_cmd(Cmd::OpenSession {
+            node.progress.send_cmd(Cmd::OpenSession {
                 session,
-                token,
-                address,
-                done: tx,
+                address: address.clone(),
+                done: Some(tx),
             });
+            for l in &node.handlers {
+                l.send_cmd(Cmd::OpenSession {
+                    session,
+                    address: address.clone(),
+                    done: None,
+                });
+            }
+            let outcome = match rx.recv_timeout(control::HANDSHAKE_TIMEOUT) {
+                Ok(r) => r,
+                Err(_) => Err("the node is shutting down".to_string()),
+            };
             let mut w = WireWriter::new();
             w.u64(rid);
-            match rx.recv_timeout(control::HANDSHAKE_TIMEOUT) {
-                Ok(Ok(())) => {
+            match outcome {
+                Ok(()) => {
                     conn.sessions.lock().insert(session);
-                    w.u32(session).u64(token);
+                    w.u32(session)
+                        .u64(token)
+                        .u16(node.handler_addresses.len() as u16);
+                    for a in &node.handler_addresses {
+                        w.bytes(a);
+                    }
                     control::write_frame(&conn.stream, control::SESSION, &w.finish())
                         .map_err(|_| ())
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
+                    node.close_session(session);
                     w.u8(control::DENIED_OTHER).str(&e);
-                    control::write_frame(&conn.stream, control::DENIED, &w.finish()).map_err(|_| ())
-                }
-                Err(_) => {
-                    w.u8(control::DENIED_OTHER).str("the node is shutting down");
                     control::write_frame(&conn.stream, control::DENIED, &w.finish()).map_err(|_| ())
                 }
             }
@@ -772,7 +1010,7 @@ fn handle_frame(
         control::CLOSE_SESSION => {
             let s = r.u32().map_err(|_| ())?;
             if conn.sessions.lock().remove(&s) {
-                node.send_cmd(Cmd::CloseSession(s));
+                node.close_session(s);
             }
             Ok(())
         }

@@ -261,3 +261,67 @@ fn large_rpcs_and_replies() {
         }
     }
 }
+
+/// RPCs are served on the handler threads that own the workers they were
+/// sent to, spread over all of them by request id, never on the progress
+/// thread; a deferred reply sent later from another thread reaches the
+/// caller through its handler's loop; the serving loops' CPU outside
+/// services reaches `progress_cpu_ns`, and its idle part is at most the
+/// whole.
+#[test]
+fn rpcs_are_served_inline_on_every_handler_thread() {
+    for config in [UcxConfig::tcp_loopback, UcxConfig::shm_loopback] {
+        let c = UcxCluster::new(config(b"s".to_vec()), NodeId(100)).unwrap();
+        let node = c
+            .serve(NodeId(0), "127.0.0.1:0".parse().unwrap(), 2)
+            .unwrap();
+        let where_served = |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+            Ok(std::thread::current()
+                .name()
+                .unwrap_or("?")
+                .as_bytes()
+                .to_vec())
+        };
+        let svc = node
+            .services()
+            .register("where", Arc::new(where_served))
+            .unwrap();
+        let later = node
+            .services()
+            .register_deferred(
+                "later",
+                Arc::new(
+                    |_: &RpcContext, req: &[u8], responder: dmkv_transport::Responder| {
+                        let req = req.to_vec();
+                        std::thread::spawn(move || {
+                            std::thread::sleep(Duration::from_millis(20));
+                            responder.reply(Ok(req));
+                        });
+                    },
+                ),
+            )
+            .unwrap();
+        let client = UcxCluster::new(config(b"s".to_vec()), NodeId(1)).unwrap();
+        client.connect(node.listen_addr()).unwrap();
+        let ep = client.fabric().endpoint(NodeId(1)).unwrap();
+        let names: Vec<String> = (0..8)
+            .map(|_| String::from_utf8(block_on(ep.call(NodeId(0), svc, vec![])).unwrap()).unwrap())
+            .collect();
+        // Consecutive request ids go to the two handler workers in turn.
+        for pair in names.windows(2) {
+            assert_ne!(pair[0], pair[1], "{names:?}");
+        }
+        let distinct: std::collections::BTreeSet<&str> = names.iter().map(|n| n.as_str()).collect();
+        assert_eq!(distinct, ["dmkv-n0-h0", "dmkv-n0-h1"].into(), "{names:?}");
+        for i in 0..4u8 {
+            assert_eq!(
+                block_on(ep.call(NodeId(0), later, vec![i])).unwrap(),
+                vec![i]
+            );
+        }
+        eventually("the serving loops' CPU is reported", || {
+            node.progress_cpu_ns() > 0
+        });
+        assert!(node.progress_idle_ns() <= node.progress_cpu_ns());
+    }
+}
