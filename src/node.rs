@@ -311,9 +311,14 @@ mod with_ucx {
         writeln!(out, "{LISTENING} {advertise}").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
         if a.exit_on_stdin_eof {
-            std::thread::spawn(|| {
+            // Not `std::io::stdin()`: `main` holds its lock for the CLI's
+            // whole run, so this thread would wait on the lock for ever and
+            // the node would never see its parent go. `/dev/stdin` is a new
+            // descriptor for the same pipe (as `dmkv memnode` does).
+            let mut stdin = std::fs::File::open("/dev/stdin")
+                .map_err(|e| format!("--exit-on-stdin-eof: cannot read stdin: {e}"))?;
+            std::thread::spawn(move || {
                 let mut sink = [0u8; 256];
-                let mut stdin = std::io::stdin();
                 while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
                 std::process::exit(crate::cli::EXIT_OK);
             });
