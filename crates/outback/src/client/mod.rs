@@ -1007,15 +1007,24 @@ impl Client {
     /// The current view of shard `p`, from this thread's cache when no new
     /// one was installed since.
     async fn view(&self, p: u16, deadline: &Deadline) -> Result<Arc<ShardView>> {
-        let installs = self.sh.slots[p as usize].installs.load(Ordering::Acquire);
-        if let Some((i, v)) = &self.views.borrow()[p as usize]
-            && *i == installs
-        {
-            return Ok(v.clone());
+        if let Some(v) = self.cached_view(p) {
+            return Ok(v);
         }
+        let installs = self.sh.slots[p as usize].installs.load(Ordering::Acquire);
         let v = self.sh.ensure_view(&self.ep, p, deadline.at()).await?;
         self.views.borrow_mut()[p as usize] = Some((installs, v.clone()));
         Ok(v)
+    }
+
+    /// This thread's view of shard `p` if no newer one was installed since
+    /// (the GET path's case: no future to poll).
+    #[inline]
+    fn cached_view(&self, p: u16) -> Option<Arc<ShardView>> {
+        let installs = self.sh.slots[p as usize].installs.load(Ordering::Acquire);
+        match &self.views.borrow()[p as usize] {
+            Some((i, v)) if *i == installs => Some(v.clone()),
+            _ => None,
+        }
     }
 
     async fn call(&self, node: NodeId, payload: Vec<u8>) -> Result<Vec<u8>> {
@@ -1028,7 +1037,7 @@ impl Client {
         let svc = match cached {
             Some(s) => s,
             None => {
-                let s = self.sh.service(&self.ep, node).await?;
+                let s = Box::pin(self.sh.service(&self.ep, node)).await?;
                 self.services.borrow_mut().push((node, s));
                 s
             }
@@ -1039,6 +1048,10 @@ impl Client {
     /// Sends the request `make` builds for `key` (from the current view) and
     /// handles everything that is not an answer: a node down (failover),
     /// STALE (fetch, retry), NOT_OWNER / RECOVERING (wait, retry).
+    ///
+    /// The slow paths' futures (loading, fetching, failover, polling) are
+    /// boxed: inline they made every operation's future kilobytes large, and
+    /// the API's boxing of it a ~250-instruction copy per GET.
     async fn exchange(
         &self,
         key: u64,
@@ -1058,12 +1071,19 @@ impl Client {
             }
             let slot = &sh.slots[p as usize];
             if slot.unbuilt.load(Ordering::Acquire) || slot.building.load(Ordering::Acquire) {
-                labeled(OpKind::Setup, sh.complete_load(ep, p)).await?;
+                Box::pin(labeled(OpKind::Setup, sh.complete_load(ep, p))).await?;
             }
-            let view = self.view(p, deadline).await?;
-            if let Err(e) = sh.maybe_poll(ep, p, &view).await {
+            let view = match self.cached_view(p) {
+                Some(v) => v,
+                None => Box::pin(self.view(p, deadline)).await?,
+            };
+            // Checked here first so that the common case (no resize coming)
+            // builds no future.
+            if slot.watch.load(Ordering::Relaxed)
+                && let Err(e) = Box::pin(sh.maybe_poll(ep, p, &view)).await
+            {
                 if let Some(n) = node_down(&e) {
-                    sh.failover(ep, p, n).await?;
+                    Box::pin(sh.failover(ep, p, n)).await?;
                     continue;
                 }
                 return Err(e);
@@ -1074,7 +1094,7 @@ impl Client {
                 Ok(r) => Reply::parse(r)?,
                 Err(e) => match node_down(&e) {
                     Some(n) => {
-                        sh.failover(ep, p, n).await?;
+                        Box::pin(sh.failover(ep, p, n)).await?;
                         continue;
                     }
                     None => return Err(e),
@@ -1084,11 +1104,11 @@ impl Client {
             match reply.head.status {
                 Status::Stale => {
                     sh.counters.stale_retries.fetch_add(1, Ordering::Relaxed);
-                    let fresh = match labeled(OpKind::Other, sh.fetch(ep, p)).await {
+                    let fresh = match Box::pin(labeled(OpKind::Other, sh.fetch(ep, p))).await {
                         Ok(f) => f,
                         Err(e) => match node_down(&e) {
                             Some(n) => {
-                                sh.failover(ep, p, n).await?;
+                                Box::pin(sh.failover(ep, p, n)).await?;
                                 continue;
                             }
                             None => return Err(e),
@@ -1146,8 +1166,7 @@ impl Client {
                 let mut r = WireReader::new(x.reply.rest());
                 let (ticket, applied) = (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
                 let p = self.sh.ring.shard_of(key);
-                self.await_ticket(&x.view, p, ticket, applied, deadline)
-                    .await
+                Box::pin(self.await_ticket(&x.view, p, ticket, applied, deadline)).await
             }
             s => {
                 x.table.learn_seed(x.bucket, x.reply.head.seed);
@@ -1287,7 +1306,7 @@ impl KvStore for Client {
         // Another key (or none) in the slot: the key is absent unless it
         // overflowed (cache bit) or moved under a seed we did not know.
         if head.cache() || moved {
-            return self.makeup_get(key, deadline).await;
+            return Box::pin(self.makeup_get(key, deadline)).await;
         }
         Ok(None)
     }
