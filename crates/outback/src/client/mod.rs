@@ -157,7 +157,7 @@ impl Reply {
 /// time the operation needs it (a retry, a wait, a slow path), so an
 /// operation answered at the first try reads no clock. An operation thus
 /// gives up [`OP_DEADLINE`] after its first retry or wait rather than after
-/// its start (invariant C1 in docs/outback.md).
+/// its start (invariant 15 in docs/outback.md).
 struct Deadline(Cell<Option<Instant>>);
 
 impl Deadline {
@@ -1371,5 +1371,63 @@ impl KvStore for Client {
             engine: "outback",
             what: "ordered scans (it is a hash index)",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{BLOCK_TAIL_WORDS, encode_block};
+
+    /// A GET reply as the memory node builds it: the head, then the front
+    /// of the block (the block without its tail words).
+    fn get_reply(key: u64, value: &[u8]) -> Vec<u8> {
+        let block = encode_block(key, value, 1);
+        let front = block.len() - BLOCK_TAIL_WORDS as usize * 8;
+        let mut reply = vec![Status::Ok as u8, 0, 0];
+        reply.extend_from_slice(&block[..front]);
+        reply
+    }
+
+    #[test]
+    fn a_get_value_is_taken_from_the_reply_in_place() {
+        for value in [&b""[..], b"v", b"eight by", b"a value of twenty bytes"] {
+            let r = Reply::parse(get_reply(7, value)).unwrap();
+            assert_eq!(r.into_value_of(7).unwrap().as_deref(), Some(value));
+            // Another key's block, or an empty slot: not this key's value.
+            let r = Reply::parse(get_reply(8, value)).unwrap();
+            assert_eq!(r.into_value_of(7).unwrap(), None);
+        }
+        let empty = Reply::parse(vec![Status::Ok as u8, 0, 0]).unwrap();
+        assert_eq!(empty.into_value_of(7).unwrap(), None);
+        // A block front cut inside its value, or with a bad key length, is
+        // corrupt, not absent.
+        let mut cut = get_reply(7, b"a value of twenty bytes");
+        cut.truncate(cut.len() - 16);
+        assert!(matches!(
+            Reply::parse(cut).unwrap().into_value_of(7),
+            Err(KvError::Corrupt(_))
+        ));
+        let mut bad = get_reply(7, b"v");
+        bad[3] = 9;
+        assert!(matches!(
+            Reply::parse(bad).unwrap().into_value_of(7),
+            Err(KvError::Corrupt(_))
+        ));
+        // A reply shorter than its head, or with an unknown status.
+        assert!(Reply::parse(vec![0, 0]).is_err());
+        assert!(Reply::parse(vec![200, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn a_deadline_starts_when_first_asked_and_then_stays() {
+        let d = Deadline::new();
+        assert_eq!(d.0.get(), None, "no clock read before it is needed");
+        assert!(!d.passed(), "a deadline just started has not passed");
+        let at = d.0.get().expect("started by the first question");
+        assert!(
+            at.saturating_duration_since(Instant::now()) > OP_DEADLINE - Duration::from_secs(1)
+        );
+        assert_eq!(d.at(), at, "started once");
     }
 }
