@@ -166,12 +166,15 @@ pub struct BlockFront<'a> {
 }
 
 impl<'a> BlockFront<'a> {
+    /// Where a block's value starts.
+    pub const VALUE_AT: usize = BLOCK_HEAD_WORDS as usize * 8;
+
     pub fn parse(b: &'a [u8]) -> Option<BlockFront<'a>> {
         let (klen, vlen, key) = (word(b, 0)?, word(b, 1)?, word(b, 2)?);
         if klen != 8 || vlen > MAX_VALUE_LEN as u64 {
             return None;
         }
-        let start = BLOCK_HEAD_WORDS as usize * 8;
+        let start = Self::VALUE_AT;
         let value = b.get(start..start + vlen as usize)?;
         Some(BlockFront { key, value })
     }

@@ -72,6 +72,9 @@ pub const FLAG_PRE_RESIZE: u8 = 1;
 /// Reply flag (GET): the slot's cache bit is set.
 pub const FLAG_CACHE: u8 = 2;
 
+/// Bytes of a [`ReplyHead`].
+pub const REPLY_HEAD_LEN: usize = 3;
+
 /// `status u8 | flags u8 | seed u8`: the bucket's latest seed rides on every
 /// data reply, which is how compute nodes learn new seeds lazily.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +102,22 @@ impl ReplyHead {
                 .ok_or_else(|| WireError(format!("unknown status {status}")))?,
             flags: r.u8()?,
             seed: r.u8()?,
+        })
+    }
+    /// The head at the start of a reply (what [`ReplyHead::read`] reads,
+    /// with the same checks, without a reader).
+    pub fn parse(reply: &[u8]) -> Result<ReplyHead, WireError> {
+        let Some(&[status, flags, seed]) = reply.first_chunk::<REPLY_HEAD_LEN>() else {
+            return Err(WireError(format!(
+                "reply head: need {REPLY_HEAD_LEN} bytes, reply has {}",
+                reply.len()
+            )));
+        };
+        Ok(ReplyHead {
+            status: Status::from_u8(status)
+                .ok_or_else(|| WireError(format!("unknown status {status}")))?,
+            flags,
+            seed,
         })
     }
     pub fn pre_resize(&self) -> bool {
@@ -136,6 +155,41 @@ impl Target {
             compute: r.u32()?,
         })
     }
+}
+
+/// Bytes of a GET request: op, [`Target`] (18 bytes), slot.
+pub const GET_LEN: usize = 20;
+
+/// A GET request, encoded in one fixed-size step (the GET path's encoding;
+/// the same bytes as `DataReq::Get { .. }.encode()`, which calls it).
+pub fn encode_get(t: &Target, slot: u8) -> Vec<u8> {
+    let mut b = [0u8; GET_LEN];
+    b[0] = op::GET;
+    b[1..3].copy_from_slice(&t.shard.to_le_bytes());
+    b[3..7].copy_from_slice(&t.table.to_le_bytes());
+    b[7..11].copy_from_slice(&t.epoch.to_le_bytes());
+    b[11..15].copy_from_slice(&t.bucket.to_le_bytes());
+    b[15..19].copy_from_slice(&t.compute.to_le_bytes());
+    b[19] = slot;
+    b.to_vec()
+}
+
+/// A whole request that is a well-formed GET, decoded in one step; `None`
+/// for anything else (which [`DataReq::decode`] then parses or rejects).
+pub fn decode_get(req: &[u8]) -> Option<(Target, u8)> {
+    let b: &[u8; GET_LEN] = req.try_into().ok()?;
+    if b[0] != op::GET {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let t = Target {
+        shard: u16::from_le_bytes([b[1], b[2]]),
+        table: u32_at(3),
+        epoch: u32_at(7),
+        bucket: u32_at(11),
+        compute: u32_at(15),
+    };
+    Some((t, b[19]))
 }
 
 /// A data request, decoded.
@@ -183,11 +237,7 @@ impl DataReq<'_> {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = WireWriter::with_capacity(32);
         match self {
-            DataReq::Get { t, slot } => {
-                w.u8(op::GET);
-                t.write(&mut w);
-                w.u8(*slot);
-            }
+            DataReq::Get { t, slot } => return encode_get(t, *slot),
             DataReq::MakeupGet { t, key } => {
                 w.u8(op::MAKEUP_GET);
                 t.write(&mut w);
@@ -304,5 +354,46 @@ mod tests {
         let h = ReplyHead::read(&mut WireReader::new(&b)).unwrap();
         assert!(h.pre_resize() && !h.cache() && h.seed == 200);
         assert!(ReplyHead::read(&mut WireReader::new(&[9, 0, 0])).is_err());
+        assert_eq!(ReplyHead::parse(&b).unwrap(), h);
+        assert!(ReplyHead::parse(&[9, 0, 0]).is_err());
+        assert!(ReplyHead::parse(&b[..2]).is_err());
+    }
+
+    /// The GET path's fixed-size encoding and decoding agree with the
+    /// general ones, byte for byte, and the one-step decoder takes nothing
+    /// but a whole GET.
+    #[test]
+    fn get_fast_path_matches_the_general_encoding() {
+        let t = Target {
+            shard: 0x0102,
+            table: 0x0304_0506,
+            epoch: 0x0708_090a,
+            bucket: 0x0b0c_0d0e,
+            compute: 0x0f10_1112,
+        };
+        let mut w = WireWriter::new();
+        w.u8(op::GET);
+        t.write(&mut w);
+        w.u8(7);
+        let general = w.finish();
+        let fast = encode_get(&t, 7);
+        assert_eq!(fast, general);
+        assert_eq!(fast.len(), GET_LEN);
+        assert_eq!(DataReq::Get { t, slot: 7 }.encode(), general);
+        assert_eq!(decode_get(&fast), Some((t, 7)));
+        let mut r = WireReader::new(&fast);
+        let op = r.u8().unwrap();
+        assert_eq!(
+            DataReq::decode(op, &mut r).unwrap(),
+            DataReq::Get { t, slot: 7 }
+        );
+        // Cut, extended, or another op: not a GET for the fast path.
+        assert_eq!(decode_get(&fast[..GET_LEN - 1]), None);
+        let mut longer = fast.clone();
+        longer.push(0);
+        assert_eq!(decode_get(&longer), None);
+        let mut other = fast.clone();
+        other[0] = op::MAKEUP_GET;
+        assert_eq!(decode_get(&other), None);
     }
 }

@@ -201,6 +201,7 @@ impl RpcSlots {
             seq,
             sent_at_tick: self.watchdog.ticks.load(Ordering::Acquire),
             node,
+            answered: false,
         };
         (
             ReplyTo {
@@ -222,6 +223,9 @@ pub(crate) struct ReplyWait<'a> {
     seq: u64,
     sent_at_tick: u64,
     node: NodeId,
+    /// The reply (or drop notice) was taken: the slot is idle and holds no
+    /// waker (the handler took it out), so dropping need not lock it.
+    answered: bool,
 }
 
 impl Future for ReplyWait<'_> {
@@ -232,8 +236,14 @@ impl Future for ReplyWait<'_> {
         let mut g = slots[this.index].inner.lock();
         debug_assert_eq!(g.seq, this.seq, "a slot serves one RPC at a time");
         match std::mem::replace(&mut g.state, SlotState::Idle) {
-            SlotState::Done(reply) => Poll::Ready(Ok(reply)),
-            SlotState::Dropped => Poll::Ready(Err(TransportError::NodeDown(this.node))),
+            SlotState::Done(reply) => {
+                this.answered = true;
+                Poll::Ready(Ok(reply))
+            }
+            SlotState::Dropped => {
+                this.answered = true;
+                Poll::Ready(Err(TransportError::NodeDown(this.node)))
+            }
             SlotState::Idle => unreachable!("a waiting RPC's slot is not idle"),
             SlotState::Waiting => {
                 let ticks = this.pool.watchdog.ticks.load(Ordering::Acquire);
@@ -254,7 +264,9 @@ impl Future for ReplyWait<'_> {
 
 impl Drop for ReplyWait<'_> {
     fn drop(&mut self) {
-        {
+        // Answered: `complete` took the waker out and the poll left the slot
+        // idle (invariant 2), so there is nothing to reset.
+        if !self.answered {
             let slots = self.pool.slots.borrow();
             let mut g = slots[self.index].inner.lock();
             if g.seq == self.seq {

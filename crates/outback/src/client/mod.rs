@@ -18,7 +18,7 @@ pub mod view;
 use crate::config::Config;
 use crate::layout::{BlockFront, TableLayout, ctl};
 use crate::othello::Othello;
-use crate::proto::{DataReq, ReplyHead, Status, Target, op};
+use crate::proto::{self, DataReq, REPLY_HEAD_LEN, ReplyHead, Status, Target, op};
 use crate::publish::{
     TableDesc, ViewDesc, ctl_name, decode_locator, locator_len, locator_name, table_name,
 };
@@ -33,7 +33,7 @@ use dmkv_transport::{
     WireWriter, labeled,
 };
 use parking_lot::{Mutex, RwLock};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -114,20 +114,73 @@ fn node_down(e: &KvError) -> Option<NodeId> {
     }
 }
 
-/// Parsed reply of a data request.
+/// Parsed reply of a data request: its head, and the whole reply (the
+/// body is read in place, never copied out).
 struct Reply {
     head: ReplyHead,
-    rest: Vec<u8>,
+    bytes: Vec<u8>,
 }
 
 impl Reply {
     fn parse(bytes: Vec<u8>) -> Result<Reply> {
-        let mut r = WireReader::new(&bytes);
-        let head = ReplyHead::read(&mut r).map_err(malformed)?;
-        Ok(Reply {
-            head,
-            rest: bytes[3..].to_vec(),
-        })
+        let head = ReplyHead::parse(&bytes).map_err(malformed)?;
+        Ok(Reply { head, bytes })
+    }
+
+    /// What follows the head.
+    fn rest(&self) -> &[u8] {
+        &self.bytes[REPLY_HEAD_LEN..]
+    }
+
+    /// The value of the KV block a GET reply carries, in the reply's own
+    /// buffer (moved to its front, no allocation), if the block is `key`'s.
+    /// `Ok(None)`: an empty slot or another key's block.
+    fn into_value_of(mut self, key: Key) -> Result<Option<Vec<u8>>> {
+        let rest = self.rest();
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let f = BlockFront::parse(rest)
+            .ok_or_else(|| KvError::Corrupt("malformed KV block in a GET reply".into()))?;
+        if f.key != key {
+            return Ok(None);
+        }
+        let at = REPLY_HEAD_LEN + BlockFront::VALUE_AT;
+        let len = f.value.len();
+        self.bytes.copy_within(at..at + len, 0);
+        self.bytes.truncate(len);
+        Ok(Some(self.bytes))
+    }
+}
+
+/// An operation's deadline, started lazily: the clock is read the first
+/// time the operation needs it (a retry, a wait, a slow path), so an
+/// operation answered at the first try reads no clock. An operation thus
+/// gives up [`OP_DEADLINE`] after its first retry or wait rather than after
+/// its start (invariant 15 in docs/outback.md).
+struct Deadline(Cell<Option<Instant>>);
+
+impl Deadline {
+    fn new() -> Deadline {
+        Deadline(Cell::new(None))
+    }
+
+    /// The deadline, starting it now if it has not started.
+    fn at(&self) -> Instant {
+        match self.0.get() {
+            Some(at) => at,
+            None => {
+                let at = Instant::now() + OP_DEADLINE;
+                self.0.set(Some(at));
+                at
+            }
+        }
+    }
+
+    /// Whether the deadline has passed (starting it if it has not started).
+    fn passed(&self) -> bool {
+        let at = self.at();
+        Instant::now() > at
     }
 }
 
@@ -186,7 +239,7 @@ impl Shared {
                 r.head.status
             ))));
         }
-        let id = WireReader::new(&r.rest).u32().map_err(malformed)?;
+        let id = WireReader::new(r.rest()).u32().map_err(malformed)?;
         self.slots[p as usize].computes.lock().insert(node, id);
         Ok(id)
     }
@@ -267,9 +320,9 @@ impl Shared {
             }
             break ViewDesc::decode(&body).map_err(malformed)?;
         };
-        let mut tables = HashMap::new();
+        let mut tables = Vec::with_capacity(desc.tables.len());
         for t in &desc.tables {
-            let tv = match old.as_ref().and_then(|v| v.tables.get(&t.id)) {
+            let tv = match old.as_ref().and_then(|v| v.table(t.id)) {
                 Some(known) if same_locator(&known.desc, t) => TableView {
                     desc: *t,
                     othello: known.othello.clone(),
@@ -277,7 +330,7 @@ impl Shared {
                 },
                 _ => self.fetch_table(ep, owner, p, t).await?,
             };
-            tables.insert(t.id, Arc::new(tv));
+            tables.push((t.id, Arc::new(tv)));
         }
         let view = ShardView {
             shard: p,
@@ -286,7 +339,7 @@ impl Shared {
             compute,
             global_depth: desc.global_depth,
             dir: desc.dir,
-            tables,
+            tables: ShardView::sort_tables(tables),
         };
         *slot.view.write() = Some(Arc::new(view));
         slot.installs.fetch_add(1, Ordering::AcqRel);
@@ -464,7 +517,7 @@ impl Shared {
                 r.head.status
             ))));
         }
-        let ticket = WireReader::new(&r.rest).u64().map_err(malformed)?;
+        let ticket = WireReader::new(r.rest()).u64().map_err(malformed)?;
         let ctl_r = self.region(ep, owner, &ctl_name(p)).await?;
         let mut deadline = deadline;
         loop {
@@ -505,7 +558,7 @@ impl Shared {
         let mut w = WireWriter::new();
         w.u8(op::STATS);
         let r = Reply::parse(self.call(ep, owner, w.finish()).await?)?;
-        let text = WireReader::new(&r.rest).str().map_err(malformed)?;
+        let text = WireReader::new(r.rest()).str().map_err(malformed)?;
         let v: serde_json::Value = serde_json::from_str(text).map_err(malformed)?;
         let s = v
             .as_array()
@@ -666,7 +719,7 @@ impl Engine for OutbackEngine {
         self.sh.complete_loads(&ep).await?;
         Ok(Rc::new(Client {
             views: RefCell::new(vec![None; self.sh.nodes.len()]),
-            services: RefCell::new(HashMap::new()),
+            services: RefCell::new(Vec::new()),
             sh: self.sh.clone(),
             ep,
         }))
@@ -715,7 +768,7 @@ impl Engine for OutbackEngine {
                 let mut w = WireWriter::new();
                 w.u8(op::STATS);
                 let r = Reply::parse(sh.call(ep, owner, w.finish()).await?)?;
-                let text = WireReader::new(&r.rest)
+                let text = WireReader::new(r.rest())
                     .str()
                     .map_err(malformed)?
                     .to_string();
@@ -862,7 +915,7 @@ impl Engine for OutbackEngine {
                 let mut w = WireWriter::new();
                 w.u8(op::STATS);
                 let r = Reply::parse(sh.call(ep, owner, w.finish()).await?)?;
-                let text = WireReader::new(&r.rest)
+                let text = WireReader::new(r.rest())
                     .str()
                     .map_err(malformed)?
                     .to_string();
@@ -936,7 +989,9 @@ pub struct Client {
     /// Per shard, the view this thread last used and the install count it
     /// was current at (so the hot path takes no shared lock).
     views: RefCell<Vec<Option<CachedView>>>,
-    services: RefCell<HashMap<NodeId, ServiceId>>,
+    /// The service id at each node asked so far (a handful of nodes: a
+    /// linear search, no hashing on the GET path).
+    services: RefCell<Vec<(NodeId, ServiceId)>>,
 }
 
 /// What one exchange produced.
@@ -951,25 +1006,39 @@ struct Exchange {
 impl Client {
     /// The current view of shard `p`, from this thread's cache when no new
     /// one was installed since.
-    async fn view(&self, p: u16, deadline: Instant) -> Result<Arc<ShardView>> {
-        let installs = self.sh.slots[p as usize].installs.load(Ordering::Acquire);
-        if let Some((i, v)) = &self.views.borrow()[p as usize]
-            && *i == installs
-        {
-            return Ok(v.clone());
+    async fn view(&self, p: u16, deadline: &Deadline) -> Result<Arc<ShardView>> {
+        if let Some(v) = self.cached_view(p) {
+            return Ok(v);
         }
-        let v = self.sh.ensure_view(&self.ep, p, deadline).await?;
+        let installs = self.sh.slots[p as usize].installs.load(Ordering::Acquire);
+        let v = self.sh.ensure_view(&self.ep, p, deadline.at()).await?;
         self.views.borrow_mut()[p as usize] = Some((installs, v.clone()));
         Ok(v)
     }
 
+    /// This thread's view of shard `p` if no newer one was installed since
+    /// (the GET path's case: no future to poll).
+    #[inline]
+    fn cached_view(&self, p: u16) -> Option<Arc<ShardView>> {
+        let installs = self.sh.slots[p as usize].installs.load(Ordering::Acquire);
+        match &self.views.borrow()[p as usize] {
+            Some((i, v)) if *i == installs => Some(v.clone()),
+            _ => None,
+        }
+    }
+
     async fn call(&self, node: NodeId, payload: Vec<u8>) -> Result<Vec<u8>> {
-        let cached = self.services.borrow().get(&node).copied();
+        let cached = self
+            .services
+            .borrow()
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, s)| *s);
         let svc = match cached {
             Some(s) => s,
             None => {
-                let s = self.sh.service(&self.ep, node).await?;
-                self.services.borrow_mut().insert(node, s);
+                let s = Box::pin(self.sh.service(&self.ep, node)).await?;
+                self.services.borrow_mut().push((node, s));
                 s
             }
         };
@@ -979,29 +1048,42 @@ impl Client {
     /// Sends the request `make` builds for `key` (from the current view) and
     /// handles everything that is not an answer: a node down (failover),
     /// STALE (fetch, retry), NOT_OWNER / RECOVERING (wait, retry).
+    ///
+    /// The slow paths' futures (loading, fetching, failover, polling) are
+    /// boxed: inline they made every operation's future kilobytes large, and
+    /// the API's boxing of it a ~250-instruction copy per GET.
     async fn exchange(
         &self,
         key: u64,
-        deadline: Instant,
+        deadline: &Deadline,
         make: impl Fn(&ShardView, &TableView) -> (Vec<u8>, u32, u8),
     ) -> Result<Exchange> {
         let sh = &self.sh;
         let ep = &*self.ep;
         let p = sh.ring.shard_of(key);
+        let mut first = true;
         loop {
-            if Instant::now() > deadline {
+            // The first try needs no deadline (nothing has waited yet).
+            if !std::mem::take(&mut first) && deadline.passed() {
                 return Err(KvError::Transport(TransportError::Timeout {
                     node: sh.owner(p),
                 }));
             }
             let slot = &sh.slots[p as usize];
             if slot.unbuilt.load(Ordering::Acquire) || slot.building.load(Ordering::Acquire) {
-                labeled(OpKind::Setup, sh.complete_load(ep, p)).await?;
+                Box::pin(labeled(OpKind::Setup, sh.complete_load(ep, p))).await?;
             }
-            let view = self.view(p, deadline).await?;
-            if let Err(e) = sh.maybe_poll(ep, p, &view).await {
+            let view = match self.cached_view(p) {
+                Some(v) => v,
+                None => Box::pin(self.view(p, deadline)).await?,
+            };
+            // Checked here first so that the common case (no resize coming)
+            // builds no future.
+            if slot.watch.load(Ordering::Relaxed)
+                && let Err(e) = Box::pin(sh.maybe_poll(ep, p, &view)).await
+            {
                 if let Some(n) = node_down(&e) {
-                    sh.failover(ep, p, n).await?;
+                    Box::pin(sh.failover(ep, p, n)).await?;
                     continue;
                 }
                 return Err(e);
@@ -1012,7 +1094,7 @@ impl Client {
                 Ok(r) => Reply::parse(r)?,
                 Err(e) => match node_down(&e) {
                     Some(n) => {
-                        sh.failover(ep, p, n).await?;
+                        Box::pin(sh.failover(ep, p, n)).await?;
                         continue;
                     }
                     None => return Err(e),
@@ -1022,11 +1104,11 @@ impl Client {
             match reply.head.status {
                 Status::Stale => {
                     sh.counters.stale_retries.fetch_add(1, Ordering::Relaxed);
-                    let fresh = match labeled(OpKind::Other, sh.fetch(ep, p)).await {
+                    let fresh = match Box::pin(labeled(OpKind::Other, sh.fetch(ep, p))).await {
                         Ok(f) => f,
                         Err(e) => match node_down(&e) {
                             Some(n) => {
-                                sh.failover(ep, p, n).await?;
+                                Box::pin(sh.failover(ep, p, n)).await?;
                                 continue;
                             }
                             None => return Err(e),
@@ -1077,15 +1159,14 @@ impl Client {
         &self,
         x: &Exchange,
         key: Key,
-        deadline: Instant,
+        deadline: &Deadline,
     ) -> Result<Option<Status>> {
         match x.reply.head.status {
             Status::Buffered => {
-                let mut r = WireReader::new(&x.reply.rest);
+                let mut r = WireReader::new(x.reply.rest());
                 let (ticket, applied) = (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
                 let p = self.sh.ring.shard_of(key);
-                self.await_ticket(&x.view, p, ticket, applied, deadline)
-                    .await
+                Box::pin(self.await_ticket(&x.view, p, ticket, applied, deadline)).await
             }
             s => {
                 x.table.learn_seed(x.bucket, x.reply.head.seed);
@@ -1103,7 +1184,7 @@ impl Client {
         p: u16,
         ticket: u64,
         mut applied: u64,
-        deadline: Instant,
+        deadline: &Deadline,
     ) -> Result<Option<Status>> {
         let sh = &self.sh;
         let ep = &*self.ep;
@@ -1114,7 +1195,7 @@ impl Client {
                 sleep(Duration::from_micros(sh.cfg.poll_us.max(20))).await;
                 let now = sh.ctl_header(ep, ctl_r).await?[2];
                 if now <= applied {
-                    if Instant::now() > deadline {
+                    if deadline.passed() {
                         return Err(KvError::Transport(TransportError::Timeout {
                             node: view.owner,
                         }));
@@ -1142,7 +1223,7 @@ impl Client {
         }
     }
 
-    async fn makeup_get(&self, key: u64, deadline: Instant) -> Result<Option<Vec<u8>>> {
+    async fn makeup_get(&self, key: u64, deadline: &Deadline) -> Result<Option<Vec<u8>>> {
         self.sh.counters.makeup_gets.fetch_add(1, Ordering::Relaxed);
         let x = self
             .exchange(key, deadline, |v, t| {
@@ -1157,7 +1238,7 @@ impl Client {
         x.table.learn_seed(x.bucket, x.reply.head.seed);
         match x.reply.head.status {
             Status::Ok => {
-                let f = BlockFront::parse(&x.reply.rest)
+                let f = BlockFront::parse(x.reply.rest())
                     .ok_or_else(|| KvError::Corrupt("malformed KV block in a reply".into()))?;
                 if f.key != key {
                     return Err(KvError::Corrupt(format!(
@@ -1174,7 +1255,7 @@ impl Client {
 
     /// INSERT or UPSERT: true if the key was new.
     async fn insert_like(&self, key: Key, value: &[u8], upsert: bool) -> Result<bool> {
-        let deadline = Instant::now() + OP_DEADLINE;
+        let deadline = &Deadline::new();
         loop {
             let x = self
                 .exchange(key, deadline, |v, t| {
@@ -1203,16 +1284,12 @@ impl Client {
 #[async_trait(?Send)]
 impl KvStore for Client {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
-        let deadline = Instant::now() + OP_DEADLINE;
+        let deadline = &Deadline::new();
         self.sh.counters.gets.fetch_add(1, Ordering::Relaxed);
         let x = self
             .exchange(key, deadline, |v, t| {
                 let (b, s, seed) = t.locate(key);
-                let req = DataReq::Get {
-                    t: Self::target(v, t, b),
-                    slot: s,
-                };
-                (req.encode(), b, seed)
+                (proto::encode_get(&Self::target(v, t, b), s), b, seed)
             })
             .await?;
         let head = x.reply.head;
@@ -1223,17 +1300,13 @@ impl KvStore for Client {
         if moved {
             x.table.learn_seed(x.bucket, head.seed);
         }
-        if !x.reply.rest.is_empty() {
-            let f = BlockFront::parse(&x.reply.rest)
-                .ok_or_else(|| KvError::Corrupt("malformed KV block in a GET reply".into()))?;
-            if f.key == key {
-                return Ok(Some(f.value.to_vec()));
-            }
+        if let Some(value) = x.reply.into_value_of(key)? {
+            return Ok(Some(value));
         }
         // Another key (or none) in the slot: the key is absent unless it
         // overflowed (cache bit) or moved under a seed we did not know.
         if head.cache() || moved {
-            return self.makeup_get(key, deadline).await;
+            return Box::pin(self.makeup_get(key, deadline)).await;
         }
         Ok(None)
     }
@@ -1247,7 +1320,7 @@ impl KvStore for Client {
     }
 
     async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
-        let deadline = Instant::now() + OP_DEADLINE;
+        let deadline = &Deadline::new();
         let x = self
             .exchange(key, deadline, |v, t| {
                 let (b, s, seed) = t.locate(key);
@@ -1269,7 +1342,7 @@ impl KvStore for Client {
     }
 
     async fn delete(&self, key: Key) -> Result<bool> {
-        let deadline = Instant::now() + OP_DEADLINE;
+        let deadline = &Deadline::new();
         loop {
             let x = self
                 .exchange(key, deadline, |v, t| {
@@ -1298,5 +1371,63 @@ impl KvStore for Client {
             engine: "outback",
             what: "ordered scans (it is a hash index)",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{BLOCK_TAIL_WORDS, encode_block};
+
+    /// A GET reply as the memory node builds it: the head, then the front
+    /// of the block (the block without its tail words).
+    fn get_reply(key: u64, value: &[u8]) -> Vec<u8> {
+        let block = encode_block(key, value, 1);
+        let front = block.len() - BLOCK_TAIL_WORDS as usize * 8;
+        let mut reply = vec![Status::Ok as u8, 0, 0];
+        reply.extend_from_slice(&block[..front]);
+        reply
+    }
+
+    #[test]
+    fn a_get_value_is_taken_from_the_reply_in_place() {
+        for value in [&b""[..], b"v", b"eight by", b"a value of twenty bytes"] {
+            let r = Reply::parse(get_reply(7, value)).unwrap();
+            assert_eq!(r.into_value_of(7).unwrap().as_deref(), Some(value));
+            // Another key's block, or an empty slot: not this key's value.
+            let r = Reply::parse(get_reply(8, value)).unwrap();
+            assert_eq!(r.into_value_of(7).unwrap(), None);
+        }
+        let empty = Reply::parse(vec![Status::Ok as u8, 0, 0]).unwrap();
+        assert_eq!(empty.into_value_of(7).unwrap(), None);
+        // A block front cut inside its value, or with a bad key length, is
+        // corrupt, not absent.
+        let mut cut = get_reply(7, b"a value of twenty bytes");
+        cut.truncate(cut.len() - 16);
+        assert!(matches!(
+            Reply::parse(cut).unwrap().into_value_of(7),
+            Err(KvError::Corrupt(_))
+        ));
+        let mut bad = get_reply(7, b"v");
+        bad[3] = 9;
+        assert!(matches!(
+            Reply::parse(bad).unwrap().into_value_of(7),
+            Err(KvError::Corrupt(_))
+        ));
+        // A reply shorter than its head, or with an unknown status.
+        assert!(Reply::parse(vec![0, 0]).is_err());
+        assert!(Reply::parse(vec![200, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn a_deadline_starts_when_first_asked_and_then_stays() {
+        let d = Deadline::new();
+        assert_eq!(d.0.get(), None, "no clock read before it is needed");
+        assert!(!d.passed(), "a deadline just started has not passed");
+        let at = d.0.get().expect("started by the first question");
+        assert!(
+            at.saturating_duration_since(Instant::now()) > OP_DEADLINE - Duration::from_secs(1)
+        );
+        assert_eq!(d.at(), at, "started once");
     }
 }

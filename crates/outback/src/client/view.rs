@@ -6,7 +6,6 @@ use crate::hash::{candidates, dir, slot};
 use crate::othello::Othello;
 use crate::publish::TableDesc;
 use dmkv_transport::NodeId;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -60,7 +59,10 @@ pub struct ShardView {
     pub compute: u32,
     pub global_depth: u8,
     pub dir: Vec<u32>,
-    pub tables: HashMap<u32, Arc<TableView>>,
+    /// The live tables, sorted by id (a binary search over a handful of
+    /// entries: the GET path finds its table without hashing; ids grow with
+    /// every rebuild, so they are not dense enough to index by).
+    pub tables: Vec<(u32, Arc<TableView>)>,
 }
 
 impl ShardView {
@@ -69,10 +71,26 @@ impl ShardView {
     pub fn table_for(&self, key: u64) -> &Arc<TableView> {
         let mask = (1u64 << self.global_depth) - 1;
         let id = self.dir[(dir(key) & mask) as usize];
-        &self.tables[&id]
+        self.table(id)
+            .expect("a published directory names only published tables")
+    }
+
+    /// The table with id `id`, if this view has it.
+    #[inline]
+    pub fn table(&self, id: u32) -> Option<&Arc<TableView>> {
+        self.tables
+            .binary_search_by_key(&id, |(i, _)| *i)
+            .ok()
+            .map(|at| &self.tables[at].1)
+    }
+
+    /// `(id, table)` pairs sorted by id, as [`ShardView::tables`] keeps them.
+    pub fn sort_tables(mut tables: Vec<(u32, Arc<TableView>)>) -> Vec<(u32, Arc<TableView>)> {
+        tables.sort_by_key(|(id, _)| *id);
+        tables
     }
 
     pub fn bytes(&self) -> u64 {
-        self.tables.values().map(|t| t.bytes()).sum::<u64>() + self.dir.len() as u64 * 4
+        self.tables.iter().map(|(_, t)| t.bytes()).sum::<u64>() + self.dir.len() as u64 * 4
     }
 }

@@ -24,7 +24,7 @@ mod tests;
 
 use crate::config::Config;
 use crate::layout::{HeapLayout, block_words, ctl};
-use crate::proto::{DataReq, ReplyHead, Status, op};
+use crate::proto::{self, DataReq, ReplyHead, Status, op};
 use crate::publish::ctl_name;
 use crate::ring::{mirrored_by, replicas_of};
 use crate::server::ctx::NodeCtx;
@@ -225,61 +225,79 @@ impl NodeServer {
 
     /// Every request: decode, dispatch, never trust a field.
     pub fn handle(self: &Arc<Self>, req: &[u8]) -> Result<Vec<u8>, ServiceError> {
+        // A well-formed GET, decoded in one step; anything else (a malformed
+        // GET included) goes through the general decoder.
+        if let Some((t, slot)) = proto::decode_get(req) {
+            return self.data(DataReq::Get { t, slot });
+        }
         let mut r = WireReader::new(req);
         let opcode = r.u8()?;
         match opcode {
-            op::GET..=op::DELETE => {
-                let d = DataReq::decode(opcode, &mut r)?;
-                let t = *d.target();
-                // Held for the request (no reference counting on the hot
-                // path); a takeover installs a shard under the write lock.
-                let shards = self.shards.read();
-                let shard = match shards.get(t.shard as usize) {
-                    Some(Some(s)) => s,
-                    Some(None) => return Ok(status_reply(Status::NotOwner)),
-                    None => {
-                        return Err(ServiceError::malformed(format!(
-                            "outback: shard {} out of range ({} shards)",
-                            t.shard,
-                            shards.len()
-                        )));
-                    }
-                };
-                match d {
-                    DataReq::Get { t, slot } => shard.get(&t, slot),
-                    DataReq::MakeupGet { t, key } => shard.makeup_get(&t, key),
-                    DataReq::Insert {
-                        t,
-                        key,
-                        value,
-                        upsert,
-                    } => shard.write(
-                        &t,
-                        WriteOp::Insert {
-                            key,
-                            value: value.to_vec(),
-                            upsert,
-                        },
-                        None,
-                    ),
-                    DataReq::Update {
-                        t,
-                        slot,
-                        key,
-                        value,
-                    } => shard.write(
-                        &t,
-                        WriteOp::Update {
-                            key,
-                            value: value.to_vec(),
-                        },
-                        Some(slot),
-                    ),
-                    DataReq::Delete { t, slot, key } => {
-                        shard.write(&t, WriteOp::Delete { key }, Some(slot))
-                    }
-                }
+            op::GET..=op::DELETE => self.data(DataReq::decode(opcode, &mut r)?),
+            _ => self.control(opcode, r),
+        }
+    }
+
+    /// A data request, decoded.
+    fn data(&self, d: DataReq<'_>) -> Result<Vec<u8>, ServiceError> {
+        let t = *d.target();
+        // Held for the request (no reference counting on the hot path); a
+        // takeover installs a shard under the write lock.
+        let shards = self.shards.read();
+        let shard = match shards.get(t.shard as usize) {
+            Some(Some(s)) => s,
+            Some(None) => return Ok(status_reply(Status::NotOwner)),
+            None => {
+                return Err(ServiceError::malformed(format!(
+                    "outback: shard {} out of range ({} shards)",
+                    t.shard,
+                    shards.len()
+                )));
             }
+        };
+        match d {
+            DataReq::Get { t, slot } => shard.get(&t, slot),
+            DataReq::MakeupGet { t, key } => shard.makeup_get(&t, key),
+            DataReq::Insert {
+                t,
+                key,
+                value,
+                upsert,
+            } => shard.write(
+                &t,
+                WriteOp::Insert {
+                    key,
+                    value: value.to_vec(),
+                    upsert,
+                },
+                None,
+            ),
+            DataReq::Update {
+                t,
+                slot,
+                key,
+                value,
+            } => shard.write(
+                &t,
+                WriteOp::Update {
+                    key,
+                    value: value.to_vec(),
+                },
+                Some(slot),
+            ),
+            DataReq::Delete { t, slot, key } => {
+                shard.write(&t, WriteOp::Delete { key }, Some(slot))
+            }
+        }
+    }
+
+    /// A control request (not a data request): `r` is past its op byte.
+    fn control(
+        self: &Arc<Self>,
+        opcode: u8,
+        mut r: WireReader<'_>,
+    ) -> Result<Vec<u8>, ServiceError> {
+        match opcode {
             op::RESULT => {
                 let (p, ticket) = (r.u16()?, r.u64()?);
                 r.end()?;
