@@ -114,6 +114,9 @@ pub struct FaultPlan {
     pub crash: Option<dmkv_bench::CrashPlan>,
     /// Whether the kill phase runs ([`kill_client`]).
     pub kill: bool,
+    /// The mixed run's shape is a hot tail instead of zipfian over random
+    /// keys (not a fault: every seed may get it, whatever `--faults` says).
+    pub hot: bool,
 }
 
 impl FaultPlan {
@@ -142,6 +145,9 @@ impl FaultPlan {
             at_fraction: rng.gen_range(4..=16) as f64 / 20.0,
         };
         let kill = rng.gen_bool(0.5);
+        // A quarter of the seeds run the hot-tail shape (drawn last, so the
+        // draws above are what they were before it existed).
+        let hot = rng.gen_bool(0.25);
         let crash = faults.crash && crash && spec.topology() == dmkv_api::Topology::Disaggregated;
         FaultPlan {
             delays: if faults.delay && delay {
@@ -157,6 +163,7 @@ impl FaultPlan {
             memnodes: if crash { memnodes } else { 1 },
             crash: crash.then_some(crash_plan),
             kill: faults.kill && kill,
+            hot,
         }
     }
 }
@@ -170,6 +177,11 @@ struct FaultTally {
     kills: u64,
     kills_mid_op: u64,
     blocked: u64,
+    /// Mixed runs in the hot-tail shape.
+    hot_runs: u64,
+    /// The slowest operation of the mixed runs, and its seed.
+    slowest_us: f64,
+    slowest_seed: u64,
 }
 
 /// The shape of one simulated run.
@@ -186,7 +198,26 @@ pub struct DstParams {
     pub profile: String,
     /// Fault kinds the seeds may inject.
     pub faults: Faults,
+    /// Virtual time after which an operation of the mixed run fails the
+    /// seed and stops the run (`--op-limit-ms`; see [`OP_LIMIT`]).
+    pub op_limit: std::time::Duration,
 }
+
+/// The default per-operation limit of the mixed run: 2 s of virtual time.
+/// It must exceed every wait an engine legitimately makes: the longest
+/// bounded by the engines themselves is Outback's `countdown_timeout_ms`
+/// (1 s: a memory node waits that long for compute nodes to fetch a new
+/// locator during a resize; `pre_resize_timeout_ms` is 50 ms); the others
+/// are far shorter (delayed messages at most 40 us each, a crashed memory
+/// node fails operations with `NodeDown` at once, ScaleStore's SSD tens of
+/// us per I/O, ROLEX's full-SLT wait a 2 ms poll plus the retrain, which
+/// gives a lock up after `retrain_lock_wait_us`, 50 ms). 2 s is twice the
+/// longest of them and about 190 times the slowest operation seen in
+/// passing runs (10.6 ms, Outback seed 12 with a memory-node crash; the
+/// sweep prints the slowest per engine, and docs/simulation.md records a
+/// 300-seed sweep's). A livelocked operation of ROLEX (backoffs of at most
+/// 500 us) reaches it in a few seconds of wall time.
+pub const OP_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Default for DstParams {
     fn default() -> Self {
@@ -200,6 +231,7 @@ impl Default for DstParams {
             jitter_ns: 400,
             profile: dmkv_transport::sim::profile::DEFAULT_PROFILE.into(),
             faults: Faults::default(),
+            op_limit: OP_LIMIT,
         }
     }
 }
@@ -238,36 +270,73 @@ fn sim_config(p: &DstParams, seed: u64, plan: &FaultPlan) -> Result<SimConfig, S
     })
 }
 
+/// The hot-tail shape of the mixed run ([`FaultPlan::hot`]): a sequential
+/// key set, so every insert goes to the tail of the key space; reads of the
+/// latest keys, so other compute nodes miss on new leaves and refresh their
+/// caches; more writers per compute node, so locks are contended and
+/// handed over. ROLEX's lock hand-over bug livelocked in this shape
+/// (docs/simulation.md).
+const HOT_MIX: Mix = Mix {
+    read: 60,
+    update: 0,
+    insert: 40,
+    delete: 0,
+    scan: 0,
+    rmw: 0,
+};
+const HOT_THREADS: usize = 4;
+const HOT_TASKS: usize = 8;
+
 /// Runs `spec` once with `seed` (the mixed workload, with the seed's
-/// delays, value size and memory-node crash); None if every check passed.
+/// delays, value size and memory-node crash); the failure, if a check
+/// failed, and the slowest operation's latency in microseconds.
 pub fn run_mixed(
     spec: &'static dyn EngineSpec,
     seed: u64,
     p: &DstParams,
     plan: &FaultPlan,
-) -> Option<DstFailure> {
+) -> (Option<DstFailure>, f64) {
     let config = match sim_config(p, seed, plan) {
         Ok(c) => c,
         Err(e) => {
-            return Some(DstFailure {
+            let f = DstFailure {
                 engine: spec.name().into(),
                 seed,
                 why: e,
                 replay: String::new(),
-            });
+            };
+            return (Some(f), 0.0);
         }
     };
-    let m = mix(spec);
+    let (m, dist, keyset, threads, tasks) = if plan.hot {
+        (
+            HOT_MIX,
+            Dist::Latest,
+            dmkv_bench::KeysetSpec::Sequential,
+            HOT_THREADS,
+            HOT_TASKS,
+        )
+    } else {
+        (
+            mix(spec),
+            Dist::Zipfian,
+            dmkv_bench::KeysetSpec::Uniform,
+            p.threads,
+            p.tasks,
+        )
+    };
     let mut cfg = BenchConfig::new(vec![EngineChoice {
         spec,
         knobs: Default::default(),
     }]);
     cfg.workload = WorkloadSource::Synthetic(Workload::Mixed(m));
-    cfg.dist = Some(Dist::Zipfian);
+    cfg.dist = Some(dist);
+    cfg.keyset = keyset.clone();
     cfg.keys = p.keys;
     cfg.ops = p.ops;
-    cfg.threads = p.threads;
-    cfg.tasks = p.tasks;
+    cfg.threads = threads;
+    cfg.tasks = tasks;
+    cfg.op_limit = Some(p.op_limit);
     cfg.compute_nodes = p.compute_nodes;
     cfg.nodes = p.nodes;
     cfg.verify = true;
@@ -280,11 +349,11 @@ pub fn run_mixed(
         options: dmkv_api::sim_deploy::SimOptions {
             config,
             compute_nodes: p.compute_nodes,
-            threads_per_node: p.threads,
+            threads_per_node: threads,
         },
     });
     let mut replay = format!(
-        "dmkv bench --transport sim --profile {} --engine {} --workload mixed:{},{},{},{},{},{} --dist zipfian --keys {} --ops {} --compute-nodes {} --nodes {} --threads {} --tasks {} --jitter-ns {} --seed {seed} --verify",
+        "dmkv bench --transport sim --profile {} --engine {} --keyset {keyset} --workload mixed:{},{},{},{},{},{} --dist {} --keys {} --ops {} --compute-nodes {} --nodes {} --threads {threads} --tasks {tasks} --jitter-ns {} --seed {seed} --verify --op-limit-ms {}",
         p.profile,
         spec.name(),
         m.read,
@@ -293,13 +362,13 @@ pub fn run_mixed(
         m.delete,
         m.scan,
         m.rmw,
+        if plan.hot { "latest" } else { "zipfian" },
         p.keys,
         p.ops,
         p.compute_nodes,
         p.nodes,
-        p.threads,
-        p.tasks,
-        p.jitter_ns
+        p.jitter_ns,
+        p.op_limit.as_millis()
     );
     if plan.value_size != dmkv_bench::config::defaults::VALUE_SIZE {
         replay += &format!(" --value-size {}", plan.value_size);
@@ -323,12 +392,24 @@ pub fn run_mixed(
     };
     let outcome = match dmkv_bench::run(&cfg) {
         Ok(o) => o,
-        Err(e) => return fail(e.to_string()),
+        Err(e) => return (fail(e.to_string()), 0.0),
     };
     if let Some(f) = outcome.failures.first() {
-        return fail(f.error.clone());
+        return (fail(f.error.clone()), 0.0);
     }
-    let r = outcome.reports.first()?;
+    let Some(r) = outcome.reports.first() else {
+        return (None, 0.0);
+    };
+    let slowest = r.latency_us.max;
+    (judge(spec, plan, r).and_then(fail), slowest)
+}
+
+/// What a mixed run's report says: None if it passed, else why not.
+fn judge(
+    spec: &dyn EngineSpec,
+    plan: &FaultPlan,
+    r: &dmkv_bench::report::EngineReport,
+) -> Option<String> {
     if r.ok {
         return None;
     }
@@ -365,7 +446,7 @@ pub fn run_mixed(
         .first()
         .map(|c| format!("; first failed check: {c}"))
         .unwrap_or_default();
-    fail(format!(
+    Some(format!(
         "{} errors, {} failed checks, {} verification failures; first: {sample}{check}",
         r.errors.count,
         r.checks.failures,
@@ -386,6 +467,9 @@ fn dst_replay(spec: &dyn EngineSpec, seed: u64, p: &DstParams) -> String {
     );
     if p.faults != Faults::default() {
         s += &format!(" --faults {}", p.faults);
+    }
+    if p.op_limit != OP_LIMIT {
+        s += &format!(" --op-limit-ms {}", p.op_limit.as_millis());
     }
     s
 }
@@ -409,8 +493,12 @@ pub fn sweep(
             t.delayed_runs += plan.delays.enabled() as u64;
             t.large_runs += (plan.value_size > 64) as u64;
             t.crashes += plan.crash.is_some() as u64;
-            let mut result =
-                run_mixed(spec, seed, p, &plan).or_else(|| insert_race(spec, seed, p, &plan));
+            t.hot_runs += plan.hot as u64;
+            let (mixed, slowest) = run_mixed(spec, seed, p, &plan);
+            if slowest > t.slowest_us {
+                (t.slowest_us, t.slowest_seed) = (slowest, seed);
+            }
+            let mut result = mixed.or_else(|| insert_race(spec, seed, p, &plan));
             if result.is_none() && plan.kill {
                 t.kills += 1;
                 match kill_client(spec, seed, p, &plan) {
@@ -437,6 +525,11 @@ pub fn sweep(
             spec.name(),
             seeds.end - seeds.start - failed,
             seeds.end - seeds.start
+        );
+        let _ = writeln!(
+            out,
+            "  {} mixed runs in the hot-tail shape; slowest operation {:.1} us of virtual time (seed {}; limit {:?})",
+            t.hot_runs, t.slowest_us, t.slowest_seed, p.op_limit
         );
         if p.faults != Faults::default() {
             let _ = writeln!(
