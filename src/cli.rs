@@ -102,6 +102,9 @@ pub struct DstArgs {
     /// that never ends) and stops the run.
     #[arg(long, value_name = "MS", default_value_t = crate::dst::OP_LIMIT.as_millis() as u64)]
     pub op_limit_ms: u64,
+    /// An engine setting, e.g. --set rolex.slt_slots=8 (repeatable).
+    #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
+    pub set: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -467,6 +470,7 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
         profile: a.profile,
         faults: a.faults,
         op_limit: std::time::Duration::from_millis(a.op_limit_ms),
+        knobs: parse_sets(registry, &a.set)?,
         ..Default::default()
     };
     let failures = crate::dst::sweep(

@@ -201,6 +201,23 @@ pub struct DstParams {
     /// Virtual time after which an operation of the mixed run fails the
     /// seed and stops the run (`--op-limit-ms`; see [`OP_LIMIT`]).
     pub op_limit: std::time::Duration,
+    /// Engine settings (`--set ENGINE.KNOB=VALUE`), per engine name.
+    pub knobs: std::collections::BTreeMap<String, dmkv_api::Knobs>,
+}
+
+impl DstParams {
+    /// The settings of `engine` in this sweep.
+    pub fn knobs_of(&self, engine: &str) -> dmkv_api::Knobs {
+        self.knobs.get(engine).cloned().unwrap_or_default()
+    }
+
+    /// ` --set ENGINE.KNOB=VALUE` for each setting of `engine`.
+    fn set_flags(&self, engine: &str) -> String {
+        self.knobs_of(engine)
+            .iter()
+            .map(|(k, v)| format!(" --set {engine}.{k}={v}"))
+            .collect()
+    }
 }
 
 /// The default per-operation limit of the mixed run: 2 s of virtual time.
@@ -232,6 +249,7 @@ impl Default for DstParams {
             profile: dmkv_transport::sim::profile::DEFAULT_PROFILE.into(),
             faults: Faults::default(),
             op_limit: OP_LIMIT,
+            knobs: Default::default(),
         }
     }
 }
@@ -286,6 +304,10 @@ const HOT_MIX: Mix = Mix {
 };
 const HOT_THREADS: usize = 4;
 const HOT_TASKS: usize = 8;
+/// Operations of a hot-tail run: with the DST's 1,200 the re-introduced
+/// ROLEX bug showed in 0 of 6 seeds, with 4,000 in 3 of 12
+/// (docs/simulation.md).
+const HOT_OPS: u64 = 4000;
 
 /// Runs `spec` once with `seed` (the mixed workload, with the seed's
 /// delays, value size and memory-node crash); the failure, if a check
@@ -308,13 +330,14 @@ pub fn run_mixed(
             return (Some(f), 0.0);
         }
     };
-    let (m, dist, keyset, threads, tasks) = if plan.hot {
+    let (m, dist, keyset, threads, tasks, ops) = if plan.hot {
         (
             HOT_MIX,
             Dist::Latest,
             dmkv_bench::KeysetSpec::Sequential,
             HOT_THREADS,
             HOT_TASKS,
+            HOT_OPS,
         )
     } else {
         (
@@ -323,17 +346,18 @@ pub fn run_mixed(
             dmkv_bench::KeysetSpec::Uniform,
             p.threads,
             p.tasks,
+            p.ops,
         )
     };
     let mut cfg = BenchConfig::new(vec![EngineChoice {
         spec,
-        knobs: Default::default(),
+        knobs: p.knobs_of(spec.name()),
     }]);
     cfg.workload = WorkloadSource::Synthetic(Workload::Mixed(m));
     cfg.dist = Some(dist);
     cfg.keyset = keyset.clone();
     cfg.keys = p.keys;
-    cfg.ops = p.ops;
+    cfg.ops = ops;
     cfg.threads = threads;
     cfg.tasks = tasks;
     cfg.op_limit = Some(p.op_limit);
@@ -353,7 +377,7 @@ pub fn run_mixed(
         },
     });
     let mut replay = format!(
-        "dmkv bench --transport sim --profile {} --engine {} --keyset {keyset} --workload mixed:{},{},{},{},{},{} --dist {} --keys {} --ops {} --compute-nodes {} --nodes {} --threads {threads} --tasks {tasks} --jitter-ns {} --seed {seed} --verify --op-limit-ms {}",
+        "dmkv bench --transport sim --profile {} --engine {} --keyset {keyset} --workload mixed:{},{},{},{},{},{} --dist {} --keys {} --ops {ops} --compute-nodes {} --nodes {} --threads {threads} --tasks {tasks} --jitter-ns {} --seed {seed} --verify --op-limit-ms {}",
         p.profile,
         spec.name(),
         m.read,
@@ -364,12 +388,12 @@ pub fn run_mixed(
         m.rmw,
         if plan.hot { "latest" } else { "zipfian" },
         p.keys,
-        p.ops,
         p.compute_nodes,
         p.nodes,
         p.jitter_ns,
         p.op_limit.as_millis()
     );
+    replay += &p.set_flags(spec.name());
     if plan.value_size != dmkv_bench::config::defaults::VALUE_SIZE {
         replay += &format!(" --value-size {}", plan.value_size);
     }
@@ -471,7 +495,7 @@ fn dst_replay(spec: &dyn EngineSpec, seed: u64, p: &DstParams) -> String {
     if p.op_limit != OP_LIMIT {
         s += &format!(" --op-limit-ms {}", p.op_limit.as_millis());
     }
-    s
+    s + &p.set_flags(spec.name())
 }
 
 /// Runs every engine on every seed of `seeds`: the mixed workload, the
@@ -584,6 +608,7 @@ pub fn insert_race(
         expected_keys: (base.len() + raced.len()) as u64,
         value_size: size as u32,
         threads: RACERS / 2,
+        knobs: p.knobs_of(spec.name()),
         ..Default::default()
     };
     let sim_opts = dmkv_api::sim_deploy::SimOptions {

@@ -720,7 +720,7 @@ fn run_threads_sim(
         figures,
         run_seconds,
         run_table,
-        verify: cfg.verify.then_some(verify),
+        verify: (cfg.verify && stuck.is_none()).then_some(verify),
         verify_table,
         nodes_after,
         crash: ctx.crash.as_ref().map(|c| c.report(start)),

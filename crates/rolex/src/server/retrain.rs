@@ -52,7 +52,8 @@ enum Take {
 
 /// A retrain given up because a compute node held a leaf lock too long
 /// (its holder may have died): the model is back in service, unchanged.
-const LOCK_WAIT_GAVE_UP: &str = "a compute node held a leaf lock of the model longer than rolex.retrain_lock_wait_us";
+const LOCK_WAIT_GAVE_UP: &str =
+    "a compute node held a leaf lock of the model longer than rolex.retrain_lock_wait_us";
 
 struct NewModel {
     params: ModelParams,
