@@ -7,6 +7,10 @@
 #   scripts/dst-sweep.sh [SEEDS] [FIRST_SEED] [extra `dmkv dst` flags...]
 #   scripts/dst-sweep.sh 20000 0 --engine race,rolex --jitter-ns 1000
 #   scripts/dst-sweep.sh 2000 0 --faults all   # delay, kill, crash, large
+#   scripts/dst-sweep.sh 300 0 --engine rolex --op-limit-ms 10000 --set rolex.slt_slots=8
+# An operation of the mixed run that runs past --op-limit-ms of virtual
+# time (default 10 s) fails its seed as a livelock; --set passes engine
+# settings, and both go into the printed replay command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-10000}

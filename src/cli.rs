@@ -97,6 +97,14 @@ pub struct DstArgs {
     /// of several cache lines, so reads tear where writes land), or all.
     #[arg(long, value_name = "KIND[,KIND...]", default_value = "")]
     pub faults: crate::dst::Faults,
+    /// An operation of the mixed run still running after this many
+    /// milliseconds of virtual time fails the seed (a livelock or a wait
+    /// that never ends) and stops the run.
+    #[arg(long, value_name = "MS", default_value_t = crate::dst::OP_LIMIT.as_millis() as u64)]
+    pub op_limit_ms: u64,
+    /// An engine setting, e.g. --set rolex.slt_slots=8 (repeatable).
+    #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
+    pub set: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -235,6 +243,11 @@ pub struct BenchArgs {
     /// --keys / N, keeping the paper's ratio of index to cache bytes.
     #[arg(long, value_name = "N")]
     pub llc_keys: Option<u64>,
+    /// With --transport sim: an operation still running after this many
+    /// milliseconds of virtual time fails the run (printed with its key)
+    /// and stops it: catches livelocks and waits that never end.
+    #[arg(long, value_name = "MS")]
+    pub op_limit_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -443,8 +456,10 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
             .map(|n| registry.find(n).expect("a registered engine"))
             .collect(),
     };
-    if a.seeds == 0 || a.keys == 0 || a.ops == 0 {
-        return Err(usage("--seeds, --keys and --ops must be at least 1"));
+    if a.seeds == 0 || a.keys == 0 || a.ops == 0 || a.op_limit_ms == 0 {
+        return Err(usage(
+            "--seeds, --keys, --ops and --op-limit-ms must be at least 1",
+        ));
     }
     dmkv_transport::sim::Profile::load(&a.profile).map_err(usage)?;
     let params = crate::dst::DstParams {
@@ -454,6 +469,8 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
         jitter_ns: a.jitter_ns,
         profile: a.profile,
         faults: a.faults,
+        op_limit: std::time::Duration::from_millis(a.op_limit_ms),
+        knobs: parse_sets(registry, &a.set)?,
         ..Default::default()
     };
     let failures = crate::dst::sweep(
@@ -619,11 +636,15 @@ pub(crate) fn bench_config(
             || a.compute_nodes != 1
             || a.jitter_ns > 0
             || a.delay_faults.is_some()
-            || a.llc_keys.is_some())
+            || a.llc_keys.is_some()
+            || a.op_limit_ms.is_some())
     {
         return Err(usage(
-            "--profile, --compute-nodes, --jitter-ns, --delay-faults and --llc-keys need --transport sim",
+            "--profile, --compute-nodes, --jitter-ns, --delay-faults, --llc-keys and --op-limit-ms need --transport sim",
         ));
+    }
+    if a.op_limit_ms == Some(0) {
+        return Err(usage("--op-limit-ms must be at least 1"));
     }
     let mut engines = choices(registry, a.engine.as_deref(), &a.set, err)?;
     let workload = match (a.trace, a.workload) {
@@ -676,6 +697,7 @@ pub(crate) fn bench_config(
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
+    cfg.op_limit = a.op_limit_ms.map(std::time::Duration::from_millis);
     if let Some(ms) = a.timeline_ms {
         if !(ms.is_finite() && ms >= 0.001) {
             return Err(usage(format!(

@@ -114,6 +114,9 @@ pub struct FaultPlan {
     pub crash: Option<dmkv_bench::CrashPlan>,
     /// Whether the kill phase runs ([`kill_client`]).
     pub kill: bool,
+    /// The mixed run's shape is a hot tail instead of zipfian over random
+    /// keys (not a fault: every seed may get it, whatever `--faults` says).
+    pub hot: bool,
 }
 
 impl FaultPlan {
@@ -142,6 +145,9 @@ impl FaultPlan {
             at_fraction: rng.gen_range(4..=16) as f64 / 20.0,
         };
         let kill = rng.gen_bool(0.5);
+        // A quarter of the seeds run the hot-tail shape (drawn last, so the
+        // draws above are what they were before it existed).
+        let hot = rng.gen_bool(0.25);
         let crash = faults.crash && crash && spec.topology() == dmkv_api::Topology::Disaggregated;
         FaultPlan {
             delays: if faults.delay && delay {
@@ -157,6 +163,7 @@ impl FaultPlan {
             memnodes: if crash { memnodes } else { 1 },
             crash: crash.then_some(crash_plan),
             kill: faults.kill && kill,
+            hot,
         }
     }
 }
@@ -170,6 +177,11 @@ struct FaultTally {
     kills: u64,
     kills_mid_op: u64,
     blocked: u64,
+    /// Mixed runs in the hot-tail shape.
+    hot_runs: u64,
+    /// The slowest operation of the mixed runs, and its seed.
+    slowest_us: f64,
+    slowest_seed: u64,
 }
 
 /// The shape of one simulated run.
@@ -186,7 +198,45 @@ pub struct DstParams {
     pub profile: String,
     /// Fault kinds the seeds may inject.
     pub faults: Faults,
+    /// Virtual time after which an operation of the mixed run fails the
+    /// seed and stops the run (`--op-limit-ms`; see [`OP_LIMIT`]).
+    pub op_limit: std::time::Duration,
+    /// Engine settings (`--set ENGINE.KNOB=VALUE`), per engine name.
+    pub knobs: std::collections::BTreeMap<String, dmkv_api::Knobs>,
 }
+
+impl DstParams {
+    /// The settings of `engine` in this sweep.
+    pub fn knobs_of(&self, engine: &str) -> dmkv_api::Knobs {
+        self.knobs.get(engine).cloned().unwrap_or_default()
+    }
+
+    /// ` --set ENGINE.KNOB=VALUE` for each setting of `engine`.
+    fn set_flags(&self, engine: &str) -> String {
+        self.knobs_of(engine)
+            .iter()
+            .map(|(k, v)| format!(" --set {engine}.{k}={v}"))
+            .collect()
+    }
+}
+
+/// The default per-operation limit of the mixed run: 10 s of virtual time.
+/// It must exceed every wait an engine legitimately makes, and such waits
+/// chain: the longest an engine bounds itself by is Outback's
+/// `countdown_timeout_ms` (1 s: a memory node waits that long for compute
+/// nodes to fetch a new locator during a resize), and in a 300-seed sweep
+/// of every engine with every fault (docs/simulation.md) the slowest
+/// passing operation was an Outback insert behind two of them, 2.01 s
+/// (seeds 55 and 276: a memory-node crash in the hot-tail shape); with a
+/// 2 s limit those seeds failed. The other engines' slowest were under
+/// 7 ms (delayed messages at most 40 us each, `NodeDown` at once from a
+/// crashed node, ScaleStore's SSD, ROLEX's full-SLT wait for a retrain
+/// whose lock waits are bounded at 50 ms). 10 s is 5 times the slowest
+/// operation seen and 10 times the longest engine timeout; a livelocked
+/// ROLEX operation (backoffs of at most 500 us) reaches it in tens of
+/// seconds of wall time. The sweep prints the slowest operation per
+/// engine, so the margin can be watched.
+pub const OP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Default for DstParams {
     fn default() -> Self {
@@ -200,6 +250,8 @@ impl Default for DstParams {
             jitter_ns: 400,
             profile: dmkv_transport::sim::profile::DEFAULT_PROFILE.into(),
             faults: Faults::default(),
+            op_limit: OP_LIMIT,
+            knobs: Default::default(),
         }
     }
 }
@@ -238,36 +290,79 @@ fn sim_config(p: &DstParams, seed: u64, plan: &FaultPlan) -> Result<SimConfig, S
     })
 }
 
+/// The hot-tail shape of the mixed run ([`FaultPlan::hot`]): a sequential
+/// key set, so every insert goes to the tail of the key space; reads of the
+/// latest keys, so other compute nodes miss on new leaves and refresh their
+/// caches; more writers per compute node, so locks are contended and
+/// handed over. ROLEX's lock hand-over bug livelocked in this shape
+/// (docs/simulation.md).
+const HOT_MIX: Mix = Mix {
+    read: 60,
+    update: 0,
+    insert: 40,
+    delete: 0,
+    scan: 0,
+    rmw: 0,
+};
+const HOT_THREADS: usize = 4;
+const HOT_TASKS: usize = 8;
+/// Operations of a hot-tail run: with the DST's 1,200 the re-introduced
+/// ROLEX bug showed in 0 of 6 seeds, with 4,000 in 3 of 12
+/// (docs/simulation.md).
+const HOT_OPS: u64 = 4000;
+
 /// Runs `spec` once with `seed` (the mixed workload, with the seed's
-/// delays, value size and memory-node crash); None if every check passed.
+/// delays, value size and memory-node crash); the failure, if a check
+/// failed, and the slowest operation's latency in microseconds.
 pub fn run_mixed(
     spec: &'static dyn EngineSpec,
     seed: u64,
     p: &DstParams,
     plan: &FaultPlan,
-) -> Option<DstFailure> {
+) -> (Option<DstFailure>, f64) {
     let config = match sim_config(p, seed, plan) {
         Ok(c) => c,
         Err(e) => {
-            return Some(DstFailure {
+            let f = DstFailure {
                 engine: spec.name().into(),
                 seed,
                 why: e,
                 replay: String::new(),
-            });
+            };
+            return (Some(f), 0.0);
         }
     };
-    let m = mix(spec);
+    let (m, dist, keyset, threads, tasks, ops) = if plan.hot {
+        (
+            HOT_MIX,
+            Dist::Latest,
+            dmkv_bench::KeysetSpec::Sequential,
+            HOT_THREADS,
+            HOT_TASKS,
+            HOT_OPS,
+        )
+    } else {
+        (
+            mix(spec),
+            Dist::Zipfian,
+            dmkv_bench::KeysetSpec::Uniform,
+            p.threads,
+            p.tasks,
+            p.ops,
+        )
+    };
     let mut cfg = BenchConfig::new(vec![EngineChoice {
         spec,
-        knobs: Default::default(),
+        knobs: p.knobs_of(spec.name()),
     }]);
     cfg.workload = WorkloadSource::Synthetic(Workload::Mixed(m));
-    cfg.dist = Some(Dist::Zipfian);
+    cfg.dist = Some(dist);
+    cfg.keyset = keyset.clone();
     cfg.keys = p.keys;
-    cfg.ops = p.ops;
-    cfg.threads = p.threads;
-    cfg.tasks = p.tasks;
+    cfg.ops = ops;
+    cfg.threads = threads;
+    cfg.tasks = tasks;
+    cfg.op_limit = Some(p.op_limit);
     cfg.compute_nodes = p.compute_nodes;
     cfg.nodes = p.nodes;
     cfg.verify = true;
@@ -280,11 +375,11 @@ pub fn run_mixed(
         options: dmkv_api::sim_deploy::SimOptions {
             config,
             compute_nodes: p.compute_nodes,
-            threads_per_node: p.threads,
+            threads_per_node: threads,
         },
     });
     let mut replay = format!(
-        "dmkv bench --transport sim --profile {} --engine {} --workload mixed:{},{},{},{},{},{} --dist zipfian --keys {} --ops {} --compute-nodes {} --nodes {} --threads {} --tasks {} --jitter-ns {} --seed {seed} --verify",
+        "dmkv bench --transport sim --profile {} --engine {} --keyset {keyset} --workload mixed:{},{},{},{},{},{} --dist {} --keys {} --ops {ops} --compute-nodes {} --nodes {} --threads {threads} --tasks {tasks} --jitter-ns {} --seed {seed} --verify --op-limit-ms {}",
         p.profile,
         spec.name(),
         m.read,
@@ -293,14 +388,14 @@ pub fn run_mixed(
         m.delete,
         m.scan,
         m.rmw,
+        if plan.hot { "latest" } else { "zipfian" },
         p.keys,
-        p.ops,
         p.compute_nodes,
         p.nodes,
-        p.threads,
-        p.tasks,
-        p.jitter_ns
+        p.jitter_ns,
+        p.op_limit.as_millis()
     );
+    replay += &p.set_flags(spec.name());
     if plan.value_size != dmkv_bench::config::defaults::VALUE_SIZE {
         replay += &format!(" --value-size {}", plan.value_size);
     }
@@ -323,12 +418,24 @@ pub fn run_mixed(
     };
     let outcome = match dmkv_bench::run(&cfg) {
         Ok(o) => o,
-        Err(e) => return fail(e.to_string()),
+        Err(e) => return (fail(e.to_string()), 0.0),
     };
     if let Some(f) = outcome.failures.first() {
-        return fail(f.error.clone());
+        return (fail(f.error.clone()), 0.0);
     }
-    let r = outcome.reports.first()?;
+    let Some(r) = outcome.reports.first() else {
+        return (None, 0.0);
+    };
+    let slowest = r.latency_us.max;
+    (judge(spec, plan, r).and_then(fail), slowest)
+}
+
+/// What a mixed run's report says: None if it passed, else why not.
+fn judge(
+    spec: &dyn EngineSpec,
+    plan: &FaultPlan,
+    r: &dmkv_bench::report::EngineReport,
+) -> Option<String> {
     if r.ok {
         return None;
     }
@@ -365,7 +472,7 @@ pub fn run_mixed(
         .first()
         .map(|c| format!("; first failed check: {c}"))
         .unwrap_or_default();
-    fail(format!(
+    Some(format!(
         "{} errors, {} failed checks, {} verification failures; first: {sample}{check}",
         r.errors.count,
         r.checks.failures,
@@ -387,7 +494,10 @@ fn dst_replay(spec: &dyn EngineSpec, seed: u64, p: &DstParams) -> String {
     if p.faults != Faults::default() {
         s += &format!(" --faults {}", p.faults);
     }
-    s
+    if p.op_limit != OP_LIMIT {
+        s += &format!(" --op-limit-ms {}", p.op_limit.as_millis());
+    }
+    s + &p.set_flags(spec.name())
 }
 
 /// Runs every engine on every seed of `seeds`: the mixed workload, the
@@ -409,8 +519,12 @@ pub fn sweep(
             t.delayed_runs += plan.delays.enabled() as u64;
             t.large_runs += (plan.value_size > 64) as u64;
             t.crashes += plan.crash.is_some() as u64;
-            let mut result =
-                run_mixed(spec, seed, p, &plan).or_else(|| insert_race(spec, seed, p, &plan));
+            t.hot_runs += plan.hot as u64;
+            let (mixed, slowest) = run_mixed(spec, seed, p, &plan);
+            if slowest > t.slowest_us {
+                (t.slowest_us, t.slowest_seed) = (slowest, seed);
+            }
+            let mut result = mixed.or_else(|| insert_race(spec, seed, p, &plan));
             if result.is_none() && plan.kill {
                 t.kills += 1;
                 match kill_client(spec, seed, p, &plan) {
@@ -437,6 +551,11 @@ pub fn sweep(
             spec.name(),
             seeds.end - seeds.start - failed,
             seeds.end - seeds.start
+        );
+        let _ = writeln!(
+            out,
+            "  {} mixed runs in the hot-tail shape; slowest operation {:.1} us of virtual time (seed {}; limit {:?})",
+            t.hot_runs, t.slowest_us, t.slowest_seed, p.op_limit
         );
         if p.faults != Faults::default() {
             let _ = writeln!(
@@ -491,6 +610,7 @@ pub fn insert_race(
         expected_keys: (base.len() + raced.len()) as u64,
         value_size: size as u32,
         threads: RACERS / 2,
+        knobs: p.knobs_of(spec.name()),
         ..Default::default()
     };
     let sim_opts = dmkv_api::sim_deploy::SimOptions {

@@ -677,6 +677,47 @@ fn dst_a_killed_compute_node_stops_and_survivors_stay_correct() {
     }
 }
 
+/// ROLEX's retrainer and a compute node that died holding a leaf lock
+/// (docs/rolex.md, invariant 12): with tables small enough that the kill
+/// phase's inserts fill synonym tables and queue retrains, the retrainer
+/// meets the dead node's lock, gives the model back after
+/// `retrain_lock_wait_us` (counted in `retrain_lock_timeouts`) instead of
+/// waiting forever, and every promise of the kill phase still holds: no
+/// acknowledged write lost, every read intact (`kill_client`'s checks).
+#[test]
+fn dst_rolex_retrainer_gives_up_a_dead_clients_lock() {
+    let spec = crate::engines::REGISTRY.find("rolex").unwrap();
+    let mut params = crate::dst::DstParams::default();
+    let mut k = dmkv_api::Knobs::new();
+    for (name, v) in [
+        ("leaf_slots", "4"),
+        ("slt_slots", "4"),
+        ("retrain_threshold", "2"),
+        ("retrain_lock_wait_us", "100"),
+        ("poll_us", "10"),
+    ] {
+        k.set(name, v);
+    }
+    params.knobs.insert("rolex".into(), k);
+    let plan = crate::dst::FaultPlan::choose(spec, 0, crate::dst::Faults::default());
+    let (mut timeouts, mut retrains, mut blocked) = (0, 0, 0);
+    for seed in 0..8 {
+        match crate::dst::kill_client(spec, seed, &params, &plan) {
+            Ok(k) => {
+                let m = &k.stats["memnode"];
+                timeouts += m["retrain_lock_timeouts"].as_u64().unwrap();
+                retrains += m["retrains"].as_u64().unwrap();
+                blocked += k.blocked;
+            }
+            Err(f) => panic!("seed {seed}: {}\n{}", f.why, f.replay),
+        }
+    }
+    eprintln!("{timeouts} lock waits given up, {retrains} retrains, {blocked} blocked");
+    assert!(blocked > 0, "no survivor met the dead node's lock");
+    assert!(timeouts > 0, "the retrainer never met the dead node's lock");
+    assert!(retrains > 0, "no retrain completed");
+}
+
 /// `--faults` parses, prints and replays: the plan is a function of the
 /// seed, and what `delay` chooses is the same with `all`.
 #[test]

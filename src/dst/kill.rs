@@ -64,13 +64,15 @@ pub fn may_block(engine: &str) -> bool {
 }
 
 /// What one kill did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct KillOutcome {
     /// The kill hit while a victim operation was in flight (not after the
     /// victim had finished).
     pub killed_mid_op: bool,
     /// Survivor operations abandoned as blocked.
     pub blocked: u64,
+    /// The engine's figures at the end (`engine_stats`).
+    pub stats: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -157,6 +159,7 @@ pub fn kill_client(
         expected_keys: (base.len() + fresh.len()) as u64,
         value_size: size as u32,
         threads: THREADS,
+        knobs: p.knobs_of(spec.name()),
         ..Default::default()
     };
     let sim_opts = dmkv_api::sim_deploy::SimOptions {
@@ -321,9 +324,10 @@ pub fn kill_client(
         }
     }));
     run_tasks(tasks);
-    let outcome = KillOutcome {
+    let mut outcome = KillOutcome {
         killed_mid_op: killed.get().is_some(),
         blocked: blocked.get(),
+        stats: serde_json::Value::Null,
     };
     if let Some((at, posted)) = killed.get() {
         let now = posted_by_victim(&dep.sim);
@@ -388,6 +392,8 @@ pub fn kill_client(
             })?;
         }
     }
+    outcome.stats = block_on(dep.engine.stats(&dep.endpoint(0)))
+        .map_err(|e| fail(format!("engine figures: {e}")))?;
     Ok(outcome)
 }
 

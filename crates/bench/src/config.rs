@@ -132,6 +132,11 @@ pub struct BenchConfig {
     /// Report throughput per interval of this many nanoseconds of the run
     /// (`--timeline-ms`; 0: no timeline).
     pub timeline_ns: u64,
+    /// Under `--transport sim`: an operation still running after this much
+    /// virtual time fails the run and stops it (`--op-limit-ms`; a livelock
+    /// or a wait that never ends, which would otherwise run until some outer
+    /// limit). None: no limit.
+    pub op_limit: Option<std::time::Duration>,
 }
 
 impl BenchConfig {
@@ -162,6 +167,7 @@ impl BenchConfig {
             deployer: Arc::new(LocalDeployer),
             crash: None,
             timeline_ns: 0,
+            op_limit: None,
         }
     }
 

@@ -412,6 +412,11 @@ struct Ctx<'a> {
     run_bar: ProgressBar,
     verify_bar: ProgressBar,
     crash: Option<CrashRun>,
+    /// `BenchConfig::op_limit` (sim runs only), and the first operation
+    /// that exceeded it: once set, every task stops after its current
+    /// operation.
+    op_limit: Option<Duration>,
+    stuck: std::sync::Mutex<Option<String>>,
 }
 
 /// `--crash-memnode` during one engine run: counts completed operations,
@@ -533,6 +538,8 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             ProgressBar::hidden()
         },
         crash: CrashRun::new(cfg, plan.total_ops()),
+        op_limit: None,
+        stuck: Default::default(),
     };
     std::thread::scope(|s| {
         let ctx = &ctx;
@@ -589,7 +596,7 @@ fn run_threads_sim(
     let sim = dep.sim().expect("a simulated deployment");
     let threads = cfg.total_threads();
     let name = dep.engine().name();
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         cfg,
         plan,
         states,
@@ -602,7 +609,10 @@ fn run_threads_sim(
             ProgressBar::hidden()
         },
         crash: CrashRun::new(cfg, plan.total_ops()),
+        op_limit: None,
+        stuck: Default::default(),
     };
+    ctx.op_limit = cfg.op_limit;
     let mut figures = RunFigures::default();
     let mut clients = Vec::new();
     for t in 0..threads {
@@ -647,6 +657,12 @@ fn run_threads_sim(
             .errors
             .push_other(format!("the simulated run panicked: {p}"));
     }
+    let stuck = ctx.stuck.lock().expect("stuck").take();
+    if let Some(s) = &stuck {
+        // First, so that it is the first sample a caller sees.
+        figures.errors.samples.insert(0, s.clone());
+        figures.errors.other += 1;
+    }
     let mut run_table = CounterTable::default();
     for ((_, ep, _), f) in clients.iter().zip(per_thread) {
         figures.merge(&f.into_inner());
@@ -655,7 +671,10 @@ fn run_threads_sim(
     }
     let mut verify = VerifyFigures::default();
     let mut verify_table = CounterTable::default();
-    if cfg.verify {
+    // After a stuck operation the run stopped with operations in flight:
+    // their keys are in doubt, and what they wait for may still block
+    // reads, so there is nothing to verify.
+    if cfg.verify && stuck.is_none() {
         let per_thread: Vec<RefCell<VerifyFigures>> =
             (0..clients.len()).map(|_| RefCell::default()).collect();
         let ran = catch(|| {
@@ -701,7 +720,7 @@ fn run_threads_sim(
         figures,
         run_seconds,
         run_table,
-        verify: cfg.verify.then_some(verify),
+        verify: (cfg.verify && stuck.is_none()).then_some(verify),
         verify_table,
         nodes_after,
         crash: ctx.crash.as_ref().map(|c| c.report(start)),
@@ -790,15 +809,41 @@ async fn run_task(
 ) {
     let mut unreported = 0;
     for op in ctx.plan.stream(thread, task) {
-        match &ctx.crash {
-            None => {
-                execute(ctx, ep, kv, op, figures).await;
-            }
-            Some(c) => {
-                let start = Instant::now();
-                let failed = execute(ctx, ep, kv, op, figures).await;
-                c.after_op(ctx.dep, start, Instant::now(), failed);
-            }
+        if ctx.op_limit.is_some() && ctx.stuck.lock().expect("stuck").is_some() {
+            break;
+        }
+        // The clock only where something needs it (the plain loop reads
+        // none per operation).
+        let start = (ctx.crash.is_some() || ctx.op_limit.is_some()).then(Instant::now);
+        let run = execute(ctx, ep, kv, op, figures);
+        let failed = match ctx.op_limit {
+            None => run.await,
+            Some(limit) => match within(run, limit).await {
+                Some(failed) => failed,
+                None => {
+                    // Dropped where it stands (as a killed client's would be).
+                    let key = match op {
+                        Op::Read(i)
+                        | Op::Update(i)
+                        | Op::Insert(i)
+                        | Op::Delete(i)
+                        | Op::Scan(i, _)
+                        | Op::Rmw(i) => ctx.plan.key(i),
+                    };
+                    let mut s = ctx.stuck.lock().expect("stuck");
+                    if s.is_none() {
+                        *s = Some(format!(
+                            "{} of key {key:#x} (thread {thread}, task {task}) did not complete within {limit:?} of virtual time (started at {} ns): a livelock or a wait that never ends; the run was stopped",
+                            op.op_type().name(),
+                            start.map_or(0, |s| s.as_nanos())
+                        ));
+                    }
+                    break;
+                }
+            },
+        };
+        if let (Some(c), Some(start)) = (&ctx.crash, start) {
+            c.after_op(ctx.dep, start, Instant::now(), failed);
         }
         unreported += 1;
         if unreported == PROGRESS_STEP {
@@ -807,6 +852,20 @@ async fn run_task(
         }
     }
     ctx.run_bar.inc(unreported);
+}
+
+/// `op`, unless `limit` of (virtual) time passes first; the timer is polled
+/// first, so once it fired `op` is never polled again.
+async fn within<T>(op: impl Future<Output = T>, limit: Duration) -> Option<T> {
+    let mut op = std::pin::pin!(op);
+    let mut timer = std::pin::pin!(dmkv_transport::exec::sleep(limit));
+    std::future::poll_fn(|cx| {
+        if timer.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(None);
+        }
+        op.as_mut().poll(cx).map(Some)
+    })
+    .await
 }
 
 /// Issues `fut` labelled `kind`: its output, latency and exact cost.

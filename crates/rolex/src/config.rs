@@ -81,6 +81,11 @@ pub const KNOBS: &[KnobSpec] = &[
         default: "16",
         help: "consecutive local hand-overs of a leaf lock before it is released remotely (0 = none: every release is remote)",
     },
+    KnobSpec {
+        name: "retrain_lock_wait_us",
+        default: "50000",
+        help: "longest the retrainer waits for one leaf lock a compute node holds before it puts the model back in service and queues it again, in µs, 1..=600000000 (a holder that died never releases; see docs/rolex.md)",
+    },
 ];
 
 /// Everything both sides need to agree on, plus local tuning.
@@ -101,6 +106,10 @@ pub struct Config {
     pub poll_us: u64,
     pub lock_sharing: bool,
     pub max_handover: u32,
+    /// Longest the retrainer waits for one LT lock held by a compute node
+    /// (`retrain_lock_wait_us`): then it gives the model back (invariant 12
+    /// of docs/rolex.md).
+    pub retrain_lock_wait: std::time::Duration,
 }
 
 fn bad(what: String) -> KvError {
@@ -193,6 +202,12 @@ impl Config {
             poll_us: k.get_in::<u64>(ENGINE, KNOBS, "poll_us", 1..=1_000_000)?,
             lock_sharing: k.get::<bool>(ENGINE, KNOBS, "lock_sharing")?,
             max_handover: k.get_in::<u32>(ENGINE, KNOBS, "max_handover", 0..=1 << 20)?,
+            retrain_lock_wait: std::time::Duration::from_micros(k.get_in::<u64>(
+                ENGINE,
+                KNOBS,
+                "retrain_lock_wait_us",
+                1..=600_000_000,
+            )?),
         })
     }
 

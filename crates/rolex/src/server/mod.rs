@@ -50,6 +50,9 @@ pub struct ServerStats {
     pub retrains: AtomicU64,
     pub retrain_aborts: AtomicU64,
     pub retrain_failures: AtomicU64,
+    /// Retrains given up because a leaf lock stayed held longer than
+    /// `retrain_lock_wait_us` (the model was queued again).
+    pub retrain_lock_timeouts: AtomicU64,
     pub retrain_wall_ns: AtomicU64,
     pub retrain_cpu_ns: AtomicU64,
     pub retrain_train_ns: AtomicU64,
@@ -550,6 +553,7 @@ impl Server {
             ("retrains", l(&s.retrains)),
             ("retrain_aborts", l(&s.retrain_aborts)),
             ("retrain_failures", l(&s.retrain_failures)),
+            ("retrain_lock_timeouts", l(&s.retrain_lock_timeouts)),
             ("retrain_wall_ns", l(&s.retrain_wall_ns)),
             ("retrain_cpu_ns", l(&s.retrain_cpu_ns)),
             ("retrain_train_ns", l(&s.retrain_train_ns)),

@@ -40,6 +40,21 @@ enum Hook {
     Slt(usize),
 }
 
+/// What [`Server::take_entry`] got.
+enum Take {
+    /// The entry's unlocked value, now ours.
+    Taken(u64),
+    /// The model was retired meanwhile.
+    Retired,
+    /// A compute node held the lock for the whole `retrain_lock_wait`.
+    TimedOut,
+}
+
+/// A retrain given up because a compute node held a leaf lock too long
+/// (its holder may have died): the model is back in service, unchanged.
+const LOCK_WAIT_GAVE_UP: &str =
+    "a compute node held a leaf lock of the model longer than rolex.retrain_lock_wait_us";
+
 struct NewModel {
     params: ModelParams,
     lt: Vec<u64>,
@@ -47,24 +62,31 @@ struct NewModel {
 }
 
 impl Server {
-    /// Locks an LT entry like a writer; `None` if the model is retired.
-    async fn lock_entry(
+    /// CASes an LT entry from its unlocked value to `to(unlocked)` (locked
+    /// like a writer for the snapshot, `RETIRED` for the freeze), waiting
+    /// for a holder at most `retrain_lock_wait` (invariant 12).
+    async fn take_entry(
         &self,
         ep: &Endpoint,
         addr: dmkv_transport::RemoteAddr,
-    ) -> Result<Option<u64>> {
+        to: impl Fn(u64) -> u64,
+    ) -> Result<Take> {
+        let deadline = Instant::now() + self.cfg.retrain_lock_wait;
         let mut w = u64::from_le_bytes(ep.read(addr, 8).await?.try_into().expect("8"));
         let mut spins = 0u32;
         loop {
             if w == RETIRED {
-                return Ok(None);
+                return Ok(Take::Retired);
             }
             let expected = w & !LOCK_BIT;
-            let got = ep.cas(addr, expected, expected | LOCK_BIT).await?;
+            let got = ep.cas(addr, expected, to(expected)).await?;
             if got == expected {
-                return Ok(Some(expected));
+                return Ok(Take::Taken(expected));
             }
             w = got;
+            if w != RETIRED && w & LOCK_BIT != 0 && Instant::now() >= deadline {
+                return Ok(Take::TimedOut);
+            }
             polite_spin(&mut spins);
             yield_now().await;
         }
@@ -94,6 +116,23 @@ impl Server {
             return Ok(()); // retired already, or queued twice
         }
         let res = self.retrain_active(ep, &r, m, &p, &rl, wall).await;
+        if matches!(&res, Err(KvError::Exhausted(e)) if e == LOCK_WAIT_GAVE_UP) {
+            // Back in service (a freeze given up wrote ACTIVE itself); the
+            // model goes to the back of the queue, so other models are
+            // retrained meanwhile and this one again once the lock is free.
+            let _ = ep
+                .cas(
+                    state,
+                    ModelState::Training as u64,
+                    ModelState::Active as u64,
+                )
+                .await;
+            self.stats
+                .retrain_lock_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            self.push(m);
+            return res;
+        }
         if res.is_err() {
             // Leave the model usable; it will be queued again when writers
             // find its SLT full.
@@ -126,8 +165,10 @@ impl Server {
         let mut snap: Vec<(LeafId, Leaf)> = Vec::new();
         for j in 0..n {
             let lt = addr(rl.lt_word(j))?;
-            let Some(v) = self.lock_entry(ep, lt).await? else {
-                return Err(corrupt("model retired during retraining"));
+            let v = match self.take_entry(ep, lt, |e| e | LOCK_BIT).await? {
+                Take::Taken(v) => v,
+                Take::Retired => return Err(corrupt("model retired during retraining")),
+                Take::TimedOut => return Err(KvError::Exhausted(LOCK_WAIT_GAVE_UP.into())),
             };
             let read = async {
                 let slt = words_of(&ep.read(addr(W_SLT)?, rl.slt * 8).await?);
@@ -240,23 +281,22 @@ impl Server {
         };
         // Freeze the old model.
         let mut finals = vec![0u64; n];
-        for (j, f) in finals.iter_mut().enumerate() {
+        for j in 0..n {
             let lt = addr(rl.lt_word(j))?;
-            let mut w = u64::from_le_bytes(ep.read(lt, 8).await?.try_into().expect("8"));
-            let mut spins = 0u32;
-            loop {
-                if w == RETIRED {
-                    return Err(corrupt("model retired during retraining"));
+            match self.take_entry(ep, lt, |_| RETIRED).await? {
+                Take::Taken(v) => finals[j] = v,
+                Take::Retired => return Err(corrupt("model retired during retraining")),
+                Take::TimedOut => {
+                    // Unfreeze what is frozen (nobody else writes a RETIRED
+                    // entry) and put the model back in service: clients
+                    // that saw RETIRED or FREEZING re-read its state.
+                    for (k, f) in finals.iter().enumerate().take(j) {
+                        ep.write(addr(rl.lt_word(k))?, &f.to_le_bytes()).await?;
+                    }
+                    ep.write(addr(W_STATE)?, &(ModelState::Active as u64).to_le_bytes())
+                        .await?;
+                    return Err(KvError::Exhausted(LOCK_WAIT_GAVE_UP.into()));
                 }
-                let expected = w & !LOCK_BIT;
-                let got = ep.cas(lt, expected, RETIRED).await?;
-                if got == expected {
-                    *f = expected;
-                    break;
-                }
-                w = got;
-                polite_spin(&mut spins);
-                yield_now().await;
             }
         }
         let frozen = self
