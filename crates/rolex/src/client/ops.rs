@@ -970,6 +970,9 @@ mod future_size {
     #[test]
     fn a_get_future_stays_under_one_kib() {
         let get = size_of_future(|c| c.get_inner(0));
-        assert!(get <= 1024, "RolexClient::get_inner's future is {get} bytes");
+        assert!(
+            get <= 1024,
+            "RolexClient::get_inner's future is {get} bytes"
+        );
     }
 }
