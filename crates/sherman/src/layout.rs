@@ -165,10 +165,18 @@ pub enum ValueRef {
 
 /// A copy of one node, read or being built. Accessors are bounds-checked by
 /// construction: the image has exactly `node_bytes` bytes and entry indices
-/// are checked against the capacity.
+/// are checked against the capacity. Its buffer goes back to the thread's
+/// spare read buffers when it drops (`dmkv_transport::buffers`), so the next
+/// node read fills it instead of allocating.
 #[derive(Clone, PartialEq, Eq)]
 pub struct NodeImage {
     bytes: Vec<u8>,
+}
+
+impl Drop for NodeImage {
+    fn drop(&mut self) {
+        dmkv_transport::buffers::give(std::mem::take(&mut self.bytes));
+    }
 }
 
 impl std::fmt::Debug for NodeImage {

@@ -362,7 +362,13 @@ impl Ctx<'_> {
             let Some(i) = leaf.leaf_find(key) else {
                 return Ok(None);
             };
-            if let Some(mut v) = self.resolve(&[(key, leaf.leaf_value(i))]).await? {
+            let value = leaf.leaf_value(i);
+            if let ValueRef::Inline(w) = value {
+                // What `resolve` returns for an inline value, without its
+                // (empty) batch and lists.
+                return Ok(Some(w.to_le_bytes().to_vec()));
+            }
+            if let Some(mut v) = self.resolve(&[(key, value)]).await? {
                 return Ok(v.pop());
             }
             (addr, leaf) = self.refresh_leaf(addr, key).await?;

@@ -26,6 +26,7 @@ thread_local! {
 
 /// An empty buffer: a spare of this thread if there is one, else a new
 /// (unallocated) vector.
+#[inline]
 pub fn take() -> Vec<u8> {
     SPARES
         .try_with(|s| s.borrow_mut().pop())
@@ -36,6 +37,7 @@ pub fn take() -> Vec<u8> {
 
 /// Gives `buf` back for a later [`take`] on this thread (its contents are
 /// dropped, its allocation kept).
+#[inline]
 pub fn give(mut buf: Vec<u8>) {
     if buf.capacity() == 0 || buf.capacity() > MAX_SPARE_BYTES {
         return;

@@ -1,12 +1,15 @@
 //! [`Endpoint`]: what engines use to reach other nodes, with exact counters.
 
 use crate::addr::{NodeId, RemoteAddr, RemoteRegion, ServiceId};
-use crate::backend::{EndpointBackend, Verb, VerbResult, VerbResults, Verbs};
+use crate::backend::{EndpointBackend, OpFuture, Verb, VerbResult, VerbResults, Verbs};
 use crate::counters::{CounterTable, Counters, current_kind};
 use crate::error::{Result, TransportError};
 use crate::service::{decode_region, directory};
 use crate::wire::WireWriter;
 use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 /// The issuing side of one thread: one-sided verbs, batches and RPCs. It
 /// counts every round trip, verb, byte and RPC (and the serving side's CPU
@@ -49,6 +52,7 @@ impl Endpoint {
 
     /// Everything charged so far, over all operation kinds (the sum of
     /// [`Endpoint::counters`], without summing).
+    #[inline]
     pub fn total_counters(&self) -> Counters {
         *self.total.borrow()
     }
@@ -60,6 +64,7 @@ impl Endpoint {
     }
 
     /// Adds `d` to the current kind's counters and to the total.
+    #[inline]
     fn add(&self, d: &Counters) {
         *self.counters.borrow_mut().get_mut(current_kind()) += *d;
         *self.total.borrow_mut() += *d;
@@ -83,49 +88,78 @@ impl Endpoint {
         self.backend.begin_op().await
     }
 
+    // The single-verb helpers below build their one-verb batch when called
+    // and return a future holding only its `BatchRun` (an `async fn` or
+    // block would keep a second copy of the batch in its state). The verb is
+    // still counted and posted when the future is first polled.
+
     /// Reads `len` bytes at `addr`: one round trip.
-    pub async fn read(&self, addr: RemoteAddr, len: usize) -> Result<Vec<u8>> {
-        let mut b = self.batch();
-        b.read(addr, len);
-        Ok(b.run().await?.take_read(0))
+    pub fn read(&self, addr: RemoteAddr, len: usize) -> OneVerb<'_, Vec<u8>> {
+        OneVerb {
+            run: self.single(Verb::Read { addr, len }),
+            out: |mut r| r.take_read(0),
+        }
     }
 
     /// Reads `len` bytes at `addr` (one round trip, counted as
     /// [`Endpoint::read`]) into a buffer that goes back to the thread's
     /// spare buffers ([`crate::buffers`]) when dropped: for callers that only
     /// look at the bytes.
-    pub async fn read_buf(&self, addr: RemoteAddr, len: usize) -> Result<ReadBuf> {
-        let mut b = self.batch();
-        b.read(addr, len);
-        let buf = b.run().await?.take_read(0);
-        Ok(ReadBuf { buf })
+    pub fn read_buf(&self, addr: RemoteAddr, len: usize) -> OneVerb<'_, ReadBuf> {
+        OneVerb {
+            run: self.single(Verb::Read { addr, len }),
+            out: |mut r| ReadBuf {
+                buf: r.take_read(0),
+            },
+        }
     }
 
     /// Writes `data` at `addr`: one round trip.
-    pub async fn write(&self, addr: RemoteAddr, data: &[u8]) -> Result<()> {
-        let mut b = self.batch();
-        b.write(addr, data.to_vec());
-        b.run().await?;
-        Ok(())
+    pub fn write(&self, addr: RemoteAddr, data: &[u8]) -> OneVerb<'_, ()> {
+        OneVerb {
+            run: self.single(Verb::Write {
+                addr,
+                data: data.to_vec(),
+            }),
+            out: |_| (),
+        }
     }
 
     /// 8-byte compare-and-swap at `addr`; returns the value found there
     /// (equal to `expected` iff the swap happened).
-    pub async fn cas(&self, addr: RemoteAddr, expected: u64, new: u64) -> Result<u64> {
-        let mut b = self.batch();
-        b.cas(addr, expected, new);
-        Ok(b.run().await?.word(0))
+    pub fn cas(&self, addr: RemoteAddr, expected: u64, new: u64) -> OneVerb<'_, u64> {
+        OneVerb {
+            run: self.single(Verb::Cas {
+                addr,
+                expected,
+                new,
+            }),
+            out: |r| r.word(0),
+        }
     }
 
     /// 8-byte fetch-and-add at `addr`; returns the previous value.
-    pub async fn faa(&self, addr: RemoteAddr, add: u64) -> Result<u64> {
-        let mut b = self.batch();
-        b.faa(addr, add);
-        Ok(b.run().await?.word(0))
+    pub fn faa(&self, addr: RemoteAddr, add: u64) -> OneVerb<'_, u64> {
+        OneVerb {
+            run: self.single(Verb::Faa { addr, add }),
+            out: |r| r.word(0),
+        }
+    }
+
+    /// A batch of the one verb `v`, ready to post.
+    #[inline]
+    fn single(&self, v: Verb) -> BatchRun<'_> {
+        let mut verbs = Verbs::new();
+        verbs.push(v);
+        BatchRun {
+            ep: self,
+            state: RunState::Unposted(verbs),
+        }
     }
 
     /// Starts a batch of verbs that is posted at once and costs one round
     /// trip (RDMA doorbell batching).
+    #[inline]
     pub fn batch(&self) -> Batch<'_> {
         Batch {
             ep: self,
@@ -185,14 +219,17 @@ pub struct Batch<'a> {
     verbs: Verbs,
 }
 
-impl Batch<'_> {
+impl<'a> Batch<'a> {
     /// Adds a read; returns its index in the results.
+    #[inline]
     pub fn read(&mut self, addr: RemoteAddr, len: usize) -> usize {
         self.push(Verb::Read { addr, len })
     }
+    #[inline]
     pub fn write(&mut self, addr: RemoteAddr, data: Vec<u8>) -> usize {
         self.push(Verb::Write { addr, data })
     }
+    #[inline]
     pub fn cas(&mut self, addr: RemoteAddr, expected: u64, new: u64) -> usize {
         self.push(Verb::Cas {
             addr,
@@ -200,9 +237,11 @@ impl Batch<'_> {
             new,
         })
     }
+    #[inline]
     pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> usize {
         self.push(Verb::Faa { addr, add })
     }
+    #[inline]
     fn push(&mut self, v: Verb) -> usize {
         self.verbs.push(v);
         self.verbs.len() - 1
@@ -215,44 +254,117 @@ impl Batch<'_> {
     }
 
     /// Posts the verbs and waits once. An empty batch costs nothing.
-    pub async fn run(mut self) -> Result<BatchResult> {
-        let ep = self.ep;
-        if self.verbs.is_empty() {
-            return Ok(BatchResult {
-                results: VerbResults::new(),
-            });
+    ///
+    /// The returned future counts the batch and hands it to the backend on
+    /// its first poll (so the counts go to the operation kind of the task
+    /// polling it, as with any verb), then waits for the backend's answer.
+    /// Written out instead of as an `async fn`: the batch and the backend's
+    /// future stay in place in it, where the generated state machine moved
+    /// them between its states (several `memcpy` calls of a few hundred
+    /// bytes per round trip), and a resumed poll is one branch and the
+    /// backend future's poll.
+    pub fn run(self) -> BatchRun<'a> {
+        BatchRun {
+            ep: self.ep,
+            state: RunState::Unposted(self.verbs),
         }
-        // Summed once, then added to the kind's counters and the total.
-        let mut c = Counters {
-            round_trips: 1,
-            verbs: self.verbs.len() as u64,
-            ..Counters::default()
-        };
-        for v in &self.verbs {
-            match v {
-                Verb::Read { len, .. } => {
-                    c.reads += 1;
-                    c.bytes_read += *len as u64;
-                }
-                Verb::Write { data, .. } => {
-                    c.writes += 1;
-                    c.bytes_written += data.len() as u64;
-                }
-                Verb::Cas { .. } => {
-                    c.cas += 1;
-                    c.bytes_written += 16;
-                    c.bytes_read += 8;
-                }
-                Verb::Faa { .. } => {
-                    c.faa += 1;
-                    c.bytes_written += 8;
-                    c.bytes_read += 8;
-                }
+    }
+}
+
+/// The counters one batch of `verbs` is charged: one round trip, its verbs
+/// and the bytes each moves.
+fn batch_counters(verbs: &Verbs) -> Counters {
+    let mut c = Counters {
+        round_trips: 1,
+        verbs: verbs.len() as u64,
+        ..Counters::default()
+    };
+    for v in verbs {
+        match v {
+            Verb::Read { len, .. } => {
+                c.reads += 1;
+                c.bytes_read += *len as u64;
+            }
+            Verb::Write { data, .. } => {
+                c.writes += 1;
+                c.bytes_written += data.len() as u64;
+            }
+            Verb::Cas { .. } => {
+                c.cas += 1;
+                c.bytes_written += 16;
+                c.bytes_read += 8;
+            }
+            Verb::Faa { .. } => {
+                c.faa += 1;
+                c.bytes_written += 8;
+                c.bytes_read += 8;
             }
         }
-        ep.add(&c);
-        let results = ep.backend.execute(&mut self.verbs).await?;
-        Ok(BatchResult { results })
+    }
+    c
+}
+
+/// The future of [`Batch::run`].
+#[must_use = "a batch is posted only when its future is polled"]
+pub struct BatchRun<'a> {
+    ep: &'a Endpoint,
+    state: RunState<'a>,
+}
+
+/// The verbs before the first poll, the backend's operation after it: one
+/// or the other, so the future is as large as the larger of the two (every
+/// engine operation's future holds one of these at each round trip).
+enum RunState<'a> {
+    Unposted(Verbs),
+    Posted(OpFuture<'a, Result<VerbResults>>),
+}
+
+impl Future for BatchRun<'_> {
+    type Output = Result<BatchResult>;
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every field is `Unpin` (the backend's future is boxed if pending).
+        let this = self.get_mut();
+        if let RunState::Unposted(verbs) = &mut this.state {
+            if verbs.is_empty() {
+                return Poll::Ready(Ok(BatchResult {
+                    results: VerbResults::new(),
+                }));
+            }
+            let ep = this.ep;
+            // Summed once, then added to the kind's counters and the total.
+            ep.add(&batch_counters(verbs));
+            let op = ep.backend.execute(verbs);
+            this.state = RunState::Posted(op);
+        }
+        let RunState::Posted(op) = &mut this.state else {
+            unreachable!("posted above")
+        };
+        match Pin::new(op).poll(cx) {
+            Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult { results })),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The future of a one-verb helper ([`Endpoint::read`], [`Endpoint::cas`],
+/// ...): its batch's future and what to take out of the result.
+#[must_use = "the verb is posted only when its future is polled"]
+pub struct OneVerb<'a, T> {
+    run: BatchRun<'a>,
+    out: fn(BatchResult) -> T,
+}
+
+impl<T> Future for OneVerb<'_, T> {
+    type Output = Result<T>;
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        // `BatchRun` is `Unpin`, and so is this.
+        let this = self.get_mut();
+        match Pin::new(&mut this.run).poll(cx) {
+            Poll::Ready(r) => Poll::Ready(r.map(this.out)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -276,6 +388,7 @@ impl Drop for BatchResult {
 
 impl BatchResult {
     /// The bytes of read `i` (taken out; a second take panics).
+    #[inline]
     pub fn take_read(&mut self, i: usize) -> Vec<u8> {
         match std::mem::replace(&mut self.results[i], VerbResult::Write) {
             VerbResult::Read(b) => b,
@@ -284,6 +397,7 @@ impl BatchResult {
     }
     /// The bytes of read `i`, borrowed (the buffer stays in the result and
     /// is reused once the result drops).
+    #[inline]
     pub fn read(&self, i: usize) -> &[u8] {
         match &self.results[i] {
             VerbResult::Read(b) => b,
@@ -291,6 +405,7 @@ impl BatchResult {
         }
     }
     /// The word a CAS found or an FAA returned.
+    #[inline]
     pub fn word(&self, i: usize) -> u64 {
         match self.results[i] {
             VerbResult::Cas(v) | VerbResult::Faa(v) => v,
@@ -329,5 +444,21 @@ impl std::ops::Deref for ReadBuf {
 impl Drop for ReadBuf {
     fn drop(&mut self) {
         crate::buffers::give(std::mem::take(&mut self.buf));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every engine operation's future holds a `BatchRun` (or a `OneVerb`)
+    /// at each round trip: it holds the verbs or the backend's operation,
+    /// never both.
+    #[test]
+    fn a_batch_future_holds_its_verbs_or_its_operation_not_both() {
+        use std::mem::size_of;
+        let larger = size_of::<Verbs>().max(size_of::<OpFuture<'static, Result<VerbResults>>>());
+        assert!(size_of::<BatchRun<'static>>() <= larger + 16);
+        assert!(size_of::<OneVerb<'static, Vec<u8>>>() <= larger + 24);
     }
 }

@@ -60,7 +60,7 @@ pub use backend::{
 };
 pub use counters::{CounterTable, Counters, OpKind, labeled};
 pub use cputime::thread_cpu_ns;
-pub use endpoint::{Batch, BatchResult, Endpoint, ReadBuf};
+pub use endpoint::{Batch, BatchResult, BatchRun, Endpoint, OneVerb, ReadBuf};
 pub use error::{ErrorCode, Result, ServiceError, TransportError};
 pub use region::RegionMem;
 pub use service::{DeferredService, Reply, Responder, RpcContext, Service, ServiceTable};

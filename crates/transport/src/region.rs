@@ -11,7 +11,10 @@
 //! by compare-and-swap so neighbouring bytes are never clobbered.
 //!
 //! This module holds the crate's only `unsafe` code: the allocation of the
-//! word array and the view of externally owned memory (UCX pools).
+//! word array, the view of externally owned memory (UCX pools), and the word
+//! copy of a read (`copy_words_to`: one atomic load and one plain store per
+//! word, unrolled, into the reader's buffer or its spare capacity, so a read
+//! costs no zero-filling and no per-byte bookkeeping).
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -250,16 +253,24 @@ impl RegionMem {
     ) -> Result<(), RegionAccessError> {
         out.clear();
         self.check(offset, len as u64)?;
-        // Zero-filling first is a `memset` (a few instructions for a leaf);
-        // it keeps this safe code, and the copy below is one 8-byte load
-        // and one 8-byte store per word.
-        out.resize(len, 0);
         if !offset.is_multiple_of(8) || !len.is_multiple_of(8) {
+            out.resize(len, 0);
             return self.read(offset, out);
         }
         crate::sim::touch(self.sim_tag, offset, len as u64);
         let first = (offset / 8) as usize;
-        copy_words(&self.words()[first..first + len / 8], out);
+        let src = &self.words()[first..first + len / 8];
+        // No zero-filling first: the words are stored straight into the
+        // vector's spare capacity.
+        out.reserve(len);
+        // SAFETY: `out` is empty with capacity for at least `len` bytes, so
+        // its first `len` bytes are writable; `copy_words_to` stores exactly
+        // `8 * src.len() == len` bytes there (it cannot panic part-way), so
+        // all of them are initialised when the length is set.
+        unsafe {
+            copy_words_to(src, out.as_mut_ptr());
+            out.set_len(len);
+        }
         Ok(())
     }
     /// Stores `data` at `offset`, storing words in increasing address order.
@@ -325,9 +336,51 @@ impl RegionMem {
 /// loading the words in increasing address order with acquire ordering.
 #[inline]
 fn copy_words(src: &[AtomicU64], dst: &mut [u8]) {
-    debug_assert_eq!(dst.len(), src.len() * 8);
-    for (d, w) in dst.chunks_exact_mut(8).zip(src) {
-        d.copy_from_slice(&w.load(Ordering::Acquire).to_le_bytes());
+    assert_eq!(dst.len(), src.len() * 8);
+    // SAFETY: `dst` is a valid, exclusively borrowed buffer of exactly
+    // `8 * src.len()` bytes (checked above).
+    unsafe { copy_words_to(src, dst.as_mut_ptr()) }
+}
+
+/// Stores the words of `src` at `dst` as little-endian bytes, loading them
+/// one by one in increasing address order with acquire ordering, exactly as
+/// a word-by-word copy would (each load is single-copy atomic; a concurrent
+/// writer can tear the read between words, never inside one, which is what
+/// the layouts' torn-read checks rely on). Unrolled by four: a load and a
+/// store per word, the loop's bookkeeping once per four words.
+///
+/// # Safety
+/// `dst` must be valid for writes of `8 * src.len()` bytes (any alignment)
+/// and must not overlap the region's memory.
+#[inline]
+unsafe fn copy_words_to(src: &[AtomicU64], dst: *mut u8) {
+    let mut d = dst;
+    let mut quads = src.chunks_exact(4);
+    for q in &mut quads {
+        let (a, b, c, e) = (
+            q[0].load(Ordering::Acquire),
+            q[1].load(Ordering::Acquire),
+            q[2].load(Ordering::Acquire),
+            q[3].load(Ordering::Acquire),
+        );
+        // SAFETY: the caller guarantees room for all of `src`'s words; these
+        // four are the next 32 bytes of it. Unaligned stores: `dst` is a
+        // byte buffer.
+        unsafe {
+            d.cast::<u64>().write_unaligned(a.to_le());
+            d.add(8).cast::<u64>().write_unaligned(b.to_le());
+            d.add(16).cast::<u64>().write_unaligned(c.to_le());
+            d.add(24).cast::<u64>().write_unaligned(e.to_le());
+            d = d.add(32);
+        }
+    }
+    for w in quads.remainder() {
+        let v = w.load(Ordering::Acquire);
+        // SAFETY: as above, the next 8 bytes of the destination.
+        unsafe {
+            d.cast::<u64>().write_unaligned(v.to_le());
+            d = d.add(8);
+        }
     }
 }
 

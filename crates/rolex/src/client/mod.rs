@@ -218,6 +218,19 @@ impl Shared {
     /// The model for `key`, fetching it if needed. With `fresh`, a model
     /// known to be retired is not returned: the directory is re-read until
     /// it no longer lists it (a swap or bulk load is being published).
+    /// What [`Shared::model_for`] answers without a round trip: the cached
+    /// model for `key` if it is in service (its first step, with no side
+    /// effect). A GET tries this first and awaits `model_for`, boxed so that
+    /// its large state is not part of every GET's future, only when it gives
+    /// nothing.
+    pub(crate) fn cached_model(&self, key: Key) -> Option<Arc<ModelCache>> {
+        let d = self.caches.dir();
+        let m = d.refs[d.model_for(key)];
+        self.caches
+            .model(m)
+            .filter(|mc| !mc.retired.load(Ordering::Acquire))
+    }
+
     pub(crate) async fn model_for(
         &self,
         ep: &Endpoint,
