@@ -286,7 +286,7 @@ mod tests {
         assert!(Profile::parse(&text).is_err());
         let no_ways = SHIPPED[0].1.replace("llc_ways = ", "llc_ways = 0 # ");
         assert!(Profile::parse(&no_ways).unwrap_err().contains("llc_ways"));
-        let no_nics = SHIPPED[1].1.replace("[network]", "[network]\nnics = 0");
+        let no_nics = SHIPPED[1].1.replace("nics = 1", "nics = 0");
         assert!(
             Profile::parse(&no_nics)
                 .unwrap_err()
