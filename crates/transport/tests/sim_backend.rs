@@ -204,6 +204,77 @@ fn a_memnode_nic_saturates_at_its_message_rate() {
     );
 }
 
+/// Reads 8 bytes from one memory node through `per_node` endpoints (compute
+/// threads) on each of 20 client nodes, every machine with `nics` NICs;
+/// returns the rate in Mops and the memory node's resources.
+fn reads_through_nics(nics: u64, per_node: usize) -> (f64, Vec<dmkv_transport::sim::ResourceUse>) {
+    let mut profile = Profile::default_profile();
+    profile.network.nics = nics;
+    let sim = Simulation::new(SimConfig {
+        profile,
+        ..config(4)
+    });
+    let server = sim.add_node(1);
+    let (region, _mem) = server.register_region(4096).unwrap();
+    let clients: Vec<NodeId> = (0..20).map(|_| sim.add_node(0).id()).collect();
+    let eps: Vec<_> = clients
+        .iter()
+        .flat_map(|c| (0..per_node).map(|_| sim.fabric().endpoint(*c).unwrap()))
+        .collect();
+    // Enough tasks in flight that the memory node's NICs, not the round
+    // trip (Little's law), limit the rate.
+    let per_task = 20u64;
+    let tasks_n = eps.len() * 32;
+    let t0 = Instant::now();
+    let tasks: Vec<LocalTask<'_, ()>> = (0..tasks_n)
+        .map(|i| {
+            let ep = &eps[i % eps.len()];
+            Box::pin(async move {
+                for _ in 0..per_task {
+                    ep.read(region.at(64), 8).await.unwrap();
+                }
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    let took = (Instant::now() - t0).as_nanos() as f64;
+    let node0 = sim
+        .resources()
+        .into_iter()
+        .filter(|r| r.name.starts_with("node0 "))
+        .collect();
+    (tasks_n as f64 * per_task as f64 / took * 1e3, node0)
+}
+
+#[test]
+fn two_nics_per_machine_double_the_memory_node_message_rate() {
+    // Every machine has two NICs; a node's k-th thread uses NIC k mod 2 at
+    // both ends. Two threads per client node spread the reads evenly over
+    // the memory node's two NICs, each capped at the profile's rate, so the
+    // node serves up to twice the rate of one NIC.
+    let p = Profile::default_profile();
+    let rate1 = p.network.nic_msg_rate_mops;
+    let (rate, node0) = reads_through_nics(2, 2);
+    assert!(rate <= 2.0 * rate1 * 1.001, "{rate} Mops");
+    assert!(rate >= 1.6 * rate1, "both NICs serve: {rate} Mops");
+    let rx: Vec<u64> = ["node0 nic0 rx", "node0 nic1 rx"]
+        .iter()
+        .map(|n| node0.iter().find(|r| &r.name == n).expect(n).count)
+        .collect();
+    assert_eq!(rx[0], rx[1], "threads alternate NICs: {node0:?}");
+    assert_eq!(rx[0] + rx[1], 20 * 2 * 32 * 20);
+    // One thread per client node: every queue pair is bound to NIC 0 at
+    // both ends, so the second NIC stays idle and the rate is one NIC's.
+    let (rate, node0) = reads_through_nics(2, 1);
+    assert!(rate <= rate1 * 1.001, "{rate} Mops");
+    let idle = node0.iter().find(|r| r.name == "node0 nic1 rx").unwrap();
+    assert_eq!(idle.count, 0);
+    // One NIC per machine (the default): the report keeps its names.
+    let (rate, node0) = reads_through_nics(1, 2);
+    assert!(rate <= rate1 * 1.001, "{rate} Mops");
+    assert!(node0.iter().any(|r| r.name == "node0 nic rx"), "{node0:?}");
+}
+
 /// Reads 8 bytes from one memory node with `threads` client threads (one
 /// endpoint, hence one queue pair, each; 4 tasks each) under `profile`;
 /// returns the rate in Mops and the NIC's connection-context misses.

@@ -6,8 +6,10 @@
 //! `xstore.batch_limit`), checks each leaf's incarnation against its TT
 //! entry, and searches the keys. Then:
 //! - found in a consistent leaf image: the key is there (whatever the
-//!   incarnation); an inline value came with the whole leaf (one round
-//!   trip in all), an out-of-line one is read in a second round trip;
+//!   incarnation); its value is read next from its slot line (key lines
+//!   read, `xstore.get_read=keys`: two round trips in all, the paper's two
+//!   READs), or came with the whole leaf (`get_read=leaves`: one round
+//!   trip), and an out-of-line one is read from its block;
 //! - a leaf's incarnation differs (it split since training): the entry is
 //!   invalidated and, unless the key is in the split leaf, its right
 //!   sibling is read once (speculative execution, §5.3.2); if the key is
@@ -45,9 +47,9 @@ pub struct Shared {
     pub cfg: XStoreConfig,
     pub parts: Vec<PartClient>,
     /// Read whole leaves (values or fat pointers included) instead of the
-    /// key lines (then the value is one more read of its slot line). The
-    /// engine always sets it (docs/xstore.md, GET); the key-lines path is
-    /// kept for comparison.
+    /// key lines (then the value is one more read of its slot line): set by
+    /// `xstore.get_read=leaves`; the default `keys` reads the key lines, as
+    /// the paper does (docs/xstore.md, GET).
     pub whole_leaves: bool,
     pub stats: Arc<ClientStats>,
 }
@@ -246,6 +248,8 @@ impl Client {
     async fn lookup(&self, p: &PartClient, key: Key, whole: bool) -> Result<Lookup> {
         ClientStats::bump(&self.stats().lookups);
         let mut torn = 0;
+        // The first prediction of this lookup is counted by its span.
+        let mut counted = false;
         'model: for _ in 0..crate::cache::MODEL_RETRIES {
             let g = p.generation(&self.ep).await?;
             let i = g.header.route(key);
@@ -258,6 +262,11 @@ impl Client {
             let Some((mut s, mut e)) = v.record.leaf_range(key, g.header.slots) else {
                 return Ok(Lookup::Fallback(FallbackCause::Model));
             };
+            if !counted {
+                counted = true;
+                let span = ((e - s) as usize).min(4);
+                ClientStats::bump(&self.stats().predicted_span[span]);
+            }
             if (e - s) as usize >= self.sh.cfg.max_leaves {
                 // Bounded cost (xstore.max_leaves): one RPC rather than
                 // many leaves and round trips.

@@ -12,6 +12,11 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "what clients cache (§5.1, §7.6): full (models and TTs), models-only (TT entries read per lookup), top-only (sub-model and TT entries read per lookup)",
     },
     KnobSpec {
+        name: "get_read",
+        default: "keys",
+        help: "what a lookup reads of each predicted leaf (§5.2.1): keys (the key lines, then the value's slot line: two READs, Fig. 12's NIC_IDX and NIC_VAL) or leaves (whole leaves, the inline value included: one READ)",
+    },
+    KnobSpec {
         name: "submodels",
         default: "auto",
         help: "sub-models of a full training: auto (from keys / (keys_per_model / 2), raised until lookups meet target_leaves within cache_budget_mb) or a count in 1..=2^26, which is also the least a shrink goes to",
@@ -146,6 +151,27 @@ impl FromStr for CacheMode {
     }
 }
 
+/// What a GET's lookup reads of each predicted leaf (§5.2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GetRead {
+    /// The key lines (N keys and the header), then the value's slot line:
+    /// the paper's two READs.
+    Keys,
+    /// Whole leaves: an inline value arrives with its key (one READ).
+    Leaves,
+}
+
+impl FromStr for GetRead {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "keys" => Ok(GetRead::Keys),
+            "leaves" => Ok(GetRead::Leaves),
+            _ => Err(format!("{s:?} is not keys or leaves")),
+        }
+    }
+}
+
 /// `on` / `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Switch(pub bool);
@@ -211,6 +237,7 @@ impl FromStr for LogSync {
 #[derive(Debug, Clone, PartialEq)]
 pub struct XStoreConfig {
     pub cache: CacheMode,
+    pub get_read: GetRead,
     pub submodels: SubModels,
     pub keys_per_model: u64,
     pub expansion: bool,
@@ -278,6 +305,7 @@ impl XStoreConfig {
         let bounds = parse_bounds(&get("bounds")?, parts)?;
         Ok(XStoreConfig {
             cache: k.get(ENGINE, KNOBS, "cache")?,
+            get_read: k.get(ENGINE, KNOBS, "get_read")?,
             submodels: k.get(ENGINE, KNOBS, "submodels")?,
             keys_per_model,
             expansion: k.get::<Switch>(ENGINE, KNOBS, "expansion")?.0,
@@ -458,6 +486,19 @@ mod tests {
             e.contains("xstore.max_leaves=0") && e.contains("4096"),
             "{e}"
         );
+        let e = XStoreConfig::from_args(&args(&[("get_read", "values")], 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("xstore.get_read=\"values\"") && e.contains("not keys or leaves"),
+            "{e}"
+        );
+        assert_eq!(
+            XStoreConfig::from_args(&args(&[], 1)).unwrap().get_read,
+            GetRead::Keys
+        );
+        let c = XStoreConfig::from_args(&args(&[("get_read", "leaves")], 1)).unwrap();
+        assert_eq!(c.get_read, GetRead::Leaves);
         let c = XStoreConfig::from_args(&args(&[("submodels", "7")], 1)).unwrap();
         assert_eq!(c.submodels, SubModels::Fixed(7));
         let c = XStoreConfig::from_args(&args(&[("cache", "top-only")], 1)).unwrap();

@@ -78,12 +78,12 @@ impl EngineSpec for XStoreSpec {
         }
         Ok(Arc::new(XStore {
             shared: Arc::new(Shared {
-                // Lookups read whole leaves (320 bytes for N = 16, not the
-                // 200 bytes of the key lines): an inline 8-byte value then
-                // arrives with the keys and a GET is one round trip, as the
-                // paper's one READ of the predicted leaf; an out-of-line
-                // value's fat pointer arrives the same way (two round trips).
-                whole_leaves: true,
+                // xstore.get_read: `keys` (default) reads the key lines of
+                // each predicted leaf (200 bytes for N = 16) and then the
+                // value's slot line, the paper's two READs (§5.2.1, Fig.
+                // 12b); `leaves` reads whole leaves (320 bytes), so an
+                // inline value arrives with its key in one round trip.
+                whole_leaves: cfg.get_read == crate::config::GetRead::Leaves,
                 cfg,
                 parts,
                 stats,
@@ -233,6 +233,7 @@ impl Engine for XStore {
         let retrains = sum("retrains");
         Ok(json!({
             "cache": self.shared.cfg.cache.name(),
+            "get_read": if self.shared.whole_leaves { "leaves" } else { "keys" },
             "memnodes": self.shared.parts.len(),
             "submodels": sum("submodels"),
             "sizing": parts.iter().map(|p| p["sizing"].clone()).collect::<Vec<_>>(),

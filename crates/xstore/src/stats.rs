@@ -54,6 +54,9 @@ pub struct ClientStats {
     pub scans: AtomicU64,
     pub lookups: AtomicU64,
     pub leaves_read: AtomicU64,
+    /// Lookups by the leaves their first prediction spans (`e - s + 1`):
+    /// 1, 2, 3, 4, 5 or more (wide predictions that fall back included).
+    pub predicted_span: [AtomicU64; 5],
     pub leaf_batches: AtomicU64,
     /// Leaf reads that took more than one batch (`batch_limit`).
     pub multi_batch_reads: AtomicU64,
@@ -105,6 +108,13 @@ impl ClientStats {
             "scans": ld(&self.scans),
             "lookups": lookups,
             "leaves_read_per_lookup": if lookups == 0 { 0.0 } else { ld(&self.leaves_read) as f64 / lookups as f64 },
+            "predicted_leaves": {
+                "1": ld(&self.predicted_span[0]),
+                "2": ld(&self.predicted_span[1]),
+                "3": ld(&self.predicted_span[2]),
+                "4": ld(&self.predicted_span[3]),
+                "5+": ld(&self.predicted_span[4]),
+            },
             "leaf_batches": ld(&self.leaf_batches),
             "multi_batch_reads": ld(&self.multi_batch_reads),
             "coverage_extensions": ld(&self.coverage_extensions),

@@ -56,9 +56,12 @@ fn stats(d: &LocalDeployment) -> serde_json::Value {
     block_on(d.engine.stats(&ep)).unwrap()
 }
 
-#[test]
-fn a_get_is_one_round_trip_with_no_rpc() {
-    let d = deploy(&[], 1, 20_000);
+/// GETs of loaded 8-byte values with `xstore.get_read` = `read` (None:
+/// the default): (gets, round trips, verbs, bytes read), and no RPC or
+/// fallback.
+fn get_costs(read: Option<&str>) -> (u64, u64, u64, u64) {
+    let knobs: Vec<(&str, &str)> = read.map(|r| ("get_read", r)).into_iter().collect();
+    let d = deploy(&knobs, 1, 20_000);
     load(&d, (0..20_000).map(key));
     let (ep, kv) = d.client(0).unwrap();
     ep.reset_counters();
@@ -73,12 +76,40 @@ fn a_get_is_one_round_trip_with_no_rpc() {
     let all = c.sum(&OpKind::ALL);
     let gets = (0..20_000).step_by(7).count() as u64;
     assert_eq!(all.rpcs, 0, "no RPC on the read path: {all:?}");
-    // One READ batch of the predicted whole leaves: the 8-byte value is
-    // inline in the leaf image (the paper's one round trip per GET).
-    assert_eq!(all.round_trips, gets, "{all:?}");
     let s = stats(&d);
     assert_eq!(s["client"]["fallbacks"], 0, "{s}");
     assert!(s["submodels"].as_u64().unwrap() >= 100, "{s}");
+    let lookups = s["client"]["lookups"].as_u64().unwrap();
+    assert_eq!(lookups, gets, "one lookup per GET: {s}");
+    (gets, all.round_trips, all.verbs, all.bytes_read)
+}
+
+#[test]
+fn a_get_reads_the_keys_then_the_value_with_no_rpc() {
+    // The default (the paper's GET, §5.2.1): one batch of the predicted
+    // leaves' key lines, then one READ of the value's slot line.
+    let (gets, rt, verbs, bytes) = get_costs(None);
+    assert_eq!(rt, 2 * gets, "two round trips per GET");
+    assert_eq!(get_costs(Some("keys")), (gets, rt, verbs, bytes));
+    // get_read=leaves: one batch of whole leaves, the inline value in the
+    // image: one round trip, one READ fewer, more bytes per leaf.
+    let (g2, rt2, verbs2, bytes2) = get_costs(Some("leaves"));
+    assert_eq!(g2, gets);
+    assert_eq!(rt2, gets, "one round trip per GET");
+    // The same predictions (same keys, same training): every predicted
+    // leaf is one READ either way; the value's READ is gone.
+    assert_eq!(verbs2, verbs - gets, "the value's READ is gone");
+    let leaves = verbs2;
+    assert!(leaves >= gets);
+    // Per leaf 320 bytes instead of 200, and no 72-byte slot line.
+    // A slot line is 72 bytes (its line and the next line's version word),
+    // 64 in a node's last line.
+    let value_bytes = bytes - leaves * 200;
+    assert!(
+        (gets * 64..=gets * 72).contains(&value_bytes),
+        "keys: key lines + slot line: {bytes} for {leaves} leaves, {gets} GETs"
+    );
+    assert_eq!(bytes2, leaves * 320, "leaves: whole leaves");
 }
 
 #[test]
@@ -254,7 +285,9 @@ fn scans_across_partitions_read_every_node_in_one_round_trip() {
 
 #[test]
 fn cache_modes_cost_one_and_two_extra_reads() {
-    for (mode, per_get) in [("full", 1), ("models-only", 2), ("top-only", 3)] {
+    // Key lines and value: 2 round trips with the full cache (the default
+    // get_read=keys), one more per uncached level.
+    for (mode, per_get) in [("full", 2), ("models-only", 3), ("top-only", 4)] {
         let d = deploy(&[("cache", mode)], 1, 10_000);
         load(&d, (0..10_000).map(key));
         let (ep, kv) = d.client(0).unwrap();
@@ -385,12 +418,21 @@ fn values_of_any_length_round_trip() {
 
 #[test]
 fn out_of_line_values_cost_two_round_trips() {
+    // Whole leaves carry the fat pointer: leaves, then the block. Key lines
+    // (the default) need the slot line for it: one more round trip.
+    for (read, per_get) in [("leaves", 2), ("keys", 3)] {
+        out_of_line_gets(read, per_get);
+    }
+}
+
+fn out_of_line_gets(read: &str, per_get: u64) {
     let mut opts = DeployOptions {
         expected_keys: 5000,
         value_size: 100,
         ..DeployOptions::default()
     };
     opts.knobs = Knobs::new();
+    opts.knobs.set("get_read", read);
     let d = LocalDeployment::deploy(&SPEC, &opts).unwrap();
     let ep0 = d.endpoint(0);
     let pairs: Vec<(u64, Vec<u8>)> = (0..5000)
@@ -407,7 +449,7 @@ fn out_of_line_values_cost_two_round_trips() {
     });
     let n = (0..5000).step_by(11).count() as u64;
     let c = ep.counters().sum(&OpKind::ALL);
-    assert_eq!((c.rpcs, c.round_trips), (0, 2 * n));
+    assert_eq!((c.rpcs, c.round_trips), (0, per_get * n), "get_read={read}");
 }
 
 #[test]

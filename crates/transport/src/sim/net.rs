@@ -13,6 +13,10 @@
 //! When the profile models the NIC's queue-pair context cache, a one-sided
 //! verb whose queue pair (one per compute thread and memory node) is not
 //! cached first holds the memory node's NIC while the context is fetched.
+//! A node has `network.nics` NICs (1 unless the profile says otherwise); the
+//! queue pairs of a node's `k`-th thread (endpoint) go through its NIC
+//! `k mod nics` and the peer's NIC `k mod nics`, replies included (its
+//! *lane*), so each NIC has its own message-rate and bandwidth queues.
 //!
 //! Invariants:
 //! 1. Messages between two nodes arrive in the order they were sent, and
@@ -227,16 +231,24 @@ impl std::hash::Hasher for FastHasher {
     }
 }
 
-/// One node's resources in the model.
-pub(crate) struct NodeModel {
+/// One NIC of a node: each direction a server, and its connection-context
+/// cache (when the profile models one).
+#[derive(Default)]
+pub(crate) struct Nic {
     tx: Server,
     rx: Server,
+    qp_cache: QpCache,
+}
+
+/// One node's resources in the model.
+pub(crate) struct NodeModel {
+    /// Its NICs (`network.nics`, at least one); lane `k` uses
+    /// `nics[k % nics.len()]`.
+    nics: Vec<Nic>,
     /// Its handler cores' set, if it serves RPCs.
     handlers: Option<usize>,
     /// Its SSD: occupancy per I/O is the device's IOPS share.
     ssd: Server,
-    /// Its NIC's connection-context cache (when the profile models one).
-    qp_cache: QpCache,
     /// Writes of several pieces whose first piece has landed and whose last
     /// has not: while there are none, a read cannot tear and is done in one
     /// event (see `arrive_verb`).
@@ -370,26 +382,41 @@ pub struct ResourceUse {
 pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
     let mut out = Vec::new();
     for (i, n) in net.nodes.iter().enumerate() {
-        for (dir, s) in [("nic tx", &n.tx), ("nic rx", &n.rx), ("ssd", &n.ssd)] {
-            if dir == "ssd" && s.count == 0 {
-                continue;
+        for (k, nic) in n.nics.iter().enumerate() {
+            // One NIC keeps the names of the one-NIC model (`node0 nic tx`);
+            // several are numbered (`node0 nic1 tx`).
+            let name = if n.nics.len() == 1 {
+                "nic".to_string()
+            } else {
+                format!("nic{k}")
+            };
+            for (dir, s) in [("tx", &nic.tx), ("rx", &nic.rx)] {
+                out.push(ResourceUse {
+                    name: format!("node{i} {name} {dir}"),
+                    servers: 1,
+                    busy_ns: s.busy_ns,
+                    count: s.count,
+                    bytes: s.bytes,
+                });
             }
-            out.push(ResourceUse {
-                name: format!("node{i} {dir}"),
-                servers: 1,
-                busy_ns: s.busy_ns,
-                count: s.count,
-                bytes: s.bytes,
-            });
+            if nic.qp_cache.misses > 0 {
+                // Count: misses; busy: the NIC time the fetches took.
+                out.push(ResourceUse {
+                    name: format!("node{i} {name} qp-context misses"),
+                    servers: 1,
+                    busy_ns: nic.qp_cache.misses * miss_ns,
+                    count: nic.qp_cache.misses,
+                    bytes: 0,
+                });
+            }
         }
-        if n.qp_cache.misses > 0 {
-            // Count: misses; busy: the NIC time the fetches took.
+        if n.ssd.count > 0 {
             out.push(ResourceUse {
-                name: format!("node{i} nic qp-context misses"),
+                name: format!("node{i} ssd"),
                 servers: 1,
-                busy_ns: n.qp_cache.misses * miss_ns,
-                count: n.qp_cache.misses,
-                bytes: 0,
+                busy_ns: n.ssd.busy_ns,
+                count: n.ssd.count,
+                bytes: n.ssd.bytes,
             });
         }
     }
@@ -471,12 +498,11 @@ impl Cluster {
         let mut net = sim.net.borrow_mut();
         let handlers = (handler_threads > 0)
             .then(|| net.add_coreset(format!("node{} handler cores", id.0), handler_threads));
+        let nics = sim.profile.network.nics.max(1) as usize;
         net.nodes.push(NodeModel {
-            tx: Server::default(),
-            rx: Server::default(),
+            nics: (0..nics).map(|_| Nic::default()).collect(),
             handlers,
             ssd: Server::default(),
-            qp_cache: QpCache::default(),
             writes_landing: 0,
         });
         Arc::new(SimNode {
@@ -558,7 +584,7 @@ impl Fabric for SimFabric {
             )
         })?;
         let core = Rc::new(RefCell::new(Server::default()));
-        let id = {
+        let (id, lane) = {
             let mut net = sim.net.borrow_mut();
             let n = net
                 .clients
@@ -567,13 +593,14 @@ impl Fabric for SimFabric {
                 .count();
             net.clients
                 .push((format!("node{} client core {n}", node.0), core.clone()));
-            net.clients.len() as u64 - 1
+            (net.clients.len() as u64 - 1, n as u32)
         };
         Ok(Endpoint::new(Box::new(SimEndpoint {
             shared: Rc::new(EpShared {
                 cluster: self.cluster.clone(),
                 node,
                 id,
+                lane,
                 spare: RefCell::new(Vec::new()),
             }),
             cluster: self.cluster.clone(),
@@ -662,14 +689,23 @@ fn verb_bytes(v: &Verb) -> (u64, u64) {
     }
 }
 
+impl NodeModel {
+    /// The NIC a queue pair of lane `lane` uses on this node.
+    fn nic(&mut self, lane: u32) -> &mut Nic {
+        let n = self.nics.len();
+        &mut self.nics[lane as usize % n]
+    }
+}
+
 /// When a message sent at `at` from `from` arrives at `to`, through the
-/// sender's NIC and the wire (jitter included; invariant 1 kept).
-fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64) -> u64 {
+/// sender's NIC of `lane` and the wire (jitter included; invariant 1 kept).
+fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
     let mut net = sim.net.borrow_mut();
     let wire_bytes = payload + sim.profile.network.header_bytes;
     let sent = net.nodes[from.0 as usize]
+        .nic(lane)
         .tx
         .occupy(at, service, wire_bytes);
     let mut arrive = sent + sim.profile.network.one_way_ns + jitter;
@@ -679,17 +715,18 @@ fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64) -> u
     arrive
 }
 
-/// The receiving NIC takes a message that arrived now; returns when it is
-/// through.
-fn receive_message(sim: &Sim, to: NodeId, payload: u64) -> u64 {
-    receive_message_at(sim, to, payload, sim.sched.now())
+/// The receiving NIC of `lane` takes a message that arrived now; returns
+/// when it is through.
+fn receive_message(sim: &Sim, to: NodeId, payload: u64, lane: u32) -> u64 {
+    receive_message_at(sim, to, payload, sim.sched.now(), lane)
 }
 
-/// The receiving NIC takes a message arriving at `at`.
-fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64) -> u64 {
+/// The receiving NIC of `lane` takes a message arriving at `at`.
+fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let wire_bytes = payload + sim.profile.network.header_bytes;
     sim.net.borrow_mut().nodes[to.0 as usize]
+        .nic(lane)
         .rx
         .occupy(at, service, wire_bytes)
 }
@@ -981,7 +1018,7 @@ fn arrive_verb(
 ) {
     let (out_bytes, back_bytes) = verb_bytes(&verb);
     let dst = verb.node();
-    let mut rx_done = receive_message(sim, dst, out_bytes);
+    let mut rx_done = receive_message(sim, dst, out_bytes, ep.lane);
     let now = sim.sched.now();
     let addr = match &verb {
         Verb::Read { addr, .. }
@@ -999,12 +1036,12 @@ fn arrive_verb(
     let mut context_ready = now;
     if net_profile.qp_cache_entries > 0 {
         let mut net = sim.net.borrow_mut();
-        let node = &mut net.nodes[dst.0 as usize];
-        if !node
+        let nic = net.nodes[dst.0 as usize].nic(ep.lane);
+        if !nic
             .qp_cache
             .access(ep.id, net_profile.qp_cache_entries as usize)
         {
-            rx_done = node.rx.stall(rx_done, net_profile.qp_miss_ns);
+            rx_done = nic.rx.stall(rx_done, net_profile.qp_miss_ns);
             context_ready = rx_done;
         }
     }
@@ -1203,11 +1240,11 @@ fn respond(
 ) {
     let back_bytes = if result.is_ok() { back_bytes } else { 0 };
     state.borrow_mut().results[i] = Some(result);
-    let arrive = send_message(sim, dst, ep.node, at, back_bytes);
+    let arrive = send_message(sim, dst, ep.node, at, back_bytes, ep.lane);
     // The client's NIC takes the response when it arrives; it is reserved
     // now, in send order rather than arrival order, which saves an event
     // per verb (arrivals at one NIC from one sender are in order anyway).
-    let done = receive_message_at(sim, ep.node, back_bytes, arrive);
+    let done = receive_message_at(sim, ep.node, back_bytes, arrive, ep.lane);
     let finished = {
         let mut st = state.borrow_mut();
         st.left -= 1;
@@ -1231,6 +1268,9 @@ pub(crate) struct EpShared {
     /// The issuing endpoint's id, unique in the simulation (its queue pair
     /// to each node).
     id: u64,
+    /// Its index among its node's endpoints: which NIC its queue pairs use
+    /// at both ends (`NodeModel::nic`).
+    lane: u32,
     /// Batch states of finished batches, for reuse (see [`BatchFuture`]).
     spare: RefCell<Vec<BatchRef>>,
 }
@@ -1274,7 +1314,7 @@ impl EndpointBackend for SimEndpoint {
                 });
                 continue;
             }
-            let arrive = send_message(&sim, self.node, dst, posted, out_bytes);
+            let arrive = send_message(&sim, self.node, dst, posted, out_bytes, ep.lane);
             sim.sched.net_at(
                 arrive,
                 NetEvent::Arrive {
@@ -1313,12 +1353,13 @@ impl EndpointBackend for SimEndpoint {
         }
         let completion: Completion<Result<Reply>> = Completion::new();
         let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns);
-        let arrive = send_message(&sim, self.node, node, posted, payload.len() as u64);
+        let lane = self.shared.lane;
+        let arrive = send_message(&sim, self.node, node, posted, payload.len() as u64, lane);
         let from = self.node;
         let done = completion.handle();
         let s2 = sim.clone();
         sim.sched.at(arrive, move || {
-            let ready = receive_message(&s2, node, payload.len() as u64);
+            let ready = receive_message(&s2, node, payload.len() as u64, lane);
             let coreset = s2.net.borrow().nodes[node.0 as usize]
                 .handlers
                 .expect("a node with handler threads has handler cores");
@@ -1327,7 +1368,7 @@ impl EndpointBackend for SimEndpoint {
                 &s2,
                 coreset,
                 ready,
-                Box::new(move || serve_rpc(&s3, target, from, service, payload, done)),
+                Box::new(move || serve_rpc(&s3, target, from, lane, service, payload, done)),
             );
         });
         OpFuture::boxed(completion)
@@ -1346,6 +1387,8 @@ impl EndpointBackend for SimEndpoint {
 struct ReplyRoute {
     from: NodeId,
     to: NodeId,
+    /// The caller's lane: the NICs the reply goes through.
+    lane: u32,
     /// When the handler's service time ends (None while it runs).
     handler_end: Option<u64>,
     /// A reply given while the handler still ran.
@@ -1365,6 +1408,7 @@ fn serve_rpc(
     sim: &Rc<Sim>,
     target: Arc<NodeState>,
     from: NodeId,
+    lane: u32,
     service: ServiceId,
     payload: Vec<u8>,
     done: Completion<Result<Reply>>,
@@ -1374,7 +1418,7 @@ fn serve_rpc(
         // The node died while the request queued: the caller learns when the
         // error would come back.
         let now = sim.sched.now();
-        let arrive = send_message(sim, node, from, now, 0);
+        let arrive = send_message(sim, node, from, now, 0, lane);
         sim.sched.at(arrive, move || {
             done.complete(Err(TransportError::NodeDown(node)))
         });
@@ -1391,6 +1435,7 @@ fn serve_rpc(
             ReplyRoute {
                 from: node,
                 to: from,
+                lane,
                 handler_end: None,
                 early: None,
                 done,
@@ -1448,9 +1493,9 @@ fn send_reply(sim: &Rc<Sim>, id: u64, reply: Reply, at: u64) {
         return;
     };
     let bytes = reply.result.as_ref().map_or(0, |p| p.len() as u64);
-    let arrive = send_message(sim, route.from, route.to, at, bytes);
+    let arrive = send_message(sim, route.from, route.to, at, bytes, route.lane);
     let done = route.done;
-    let t = receive_message_at(sim, route.to, bytes, arrive);
+    let t = receive_message_at(sim, route.to, bytes, arrive, route.lane);
     sim.sched.net_at(t, NetEvent::Reply { done, reply });
 }
 

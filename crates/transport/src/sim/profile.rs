@@ -35,6 +35,16 @@ pub struct NetworkProfile {
     /// NIC time to fetch a missing connection context over PCIe (ns).
     #[serde(default)]
     pub qp_miss_ns: u64,
+    /// NICs per machine (every node, compute and memory), each with its
+    /// own message rate, link and connection cache as above. A node's
+    /// `k`-th thread uses its NIC `k mod nics` and the peer's NIC `k mod
+    /// nics` (docs/simulation.md, "The hardware model"). Default 1.
+    #[serde(default = "one")]
+    pub nics: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// The CPU of a compute thread.
@@ -176,6 +186,12 @@ impl Profile {
                 m.llc_bytes, m.llc_ways
             ));
         }
+        if n.nics == 0 || n.nics > 16 {
+            return Err(format!(
+                "network.nics must be 1..=16 (NICs per machine), not {}",
+                n.nics
+            ));
+        }
         if n.qp_cache_entries > 0 && n.qp_miss_ns == 0 {
             return Err(
                 "network.qp_cache_entries is set, so network.qp_miss_ns must be positive".into(),
@@ -270,6 +286,12 @@ mod tests {
         assert!(Profile::parse(&text).is_err());
         let no_ways = SHIPPED[0].1.replace("llc_ways = ", "llc_ways = 0 # ");
         assert!(Profile::parse(&no_ways).unwrap_err().contains("llc_ways"));
+        let no_nics = SHIPPED[1].1.replace("nics = 1", "nics = 0");
+        assert!(
+            Profile::parse(&no_nics)
+                .unwrap_err()
+                .contains("network.nics")
+        );
         assert!(
             Profile::load("no-such-profile")
                 .unwrap_err()
