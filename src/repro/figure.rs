@@ -91,6 +91,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../figures/scalestore-fig7.toml"),
     ),
     (
+        "scalestore-fig9",
+        include_str!("../../figures/scalestore-fig9.toml"),
+    ),
+    (
         "scalestore-ssd",
         include_str!("../../figures/scalestore-ssd.toml"),
     ),

@@ -130,6 +130,11 @@ pub fn markdown(fig: &Figure, run: &FigureRun) -> String {
                         && v.metric.as_deref() == Some(e.name.as_str())
                         && v.ratio_to.is_none()
                 });
+                // An engine without this quantity (and no paper value for
+                // it) gets no row.
+                if ours == "-" && v.is_none() {
+                    continue;
+                }
                 let (paper, ratio, src, why) = match v {
                     Some(v) => cells(fig, run, v),
                     None => Default::default(),

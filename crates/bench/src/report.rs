@@ -382,6 +382,10 @@ pub struct TimelineReport {
     /// The median of `ops_per_s` over the whole intervals (the last,
     /// partial one left out): the level the run holds between dips.
     pub median_ops_per_s: f64,
+    /// The 90th percentile of the same (nearest rank): the level the run
+    /// recovers to between dips, such as the baseline a workload shift
+    /// returns to (ScaleStore Fig. 9).
+    pub p90_ops_per_s: f64,
     /// The engine's client counters (`Engine::client_counters`), counted
     /// per interval (sampled at interval boundaries, see
     /// `dmkv_bench::sampler`); absent for engines that export none.
@@ -413,6 +417,10 @@ impl TimelineReport {
             n if n % 2 == 1 => whole[n / 2],
             n => (whole[n / 2 - 1] + whole[n / 2]) / 2.0,
         };
+        let p90_ops_per_s = match whole.len() {
+            0 => 0.0,
+            n => whole[((n * 9).div_ceil(10)).clamp(1, n) - 1],
+        };
         let counters: BTreeMap<String, Vec<u64>> = engine
             .map(|e| {
                 e.counters
@@ -441,6 +449,7 @@ impl TimelineReport {
             ops: t.counts.clone(),
             ops_per_s,
             median_ops_per_s,
+            p90_ops_per_s,
             engine: counters,
             engine_per_get,
         })
