@@ -371,7 +371,11 @@ fn timeline<DB: DrawingBackend>(
             .filter_map(|v| {
                 let ci = ci_of(&v.series, &v.point)?;
                 Some((
-                    format!("paper: {} {}", label_of(&v.series, &v.point), super::table::num(v.value)),
+                    format!(
+                        "paper: {} {}",
+                        label_of(&v.series, &v.point),
+                        super::table::num(v.value)
+                    ),
                     ci,
                     v.value,
                 ))

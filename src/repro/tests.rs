@@ -203,7 +203,12 @@ fn a_timeline_figure_draws_per_interval_engine_counters() {
     let file = dir.join("tl.toml");
     std::fs::write(&file, TIMELINE).unwrap();
     let out = dir.join("out");
-    let (code, stdout, stderr) = dmkv(&["repro", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (code, stdout, stderr) = dmkv(&[
+        "repro",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(code, EXIT_OK, "stdout {stdout}\nstderr {stderr}");
     let base = out.join("tl");
     let run: serde_json::Value = serde_json::from_str(&read(&base.join("tl.json"))).unwrap();
@@ -213,23 +218,42 @@ fn a_timeline_figure_draws_per_interval_engine_counters() {
     assert!(intervals >= 3, "{t}");
     // The per-interval counts add up to the engine's own whole-run totals.
     let client = &p["report"]["engine_stats"]["client"];
-    for (name, total) in [("gets", &client["gets"]), ("fallbacks", &client["fallbacks"])] {
+    for (name, total) in [
+        ("gets", &client["gets"]),
+        ("fallbacks", &client["fallbacks"]),
+    ] {
         let per = t["engine"][name].as_array().unwrap();
         assert_eq!(per.len(), intervals, "{name}");
         let sum: u64 = per.iter().map(|x| x.as_u64().unwrap()).sum();
-        assert_eq!(Some(sum), total.as_u64(), "{name} per interval sums to the total");
+        assert_eq!(
+            Some(sum),
+            total.as_u64(),
+            "{name} per interval sums to the total"
+        );
     }
     let fallbacks: u64 = client["fallbacks"].as_u64().unwrap();
-    assert!(fallbacks > 0, "latest reads past the trained keys fall back: {client}");
-    assert_eq!(t["engine_per_get"]["fallbacks"].as_array().unwrap().len(), intervals);
+    assert!(
+        fallbacks > 0,
+        "latest reads past the trained keys fall back: {client}"
+    );
+    assert_eq!(
+        t["engine_per_get"]["fallbacks"].as_array().unwrap().len(),
+        intervals
+    );
     let rate = p["extra"]["fallbacks"].as_f64().unwrap();
     assert!((rate - 100.0 * client["fallback_rate"].as_f64().unwrap()).abs() < 1e-9);
     // The table has the extra row with the paper's value; the SVG a panel.
     let md = read(&base.join("tl.md"));
-    assert!(md.contains("| latest | XStore: fallbacks per GET (%) | "), "{md}");
+    assert!(
+        md.contains("| latest | XStore: fallbacks per GET (%) | "),
+        "{md}"
+    );
     assert!(md.contains("| 21.0 | "), "{md}");
     let svg = read(&base.join("tl.svg"));
-    assert!(svg.contains("fallbacks per GET (%) per interval"), "a second panel");
+    assert!(
+        svg.contains("fallbacks per GET (%) per interval"),
+        "a second panel"
+    );
     assert!(svg.contains("paper: XStore 21.0"), "the paper's line");
 }
 

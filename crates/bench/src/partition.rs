@@ -123,9 +123,7 @@ impl Partitions {
     pub fn chooser(&self, thread: usize, dist: Dist) -> PartChooser {
         let zipfs = match dist {
             Dist::Zipfian => (0..self.count())
-                .map(|p| {
-                    ScrambledZipfian::with_zeta(self.members(p).len() as u64, self.zetas[p])
-                })
+                .map(|p| ScrambledZipfian::with_zeta(self.members(p).len() as u64, self.zetas[p]))
                 .collect(),
             _ => Vec::new(),
         };

@@ -490,9 +490,7 @@ impl<'a> TaskGen<'a> {
                     zeta_extend(loaded, n, ZIPFIAN_THETA, plan.zeta_loaded),
                 ))
             }
-            (None, Dist::Latest) => {
-                Chooser::Latest(Latest::with_zeta(loaded, plan.zeta_loaded))
-            }
+            (None, Dist::Latest) => Chooser::Latest(Latest::with_zeta(loaded, plan.zeta_loaded)),
         };
         TaskGen {
             partitions: plan.partitions.as_ref(),
@@ -610,13 +608,19 @@ mod tests {
         assert_eq!(a, vec![vec![10, 12], vec![], vec![11, 13, 14]]);
     }
 
-    fn partitioned(dist: Dist, workload: Workload, map: NodeMap, threads: usize) -> SyntheticParams {
+    fn partitioned(
+        dist: Dist,
+        workload: Workload,
+        map: NodeMap,
+        threads: usize,
+    ) -> SyntheticParams {
         SyntheticParams {
             workload,
             dist,
             keyset: KeysetSpec::Uniform,
             keys: 1000,
-            ops: 4000,
+            // 600 draws per task: 100 in each of up to 6 phases.
+            ops: 1200 * threads as u64,
             threads,
             tasks: 2,
             seed: 7,
@@ -642,7 +646,12 @@ mod tests {
                 ),
             ] {
                 let plan = Plan::synthetic(
-                    &partitioned(dist, Workload::Mixed(parse_mix("50,30,0,0,10,10").unwrap()), map, threads),
+                    &partitioned(
+                        dist,
+                        Workload::Mixed(parse_mix("50,30,0,0,10,10").unwrap()),
+                        map,
+                        threads,
+                    ),
                     &[],
                 )
                 .unwrap();
@@ -664,7 +673,9 @@ mod tests {
                         let want = (node + phase as usize) % n;
                         let (lo, hi) = range(want);
                         let mut seen = std::collections::BTreeSet::new();
+                        let mut drawn = 0;
                         for op in stream.by_ref().take(100) {
+                            drawn += 1;
                             let i = match op {
                                 Op::Read(i) | Op::Update(i) | Op::Rmw(i) | Op::Scan(i, _) => i,
                                 other => panic!("unexpected {other:?}"),
@@ -676,6 +687,7 @@ mod tests {
                             );
                             seen.insert(k);
                         }
+                        assert_eq!(drawn, 100, "the stream lasts the test");
                         assert!(seen.len() > 10, "{dist}: draws spread over the partition");
                     }
                 }
@@ -687,12 +699,20 @@ mod tests {
     fn partitioned_refuses_what_it_cannot_do() {
         let map = NodeMap::Modulo { nodes: 4 };
         let err = |p: &SyntheticParams| Plan::synthetic(p, &[]).unwrap_err().to_string();
-        assert!(err(&partitioned(Dist::Uniform, Workload::YcsbD, map, 4)).contains("inserts or deletes"));
+        assert!(
+            err(&partitioned(Dist::Uniform, Workload::YcsbD, map, 4))
+                .contains("inserts or deletes")
+        );
         assert!(err(&partitioned(Dist::Latest, Workload::YcsbC, map, 4)).contains("latest"));
         let mut few = partitioned(Dist::Uniform, Workload::YcsbC, map, 4);
         few.keys = 3;
         assert!(err(&few).contains("at least one loaded key per partition"));
-        let one = partitioned(Dist::Uniform, Workload::YcsbC, NodeMap::Modulo { nodes: 1 }, 4);
+        let one = partitioned(
+            Dist::Uniform,
+            Workload::YcsbC,
+            NodeMap::Modulo { nodes: 1 },
+            4,
+        );
         assert!(err(&one).contains("two or more nodes"));
     }
 }

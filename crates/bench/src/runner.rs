@@ -20,12 +20,12 @@ use crate::deployment::Deployment;
 use crate::error::BenchError;
 use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
-use crate::sampler::{EngineSampler, EngineTimeline};
 use crate::report::{
     ChecksReport, CrashReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport,
     OpReport, PartitionReport, PerOp, SimReport, TimelineReport, Totals, TraceLoadReport,
     TraceReport, VerifyReport, WallReport,
 };
+use crate::sampler::{EngineSampler, EngineTimeline};
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
 use crate::trace::{TraceOpKind, read_load_trace, read_trace};
@@ -365,10 +365,7 @@ fn run_engine(
         errors,
         trace,
         engine_stats,
-        timeline: TimelineReport::new(
-            &phases.figures.timeline,
-            phases.engine_timeline.as_ref(),
-        ),
+        timeline: TimelineReport::new(&phases.figures.timeline, phases.engine_timeline.as_ref()),
         partition: plan
             .partitions()
             .map(|parts| PartitionReport::new(cfg, plan, parts, &phases.touched)),

@@ -156,7 +156,10 @@ mod tests {
         );
         assert_eq!(
             t.counters,
-            vec![("gets", vec![100, 0, 200, 50]), ("fallbacks", vec![5, 0, 15, 1])]
+            vec![
+                ("gets", vec![100, 0, 200, 50]),
+                ("fallbacks", vec![5, 0, 15, 1])
+            ]
         );
     }
 }

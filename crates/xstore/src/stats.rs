@@ -111,10 +111,7 @@ impl ClientStats {
             ("fallbacks", self.fallbacks.iter().map(ld).sum()),
             ("speculations", ld(&self.speculations)),
             ("speculative_hits", ld(&self.speculative_hits)),
-            (
-                "incarnation_fallbacks",
-                cause(FallbackCause::Incarnation),
-            ),
+            ("incarnation_fallbacks", cause(FallbackCause::Incarnation)),
             (
                 "invalid_entry_fallbacks",
                 cause(FallbackCause::InvalidEntry),
