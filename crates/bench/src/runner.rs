@@ -887,7 +887,7 @@ async fn run_task(
     figures: &RefCell<RunFigures>,
 ) {
     let mut unreported = 0;
-    let shift_ns = ctx.cfg.shift_every_ns;
+    let shift_ns = std::num::NonZeroU64::new(ctx.cfg.shift_every_ns);
     let start_ns = ctx.started.get().map_or(0, |s| s.0);
     let sampler = ctx.sampler();
     // `--partitioned`: this task's node, and per phase the keys it named.
@@ -896,8 +896,9 @@ async fn run_task(
     let mut phase = 0u64;
     let mut stream = ctx.plan.stream(thread, task);
     loop {
-        if shift_ns > 0 {
-            phase = Instant::now().as_nanos().saturating_sub(start_ns) / shift_ns;
+        // The clock is read only when shifts are on.
+        if let Some(every) = shift_ns {
+            phase = Instant::now().as_nanos().saturating_sub(start_ns) / every;
             stream.set_phase(phase);
         }
         let Some(op) = stream.next() else { break };
