@@ -204,6 +204,19 @@ pub struct BenchArgs {
     /// (virtual time under --transport sim), in the JSON's `timeline`.
     #[arg(long, value_name = "MS")]
     pub timeline_ms: Option<f64>,
+    /// Each node's threads draw keys only from their node's partition of the
+    /// loaded keys (contiguous in key order, one per node: --nodes for
+    /// ScaleStore, where thread t runs on node t % nodes; --compute-nodes
+    /// under --transport sim for the others, thread t on compute node
+    /// t / threads). Uniform or zipfian within the partition; reads,
+    /// updates, scans and read-modify-writes only.
+    #[arg(long)]
+    pub partitioned: bool,
+    /// With --partitioned: every MS milliseconds of the run (virtual time
+    /// under --transport sim) reassign the partitions: after the k-th
+    /// shift, node i draws from partition (i + k) mod N.
+    #[arg(long, value_name = "MS")]
+    pub shift_every_ms: Option<f64>,
     /// Draw the run (throughput, latency percentiles, per-op counters per
     /// engine) as SVG (PATH ending .svg) or PNG (any other PATH).
     #[arg(long, value_name = "PATH")]
@@ -705,6 +718,15 @@ pub(crate) fn bench_config(
             )));
         }
         cfg.timeline_ns = (ms * 1e6).round() as u64;
+    }
+    cfg.partitioned = a.partitioned;
+    if let Some(ms) = a.shift_every_ms {
+        if !(ms.is_finite() && ms >= 0.001) {
+            return Err(usage(format!(
+                "--shift-every-ms {ms}: the interval between shifts must be at least 0.001 ms (1 us)"
+            )));
+        }
+        cfg.shift_every_ns = (ms * 1e6).round() as u64;
     }
     if sim {
         let mut profile = match &a.profile {

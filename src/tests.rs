@@ -1062,3 +1062,268 @@ fn scalestore_with_several_handler_cores_and_its_ssd_finishes_on_sim() {
     assert_eq!(o.code, 0, "{}\n{}", o.out, o.err);
     assert!(o.out.contains("ok (20000 keys)"), "{}", o.out);
 }
+
+// ---- `--partitioned` and `--shift-every-ms` (ScaleStore Fig. 9) ----------
+
+/// Runs `dmkv bench ARGS --json` and returns the single engine's report.
+fn bench_json(args: &[&str], name: &str) -> serde_json::Value {
+    let path = std::env::temp_dir().join(format!("dmkv-part-{}-{name}.json", std::process::id()));
+    let mut a: Vec<&str> = vec!["bench"];
+    a.extend_from_slice(args);
+    a.extend(["--json", path.to_str().unwrap()]);
+    let o = dmkv(&a);
+    assert_eq!(o.code, EXIT_OK, "{a:?}: {}", o.err);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("the report is JSON");
+    let _ = std::fs::remove_file(&path);
+    v
+}
+
+/// The keys each node actually named, per phase, lie in the partition it
+/// was assigned (node i takes partition (i + k) mod N after the k-th
+/// shift); shifts happened; every node worked in at least two phases; and
+/// `--verify` read every key back.
+fn check_touched(v: &serde_json::Value, nodes: usize) {
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["verify"]["mismatches"], 0);
+    assert_eq!(v["verify"]["missing"], 0);
+    let p = &v["partition"];
+    assert_eq!(p["partitions"].as_u64(), Some(nodes as u64));
+    let ranges: Vec<(u64, u64)> = p["key_ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()))
+        .collect();
+    for w in ranges.windows(2) {
+        assert!(w[0].1 < w[1].0, "partitions in key order: {ranges:?}");
+    }
+    let touched = p["touched"].as_array().unwrap();
+    let mut phases_per_node = vec![std::collections::BTreeSet::new(); nodes];
+    let mut ops = 0;
+    for t in touched {
+        let (phase, node) = (
+            t["phase"].as_u64().unwrap(),
+            t["node"].as_u64().unwrap() as usize,
+        );
+        let want = (node + phase as usize) % nodes;
+        assert_eq!(t["partition"].as_u64(), Some(want as u64), "{t}");
+        let (lo, hi) = ranges[want];
+        let (min, max) = (
+            t["min_key"].as_u64().unwrap(),
+            t["max_key"].as_u64().unwrap(),
+        );
+        assert!(
+            lo <= min && max <= hi,
+            "node {node} phase {phase} named keys {min}..={max} outside partition {want} {lo}..={hi}"
+        );
+        phases_per_node[node].insert(phase);
+        ops += t["ops"].as_u64().unwrap();
+    }
+    assert_eq!(
+        Some(ops),
+        v["ops"].as_u64(),
+        "every operation is accounted for"
+    );
+    for (n, ph) in phases_per_node.iter().enumerate() {
+        assert!(ph.len() >= 2, "node {n} saw a shift: phases {ph:?}");
+    }
+}
+
+#[test]
+fn partitioned_scalestore_shifts_on_sim_and_verifies() {
+    let v = bench_json(
+        &[
+            "--engine",
+            "scalestore",
+            "--transport",
+            "sim",
+            "--profile",
+            "scalestore-cx5",
+            "--nodes",
+            "3",
+            "--threads",
+            "3",
+            "--tasks",
+            "2",
+            "--keys",
+            "3000",
+            "--ops",
+            "12000",
+            "--workload",
+            "mixed:50,50,0,0,0",
+            "--partitioned",
+            "--shift-every-ms",
+            "0.2",
+            "--timeline-ms",
+            "0.1",
+            "--verify",
+        ],
+        "ss-sim",
+    );
+    assert_eq!(v["partition"]["node_of_thread"], "thread % nodes");
+    check_touched(&v, 3);
+}
+
+#[test]
+fn partitioned_compute_nodes_shift_with_zipfian_draws() {
+    let v = bench_json(
+        &[
+            "--engine",
+            "rpc-btree",
+            "--transport",
+            "sim",
+            "--compute-nodes",
+            "2",
+            "--threads",
+            "2",
+            "--tasks",
+            "2",
+            "--keys",
+            "2000",
+            "--ops",
+            "8000",
+            "--workload",
+            "ycsb-b",
+            "--dist",
+            "zipfian",
+            "--partitioned",
+            "--shift-every-ms",
+            "0.1",
+            "--verify",
+        ],
+        "cn-sim",
+    );
+    assert_eq!(v["partition"]["node_of_thread"], "thread / threads");
+    check_touched(&v, 2);
+}
+
+#[test]
+fn partitioned_without_shifts_stays_in_the_local_partition_on_local() {
+    let v = bench_json(
+        &[
+            "--engine",
+            "scalestore",
+            "--nodes",
+            "2",
+            "--threads",
+            "2",
+            "--keys",
+            "1000",
+            "--ops",
+            "2000",
+            "--partitioned",
+            "--verify",
+        ],
+        "ss-local",
+    );
+    let touched = v["partition"]["touched"].as_array().unwrap();
+    assert_eq!(touched.len(), 2, "one phase, two nodes: {touched:?}");
+    assert!(
+        touched
+            .iter()
+            .all(|t| t["phase"] == 0 && t["partition"] == t["node"])
+    );
+    assert_eq!(v["ok"], true);
+}
+
+#[test]
+fn partitioned_runs_refuse_bad_input() {
+    let base = [
+        "bench",
+        "--engine",
+        "scalestore",
+        "--nodes",
+        "2",
+        "--threads",
+        "2",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter().chain(extra).copied().collect()
+    };
+    assert_usage_error(&with(&["--shift-every-ms", "5"]), "give --partitioned too");
+    assert_usage_error(
+        &with(&["--partitioned", "--shift-every-ms", "0"]),
+        "at least 0.001 ms",
+    );
+    assert_usage_error(
+        &with(&["--partitioned", "--keys", "1"]),
+        "at least one loaded key per partition",
+    );
+    assert_usage_error(
+        &with(&["--partitioned", "--workload", "ycsb-d"]),
+        "inserts or deletes",
+    );
+    assert_usage_error(
+        &["bench", "--engine", "xstore", "--partitioned"],
+        "two or more nodes",
+    );
+    // (This one also prints the note that nodes 2..3 would only serve.)
+    let o = dmkv(&[
+        "bench",
+        "--engine",
+        "scalestore",
+        "--nodes",
+        "4",
+        "--threads",
+        "2",
+        "--partitioned",
+    ]);
+    assert_eq!(o.code, EXIT_USAGE, "{}", o.err);
+    assert!(o.err.contains("a worker on every node"), "{}", o.err);
+    assert_usage_error(
+        &[
+            "bench",
+            "--engine",
+            "scalestore,xstore",
+            "--nodes",
+            "2",
+            "--threads",
+            "2",
+            "--partitioned",
+        ],
+        "maps threads to nodes differently",
+    );
+}
+
+/// Shifts and the engine sampler run in virtual time: the same seed gives
+/// the same report twice (apart from wall-clock figures), timeline and
+/// per-interval engine counters included.
+#[test]
+fn partitioned_shifts_and_engine_timelines_replay_exactly() {
+    let args = [
+        "--engine",
+        "xstore",
+        "--transport",
+        "sim",
+        "--compute-nodes",
+        "2",
+        "--threads",
+        "2",
+        "--keys",
+        "3000",
+        "--ops",
+        "9000",
+        "--workload",
+        "mixed:90,10,0,0,0",
+        "--partitioned",
+        "--shift-every-ms",
+        "0.05",
+        "--timeline-ms",
+        "0.02",
+    ];
+    // Wall-clock figures and the command (its --json path) differ.
+    let strip = |mut v: serde_json::Value| {
+        v["sim"].as_object_mut().unwrap().remove("wall");
+        v.as_object_mut().unwrap().remove("run");
+        v
+    };
+    let a = strip(bench_json(&args, "replay-a"));
+    let b = strip(bench_json(&args, "replay-b"));
+    assert!(
+        a["timeline"]["engine"]["gets"].is_array(),
+        "{}",
+        a["timeline"]
+    );
+    assert_eq!(a, b);
+}

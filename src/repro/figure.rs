@@ -16,6 +16,8 @@
 //!    names a registered engine; `quick.points` and every `[[paper]]` entry
 //!    name existing points and series.
 //! 3. A line plot has a numeric x for every point (its `x`, or its label).
+//! 4. `[[extra]]` quantities have unique names; a paper value's `metric`
+//!    names one of them; an extra's `timeline` series needs a timeline plot.
 
 use crate::engines::Registry;
 use serde::Deserialize;
@@ -89,6 +91,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../figures/scalestore-fig7.toml"),
     ),
     (
+        "scalestore-fig9",
+        include_str!("../../figures/scalestore-fig9.toml"),
+    ),
+    (
         "scalestore-ssd",
         include_str!("../../figures/scalestore-ssd.toml"),
     ),
@@ -160,6 +166,39 @@ fn one() -> f64 {
     1.0
 }
 
+/// `[[extra]]`: a further quantity of every point, tabled beside the main
+/// metric (with its own paper values), and, on a timeline plot, drawn per
+/// interval in a panel of its own when `timeline` names a per-interval
+/// series of the report's `timeline` object.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Extra {
+    /// What paper values name it by (`metric = NAME`).
+    pub name: String,
+    /// The whole run's value: a dotted path into the report, as `metric`.
+    pub path: String,
+    #[serde(default)]
+    pub per: Option<String>,
+    #[serde(default = "one")]
+    pub scale: f64,
+    pub label: String,
+    /// A dotted path inside the report's `timeline` to an array with one
+    /// value per interval (e.g. `engine_per_get.fallbacks`), times `scale`.
+    #[serde(default)]
+    pub timeline: Option<String>,
+}
+
+impl Extra {
+    pub fn metric(&self) -> Metric {
+        Metric {
+            path: self.path.clone(),
+            per: self.per.clone(),
+            scale: self.scale,
+            label: self.label.clone(),
+        }
+    }
+}
+
 /// A sweep point: a label and the parameters it overrides.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -219,6 +258,10 @@ pub struct PaperValue {
     /// as the same ratio.
     #[serde(default)]
     pub ratio_to: Option<String>,
+    /// The `[[extra]]` quantity this value is for (default: the main
+    /// metric).
+    #[serde(default)]
+    pub metric: Option<String>,
     /// Where the number comes from (section, figure, table, quoted text).
     pub source: String,
     /// Why ours differs, if it does, for this point (else `differences`).
@@ -250,6 +293,9 @@ pub struct Figure {
     /// throughput-latency curve: points sweep load, x is throughput).
     #[serde(default)]
     pub x_metric: Option<Metric>,
+    /// Further quantities measured at every point.
+    #[serde(default)]
+    pub extra: Vec<Extra>,
     /// The default one-line reason where ours differs from the paper's.
     #[serde(default)]
     pub differences: Option<String>,
@@ -481,8 +527,33 @@ impl Figure {
                 ));
             }
         }
+        for (i, e) in self.extra.iter().enumerate() {
+            if e.name.trim().is_empty() || self.extra[..i].iter().any(|o| o.name == e.name) {
+                return Err(format!(
+                    "extra {:?}: names must be non-empty and unique",
+                    e.name
+                ));
+            }
+            if e.path.trim().is_empty() || !(e.scale.is_finite() && e.scale != 0.0) {
+                return Err(format!(
+                    "extra {:?}: needs a path and a finite, non-zero scale",
+                    e.name
+                ));
+            }
+            if e.timeline.is_some() && self.plot != PlotKind::Timeline {
+                return Err(format!(
+                    "extra {:?}: a timeline series needs plot = \"timeline\"",
+                    e.name
+                ));
+            }
+        }
         for v in &self.paper {
             let where_ = format!("paper value for {:?} at {:?}", v.series, v.point);
+            if let Some(m) = &v.metric
+                && !self.extra.iter().any(|e| &e.name == m)
+            {
+                return Err(format!("{where_}: no [[extra]] named {m:?}"));
+            }
             if !self.series.iter().any(|s| s.label == v.series) {
                 return Err(format!("{where_}: no series {:?}", v.series));
             }

@@ -37,6 +37,9 @@ pub struct PointResult {
     pub x: Option<f64>,
     /// The measured metric, in the figure's unit.
     pub y: Option<f64>,
+    /// The figure's `[[extra]]` quantities, by name.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub extra: std::collections::BTreeMap<String, Option<f64>>,
     /// `dmkv bench` arguments that rerun this point exactly.
     pub command: Vec<String>,
     /// Wall-clock seconds the point took here (not a result: simulated
@@ -69,6 +72,16 @@ impl FigureRun {
         self.points
             .iter()
             .find(|p| p.series == series && p.point == point)
+    }
+
+    /// The value of `metric` (an `[[extra]]` name; None: the main metric)
+    /// for `series` at `point`.
+    pub fn value(&self, series: &str, point: &str, metric: Option<&str>) -> Option<f64> {
+        let r = self.get(series, point)?;
+        match metric {
+            None => r.y,
+            Some(m) => *r.extra.get(m)?,
+        }
     }
 }
 
@@ -206,6 +219,11 @@ fn run_point(
         Err(e) => (serde_json::Value::Null, Some(e)),
     };
     let y = measure(&report, &fig.metric);
+    let extra = fig
+        .extra
+        .iter()
+        .map(|e| (e.name.clone(), measure(&report, &e.metric())))
+        .collect();
     let x = match &fig.x_metric {
         Some(m) => measure(&report, m),
         None => point.x.or_else(|| point.label.parse().ok()),
@@ -216,6 +234,7 @@ fn run_point(
         point: point.label.clone(),
         x,
         y,
+        extra,
         command: argv,
         wall_seconds,
         error,

@@ -293,8 +293,18 @@ fn lines<DB: DrawingBackend>(
     legend(&mut chart)
 }
 
+/// One curve of a timeline panel: legend label, colour index, points.
+type Curve = (String, usize, Vec<(f64, f64)>);
+
+/// A paper value drawn across a timeline panel: its legend label, colour
+/// index and value.
+type PaperLine = (String, usize, f64);
+
 /// Throughput over time: one line per (series, point) from each report's
-/// `timeline` (the last, partial interval left out).
+/// `timeline` (the last, partial interval left out), the paper's values of
+/// a plain metric as dashed lines, shifts (`--shift-every-ms`) as grey
+/// verticals; below it, one panel per `[[extra]]` with a per-interval
+/// series (e.g. XStore's fallbacks per GET), with its paper values.
 fn timeline<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     fig: &Figure,
@@ -302,58 +312,197 @@ fn timeline<DB: DrawingBackend>(
     title: &str,
 ) -> DrawResult<()> {
     let many_points = fig.points_to_run(run.quick).len() > 1;
-    // (legend label, colour index, points)
-    type Curve = (String, usize, Vec<(f64, f64)>);
-    let mut curves: Vec<Curve> = Vec::new();
+    // The colour of (series, point): per series, or per curve when the
+    // figure has several points.
+    let mut colour_of: Vec<(String, String, usize)> = Vec::new();
     for p in &run.points {
         let Some(s) = fig.series.iter().position(|s| s.label == p.series) else {
             continue;
         };
-        let t = &p.report["timeline"];
-        let (Some(ms), Some(v)) = (t["interval_ms"].as_f64(), t["ops_per_s"].as_array()) else {
-            continue;
-        };
-        let n = v.len().saturating_sub(1).max(1);
-        let pts: Vec<(f64, f64)> = v
-            .iter()
-            .take(n)
-            .enumerate()
-            .filter_map(|(i, y)| Some(((i as f64 + 0.5) * ms, y.as_f64()? * fig.metric.scale)))
-            .collect();
-        let label = if many_points {
-            format!("{} @ {}", p.series, p.point)
-        } else {
-            p.series.clone()
-        };
-        // One colour per curve: per series, or per (series, point) pair.
-        let ci = if many_points { curves.len() } else { s };
-        curves.push((label, ci, pts));
+        let ci = if many_points { colour_of.len() } else { s };
+        colour_of.push((p.series.clone(), p.point.clone(), ci));
     }
-    let xmax = curves
+    let ci_of = |series: &str, point: &str| {
+        colour_of
+            .iter()
+            .find(|(s, p, _)| s == series && p == point)
+            .map(|c| c.2)
+    };
+    let label_of = |series: &str, point: &str| {
+        if many_points {
+            format!("{series} @ {point}")
+        } else {
+            series.to_string()
+        }
+    };
+    // Per-interval series at `path` inside each report's timeline.
+    let curves_at = |path: &str, scale: f64| -> Vec<Curve> {
+        let mut out = Vec::new();
+        for p in &run.points {
+            let Some(ci) = ci_of(&p.series, &p.point) else {
+                continue;
+            };
+            let t = &p.report["timeline"];
+            let Some(ms) = t["interval_ms"].as_f64() else {
+                continue;
+            };
+            let mut v = t;
+            for part in path.split('.') {
+                v = &v[part];
+            }
+            let Some(v) = v.as_array() else {
+                continue;
+            };
+            let n = v.len().saturating_sub(1).max(1);
+            let pts: Vec<(f64, f64)> = v
+                .iter()
+                .take(n)
+                .enumerate()
+                .filter_map(|(i, y)| Some(((i as f64 + 0.5) * ms, y.as_f64()? * scale)))
+                .collect();
+            out.push((label_of(&p.series, &p.point), ci, pts));
+        }
+        out
+    };
+    let paper_lines = |metric: Option<&str>| -> Vec<PaperLine> {
+        fig.paper
+            .iter()
+            .filter(|v| v.metric.as_deref() == metric && v.ratio_to.is_none())
+            .filter_map(|v| {
+                let ci = ci_of(&v.series, &v.point)?;
+                Some((
+                    format!(
+                        "paper: {} {}",
+                        label_of(&v.series, &v.point),
+                        super::table::num(v.value)
+                    ),
+                    ci,
+                    v.value,
+                ))
+            })
+            .collect()
+    };
+    // Shifts of a partitioned run, from the first report that has them.
+    let shift_ms = run
+        .points
+        .iter()
+        .find_map(|p| p.report["partition"]["shift_every_ms"].as_f64())
+        .filter(|&ms| ms > 0.0);
+    let extras: Vec<&super::figure::Extra> =
+        fig.extra.iter().filter(|e| e.timeline.is_some()).collect();
+    let main = curves_at("ops_per_s", fig.metric.scale);
+    // Paper values of the main metric are drawn only when it is a plain
+    // quantity in the timeline's unit (not a ratio).
+    let main_paper = if fig.metric.per.is_none() {
+        paper_lines(None)
+    } else {
+        Vec::new()
+    };
+    let xmax = main
         .iter()
         .flat_map(|c| c.2.iter().map(|p| p.0))
         .fold(0.0f64, f64::max)
         .max(1e-3);
+    let panels: Vec<DrawingArea<DB, Shift>> = if extras.is_empty() {
+        vec![area.clone()]
+    } else {
+        let (_, h) = area.dim_in_pixel();
+        let top = (h as f64 * 0.58) as u32;
+        let (a, rest) = area.split_vertically(top);
+        let mut v = vec![a];
+        let each = (h - top) / extras.len() as u32;
+        let mut rest = rest;
+        for _ in 1..extras.len() {
+            let (b, r) = rest.split_vertically(each);
+            v.push(b);
+            rest = r;
+        }
+        v.push(rest);
+        v
+    };
+    let x_desc = "time since the run began (ms, virtual time on sim)";
+    timeline_panel(
+        &panels[0],
+        title,
+        x_desc,
+        &run.y_label,
+        main,
+        &main_paper,
+        shift_ms,
+        xmax,
+    )?;
+    for (e, panel) in extras.iter().zip(&panels[1..]) {
+        let path = e.timeline.as_deref().expect("filtered");
+        timeline_panel(
+            panel,
+            &format!("{} per interval", e.label),
+            x_desc,
+            &e.label,
+            curves_at(path, e.scale),
+            &paper_lines(Some(&e.name)),
+            shift_ms,
+            xmax,
+        )?;
+    }
+    Ok(())
+}
+
+/// One panel of a timeline figure.
+#[allow(clippy::too_many_arguments)]
+fn timeline_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    curves: Vec<Curve>,
+    paper: &[PaperLine],
+    shift_ms: Option<f64>,
+    xmax: f64,
+) -> DrawResult<()> {
     let ymax = curves
         .iter()
         .flat_map(|c| c.2.iter().map(|p| p.1))
+        .chain(paper.iter().map(|p| p.2))
+        .filter(|v| v.is_finite())
         .fold(0.0f64, f64::max);
     let ytop = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
     let mut chart = ChartBuilder::on(area)
-        .caption(title, (FAMILY, 20))
+        .caption(title, (FAMILY, 18))
         .margin(12)
-        .x_label_area_size(50)
+        .x_label_area_size(45)
         .y_label_area_size(70)
         .build_cartesian_2d(0f64..xmax * 1.02, 0f64..ytop)
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc("time since the run began (ms, virtual time on sim)")
-        .y_desc(&run.y_label)
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .label_style((FAMILY, 14))
-        .axis_desc_style((FAMILY, 16))
+        .axis_desc_style((FAMILY, 15))
         .draw()
         .map_err(err)?;
+    if let Some(ms) = shift_ms {
+        let grey = RGBColor(150, 150, 150);
+        let mut first = true;
+        let mut t = ms;
+        while t < xmax * 1.02 {
+            let anno = chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(t, 0.0), (t, ytop)],
+                    4,
+                    4,
+                    grey.stroke_width(1),
+                ))
+                .map_err(err)?;
+            if first {
+                anno.label("partitions shift").legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], grey.stroke_width(1))
+                });
+                first = false;
+            }
+            t += ms;
+        }
+    }
     for (label, ci, pts) in curves {
         let c = colour(ci);
         chart
@@ -361,6 +510,23 @@ fn timeline<DB: DrawingBackend>(
             .map_err(err)?
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+    }
+    for (label, ci, value) in paper {
+        let c = colour(*ci);
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, *value), (xmax * 1.02, *value)],
+                10,
+                6,
+                c.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(label.clone())
+            .legend(move |(x, y)| {
+                EmptyElement::at((x, y))
+                    + PathElement::new(vec![(0, 0), (6, 0)], c.stroke_width(2))
+                    + PathElement::new(vec![(12, 0), (18, 0)], c.stroke_width(2))
+            });
     }
     legend(&mut chart)
 }

@@ -29,11 +29,12 @@ pub fn num(x: f64) -> String {
 /// Ours for a paper value: the metric, or the same ratio when the paper
 /// gives only a ratio.
 pub fn ours_for(run: &FigureRun, v: &PaperValue) -> Option<f64> {
-    let y = run.get(&v.series, &v.point)?.y?;
+    let m = v.metric.as_deref();
+    let y = run.value(&v.series, &v.point, m)?;
     match &v.ratio_to {
         None => Some(y),
         Some(base) => {
-            let b = run.get(base, &v.point)?.y?;
+            let b = run.value(base, &v.point, m)?;
             (b != 0.0).then(|| y / b)
         }
     }
@@ -91,7 +92,7 @@ pub fn markdown(fig: &Figure, run: &FigureRun) -> String {
             let values: Vec<&PaperValue> = fig
                 .paper
                 .iter()
-                .filter(|v| v.series == series.label && v.point == *point)
+                .filter(|v| v.series == series.label && v.point == *point && v.metric.is_none())
                 .collect();
             // The plain value first; a ratio gets its own row.
             let plain = values.iter().find(|v| v.ratio_to.is_none());
@@ -114,6 +115,35 @@ pub fn markdown(fig: &Figure, run: &FigureRun) -> String {
                     s,
                     "| {point} | {} / {base} | {ours} | {paper}x | {ratio} | {src} | {why} |",
                     series.label
+                );
+            }
+            // The figure's further quantities, each on its own row.
+            for e in &fig.extra {
+                let ours = match (&r.error, r.extra.get(&e.name).copied().flatten()) {
+                    (Some(_), _) => "FAILED".to_string(),
+                    (None, Some(y)) => num(y),
+                    (None, None) => "-".into(),
+                };
+                let v = fig.paper.iter().find(|v| {
+                    v.series == series.label
+                        && v.point == *point
+                        && v.metric.as_deref() == Some(e.name.as_str())
+                        && v.ratio_to.is_none()
+                });
+                // An engine without this quantity (and no paper value for
+                // it) gets no row.
+                if ours == "-" && v.is_none() {
+                    continue;
+                }
+                let (paper, ratio, src, why) = match v {
+                    Some(v) => cells(fig, run, v),
+                    None => Default::default(),
+                };
+                let _ = writeln!(
+                    s,
+                    "| {point} | {}: {} | {ours} | {paper} | {ratio} | {src} | {why} |",
+                    series.label,
+                    escape(&e.label)
                 );
             }
         }

@@ -146,6 +146,117 @@ fn a_tiny_figure_runs_end_to_end_and_writes_json_svg_png_and_markdown() {
     );
 }
 
+/// A timeline figure with an `[[extra]]` per-interval series: XStore's
+/// fallbacks per GET, counted per interval by the engine sampler.
+const TIMELINE: &str = r#"
+name = "tl"
+title = "Timeline with engine counters"
+source = "no paper: a test figure"
+caption = "XStore on YCSB D, fallbacks per GET per interval."
+transport = "sim"
+profile = "xstore-cx4"
+plot = "timeline"
+x_label = "time"
+
+[metric]
+path = "throughput_ops_per_s"
+scale = 1e-6
+label = "throughput (M ops/s)"
+
+[[extra]]
+name = "fallbacks"
+path = "engine_stats.client.fallback_rate"
+scale = 100
+label = "fallbacks per GET (%)"
+timeline = "engine_per_get.fallbacks"
+
+[params]
+workload = "ycsb-d"
+keyset = "sequential"
+keys = 2000
+ops = 20000
+compute-nodes = 2
+threads = 2
+tasks = 2
+timeline-ms = 0.05
+set = ["xstore.submodels=40"]
+
+[[points]]
+label = "latest"
+params = { dist = "latest" }
+
+[[series]]
+label = "XStore"
+engine = "xstore"
+
+[[paper]]
+series = "XStore"
+point = "latest"
+metric = "fallbacks"
+value = 21.0
+source = "made up for the test"
+"#;
+
+#[test]
+fn a_timeline_figure_draws_per_interval_engine_counters() {
+    let dir = scratch("timeline");
+    let file = dir.join("tl.toml");
+    std::fs::write(&file, TIMELINE).unwrap();
+    let out = dir.join("out");
+    let (code, stdout, stderr) = dmkv(&[
+        "repro",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, EXIT_OK, "stdout {stdout}\nstderr {stderr}");
+    let base = out.join("tl");
+    let run: serde_json::Value = serde_json::from_str(&read(&base.join("tl.json"))).unwrap();
+    let p = &run["points"][0];
+    let t = &p["report"]["timeline"];
+    let intervals = t["ops"].as_array().unwrap().len();
+    assert!(intervals >= 3, "{t}");
+    // The per-interval counts add up to the engine's own whole-run totals.
+    let client = &p["report"]["engine_stats"]["client"];
+    for (name, total) in [
+        ("gets", &client["gets"]),
+        ("fallbacks", &client["fallbacks"]),
+    ] {
+        let per = t["engine"][name].as_array().unwrap();
+        assert_eq!(per.len(), intervals, "{name}");
+        let sum: u64 = per.iter().map(|x| x.as_u64().unwrap()).sum();
+        assert_eq!(
+            Some(sum),
+            total.as_u64(),
+            "{name} per interval sums to the total"
+        );
+    }
+    let fallbacks: u64 = client["fallbacks"].as_u64().unwrap();
+    assert!(
+        fallbacks > 0,
+        "latest reads past the trained keys fall back: {client}"
+    );
+    assert_eq!(
+        t["engine_per_get"]["fallbacks"].as_array().unwrap().len(),
+        intervals
+    );
+    let rate = p["extra"]["fallbacks"].as_f64().unwrap();
+    assert!((rate - 100.0 * client["fallback_rate"].as_f64().unwrap()).abs() < 1e-9);
+    // The table has the extra row with the paper's value; the SVG a panel.
+    let md = read(&base.join("tl.md"));
+    assert!(
+        md.contains("| latest | XStore: fallbacks per GET (%) | "),
+        "{md}"
+    );
+    assert!(md.contains("| 21.0 | "), "{md}");
+    let svg = read(&base.join("tl.svg"));
+    assert!(
+        svg.contains("fallbacks per GET (%) per interval"),
+        "a second panel"
+    );
+    assert!(svg.contains("paper: XStore 21.0"), "the paper's line");
+}
+
 #[test]
 fn a_points_recorded_command_reruns_it() {
     let reg = &REGISTRY;
@@ -238,6 +349,17 @@ fn bad_figure_files_are_refused_with_a_clear_message() {
             "series \"rpc-hash\" is listed twice",
         ),
         (TINY.replace("value = 2.0", "value = \"two\""), "figure"),
+        (
+            TINY.replace("value = 2.0", "value = 2.0\nmetric = \"nosuch\""),
+            "no [[extra]] named \"nosuch\"",
+        ),
+        (
+            TINY.replace(
+                "[params]",
+                "[[extra]]\nname = \"x\"\npath = \"ops\"\nlabel = \"x\"\ntimeline = \"ops\"\n[params]",
+            ),
+            "a timeline series needs plot = \"timeline\"",
+        ),
     ];
     for (i, (text, needle)) in cases.iter().enumerate() {
         let file = dir.join(format!("bad{i}.toml"));

@@ -88,6 +88,15 @@ pub trait Engine: Send + Sync {
     /// Bytes this compute process caches (models, tables, inner nodes).
     fn client_cache_bytes(&self) -> u64;
 
+    /// Running totals of this compute process's client-side figures (e.g.
+    /// XStore's fallbacks), read from memory without I/O: the harness
+    /// samples them at `--timeline-ms` interval boundaries only (never per
+    /// operation) and reports them per interval; a counter named `gets`
+    /// becomes the denominator of per-GET rates. Default: none.
+    fn client_counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
     /// Waits until background work started so far (retraining, resizing) is
     /// done. Tests use it to reach a quiet state; runs never need it.
     async fn settle(&self, _ep: &Endpoint) -> Result<()> {

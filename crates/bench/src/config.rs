@@ -137,6 +137,13 @@ pub struct BenchConfig {
     /// or a wait that never ends, which would otherwise run until some outer
     /// limit). None: no limit.
     pub op_limit: Option<std::time::Duration>,
+    /// `--partitioned`: each node's threads draw keys from their node's
+    /// partition of the loaded keys ([`crate::partition`]).
+    pub partitioned: bool,
+    /// `--shift-every-ms`: with `partitioned`, reassign partitions (node i
+    /// takes partition (i + k) mod N after the k-th shift) every this many
+    /// nanoseconds of the run (0: never).
+    pub shift_every_ns: u64,
 }
 
 impl BenchConfig {
@@ -168,6 +175,8 @@ impl BenchConfig {
             crash: None,
             timeline_ns: 0,
             op_limit: None,
+            partitioned: false,
+            shift_every_ns: 0,
         }
     }
 
@@ -272,12 +281,65 @@ impl BenchConfig {
                 ));
             }
         }
+        if self.shift_every_ns > 0 && !self.partitioned {
+            return Err(BenchError::input(
+                "--shift-every-ms reassigns the partitions of --partitioned; give --partitioned too",
+            ));
+        }
+        if self.partitioned && matches!(self.workload, WorkloadSource::Trace(_)) {
+            return Err(BenchError::input(
+                "--partitioned draws synthetic keys; a --trace replays its own",
+            ));
+        }
         if self.dist.is_some() && matches!(self.workload, WorkloadSource::Trace(_)) {
             return Err(BenchError::input(
                 "--dist does not apply to a --trace replay",
             ));
         }
         Ok(())
+    }
+
+    /// `--partitioned`: how this run's compute threads map to nodes, given
+    /// the engines' topologies (one map for the whole run, as the plan is
+    /// shared). Symmetric engines: thread t on node t mod `--nodes`;
+    /// disaggregated ones: thread t on compute node t / `--threads`.
+    pub fn partition_spec(
+        &self,
+        topologies: &[(&str, dmkv_api::Topology)],
+    ) -> Result<Option<crate::partition::PartitionSpec>, BenchError> {
+        use crate::partition::{NodeMap, PartitionSpec};
+        use dmkv_api::Topology;
+        if !self.partitioned {
+            return Ok(None);
+        }
+        let symmetric = |t: &Topology| *t == Topology::Symmetric;
+        let map = match topologies.first() {
+            None => return Ok(None),
+            Some((_, t)) if symmetric(t) => {
+                if self.total_threads() < self.nodes {
+                    return Err(BenchError::input(format!(
+                        "--partitioned over --nodes {} needs a worker on every node: --threads is the total over the nodes and is {}",
+                        self.nodes,
+                        self.total_threads()
+                    )));
+                }
+                NodeMap::Modulo { nodes: self.nodes }
+            }
+            Some(_) => NodeMap::Block {
+                nodes: self.compute_nodes,
+                per_node: self.threads,
+            },
+        };
+        if let Some((name, _)) = topologies
+            .iter()
+            .find(|(_, t)| symmetric(t) != matches!(map, NodeMap::Modulo { .. }))
+        {
+            return Err(BenchError::input(format!(
+                "--partitioned: engine {name} maps threads to nodes differently from engine {} (symmetric nodes vs compute nodes); run them separately",
+                topologies[0].0
+            )));
+        }
+        Ok(Some(PartitionSpec { map }))
     }
 
     /// How to deploy `engine` for a run over `expected_keys` keys.

@@ -17,6 +17,7 @@
 use crate::dist::{Latest, ScrambledZipfian, ZIPFIAN_THETA, zeta, zeta_extend};
 use crate::error::BenchError;
 use crate::keyset::{self, KeysetSpec};
+use crate::partition::{PartChooser, PartitionSpec, Partitions};
 use crate::rng::{Rng, derive_seed, mix64, stream};
 use crate::trace::{Trace, TraceOpKind, key_universe};
 use crate::workload::{Dist, MAX_SCAN_LEN, Mix, Op, OpType, Workload};
@@ -35,6 +36,9 @@ pub struct SyntheticParams {
     pub threads: usize,
     pub tasks: usize,
     pub seed: u64,
+    /// `--partitioned`: every thread draws from its node's partition of
+    /// the loaded keys (see [`crate::partition`]).
+    pub partition: Option<PartitionSpec>,
 }
 
 /// The key universe and the request streams of a run.
@@ -67,6 +71,8 @@ struct Synthetic {
     inserts: Vec<Vec<u32>>,
     /// ζ(loaded), for zipfian and latest.
     zeta_loaded: f64,
+    /// `--partitioned`: the partitions keys are drawn from.
+    partitions: Option<Partitions>,
 }
 
 impl Plan {
@@ -91,6 +97,9 @@ impl Plan {
                 "workload {} deletes keys, and each of the {total_tasks} tasks deletes only keys it owns: --keys must be at least threads x tasks = {total_tasks}",
                 p.workload
             )));
+        }
+        if let Some(ps) = &p.partition {
+            check_partitioned(p, ps, &mix)?;
         }
         let ops: Vec<u64> = (0..total_tasks as u64)
             .map(|g| run_ops / total_tasks as u64 + u64::from(g < run_ops % total_tasks as u64))
@@ -123,11 +132,12 @@ impl Plan {
         )?;
         let loaded = p.keys as usize;
         let inserts = assign_round_robin(&quotas, loaded as u32);
-        let zeta_loaded = match p.dist {
-            Dist::Uniform => 0.0,
-            Dist::Zipfian | Dist::Latest => zeta(p.keys, ZIPFIAN_THETA),
+        let zeta_loaded = match (p.dist, &p.partition) {
+            // Partitioned draws use each partition's own ζ.
+            (_, Some(_)) | (Dist::Uniform, None) => 0.0,
+            (Dist::Zipfian | Dist::Latest, None) => zeta(p.keys, ZIPFIAN_THETA),
         };
-        Ok(Plan::new(
+        let mut plan = Plan::new(
             keys,
             loaded,
             p.threads,
@@ -139,8 +149,21 @@ impl Plan {
                 ops,
                 inserts,
                 zeta_loaded,
+                partitions: None,
             }),
-        ))
+        );
+        if let (Some(ps), Source::Synthetic(s)) = (&p.partition, &mut plan.source) {
+            s.partitions = Some(Partitions::new(
+                ps.map,
+                plan.by_key
+                    .iter()
+                    .filter(|&&(_, i)| (i as usize) < loaded)
+                    .map(|&(_, i)| i)
+                    .collect(),
+                p.dist,
+            ));
+        }
+        Ok(plan)
     }
 
     /// A plan replaying `trace`. Keys whose first operation is not an insert
@@ -293,6 +316,14 @@ impl Plan {
         }
     }
 
+    /// `--partitioned`: the partitions of the loaded keys.
+    pub fn partitions(&self) -> Option<&Partitions> {
+        match &self.source {
+            Source::Synthetic(s) => s.partitions.as_ref(),
+            Source::Replay(_) => None,
+        }
+    }
+
     /// The universe indices `task` on `thread` reads back in `--verify`.
     pub fn verify_indices(&self, thread: usize, task: usize) -> impl Iterator<Item = u32> {
         let g = thread * self.tasks + task;
@@ -300,6 +331,34 @@ impl Plan {
             .step_by(self.threads * self.tasks)
             .map(|i| i as u32)
     }
+}
+
+/// What `--partitioned` needs of a synthetic plan.
+fn check_partitioned(p: &SyntheticParams, ps: &PartitionSpec, mix: &Mix) -> Result<(), BenchError> {
+    let n = ps.map.nodes();
+    if n < 2 {
+        return Err(BenchError::input(
+            "--partitioned needs two or more nodes to partition over: --nodes K for a symmetric engine (ScaleStore), --compute-nodes K under --transport sim for the others",
+        ));
+    }
+    if p.keys < n as u64 {
+        return Err(BenchError::input(format!(
+            "--partitioned over {n} nodes needs at least one loaded key per partition; --keys is {}",
+            p.keys
+        )));
+    }
+    if mix.insert > 0 || mix.delete > 0 {
+        return Err(BenchError::input(format!(
+            "--partitioned draws keys from the loaded key set; workload {} inserts or deletes keys (use reads, updates, scans and read-modify-writes)",
+            p.workload
+        )));
+    }
+    if p.dist == Dist::Latest {
+        return Err(BenchError::input(
+            "--partitioned draws uniform or zipfian keys within each partition; --dist latest has no meaning there",
+        ));
+    }
+    Ok(())
 }
 
 /// The task that owns a trace key.
@@ -356,6 +415,18 @@ pub enum OpStream<'a> {
     Replay(std::slice::Iter<'a, Op>),
 }
 
+impl OpStream<'_> {
+    /// `--shift-every-ms`: the number of shifts elapsed, for the draws that
+    /// follow (no effect unless the plan is partitioned).
+    pub fn set_phase(&mut self, phase: u64) {
+        if let OpStream::Synthetic(g) = self
+            && let Chooser::Partitioned(c) = &mut g.chooser
+        {
+            c.phase = phase;
+        }
+    }
+}
+
 impl Iterator for OpStream<'_> {
     type Item = Op;
     fn next(&mut self) -> Option<Op> {
@@ -376,10 +447,13 @@ enum Chooser {
     /// inserted keys in insertion order: the newest is this task's last
     /// insert, or the last loaded key before it inserted any.
     Latest(Latest),
+    /// `--partitioned`: from the partition the task's node is assigned.
+    Partitioned(PartChooser),
 }
 
 /// Generates one task's synthetic stream.
 pub struct TaskGen<'a> {
+    partitions: Option<&'a Partitions>,
     loaded: u64,
     /// Global task number and the number of tasks.
     g: usize,
@@ -406,18 +480,20 @@ impl<'a> TaskGen<'a> {
         total_tasks: usize,
     ) -> TaskGen<'a> {
         let inserts = &plan.inserts[g][..];
-        let chooser = match plan.dist {
-            Dist::Uniform => Chooser::Uniform,
-            Dist::Zipfian => {
+        let chooser = match (&plan.partitions, plan.dist) {
+            (Some(parts), dist) => Chooser::Partitioned(parts.chooser(thread, dist)),
+            (None, Dist::Uniform) => Chooser::Uniform,
+            (None, Dist::Zipfian) => {
                 let n = loaded + inserts.len() as u64;
                 Chooser::Zipfian(ScrambledZipfian::with_zeta(
                     n,
                     zeta_extend(loaded, n, ZIPFIAN_THETA, plan.zeta_loaded),
                 ))
             }
-            Dist::Latest => Chooser::Latest(Latest::with_zeta(loaded, plan.zeta_loaded)),
+            (None, Dist::Latest) => Chooser::Latest(Latest::with_zeta(loaded, plan.zeta_loaded)),
         };
         TaskGen {
+            partitions: plan.partitions.as_ref(),
             loaded,
             g,
             total_tasks,
@@ -445,6 +521,7 @@ impl<'a> TaskGen<'a> {
         match &mut self.chooser {
             Chooser::Uniform => self.rng.below(n),
             Chooser::Latest(l) => l.next(n, &mut self.rng),
+            Chooser::Partitioned(_) => unreachable!("partitioned draws go through choose()"),
             Chooser::Zipfian(z) => {
                 for _ in 0..MAX_REDRAWS {
                     let j = z.next(&mut self.rng);
@@ -459,6 +536,9 @@ impl<'a> TaskGen<'a> {
 
     /// A key drawn from the distribution, as a universe index.
     fn choose(&mut self) -> u32 {
+        if let (Chooser::Partitioned(c), Some(parts)) = (&mut self.chooser, self.partitions) {
+            return c.choose(parts, &mut self.rng);
+        }
         let p = self.choose_position();
         self.index_at(p)
     }
@@ -519,10 +599,120 @@ impl Iterator for TaskGen<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::partition::NodeMap;
+    use crate::workload::parse_mix;
 
     #[test]
     fn round_robin_respects_quotas_and_interleaves() {
         let a = assign_round_robin(&[2, 0, 3], 10);
         assert_eq!(a, vec![vec![10, 12], vec![], vec![11, 13, 14]]);
+    }
+
+    fn partitioned(
+        dist: Dist,
+        workload: Workload,
+        map: NodeMap,
+        threads: usize,
+    ) -> SyntheticParams {
+        SyntheticParams {
+            workload,
+            dist,
+            keyset: KeysetSpec::Uniform,
+            keys: 1000,
+            // 600 draws per task: 100 in each of up to 6 phases.
+            ops: 1200 * threads as u64,
+            threads,
+            tasks: 2,
+            seed: 7,
+            partition: Some(PartitionSpec { map }),
+        }
+    }
+
+    /// Invariant 2 of `partition` on real drawn keys: before a shift every
+    /// key a thread names lies in its node's partition (by key value, the
+    /// partition's min..=max), after k shifts in partition (node + k) mod N;
+    /// and the draws reach every key range they should (not a constant).
+    #[test]
+    fn partitioned_draws_stay_in_the_assigned_partition_across_shifts() {
+        for dist in [Dist::Uniform, Dist::Zipfian] {
+            for (map, threads) in [
+                (NodeMap::Modulo { nodes: 5 }, 10),
+                (
+                    NodeMap::Block {
+                        nodes: 3,
+                        per_node: 2,
+                    },
+                    6,
+                ),
+            ] {
+                let plan = Plan::synthetic(
+                    &partitioned(
+                        dist,
+                        Workload::Mixed(parse_mix("50,30,0,0,10,10").unwrap()),
+                        map,
+                        threads,
+                    ),
+                    &[],
+                )
+                .unwrap();
+                let parts = plan.partitions().expect("partitioned");
+                let n = map.nodes();
+                // Key ranges of the partitions, from the plan's keys.
+                let range = |p: usize| {
+                    let m = parts.members(p);
+                    (plan.key(m[0]), plan.key(*m.last().unwrap()))
+                };
+                for p in 1..n {
+                    assert!(range(p - 1).1 < range(p).0, "partitions are in key order");
+                }
+                for t in 0..threads {
+                    let node = map.node_of(t);
+                    let mut stream = plan.stream(t, 0);
+                    for phase in 0..(n as u64 + 1) {
+                        stream.set_phase(phase);
+                        let want = (node + phase as usize) % n;
+                        let (lo, hi) = range(want);
+                        let mut seen = std::collections::BTreeSet::new();
+                        let mut drawn = 0;
+                        for op in stream.by_ref().take(100) {
+                            drawn += 1;
+                            let i = match op {
+                                Op::Read(i) | Op::Update(i) | Op::Rmw(i) | Op::Scan(i, _) => i,
+                                other => panic!("unexpected {other:?}"),
+                            };
+                            let k = plan.key(i);
+                            assert!(
+                                (lo..=hi).contains(&k),
+                                "{dist} thread {t} (node {node}) phase {phase}: key {k} outside partition {want} [{lo}, {hi}]"
+                            );
+                            seen.insert(k);
+                        }
+                        assert_eq!(drawn, 100, "the stream lasts the test");
+                        assert!(seen.len() > 10, "{dist}: draws spread over the partition");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn partitioned_refuses_what_it_cannot_do() {
+        let map = NodeMap::Modulo { nodes: 4 };
+        let err = |p: &SyntheticParams| Plan::synthetic(p, &[]).unwrap_err().to_string();
+        assert!(
+            err(&partitioned(Dist::Uniform, Workload::YcsbD, map, 4))
+                .contains("inserts or deletes")
+        );
+        assert!(err(&partitioned(Dist::Latest, Workload::YcsbC, map, 4)).contains("latest"));
+        let mut few = partitioned(Dist::Uniform, Workload::YcsbC, map, 4);
+        few.keys = 3;
+        assert!(err(&few).contains("at least one loaded key per partition"));
+        let one = partitioned(
+            Dist::Uniform,
+            Workload::YcsbC,
+            NodeMap::Modulo { nodes: 1 },
+            4,
+        );
+        assert!(err(&one).contains("two or more nodes"));
     }
 }

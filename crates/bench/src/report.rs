@@ -361,6 +361,10 @@ pub struct EngineReport {
     /// `--timeline-ms`: throughput per interval of the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<TimelineReport>,
+    /// `--partitioned`: the partitions, the shifts, and the keys each node
+    /// actually touched in each phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionReport>,
     /// No error, no failed check, no verification failure (and, with
     /// `--crash-memnode`, the crash happened).
     pub ok: bool,
@@ -375,19 +379,142 @@ pub struct TimelineReport {
     pub ops: Vec<u64>,
     /// The same, per second.
     pub ops_per_s: Vec<f64>,
+    /// The median of `ops_per_s` over the whole intervals (the last,
+    /// partial one left out): the level the run holds between dips.
+    pub median_ops_per_s: f64,
+    /// The 90th percentile of the same (nearest rank): the level the run
+    /// recovers to between dips, such as the baseline a workload shift
+    /// returns to (ScaleStore Fig. 9).
+    pub p90_ops_per_s: f64,
+    /// The engine's client counters (`Engine::client_counters`), counted
+    /// per interval (sampled at interval boundaries, see
+    /// `dmkv_bench::sampler`); absent for engines that export none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub engine: BTreeMap<String, Vec<u64>>,
+    /// Each engine counter divided by the engine's `gets` in the same
+    /// interval (null where the interval had no GET).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub engine_per_get: BTreeMap<String, Vec<Option<f64>>>,
 }
 
 impl TimelineReport {
-    pub fn new(t: &crate::stats::Timeline) -> Option<TimelineReport> {
+    pub fn new(
+        t: &crate::stats::Timeline,
+        engine: Option<&crate::sampler::EngineTimeline>,
+    ) -> Option<TimelineReport> {
         if t.interval_ns == 0 {
             return None;
         }
         let secs = t.interval_ns as f64 / 1e9;
+        let ops_per_s: Vec<f64> = t.counts.iter().map(|&c| c as f64 / secs).collect();
+        let mut whole: Vec<f64> = ops_per_s[..ops_per_s.len().saturating_sub(1)].to_vec();
+        if whole.is_empty() {
+            whole = ops_per_s.clone();
+        }
+        whole.sort_by(f64::total_cmp);
+        let median_ops_per_s = match whole.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => whole[n / 2],
+            n => (whole[n / 2 - 1] + whole[n / 2]) / 2.0,
+        };
+        let p90_ops_per_s = match whole.len() {
+            0 => 0.0,
+            n => whole[((n * 9).div_ceil(10)).clamp(1, n) - 1],
+        };
+        let counters: BTreeMap<String, Vec<u64>> = engine
+            .map(|e| {
+                e.counters
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let engine_per_get = match counters.get("gets") {
+            Some(gets) => counters
+                .iter()
+                .filter(|(n, _)| *n != "gets")
+                .map(|(n, v)| {
+                    let rate = v
+                        .iter()
+                        .zip(gets)
+                        .map(|(&c, &g)| (g > 0).then(|| c as f64 / g as f64))
+                        .collect();
+                    (n.clone(), rate)
+                })
+                .collect(),
+            None => BTreeMap::new(),
+        };
         Some(TimelineReport {
             interval_ms: t.interval_ns as f64 / 1e6,
             ops: t.counts.clone(),
-            ops_per_s: t.counts.iter().map(|&c| c as f64 / secs).collect(),
+            ops_per_s,
+            median_ops_per_s,
+            p90_ops_per_s,
+            engine: counters,
+            engine_per_get,
         })
+    }
+}
+
+/// `--partitioned`: how the run was partitioned and what it touched.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionReport {
+    pub partitions: usize,
+    /// How threads map to nodes: `thread % nodes` (symmetric nodes) or
+    /// `thread / threads` (compute nodes).
+    pub node_of_thread: String,
+    /// `--shift-every-ms` (0: no shifts).
+    pub shift_every_ms: f64,
+    /// Each partition's smallest and largest key.
+    pub key_ranges: Vec<[u64; 2]>,
+    /// Per phase (shifts elapsed) and node: the partition assigned and the
+    /// smallest and largest key its operations actually named.
+    pub touched: Vec<TouchedReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TouchedReport {
+    pub phase: u64,
+    pub node: usize,
+    pub partition: usize,
+    pub ops: u64,
+    pub min_key: u64,
+    pub max_key: u64,
+}
+
+impl PartitionReport {
+    pub fn new(
+        cfg: &crate::config::BenchConfig,
+        plan: &crate::plan::Plan,
+        parts: &crate::partition::Partitions,
+        touched: &BTreeMap<(u64, usize), crate::runner::Touched>,
+    ) -> PartitionReport {
+        use crate::partition::NodeMap;
+        PartitionReport {
+            partitions: parts.count(),
+            node_of_thread: match parts.map {
+                NodeMap::Modulo { .. } => "thread % nodes".into(),
+                NodeMap::Block { .. } => "thread / threads".into(),
+            },
+            shift_every_ms: cfg.shift_every_ns as f64 / 1e6,
+            key_ranges: (0..parts.count())
+                .map(|p| {
+                    let m = parts.members(p);
+                    [plan.key(m[0]), plan.key(m[m.len() - 1])]
+                })
+                .collect(),
+            touched: touched
+                .iter()
+                .map(|(&(phase, node), t)| TouchedReport {
+                    phase,
+                    node,
+                    partition: ((node as u64 + phase) % parts.count() as u64) as usize,
+                    ops: t.ops,
+                    min_key: t.min_key,
+                    max_key: t.max_key,
+                })
+                .collect(),
+        }
     }
 }
 

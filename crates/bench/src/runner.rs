@@ -22,9 +22,10 @@ use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
 use crate::report::{
     ChecksReport, CrashReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport,
-    OpReport, PerOp, SimReport, TimelineReport, Totals, TraceLoadReport, TraceReport, VerifyReport,
-    WallReport,
+    OpReport, PartitionReport, PerOp, SimReport, TimelineReport, Totals, TraceLoadReport,
+    TraceReport, VerifyReport, WallReport,
 };
+use crate::sampler::{EngineSampler, EngineTimeline};
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
 use crate::trace::{TraceOpKind, read_load_trace, read_trace};
@@ -43,6 +44,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Barrier;
 use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -110,6 +112,12 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
             )));
         }
     }
+    let topologies: Vec<(&str, dmkv_api::Topology)> = cfg
+        .engines
+        .iter()
+        .map(|e| (e.spec.name(), e.spec.topology()))
+        .collect();
+    let partition = cfg.partition_spec(&topologies)?;
     let plan = match (&cfg.workload, &trace) {
         (_, Some(t)) => Plan::from_trace_with_load(
             t,
@@ -128,6 +136,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
                 threads: cfg.total_threads(),
                 tasks: cfg.tasks,
                 seed: cfg.seed,
+                partition,
             },
             &reserved,
         )?,
@@ -212,6 +221,10 @@ struct Phases {
     nodes_after: Vec<NodeStats>,
     /// `--crash-memnode`: what happened.
     crash: Option<CrashReport>,
+    /// `--timeline-ms` with an engine that exports client counters.
+    engine_timeline: Option<EngineTimeline>,
+    /// `--partitioned`: the keys each node touched in each phase.
+    touched: BTreeMap<(u64, usize), Touched>,
 }
 
 /// A range-partitioned engine (one with a `bounds` knob: K-1 split keys
@@ -352,7 +365,10 @@ fn run_engine(
         errors,
         trace,
         engine_stats,
-        timeline: TimelineReport::new(&phases.figures.timeline),
+        timeline: TimelineReport::new(&phases.figures.timeline, phases.engine_timeline.as_ref()),
+        partition: plan
+            .partitions()
+            .map(|parts| PartitionReport::new(cfg, plan, parts, &phases.touched)),
         sim: phases.sim,
         crash: phases.crash,
         ok,
@@ -417,6 +433,39 @@ struct Ctx<'a> {
     /// operation.
     op_limit: Option<Duration>,
     stuck: std::sync::Mutex<Option<String>>,
+    /// Set by the first thread to begin the run: its start on the runtime's
+    /// clock (the origin of shifts and of the engine sampler's intervals)
+    /// and the sampler.
+    started: OnceLock<(u64, Option<EngineSampler>)>,
+    /// `--partitioned`: per (phase, node), the keys touched; merged from
+    /// each task when it ends.
+    touched: Mutex<BTreeMap<(u64, usize), Touched>>,
+}
+
+/// The keys one node's operations named in one phase of a partitioned run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Touched {
+    pub min_key: u64,
+    pub max_key: u64,
+    pub ops: u64,
+}
+
+impl Touched {
+    fn note(slot: &mut Option<Touched>, key: u64) {
+        let t = slot.get_or_insert(Touched {
+            min_key: key,
+            max_key: key,
+            ops: 0,
+        });
+        t.min_key = t.min_key.min(key);
+        t.max_key = t.max_key.max(key);
+        t.ops += 1;
+    }
+    fn merge(&mut self, o: &Touched) {
+        self.min_key = self.min_key.min(o.min_key);
+        self.max_key = self.max_key.max(o.max_key);
+        self.ops += o.ops;
+    }
 }
 
 /// `--crash-memnode` during one engine run: counts completed operations,
@@ -512,6 +561,41 @@ impl Ctx<'_> {
             states: self.states,
         }
     }
+
+    /// The run's start: the first caller's `now_ns` (threads begin within a
+    /// barrier of each other).
+    fn begin_run(&self, now_ns: u64) -> u64 {
+        self.started
+            .get_or_init(|| {
+                let sampler =
+                    EngineSampler::start(&**self.dep.engine(), now_ns, self.cfg.timeline_ns);
+                (now_ns, sampler)
+            })
+            .0
+    }
+
+    fn sampler(&self) -> Option<&EngineSampler> {
+        self.started.get().and_then(|(_, s)| s.as_ref())
+    }
+
+    /// After the run: the per-interval engine counters, and the keys
+    /// touched per phase and node.
+    fn finish(self, phases: &mut Phases) {
+        let intervals = phases.figures.timeline.counts.len();
+        phases.engine_timeline = self
+            .started
+            .into_inner()
+            .and_then(|(_, s)| s)
+            .map(|s| s.finish(intervals));
+        phases.touched = self.touched.into_inner().unwrap_or_else(|p| p.into_inner());
+    }
+
+    /// The run phase ended (before `--verify`).
+    fn end_run(&self) {
+        if let Some(s) = self.sampler() {
+            s.close(&**self.dep.engine());
+        }
+    }
 }
 
 /// What one thread hands back.
@@ -540,8 +624,10 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
         crash: CrashRun::new(cfg, plan.total_ops()),
         op_limit: None,
         stuck: Default::default(),
+        started: OnceLock::new(),
+        touched: Mutex::new(BTreeMap::new()),
     };
-    std::thread::scope(|s| {
+    let mut phases = std::thread::scope(|s| {
         let ctx = &ctx;
         let handles: Vec<_> = (0..cfg.threads)
             .map(|t| {
@@ -555,6 +641,7 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
         let start = Instant::now();
         ctx.barrier.wait();
         let run_seconds = start.elapsed().as_secs_f64();
+        ctx.end_run();
         let nodes_after = dep.node_stats();
         ctx.run_bar.finish_and_clear();
         ctx.barrier.wait();
@@ -580,8 +667,12 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             verify_table,
             nodes_after,
             crash: ctx.crash.as_ref().map(|c| c.report(start)),
+            engine_timeline: None,
+            touched: BTreeMap::new(),
         }
-    })
+    });
+    ctx.finish(&mut phases);
+    phases
 }
 
 /// The run under `--transport sim`: every simulated compute thread's tasks
@@ -611,6 +702,8 @@ fn run_threads_sim(
         crash: CrashRun::new(cfg, plan.total_ops()),
         op_limit: None,
         stuck: Default::default(),
+        started: OnceLock::new(),
+        touched: Mutex::new(BTreeMap::new()),
     };
     ctx.op_limit = cfg.op_limit;
     let mut figures = RunFigures::default();
@@ -634,6 +727,7 @@ fn run_threads_sim(
     #[allow(clippy::disallowed_methods)]
     let wall = std::time::Instant::now();
     let start = Instant::now();
+    ctx.begin_run(start.as_nanos());
     let per_thread: Vec<RefCell<RunFigures>> = (0..clients.len())
         .map(|_| RefCell::new(RunFigures::with_timeline(start.as_nanos(), cfg.timeline_ns)))
         .collect();
@@ -647,6 +741,7 @@ fn run_threads_sim(
         run_tasks(tasks);
     });
     let run_seconds = (Instant::now() - start).as_secs_f64();
+    ctx.end_run();
     let wall_seconds = wall.elapsed().as_secs_f64();
     let after = sim.resources();
     let events = sim.events() - events_before;
@@ -700,7 +795,8 @@ fn run_threads_sim(
     }
     let ops = figures.ops();
     let profile = sim.profile();
-    Phases {
+    let crash = ctx.crash.as_ref().map(|c| c.report(start));
+    let mut phases = Phases {
         sim: Some(SimReport::new(
             &profile.name,
             cfg.compute_nodes,
@@ -723,8 +819,12 @@ fn run_threads_sim(
         verify: (cfg.verify && stuck.is_none()).then_some(verify),
         verify_table,
         nodes_after,
-        crash: ctx.crash.as_ref().map(|c| c.report(start)),
-    }
+        crash,
+        engine_timeline: None,
+        touched: BTreeMap::new(),
+    };
+    ctx.finish(&mut phases);
+    phases
 }
 
 /// One compute thread. It always reaches the three barriers, whatever fails,
@@ -751,10 +851,8 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
     }
     ctx.barrier.wait();
     if let Some((ep, kv)) = &client {
-        let figures = RefCell::new(RunFigures::with_timeline(
-            Instant::now().as_nanos(),
-            ctx.cfg.timeline_ns,
-        ));
+        let started = ctx.begin_run(Instant::now().as_nanos());
+        let figures = RefCell::new(RunFigures::with_timeline(started, ctx.cfg.timeline_ns));
         let ran = catch(|| {
             let tasks: Vec<LocalTask<'_, ()>> = (0..ctx.cfg.tasks)
                 .map(|task| {
@@ -808,9 +906,30 @@ async fn run_task(
     figures: &RefCell<RunFigures>,
 ) {
     let mut unreported = 0;
-    for op in ctx.plan.stream(thread, task) {
+    let shift_ns = std::num::NonZeroU64::new(ctx.cfg.shift_every_ns);
+    let start_ns = ctx.started.get().map_or(0, |s| s.0);
+    let sampler = ctx.sampler();
+    // `--partitioned`: this task's node, and per phase the keys it named.
+    let node = ctx.plan.partitions().map(|p| p.map.node_of(thread));
+    let mut touched: Vec<Option<Touched>> = Vec::new();
+    let mut phase = 0u64;
+    let mut stream = ctx.plan.stream(thread, task);
+    loop {
         if ctx.op_limit.is_some() && ctx.stuck.lock().expect("stuck").is_some() {
             break;
+        }
+        // The clock is read only when shifts are on.
+        if let Some(every) = shift_ns {
+            phase = Instant::now().as_nanos().saturating_sub(start_ns) / every;
+            stream.set_phase(phase);
+        }
+        let Some(op) = stream.next() else { break };
+        if node.is_some() {
+            let p = phase as usize;
+            if touched.len() <= p {
+                touched.resize(p + 1, None);
+            }
+            Touched::note(&mut touched[p], ctx.plan.key(op.index()));
         }
         // The clock only where something needs it (the plain loop reads
         // none per operation).
@@ -822,14 +941,7 @@ async fn run_task(
                 Some(failed) => failed,
                 None => {
                     // Dropped where it stands (as a killed client's would be).
-                    let key = match op {
-                        Op::Read(i)
-                        | Op::Update(i)
-                        | Op::Insert(i)
-                        | Op::Delete(i)
-                        | Op::Scan(i, _)
-                        | Op::Rmw(i) => ctx.plan.key(i),
-                    };
+                    let key = ctx.plan.key(op.index());
                     let mut s = ctx.stuck.lock().expect("stuck");
                     if s.is_none() {
                         *s = Some(format!(
@@ -845,6 +957,9 @@ async fn run_task(
         if let (Some(c), Some(start)) = (&ctx.crash, start) {
             c.after_op(ctx.dep, start, Instant::now(), failed);
         }
+        if let Some(s) = sampler {
+            s.tick(&**ctx.dep.engine(), Instant::now().as_nanos());
+        }
         unreported += 1;
         if unreported == PROGRESS_STEP {
             ctx.run_bar.inc(unreported);
@@ -852,6 +967,16 @@ async fn run_task(
         }
     }
     ctx.run_bar.inc(unreported);
+    if let Some(node) = node {
+        let mut all = ctx.touched.lock().unwrap_or_else(|p| p.into_inner());
+        for (phase, t) in touched.iter().enumerate() {
+            if let Some(t) = t {
+                all.entry((phase as u64, node))
+                    .and_modify(|a| a.merge(t))
+                    .or_insert(*t);
+            }
+        }
+    }
 }
 
 /// `op`, unless `limit` of (virtual) time passes first; the timer is polled

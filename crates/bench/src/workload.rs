@@ -59,6 +59,18 @@ pub enum Op {
 }
 
 impl Op {
+    /// The universe index of the key the operation names (a scan's start).
+    pub fn index(&self) -> u32 {
+        match *self {
+            Op::Read(i)
+            | Op::Update(i)
+            | Op::Insert(i)
+            | Op::Delete(i)
+            | Op::Scan(i, _)
+            | Op::Rmw(i) => i,
+        }
+    }
+
     pub fn op_type(&self) -> OpType {
         match self {
             Op::Read(_) => OpType::Read,

@@ -113,6 +113,7 @@ fn params(workload: Workload, dist: Dist, seed: u64) -> SyntheticParams {
         threads: 2,
         tasks: 3,
         seed,
+        partition: None,
     }
 }
 

@@ -260,6 +260,10 @@ impl Engine for XStore {
         self.cache_bytes.load(Ordering::Relaxed).max(0) as u64
     }
 
+    fn client_counters(&self) -> Vec<(&'static str, u64)> {
+        self.shared.stats.counters()
+    }
+
     async fn settle(&self, ep: &Endpoint) -> Result<()> {
         self.call_all(ep, OP_SETTLE).await?;
         Ok(())

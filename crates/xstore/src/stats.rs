@@ -94,6 +94,34 @@ impl ClientStats {
         a.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Running totals for per-interval timelines (`Engine::client_counters`):
+    /// GETs; fallbacks (reads the cache could not serve: the server looked
+    /// the key up); speculations (lookups that met a leaf split since the
+    /// client cached its TT entry, which they invalidated, §5.3.2) and how
+    /// many of those the speculative sibling read still served;
+    /// invalid-entry fallbacks (the entry had been invalidated before).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let cause = |c: FallbackCause| {
+            let i = FallbackCause::ALL
+                .iter()
+                .position(|x| *x == c)
+                .expect("listed");
+            ld(&self.fallbacks[i])
+        };
+        vec![
+            ("gets", ld(&self.gets)),
+            ("fallbacks", self.fallbacks.iter().map(ld).sum()),
+            ("speculations", ld(&self.speculations)),
+            ("speculative_hits", ld(&self.speculative_hits)),
+            ("incarnation_fallbacks", cause(FallbackCause::Incarnation)),
+            (
+                "invalid_entry_fallbacks",
+                cause(FallbackCause::InvalidEntry),
+            ),
+        ]
+    }
+
     pub fn json(&self) -> serde_json::Value {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let lookups = ld(&self.lookups);
