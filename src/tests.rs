@@ -645,9 +645,13 @@ fn dst_every_engine_across_seeds() {
         if line.trim_start().starts_with("faults:") {
             assert!(!line.contains(" 0 runs with delayed messages"), "{line}");
             assert!(!line.contains("(0 mid-operation"), "{line}");
-            // The line before names the engine; ScaleStore has no memory
-            // nodes to crash.
-            let symmetric = i > 0 && lines[i - 1].starts_with("scalestore:");
+            // The engine's summary line, the nearest unindented one before,
+            // names it; ScaleStore has no memory nodes to crash.
+            let symmetric = lines[..i]
+                .iter()
+                .rev()
+                .find(|l| !l.starts_with(' '))
+                .is_some_and(|l| l.starts_with("scalestore:"));
             assert!(
                 symmetric || !line.contains(" 0 memory-node crashes"),
                 "{line}"
