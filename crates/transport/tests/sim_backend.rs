@@ -8,7 +8,8 @@ use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep, spawn_backgrou
 use dmkv_transport::sim::{Profile, SimConfig, SimNode, Simulation};
 use dmkv_transport::time::Instant;
 use dmkv_transport::{
-    Fabric, NodeHost, NodeId, Responder, RpcContext, ServiceError, TransportError,
+    Endpoint, Fabric, NodeHost, NodeId, RemoteAddr, Responder, RpcContext, ServiceError,
+    TransportError,
 };
 use std::cell::Cell;
 use std::sync::Arc;
@@ -204,6 +205,25 @@ fn a_memnode_nic_saturates_at_its_message_rate() {
     );
 }
 
+/// Runs `tasks` tasks, task i on endpoint i mod `eps.len()`, each reading
+/// 8 bytes at `at` `per_task` times one after the other; returns the
+/// virtual nanoseconds that took.
+fn time_reads(eps: &[Endpoint], at: RemoteAddr, tasks: usize, per_task: u64) -> f64 {
+    let t0 = Instant::now();
+    let tasks: Vec<LocalTask<'_, ()>> = (0..tasks)
+        .map(|i| {
+            let ep = &eps[i % eps.len()];
+            Box::pin(async move {
+                for _ in 0..per_task {
+                    ep.read(at, 8).await.unwrap();
+                }
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    (Instant::now() - t0).as_nanos() as f64
+}
+
 /// Reads 8 bytes from one memory node through `per_node` endpoints (compute
 /// threads) on each of 20 client nodes, every machine with `nics` NICs;
 /// returns the rate in Mops and the memory node's resources.
@@ -225,19 +245,7 @@ fn reads_through_nics(nics: u64, per_node: usize) -> (f64, Vec<dmkv_transport::s
     // trip (Little's law), limit the rate.
     let per_task = 20u64;
     let tasks_n = eps.len() * 32;
-    let t0 = Instant::now();
-    let tasks: Vec<LocalTask<'_, ()>> = (0..tasks_n)
-        .map(|i| {
-            let ep = &eps[i % eps.len()];
-            Box::pin(async move {
-                for _ in 0..per_task {
-                    ep.read(region.at(64), 8).await.unwrap();
-                }
-            }) as LocalTask<'_, ()>
-        })
-        .collect();
-    run_tasks(tasks);
-    let took = (Instant::now() - t0).as_nanos() as f64;
+    let took = time_reads(&eps, region.at(64), tasks_n, per_task);
     let node0 = sim
         .resources()
         .into_iter()
@@ -290,19 +298,7 @@ fn reads_through_qps(profile: Profile, threads: usize) -> (f64, u64) {
         .map(|i| sim.fabric().endpoint(clients[i % 4]).unwrap())
         .collect();
     let per_task = 40u64;
-    let t0 = Instant::now();
-    let tasks: Vec<LocalTask<'_, ()>> = (0..threads * 4)
-        .map(|i| {
-            let ep = &eps[i % threads];
-            Box::pin(async move {
-                for _ in 0..per_task {
-                    ep.read(region.at(64), 8).await.unwrap();
-                }
-            }) as LocalTask<'_, ()>
-        })
-        .collect();
-    run_tasks(tasks);
-    let took = (Instant::now() - t0).as_nanos() as f64;
+    let took = time_reads(&eps, region.at(64), threads * 4, per_task);
     let misses = sim
         .resources()
         .iter()

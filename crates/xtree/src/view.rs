@@ -712,15 +712,20 @@ mod tests {
         assert!(KeysView::parse(&g, g.slot_span(0), &good.bytes()[..72]).is_err());
     }
 
-    #[test]
-    fn inner_nodes_route_keys() {
-        let g = Geometry::new(4).unwrap();
-        let c = |n| ChildPtr {
+    /// The child pointer `inner_10_20_30` stores for node `n`.
+    fn inner_child(n: u32) -> ChildPtr {
+        ChildPtr {
             node: n,
             incarnation: n + 100,
-        };
-        let n = node(
-            &g,
+        }
+    }
+
+    /// An inner node (N = 4) routing by separators 10, 20 and 30 to
+    /// children 1, 2 and 3.
+    fn inner_10_20_30(g: &Geometry) -> Plain {
+        let c = inner_child;
+        node(
+            g,
             Header {
                 incarnation: 0,
                 count: 3,
@@ -732,7 +737,14 @@ mod tests {
             },
             &[10, 20, 30],
             &[c(1).pack(), c(2).pack(), c(3).pack()],
-        );
+        )
+    }
+
+    #[test]
+    fn inner_nodes_route_keys() {
+        let g = Geometry::new(4).unwrap();
+        let c = inner_child;
+        let n = inner_10_20_30(&g);
         let v = NodeView::parse(&g, &n.bytes()).unwrap();
         assert_eq!(v.child_for(9), None, "below the lower bound: stale copy");
         assert_eq!(v.child_for(10), Some((0, c(1))));
@@ -845,24 +857,8 @@ mod tests {
     #[test]
     fn in_place_lookups_route_like_parsed_images() {
         let g = Geometry::new(4).unwrap();
-        let c = |n| ChildPtr {
-            node: n,
-            incarnation: n + 100,
-        };
-        let n = node(
-            &g,
-            Header {
-                incarnation: 0,
-                count: 3,
-                next: 0,
-            },
-            Meta {
-                level: 1,
-                out_of_line: 0,
-            },
-            &[10, 20, 30],
-            &[c(1).pack(), c(2).pack(), c(3).pack()],
-        );
+        let c = inner_child;
+        let n = inner_10_20_30(&g);
         let b = n.bytes();
         let at = |k| NodeView::child_in_image(&g, &b, k).unwrap().child;
         assert_eq!(at(9), None, "below the lower bound");

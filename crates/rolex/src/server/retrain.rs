@@ -116,10 +116,10 @@ impl Server {
             return Ok(()); // retired already, or queued twice
         }
         let res = self.retrain_active(ep, &r, m, &p, &rl, wall).await;
-        if matches!(&res, Err(KvError::Exhausted(e)) if e == LOCK_WAIT_GAVE_UP) {
-            // Back in service (a freeze given up wrote ACTIVE itself); the
-            // model goes to the back of the queue, so other models are
-            // retrained meanwhile and this one again once the lock is free.
+        if res.is_err() {
+            // Leave the model usable (a freeze given up wrote ACTIVE
+            // itself); it will be queued again when writers find its SLT
+            // full.
             let _ = ep
                 .cas(
                     state,
@@ -127,22 +127,15 @@ impl Server {
                     ModelState::Active as u64,
                 )
                 .await;
+        }
+        if matches!(&res, Err(KvError::Exhausted(e)) if e == LOCK_WAIT_GAVE_UP) {
+            // A lock wait given up: the model goes to the back of the queue
+            // at once, so other models are retrained meanwhile and this one
+            // again once the lock is free.
             self.stats
                 .retrain_lock_timeouts
                 .fetch_add(1, Ordering::Relaxed);
             self.push(m);
-            return res;
-        }
-        if res.is_err() {
-            // Leave the model usable; it will be queued again when writers
-            // find its SLT full.
-            let _ = ep
-                .cas(
-                    state,
-                    ModelState::Training as u64,
-                    ModelState::Active as u64,
-                )
-                .await;
         }
         res
     }
