@@ -156,7 +156,7 @@ mod with_ucx {
     use dmkv_transport::exec::block_on;
     use dmkv_transport::{Endpoint, NodeId, OpKind, labeled};
     use dmkv_transport_ucx::{UcxCluster, UcxConfig};
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::net::ToSocketAddrs;
     use std::path::Path;
     use std::rc::Rc;
@@ -311,15 +311,9 @@ mod with_ucx {
         writeln!(out, "{LISTENING} {advertise}").map_err(|e| e.to_string())?;
         out.flush().map_err(|e| e.to_string())?;
         if a.exit_on_stdin_eof {
-            // Not `std::io::stdin()`: `main` holds its lock for the CLI's
-            // whole run, so this thread would wait on the lock for ever and
-            // the node would never see its parent go. `/dev/stdin` is a new
-            // descriptor for the same pipe (as `dmkv memnode` does).
-            let mut stdin = std::fs::File::open("/dev/stdin")
-                .map_err(|e| format!("--exit-on-stdin-eof: cannot read stdin: {e}"))?;
+            let stdin = crate::ucx::ParentStdin::open()?;
             std::thread::spawn(move || {
-                let mut sink = [0u8; 256];
-                while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+                stdin.wait_for_eof();
                 std::process::exit(crate::cli::EXIT_OK);
             });
         }

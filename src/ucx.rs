@@ -75,14 +75,7 @@ pub fn memnode(registry: &Registry, a: MemnodeArgs, out: &mut dyn Write) -> Resu
     writeln!(out, "{LISTENING} {}", node.listen_addr()).map_err(|e| e.to_string())?;
     out.flush().map_err(|e| e.to_string())?;
     if a.exit_on_stdin_eof {
-        // Not `std::io::stdin()`: `main` holds its lock for the CLI's whole
-        // run, so reading through it here would wait forever (and a child
-        // memory node would never see its parent go). `/dev/stdin` is a new
-        // descriptor for the same pipe.
-        let mut sink = [0u8; 256];
-        let mut stdin = std::fs::File::open("/dev/stdin")
-            .map_err(|e| format!("--exit-on-stdin-eof: cannot read stdin: {e}"))?;
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        ParentStdin::open()?.wait_for_eof();
         // What serving cost outside the services, split into idle polling
         // and work (the stats service reports only the sum).
         eprintln!("{}", node.serving_summary());
@@ -93,6 +86,26 @@ pub fn memnode(registry: &Registry, a: MemnodeArgs, out: &mut dyn Write) -> Resu
     }
     drop(node);
     Ok(crate::cli::EXIT_OK)
+}
+
+/// `--exit-on-stdin-eof` (`dmkv memnode`, `dmkv node`): stdin opened anew.
+/// Not `std::io::stdin()`: `main` holds its lock for the CLI's whole run,
+/// so reading through it would wait forever (and a child would never see
+/// its parent go). `/dev/stdin` is a new descriptor for the same pipe.
+pub(crate) struct ParentStdin(std::fs::File);
+
+impl ParentStdin {
+    pub(crate) fn open() -> Result<Self, String> {
+        std::fs::File::open("/dev/stdin")
+            .map(Self)
+            .map_err(|e| format!("--exit-on-stdin-eof: cannot read stdin: {e}"))
+    }
+
+    /// Returns once the parent has closed its end (or reading fails).
+    pub(crate) fn wait_for_eof(mut self) {
+        let mut sink = [0u8; 256];
+        while matches!(self.0.read(&mut sink), Ok(n) if n > 0) {}
+    }
 }
 
 /// The deployer of `dmkv bench --transport ucx`.
