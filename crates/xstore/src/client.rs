@@ -32,8 +32,8 @@ use crate::wire::*;
 use async_trait::async_trait;
 use dmkv_api::{Key, KvError, KvStore, Result};
 use dmkv_transport::{Endpoint, WireReader, WireWriter};
-use dmkv_xtree::view::{parse_block, parse_slot_line};
-use dmkv_xtree::{FatPtr, KeysView, NodeView, SlotValue, ViewError};
+use dmkv_xtree::view::{LeafFind, parse_block, parse_slot_line};
+use dmkv_xtree::{FatPtr, KeysView, Meta, NodeView, SlotValue, ViewError};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -41,6 +41,11 @@ use std::sync::Arc;
 const TORN_RETRIES: usize = 64;
 /// Leaves a lookup may add to a prediction to prove a key absent.
 const MAX_EXTENSIONS: usize = 4;
+/// Widest prediction whose first read a lookup checks and searches in
+/// place ([`Client::first_read_in_place`]); a wider one (rare: 0.5% of
+/// lookups span 4 or more leaves at 1 M uniform keys) takes the general
+/// loop from the start.
+const IN_PLACE_LEAVES: usize = 4;
 
 /// What every client thread of one engine shares.
 pub struct Shared {
@@ -88,7 +93,40 @@ struct Leaf {
 struct Found {
     leaf: u32,
     slot: usize,
-    image: Image,
+    at: ValueAt,
+}
+
+/// Where the value of a found key is to be had.
+enum ValueAt {
+    /// In the leaf's slot line, which must carry `version`, the version of
+    /// the key lines that found the key (`meta` tells inline from out of
+    /// line).
+    SlotLine { version: u64, meta: Meta },
+    /// In this whole-leaf image.
+    Image(NodeView),
+}
+
+impl Found {
+    fn in_image(leaf: u32, slot: usize, image: Image) -> Found {
+        let at = match image {
+            Image::Keys(k) => ValueAt::SlotLine {
+                version: k.version,
+                meta: k.meta,
+            },
+            Image::Whole(n) => ValueAt::Image(n),
+        };
+        Found { leaf, slot, at }
+    }
+}
+
+/// How the first read of a lookup ended ([`Client::first_read_in_place`]).
+enum FirstRead {
+    /// The lookup's answer.
+    Done(Lookup),
+    /// Every leaf read is a consistent leaf image and none holds the key:
+    /// the general loop takes over with these images (whether one split or
+    /// the read proves the key absent is decided there).
+    Continue(Vec<(u32, Leaf)>),
 }
 
 /// Where a scan's plan of the next leaves stands: partition, model
@@ -244,6 +282,125 @@ impl Client {
         }
     }
 
+    /// The first read of a lookup whose `s..=e` (at most
+    /// [`IN_PLACE_LEAVES`], one batch) has cached TT entries and reads key
+    /// lines: the same entries, reads, statistics, retries and answers as
+    /// the general loop of [`Client::lookup`] (which it replaces for that
+    /// read), but each image is checked and searched where it lies
+    /// (`KeysView::find_in_image`, the same checks as `KeysView::parse` in
+    /// the same order) instead of being parsed into vectors, and without
+    /// the loop's vectors of wanted leaves, runs, entries and targets. Only
+    /// when no image holds the key are the images parsed and handed back.
+    async fn first_read_in_place(
+        &self,
+        p: &PartClient,
+        c: &SubCache,
+        key: Key,
+        s: u32,
+        e: u32,
+        torn: &mut usize,
+    ) -> Result<FirstRead> {
+        let n = (e - s + 1) as usize;
+        debug_assert!(n <= IN_PLACE_LEAVES && n <= self.sh.cfg.batch_limit);
+        let geo = &p.geo;
+        let span = geo.key_span();
+        let len = span.len(geo);
+        let nb = geo.node_bytes() as u64;
+        loop {
+            // Entries `s..=e` (the rest of the array is unused).
+            let mut entries = [TtEntry::unpack(0); IN_PLACE_LEAVES];
+            for (slot, lln) in entries.iter_mut().zip(s..=e) {
+                *slot = TtEntry::unpack(c.entry(lln));
+                if !slot.valid {
+                    return Ok(FirstRead::Done(Lookup::Fallback(
+                        FallbackCause::InvalidEntry,
+                    )));
+                }
+            }
+            let mut b = self.ep.batch();
+            for t in &entries[..n] {
+                b.read(p.nodes.at(t.leaf as u64 * nb), len);
+            }
+            let res = b.run().await?;
+            ClientStats::bump(&self.stats().leaf_batches);
+            self.stats()
+                .leaves_read
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            // Checked as read_leaves_in checks: any image that is not a
+            // consistent leaf makes the lookup fall back, unless every such
+            // image is only torn or locked (then the read is retried). The
+            // first image (in logical order) holding the key answers, once
+            // every image has passed.
+            let mut first: Option<(usize, LeafFind)> = None;
+            let mut failed: Option<bool> = None; // Some(true): only transient
+            for j in 0..n {
+                match KeysView::find_in_image(geo, span, res.read(j), key) {
+                    Ok(f) if f.meta.level == 0 => {
+                        if first.is_none() && f.slot.is_some() {
+                            first = Some((j, f));
+                        }
+                    }
+                    Ok(_) => failed = Some(false),
+                    Err(err) if err.is_transient() => {
+                        failed.get_or_insert(true);
+                    }
+                    Err(_) => failed = Some(false),
+                }
+            }
+            match failed {
+                Some(false) => {
+                    return Ok(FirstRead::Done(Lookup::Fallback(
+                        FallbackCause::Incarnation,
+                    )));
+                }
+                Some(true) => {
+                    ClientStats::bump(&self.stats().torn_retries);
+                    *torn += 1;
+                    if *torn >= TORN_RETRIES {
+                        return Ok(FirstRead::Done(Lookup::Fallback(FallbackCause::Torn)));
+                    }
+                    continue;
+                }
+                None => {}
+            }
+            if let Some((j, f)) = first {
+                let t = &entries[j];
+                if f.header.incarnation != t.incarnation {
+                    ClientStats::bump(&self.stats().found_in_split_leaf);
+                }
+                return Ok(FirstRead::Done(Lookup::Found(Found {
+                    leaf: t.leaf,
+                    slot: f.slot.expect("found"),
+                    at: ValueAt::SlotLine {
+                        version: f.version,
+                        meta: f.meta,
+                    },
+                })));
+            }
+            // In none: parsed for the general loop. `find_in_image` made
+            // `parse`'s checks, so parsing cannot fail; if it did, the
+            // image is treated as the loop treats a malformed one.
+            let mut read = Vec::with_capacity(n);
+            for (j, (lln, t)) in (s..=e).zip(&entries[..n]).enumerate() {
+                let Ok(image) = KeysView::parse(geo, span, res.read(j)) else {
+                    return Ok(FirstRead::Done(Lookup::Fallback(
+                        FallbackCause::Incarnation,
+                    )));
+                };
+                read.push((
+                    lln,
+                    Leaf {
+                        part: p.index,
+                        node: t.leaf,
+                        entry: Some(*t),
+                        image: Image::Keys(image),
+                    },
+                ));
+            }
+            return Ok(FirstRead::Continue(read));
+        }
+    }
+
     /// LOOKUP (Fig. 7) of `key` in partition `p`.
     async fn lookup(&self, p: &PartClient, key: Key, whole: bool) -> Result<Lookup> {
         ClientStats::bump(&self.stats().lookups);
@@ -251,11 +408,27 @@ impl Client {
         // The first prediction of this lookup is counted by its span.
         let mut counted = false;
         'model: for _ in 0..crate::cache::MODEL_RETRIES {
-            let g = p.generation(&self.ep).await?;
+            // The cached generation and sub-model without an await (the
+            // common case); fetched one-sided otherwise.
+            let g = match p.cached_gen() {
+                Some(g) => g,
+                None => Box::pin(p.fetch_header(&self.ep)).await?,
+            };
             let i = g.header.route(key);
-            let Some(v) = self.sub_view(p, &g, i).await? else {
+            let cached = match p.mode {
+                CacheMode::Full | CacheMode::ModelsOnly => g.sub(i).map(|s| SubView {
+                    record: s.record,
+                    cached: (p.mode == CacheMode::Full).then_some(s),
+                }),
+                CacheMode::TopOnly => None,
+            };
+            let v = match cached {
+                Some(v) => Some(v),
+                None => Box::pin(self.sub_view(p, &g, i)).await?,
+            };
+            let Some(v) = v else {
                 // The generation moved on: learn the new header.
-                p.fetch_header(&self.ep).await?;
+                Box::pin(p.fetch_header(&self.ep)).await?;
                 continue 'model;
             };
             let t = v.record.tt_len;
@@ -274,7 +447,17 @@ impl Client {
             }
             // Leaves read so far, by logical number.
             let mut read: Vec<(u32, Leaf)> = Vec::new();
-            let mut want: Vec<u32> = (s..=e).collect();
+            let mut want: Vec<u32> = Vec::new();
+            let n = (e - s + 1) as usize;
+            match &v.cached {
+                Some(c) if !whole && n <= IN_PLACE_LEAVES && n <= self.sh.cfg.batch_limit => {
+                    match self.first_read_in_place(p, c, key, s, e, &mut torn).await? {
+                        FirstRead::Done(l) => return Ok(l),
+                        FirstRead::Continue(images) => read = images,
+                    }
+                }
+                _ => want = (s..=e).collect(),
+            }
             let mut extensions = 0;
             loop {
                 if !want.is_empty() {
@@ -282,7 +465,7 @@ impl Client {
                     // every leaf in one batch.
                     let mut targets: Vec<(u32, Option<TtEntry>)> = Vec::new();
                     for (lo, hi) in runs(&want) {
-                        let Some(raw) = self.entries(p, &v, lo, hi).await? else {
+                        let Some(raw) = Box::pin(self.entries(p, &v, lo, hi)).await? else {
                             if p.mode == CacheMode::Full {
                                 return Ok(Lookup::Fallback(FallbackCause::Model));
                             }
@@ -298,7 +481,7 @@ impl Client {
                     if targets.iter().any(|(_, e)| !e.is_some_and(|e| e.valid)) {
                         return Ok(Lookup::Fallback(FallbackCause::InvalidEntry));
                     }
-                    match self.read_leaves(p, &targets, whole).await? {
+                    match Box::pin(self.read_leaves(p, &targets, whole)).await? {
                         Ok(leaves) => {
                             for (n, l) in want.iter().zip(leaves) {
                                 read.push((*n, l));
@@ -337,11 +520,7 @@ impl Client {
                         ClientStats::bump(&self.stats().found_in_split_leaf);
                     }
                     let slot = l.image.keys().find(key).expect("just found");
-                    return Ok(Lookup::Found(Found {
-                        leaf: l.node,
-                        slot,
-                        image: l.image,
-                    }));
+                    return Ok(Lookup::Found(Found::in_image(l.node, slot, l.image)));
                 }
                 if !stale.is_empty() {
                     // Invalidate (Fig. 7, line 18) and speculate.
@@ -364,18 +543,14 @@ impl Client {
                     if siblings.is_empty() {
                         return Ok(Lookup::Fallback(FallbackCause::Incarnation));
                     }
-                    let sibs = match self.read_leaves(p, &siblings, whole).await? {
+                    let sibs = match Box::pin(self.read_leaves(p, &siblings, whole)).await? {
                         Ok(s) => s,
                         Err(_) => return Ok(Lookup::Fallback(FallbackCause::Incarnation)),
                     };
                     for l in sibs {
                         if let Some(slot) = l.image.keys().find(key) {
                             ClientStats::bump(&self.stats().speculative_hits);
-                            return Ok(Lookup::Found(Found {
-                                leaf: l.node,
-                                slot,
-                                image: l.image,
-                            }));
+                            return Ok(Lookup::Found(Found::in_image(l.node, slot, l.image)));
                         }
                     }
                     return Ok(Lookup::Fallback(FallbackCause::Incarnation));
@@ -412,21 +587,21 @@ impl Client {
     async fn read_value(&self, p: &PartClient, key: Key, f: &Found) -> Result<Option<Vec<u8>>> {
         let geo = &p.geo;
         let base = f.leaf as u64 * geo.node_bytes() as u64;
-        let fat = match &f.image {
-            Image::Whole(n) => match n.value(f.slot) {
+        let fat = match &f.at {
+            ValueAt::Image(n) => match n.value(f.slot) {
                 SlotValue::Inline(b) => return Ok(Some(b.to_vec())),
                 SlotValue::OutOfLine(fat) => fat,
             },
-            Image::Keys(k) => {
+            ValueAt::SlotLine { version, meta } => {
                 let span = geo.slot_span(f.slot);
                 let bytes = self
                     .ep
                     .read_buf(p.nodes.at(base + span.offset() as u64), span.len(geo))
                     .await?;
-                let Ok(word) = parse_slot_line(geo, f.slot, k.version, &bytes) else {
+                let Ok(word) = parse_slot_line(geo, f.slot, *version, &bytes) else {
                     return Ok(None);
                 };
-                match SlotValue::decode(&k.meta, f.slot, word) {
+                match SlotValue::decode(meta, f.slot, word) {
                     SlotValue::Inline(b) => return Ok(Some(b.to_vec())),
                     SlotValue::OutOfLine(fat) => fat,
                 }
@@ -834,7 +1009,7 @@ impl Client {
         for _ in 0..TORN_RETRIES {
             match self.lookup(p, key, self.sh.whole_leaves).await? {
                 Lookup::Absent => return Ok(None),
-                Lookup::Fallback(c) => return self.fallback_get(p, key, c).await,
+                Lookup::Fallback(c) => return Box::pin(self.fallback_get(p, key, c)).await,
                 Lookup::Found(f) => {
                     if let Some(v) = self.read_value(p, key, &f).await? {
                         return Ok(Some(v));
@@ -843,7 +1018,7 @@ impl Client {
                 }
             }
         }
-        self.fallback_get(p, key, FallbackCause::Torn).await
+        Box::pin(self.fallback_get(p, key, FallbackCause::Torn)).await
     }
 
     /// The position hint for UPDATE (§5.3.1): the leaf the cached model
@@ -975,5 +1150,27 @@ impl KvStore for Client {
         }
         out.truncate(n);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod future_size {
+    use super::*;
+
+    fn size_of_future<'a, F>(_: impl FnOnce(&'a Client, &'a PartClient) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// The API boxes every GET's future; past 1 KiB it takes mimalloc's
+    /// aligned slow path (rolex's `a_get_future_stays_under_one_kib` says
+    /// why). XStore's is not there yet: measured 1,328 bytes, of which the
+    /// lookup's is 1,048 (its in-place first read 624, most of it the
+    /// transport's batch and its run), the value read's 376. The lookup's
+    /// rare paths (fetching a model, the general loop's reads, the fallback
+    /// RPC) are boxed so that they add nothing. This guards against growth.
+    #[test]
+    fn a_get_future_does_not_grow() {
+        let get = size_of_future(|c, p| c.get_in(p, 0));
+        assert!(get <= 1328, "Client::get_in's future is {get} bytes");
     }
 }
