@@ -90,6 +90,16 @@ struct Conn {
 }
 
 impl Conn {
+    /// The node is gone (its control connection ended): operations still
+    /// in flight on its endpoints are leaked rather than awaited when they
+    /// are dropped (a shared-memory endpoint would never report them failed).
+    fn abandon(&self) {
+        self.ep.abandon();
+        for ep in &self.rpc_eps {
+            ep.abandon();
+        }
+    }
+
     /// The endpoint RPC `rid` goes to.
     fn rpc_ep(&self, rid: u64) -> &Ep {
         if self.rpc_eps.is_empty() {
@@ -190,6 +200,7 @@ impl State {
     fn conn(&self, node: NodeId) -> Result<Rc<Conn>> {
         if let Some(c) = self.conns.borrow().get(&node) {
             if c.peer.is_down() || c.ep.failed().is_some() {
+                c.abandon();
                 return Err(TransportError::NodeDown(node));
             }
             return Ok(c.clone());
@@ -199,7 +210,7 @@ impl State {
             return Err(TransportError::NodeDown(node));
         }
         let (kind, body) = peer.request(control::OPEN_SESSION, |w| {
-            w.bytes(&self.address);
+            w.bytes(&self.address).bytes(crate::shm::host_id());
         })?;
         let mut r = WireReader::new(&body);
         if kind != control::SESSION {
@@ -216,14 +227,24 @@ impl State {
         for _ in 0..handlers {
             handler_addresses.push(r.bytes()?.to_vec());
         }
+        let node_host = r.bytes()?.to_vec();
         r.end()?;
-        let ep = self
-            .worker
-            .connect(&peer.worker_address)
-            .map_err(|e| self.ucx_error(node, e))?;
+        // Shared memory where the node is on this host (`crate::shm`).
+        let connect = |address: &[u8]| {
+            let (ep, shm) = crate::shm::connect(&self.worker, address, &node_host)?;
+            let stats = &self.cluster.stats;
+            if shm {
+                &stats.shm_endpoints
+            } else {
+                &stats.checked_endpoints
+            }
+            .fetch_add(1, Relaxed);
+            Ok::<Ep, UcxError>(ep)
+        };
+        let ep = connect(&peer.worker_address).map_err(|e| self.ucx_error(node, e))?;
         let rpc_eps = handler_addresses
             .iter()
-            .map(|a| self.worker.connect(a))
+            .map(|a| connect(a))
             .collect::<std::result::Result<Vec<Ep>, UcxError>>()
             .map_err(|e| self.ucx_error(node, e))?;
         let c = Rc::new(Conn {
@@ -715,6 +736,7 @@ impl EndpointBackend for UcxEndpoint {
                         return Poll::Ready(Err(e));
                     }
                     if m.conn.peer.is_down() || m.conn.ep.failed().is_some() {
+                        m.conn.abandon();
                         return Poll::Ready(Err(TransportError::NodeDown(m.node)));
                     }
                     if Instant::now() >= deadline {
@@ -810,6 +832,7 @@ impl EndpointBackend for UcxEndpoint {
                     return Poll::Ready(Err(e));
                 }
                 if conn.peer.is_down() || ep.failed().is_some() {
+                    conn.abandon();
                     return Poll::Ready(Err(TransportError::NodeDown(node)));
                 }
                 if Instant::now() >= deadline {
