@@ -41,8 +41,12 @@ const RECHECK: Duration = Duration::from_micros(100);
 /// costs no wake-up. After [`SPINS`] empty polls it yields its core between
 /// polls, so that on a small machine the serving threads get the CPU.
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(1);
-/// Empty polls before the thread yields between polls.
-const SPINS: u32 = 64;
+/// Empty polls before the thread yields between polls. None: like the
+/// local executor, it yields from its first empty poll. Measured over shared
+/// memory on the loaded 2-core host (docs/performance.md, sixth pass): 64
+/// gave 36-49K RPC ops/s, 0 gave 45-66K, and 1024 gave 10-12K (a spinning
+/// client holds the core its handler thread needs until preempted).
+const SPINS: u32 = 0;
 /// The longest such a sleep lasts (other wake-ups, such as timers, are not
 /// seen while sleeping).
 const SLEEP: i32 = 1;
