@@ -9,7 +9,7 @@
 //!   worker. An RPC crosses no other thread (a service that defers its reply
 //!   hands it back through the loop's command queue). After its last event a
 //!   handler thread polls for [`HANDLER_POLL`] (yielding its core between
-//!   polls after a short spin), then sleeps on its worker's event fd;
+//!   polls from the first empty one), then sleeps on its worker's event fd;
 //! - the **progress thread** owns the node's main UCX worker. It drives UCX
 //!   (which over TCP executes the emulated one-sided verbs of clients here,
 //!   on this thread), executes verbs carried as messages (the TCP path) and
@@ -60,7 +60,7 @@ pub(crate) const REQUEST_HEADER: usize = 4 + 8 + 8 + 4 + 2;
 /// How long the progress thread spins after the last event before it sleeps.
 pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(200);
 /// How long a handler thread keeps polling its queue after its last request
-/// before it blocks (first a short spin, then yielding its core between
+/// before it blocks (yielding its core between
 /// polls), so that a request arriving in a busy stretch does not pay a
 /// futex wake-up of a parked thread.
 pub const HANDLER_POLL: Duration = Duration::from_millis(1);
