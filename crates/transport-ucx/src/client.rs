@@ -41,8 +41,12 @@ const RECHECK: Duration = Duration::from_micros(100);
 /// costs no wake-up. After [`SPINS`] empty polls it yields its core between
 /// polls, so that on a small machine the serving threads get the CPU.
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(1);
-/// Empty polls before the thread yields between polls.
-const SPINS: u32 = 64;
+/// Empty polls before the thread yields between polls. None: like the
+/// local executor, it yields from its first empty poll. Measured over shared
+/// memory on the loaded 2-core host (docs/performance.md, sixth pass): 64
+/// gave 36-49K RPC ops/s, 0 gave 45-66K, and 1024 gave 10-12K (a spinning
+/// client holds the core its handler thread needs until preempted).
+const SPINS: u32 = 0;
 /// The longest such a sleep lasts (other wake-ups, such as timers, are not
 /// seen while sleeping).
 const SLEEP: i32 = 1;
@@ -90,6 +94,16 @@ struct Conn {
 }
 
 impl Conn {
+    /// The node is gone (its control connection ended): operations still
+    /// in flight on its endpoints are leaked rather than awaited when they
+    /// are dropped (a shared-memory endpoint would never report them failed).
+    fn abandon(&self) {
+        self.ep.abandon();
+        for ep in &self.rpc_eps {
+            ep.abandon();
+        }
+    }
+
     /// The endpoint RPC `rid` goes to.
     fn rpc_ep(&self, rid: u64) -> &Ep {
         if self.rpc_eps.is_empty() {
@@ -190,6 +204,7 @@ impl State {
     fn conn(&self, node: NodeId) -> Result<Rc<Conn>> {
         if let Some(c) = self.conns.borrow().get(&node) {
             if c.peer.is_down() || c.ep.failed().is_some() {
+                c.abandon();
                 return Err(TransportError::NodeDown(node));
             }
             return Ok(c.clone());
@@ -199,7 +214,7 @@ impl State {
             return Err(TransportError::NodeDown(node));
         }
         let (kind, body) = peer.request(control::OPEN_SESSION, |w| {
-            w.bytes(&self.address);
+            w.bytes(&self.address).bytes(crate::shm::host_id());
         })?;
         let mut r = WireReader::new(&body);
         if kind != control::SESSION {
@@ -216,14 +231,24 @@ impl State {
         for _ in 0..handlers {
             handler_addresses.push(r.bytes()?.to_vec());
         }
+        let node_host = r.bytes()?.to_vec();
         r.end()?;
-        let ep = self
-            .worker
-            .connect(&peer.worker_address)
-            .map_err(|e| self.ucx_error(node, e))?;
+        // Shared memory where the node is on this host (`crate::shm`).
+        let connect = |address: &[u8]| {
+            let (ep, shm) = crate::shm::connect(&self.worker, address, &node_host)?;
+            let stats = &self.cluster.stats;
+            if shm {
+                &stats.shm_endpoints
+            } else {
+                &stats.checked_endpoints
+            }
+            .fetch_add(1, Relaxed);
+            Ok::<Ep, UcxError>(ep)
+        };
+        let ep = connect(&peer.worker_address).map_err(|e| self.ucx_error(node, e))?;
         let rpc_eps = handler_addresses
             .iter()
-            .map(|a| self.worker.connect(a))
+            .map(|a| connect(a))
             .collect::<std::result::Result<Vec<Ep>, UcxError>>()
             .map_err(|e| self.ucx_error(node, e))?;
         let c = Rc::new(Conn {
@@ -715,6 +740,7 @@ impl EndpointBackend for UcxEndpoint {
                         return Poll::Ready(Err(e));
                     }
                     if m.conn.peer.is_down() || m.conn.ep.failed().is_some() {
+                        m.conn.abandon();
                         return Poll::Ready(Err(TransportError::NodeDown(m.node)));
                     }
                     if Instant::now() >= deadline {
@@ -810,6 +836,7 @@ impl EndpointBackend for UcxEndpoint {
                     return Poll::Ready(Err(e));
                 }
                 if conn.peer.is_down() || ep.failed().is_some() {
+                    conn.abandon();
                     return Poll::Ready(Err(TransportError::NodeDown(node)));
                 }
                 if Instant::now() >= deadline {

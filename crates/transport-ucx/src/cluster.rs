@@ -206,6 +206,13 @@ pub struct UcxStats {
     pub rkey_fetches: u64,
     /// Sessions opened (one per endpoint and node it talks to).
     pub sessions: u64,
+    /// UCX endpoints this process's endpoints made to nodes' workers that
+    /// go through shared memory only (a peer on this host; no UCX
+    /// peer-failure handling, see `docs/ucx.md`).
+    pub shm_endpoints: u64,
+    /// UCX endpoints made with UCX's peer-failure handling (other hosts,
+    /// or `UCX_TLS` without shared memory).
+    pub checked_endpoints: u64,
 }
 
 #[derive(Default)]
@@ -215,6 +222,8 @@ pub(crate) struct StatCounters {
     pub(crate) message_verbs: AtomicU64,
     pub(crate) rkey_fetches: AtomicU64,
     pub(crate) sessions: AtomicU64,
+    pub(crate) shm_endpoints: AtomicU64,
+    pub(crate) checked_endpoints: AtomicU64,
 }
 
 pub(crate) struct ClusterInner {
@@ -373,6 +382,8 @@ impl UcxCluster {
             message_verbs: s.message_verbs.load(Ordering::Relaxed),
             rkey_fetches: s.rkey_fetches.load(Ordering::Relaxed),
             sessions: s.sessions.load(Ordering::Relaxed),
+            shm_endpoints: s.shm_endpoints.load(Ordering::Relaxed),
+            checked_endpoints: s.checked_endpoints.load(Ordering::Relaxed),
         }
     }
 

@@ -12,11 +12,12 @@
 //!    address)` or `REFUSED(reason)` and closes. A peer without the secret
 //!    never learns the node's worker address and gets no session.
 //! 2. **Sessions**: a client thread's UCX worker is registered with
-//!    `OPEN_SESSION(worker address)`; the node connects back to it from
-//!    every worker it serves with (verbs replies, RPC replies) and returns
-//!    `SESSION(session id, random token, handler worker addresses)`: every
-//!    RPC carries the token, and goes to one of the handler threads'
-//!    workers, which serve RPCs inline.
+//!    `OPEN_SESSION(worker address, host id)`; the node connects back to it
+//!    from every worker it serves with (verbs replies, RPC replies) and
+//!    returns `SESSION(session id, random token, handler worker addresses,
+//!    host id)`: every RPC carries the token, and goes to one of the handler
+//!    threads' workers, which serve RPCs inline. Equal host ids make both
+//!    sides' UCX endpoints shared-memory ones (`crate::shm`).
 //! 3. **Remote keys**: `FETCH_RKEY(region, access key)` returns the region's
 //!    base address, length and packed rkey, or a refusal. A wrong access key
 //!    is refused here, before any byte moves.

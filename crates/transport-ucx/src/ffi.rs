@@ -141,6 +141,9 @@ fn dt_contig(elem: usize) -> sys::ucp_datatype_t {
 /// The UCP context of this process.
 pub struct Context {
     h: sys::ucp_context_h,
+    /// The transports UCP opened (`ucp_context_print_info`'s resources:
+    /// `tcp`, `sysv`, `posix`, `cma`, `rc_mlx5`, ...), in its order.
+    transports: Vec<String>,
 }
 
 // SAFETY: the context is created with `mt_workers_shared = 1`, which makes
@@ -205,12 +208,23 @@ impl Context {
                 },
                 "ucp_init",
             )?;
-            Ok(Arc::new(Context { h }))
+            // SAFETY: `h` is the live context just created; the stream is a
+            // valid memory stream for the call.
+            let info = capture(|f| unsafe { sys::ucp_context_print_info(h, f.cast()) });
+            Ok(Arc::new(Context {
+                h,
+                transports: resource_transports(&info),
+            }))
         })();
         // SAFETY: `config` came from ucp_config_read and is not used again
         // (ucp_init copies what it needs).
         unsafe { sys::ucp_config_release(config) };
         result
+    }
+
+    /// The transports this context opened (`tcp`, `sysv`, `posix`, ...).
+    pub fn transports(&self) -> &[String] {
+        &self.transports
     }
 
     /// Allocates `len` bytes through UCX (`ucp_mem_map` with ALLOCATE),
@@ -286,6 +300,62 @@ impl Drop for Context {
         // is left when the last reference drops.
         unsafe { sys::ucp_cleanup(self.h) };
     }
+}
+
+/// Runs `print` on a C memory stream and returns what it wrote (UCP's
+/// `*_print_info` calls are the only way UCX 1.13 tells which transports a
+/// context opened and which lanes an endpoint uses).
+fn capture(print: impl FnOnce(*mut libc::FILE)) -> String {
+    let mut buf: *mut libc::c_char = std::ptr::null_mut();
+    let mut size: libc::size_t = 0;
+    // SAFETY: `buf` and `size` outlive the stream (it is closed below);
+    // glibc allocates the buffer, which we free once after `fclose`.
+    let f = unsafe { libc::open_memstream(&mut buf, &mut size) };
+    if f.is_null() {
+        return String::new();
+    }
+    print(f);
+    // SAFETY: `f` is the open stream from above, closed once; closing
+    // flushes it and leaves a NUL-terminated copy in `buf`.
+    unsafe { libc::fclose(f) };
+    if buf.is_null() {
+        return String::new();
+    }
+    // SAFETY: after `fclose`, `buf` is a NUL-terminated buffer glibc
+    // allocated; it is copied and then freed once.
+    let text = unsafe { CStr::from_ptr(buf) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: see above.
+    unsafe { libc::free(buf.cast()) };
+    text
+}
+
+/// The transport names of `ucp_context_print_info`'s resource lines
+/// (`#      resource 2  :  md 2  dev 2  flags -- sysv/memory`).
+fn resource_transports(info: &str) -> Vec<String> {
+    info.lines()
+        .filter(|l| l.contains("resource") && l.contains("--"))
+        .filter_map(|l| l.rsplit("--").next())
+        .filter_map(|t| t.trim().split('/').next())
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The transport names of `ucp_ep_print_info`'s lane lines
+/// (`#   lane[0]:  2:sysv/memory.0 md[2]  -> md[2]/sysv/sysdev[255] am`).
+fn lane_transports(info: &str) -> Vec<String> {
+    info.lines()
+        .filter(|l| l.contains("lane["))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| !w.starts_with("lane[") && w.contains(':') && w.contains('/'))
+        })
+        .filter_map(|w| w.split_once(':').map(|(_, t)| t))
+        .filter_map(|t| t.split('/').next())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Memory allocated and registered by UCX. Unmapped on drop.
@@ -427,6 +497,11 @@ impl Worker {
         })
     }
 
+    /// The context the worker belongs to.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.inner._ctx
+    }
+
     /// The worker's address, for a peer to connect to.
     pub fn address(&self) -> Result<Vec<u8>, UcxError> {
         let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
@@ -501,17 +576,26 @@ impl Worker {
         )
     }
 
-    /// Connects to the worker at `remote_address` with peer-failure error
-    /// handling; the returned endpoint's `failed()` turns true if UCX reports
-    /// the peer gone.
-    pub fn connect(&self, remote_address: &[u8]) -> Result<Ep, UcxError> {
+    /// Connects to the worker at `remote_address`. With
+    /// [`ErrorMode::Peer`] the returned endpoint's `failed()` turns true if
+    /// UCX reports the peer gone; UCX 1.13 then uses only transports that
+    /// detect peer failure, which excludes shared memory (`sysv`, `posix`,
+    /// `cma`: the endpoint goes over `tcp` even between two processes of one
+    /// host). With [`ErrorMode::None`] UCX may pick shared memory, and
+    /// reports no failure: the caller learns that the peer is gone some
+    /// other way (dmkv: its control connection) and then calls
+    /// [`Ep::abandon`].
+    pub fn connect(&self, remote_address: &[u8], mode: ErrorMode) -> Result<Ep, UcxError> {
         let failed = Box::new(Cell::new(0i8));
         let params = sys::ucp_ep_params_t {
             field_mask: (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
             address: remote_address.as_ptr().cast(),
-            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_mode: match mode {
+                ErrorMode::Peer => sys::UCP_ERR_HANDLING_MODE_PEER,
+                ErrorMode::None => sys::UCP_ERR_HANDLING_MODE_NONE,
+            },
             err_handler: sys::ucp_err_handler_t {
                 cb: Some(ep_error),
                 arg: &*failed as *const Cell<i8> as *mut c_void,
@@ -532,9 +616,19 @@ impl Worker {
                 worker: self.clone(),
                 h,
                 failed,
+                abandoned: Cell::new(false),
             }),
         })
     }
+}
+
+/// How an endpoint learns that its peer failed (see [`Worker::connect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorMode {
+    /// UCX detects it (and so uses no shared-memory transport).
+    Peer,
+    /// UCX does not; shared memory is allowed.
+    None,
 }
 
 unsafe extern "C" fn ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: ucs_status_t) {
@@ -549,6 +643,9 @@ struct EpInner {
     worker: Worker,
     h: sys::ucp_ep_h,
     failed: Box<Cell<i8>>,
+    /// Set by [`Ep::abandon`]: the peer is known to be gone, so an operation
+    /// still in flight when it is dropped is leaked instead of awaited.
+    abandoned: Cell<bool>,
 }
 
 impl Drop for EpInner {
@@ -558,9 +655,12 @@ impl Drop for EpInner {
             flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
             ..Default::default()
         };
-        // SAFETY: the ep is live and closed once; FORCE is allowed because it
-        // was created with peer error handling. Every Rkey and Op of this ep
-        // holds an `Rc<EpInner>`, so none is left.
+        // SAFETY: the ep is live and closed once. Every Rkey and Op of this ep
+        // holds an `Rc<EpInner>`, so none is left. FORCE (no flush with the
+        // peer, which may be dead) is what UCP allows with peer error
+        // handling; an `ErrorMode::None` ep is used only when every lane is
+        // shared memory (see `crate::shm`), where closing is local to this
+        // process and the peer sees no transport error.
         let p = unsafe { sys::ucp_ep_close_nbx(self.h, &param) };
         if let StatusPtr::Pending(req) = status_ptr(p) {
             wait_request(&self.worker, req);
@@ -667,6 +767,17 @@ impl Op {
 
 impl Drop for Op {
     fn drop(&mut self) {
+        if self.done.get() {
+            return;
+        }
+        if self.ep.abandoned.get() && self.poll().is_none() {
+            // The peer is gone and UCX will not tell (no peer error
+            // handling): waiting could last forever (a send queued behind
+            // a full shared-memory FIFO nobody reads). Leak the request and
+            // its buffers instead, so nothing UCP may still touch is freed.
+            std::mem::forget(std::mem::replace(&mut self.bufs, Buffers::None));
+            return;
+        }
         if !self.done.get() {
             let req = self.req.get();
             wait_request(&self.ep.worker, req);
@@ -675,6 +786,21 @@ impl Drop for Op {
 }
 
 impl Ep {
+    /// The transports of the endpoint's lanes (`sysv`, `posix`, `cma`,
+    /// `tcp`, ...), as UCP chose them when it was created.
+    pub fn lane_transports(&self) -> Vec<String> {
+        // SAFETY: the ep is live; the stream is a valid memory stream for the
+        // call.
+        let info = capture(|f| unsafe { sys::ucp_ep_print_info(self.inner.h, f.cast()) });
+        lane_transports(&info)
+    }
+
+    /// Marks the peer as gone: operations of this endpoint still in flight
+    /// when they are dropped are leaked rather than awaited.
+    pub fn abandon(&self) {
+        self.inner.abandoned.set(true);
+    }
+
     /// The status UCX reported for this endpoint's peer, if it failed.
     pub fn failed(&self) -> Option<i8> {
         match self.inner.failed.get() {
@@ -929,4 +1055,38 @@ pub fn poll_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
     pfds.iter()
         .map(|p| p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_lines_give_transport_names() {
+        let info = "#\n# UCP context\n#\n#     component 0  :  self\n\
+                    #            md 1  :  component 1  tcp \n\
+                    #      resource 0  :  md 0  dev 0  flags -- self/memory0\n\
+                    #      resource 1  :  md 1  dev 1  flags -- tcp/lo\n\
+                    #      resource 2  :  md 2  dev 2  flags -- sysv/memory\n\
+                    #      resource 3  :  md 3  dev 2  flags -- posix/memory\n\
+                    #      resource 4  :  md 4  dev 2  flags -- cma/memory\n#\n";
+        assert_eq!(
+            resource_transports(info),
+            ["self", "tcp", "sysv", "posix", "cma"]
+        );
+        assert!(resource_transports("# nothing here\n").is_empty());
+    }
+
+    #[test]
+    fn lane_lines_give_transport_names() {
+        // As UCX 1.13 prints them: peer error handling (tcp only), then none
+        // (shared memory).
+        let peer = "#                 lane[0]:  1:tcp/lo.0 md[1]                -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n";
+        assert_eq!(lane_transports(peer), ["tcp"]);
+        let none = "# UCP endpoint\n\
+                    #                 lane[0]:  2:sysv/memory.0 md[2]           -> md[2]/sysv/sysdev[255] amo#0 am am_bw#0\n\
+                    #                 lane[1]:  3:posix/memory.0 md[3]          -> md[3]/posix/sysdev[255] amo#1\n\
+                    #                 lane[2]:  4:cma/memory.0 md[4]            -> md[4]/cma/sysdev[255] rma_bw#0\n";
+        assert_eq!(lane_transports(none), ["sysv", "posix", "cma"]);
+    }
 }

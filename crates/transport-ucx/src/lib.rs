@@ -43,6 +43,7 @@ mod control;
 pub mod deploy;
 mod ffi;
 mod server;
+mod shm;
 mod verbs;
 
 pub use cluster::{PeerLinker, UcxCluster, UcxConfig, UcxStats, VerbPath};

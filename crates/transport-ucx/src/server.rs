@@ -9,7 +9,7 @@
 //!   worker. An RPC crosses no other thread (a service that defers its reply
 //!   hands it back through the loop's command queue). After its last event a
 //!   handler thread polls for [`HANDLER_POLL`] (yielding its core between
-//!   polls after a short spin), then sleeps on its worker's event fd;
+//!   polls from the first empty one), then sleeps on its worker's event fd;
 //! - the **progress thread** owns the node's main UCX worker. It drives UCX
 //!   (which over TCP executes the emulated one-sided verbs of clients here,
 //!   on this thread), executes verbs carried as messages (the TCP path) and
@@ -60,7 +60,7 @@ pub(crate) const REQUEST_HEADER: usize = 4 + 8 + 8 + 4 + 2;
 /// How long the progress thread spins after the last event before it sleeps.
 pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(200);
 /// How long a handler thread keeps polling its queue after its last request
-/// before it blocks (first a short spin, then yielding its core between
+/// before it blocks (yielding its core between
 /// polls), so that a request arriving in a busy stretch does not pay a
 /// futex wake-up of a parked thread.
 pub const HANDLER_POLL: Duration = Duration::from_millis(1);
@@ -90,6 +90,8 @@ enum Cmd {
     OpenSession {
         session: u32,
         address: Vec<u8>,
+        /// The client's host id ([`crate::shm::host_id`]).
+        host: Vec<u8>,
         done: Option<Sender<std::result::Result<(), String>>>,
     },
     CloseSession(u32),
@@ -755,8 +757,9 @@ struct Idle {
     yields: bool,
 }
 
-/// Polls a loop makes without yielding before it yields between polls.
-const IDLE_SPINS: u32 = 64;
+/// Polls a loop makes without yielding before it yields between polls:
+/// none (see the client's `SPINS` for what was measured).
+const IDLE_SPINS: u32 = 0;
 
 /// Runs a serving loop on `worker` until [`Cmd::Stop`]: drives UCX, runs
 /// `work` after every progress call (a handler thread serves there the
@@ -774,7 +777,8 @@ fn serve_loop(
 ) {
     let efd = worker.event_fd().ok();
     let mut sessions: HashMap<u32, Ep> = HashMap::new();
-    let mut inflight: Vec<Op> = Vec::new();
+    // Replies being sent, with their session.
+    let mut inflight: Vec<(u32, Op)> = Vec::new();
     let mut last_event = Instant::now();
     let mut empty_polls: u32 = 0;
     let mut iterations: u64 = 0;
@@ -789,9 +793,11 @@ fn serve_loop(
                 Cmd::OpenSession {
                     session,
                     address,
+                    host,
                     done,
                 } => {
-                    let outcome = worker.connect(&address).map(|ep| {
+                    // Shared memory where the client is on this host.
+                    let outcome = crate::shm::connect(worker, &address, &host).map(|(ep, _)| {
                         sessions.insert(session, ep);
                     });
                     if let Some(done) = done {
@@ -799,7 +805,13 @@ fn serve_loop(
                     }
                 }
                 Cmd::CloseSession(s) => {
-                    sessions.remove(&s);
+                    // The client process may be gone, and a shared-memory
+                    // endpoint would not say so: replies still in flight to
+                    // it are leaked, not awaited (`Ep::abandon`).
+                    if let Some(ep) = sessions.remove(&s) {
+                        ep.abandon();
+                    }
+                    inflight.retain(|(sess, _)| *sess != s);
                 }
                 Cmd::Reply {
                     session,
@@ -810,13 +822,13 @@ fn serve_loop(
                         && ep.failed().is_none()
                         && let Ok(op) = ep.am_send(AM_REPLY, rid.to_le_bytes().to_vec(), reply)
                     {
-                        inflight.push(op);
+                        inflight.push((session, op));
                     }
                 }
                 Cmd::Stop => stop = true,
             }
         }
-        inflight.retain(|op| op.poll().is_none());
+        inflight.retain(|(_, op)| op.poll().is_none());
         iterations += 1;
         if iterations.is_multiple_of(4096) {
             shared
@@ -869,7 +881,11 @@ fn serve_loop(
         empty_polls = 0;
         last_event = Instant::now();
     }
-    // Close every endpoint and finish sends before the worker goes.
+    // Close every endpoint and finish sends before the worker goes (a send
+    // to a client that stopped reading is leaked, not awaited).
+    for ep in sessions.values() {
+        ep.abandon();
+    }
     drop(inflight);
     sessions.clear();
     shared
@@ -962,6 +978,7 @@ fn handle_frame(
         control::OPEN_SESSION => {
             let rid = r.u64().map_err(|_| ())?;
             let address = r.bytes().map_err(|_| ())?.to_vec();
+            let host = r.bytes().map_err(|_| ())?.to_vec();
             let session = node.next_session.fetch_add(1, Ordering::Relaxed);
             let token: u64 = rand::random();
             node.tokens.write().insert(session, token);
@@ -973,12 +990,14 @@ fn handle_frame(
             node.progress.send_cmd(Cmd::OpenSession {
                 session,
                 address: address.clone(),
+                host: host.clone(),
                 done: Some(tx),
             });
             for l in &node.handlers {
                 l.send_cmd(Cmd::OpenSession {
                     session,
                     address: address.clone(),
+                    host: host.clone(),
                     done: None,
                 });
             }
@@ -997,6 +1016,7 @@ fn handle_frame(
                     for a in &node.handler_addresses {
                         w.bytes(a);
                     }
+                    w.bytes(crate::shm::host_id());
                     control::write_frame(&conn.stream, control::SESSION, &w.finish())
                         .map_err(|_| ())
                 }

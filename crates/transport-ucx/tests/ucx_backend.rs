@@ -69,12 +69,18 @@ fn read_a_region(config: fn(Vec<u8>) -> UcxConfig) -> dmkv_transport_ucx::UcxSta
 fn shared_memory_maps_regions_and_tcp_posts_verbs() {
     let s = read_a_region(UcxConfig::shm_loopback);
     assert_eq!((s.direct_verbs, s.posted_verbs), (10, 0), "{s:?}");
+    // Both UCX endpoints of the session (to the node's progress worker and
+    // to its one handler worker) go through shared memory only: with UCX's
+    // peer-failure handling they would be tcp on loopback.
+    assert_eq!((s.shm_endpoints, s.checked_endpoints), (2, 0), "{s:?}");
     let s = read_a_region(UcxConfig::tcp_loopback);
     assert_eq!(
         (s.direct_verbs, s.posted_verbs, s.message_verbs),
         (0, 0, 10),
         "{s:?}"
     );
+    // Without shared memory in `UCX_TLS`, UCX detects a dead peer itself.
+    assert_eq!((s.shm_endpoints, s.checked_endpoints), (0, 2), "{s:?}");
     // One session and one key fetch, however many verbs.
     assert_eq!((s.sessions, s.rkey_fetches), (1, 1), "{s:?}");
 }
@@ -230,14 +236,16 @@ fn a_killed_client_leaves_the_node_serving_over_shm() {
     kill_a_client_mid_run(UcxConfig::shm_loopback, "sm,tcp");
 }
 
-#[test]
-fn a_node_that_is_gone_is_down_for_its_clients() {
-    let (sc, node) = serve(UcxConfig::tcp_loopback(b"s".to_vec()));
+fn a_node_that_is_gone_is_down(config: fn(Vec<u8>) -> UcxConfig) {
+    let (sc, node) = serve(config(b"s".to_vec()));
+    node.services().register("echo", Arc::new(echo)).unwrap();
     let (region, _mem) = node.register_region(64).unwrap();
-    let client = UcxCluster::new(UcxConfig::tcp_loopback(b"s".to_vec()), NodeId(1)).unwrap();
+    let client = UcxCluster::new(config(b"s".to_vec()), NodeId(1)).unwrap();
     client.connect(node.listen_addr()).unwrap();
     let ep = client.fabric().endpoint(NodeId(1)).unwrap();
     block_on(ep.write(region.at(0), &[1; 8])).unwrap();
+    let svc = block_on(ep.lookup_service(NodeId(0), "echo")).unwrap();
+    assert_eq!(block_on(ep.call(NodeId(0), svc, vec![7])).unwrap(), vec![7]);
     drop(node);
     drop(sc);
     eventually("the client sees the node down", || {
@@ -245,6 +253,20 @@ fn a_node_that_is_gone_is_down_for_its_clients() {
     });
     let e = block_on(ep.read(region.at(0), 8)).unwrap_err();
     assert!(matches!(e, TransportError::NodeDown(_)), "{e}");
+    // RPCs too (over shared memory UCX itself would not say so: the
+    // control connection does).
+    let e = block_on(ep.call(NodeId(0), svc, vec![7])).unwrap_err();
+    assert!(matches!(e, TransportError::NodeDown(_)), "{e}");
+}
+
+#[test]
+fn a_node_that_is_gone_is_down_for_its_clients() {
+    a_node_that_is_gone_is_down(UcxConfig::tcp_loopback);
+}
+
+#[test]
+fn a_node_that_is_gone_is_down_for_its_clients_over_shm() {
+    a_node_that_is_gone_is_down(UcxConfig::shm_loopback);
 }
 
 #[test]
