@@ -704,7 +704,10 @@ fn rows(reports: &[EngineReport]) -> Vec<Row> {
                     .unwrap_or_else(|| "-".into())
             })
         };
-        rows.push(("compute cpu / op (ns)".into(), cell(&|c| f1(c.cpu_ns_per_op))));
+        rows.push((
+            "compute cpu / op (ns)".into(),
+            cell(&|c| f1(c.cpu_ns_per_op)),
+        ));
         rows.push((
             "compute cpu / wait (ms)".into(),
             cell(&|c| {

@@ -118,7 +118,9 @@ impl KeyStates {
 
     /// The owner starts an insert or delete of key `i`.
     pub fn begin_change(&self, i: u32) {
-        self.slots[i as usize].word.fetch_or(CHANGING, Ordering::SeqCst);
+        self.slots[i as usize]
+            .word
+            .fetch_or(CHANGING, Ordering::SeqCst);
     }
 
     /// The owner's insert or delete of key `i` completed; the key now exists
@@ -130,12 +132,17 @@ impl KeyStates {
             Some(false) => 0,
             None => UNKNOWN,
         };
-        self.slots[i as usize].word.store((tick << STAMP_SHIFT) | flags, Ordering::SeqCst);
+        self.slots[i as usize]
+            .word
+            .store((tick << STAMP_SHIFT) | flags, Ordering::SeqCst);
     }
 
     /// A fresh version for a write of key `i`.
     pub fn next_version(&self, i: u32) -> u32 {
-        self.slots[i as usize].version.fetch_add(1, Ordering::SeqCst) + 1
+        self.slots[i as usize]
+            .version
+            .fetch_add(1, Ordering::SeqCst)
+            + 1
     }
 
     /// The highest version handed out for key `i` so far.

@@ -190,7 +190,12 @@ mod tests {
     fn values_on_both_sides_of_the_inline_limit_round_trip() {
         let dep = deploy(1);
         let (_, kv) = dep.client(0).unwrap();
-        for (key, len) in [(1u64, 8usize), (2, INLINE_VALUE), (3, INLINE_VALUE + 1), (4, 300)] {
+        for (key, len) in [
+            (1u64, 8usize),
+            (2, INLINE_VALUE),
+            (3, INLINE_VALUE + 1),
+            (4, 300),
+        ] {
             let v: Vec<u8> = (0..len).map(|i| (i as u8) ^ key as u8).collect();
             assert!(block_on(kv.insert(key, &v)).unwrap());
             assert_eq!(block_on(kv.get(key)).unwrap().as_deref(), Some(&v[..]));
