@@ -77,7 +77,7 @@ impl Errors {
 /// run's histogram over all types is their sum, made when asked for
 /// ([`RunFigures::overall`]): the same counts as recording every latency
 /// twice, for one histogram update per operation instead of two.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RunFigures {
     pub by_op: [OpFigures; OpType::COUNT],
     pub errors: Errors,
@@ -133,17 +133,6 @@ impl Timeline {
         }
         for (a, b) in self.counts.iter_mut().zip(&o.counts) {
             *a += b;
-        }
-    }
-}
-
-impl Default for RunFigures {
-    fn default() -> Self {
-        RunFigures {
-            by_op: Default::default(),
-            errors: Errors::default(),
-            findings: Findings::default(),
-            timeline: Timeline::default(),
         }
     }
 }
