@@ -16,7 +16,8 @@
 //!   through another transport's [`deployment::Deployer`]).
 //! - [`state`] and [`check`]: what the harness knows about every key, and
 //!   how it checks every answer against it; [`metered`]: exact costs per
-//!   operation; [`stats`]: per-thread figures.
+//!   operation; [`stats`]: per-thread figures; [`schedstat`]: how long the
+//!   compute threads ran and waited for a core.
 //! - [`report`]: the table, the ratios and the JSON.
 
 #![forbid(unsafe_code)]
@@ -34,6 +35,7 @@ pub mod report;
 pub mod rng;
 pub mod runner;
 pub mod sampler;
+pub mod schedstat;
 pub mod state;
 pub mod stats;
 pub mod trace;

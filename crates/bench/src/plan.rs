@@ -255,6 +255,13 @@ impl Plan {
         self.keys[index as usize]
     }
 
+    /// Reads universe key `index` and discards it: brings its cache line in
+    /// ahead of the operation that will name it (the runner's lookahead).
+    #[inline]
+    pub fn touch_key(&self, index: u32) {
+        std::hint::black_box(self.keys[index as usize]);
+    }
+
     /// How many keys are loaded before the run (indices `0..loaded`).
     pub fn loaded(&self) -> usize {
         self.loaded

@@ -333,6 +333,11 @@ pub struct EngineReport {
     pub settings: BTreeMap<String, String>,
     pub throughput_ops_per_s: f64,
     pub run_seconds: f64,
+    /// Real transports on Linux: how long the compute threads ran on a CPU
+    /// during the run and how long they waited for one (a timing, like
+    /// `run_seconds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compute_threads: Option<crate::schedstat::ComputeSchedReport>,
     pub latency_us: Latency,
     pub per_op: PerOp,
     pub by_op: BTreeMap<String, OpReport>,
@@ -690,6 +695,30 @@ fn rows(reports: &[EngineReport]) -> Vec<Row> {
             col(&|r| format!("{:.0}", r.load.keys_per_s)),
         ),
     ];
+    if reports.iter().any(|r| r.compute_threads.is_some()) {
+        let cell = |f: &dyn Fn(&crate::schedstat::ComputeSchedReport) -> String| {
+            col(&|r| {
+                r.compute_threads
+                    .as_ref()
+                    .map(f)
+                    .unwrap_or_else(|| "-".into())
+            })
+        };
+        rows.push((
+            "compute cpu / op (ns)".into(),
+            cell(&|c| f1(c.cpu_ns_per_op)),
+        ));
+        rows.push((
+            "compute cpu / wait (ms)".into(),
+            cell(&|c| {
+                format!(
+                    "{:.0} / {:.0}",
+                    c.on_cpu_seconds * 1e3,
+                    c.runqueue_wait_seconds * 1e3
+                )
+            }),
+        ));
+    }
     for t in OpType::ALL {
         let name = t.name();
         if !reports.iter().any(|r| r.by_op.contains_key(name)) {

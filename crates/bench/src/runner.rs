@@ -26,6 +26,7 @@ use crate::report::{
     TraceReport, VerifyReport, WallReport,
 };
 use crate::sampler::{EngineSampler, EngineTimeline};
+use crate::schedstat::{ComputeSchedReport, Sched};
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
 use crate::trace::{TraceOpKind, read_load_trace, read_trace};
@@ -225,6 +226,9 @@ struct Phases {
     engine_timeline: Option<EngineTimeline>,
     /// `--partitioned`: the keys each node touched in each phase.
     touched: BTreeMap<(u64, usize), Touched>,
+    /// Real threads: their scheduling over the run, summed (None under
+    /// `sim`, or where a thread could not read it).
+    compute_sched: Option<Sched>,
 }
 
 /// A range-partitioned engine (one with a `bounds` knob: K-1 split keys
@@ -329,7 +333,11 @@ fn run_engine(
             0.0
         },
         run_seconds: phases.run_seconds,
-        latency_us: Latency::from_ns(&phases.figures.overall),
+        compute_threads: phases
+            .compute_sched
+            .as_ref()
+            .map(|s| ComputeSchedReport::new(s, ops)),
+        latency_us: Latency::from_ns(&phases.figures.overall()),
         per_op: PerOp::new(&phases.figures.cost(), ops),
         by_op: OpType::ALL
             .iter()
@@ -601,6 +609,8 @@ impl Ctx<'_> {
 /// What one thread hands back.
 #[derive(Default)]
 struct ThreadResult {
+    /// How long this thread ran and waited for a core during the run.
+    sched: Option<Sched>,
     figures: RunFigures,
     run_table: CounterTable,
     verify: VerifyFigures,
@@ -649,9 +659,14 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
         let mut run_table = CounterTable::default();
         let mut verify = VerifyFigures::default();
         let mut verify_table = CounterTable::default();
+        let mut compute_sched = Some(Sched::default());
         for h in handles {
             // Threads catch their own panics, so a join error is a harness bug.
             let r = h.join().expect("compute threads do not panic");
+            compute_sched = compute_sched.zip(r.sched).map(|(mut a, b)| {
+                a.merge(&b);
+                a
+            });
             figures.merge(&r.figures);
             run_table.merge(&r.run_table);
             verify.merge(&r.verify);
@@ -669,6 +684,7 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             crash: ctx.crash.as_ref().map(|c| c.report(start)),
             engine_timeline: None,
             touched: BTreeMap::new(),
+            compute_sched,
         }
     });
     ctx.finish(&mut phases);
@@ -822,6 +838,7 @@ fn run_threads_sim(
         crash,
         engine_timeline: None,
         touched: BTreeMap::new(),
+        compute_sched: None,
     };
     ctx.finish(&mut phases);
     phases
@@ -853,6 +870,7 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
     if let Some((ep, kv)) = &client {
         let started = ctx.begin_run(Instant::now().as_nanos());
         let figures = RefCell::new(RunFigures::with_timeline(started, ctx.cfg.timeline_ns));
+        let sched_before = Sched::now();
         let ran = catch(|| {
             let tasks: Vec<LocalTask<'_, ()>> = (0..ctx.cfg.tasks)
                 .map(|task| {
@@ -861,6 +879,9 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
                 .collect();
             run_tasks(tasks);
         });
+        res.sched = sched_before
+            .zip(Sched::now())
+            .map(|(before, after)| after.since(&before));
         let mut figures = figures.into_inner();
         if let Err(p) = ran {
             figures
@@ -914,6 +935,13 @@ async fn run_task(
     let mut touched: Vec<Option<Touched>> = Vec::new();
     let mut phase = 0u64;
     let mut stream = ctx.plan.stream(thread, task);
+    // Without shifts the stream does not depend on when an operation is
+    // drawn, so the next one is drawn an operation early and its key and
+    // key state fetched while this one runs: at 1M keys both are cache
+    // misses, which then overlap the engine's work instead of preceding it.
+    // (With shifts an operation is drawn in the phase it starts in.)
+    let lookahead = shift_ns.is_none();
+    let mut next = if lookahead { stream.next() } else { None };
     loop {
         if ctx.op_limit.is_some() && ctx.stuck.lock().expect("stuck").is_some() {
             break;
@@ -923,7 +951,20 @@ async fn run_task(
             phase = Instant::now().as_nanos().saturating_sub(start_ns) / every;
             stream.set_phase(phase);
         }
-        let Some(op) = stream.next() else { break };
+        let op = if lookahead {
+            let op = next.take();
+            if op.is_some() {
+                next = stream.next();
+                if let Some(n) = next {
+                    ctx.plan.touch_key(n.index());
+                    ctx.states.touch(n.index());
+                }
+            }
+            op
+        } else {
+            stream.next()
+        };
+        let Some(op) = op else { break };
         if node.is_some() {
             let p = phase as usize;
             if touched.len() <= p {
@@ -1015,6 +1056,10 @@ async fn execute(
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
     let size = ctx.cfg.value_size;
     let ty = op.op_type();
+    // The key's state is read only after the operation, but fetched now,
+    // with the key: two overlapping misses instead of one before and one
+    // after the operation (at 1M keys both tables are far beyond the LLC).
+    states.touch(op.index());
     match op {
         Op::Read(i) => {
             let key = plan.key(i);

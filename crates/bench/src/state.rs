@@ -16,6 +16,14 @@
 //! it is issued, so a version read back can never exceed the allocator; a
 //! greater one is a value from the future (or garbage that happens to
 //! parse).
+//!
+//! Layout: a key's existence word and its version share one 16-byte slot
+//! (four to a cache line), so that checking an operation's answer touches
+//! one line of this table, not one in each of two tables; at 1M keys those
+//! are DRAM misses that every operation paid (docs/performance.md, sixth
+//! pass). [`KeyStates::touch`] brings the slot in early, alongside the
+//! plan's key, so that its miss overlaps the key's instead of following the
+//! operation.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -33,10 +41,16 @@ pub const LOAD_VERSION: u32 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp(u64);
 
+/// One key's state: its existence word and the highest version handed out.
+#[repr(align(16))]
+struct Slot {
+    word: AtomicU64,
+    version: AtomicU32,
+}
+
 /// Per-key state of a run.
 pub struct KeyStates {
-    words: Vec<AtomicU64>,
-    versions: Vec<AtomicU32>,
+    slots: Vec<Slot>,
     clock: AtomicU64,
 }
 
@@ -45,11 +59,11 @@ impl KeyStates {
     /// [`LOAD_VERSION`].
     pub fn new(universe: usize, loaded: usize) -> KeyStates {
         KeyStates {
-            words: (0..universe)
-                .map(|i| AtomicU64::new(if i < loaded { EXISTS } else { 0 }))
-                .collect(),
-            versions: (0..universe)
-                .map(|i| AtomicU32::new(if i < loaded { LOAD_VERSION } else { 0 }))
+            slots: (0..universe)
+                .map(|i| Slot {
+                    word: AtomicU64::new(if i < loaded { EXISTS } else { 0 }),
+                    version: AtomicU32::new(if i < loaded { LOAD_VERSION } else { 0 }),
+                })
                 .collect(),
             // Starts at 1 so that the initial stamp 0 is below every reading.
             clock: AtomicU64::new(1),
@@ -57,11 +71,21 @@ impl KeyStates {
     }
 
     pub fn len(&self) -> usize {
-        self.words.len()
+        self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
+        self.slots.is_empty()
+    }
+
+    /// Reads key `i`'s slot and discards what it read: called as an
+    /// operation begins, next to reading the key itself, so that the two
+    /// cache misses overlap (the checks after the operation then find the
+    /// slot in cache). It decides nothing: the checks read the slot again,
+    /// after the operation, as their correctness requires.
+    #[inline]
+    pub fn touch(&self, i: u32) {
+        std::hint::black_box(self.slots[i as usize].word.load(Ordering::Relaxed));
     }
 
     /// Reads the clock; call before the operation.
@@ -73,7 +97,7 @@ impl KeyStates {
     /// and has just completed: Some(exists) if that is certain, None if its
     /// existence changed or may have changed meanwhile.
     pub fn stable_existence(&self, i: u32, t0: Stamp) -> Option<bool> {
-        let w = self.words[i as usize].load(Ordering::SeqCst);
+        let w = self.slots[i as usize].word.load(Ordering::SeqCst);
         if w & (CHANGING | UNKNOWN) != 0 || (w >> STAMP_SHIFT) >= t0.0 {
             return None;
         }
@@ -83,7 +107,7 @@ impl KeyStates {
     /// Whether key `i` exists, as its owner (or anyone, once the run is
     /// quiescent) knows it; None if an error left it unknown.
     pub fn settled_existence(&self, i: u32) -> Option<bool> {
-        let w = self.words[i as usize].load(Ordering::SeqCst);
+        let w = self.slots[i as usize].word.load(Ordering::SeqCst);
         debug_assert!(w & CHANGING == 0, "asked about a key being changed");
         if w & UNKNOWN != 0 {
             None
@@ -94,7 +118,9 @@ impl KeyStates {
 
     /// The owner starts an insert or delete of key `i`.
     pub fn begin_change(&self, i: u32) {
-        self.words[i as usize].fetch_or(CHANGING, Ordering::SeqCst);
+        self.slots[i as usize]
+            .word
+            .fetch_or(CHANGING, Ordering::SeqCst);
     }
 
     /// The owner's insert or delete of key `i` completed; the key now exists
@@ -106,17 +132,22 @@ impl KeyStates {
             Some(false) => 0,
             None => UNKNOWN,
         };
-        self.words[i as usize].store((tick << STAMP_SHIFT) | flags, Ordering::SeqCst);
+        self.slots[i as usize]
+            .word
+            .store((tick << STAMP_SHIFT) | flags, Ordering::SeqCst);
     }
 
     /// A fresh version for a write of key `i`.
     pub fn next_version(&self, i: u32) -> u32 {
-        self.versions[i as usize].fetch_add(1, Ordering::SeqCst) + 1
+        self.slots[i as usize]
+            .version
+            .fetch_add(1, Ordering::SeqCst)
+            + 1
     }
 
     /// The highest version handed out for key `i` so far.
     pub fn max_version(&self, i: u32) -> u32 {
-        self.versions[i as usize].load(Ordering::SeqCst)
+        self.slots[i as usize].version.load(Ordering::SeqCst)
     }
 }
 
@@ -141,6 +172,16 @@ mod tests {
         s.end_change(1, None);
         assert_eq!(s.stable_existence(1, s.stamp()), None);
         assert_eq!(s.settled_existence(1), None);
+    }
+
+    #[test]
+    fn a_keys_word_and_version_share_a_cache_line() {
+        // Four slots to a 64-byte line, none straddling two.
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
+        assert_eq!(std::mem::align_of::<Slot>(), 16);
+        let s = KeyStates::new(5, 5);
+        s.touch(4);
+        assert_eq!(s.max_version(4), LOAD_VERSION);
     }
 
     #[test]
