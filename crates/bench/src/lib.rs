@@ -34,6 +34,7 @@ pub mod report;
 pub mod rng;
 pub mod runner;
 pub mod sampler;
+pub mod sched;
 pub mod state;
 pub mod stats;
 pub mod trace;
