@@ -35,6 +35,7 @@ pub mod report;
 pub mod rng;
 pub mod runner;
 pub mod sampler;
+pub mod sched;
 pub mod schedstat;
 pub mod state;
 pub mod stats;

@@ -361,6 +361,12 @@ pub struct EngineReport {
     /// `run_seconds`, latencies and `load.seconds` are then virtual time).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sim: Option<SimReport>,
+    /// Real threads (not `sim`): what the OS gave each thread of this
+    /// process during the run phase and what the rest of the host used
+    /// (`crate::sched`). Wall-clock evidence like latencies: it differs
+    /// between two runs of one seed and is left out of exactness diffs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sched: Option<crate::sched::SchedReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crash: Option<CrashReport>,
     /// `--timeline-ms`: throughput per interval of the run.
@@ -920,6 +926,11 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
                     u.bytes_per_s / 1e9
                 )?;
             }
+        }
+    }
+    for r in reports {
+        if let Some(s) = &r.sched {
+            crate::sched::print(out, &r.engine, s)?;
         }
     }
     for r in reports {

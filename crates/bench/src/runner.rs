@@ -222,6 +222,8 @@ struct Phases {
     nodes_after: Vec<NodeStats>,
     /// `--crash-memnode`: what happened.
     crash: Option<CrashReport>,
+    /// Real threads: what the OS gave each thread during the run phase.
+    sched: Option<crate::sched::SchedReport>,
     /// `--timeline-ms` with an engine that exports client counters.
     engine_timeline: Option<EngineTimeline>,
     /// `--partitioned`: the keys each node touched in each phase.
@@ -378,6 +380,7 @@ fn run_engine(
             .partitions()
             .map(|parts| PartitionReport::new(cfg, plan, parts, &phases.touched)),
         sim: phases.sim,
+        sched: phases.sched,
         crash: phases.crash,
         ok,
     })
@@ -649,8 +652,14 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             .collect();
         ctx.barrier.wait();
         let start = Instant::now();
+        let sched_before = crate::sched::snapshot();
         ctx.barrier.wait();
         let run_seconds = start.elapsed().as_secs_f64();
+        let sched = crate::sched::SchedReport::between(
+            &sched_before,
+            &crate::sched::snapshot(),
+            run_seconds,
+        );
         ctx.end_run();
         let nodes_after = dep.node_stats();
         ctx.run_bar.finish_and_clear();
@@ -682,6 +691,7 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             verify_table,
             nodes_after,
             crash: ctx.crash.as_ref().map(|c| c.report(start)),
+            sched: Some(sched),
             engine_timeline: None,
             touched: BTreeMap::new(),
             compute_sched,
@@ -836,6 +846,7 @@ fn run_threads_sim(
         verify_table,
         nodes_after,
         crash,
+        sched: None,
         engine_timeline: None,
         touched: BTreeMap::new(),
         compute_sched: None,

@@ -9,6 +9,9 @@
 //! more about the host than about dmkv; operations per second *on CPU*
 //! does not depend on how often the thread was descheduled (it still
 //! depends on what other processes leave in the shared caches).
+//!
+//! `sched` (the run's scheduling evidence for every thread, read from the
+//! outside, with the host's CPU use) reuses [`Sched::parse`].
 
 use serde::Serialize;
 
