@@ -542,9 +542,18 @@ impl ScaleNode {
         let m = self
             .member(to)
             .ok_or_else(|| corrupt(format!("unknown member {to}")))?;
+        // Under the simulated cluster the write is posted, not awaited
+        // (§3.5: the handler writes pages asynchronously): callers hold the
+        // page's entry mutex, and a wait here would have to hold every task
+        // and job of the cluster back (`block_on_network`) for the round
+        // trip. The page is in place at once and any reply we send to `to`
+        // afterwards queues behind it in the NICs (reliable connection).
+        if let Some(r) = dmkv_transport::sim::write_posted(self.id, m.region.at(offset), bytes) {
+            r?;
+            return Ok(());
+        }
         let ep = self.thread_ep()?;
-        // Callers hold the page's entry mutex: wait on the network alone
-        // (under the simulated cluster no task that wants it runs meanwhile).
+        // Callers hold the page's entry mutex: wait on the network alone.
         block_on_network(ep.write(m.region.at(offset), bytes))?;
         Ok(())
     }

@@ -688,3 +688,36 @@ fn delayed_messages_reorder_across_connections_never_within_one() {
         assert_eq!(last_write_wins(seed, true, delays), 2, "seed {seed}");
     }
 }
+
+/// `sim::write_posted` (a write its poster does not wait for): the bytes are
+/// in place at once, no virtual time passes for the poster, the returned
+/// completion instant is a whole round trip away, a read issued after it
+/// sees the bytes, and a refused address is an error, not a panic.
+#[test]
+fn a_posted_write_lands_at_once_and_completes_a_round_trip_later() {
+    let sim = Simulation::new(config(1));
+    let p = sim.profile();
+    let (server, client) = one_server(&sim, 1);
+    let (region, mem) = server.register_region(4096).unwrap();
+    let t0 = Instant::now().as_nanos();
+    let done = dmkv_transport::sim::write_posted(client, region.at(64), &[7u8; 128])
+        .expect("inside a simulation")
+        .unwrap();
+    assert_eq!(
+        Instant::now().as_nanos(),
+        t0,
+        "posting takes no virtual time"
+    );
+    assert!(
+        done >= t0 + 2 * p.network.one_way_ns,
+        "completion at {done}, posted at {t0}: less than a round trip"
+    );
+    let mut buf = [0u8; 128];
+    mem.read(64, &mut buf).unwrap();
+    assert_eq!(buf, [7u8; 128]);
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let got = block_on(ep.read(region.at(64), 128)).unwrap();
+    assert_eq!(got, vec![7u8; 128]);
+    let bad = dmkv_transport::sim::write_posted(client, region.at(4090), &[1u8; 64]).unwrap();
+    assert!(bad.is_err(), "a write past the region's end is refused");
+}

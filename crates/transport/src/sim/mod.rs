@@ -340,6 +340,27 @@ pub fn ssd_io_blocking(node: NodeId, write: bool, count: usize) {
     }
 }
 
+/// Posts a one-sided write of `data` to `addr` from node `from` without
+/// waiting for it (None outside a simulation): for code that must not wait
+/// where it writes, because it holds a lock that another node's code on
+/// this one OS thread may want (ScaleStore's message handler delivers a
+/// page under the page's entry mutex, and §3.5 of its paper posts that
+/// write asynchronously). The bytes are placed at once; the NICs and the
+/// wire carry it in the model (so a message the poster sends afterwards to
+/// the same node queues behind it, as on a reliable-connection queue
+/// pair), and the result is the virtual instant its completion would be
+/// back, for a caller that wants to wait for it later.
+/// ([`crate::exec::block_on_network`] would hold every task and job of the
+/// cluster back for the whole round trip.)
+pub fn write_posted(
+    from: NodeId,
+    addr: crate::addr::RemoteAddr,
+    data: &[u8],
+) -> Option<crate::error::Result<u64>> {
+    let sim = current()?;
+    Some(net::write_posted(&sim, from, &addr, data))
+}
+
 /// How to build a simulation.
 #[derive(Debug, Clone)]
 pub struct SimConfig {

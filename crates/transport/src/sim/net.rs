@@ -1261,6 +1261,26 @@ fn respond(
     }
 }
 
+/// A one-sided write that its poster does not wait for (see
+/// [`super::write_posted`]): the bytes are placed now; the sender's NIC,
+/// the wire and the receiver's NIC are reserved for it as for a verb of
+/// lane 0, and the instant its completion would be back is returned.
+pub(crate) fn write_posted(
+    sim: &Rc<Sim>,
+    from: NodeId,
+    addr: &RemoteAddr,
+    data: &[u8],
+) -> Result<u64> {
+    let mem = resolve(&sim.cluster, addr)?;
+    // Not the poster's memory: no cache lines are charged to its core.
+    with_metering(0, || mem.write(addr.offset, data)).map_err(|e| e.at(addr))?;
+    let len = data.len() as u64;
+    let arrive = send_message(sim, from, addr.node, sim.sched.now(), len, 0);
+    let landed = receive_message_at(sim, addr.node, len, arrive, 0);
+    let back = send_message(sim, addr.node, from, landed, 0, 0);
+    Ok(receive_message_at(sim, from, 0, back, 0))
+}
+
 /// What event closures need of an endpoint (it cannot be borrowed by them).
 pub(crate) struct EpShared {
     cluster: Arc<Cluster>,
