@@ -98,8 +98,10 @@ impl Endpoint {
     /// charges the thread's simulated core its per-operation CPU here (the
     /// engine's index work and the request's preparation); other backends
     /// do nothing.
-    pub async fn begin_op(&self) {
-        self.backend.begin_op().await
+    /// (The backend's future itself, not an `async fn` wrapping it.)
+    #[inline]
+    pub fn begin_op(&self) -> OpFuture<'_, ()> {
+        self.backend.begin_op()
     }
 
     // The single-verb helpers below build their one-verb batch when called
@@ -261,7 +263,10 @@ impl<'a> Batch<'a> {
     pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> usize {
         self.push(Verb::Faa { addr, add })
     }
-    #[inline]
+    // Always inlined (into the engine's code: the workspace builds without
+    // LTO) so that `note`'s match on the verb folds away for the variant
+    // the caller built.
+    #[inline(always)]
     fn push(&mut self, v: Verb) -> usize {
         self.cost.note(&v);
         self.verbs.push(v);
@@ -308,7 +313,7 @@ struct BatchCost {
 
 impl BatchCost {
     /// Adds `v`'s cost (the byte accounting of [`crate::counters`]).
-    #[inline]
+    #[inline(always)]
     fn note(&mut self, v: &Verb) {
         match v {
             Verb::Read { len, .. } => {
