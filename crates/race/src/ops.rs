@@ -296,20 +296,20 @@ impl Ctx<'_> {
                 b.write(self.pool_at(at).await?, data);
             }
             let offs = [combined_offset(h.b1), combined_offset(h.b2)];
-            let mut at = [None; 2];
-            for (i, off) in offs.iter().enumerate() {
-                let a = GAddr {
-                    mn: st.mn,
-                    offset: st.offset + off,
-                };
-                // Awaited only for a segment not looked up yet.
-                at[i] = Some(match self.known_pool_at(a)? {
-                    Some(at) => at,
-                    None => self.pool_at(a).await?,
-                });
-            }
-            let r0 = b.read(at[0].expect("set above"), COMBINED_BYTES);
-            let r1 = b.read(at[1].expect("set above"), COMBINED_BYTES);
+            // Both combined buckets lie in the subtable, which lies in one
+            // pool segment (one region: pools allocate within a segment), so
+            // the subtable's address is found once. Awaited only for a
+            // segment not looked up yet.
+            let sub = GAddr {
+                mn: st.mn,
+                offset: st.offset,
+            };
+            let base = match self.known_pool_at(sub)? {
+                Some(at) => at,
+                None => self.pool_at(sub).await?,
+            };
+            let r0 = b.read(base.offset_by(offs[0]), COMBINED_BYTES);
+            let r1 = b.read(base.offset_by(offs[1]), COMBINED_BYTES);
             self.count_rtt(&b);
             let res = b.run().await?;
             let combined = [

@@ -582,8 +582,17 @@ impl EndpointBackend for LocalEndpoint {
     }
 
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
-        let faults = self.inner.faults();
-        if faults.round_trip_latency.is_zero() && !faults.torn_reads {
+        // No fault injected (the flag alone, without building a `Faults`):
+        // the common case; otherwise the faults decide.
+        let faults = self
+            .inner
+            .faults_active
+            .load(Ordering::Acquire)
+            .then(|| self.inner.faults());
+        if faults
+            .as_ref()
+            .is_none_or(|f| f.round_trip_latency.is_zero() && !f.torn_reads)
+        {
             // The verbs run now, against the memory, like a NIC would; the
             // task still yields once, as a real round trip would make it.
             // A plain loop: collecting into `Result<VerbResults>` goes through
@@ -596,6 +605,7 @@ impl EndpointBackend for LocalEndpoint {
             verbs.clear();
             return OpFuture::ready_after_yield(done.map(|()| out));
         }
+        let faults = faults.expect("the fault-free path returned above");
         let verbs = std::mem::take(verbs);
         OpFuture::boxed(async move {
             let half = faults.round_trip_latency / 2;
