@@ -123,7 +123,10 @@ mod tests {
         r.unwrap();
         assert_eq!((cost.round_trips, cost.reads, cost.bytes_read), (1, 1, 24));
         assert_eq!(total(&ep), ep.counters().sum(&OpKind::ALL));
-        assert_eq!(total(&ep).reads, 2);
+        // Two reads before, `other`'s and `mine`'s (`other` posted its read
+        // on its one poll).
+        assert_eq!(total(&ep).reads, 4);
+        assert_eq!(ep.counters().get(OpKind::Scan).reads, 1);
         ep.reset_counters();
         assert_eq!(total(&ep), Counters::default());
     }
