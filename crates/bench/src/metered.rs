@@ -8,6 +8,12 @@
 //! attributes costs to report operation types that the transport's
 //! [`OpKind`](dmkv_transport::OpKind) labels do not separate (YCSB F's
 //! read-modify-write is charged to `get` and `update` there).
+//!
+//! Most polls charge nothing (a task resumed after its round trip's yield
+//! only takes the result), so a poll first compares the endpoint's charge
+//! count ([`Endpoint::charges`], which changes with every charge) and
+//! computes the counters' difference only when it changed; the result is
+//! the same difference either way.
 
 #[cfg(test)]
 use dmkv_transport::OpKind;
@@ -61,9 +67,13 @@ impl<F: Future> Future for Metered<'_, F> {
     type Output = (F::Output, Counters);
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let before = total(this.ep);
+        let ep = *this.ep;
+        let charges = ep.charges();
+        let before = total(ep);
         let polled = this.inner.poll(cx);
-        *this.cost += difference(&total(this.ep), &before);
+        if ep.charges() != charges {
+            *this.cost += difference(&total(ep), &before);
+        }
         match polled {
             Poll::Ready(out) => Poll::Ready((out, *this.cost)),
             Poll::Pending => Poll::Pending,
@@ -92,8 +102,31 @@ mod tests {
         r.unwrap();
         assert_eq!(cost.reads, 1);
         assert_eq!(cost.bytes_read, 16);
+        assert_eq!(cost.round_trips, 1);
+        assert_eq!(cost.verbs, 1);
+        // Charges of other futures polled between this one's polls are not
+        // its own; a poll that charges nothing adds nothing.
+        let mut other = std::pin::pin!(labeled(OpKind::Scan, ep.read(region.at(0), 8)));
+        let mut mine = std::pin::pin!(metered(
+            &ep,
+            labeled(OpKind::Get, ep.read(region.at(8), 24))
+        ));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(
+            mine.as_mut().poll(&mut cx).is_pending(),
+            "yields once per round trip"
+        );
+        assert!(other.as_mut().poll(&mut cx).is_pending());
+        let std::task::Poll::Ready((r, cost)) = mine.as_mut().poll(&mut cx) else {
+            panic!("done after its yield")
+        };
+        r.unwrap();
+        assert_eq!((cost.round_trips, cost.reads, cost.bytes_read), (1, 1, 24));
         assert_eq!(total(&ep), ep.counters().sum(&OpKind::ALL));
-        assert_eq!(total(&ep).reads, 2);
+        // Two reads before, `other`'s and `mine`'s (`other` posted its read
+        // on its one poll).
+        assert_eq!(total(&ep).reads, 4);
+        assert_eq!(ep.counters().get(OpKind::Scan).reads, 1);
         ep.reset_counters();
         assert_eq!(total(&ep), Counters::default());
     }

@@ -28,7 +28,7 @@ pub mod layout;
 pub mod ops;
 pub mod resize;
 
-use alloc::{AllocSizes, AllocSource, LocalAlloc, serve_alloc};
+use alloc::{AllocSizes, AllocSource, serve_alloc};
 use async_trait::async_trait;
 use dmkv_api::{
     Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
@@ -41,9 +41,9 @@ use layout::{
     DIR_DEPTH, DIR_ENTRIES, DIR_RESIZES, DirEntry, GAddr, GROUP_BYTES, MAX_DEPTH, MAX_MEMNODES,
     MAX_VALUE_LEN, SLOTS_PER_BUCKET, Slot, dir_bytes, kv_units,
 };
-use ops::{Ctx, DirCache, KINDS, Kind, PutMode, RaceShared, RaceStats, subtable_image};
+use ops::{Ctx, DirCache, KINDS, Kind, PerThread, PutMode, RaceShared, RaceStats, subtable_image};
 use parking_lot::RwLock;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -329,18 +329,14 @@ struct RaceEngine {
 }
 
 impl RaceEngine {
-    fn allocs(&self) -> RefCell<Vec<LocalAlloc>> {
-        RefCell::new(
-            (0..self.shared.pools.len())
-                .map(|_| LocalAlloc::default())
-                .collect(),
-        )
+    fn allocs(&self) -> PerThread {
+        PerThread::new(self.shared.pools.len())
     }
-    fn ctx<'a>(&'a self, ep: &'a Endpoint, alloc: &'a RefCell<Vec<LocalAlloc>>) -> Ctx<'a> {
+    fn ctx<'a>(&'a self, ep: &'a Endpoint, local: &'a PerThread) -> Ctx<'a> {
         Ctx {
             t: &self.shared,
             ep,
-            alloc,
+            local,
             rtts: Cell::new(0),
         }
     }
@@ -361,7 +357,7 @@ impl Engine for RaceEngine {
         Ok(Rc::new(RaceClient {
             shared: self.shared.clone(),
             ep,
-            alloc: self.allocs(),
+            local: self.allocs(),
         }))
     }
     async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
@@ -447,7 +443,7 @@ impl Engine for RaceEngine {
 struct RaceClient {
     shared: Arc<RaceShared>,
     ep: Rc<Endpoint>,
-    alloc: RefCell<Vec<LocalAlloc>>,
+    local: PerThread,
 }
 
 impl RaceClient {
@@ -455,7 +451,7 @@ impl RaceClient {
         Ctx {
             t: &self.shared,
             ep: &self.ep,
-            alloc: &self.alloc,
+            local: &self.local,
             rtts: Cell::new(0),
         }
     }

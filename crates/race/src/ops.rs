@@ -12,6 +12,7 @@
 //!   and suffix) and refreshed; a subtable being split has frozen slots:
 //!   readers may use them until the directory moves, writers wait.
 
+use crate::POOL_SHAPE;
 use crate::alloc::{ALLOC_CHUNK, AllocSource, LocalAlloc};
 use crate::layout::{
     BucketHeader, COMBINED_BYTES, Combined, DIR_DEPTH, DIR_ENTRIES, DirEntry, GAddr, KeyHash,
@@ -154,12 +155,33 @@ enum Resolved {
     Retry,
 }
 
+/// What one compute thread keeps for itself: its KV-block allocators and
+/// the pool segments it has found, per memory node.
+pub struct PerThread {
+    pub alloc: RefCell<Vec<LocalAlloc>>,
+    /// Where each pool segment starts (`[mn][segment]`), copied from
+    /// `RaceShared::pools` the first time this thread uses it, so that the
+    /// GET path finds its addresses without `RemoteSegments`' lock (a
+    /// segment, once registered, keeps its region for the pool's life, as
+    /// `RemoteSegments` itself assumes).
+    segs: RefCell<Vec<Vec<Option<RemoteAddr>>>>,
+}
+
+impl PerThread {
+    pub fn new(memory_nodes: usize) -> PerThread {
+        PerThread {
+            alloc: RefCell::new((0..memory_nodes).map(|_| LocalAlloc::default()).collect()),
+            segs: RefCell::new(vec![Vec::new(); memory_nodes]),
+        }
+    }
+}
+
 /// One operation's view: shared state, this thread's endpoint and
 /// allocators, and its round-trip count.
 pub struct Ctx<'a> {
     pub t: &'a RaceShared,
     pub ep: &'a Endpoint,
-    pub alloc: &'a RefCell<Vec<LocalAlloc>>,
+    pub local: &'a PerThread,
     pub rtts: Cell<u64>,
 }
 
@@ -176,10 +198,29 @@ impl Ctx<'_> {
     /// usual case, answered without a future); an error for an unknown
     /// memory node.
     fn known_pool_at(&self, a: GAddr) -> Result<Option<RemoteAddr>> {
+        let (seg, within) = (
+            (a.offset / POOL_SHAPE.span) as usize,
+            a.offset % POOL_SHAPE.span,
+        );
+        if let Some(Some(start)) = self.local.segs.borrow().get(a.mn).and_then(|s| s.get(seg)) {
+            return Ok(Some(start.offset_by(within)));
+        }
         let p = self.t.pools.get(a.mn).ok_or_else(|| {
             KvError::Corrupt(format!("address {a:?} names an unknown memory node"))
         })?;
-        Ok(p.known_at(a.offset))
+        let Some(start) = p.known_at(a.offset - within) else {
+            return Ok(None);
+        };
+        let mut segs = self.local.segs.borrow_mut();
+        if segs.len() <= a.mn {
+            segs.resize(a.mn + 1, Vec::new());
+        }
+        let s = &mut segs[a.mn];
+        if s.len() <= seg {
+            s.resize(seg + 1, None);
+        }
+        s[seg] = Some(start);
+        Ok(Some(start.offset_by(within)))
     }
 
     pub async fn run(&self, b: Batch<'_>) -> Result<BatchResult> {
@@ -255,20 +296,20 @@ impl Ctx<'_> {
                 b.write(self.pool_at(at).await?, data);
             }
             let offs = [combined_offset(h.b1), combined_offset(h.b2)];
-            let mut at = [None; 2];
-            for (i, off) in offs.iter().enumerate() {
-                let a = GAddr {
-                    mn: st.mn,
-                    offset: st.offset + off,
-                };
-                // Awaited only for a segment not looked up yet.
-                at[i] = Some(match self.known_pool_at(a)? {
-                    Some(at) => at,
-                    None => self.pool_at(a).await?,
-                });
-            }
-            let r0 = b.read(at[0].expect("set above"), COMBINED_BYTES);
-            let r1 = b.read(at[1].expect("set above"), COMBINED_BYTES);
+            // Both combined buckets lie in the subtable, which lies in one
+            // pool segment (one region: pools allocate within a segment), so
+            // the subtable's address is found once. Awaited only for a
+            // segment not looked up yet.
+            let sub = GAddr {
+                mn: st.mn,
+                offset: st.offset,
+            };
+            let base = match self.known_pool_at(sub)? {
+                Some(at) => at,
+                None => self.pool_at(sub).await?,
+            };
+            let r0 = b.read(base.offset_by(offs[0]), COMBINED_BYTES);
+            let r1 = b.read(base.offset_by(offs[1]), COMBINED_BYTES);
             self.count_rtt(&b);
             let res = b.run().await?;
             let combined = [
@@ -418,7 +459,7 @@ impl Ctx<'_> {
         let units = kv_units(value.len());
         loop {
             let fetch = {
-                let mut a = self.alloc.borrow_mut();
+                let mut a = self.local.alloc.borrow_mut();
                 let a = &mut a[mn];
                 if let Some((off, tag)) = a.block(units) {
                     let at = GAddr { mn, offset: off };
@@ -433,7 +474,7 @@ impl Ctx<'_> {
             }
             let src = self.t.allocs[mn];
             let got = src.fetch(self.ep, ALLOC_CHUNK).await;
-            let mut a = self.alloc.borrow_mut();
+            let mut a = self.local.alloc.borrow_mut();
             a[mn].fetching = false;
             a[mn].add_chunk(got?, src.sizes.chunk);
         }
@@ -441,7 +482,7 @@ impl Ctx<'_> {
 
     fn free_block(&self, s: Slot) {
         let at = s.kv();
-        self.alloc.borrow_mut()[at.mn].free(at.offset, s.units(), s.tag());
+        self.local.alloc.borrow_mut()[at.mn].free(at.offset, s.units(), s.tag());
     }
 
     /// Inserts, updates or upserts; returns whether the key existed.

@@ -416,6 +416,23 @@ impl LocalEndpoint {
         Self::checked(r, addr).map(f)
     }
 
+    /// `addr`'s region in `cache` if it is there and still current (its
+    /// node's generation unchanged), checked as [`Self::checked`] checks it;
+    /// `None` if the cache cannot answer.
+    #[inline]
+    fn cached<'r>(
+        cache: &'r [Vec<Option<ResolvedRegion>>],
+        addr: &RemoteAddr,
+    ) -> Option<Result<&'r RegionMem>> {
+        let (n, i) = (addr.node.0 as usize, addr.region.0 as usize);
+        match cache.get(n).and_then(|regions| regions.get(i)) {
+            Some(Some(r)) if r.node.region_generation.load(Ordering::Acquire) == r.generation => {
+                Some(Self::checked(r, addr))
+            }
+            _ => None,
+        }
+    }
+
     /// The region's memory if its node is up and `addr` carries its key.
     fn checked<'r>(r: &'r ResolvedRegion, addr: &RemoteAddr) -> Result<&'r RegionMem> {
         r.node.check_up()?;
@@ -481,9 +498,7 @@ impl LocalEndpoint {
         }
     }
 
-    /// A one-sided read, executed at once (the common verb: inlined into
-    /// the batch loop).
-    #[inline]
+    /// A one-sided read, executed at once.
     fn read_now(&self, addr: &RemoteAddr, len: usize) -> Result<VerbResult> {
         // A spare buffer of this thread if it has one (returned by a dropped
         // `BatchResult` or `ReadBuf`), else a new one.
@@ -491,6 +506,50 @@ impl LocalEndpoint {
         self.with_region(addr, |mem| mem.read_to_vec(addr.offset, len, &mut buf))?
             .map_err(|e| e.at(addr))?;
         Ok(VerbResult::Read(buf))
+    }
+
+    /// Executes `verbs` at once, in order, into `out`; stops at the first
+    /// refused verb. The fault-free path of [`EndpointBackend::execute`]:
+    /// the region cache is borrowed once for the batch (re-borrowed only
+    /// after resolving a region it did not hold) and the thread's spare
+    /// read buffers are taken in one access (`spares`), so a read verb costs
+    /// its checks and its copy. Every verb still checks its region's
+    /// generation, its node and its key, as [`Self::with_region`] does.
+    fn execute_now(
+        &self,
+        verbs: &Verbs,
+        out: &mut VerbResults,
+        mut spares: Option<&mut crate::buffers::Spares<'_>>,
+    ) -> Result<()> {
+        let mut cache = self.regions.borrow();
+        for v in verbs.iter() {
+            let Verb::Read { addr, len } = v else {
+                // Writes and atomics: rarer, through the general path (which
+                // may fill the cache, so the borrow is let go meanwhile).
+                drop(cache);
+                let r = self.perform(v);
+                cache = self.regions.borrow();
+                out.push(r?);
+                continue;
+            };
+            let mut buf = match spares.as_deref_mut() {
+                Some(s) => s.take(),
+                None => Vec::new(),
+            };
+            let done = match Self::cached(&cache, addr) {
+                Some(mem) => mem?.read_to_vec(addr.offset, *len, &mut buf),
+                None => {
+                    drop(cache);
+                    let r =
+                        self.with_region(addr, |mem| mem.read_to_vec(addr.offset, *len, &mut buf));
+                    cache = self.regions.borrow();
+                    r?
+                }
+            };
+            done.map_err(|e| e.at(addr))?;
+            out.push(VerbResult::Read(buf));
+        }
+        Ok(())
     }
 
     /// A read copied in random word-aligned pieces with yields in between, so
@@ -523,8 +582,17 @@ impl EndpointBackend for LocalEndpoint {
     }
 
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
-        let faults = self.inner.faults();
-        if faults.round_trip_latency.is_zero() && !faults.torn_reads {
+        // No fault injected (the flag alone, without building a `Faults`):
+        // the common case; otherwise the faults decide.
+        let faults = self
+            .inner
+            .faults_active
+            .load(Ordering::Acquire)
+            .then(|| self.inner.faults());
+        if faults
+            .as_ref()
+            .is_none_or(|f| f.round_trip_latency.is_zero() && !f.torn_reads)
+        {
             // The verbs run now, against the memory, like a NIC would; the
             // task still yields once, as a real round trip would make it.
             // A plain loop: collecting into `Result<VerbResults>` goes through
@@ -532,22 +600,12 @@ impl EndpointBackend for LocalEndpoint {
             // The verbs are looked at in place and cleared at the end (not
             // moved out one by one).
             let mut out = VerbResults::new();
-            for v in verbs.iter() {
-                let r = match v {
-                    Verb::Read { addr, len } => self.read_now(addr, *len),
-                    v => self.perform(v),
-                };
-                match r {
-                    Ok(r) => out.push(r),
-                    Err(e) => {
-                        verbs.clear();
-                        return OpFuture::ready_after_yield(Err(e));
-                    }
-                }
-            }
+            let done =
+                crate::buffers::with_spares(|spares| self.execute_now(verbs, &mut out, spares));
             verbs.clear();
-            return OpFuture::ready_after_yield(Ok(out));
+            return OpFuture::ready_after_yield(done.map(|()| out));
         }
+        let faults = faults.expect("the fault-free path returned above");
         let verbs = std::mem::take(verbs);
         OpFuture::boxed(async move {
             let half = faults.round_trip_latency / 2;

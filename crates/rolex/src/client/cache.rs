@@ -6,6 +6,10 @@
 //! triggers a refresh.
 
 use crate::io::{LeafId, Link, Tables, chain, walk_chain};
+
+/// The leaves one GET reads, inline (a GET reads a few leaves: the
+/// predicted range and its synonyms), so a GET allocates no list for them.
+pub type LeafIds = smallvec::SmallVec<[LeafId; 4]>;
 use crate::layout::entry::{RETIRED, unlocked};
 use crate::layout::meta::{Directory, ModelRef};
 use crate::layout::record::{ModelParams, ModelState};
@@ -86,7 +90,7 @@ impl ModelCache {
     /// The leaves of the cached chains of groups `lo..=hi`, in the order
     /// [`ModelCache::chains`] lists them, into `out`; false (and `out`
     /// unspecified) where `chains` gives `None`.
-    pub fn chain_leaves(&self, lo: usize, hi: usize, out: &mut Vec<LeafId>) -> bool {
+    pub fn chain_leaves(&self, lo: usize, hi: usize, out: &mut LeafIds) -> bool {
         out.clear();
         let c = self.tables.lock();
         (lo..=hi).all(|j| {

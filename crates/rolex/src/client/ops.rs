@@ -12,7 +12,7 @@
 //! - scan: like a get over `N/δ` more trained leaves, following fences from
 //!   leaf to leaf and on into the next models.
 
-use super::cache::ModelCache;
+use super::cache::{LeafIds, ModelCache};
 use super::{Shared, bump};
 use crate::io::{LeafId, Link, chain, corrupt};
 use crate::layout::entry::{Entry, LOCK_BIT, RETIRED, unlocked};
@@ -179,7 +179,7 @@ impl RolexClient {
                 None => Box::pin(sh.model_for(&self.ep, key, false)).await?,
             };
             let (lo, hi) = mc.p.leaf_range(key, layout.slots());
-            let mut ids: Vec<LeafId> = Vec::new();
+            let mut ids = LeafIds::new();
             if !mc.chain_leaves(lo, hi, &mut ids) {
                 Box::pin(sh.refresh_tables(&self.ep, &mc)).await?;
                 backoff(attempt).await;
