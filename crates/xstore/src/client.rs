@@ -1214,8 +1214,8 @@ mod future_size {
 
     /// The API boxes every GET's future; past 1 KiB it takes mimalloc's
     /// aligned slow path (rolex's `a_get_future_stays_under_one_kib` says
-    /// why). Measured 864 bytes (was 1,328 on the non-test build, 1,392 on
-    /// this test build): the lookup's 792, of which its in-place first read
+    /// why). Measured 864 bytes (1,392 at cf9a80a; i2 measured 1,328 before
+    /// i1's transport changes): the lookup's 792, of which its in-place first read
     /// 448 (the batch is built in a block, so only its run future lives
     /// across the await); the general loop, fetching a model and the
     /// fallback RPC are boxed; `get_in` awaits nothing inside a `match` on
