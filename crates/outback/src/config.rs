@@ -84,6 +84,16 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "shards that mirror each shard's KV data (0: none; more than memnodes - 1 acts as memnodes - 1)",
     },
     KnobSpec {
+        name: "resize_share_handlers",
+        default: "true",
+        help: "sim only: a resize's work takes turns with the RPC handlers on the memory node's handler cores (the paper's one-thread memory node, §5.9) instead of running on a worker core of its own",
+    },
+    KnobSpec {
+        name: "resize_slice_us",
+        default: "750",
+        help: "sim only, with resize_share_handlers: the longest turn a resize takes on a handler core before queued requests get one as long (Linux's base time slice, 0.75 ms)",
+    },
+    KnobSpec {
         name: "max_global_depth",
         default: "12",
         help: "largest extendible-hashing global depth (2^depth tables per shard)",
@@ -110,6 +120,8 @@ pub struct Config {
     pub vnodes: u32,
     pub replicas: usize,
     pub max_global_depth: u8,
+    pub resize_share_handlers: bool,
+    pub resize_slice_us: u64,
 }
 
 impl Config {
@@ -134,6 +146,8 @@ impl Config {
             vnodes: u("vnodes")? as u32,
             replicas: u("replicas")? as usize,
             max_global_depth: u("max_global_depth")? as u8,
+            resize_share_handlers: k.get::<bool>("outback", KNOBS, "resize_share_handlers")?,
+            resize_slice_us: u("resize_slice_us")?,
         };
         let bad = |what: &str| Err(KvError::Config(format!("outback.{what}")));
         if !(0.3..=0.99).contains(&c.load_factor) {
@@ -180,6 +194,9 @@ impl Config {
         }
         if c.heap_mb > 1 << 20 {
             return bad("heap_mb must be at most 2^20 (1 TiB; 0: sized from the expected keys)");
+        }
+        if !(1..=1_000_000).contains(&c.resize_slice_us) {
+            return bad("resize_slice_us must be in [1, 1000000]");
         }
         if c.replicas > 64 {
             return bad(
@@ -247,6 +264,8 @@ mod tests {
             ("poll_us", "0"),
             ("heap_mb", "2000000"),
             ("replicas", "65"),
+            ("resize_slice_us", "0"),
+            ("resize_share_handlers", "maybe"),
         ] {
             let mut k = Knobs::new();
             k.set(knob, bad);
