@@ -74,6 +74,11 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "KV block space per shard in MiB (0: sized from the expected keys)",
     },
     KnobSpec {
+        name: "sessions",
+        default: "16384",
+        help: "session entries per shard (at-most-once writes across a takeover): one per write lane of every connected compute process that has written to the shard; full, a new lane's write fails with Exhausted",
+    },
+    KnobSpec {
         name: "vnodes",
         default: "64",
         help: "points per shard on the consistent-hashing ring",
@@ -117,6 +122,7 @@ pub struct Config {
     pub countdown_timeout_ms: u64,
     pub poll_us: u64,
     pub heap_mb: u64,
+    pub sessions: u64,
     pub vnodes: u32,
     pub replicas: usize,
     pub max_global_depth: u8,
@@ -143,6 +149,7 @@ impl Config {
             countdown_timeout_ms: u("countdown_timeout_ms")?,
             poll_us: u("poll_us")?,
             heap_mb: u("heap_mb")?,
+            sessions: u("sessions")?,
             vnodes: u("vnodes")? as u32,
             replicas: u("replicas")? as usize,
             max_global_depth: u("max_global_depth")? as u8,
@@ -191,6 +198,9 @@ impl Config {
         }
         if !(1..=1_000_000).contains(&c.poll_us) {
             return bad("poll_us must be in [1, 1000000]");
+        }
+        if !(1..=1 << 24).contains(&c.sessions) {
+            return bad("sessions must be in [1, 2^24]");
         }
         if c.heap_mb > 1 << 20 {
             return bad("heap_mb must be at most 2^20 (1 TiB; 0: sized from the expected keys)");
@@ -263,6 +273,7 @@ mod tests {
             ("countdown_timeout_ms", "1"),
             ("poll_us", "0"),
             ("heap_mb", "2000000"),
+            ("sessions", "0"),
             ("replicas", "65"),
             ("resize_slice_us", "0"),
             ("resize_share_handlers", "maybe"),

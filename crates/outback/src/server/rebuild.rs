@@ -21,6 +21,7 @@
 //! installed and published, the buffered writes are applied, and the worker
 //! waits for compute nodes to count down their fetches.
 
+use crate::server::session::{Check, Session};
 use crate::config::Config;
 use crate::hash::{candidates, dir};
 use crate::layout::{SlotWord, TableLayout, seq_offset};
@@ -377,14 +378,14 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
 
 /// Takes the buffered writes of `tables`; `retire` leaves the buffers
 /// closed for good (retired tables), else open for the next rebuild.
-fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp)> {
+fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp, Session)> {
     let mut ops = Vec::new();
     for t in tables {
         let mut b = t.buffer.lock();
         ops.append(&mut b.ops);
         b.drained = retire;
     }
-    ops.sort_by_key(|(ticket, _)| *ticket);
+    ops.sort_by_key(|(ticket, _, _)| *ticket);
     ops
 }
 
@@ -392,7 +393,7 @@ fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp)> {
 /// outcomes, publishes progress and waits for the countdown.
 fn finish(
     shard: &Arc<ShardServer>,
-    ops: Vec<(u64, WriteOp)>,
+    ops: Vec<(u64, WriteOp, Session)>,
     job: Job,
     build_target: u64,
     started: Instant,
@@ -408,9 +409,9 @@ fn finish(
     shard
         .rebuilding
         .store(crate::server::shard::REBUILD_NONE, Ordering::Release);
-    for (ticket, op) in ops {
+    for (ticket, op, s) in ops {
         let upsert = matches!(op, WriteOp::Insert { upsert: true, .. });
-        let r = apply_routed(shard, &op);
+        let r = apply_routed(shard, &op, s);
         shard.settle_ticket(ticket, r, upsert);
     }
     shard.forget_old_outcomes(Instant::now());
@@ -445,7 +446,15 @@ fn finish(
 pub(crate) fn apply_routed(
     shard: &Arc<ShardServer>,
     op: &WriteOp,
+    s: Session,
 ) -> Result<Outcome, ServiceError> {
+    // A write its session already applied (a re-send buffered twice) is
+    // answered, not applied again (invariant 16).
+    match shard.sessions.check(s) {
+        Check::New => {}
+        Check::Replay(o) => return Ok(o),
+        Check::Old { last } => return Err(crate::server::shard::old_write(s, last)),
+    }
     let key = op.key();
     let id = shard.dir.lock().route(key);
     let t = shard
@@ -454,7 +463,7 @@ pub(crate) fn apply_routed(
     let c = candidates(key, t.bucket_seed, t.buckets);
     let b = c[t.othello.lookup(key) as usize];
     let mut g = t.lock(b);
-    let r = shard.apply(&t, b, &mut g, op, None);
+    let r = shard.apply(&t, b, &mut g, op, None, s);
     drop(g);
     if matches!(r, Ok(Outcome::Inserted)) {
         shard.check_thresholds(&t);
