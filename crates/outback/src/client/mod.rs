@@ -976,6 +976,7 @@ impl Engine for OutbackEngine {
         });
         // Added apart: one json! of them all exceeds the macro recursion limit.
         if let Some(o) = v.as_object_mut() {
+            o.insert("write_replays".into(), sum("write_replays").into());
             o.insert("resize_splits".into(), sum("splits").into());
             o.insert("resize_grows".into(), sum("grows").into());
             o.insert("resize_triggers".into(), triggers);
