@@ -346,7 +346,10 @@ mod tests {
                 t,
                 slot: 1,
                 key: 6,
-                s: Session { id: 1 << 63, seq: 1 },
+                s: Session {
+                    id: 1 << 63,
+                    seq: 1,
+                },
                 value: b"",
             },
             DataReq::Delete {

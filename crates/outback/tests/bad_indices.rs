@@ -72,12 +72,18 @@ fn bad_indices_get_error_replies() {
             ),
             what,
         );
-        malformed(call(DataReq::Delete {
-                t,
-                slot: 0,
-                key: 9,
-                s: Session::NONE,
-            }.encode()), what);
+        malformed(
+            call(
+                DataReq::Delete {
+                    t,
+                    slot: 0,
+                    key: 9,
+                    s: Session::NONE,
+                }
+                .encode(),
+            ),
+            what,
+        );
     }
     malformed(call(DataReq::Get { t: good, slot: 4 }.encode()), "slot 4");
     malformed(

@@ -21,7 +21,6 @@
 //! installed and published, the buffered writes are applied, and the worker
 //! waits for compute nodes to count down their fetches.
 
-use crate::server::session::{Check, Session};
 use crate::config::Config;
 use crate::hash::{candidates, dir};
 use crate::layout::{SlotWord, TableLayout, seq_offset};
@@ -29,6 +28,7 @@ use crate::ludo::{self, LudoBuild};
 use crate::publish::{encode_locator, locator_len, locator_name, table_name, table_prefix};
 use crate::server::ctx::NodeCtx;
 use crate::server::replica::MirrorOp;
+use crate::server::session::{Check, Session};
 use crate::server::shard::{Directory, Outcome, ShardServer};
 use crate::server::table::{Buffer, Overflow, Table, WriteOp, state};
 use dmkv_transport::ServiceError;

@@ -320,7 +320,11 @@ mod tests {
         assert_eq!(t.check(a), Check::New);
         // Nothing changed: no record.
         assert!(t.prepare(a, Outcome::Exists).unwrap().is_none());
-        assert!(t.prepare(Session::NONE, Outcome::Inserted).unwrap().is_none());
+        assert!(
+            t.prepare(Session::NONE, Outcome::Inserted)
+                .unwrap()
+                .is_none()
+        );
         let r = t.prepare(a, Outcome::Inserted).unwrap().unwrap();
         // Reserved, not yet applied.
         assert_eq!(t.check(a), Check::New);
@@ -358,7 +362,10 @@ mod tests {
                 .unwrap();
         }
         // A known session still gets its position.
-        assert!(t.prepare(Session { id: 2, seq: 2 }, Outcome::Deleted).is_ok());
+        assert!(
+            t.prepare(Session { id: 2, seq: 2 }, Outcome::Deleted)
+                .is_ok()
+        );
         let e = t
             .prepare(Session { id: 3, seq: 1 }, Outcome::Inserted)
             .unwrap_err();
@@ -391,6 +398,9 @@ mod tests {
                 .unwrap()
                 .unwrap();
         }
-        assert!(t.prepare(Session { id: 13, seq: 1 }, Outcome::Inserted).is_err());
+        assert!(
+            t.prepare(Session { id: 13, seq: 1 }, Outcome::Inserted)
+                .is_err()
+        );
     }
 }

@@ -426,7 +426,11 @@ impl ShardServer {
                 let seed = g.seed();
                 drop(g);
                 self.stats.replays.fetch_add(1, Ordering::Relaxed);
-                let status = if upsert { o.upsert_status() } else { o.status() };
+                let status = if upsert {
+                    o.upsert_status()
+                } else {
+                    o.status()
+                };
                 self.noticed(t.compute);
                 return Ok(self.head(status, seed, 0).finish());
             }
@@ -591,10 +595,9 @@ impl ShardServer {
         let rec = self.sessions.prepare(s, outcome)?;
         let tail = session::tail(&rec);
         match (op, loc) {
-            (
-                WriteOp::Insert { key, value, .. } | WriteOp::Update { key, value },
-                Some(loc),
-            ) if outcome == Outcome::Updated => {
+            (WriteOp::Insert { key, value, .. } | WriteOp::Update { key, value }, Some(loc))
+                if outcome == Outcome::Updated =>
+            {
                 self.replace(table, b, loc, *key, value, tail)?;
             }
             (WriteOp::Insert { key, value, .. }, None) => {

@@ -370,11 +370,15 @@ fn three_nodes() -> (LocalCluster, Vec<Arc<NodeRuntime>>, Vec<Arc<NodeServer>>) 
         })
         .collect();
     for s in &servers {
-        wait_until(Duration::from_secs(10), "a node did not resolve its mirrors", || {
-            let mut w = WireWriter::new();
-            w.u8(op::INIT);
-            head(&s.handle(&w.finish()).unwrap()).0.status == Status::Ok
-        });
+        wait_until(
+            Duration::from_secs(10),
+            "a node did not resolve its mirrors",
+            || {
+                let mut w = WireWriter::new();
+                w.u8(op::INIT);
+                head(&s.handle(&w.finish()).unwrap()).0.status == Status::Ok
+            },
+        );
     }
     (c, rts, servers)
 }
@@ -438,11 +442,15 @@ fn crash_and_take_over(
 ) -> Arc<NodeServer> {
     c.crash(rts[0].id());
     let n1 = servers[1].clone();
-    wait_until(Duration::from_secs(20), "node 1 did not take shard 0 over", || {
-        let mut w = WireWriter::new();
-        w.u8(op::TAKEOVER).u16(0);
-        head(&n1.handle(&w.finish()).unwrap()).0.status == Status::Ok
-    });
+    wait_until(
+        Duration::from_secs(20),
+        "node 1 did not take shard 0 over",
+        || {
+            let mut w = WireWriter::new();
+            w.u8(op::TAKEOVER).u16(0);
+            head(&n1.handle(&w.finish()).unwrap()).0.status == Status::Ok
+        },
+    );
     n1
 }
 
@@ -480,10 +488,19 @@ fn a_write_resent_after_a_takeover_gets_its_first_outcome() {
     }
     let n1 = crash_and_take_over(&c, &rts, &servers);
     let shard = n1.shard(0).unwrap().unwrap();
-    assert!(shard.sessions.len() >= 5, "sessions recovered from the mirror");
+    assert!(
+        shard.sessions.len() >= 5,
+        "sessions recovered from the mirror"
+    );
     // The re-sends, to the new owner.
-    assert_eq!(head(&send_insert(&n1, 1, ses(1, 5), false)).0.status, Status::Ok);
-    assert_eq!(head(&send_insert(&n1, 2, ses(2, 1), true)).0.status, Status::Ok);
+    assert_eq!(
+        head(&send_insert(&n1, 1, ses(1, 5), false)).0.status,
+        Status::Ok
+    );
+    assert_eq!(
+        head(&send_insert(&n1, 2, ses(2, 1), true)).0.status,
+        Status::Ok
+    );
     assert_eq!(head(&send_delete(&n1, 10, ses(3, 7))).0.status, Status::Ok);
     assert_eq!(head(&send_update(&n1, 11, ses(4, 2))).0.status, Status::Ok);
     assert_eq!(shard.stats.replays.load(Ordering::Relaxed), 4);
@@ -559,12 +576,17 @@ fn a_buffered_write_applied_before_a_crash_is_not_applied_again() {
     // The rebuild runs; `finish` applies both (mirrored first).
     shard.job_active.store(false, Ordering::Release);
     shard.kick();
-    wait_until(Duration::from_secs(10), "the rebuild did not finish", || {
-        shard.applied.load(Ordering::Acquire) != 0
-    });
+    wait_until(
+        Duration::from_secs(10),
+        "the rebuild did not finish",
+        || shard.applied.load(Ordering::Acquire) != 0,
+    );
     // The primary dies before anyone asks RESULT.
     let n1 = crash_and_take_over(&c, &rts, &servers);
-    assert_eq!(head(&send_insert(&n1, 50, ses(7, 3), false)).0.status, Status::Ok);
+    assert_eq!(
+        head(&send_insert(&n1, 50, ses(7, 3), false)).0.status,
+        Status::Ok
+    );
     assert_eq!(head(&send_delete(&n1, 2, ses(8, 4))).0.status, Status::Ok);
     assert_eq!(get(&n1, 50), Some(b"v1".to_vec()));
     assert_eq!(get(&n1, 2), None);
