@@ -214,6 +214,11 @@ impl Sessions {
         self.inner.lock().map.len()
     }
 
+    /// No session has a position.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// What to do with write `s`.
     pub fn check(&self, s: Session) -> Check {
         if s.is_none() {
@@ -316,6 +321,7 @@ mod tests {
     fn checks_follow_the_last_applied_write_and_survive_recovery() {
         let layout = HeapLayout::for_data(4096, 4);
         let t = Sessions::new(layout);
+        assert!(t.is_empty());
         let a = Session { id: 9, seq: 3 };
         assert_eq!(t.check(a), Check::New);
         // Nothing changed: no record.
