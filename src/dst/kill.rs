@@ -29,7 +29,13 @@
 //!    harness abandons an operation after [`OP_LIMIT`] of virtual time and
 //!    counts it as blocked. Designs whose writers take no lock a client
 //!    holds across round trips (RPC writes: xstore, rpc-btree, rpc-hash,
-//!    outback; lock-free RACE) must never block ([`may_block`]).
+//!    outback; lock-free RACE) must never block ([`may_block`]): their
+//!    survivors are abandoned only at the mixed run's `--op-limit-ms` (a
+//!    wait that never ends), and an operation longer than [`OP_LIMIT`]
+//!    fails the seed unless the engine's own bounded waits explain it
+//!    ([`bounded_wait`]: Outback buffers inserts and deletes while a table
+//!    is resized, and the writer waits for the resize, which the memory
+//!    node ends by itself, dead client or not).
 
 use super::{DstFailure, DstParams, FaultPlan, dst_replay, sim_config};
 use dmkv_api::EngineSpec;
@@ -63,6 +69,25 @@ pub fn may_block(engine: &str) -> bool {
     matches!(engine, "sherman" | "rolex" | "cell" | "scalestore")
 }
 
+/// How much longer than [`OP_LIMIT`] a survivor's operation may take in a
+/// run whose engine reported `stats`: the time the engine itself held
+/// writes back, which no client (dead or alive) prolongs. For Outback, the
+/// resizes' held time (`resize_ms_total`: REBUILDING until the buffered
+/// writes are applied; an operation can wait for several resizes one after
+/// another, never for more than all of them) plus, per resize, one more
+/// [`OP_LIMIT`] for the poll that sees it end and the RESULT request that
+/// fetches the outcome. Zero for every other engine (RACE reports
+/// `resizes` too, but its directory doublings hold no writer back) and for
+/// Outback runs without resizes.
+pub fn bounded_wait(engine: &str, stats: &serde_json::Value) -> Duration {
+    if engine != "outback" {
+        return Duration::ZERO;
+    }
+    let held_ms = stats["resize_ms_total"].as_f64().unwrap_or(0.0);
+    let resizes = stats["resizes"].as_u64().unwrap_or(0);
+    Duration::from_nanos((held_ms * 1e6) as u64) + OP_LIMIT * resizes as u32
+}
+
 /// What one kill did.
 #[derive(Debug, Clone)]
 pub struct KillOutcome {
@@ -71,6 +96,10 @@ pub struct KillOutcome {
     pub killed_mid_op: bool,
     /// Survivor operations abandoned as blocked.
     pub blocked: u64,
+    /// Survivor operations longer than [`OP_LIMIT`] that completed, and the
+    /// longest survivor operation (engines that never block).
+    pub slow: u64,
+    pub longest: Duration,
     /// The engine's figures at the end (`engine_stats`).
     pub stats: serde_json::Value,
 }
@@ -209,6 +238,15 @@ pub fn kill_client(
     let kill_at: Cell<Option<Instant>> = Cell::new(None);
     let killed: Cell<Option<(u64, u64)>> = Cell::new(None); // (instant, posted)
     let blocked = Cell::new(0u64);
+    let slow = Cell::new(0u64);
+    let longest = Cell::new(Duration::ZERO);
+    // A survivor is abandoned after this: a wait on the dead client's lock
+    // never ends; an engine that takes none gets the livelock limit.
+    let abandon = if may_block(spec.name()) {
+        OP_LIMIT
+    } else {
+        p.op_limit
+    };
     let read_errors: RefCell<Vec<String>> = RefCell::new(Vec::new());
     let victim_keys: Vec<(u64, Kind, usize, usize)> = (0..owners)
         .filter(|j| victim_of(j / TASKS))
@@ -234,6 +272,15 @@ pub fn kill_client(
                 &victim_keys,
                 &victims,
             );
+            let (slow, longest) = (&slow, &longest);
+            // Times a survivor's operation (virtual time).
+            let timed = move |began: Instant| {
+                let took = Instant::now().saturating_duration_since(began);
+                longest.set(longest.get().max(took));
+                if took > OP_LIMIT {
+                    slow.set(slow.get() + 1);
+                }
+            };
             let sim = &dep.sim;
             let posted_by_victim = &posted_by_victim;
             let is_victim = victim_of(j / TASKS);
@@ -278,8 +325,12 @@ pub fn kill_client(
                             }
                         }
                     } else {
-                        match unless(op, sleep(OP_LIMIT)).await {
-                            Some(r) => r,
+                        let began = Instant::now();
+                        match unless(op, sleep(abandon)).await {
+                            Some(r) => {
+                                timed(began);
+                                r
+                            }
                             None => {
                                 blocked.set(blocked.get() + 1);
                                 return;
@@ -291,12 +342,14 @@ pub fn kill_client(
                         // A read of one of the victim's keys: intact, at a
                         // version it may have.
                         let (vk, vkind, _, _) = victim_keys[rng.gen_range(0..victim_keys.len())];
-                        match unless(kv.get(vk), sleep(OP_LIMIT)).await {
+                        let began = Instant::now();
+                        match unless(kv.get(vk), sleep(abandon)).await {
                             None => {
                                 blocked.set(blocked.get() + 1);
                                 return;
                             }
                             Some(r) => {
+                                timed(began);
                                 if let Err(e) = allowed(vk, vkind, None, &r) {
                                     read_errors
                                         .borrow_mut()
@@ -327,6 +380,8 @@ pub fn kill_client(
     let mut outcome = KillOutcome {
         killed_mid_op: killed.get().is_some(),
         blocked: blocked.get(),
+        slow: slow.get(),
+        longest: longest.get(),
         stats: serde_json::Value::Null,
     };
     if let Some((at, posted)) = killed.get() {
@@ -340,10 +395,25 @@ pub fn kill_client(
     }
     if outcome.blocked > 0 && !may_block(spec.name()) {
         return Err(fail(format!(
-            "{} survivor operations blocked for {OP_LIMIT:?} (victim compute node {victim}, killed during its operation {kill_op}); {} takes no lock a client holds across round trips",
+            "{} survivor operations blocked for {abandon:?} (victim compute node {victim}, killed during its operation {kill_op}); {} takes no lock a client holds across round trips",
             outcome.blocked,
             spec.name()
         )));
+    }
+    if outcome.slow > 0 && !may_block(spec.name()) {
+        let stats = block_on(dep.engine.stats(&dep.endpoint(0)))
+            .map_err(|e| fail(format!("engine figures: {e}")))?;
+        let allowed = OP_LIMIT + bounded_wait(spec.name(), &stats);
+        if outcome.longest > allowed {
+            return Err(fail(format!(
+                "{} survivor operations took longer than {OP_LIMIT:?}, the longest {:?}, more than the engine's own bounded waits explain ({allowed:?}: {} resizes holding writes for {} ms) (victim compute node {victim}, killed during its operation {kill_op}); {} takes no lock a client holds across round trips",
+                outcome.slow,
+                outcome.longest,
+                stats["resizes"],
+                stats["resize_ms_total"],
+                spec.name()
+            )));
+        }
     }
     if let Some(e) = read_errors.borrow().first() {
         return Err(fail(e.clone()));

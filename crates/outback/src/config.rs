@@ -74,6 +74,11 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "KV block space per shard in MiB (0: sized from the expected keys)",
     },
     KnobSpec {
+        name: "sessions",
+        default: "16384",
+        help: "session entries per shard (at-most-once writes across a takeover): one per write lane of every connected compute process that has written to the shard; full, a new lane's write fails with Exhausted",
+    },
+    KnobSpec {
         name: "vnodes",
         default: "64",
         help: "points per shard on the consistent-hashing ring",
@@ -82,6 +87,16 @@ pub const KNOBS: &[KnobSpec] = &[
         name: "replicas",
         default: "2",
         help: "shards that mirror each shard's KV data (0: none; more than memnodes - 1 acts as memnodes - 1)",
+    },
+    KnobSpec {
+        name: "resize_share_handlers",
+        default: "true",
+        help: "sim only: a resize's work takes turns with the RPC handlers on the memory node's handler cores (the paper's one-thread memory node, §5.9) instead of running on a worker core of its own",
+    },
+    KnobSpec {
+        name: "resize_slice_us",
+        default: "750",
+        help: "sim only, with resize_share_handlers: the longest turn a resize takes on a handler core before queued requests get one as long (Linux's base time slice, 0.75 ms)",
     },
     KnobSpec {
         name: "max_global_depth",
@@ -107,9 +122,12 @@ pub struct Config {
     pub countdown_timeout_ms: u64,
     pub poll_us: u64,
     pub heap_mb: u64,
+    pub sessions: u64,
     pub vnodes: u32,
     pub replicas: usize,
     pub max_global_depth: u8,
+    pub resize_share_handlers: bool,
+    pub resize_slice_us: u64,
 }
 
 impl Config {
@@ -131,9 +149,12 @@ impl Config {
             countdown_timeout_ms: u("countdown_timeout_ms")?,
             poll_us: u("poll_us")?,
             heap_mb: u("heap_mb")?,
+            sessions: u("sessions")?,
             vnodes: u("vnodes")? as u32,
             replicas: u("replicas")? as usize,
             max_global_depth: u("max_global_depth")? as u8,
+            resize_share_handlers: k.get::<bool>("outback", KNOBS, "resize_share_handlers")?,
+            resize_slice_us: u("resize_slice_us")?,
         };
         let bad = |what: &str| Err(KvError::Config(format!("outback.{what}")));
         if !(0.3..=0.99).contains(&c.load_factor) {
@@ -178,8 +199,14 @@ impl Config {
         if !(1..=1_000_000).contains(&c.poll_us) {
             return bad("poll_us must be in [1, 1000000]");
         }
+        if !(1..=1 << 24).contains(&c.sessions) {
+            return bad("sessions must be in [1, 2^24]");
+        }
         if c.heap_mb > 1 << 20 {
             return bad("heap_mb must be at most 2^20 (1 TiB; 0: sized from the expected keys)");
+        }
+        if !(1..=1_000_000).contains(&c.resize_slice_us) {
+            return bad("resize_slice_us must be in [1, 1000000]");
         }
         if c.replicas > 64 {
             return bad(
@@ -246,7 +273,10 @@ mod tests {
             ("countdown_timeout_ms", "1"),
             ("poll_us", "0"),
             ("heap_mb", "2000000"),
+            ("sessions", "0"),
             ("replicas", "65"),
+            ("resize_slice_us", "0"),
+            ("resize_share_handlers", "maybe"),
         ] {
             let mut k = Knobs::new();
             k.set(knob, bad);

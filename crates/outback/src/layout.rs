@@ -205,26 +205,40 @@ pub fn header_words(klen: u64, vlen: u64) -> Option<u64> {
 // ---------------------------------------------------------------- heap
 
 /// Heap region: a 64-byte header, a bitmap with one bit per data word that
-/// marks where blocks start (set once, when a block is first carved), then
-/// the blocks. Mirrors on replica nodes have exactly this layout, so block
-/// addresses are the same everywhere.
+/// marks where blocks start (set once, when a block is first carved), the
+/// session table (at-most-once writes, `server::session`), then the blocks.
+/// Mirrors on replica nodes have exactly this layout, so block and session
+/// entry addresses are the same everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeapLayout {
     pub bitmap_start: u64,
+    /// First session entry ([`SESSION_BYTES`] each).
+    pub sessions_start: u64,
+    /// Session entries.
+    pub sessions: u64,
     pub data_start: u64,
     pub data_len: u64,
 }
 
-pub const HEAP_MAGIC: u64 = u64::from_le_bytes(*b"OBHEAP01");
+pub const HEAP_MAGIC: u64 = u64::from_le_bytes(*b"OBHEAP02");
+
+/// Bytes of one session entry: session id, sequence number, outcome,
+/// checksum64 of the three.
+pub const SESSION_BYTES: u64 = 32;
 
 impl HeapLayout {
-    /// A heap with about `data_bytes` of block space.
-    pub fn for_data(data_bytes: u64) -> HeapLayout {
+    /// A heap with about `data_bytes` of block space and `sessions` session
+    /// entries.
+    pub fn for_data(data_bytes: u64, sessions: u64) -> HeapLayout {
         let data_len = data_bytes.div_ceil(64) * 64;
         let bitmap_len = (data_len / 8).div_ceil(8).div_ceil(64) * 64;
+        let sessions_start = 64 + bitmap_len;
+        let sessions_len = (sessions * SESSION_BYTES).div_ceil(64) * 64;
         HeapLayout {
             bitmap_start: 64,
-            data_start: 64 + bitmap_len,
+            sessions_start,
+            sessions,
+            data_start: sessions_start + sessions_len,
             data_len,
         }
     }
@@ -236,9 +250,21 @@ impl HeapLayout {
         let w = (addr - self.data_start) / 8;
         (self.bitmap_start + (w / 64) * 8, w % 64)
     }
-    /// The header words written at creation: magic, data start, data length.
-    pub fn header(&self) -> [u64; 3] {
-        [HEAP_MAGIC, self.data_start, self.data_len]
+    /// Byte offset of session entry `pos`.
+    pub fn session(&self, pos: u32) -> u64 {
+        debug_assert!((pos as u64) < self.sessions);
+        self.sessions_start + pos as u64 * SESSION_BYTES
+    }
+    /// The header words written at creation: magic, data start, data
+    /// length, first session entry, session entries.
+    pub fn header(&self) -> [u64; 5] {
+        [
+            HEAP_MAGIC,
+            self.data_start,
+            self.data_len,
+            self.sessions_start,
+            self.sessions,
+        ]
     }
 }
 
@@ -392,8 +418,12 @@ mod tests {
 
     #[test]
     fn heap_and_table_geometry() {
-        let h = HeapLayout::for_data(1 << 20);
-        assert!(h.data_start >= 64 + (1 << 20) / 64);
+        let h = HeapLayout::for_data(1 << 20, 3);
+        assert!(h.data_start >= 64 + (1 << 20) / 64 + 3 * SESSION_BYTES);
+        assert_eq!(h.sessions_start, 64 + (1 << 20) / 64);
+        assert_eq!(h.session(2), h.sessions_start + 64);
+        assert!(h.session(2) + SESSION_BYTES <= h.data_start);
+        assert!(h.data_start.is_multiple_of(64));
         assert_eq!(h.start_bit(h.data_start + 8 * 65), (h.bitmap_start + 8, 1));
         let t = TableLayout::new(3);
         assert_eq!(t.buckets_start, 64);

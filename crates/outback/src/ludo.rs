@@ -39,6 +39,10 @@ pub struct LudoBuild {
     pub placement: Vec<Placement>,
     /// Keys that went to the overflow cache (cuckoo or seed failures).
     pub fallback: usize,
+    /// Cache lines of its working arrays the build touched (random
+    /// accesses one line each, sequential passes one per 64 bytes),
+    /// Othello included: what the simulated memory node charges for it.
+    pub lines: u64,
 }
 
 /// A seed under which `keys` (at most four) go to distinct slots, trying
@@ -59,12 +63,13 @@ pub fn find_seed(keys: &[u64]) -> Option<u8> {
 /// Builds a table of `buckets` buckets holding `keys` (distinct).
 pub fn build(keys: &[u64], buckets: u32, bucket_seed: u64, othello_seed: u64) -> LudoBuild {
     assert!(buckets > 0);
+    let mut lines = 0u64;
     let mut table = vec![[EMPTY; SLOTS]; buckets as usize];
     let mut home: Vec<u32> = vec![EMPTY; keys.len()];
     let mut overflow: Vec<u32> = Vec::new();
     let cand = |i: u32| candidates(keys[i as usize], bucket_seed, buckets);
     for i in 0..keys.len() as u32 {
-        if !cuckoo_insert(&mut table, &mut home, i, &cand) {
+        if !cuckoo_insert(&mut table, &mut home, i, &cand, &mut lines) {
             overflow.push(i);
         }
     }
@@ -77,6 +82,9 @@ pub fn build(keys: &[u64], buckets: u32, bucket_seed: u64, othello_seed: u64) ->
         };
         keys.len()
     ];
+    // The seed pass reads the table in order (16 bytes a bucket) and, per
+    // member, its key and its placement entry.
+    lines += (buckets as u64 * 16).div_ceil(64);
     for (b, bucket) in table.iter_mut().enumerate() {
         let mut members: Vec<u32> = bucket.iter().copied().filter(|&i| i != EMPTY).collect();
         let seed = loop {
@@ -88,6 +96,7 @@ pub fn build(keys: &[u64], buckets: u32, bucket_seed: u64, othello_seed: u64) ->
             overflow.push(shed);
         };
         seeds[b] = seed;
+        lines += 2 * members.len() as u64;
         for &i in &members {
             placement[i as usize] = Placement {
                 bucket: b as u32,
@@ -95,6 +104,7 @@ pub fn build(keys: &[u64], buckets: u32, bucket_seed: u64, othello_seed: u64) ->
             };
         }
     }
+    lines += 2 * overflow.len() as u64;
     for &i in &overflow {
         // Overflowed keys stay under their first candidate (or the bucket
         // they were in when their bucket shed them).
@@ -115,13 +125,17 @@ pub fn build(keys: &[u64], buckets: u32, bucket_seed: u64, othello_seed: u64) ->
             c0 != c1 && placement[i as usize].bucket == c1
         })
         .collect();
+    // The values pass: keys and placements in order (8 bytes each).
+    lines += (keys.len() as u64 * 16).div_ceil(64);
+    let othello = Othello::build_counted(keys, &values, othello_seed, &mut lines);
     LudoBuild {
         buckets,
         bucket_seed,
         seeds,
-        othello: Othello::build(keys, &values, othello_seed),
+        othello,
         placement,
         fallback: overflow.len(),
+        lines,
     }
 }
 
@@ -132,7 +146,10 @@ fn cuckoo_insert(
     home: &mut [u32],
     i: u32,
     cand: &impl Fn(u32) -> [u32; 2],
+    lines: &mut u64,
 ) -> bool {
+    // The key, its two candidate buckets and its home entry.
+    *lines += 4;
     let [c0, c1] = cand(i);
     let free = |t: &[[u32; SLOTS]], b: u32| t[b as usize].iter().position(|&x| x == EMPTY);
     let load = |t: &[[u32; SLOTS]], b: u32| t[b as usize].iter().filter(|&&x| x != EMPTY).count();
@@ -168,6 +185,8 @@ fn cuckoo_insert(
         queue.push_back(nodes.len() - 1);
     }
     while let Some(n) = queue.pop_front() {
+        // The visited bucket's row.
+        *lines += 1;
         let b = nodes[n].bucket;
         if let Some(mut hole) = free(table, b) {
             // Shift keys back along the path, from the free end.
@@ -175,6 +194,8 @@ fn cuckoo_insert(
             while nodes[cur].parent != usize::MAX {
                 let p = nodes[cur].parent;
                 let from = nodes[p].bucket;
+                // The row moved from and the moved key's home entry.
+                *lines += 2;
                 let moved = table[from as usize][nodes[cur].parent_slot];
                 table[nodes[cur].bucket as usize][hole] = moved;
                 home[moved as usize] = nodes[cur].bucket;
@@ -190,6 +211,8 @@ fn cuckoo_insert(
         }
         let row = table[b as usize];
         for (s, &k) in row.iter().enumerate() {
+            // The resident key, to hash its other candidate.
+            *lines += 1;
             let [a0, a1] = cand(k);
             let alt = if a0 == b { a1 } else { a0 };
             if alt == b {

@@ -95,6 +95,14 @@ impl Othello {
     /// Builds an Othello that returns `values[i]` for `keys[i]`. Keys must be
     /// distinct (a duplicate is a cycle of length two that no seed avoids).
     pub fn build(keys: &[u64], values: &[bool], rng_seed: u64) -> Othello {
+        Othello::build_counted(keys, values, rng_seed, &mut 0)
+    }
+
+    /// [`Othello::build`], adding to `lines` the cache lines of its working
+    /// arrays it touches (random accesses one line each, sequential passes
+    /// one per 64 bytes): the simulated memory node charges a rebuild by
+    /// them (docs/outback.md, "Resizes in virtual time").
+    pub fn build_counted(keys: &[u64], values: &[bool], rng_seed: u64, lines: &mut u64) -> Othello {
         assert_eq!(keys.len(), values.len());
         let n = keys.len() as u64;
         let mut mb = (n as u32).max(MIN_CELLS);
@@ -103,7 +111,7 @@ impl Othello {
         let mut tries = 0;
         loop {
             let seed: u64 = rng.r#gen();
-            if let Some(bits) = try_build(keys, values, seed, ma, mb) {
+            if let Some(bits) = try_build(keys, values, seed, ma, mb, lines) {
                 return Othello::with_bits(seed, ma, mb, bits);
             }
             tries += 1;
@@ -120,8 +128,18 @@ fn words(ma: u32, mb: u32) -> usize {
 }
 
 /// One attempt: `None` if the key graph has a cycle under `seed`.
-fn try_build(keys: &[u64], values: &[bool], seed: u64, ma: u32, mb: u32) -> Option<Vec<u64>> {
+fn try_build(
+    keys: &[u64],
+    values: &[bool],
+    seed: u64,
+    ma: u32,
+    mb: u32,
+    lines: &mut u64,
+) -> Option<Vec<u64>> {
     let cells = ma as usize + mb as usize;
+    // Sequential passes: keys and edges (8 bytes each), parent, start,
+    // fill and done arrays (4, 4, 4 and 1 byte per cell).
+    *lines += (keys.len() as u64 * 16 + cells as u64 * 13).div_ceil(64);
     let edges: Vec<(u32, u32)> = keys
         .iter()
         .map(|&k| {
@@ -131,8 +149,10 @@ fn try_build(keys: &[u64], values: &[bool], seed: u64, ma: u32, mb: u32) -> Opti
         .collect();
     // Acyclicity by union-find: an edge inside one component closes a cycle.
     let mut parent: Vec<u32> = (0..cells as u32).collect();
-    fn find(parent: &mut [u32], mut x: u32) -> u32 {
+    fn find(parent: &mut [u32], mut x: u32, lines: &mut u64) -> u32 {
+        *lines += 1;
         while parent[x as usize] != x {
+            *lines += 1;
             let up = parent[parent[x as usize] as usize];
             parent[x as usize] = up;
             x = up;
@@ -140,7 +160,7 @@ fn try_build(keys: &[u64], values: &[bool], seed: u64, ma: u32, mb: u32) -> Opti
         x
     }
     for &(a, b) in &edges {
-        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+        let (ra, rb) = (find(&mut parent, a, lines), find(&mut parent, b, lines));
         if ra == rb {
             return None;
         }
@@ -148,6 +168,8 @@ fn try_build(keys: &[u64], values: &[bool], seed: u64, ma: u32, mb: u32) -> Opti
     }
     // Adjacency in compressed form: for each cell, the edges touching it.
     let mut start = vec![0u32; cells + 1];
+    // Per edge: two counters, then two fill cursors and two adjacency slots.
+    *lines += edges.len() as u64 * 6;
     for &(a, b) in &edges {
         start[a as usize + 1] += 1;
         start[b as usize + 1] += 1;
@@ -174,8 +196,12 @@ fn try_build(keys: &[u64], values: &[bool], seed: u64, ma: u32, mb: u32) -> Opti
         done[root] = true;
         stack.push(root as u32);
         while let Some(u) = stack.pop() {
+            // The cell's bit and its adjacency range.
+            *lines += 2;
             let u_bit = bits[u as usize / 64] >> (u % 64) & 1;
             for &e in &adj[start[u as usize] as usize..start[u as usize + 1] as usize] {
+                // The edge, its value and the far cell's done flag.
+                *lines += 3;
                 let (a, b) = edges[e as usize];
                 let v = if a == u { b } else { a };
                 if done[v as usize] {

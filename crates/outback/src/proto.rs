@@ -7,6 +7,7 @@
 //! only the slot (paper §4.3.1: the memory node computes nothing); writes
 //! add the key and value. Replies start with [`ReplyHead`].
 
+use crate::server::session::Session;
 use dmkv_transport::{WireError, WireReader, WireWriter};
 
 pub mod op {
@@ -192,6 +193,13 @@ pub fn decode_get(req: &[u8]) -> Option<(Target, u8)> {
     Some((t, b[19]))
 }
 
+fn read_session(r: &mut WireReader<'_>) -> Result<Session, WireError> {
+    Ok(Session {
+        id: r.u64()?,
+        seq: r.u64()?,
+    })
+}
+
 /// A data request, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DataReq<'a> {
@@ -203,10 +211,12 @@ pub enum DataReq<'a> {
         t: Target,
         key: u64,
     },
-    /// Insert (`upsert` false) or upsert.
+    /// Insert (`upsert` false) or upsert. Writes carry their session
+    /// (at-most-once across a takeover, `server::session`).
     Insert {
         t: Target,
         key: u64,
+        s: Session,
         value: &'a [u8],
         upsert: bool,
     },
@@ -214,12 +224,14 @@ pub enum DataReq<'a> {
         t: Target,
         slot: u8,
         key: u64,
+        s: Session,
         value: &'a [u8],
     },
     Delete {
         t: Target,
         slot: u8,
         key: u64,
+        s: Session,
     },
 }
 
@@ -246,27 +258,29 @@ impl DataReq<'_> {
             DataReq::Insert {
                 t,
                 key,
+                s,
                 value,
                 upsert,
             } => {
                 w.u8(if *upsert { op::UPSERT } else { op::INSERT });
                 t.write(&mut w);
-                w.u64(*key).bytes(value);
+                w.u64(*key).u64(s.id).u64(s.seq).bytes(value);
             }
             DataReq::Update {
                 t,
                 slot,
                 key,
+                s,
                 value,
             } => {
                 w.u8(op::UPDATE);
                 t.write(&mut w);
-                w.u8(*slot).u64(*key).bytes(value);
+                w.u8(*slot).u64(*key).u64(s.id).u64(s.seq).bytes(value);
             }
-            DataReq::Delete { t, slot, key } => {
+            DataReq::Delete { t, slot, key, s } => {
                 w.u8(op::DELETE);
                 t.write(&mut w);
-                w.u8(*slot).u64(*key);
+                w.u8(*slot).u64(*key).u64(s.id).u64(s.seq);
             }
         }
         w.finish()
@@ -281,6 +295,7 @@ impl DataReq<'_> {
             op::INSERT | op::UPSERT => DataReq::Insert {
                 t,
                 key: r.u64()?,
+                s: read_session(r)?,
                 value: r.bytes()?,
                 upsert: op == op::UPSERT,
             },
@@ -288,12 +303,14 @@ impl DataReq<'_> {
                 t,
                 slot: r.u8()?,
                 key: r.u64()?,
+                s: read_session(r)?,
                 value: r.bytes()?,
             },
             op::DELETE => DataReq::Delete {
                 t,
                 slot: r.u8()?,
                 key: r.u64()?,
+                s: read_session(r)?,
             },
             other => return Err(WireError(format!("op {other} is not a data request"))),
         };
@@ -321,6 +338,7 @@ mod tests {
             DataReq::Insert {
                 t,
                 key: 5,
+                s: Session { id: 3, seq: 9 },
                 value: b"abc",
                 upsert: true,
             },
@@ -328,9 +346,18 @@ mod tests {
                 t,
                 slot: 1,
                 key: 6,
+                s: Session {
+                    id: 1 << 63,
+                    seq: 1,
+                },
                 value: b"",
             },
-            DataReq::Delete { t, slot: 0, key: 8 },
+            DataReq::Delete {
+                t,
+                slot: 0,
+                key: 8,
+                s: Session::NONE,
+            },
         ];
         for req in reqs {
             let buf = req.encode();

@@ -5,6 +5,7 @@
 mod common;
 
 use dmkv_outback::proto::{DataReq, ReplyHead, Status, Target, op};
+use dmkv_outback::server::session::Session;
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{ErrorCode, TransportError, WireReader, WireWriter};
 
@@ -50,6 +51,7 @@ fn bad_indices_get_error_replies() {
                 DataReq::Insert {
                     t,
                     key: 9,
+                    s: Session::NONE,
                     value: b"v",
                     upsert: false,
                 }
@@ -63,13 +65,25 @@ fn bad_indices_get_error_replies() {
                     t,
                     slot: 0,
                     key: 9,
+                    s: Session::NONE,
                     value: b"v",
                 }
                 .encode(),
             ),
             what,
         );
-        malformed(call(DataReq::Delete { t, slot: 0, key: 9 }.encode()), what);
+        malformed(
+            call(
+                DataReq::Delete {
+                    t,
+                    slot: 0,
+                    key: 9,
+                    s: Session::NONE,
+                }
+                .encode(),
+            ),
+            what,
+        );
     }
     malformed(call(DataReq::Get { t: good, slot: 4 }.encode()), "slot 4");
     malformed(
@@ -82,6 +96,7 @@ fn bad_indices_get_error_replies() {
                 t: good,
                 slot: 7,
                 key: 9,
+                s: Session::NONE,
                 value: b"v",
             }
             .encode(),
@@ -94,6 +109,7 @@ fn bad_indices_get_error_replies() {
                 t: good,
                 slot: 4,
                 key: 9,
+                s: Session::NONE,
             }
             .encode(),
         ),
@@ -105,6 +121,7 @@ fn bad_indices_get_error_replies() {
             DataReq::Insert {
                 t: good,
                 key: 9,
+                s: Session::NONE,
                 value: &huge,
                 upsert: true,
             }

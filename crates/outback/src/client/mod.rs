@@ -24,6 +24,7 @@ use crate::publish::{
 };
 use crate::ring::{Ring, replicas_of};
 use crate::server::SERVICE;
+use crate::server::session::Session;
 use async_trait::async_trait;
 use dmkv_api::{Capabilities, Engine, Key, KvError, KvStore, Result, ServeArgs, checksum64};
 use dmkv_transport::exec::{block_on, sleep};
@@ -119,6 +120,72 @@ pub struct Shared {
     dead: Mutex<HashSet<NodeId>>,
     counters: ClientCounters,
     started: Instant,
+    /// This process's sessions: the high bits of every session id (random,
+    /// top bit set, so never 0), the lane in the low [`LANE_BITS`].
+    incarnation: u64,
+    lanes: Mutex<Lanes>,
+}
+
+/// Bits of a session id that name the lane.
+const LANE_BITS: u32 = 20;
+
+/// Write lanes (docs/outback.md, invariant 16): a write operation holds one
+/// for its whole life, re-sends included, and numbers itself with the
+/// lane's next sequence number; so each session (lane) has one write in
+/// flight at a time and its sequence numbers only grow.
+#[derive(Default)]
+struct Lanes {
+    /// Idle lanes and the last sequence number each used (LIFO: a run
+    /// reuses lanes in a fixed order).
+    free: Vec<(u32, u64)>,
+    next: u32,
+}
+
+/// A write lane held by one operation.
+struct Lease<'a> {
+    sh: &'a Shared,
+    lane: u32,
+    seq: u64,
+}
+
+impl Lease<'_> {
+    fn session(&self) -> Session {
+        Session {
+            id: self.sh.incarnation | self.lane as u64,
+            seq: self.seq,
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        self.sh.lanes.lock().free.push((self.lane, self.seq));
+    }
+}
+
+impl Shared {
+    /// A write lane for one operation, with its next sequence number.
+    fn lease(&self) -> Result<Lease<'_>> {
+        let mut l = self.lanes.lock();
+        let (lane, last) = match l.free.pop() {
+            Some(idle) => idle,
+            None if l.next < 1 << LANE_BITS => {
+                l.next += 1;
+                (l.next - 1, 0)
+            }
+            None => {
+                return Err(KvError::Exhausted(format!(
+                    "outback: more than {} writes in flight in one compute process",
+                    1u32 << LANE_BITS
+                )));
+            }
+        };
+        Ok(Lease {
+            sh: self,
+            lane,
+            seq: last + 1,
+        })
+    }
 }
 
 fn malformed(e: impl std::fmt::Display) -> KvError {
@@ -679,6 +746,11 @@ pub fn connect(args: dmkv_api::ConnectArgs) -> Result<Arc<dyn Engine>> {
         dead: Mutex::new(HashSet::new()),
         counters: ClientCounters::default(),
         started: Instant::now(),
+        // Seeded under sim (a run replays), from the OS elsewhere; 44
+        // random bits make two processes' sessions collide with negligible
+        // odds (docs/outback.md, invariant 16).
+        incarnation: (dmkv_transport::sim::random_u64() << LANE_BITS) | 1 << 63,
+        lanes: Mutex::new(Lanes::default()),
     });
     let ep = args.fabric.endpoint(args.compute_node)?;
     block_on(labeled(OpKind::Setup, async {
@@ -904,6 +976,7 @@ impl Engine for OutbackEngine {
         });
         // Added apart: one json! of them all exceeds the macro recursion limit.
         if let Some(o) = v.as_object_mut() {
+            o.insert("write_replays".into(), sum("write_replays").into());
             o.insert("resize_splits".into(), sum("splits").into());
             o.insert("resize_grows".into(), sum("grows").into());
             o.insert("resize_triggers".into(), triggers);
@@ -1280,6 +1353,9 @@ impl Client {
     /// INSERT or UPSERT: true if the key was new.
     async fn insert_like(&self, key: Key, value: &[u8], upsert: bool) -> Result<bool> {
         let deadline = &Deadline::new();
+        // One session number for every send of this write (invariant 16).
+        let lease = self.sh.lease()?;
+        let s = lease.session();
         loop {
             let x = self
                 .exchange(key, deadline, |v, t| {
@@ -1287,6 +1363,7 @@ impl Client {
                     let req = DataReq::Insert {
                         t: Self::target(v, t, b),
                         key,
+                        s,
                         value,
                         upsert,
                     };
@@ -1345,6 +1422,8 @@ impl KvStore for Client {
 
     async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
         let deadline = &Deadline::new();
+        let lease = self.sh.lease()?;
+        let session = lease.session();
         let x = self
             .exchange(key, deadline, |v, t| {
                 let (b, s, seed) = t.locate(key);
@@ -1352,6 +1431,7 @@ impl KvStore for Client {
                     t: Self::target(v, t, b),
                     slot: s,
                     key,
+                    s: session,
                     value,
                 };
                 (req.encode(), b, seed)
@@ -1367,6 +1447,8 @@ impl KvStore for Client {
 
     async fn delete(&self, key: Key) -> Result<bool> {
         let deadline = &Deadline::new();
+        let lease = self.sh.lease()?;
+        let session = lease.session();
         loop {
             let x = self
                 .exchange(key, deadline, |v, t| {
@@ -1375,6 +1457,7 @@ impl KvStore for Client {
                         t: Self::target(v, t, b),
                         slot: s,
                         key,
+                        s: session,
                     };
                     (req.encode(), b, seed)
                 })

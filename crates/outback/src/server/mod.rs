@@ -8,7 +8,8 @@
 //! - [`table`]: a DMPH table (buckets, seeds, overflow cache, buffer);
 //! - [`shard`]: the data operations;
 //! - [`rebuild`]: splits and full builds (resizing, bulk loads);
-//! - [`recover`]: taking over the shard of a failed node from a mirror.
+//! - [`recover`]: taking over the shard of a failed node from a mirror;
+//! - [`session`]: at-most-once writes across a takeover (mirrored session table).
 
 pub mod ctx;
 pub mod heap;
@@ -16,6 +17,7 @@ pub mod rebuild;
 pub mod recover;
 pub mod replica;
 pub mod seqlock;
+pub mod session;
 pub mod shard;
 pub mod table;
 
@@ -93,7 +95,7 @@ pub fn heap_layout(args: &ServeArgs, cfg: &Config) -> HeapLayout {
         // same size; inserts and loads add), and never below 16 MiB.
         (per_shard * block * 3).max(16 << 20)
     };
-    HeapLayout::for_data(bytes)
+    HeapLayout::for_data(bytes, cfg.sessions)
 }
 
 /// Installs Outback on one memory node.
@@ -127,7 +129,8 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
             .map_err(cerr)?,
         layout,
     );
-    let shard = new_shard(&ctx, own, heap, 0).map_err(cerr)?;
+    let sessions = session::Sessions::new(layout);
+    let shard = new_shard(&ctx, own, heap, 0, sessions).map_err(cerr)?;
     let table = rebuild::empty_table(&ctx, own, 0, &cfg).map_err(cerr)?;
     shard.install(table);
     *shard.dir.lock() = Directory {
@@ -198,6 +201,7 @@ pub(crate) fn new_shard(
     p: u16,
     heap: Heap,
     first_seq: u64,
+    sessions: session::Sessions,
 ) -> Result<Arc<ShardServer>, ServiceError> {
     let ctl_region = ctx.region(&ctl_name(p), ctl::HEADER_BYTES + ctx.cfg.ctl_body_max())?;
     Ok(Arc::new(ShardServer::new(
@@ -207,6 +211,7 @@ pub(crate) fn new_shard(
         ctl_region,
         first_seq,
         0,
+        sessions,
     )))
 }
 
@@ -261,6 +266,7 @@ impl NodeServer {
             DataReq::Insert {
                 t,
                 key,
+                s,
                 value,
                 upsert,
             } => shard.write(
@@ -271,11 +277,13 @@ impl NodeServer {
                     upsert,
                 },
                 None,
+                s,
             ),
             DataReq::Update {
                 t,
                 slot,
                 key,
+                s,
                 value,
             } => shard.write(
                 &t,
@@ -284,9 +292,10 @@ impl NodeServer {
                     value: value.to_vec(),
                 },
                 Some(slot),
+                s,
             ),
-            DataReq::Delete { t, slot, key } => {
-                shard.write(&t, WriteOp::Delete { key }, Some(slot))
+            DataReq::Delete { t, slot, key, s } => {
+                shard.write(&t, WriteOp::Delete { key }, Some(slot), s)
             }
         }
     }

@@ -28,6 +28,7 @@ use crate::ludo::{self, LudoBuild};
 use crate::publish::{encode_locator, locator_len, locator_name, table_name, table_prefix};
 use crate::server::ctx::NodeCtx;
 use crate::server::replica::MirrorOp;
+use crate::server::session::{Check, Session};
 use crate::server::shard::{Directory, Outcome, ShardServer};
 use crate::server::table::{Buffer, Overflow, Table, WriteOp, state};
 use dmkv_transport::ServiceError;
@@ -164,6 +165,9 @@ fn new_table(
         .stats
         .fallback_keys
         .fetch_add(build.fallback as u64, Ordering::Relaxed);
+    // The build's own arrays are not registered memory: charged by the
+    // lines it counted (sim only; a no-op elsewhere).
+    dmkv_transport::sim::charge_private_lines(build.lines);
     let placement = LudoBuild {
         othello: crate::othello::Othello::empty(),
         ..build.clone()
@@ -188,6 +192,23 @@ pub(crate) fn empty_table(
     create_table(ctx, shard, id, build, 0)
 }
 
+/// A progress point of a resize (sim only, docs/outback.md "Resizes in
+/// virtual time"): the CPU the worker was charged since the last one passes
+/// now in virtual time, on the node's handler cores in turns with the
+/// requests queued there (`resize_share_handlers`) or on the worker's own
+/// core, while requests go on being served. Called only where the worker
+/// holds no lock. Elsewhere the work took its time already.
+fn pace(shard: &ShardServer) {
+    let cfg = &shard.ctx.cfg;
+    dmkv_transport::sim::job_progress(
+        cfg.resize_share_handlers.then_some(shard.ctx.node),
+        cfg.resize_slice_us * 1000,
+    );
+}
+
+/// Buckets a resize snapshots between two progress points.
+const PACE_BUCKETS: u32 = 64;
+
 /// A key's position in a table at snapshot time.
 #[derive(Debug, Clone, Copy)]
 struct Snap {
@@ -202,8 +223,17 @@ struct Snap {
 
 /// Every key of `t` and where it is, bucket by bucket under the locks
 /// (inserts and deletes are already buffered, so the set is then fixed).
-fn snapshot(shard: &ShardServer, t: &Table, out: &mut Vec<Snap>) -> Result<(), ServiceError> {
+/// With `paced`, a progress point every [`PACE_BUCKETS`] buckets.
+fn snapshot(
+    shard: &ShardServer,
+    t: &Table,
+    out: &mut Vec<Snap>,
+    paced: bool,
+) -> Result<(), ServiceError> {
     for b in 0..t.buckets {
+        if paced && b % PACE_BUCKETS == 0 && b > 0 {
+            pace(shard);
+        }
         let _g = t.lock(b);
         for s in 0..ludo::SLOTS {
             let w = t.slot(b, s);
@@ -348,14 +378,14 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
 
 /// Takes the buffered writes of `tables`; `retire` leaves the buffers
 /// closed for good (retired tables), else open for the next rebuild.
-fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp)> {
+fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp, Session)> {
     let mut ops = Vec::new();
     for t in tables {
         let mut b = t.buffer.lock();
         ops.append(&mut b.ops);
         b.drained = retire;
     }
-    ops.sort_by_key(|(ticket, _)| *ticket);
+    ops.sort_by_key(|(ticket, _, _)| *ticket);
     ops
 }
 
@@ -363,7 +393,7 @@ fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp)> {
 /// outcomes, publishes progress and waits for the countdown.
 fn finish(
     shard: &Arc<ShardServer>,
-    ops: Vec<(u64, WriteOp)>,
+    ops: Vec<(u64, WriteOp, Session)>,
     job: Job,
     build_target: u64,
     started: Instant,
@@ -379,9 +409,9 @@ fn finish(
     shard
         .rebuilding
         .store(crate::server::shard::REBUILD_NONE, Ordering::Release);
-    for (ticket, op) in ops {
+    for (ticket, op, s) in ops {
         let upsert = matches!(op, WriteOp::Insert { upsert: true, .. });
-        let r = apply_routed(shard, &op);
+        let r = apply_routed(shard, &op, s);
         shard.settle_ticket(ticket, r, upsert);
     }
     shard.forget_old_outcomes(Instant::now());
@@ -416,7 +446,15 @@ fn finish(
 pub(crate) fn apply_routed(
     shard: &Arc<ShardServer>,
     op: &WriteOp,
+    s: Session,
 ) -> Result<Outcome, ServiceError> {
+    // A write its session already applied (a re-send buffered twice) is
+    // answered, not applied again (invariant 16).
+    match shard.sessions.check(s) {
+        Check::New => {}
+        Check::Replay(o) => return Ok(o),
+        Check::Old { last } => return Err(crate::server::shard::old_write(s, last)),
+    }
     let key = op.key();
     let id = shard.dir.lock().route(key);
     let t = shard
@@ -425,7 +463,7 @@ pub(crate) fn apply_routed(
     let c = candidates(key, t.bucket_seed, t.buckets);
     let b = c[t.othello.lookup(key) as usize];
     let mut g = t.lock(b);
-    let r = shard.apply(&t, b, &mut g, op, None);
+    let r = shard.apply(&t, b, &mut g, op, None, s);
     drop(g);
     if matches!(r, Ok(Outcome::Inserted)) {
         shard.check_thresholds(&t);
@@ -450,7 +488,8 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     let cfg = &shard.ctx.cfg;
     let d = t.local_depth.load(Ordering::Acquire);
     let mut snaps = Vec::new();
-    snapshot(shard, t, &mut snaps)?;
+    snapshot(shard, t, &mut snaps, true)?;
+    pace(shard);
     let split = snaps.len() as u64 > cfg.table_keys && d < cfg.max_global_depth;
     let side = |k: u64| if split { (dir(k) >> d & 1) as usize } else { 0 };
     let mut parts: Vec<Vec<usize>> = vec![Vec::new(); if split { 2 } else { 1 }];
@@ -464,6 +503,7 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
         let keys: Vec<u64> = idx.iter().map(|&i| snaps[i].key).collect();
         let buckets = cfg.buckets_at(keys.len(), load).max(cfg.initial_buckets);
         built.push(new_table(shard, &keys, buckets, depth)?);
+        pace(shard);
     }
 
     // Switch: the epoch bump, then every bucket passed under its lock (a
@@ -509,6 +549,9 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
         shard.stats.grows.fetch_add(1, Ordering::Relaxed);
     }
     shard.publish()?;
+    // The switch's work passes here, while the new tables serve and the
+    // buffered writes still wait (as they may on a real worker thread).
+    pace(shard);
     finish(
         shard,
         ops,
@@ -565,7 +608,7 @@ fn full(
 ) -> Result<(), ServiceError> {
     let mut snaps = Vec::new();
     for t in old {
-        snapshot(shard, t, &mut snaps)?;
+        snapshot(shard, t, &mut snaps, false)?;
     }
     let loaded: Vec<(u64, SlotWord)> = std::mem::take(&mut *shard.loaded.lock());
     // Loaded pairs replace stored ones with the same key.

@@ -18,6 +18,7 @@ use crate::layout::{HeapLayout, SlotWord, header_words, seq_offset};
 use crate::proto::{ReplyHead, Status, op};
 use crate::ring::replicas_of;
 use crate::server::heap::{Heap, scan};
+use crate::server::session::Sessions;
 use crate::server::{
     MirrorImage, NodeServer, SERVICE, Takeover, mirror_name, mirror_prefix, new_shard, rebuild,
 };
@@ -289,8 +290,11 @@ fn run(
         Ok(())
     })??;
     // 4. Serve: a full build of the recovered keys.
+    // The session table: the last applied write of every session, as
+    // the old primary recorded it with the writes themselves.
+    let sessions = Sessions::recover(layout, |at, n| region.mem.read_vec(at, n).ok());
     let heap = Heap::adopt(region, layout, end, &dead);
-    let shard = new_shard(ctx, p, heap, max_seq + 1)?;
+    let shard = new_shard(ctx, p, heap, max_seq + 1, sessions)?;
     shard.replicas.set(later);
     {
         let mut loaded = shard.loaded.lock();

@@ -24,6 +24,7 @@ use crate::publish::{TableDesc, ViewDesc};
 use crate::server::ctx::NodeCtx;
 use crate::server::heap::Heap;
 use crate::server::replica::{MirrorOp, ReplicaSet};
+use crate::server::session::{self, Check, Record, Session, Sessions};
 use crate::server::table::{BucketGuard, ShardStats, Table, WriteOp, state};
 use dmkv_memnode::Region;
 use dmkv_transport::{ServiceError, WireWriter};
@@ -139,6 +140,8 @@ pub struct ShardServer {
     /// [`REBUILD_SPLIT`] (for the figures of requests served meanwhile).
     pub(crate) rebuilding: AtomicU8,
     tickets: Mutex<Tickets>,
+    /// The last applied write of every session (invariant 16).
+    pub(crate) sessions: Sessions,
     /// Bulk-loaded keys waiting for the next full build: (key, entry, seq).
     pub(crate) loaded: Mutex<Vec<(u64, SlotWord)>>,
     pub(crate) build_requested: AtomicU64,
@@ -153,6 +156,16 @@ pub struct ShardServer {
     /// The last rebuild failure, for `engine_stats`.
     pub(crate) last_error: Mutex<Option<String>>,
     pub stats: ShardStats,
+}
+
+/// The error a late duplicate of an old write gets (its session has
+/// applied a later write since; the client no longer waits for it).
+pub(crate) fn old_write(s: Session, last: u64) -> ServiceError {
+    ServiceError::failed(format!(
+        "outback: write {} of session {:#x} is older than its last applied write {last} \
+         (a late duplicate); not applied",
+        s.seq, s.id
+    ))
 }
 
 /// The reply of a refused or redirected data request.
@@ -170,6 +183,7 @@ impl ShardServer {
         ctl: Region,
         first_seq: u64,
         first_table: u32,
+        sessions: Sessions,
     ) -> ShardServer {
         ShardServer {
             id,
@@ -187,6 +201,7 @@ impl ShardServer {
             resize_pending: AtomicBool::new(false),
             rebuilding: AtomicU8::new(REBUILD_NONE),
             tickets: Mutex::new(Tickets::default()),
+            sessions,
             loaded: Mutex::new(Vec::new()),
             build_requested: AtomicU64::new(0),
             build_done: AtomicU64::new(0),
@@ -373,6 +388,7 @@ impl ShardServer {
         t: &Target,
         op: WriteOp,
         hint: Option<u8>,
+        s: Session,
     ) -> Result<Vec<u8>, ServiceError> {
         if let WriteOp::Insert { value, .. } | WriteOp::Update { value, .. } = &op
             && value.len() > MAX_VALUE_LEN
@@ -401,6 +417,28 @@ impl ShardServer {
             drop(g);
             return Ok(self.stale());
         }
+        // A re-sent write its session already applied (here, or on the
+        // primary this node took the shard over from) gets the recorded
+        // outcome and is not applied again (invariant 16).
+        match self.sessions.check(s) {
+            Check::New => {}
+            Check::Replay(o) => {
+                let seed = g.seed();
+                drop(g);
+                self.stats.replays.fetch_add(1, Ordering::Relaxed);
+                let status = if upsert {
+                    o.upsert_status()
+                } else {
+                    o.status()
+                };
+                self.noticed(t.compute);
+                return Ok(self.head(status, seed, 0).finish());
+            }
+            Check::Old { last } => {
+                drop(g);
+                return Err(old_write(s, last));
+            }
+        }
         let rebuilding = table.state.load(Ordering::Acquire) == state::REBUILDING;
         let mut applied = 0;
         let outcome = match &op {
@@ -408,11 +446,13 @@ impl ShardServer {
                 // An upsert of a present key is an update, served at once.
                 match self.locate(&table, t.bucket, g.seed(), *key, None)? {
                     Some(loc) if upsert => {
-                        self.replace(&table, t.bucket, loc, *key, value)?;
+                        let rec = self.sessions.prepare(s, Outcome::Updated)?;
+                        self.replace(&table, t.bucket, loc, *key, value, session::tail(&rec))?;
+                        self.commit(&rec)?;
                         Outcome::Updated
                     }
                     Some(_) => Outcome::Exists,
-                    None => match self.buffer(&table, op.clone()) {
+                    None => match self.buffer(&table, op.clone(), s) {
                         Some((o, a)) => {
                             applied = a;
                             o
@@ -424,7 +464,7 @@ impl ShardServer {
                     },
                 }
             }
-            WriteOp::Delete { .. } if rebuilding => match self.buffer(&table, op.clone()) {
+            WriteOp::Delete { .. } if rebuilding => match self.buffer(&table, op.clone(), s) {
                 Some((o, a)) => {
                     applied = a;
                     o
@@ -434,7 +474,7 @@ impl ShardServer {
                     return Ok(self.stale());
                 }
             },
-            _ => self.apply(&table, t.bucket, &mut g, &op, hint)?,
+            _ => self.apply(&table, t.bucket, &mut g, &op, hint, s)?,
         };
         let seed = g.seed();
         drop(g);
@@ -462,7 +502,7 @@ impl ShardServer {
     /// count of completed rebuilds read under the buffer lock: the rebuild
     /// that applies this write completes after it, so a client waiting for
     /// the count to move past it cannot miss its outcome.
-    fn buffer(&self, table: &Table, op: WriteOp) -> Option<(Outcome, u64)> {
+    fn buffer(&self, table: &Table, op: WriteOp, s: Session) -> Option<(Outcome, u64)> {
         let mut buf = table.buffer.lock();
         if buf.drained {
             return None;
@@ -475,7 +515,7 @@ impl ShardServer {
             tk.map.insert(id, (Instant::now(), TicketState::Pending));
             id
         };
-        buf.ops.push((ticket, op));
+        buf.ops.push((ticket, op, s));
         self.stats.buffered.fetch_add(1, Ordering::Relaxed);
         Some((Outcome::Buffered { ticket }, applied))
     }
@@ -528,7 +568,11 @@ impl ShardServer {
         }
     }
 
-    /// Applies a write to bucket `b` of `table`, locked by `g`.
+    /// Applies a write to bucket `b` of `table`, locked by `g`. A write
+    /// that changes something forwards its session's record with its heap
+    /// changes, as the forward's last op, and commits it locally after
+    /// (invariant 16).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply(
         &self,
         table: &Table,
@@ -536,32 +580,44 @@ impl ShardServer {
         g: &mut BucketGuard<'_>,
         op: &WriteOp,
         hint: Option<u8>,
+        s: Session,
     ) -> Result<Outcome, ServiceError> {
         let loc = self.locate(table, b, g.seed(), op.key(), hint)?;
-        Ok(match (op, loc) {
+        let outcome = match (op, loc) {
             (WriteOp::Insert { upsert: false, .. }, Some(_)) => Outcome::Exists,
-            (
-                WriteOp::Insert {
-                    key,
-                    value,
-                    upsert: true,
-                }
-                | WriteOp::Update { key, value },
-                Some(loc),
-            ) => {
-                self.replace(table, b, loc, *key, value)?;
-                Outcome::Updated
+            (WriteOp::Insert { .. } | WriteOp::Update { .. }, Some(_)) => Outcome::Updated,
+            (WriteOp::Insert { .. }, None) => Outcome::Inserted,
+            (WriteOp::Update { .. } | WriteOp::Delete { .. }, None) => Outcome::NotFound,
+            (WriteOp::Delete { .. }, Some(_)) => Outcome::Deleted,
+        };
+        // Reserves the session's entry (Exhausted if the table is full)
+        // before anything changes.
+        let rec = self.sessions.prepare(s, outcome)?;
+        let tail = session::tail(&rec);
+        match (op, loc) {
+            (WriteOp::Insert { key, value, .. } | WriteOp::Update { key, value }, Some(loc))
+                if outcome == Outcome::Updated =>
+            {
+                self.replace(table, b, loc, *key, value, tail)?;
             }
             (WriteOp::Insert { key, value, .. }, None) => {
-                self.place_new(table, b, g, *key, value)?;
-                Outcome::Inserted
+                self.place_new(table, b, g, *key, value, tail)?;
             }
-            (WriteOp::Update { .. } | WriteOp::Delete { .. }, None) => Outcome::NotFound,
             (WriteOp::Delete { key }, Some(loc)) => {
-                self.remove(table, b, g, *key, loc)?;
-                Outcome::Deleted
+                self.remove(table, b, g, *key, loc, tail)?;
             }
-        })
+            _ => {}
+        }
+        self.commit(&rec)?;
+        Ok(outcome)
+    }
+
+    /// Commits a session record whose forward went out with its write.
+    fn commit(&self, rec: &Option<Record>) -> Result<(), ServiceError> {
+        match rec {
+            Some(r) => self.sessions.commit(&self.heap, r),
+            None => Ok(()),
+        }
     }
 
     /// Finds `key` in bucket `b`: at the client's slot, at its slot under
@@ -603,17 +659,19 @@ impl ShardServer {
     }
 
     /// Writes a new block for (key, value) to the mirrors and then locally;
-    /// `extra` ops (kills) ride along in the same forwarding round trip.
+    /// `extra` ops (kills) and then `tail` (a session record) ride along in
+    /// the same forwarding round trip.
     fn new_block(
         &self,
         key: u64,
         value: &[u8],
         extra: &[MirrorOp],
+        tail: &[MirrorOp],
     ) -> Result<SlotWord, ServiceError> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let bytes = encode_block(key, value, seq);
         let blk = self.heap.alloc(block_words(value.len()))?;
-        let mut ops = Vec::with_capacity(2 + extra.len());
+        let mut ops = Vec::with_capacity(2 + extra.len() + tail.len());
         ops.push(MirrorOp::Write {
             addr: blk.addr,
             data: bytes.clone(),
@@ -622,6 +680,7 @@ impl ShardServer {
             ops.push(MirrorOp::Start { addr: blk.addr });
         }
         ops.extend_from_slice(extra);
+        ops.extend_from_slice(tail);
         self.replicas.forward(&self.ctx, &self.heap.layout, &ops)?;
         self.heap.write(blk.addr, &bytes)?;
         if blk.fresh {
@@ -655,11 +714,12 @@ impl ShardServer {
         loc: Loc,
         key: u64,
         value: &[u8],
+        tail: &[MirrorOp],
     ) -> Result<(), ServiceError> {
         let old = match loc {
             Loc::Slot(_, w) | Loc::Overflow(w) => w.entry(),
         };
-        let new = self.new_block(key, value, &[Self::kill_op(old)])?;
+        let new = self.new_block(key, value, &[Self::kill_op(old)], tail)?;
         match loc {
             Loc::Slot(s, w) => table.set_slot(b, s, new.with_cache(w.cache())),
             Loc::Overflow(_) => table.overflow.lock().insert(key, b, new),
@@ -675,12 +735,13 @@ impl ShardServer {
         g: &mut BucketGuard<'_>,
         key: u64,
         value: &[u8],
+        tail: &[MirrorOp],
     ) -> Result<(), ServiceError> {
         let s = slot(key, g.seed());
         let at = table.slot(b, s);
         // Case 1: the slot is empty.
         if at.is_empty() {
-            let e = self.new_block(key, value, &[])?;
+            let e = self.new_block(key, value, &[], tail)?;
             table.set_slot(b, s, e.with_cache(at.cache()));
             table.slot_keys.fetch_add(1, Ordering::Relaxed);
             return Ok(());
@@ -691,7 +752,7 @@ impl ShardServer {
             let mut keys: Vec<u64> = members.iter().map(|m| m.0).collect();
             keys.push(key);
             if let Some(seed) = find_seed(&keys) {
-                let e = self.new_block(key, value, &[])?;
+                let e = self.new_block(key, value, &[], tail)?;
                 let mut all = members;
                 all.push((key, e));
                 let overflow = table.overflow.lock();
@@ -710,7 +771,7 @@ impl ShardServer {
                 table.id, self.id, table.overflow_cap
             )));
         }
-        let e = self.new_block(key, value, &[])?;
+        let e = self.new_block(key, value, &[], tail)?;
         table.overflow.lock().insert(key, b, e);
         table.overflow_len.fetch_add(1, Ordering::Relaxed);
         table.set_slot(b, s, table.slot(b, s).with_cache(true));
@@ -739,12 +800,15 @@ impl ShardServer {
         g: &mut BucketGuard<'_>,
         key: u64,
         loc: Loc,
+        tail: &[MirrorOp],
     ) -> Result<(), ServiceError> {
         let old = match loc {
             Loc::Slot(_, w) | Loc::Overflow(w) => w.entry(),
         };
-        self.replicas
-            .forward(&self.ctx, &self.heap.layout, &[Self::kill_op(old)])?;
+        let mut ops = Vec::with_capacity(1 + tail.len());
+        ops.push(Self::kill_op(old));
+        ops.extend_from_slice(tail);
+        self.replicas.forward(&self.ctx, &self.heap.layout, &ops)?;
         match loc {
             Loc::Slot(s, w) => {
                 table.set_slot(b, s, w.cleared());
@@ -1105,6 +1169,8 @@ impl ShardServer {
             "overflow_inserts": l(&s.overflow_inserts),
             "promotions": l(&s.promotions),
             "buffered_writes": l(&s.buffered),
+            "write_replays": l(&s.replays),
+            "sessions": self.sessions.len(),
             "splits": l(&s.splits),
             "grows": l(&s.grows),
             "trigger_slow_fill": l(&s.trigger_slow_fill),

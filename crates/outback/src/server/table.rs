@@ -65,7 +65,8 @@ impl WriteOp {
 /// Inserts and deletes held back while the table is rebuilt (paper §4.4).
 #[derive(Default)]
 pub struct Buffer {
-    pub ops: Vec<(u64, WriteOp)>,
+    /// (ticket, write, the write's session).
+    pub ops: Vec<(u64, WriteOp, crate::server::session::Session)>,
     /// Set when the rebuild took the buffer; later writers must retry.
     pub drained: bool,
 }
@@ -363,6 +364,8 @@ pub struct ShardStats {
     pub overflow_inserts: AtomicU64,
     pub promotions: AtomicU64,
     pub buffered: AtomicU64,
+    /// Re-sent writes answered from the session table (not applied again).
+    pub replays: AtomicU64,
     /// Resizes that split a table in two (extendible hashing) and resizes
     /// that rebuilt a table alone, larger (it held at most `table_keys`).
     pub splits: AtomicU64,

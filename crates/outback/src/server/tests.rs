@@ -7,6 +7,7 @@
 use super::{NodeServer, serve_node};
 use crate::hash::{candidates, slot};
 use crate::proto::{DataReq, ReplyHead, Status, Target, op};
+use crate::server::session::Session;
 use crate::server::table::state;
 use dmkv_api::{Knobs, ServeArgs};
 use dmkv_memnode::NodeRuntime;
@@ -66,6 +67,7 @@ fn insert(s: &Arc<NodeServer>, key: u64, v: &[u8]) -> Vec<u8> {
         &DataReq::Insert {
             t,
             key,
+            s: Session::NONE,
             value: v,
             upsert: false,
         }
@@ -128,6 +130,7 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
                 t,
                 slot: sl,
                 key: 3,
+                s: Session::NONE,
             }
             .encode(),
         )
@@ -144,6 +147,7 @@ fn writes_during_a_rebuild_are_buffered_then_applied() {
                 t,
                 slot: sl,
                 key: 2,
+                s: Session::NONE,
                 value: b"upd",
             }
             .encode(),
@@ -289,6 +293,7 @@ fn seeds_array_follows_the_control_words() {
                 &DataReq::Insert {
                     t,
                     key,
+                    s: Session::NONE,
                     value: b"v",
                     upsert: false,
                 }
@@ -330,5 +335,262 @@ fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     while !done() {
         assert!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+// ------------------------------------------- at-most-once across a takeover
+
+/// Three memory nodes serving shards 0..3, each mirrored on the two others.
+fn three_nodes() -> (LocalCluster, Vec<Arc<NodeRuntime>>, Vec<Arc<NodeServer>>) {
+    let c = LocalCluster::new(LocalConfig::default());
+    let rts: Vec<Arc<NodeRuntime>> = (0..3).map(|_| NodeRuntime::new(c.add_node(1))).collect();
+    let mut knobs = Knobs::new();
+    // Room for the few keys below without a resize of its own (the
+    // buffered-write test stops the table by hand).
+    knobs.set("initial_buckets", "64");
+    knobs.set("table_keys", "4");
+    knobs.set("countdown_timeout_ms", "10");
+    knobs.set("heap_mb", "4");
+    let nodes: Vec<u16> = rts.iter().map(|rt| rt.id().0).collect();
+    let servers: Vec<Arc<NodeServer>> = rts
+        .iter()
+        .enumerate()
+        .map(|(i, rt)| {
+            let args = ServeArgs {
+                instance: "t/outback".into(),
+                knobs: knobs.clone(),
+                node_index: i,
+                nodes: nodes.clone(),
+                expected_keys: 100,
+                value_size: 8,
+                cache_mb: 0,
+                data_dir: None,
+            };
+            serve_node(rt, &args).unwrap()
+        })
+        .collect();
+    for s in &servers {
+        wait_until(
+            Duration::from_secs(10),
+            "a node did not resolve its mirrors",
+            || {
+                let mut w = WireWriter::new();
+                w.u8(op::INIT);
+                head(&s.handle(&w.finish()).unwrap()).0.status == Status::Ok
+            },
+        );
+    }
+    (c, rts, servers)
+}
+
+/// The target and slot of `key` in shard 0 of `s`, through its directory.
+fn routed(s: &NodeServer, key: u64) -> (Target, u8) {
+    let shard = s.shard(0).unwrap().unwrap();
+    let id = shard.dir.lock().route(key);
+    target(s, id, key)
+}
+
+fn send_insert(s: &Arc<NodeServer>, key: u64, ses: Session, upsert: bool) -> Vec<u8> {
+    let (t, _) = routed(s, key);
+    s.handle(
+        &DataReq::Insert {
+            t,
+            key,
+            s: ses,
+            value: b"v1",
+            upsert,
+        }
+        .encode(),
+    )
+    .unwrap()
+}
+
+fn send_delete(s: &Arc<NodeServer>, key: u64, ses: Session) -> Vec<u8> {
+    let (t, sl) = routed(s, key);
+    s.handle(
+        &DataReq::Delete {
+            t,
+            slot: sl,
+            key,
+            s: ses,
+        }
+        .encode(),
+    )
+    .unwrap()
+}
+
+fn send_update(s: &Arc<NodeServer>, key: u64, ses: Session) -> Vec<u8> {
+    let (t, sl) = routed(s, key);
+    s.handle(
+        &DataReq::Update {
+            t,
+            slot: sl,
+            key,
+            s: ses,
+            value: b"v2",
+        }
+        .encode(),
+    )
+    .unwrap()
+}
+
+/// Crashes node 0 and has node 1 take shard 0 over; returns node 1.
+fn crash_and_take_over(
+    c: &LocalCluster,
+    rts: &[Arc<NodeRuntime>],
+    servers: &[Arc<NodeServer>],
+) -> Arc<NodeServer> {
+    c.crash(rts[0].id());
+    let n1 = servers[1].clone();
+    wait_until(
+        Duration::from_secs(20),
+        "node 1 did not take shard 0 over",
+        || {
+            let mut w = WireWriter::new();
+            w.u8(op::TAKEOVER).u16(0);
+            head(&n1.handle(&w.finish()).unwrap()).0.status == Status::Ok
+        },
+    );
+    n1
+}
+
+/// Invariant 16 (the bug branch i9 diagnosed): the primary applies and
+/// mirrors writes, then dies before their clients read the outcomes; the
+/// clients send them again to the node that took the shard over, which
+/// already has them from its mirror. Each re-send gets its first outcome
+/// and is not applied again. The same re-send without a session (what
+/// every write was before sessions) is answered EXISTS: the wrong answer
+/// the DST run saw.
+#[test]
+fn a_write_resent_after_a_takeover_gets_its_first_outcome() {
+    let (c, rts, servers) = three_nodes();
+    let n0 = &servers[0];
+    let ses = |id: u64, seq: u64| Session {
+        id: (1 << 63) | id,
+        seq,
+    };
+    for k in [10u64, 11] {
+        assert_eq!(
+            head(&send_insert(n0, k, ses(9, k), false)).0.status,
+            Status::Ok
+        );
+    }
+    // Applied and mirrored; the replies are "lost" (never read).
+    let writes = [
+        (send_insert(n0, 1, ses(1, 5), false), Status::Ok),
+        (send_insert(n0, 2, ses(2, 1), true), Status::Ok),
+        (send_delete(n0, 10, ses(3, 7)), Status::Ok),
+        (send_update(n0, 11, ses(4, 2)), Status::Ok),
+        (send_insert(n0, 3, Session::NONE, false), Status::Ok),
+    ];
+    for (reply, want) in &writes {
+        assert_eq!(head(reply).0.status, *want);
+    }
+    let n1 = crash_and_take_over(&c, &rts, &servers);
+    let shard = n1.shard(0).unwrap().unwrap();
+    assert!(
+        shard.sessions.len() >= 5,
+        "sessions recovered from the mirror"
+    );
+    // The re-sends, to the new owner.
+    assert_eq!(
+        head(&send_insert(&n1, 1, ses(1, 5), false)).0.status,
+        Status::Ok
+    );
+    assert_eq!(
+        head(&send_insert(&n1, 2, ses(2, 1), true)).0.status,
+        Status::Ok
+    );
+    assert_eq!(head(&send_delete(&n1, 10, ses(3, 7))).0.status, Status::Ok);
+    assert_eq!(head(&send_update(&n1, 11, ses(4, 2))).0.status, Status::Ok);
+    assert_eq!(shard.stats.replays.load(Ordering::Relaxed), 4);
+    // Without a session the re-sent insert is answered EXISTS.
+    assert_eq!(
+        head(&send_insert(&n1, 3, Session::NONE, false)).0.status,
+        Status::Exists
+    );
+    // Nothing was applied twice: the data is what one application gives.
+    assert_eq!(get(&n1, 1), Some(b"v1".to_vec()));
+    assert_eq!(get(&n1, 2), Some(b"v1".to_vec()));
+    assert_eq!(get(&n1, 10), None);
+    assert_eq!(get(&n1, 11), Some(b"v2".to_vec()));
+    // The session's next write is applied as usual; a late duplicate of an
+    // older one is refused, not applied.
+    assert_eq!(
+        head(&send_insert(&n1, 1, ses(1, 6), false)).0.status,
+        Status::Exists
+    );
+    assert_eq!(head(&send_delete(&n1, 1, ses(1, 7))).0.status, Status::Ok);
+    let (t, _) = routed(&n1, 1);
+    let late = n1.handle(
+        &DataReq::Insert {
+            t,
+            key: 1,
+            s: ses(1, 5),
+            value: b"v1",
+            upsert: false,
+        }
+        .encode(),
+    );
+    assert!(
+        late.as_ref()
+            .is_err_and(|e| e.to_string().contains("late duplicate")),
+        "{late:?}"
+    );
+    assert_eq!(get(&n1, 1), None);
+}
+
+/// The interleaving of DST seed 69 (docs/outback.md): writes buffered
+/// during a resize are applied and mirrored by the rebuild's `finish`, and
+/// the primary dies before their clients ask RESULT. The clients re-send;
+/// the new owner answers each with the outcome the first application had.
+#[test]
+fn a_buffered_write_applied_before_a_crash_is_not_applied_again() {
+    let (c, rts, servers) = three_nodes();
+    let n0 = &servers[0];
+    let shard = n0.shard(0).unwrap().unwrap();
+    let ses = |id: u64, seq: u64| Session {
+        id: (1 << 63) | id,
+        seq,
+    };
+    for k in 1..=3u64 {
+        assert_eq!(
+            head(&send_insert(n0, k, ses(100 + k, 1), false)).0.status,
+            Status::Ok
+        );
+    }
+    // Hold the rebuild job and stop the table, as a resize does.
+    wait_until(Duration::from_secs(10), "a job is still running", || {
+        shard
+            .job_active
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    });
+    let t0 = shard.table(0).unwrap();
+    t0.state.store(state::REBUILDING, Ordering::Release);
+    shard.resize_pending.store(true, Ordering::Release);
+    let ins = send_insert(n0, 50, ses(7, 3), false);
+    let del = send_delete(n0, 2, ses(8, 4));
+    assert_eq!(head(&ins).0.status, Status::Buffered);
+    assert_eq!(head(&del).0.status, Status::Buffered);
+    // The rebuild runs; `finish` applies both (mirrored first).
+    shard.job_active.store(false, Ordering::Release);
+    shard.kick();
+    wait_until(
+        Duration::from_secs(10),
+        "the rebuild did not finish",
+        || shard.applied.load(Ordering::Acquire) != 0,
+    );
+    // The primary dies before anyone asks RESULT.
+    let n1 = crash_and_take_over(&c, &rts, &servers);
+    assert_eq!(
+        head(&send_insert(&n1, 50, ses(7, 3), false)).0.status,
+        Status::Ok
+    );
+    assert_eq!(head(&send_delete(&n1, 2, ses(8, 4))).0.status, Status::Ok);
+    assert_eq!(get(&n1, 50), Some(b"v1".to_vec()));
+    assert_eq!(get(&n1, 2), None);
+    for k in [1u64, 3] {
+        assert_eq!(get(&n1, k), Some(b"v1".to_vec()));
     }
 }

@@ -15,12 +15,14 @@
 
 pub(crate) mod cache;
 pub mod faults;
+mod jobwork;
 pub mod net;
 pub mod profile;
 #[allow(unsafe_code)]
 mod sched;
 
 pub use faults::MessageDelays;
+pub use jobwork::{charge_private_lines, job_progress};
 pub use net::{ResourceUse, SimNode};
 pub use profile::Profile;
 
@@ -247,16 +249,21 @@ impl Future for SleepUntil {
 }
 
 /// Virtual CPU of work done on a simulated background core: `f` runs now,
-/// metered, and its cost (plus the per-job base) is returned.
-pub(crate) fn metered_job_cost(f: impl FnOnce()) -> u64 {
+/// metered. Returns its whole cost (plus the per-job base), what of it is
+/// still to pass on the job's core when `f` returns (less what
+/// [`job_progress`] already passed), and what progress passed on the job's
+/// own core (see `jobwork`).
+pub(crate) fn metered_job_cost(f: impl FnOnce()) -> (u64, u64, u64) {
     match current() {
         Some(sim) => {
-            let ((), cpu) = net::on_core(&sim, f);
-            cpu + sim.profile.memnode.job_base_ns
+            let base = sim.profile.memnode.job_base_ns;
+            let (((), cpu), m) = jobwork::metered(&sim, || net::on_core(&sim, f));
+            let own = cpu - m.excluded + base;
+            (own, own - m.spent_own - m.spent_shared, m.spent_own)
         }
         None => {
             f();
-            0
+            (0, 0, 0)
         }
     }
 }
@@ -284,14 +291,19 @@ impl SimCores {
     pub fn submit(&self, job: Box<dyn FnOnce()>, done: Box<dyn FnOnce(u64)>) {
         let sim = current().expect("SimCores used outside its simulation's thread");
         let now = sim.sched.now();
+        let id = self.id;
         net::submit_job(
             &sim,
-            self.id,
+            id,
             now,
             Box::new(move || {
-                let cost = metered_job_cost(job);
+                let (cost, left, spent_here) = metered_job_cost(job);
+                // The part passed at progress points held this core too.
+                if let Some(sim) = current() {
+                    net::add_busy(&mut sim.net.borrow_mut(), id, spent_here);
+                }
                 done(cost);
-                cost
+                left
             }),
         );
     }

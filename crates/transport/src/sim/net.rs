@@ -159,6 +159,22 @@ pub(crate) fn submit_job(sim: &Rc<Sim>, id: usize, ready_at: u64, job: Job) {
     }
 }
 
+/// The core set of `node`'s handler cores, if it serves RPCs.
+pub(crate) fn handler_coreset(net: &Net, node: NodeId) -> Option<usize> {
+    net.nodes.get(node.0 as usize)?.handlers
+}
+
+/// Adds `ns` to core set `id`'s busy time (a job's work passed at its
+/// progress points while it held the core).
+pub(crate) fn add_busy(net: &mut Net, id: usize, ns: u64) {
+    net.coresets[id].busy_ns += ns;
+}
+
+/// Jobs waiting in core set `id`'s queue (none of its cores free).
+pub(crate) fn coreset_queued(net: &Net, id: usize) -> usize {
+    net.coresets[id].queue.len()
+}
+
 /// Runs `job` on a core of set `id` now, then frees the core when its
 /// service time is over and starts the next queued job.
 fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
