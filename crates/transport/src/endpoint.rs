@@ -403,11 +403,11 @@ pub struct BatchRun<'a> {
 enum RunState<'a> {
     Unposted(Verbs, BatchCost),
     /// Executed at once ([`EndpointBackend::execute_now`]); handed out on
-    /// the poll after the task's one yield.
-    Executed(Result<VerbResults>),
+    /// the poll after the task's one yield (taken out of the `Option`, not
+    /// by replacing the whole state: that would copy the state's largest
+    /// variant, the verbs, on every round trip).
+    Executed(Option<Result<VerbResults>>),
     Posted(OpFuture<'a, Result<VerbResults>>),
-    /// The results were handed out.
-    Finished,
 }
 
 impl Future for BatchRun<'_> {
@@ -430,7 +430,7 @@ impl Future for BatchRun<'_> {
             // state for the poll after the one yield a round trip costs.
             let mut out = VerbResults::new();
             if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
-                this.state = RunState::Executed(done.map(|()| out));
+                this.state = RunState::Executed(Some(done.map(|()| out)));
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -442,15 +442,11 @@ impl Future for BatchRun<'_> {
                 Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult { results })),
                 Poll::Pending => Poll::Pending,
             },
-            RunState::Executed(_) => {
-                let RunState::Executed(r) = std::mem::replace(&mut this.state, RunState::Finished)
-                else {
-                    unreachable!("matched above")
-                };
+            RunState::Executed(r) => {
+                let r = r.take().expect("a batch future polled after completion");
                 Poll::Ready(r.map(|results| BatchResult { results }))
             }
             RunState::Unposted(..) => unreachable!("posted above"),
-            RunState::Finished => panic!("a batch future polled after completion"),
         }
     }
 }
