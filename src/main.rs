@@ -20,9 +20,12 @@ use std::io::{IsTerminal, Write};
 /// (values returned by `get`, read buffers, engine futures), and glibc spends
 /// ~150-400 instructions per malloc/free pair there, more for buffers above
 /// its thread cache's 1 KiB (leaves, buckets); mimalloc's thread-local free
-/// lists cost a few dozen (docs/performance.md has the counts).
+/// lists cost a few dozen. `dmkv_alloc` enters it through `mi_malloc` where
+/// the layout allows, whose fast path reuses a block freed on the last op
+/// (the `mimalloc` crate's `mi_malloc_aligned` does not); docs/performance.md
+/// has the counts.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: dmkv_alloc::MiMalloc = dmkv_alloc::MiMalloc;
 
 fn main() {
     let stdin = std::io::stdin();

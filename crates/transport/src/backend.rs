@@ -124,6 +124,19 @@ pub trait EndpointBackend {
     /// out of `verbs` (passed by reference so that the inline batch is not
     /// copied on every call).
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>>;
+    /// The same batch executed at once, when the backend has nothing to
+    /// model in between (the `local` backend without injected faults): the
+    /// results go into `out` (empty on entry), `verbs` is left empty, and
+    /// the outcome is `Some`; the caller then yields once before handing the
+    /// results out, exactly as `execute`'s `OpFuture::ready_after_yield`
+    /// would make it. The same verbs execute in the same order with the
+    /// same results either way; this only spares the batch future the
+    /// `OpFuture` it would move around. `None` (the default): nothing was
+    /// executed and `verbs` is untouched, so the caller goes through
+    /// `execute`.
+    fn execute_now(&self, _verbs: &mut Verbs, _out: &mut VerbResults) -> Option<Result<()>> {
+        None
+    }
     /// Called once at the start of every operation a compute thread issues:
     /// the simulated backend charges the thread's core its per-operation CPU
     /// there. Others have nothing to do.

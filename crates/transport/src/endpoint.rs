@@ -396,11 +396,17 @@ pub struct BatchRun<'a> {
     state: RunState<'a>,
 }
 
-/// The verbs before the first poll, the backend's operation after it: one
-/// or the other, so the future is as large as the larger of the two (every
-/// engine operation's future holds one of these at each round trip).
+/// The verbs before the first poll, the backend's operation (or the results
+/// of a batch executed at once) after it: one or the other, so the future
+/// is as large as the larger of the two (every engine operation's future
+/// holds one of these at each round trip).
 enum RunState<'a> {
     Unposted(Verbs, BatchCost),
+    /// Executed at once ([`EndpointBackend::execute_now`]); handed out on
+    /// the poll after the task's one yield (taken out of the `Option`, not
+    /// by replacing the whole state: that would copy the state's largest
+    /// variant, the verbs, on every round trip).
+    Executed(Option<Result<VerbResults>>),
     Posted(OpFuture<'a, Result<VerbResults>>),
 }
 
@@ -420,15 +426,27 @@ impl Future for BatchRun<'_> {
             // Counted as the verbs were added; added to the kind's counters
             // and the total here, on the first poll, as before.
             ep.add(&cost.counters());
+            // Executed at once if the backend can: the results wait in the
+            // state for the poll after the one yield a round trip costs.
+            let mut out = VerbResults::new();
+            if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
+                this.state = RunState::Executed(Some(done.map(|()| out)));
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             let op = ep.backend.execute(verbs);
             this.state = RunState::Posted(op);
         }
-        let RunState::Posted(op) = &mut this.state else {
-            unreachable!("posted above")
-        };
-        match Pin::new(op).poll(cx) {
-            Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult { results })),
-            Poll::Pending => Poll::Pending,
+        match &mut this.state {
+            RunState::Posted(op) => match Pin::new(op).poll(cx) {
+                Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult { results })),
+                Poll::Pending => Poll::Pending,
+            },
+            RunState::Executed(r) => {
+                let r = r.take().expect("a batch future polled after completion");
+                Poll::Ready(r.map(|results| BatchResult { results }))
+            }
+            RunState::Unposted(..) => unreachable!("posted above"),
         }
     }
 }

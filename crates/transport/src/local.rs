@@ -509,13 +509,14 @@ impl LocalEndpoint {
     }
 
     /// Executes `verbs` at once, in order, into `out`; stops at the first
-    /// refused verb. The fault-free path of [`EndpointBackend::execute`]:
+    /// refused verb. The fault-free path of [`EndpointBackend::execute_now`]
+    /// and [`EndpointBackend::execute`]:
     /// the region cache is borrowed once for the batch (re-borrowed only
     /// after resolving a region it did not hold) and the thread's spare
     /// read buffers are taken in one access (`spares`), so a read verb costs
     /// its checks and its copy. Every verb still checks its region's
     /// generation, its node and its key, as [`Self::with_region`] does.
-    fn execute_now(
+    fn run_verbs(
         &self,
         verbs: &Verbs,
         out: &mut VerbResults,
@@ -581,6 +582,17 @@ impl EndpointBackend for LocalEndpoint {
         self.node
     }
 
+    fn execute_now(&self, verbs: &mut Verbs, out: &mut VerbResults) -> Option<Result<()>> {
+        // Only without injected faults (the flag alone, as in `execute`):
+        // with faults, `execute` decides how the verbs run.
+        if self.inner.faults_active.load(Ordering::Acquire) {
+            return None;
+        }
+        let done = crate::buffers::with_spares(|spares| self.run_verbs(verbs, out, spares));
+        verbs.clear();
+        Some(done)
+    }
+
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
         // No fault injected (the flag alone, without building a `Faults`):
         // the common case; otherwise the faults decide.
@@ -601,7 +613,7 @@ impl EndpointBackend for LocalEndpoint {
             // moved out one by one).
             let mut out = VerbResults::new();
             let done =
-                crate::buffers::with_spares(|spares| self.execute_now(verbs, &mut out, spares));
+                crate::buffers::with_spares(|spares| self.run_verbs(verbs, &mut out, spares));
             verbs.clear();
             return OpFuture::ready_after_yield(done.map(|()| out));
         }

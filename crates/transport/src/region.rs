@@ -244,7 +244,9 @@ impl RegionMem {
     /// Replaces the contents of `out` with the `len` bytes at `offset`
     /// (keeping its capacity, so a reused buffer allocates nothing). Loads
     /// words in increasing address order, like [`RegionMem::read`]; on an
-    /// error `out` is left empty.
+    /// error `out` is left empty. Inlined: it is every read verb's copy, and
+    /// a call costs the read more than its checks.
+    #[inline]
     pub fn read_to_vec(
         &self,
         offset: u64,

@@ -182,3 +182,84 @@ fn a_caller_waiting_on_a_crashing_node_gets_an_error() {
         "{results:?}"
     );
 }
+
+/// The same batch with no fault injected (executed at once, `execute_now`)
+/// and with a fault that leaves one-sided verbs alone (an RPC delay: through
+/// `execute`'s future): the same results, the same refusal at the same verb
+/// with the earlier verbs executed, the same counters, and each yields to
+/// the executor exactly once (waking itself) before it answers.
+#[test]
+fn a_batch_executed_at_once_answers_as_the_posted_path_does() {
+    use dmkv_transport::{Endpoint, OpKind, labeled};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    /// Polls `f` by hand: (polls until ready, wakes, output).
+    fn drive<F: std::future::Future>(f: F) -> (usize, usize, F::Output) {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut f = std::pin::pin!(f);
+        for polls in 1..10 {
+            if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+                return (polls, count.0.load(Ordering::Relaxed), out);
+            }
+        }
+        panic!("not ready after 9 polls");
+    }
+    type Outcome = (Vec<u8>, Vec<u8>, u64, u64, String, Vec<u8>);
+    fn run(faults: Faults) -> (Outcome, dmkv_transport::CounterTable, Vec<(usize, usize)>) {
+        let (cluster, server, client) = one_server(LocalConfig {
+            faults,
+            ..LocalConfig::default()
+        });
+        let (region, _) = server.register_region(4096).unwrap();
+        let ep: Endpoint = cluster.fabric().endpoint(client).unwrap();
+        let mut yields = Vec::new();
+        // Writes, atomics and reads (aligned and not) in one batch.
+        let mut b = ep.batch();
+        b.write(region.at(0), (1..=40).collect());
+        let whole = b.read(region.at(0), 40);
+        let cas = b.cas(region.at(64), 0, 9);
+        let faa = b.faa(region.at(64), 5);
+        let odd = b.read(region.at(3), 13);
+        let (polls, wakes, r) = drive(labeled(OpKind::Get, b.run()));
+        yields.push((polls, wakes));
+        let mut r = r.unwrap();
+        let (w, c, f) = (r.take_read(whole), r.word(cas), r.word(faa));
+        let o = r.take_read(odd);
+        // A refused verb fails the batch; the write before it happened.
+        let mut b = ep.batch();
+        b.write(region.at(128), vec![7; 16]);
+        b.read(region.at(4090), 16);
+        let (polls, wakes, r) = drive(labeled(OpKind::Update, b.run()));
+        yields.push((polls, wakes));
+        let err = r.unwrap_err().to_string();
+        let (polls, wakes, after) = drive(labeled(OpKind::Get, ep.read(region.at(128), 16)));
+        yields.push((polls, wakes));
+        ((w, o, c, f, err, after.unwrap()), ep.counters(), yields)
+    }
+    let now = run(Faults::default());
+    let posted = run(Faults {
+        rpc_delay: Duration::from_micros(1),
+        ..Faults::default()
+    });
+    assert_eq!(now.0, posted.0);
+    assert_eq!(now.1, posted.1, "the same counters by kind");
+    assert_eq!(now.2, posted.2);
+    assert_eq!(now.2, vec![(2, 1); 3], "one yield, one wake per round trip");
+    let (w, o, c, f, err, after) = now.0;
+    assert_eq!(w, (1..=40).collect::<Vec<u8>>());
+    assert_eq!(o, (4..=16).collect::<Vec<u8>>());
+    assert_eq!((c, f), (0, 9), "CAS found 0 and set 9; FAA found 9");
+    assert!(err.contains("out of bounds"), "{err}");
+    assert_eq!(after, vec![7; 16]);
+}
