@@ -179,11 +179,17 @@ pub(crate) fn touch_local(lines: u64) {
 }
 
 /// Polls `fut` with the lines it touches in its own node's memory counted
-/// (region accesses and [`touch_local`] notes), poll by poll: each poll
-/// switches counting on and restores what was there before, so tasks that
-/// interleave with this one at its awaits, memory-node handlers (which
-/// meter their own core, `with_metering`) and nested scheduler frames
-/// (which switch counting off, `Sched::run_frame`) are never counted here.
+/// (region accesses and [`touch_local`] notes).
+///
+/// Invariants (docs/simulation.md, "Compute CPU"):
+/// 1. Counting is on for one poll of `fut` at a time, and each poll
+///    restores the mode and count it found: tasks that interleave with
+///    this one at its awaits are never counted here.
+/// 2. Memory-node code replaces the mode with its own metering
+///    (`with_metering`) and nested scheduler frames switch counting off
+///    (`Sched::run_frame`): neither is charged to the compute thread.
+/// 3. Outside a simulation nothing sets the mode, so `touch` and
+///    [`touch_local`] return at their first check.
 pub(crate) struct CountLocal<F> {
     fut: F,
     lines: u64,
