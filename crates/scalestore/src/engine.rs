@@ -828,37 +828,45 @@ impl Client {
 impl KvStore for Client {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         let (w, _g) = self.enter(true)?;
-        let r = BTree::new(&*w).lookup(key).await;
+        let r = w.ep.charged(BTree::new(&*w).lookup(key)).await;
         w.settle_acks().await?;
         r
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r = BTree::new(&*w).write(WriteKind::Insert, key, value).await;
+        let r =
+            w.ep.charged(BTree::new(&*w).write(WriteKind::Insert, key, value))
+                .await;
         w.settle_acks().await?;
         r
     }
     async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r = BTree::new(&*w).write(WriteKind::Update, key, value).await;
+        let r =
+            w.ep.charged(BTree::new(&*w).write(WriteKind::Update, key, value))
+                .await;
         w.settle_acks().await?;
         r
     }
     async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r = BTree::new(&*w).write(WriteKind::Upsert, key, value).await;
+        let r =
+            w.ep.charged(BTree::new(&*w).write(WriteKind::Upsert, key, value))
+                .await;
         w.settle_acks().await?;
         r
     }
     async fn delete(&self, key: Key) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r = BTree::new(&*w).write(WriteKind::Delete, key, &[]).await;
+        let r =
+            w.ep.charged(BTree::new(&*w).write(WriteKind::Delete, key, &[]))
+                .await;
         w.settle_acks().await?;
         r
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         let (w, _g) = self.enter(true)?;
-        let r = BTree::new(&*w).scan(start, n).await;
+        let r = w.ep.charged(BTree::new(&*w).scan(start, n)).await;
         w.settle_acks().await?;
         r
     }

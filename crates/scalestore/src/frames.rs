@@ -14,7 +14,7 @@
 use crate::latch::HybridLatch;
 use crate::msg::{Request, Want};
 use crate::pid::Pid;
-use dmkv_transport::Responder;
+use dmkv_transport::{Responder, touch_local_lines};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::sync::OnceLock;
@@ -299,10 +299,12 @@ impl Frame {
     }
 
     pub fn pid(&self) -> Pid {
+        touch_local_lines(1);
         Pid(self.pid.load(Ordering::Acquire))
     }
 
     pub fn local(&self) -> Local {
+        touch_local_lines(1);
         Local::decode(self.local.load(Ordering::SeqCst))
     }
 
@@ -340,7 +342,9 @@ impl Frame {
     /// Records an access in the current global epoch (§4.1): a plain check
     /// first, so hot frames are not written on every access.
     pub fn touch(&self, epoch: u64) {
+        touch_local_lines(1);
         if self.lru.load(Ordering::Relaxed) < epoch {
+            touch_local_lines(1);
             self.lru.store(epoch, Ordering::Relaxed);
         }
     }
@@ -406,9 +410,15 @@ impl FrameTable {
     }
 
     /// The frame of `pid`, without locking.
+    ///
+    /// Simulated compute CPU (`touch_local_lines`, docs/simulation.md): one
+    /// line per word read, as the code reads them: the bucket's version and
+    /// head, each chained frame's page id (and its link if the walk goes
+    /// on), the version again.
     pub fn find(&self, pid: Pid) -> Option<u32> {
         let b = self.bucket(pid);
         loop {
+            touch_local_lines(1);
             let v = b.lock.load(Ordering::Acquire);
             if v & 1 != 0 {
                 std::hint::spin_loop();
@@ -417,16 +427,20 @@ impl FrameTable {
             let mut found = None;
             let mut i = b.head.load(Ordering::Acquire);
             let mut steps = 0;
+            let mut words = 2;
             while i != NONE && steps <= self.capacity {
                 let f = self.frame(i);
+                words += 1;
                 if f.pid.load(Ordering::Acquire) == pid.0 {
                     found = Some(i);
                     break;
                 }
+                words += 1;
                 i = f.next.load(Ordering::Acquire);
                 steps += 1;
             }
             fence(Ordering::Acquire);
+            touch_local_lines(words);
             if b.lock.load(Ordering::Acquire) == v {
                 return found;
             }

@@ -86,7 +86,11 @@ impl LocalPager {
         self.restarts.load(Ordering::Relaxed)
     }
 
+    /// Simulated compute CPU (`touch_local_lines`): the page count and the
+    /// chunk's pointer are the two words this reads (the latch is counted
+    /// by the latch).
     fn index(&self, pid: Pid) -> PageResult<u64> {
+        dmkv_transport::touch_local_lines(2);
         let i = pid.slot();
         if pid.shard() != 0 || i >= self.next.load(Ordering::Acquire) || self.chunk(i).is_none() {
             return Err(PageError::Fatal(KvError::Corrupt(format!("no page {pid}"))));
@@ -224,9 +228,10 @@ impl Engine for BTreeLocalEngine {
     fn home_node(&self, _thread: usize) -> NodeId {
         self.home
     }
-    async fn client(&self, _ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
+    async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
         Ok(Rc::new(LocalClient {
             pager: self.pager.clone(),
+            ep,
         }))
     }
     async fn load(&self, _ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
@@ -247,36 +252,42 @@ impl Engine for BTreeLocalEngine {
     }
 }
 
+/// Every operation runs under `Endpoint::charged`, as ScaleStore's client
+/// does: on `sim` the tree walk's lines (page words, latch words, the
+/// pager's own words) cost the thread's core; elsewhere nothing changes.
 struct LocalClient {
     pager: Arc<LocalPager>,
+    ep: Rc<Endpoint>,
 }
 
 #[async_trait(?Send)]
 impl KvStore for LocalClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
-        BTree::new(&*self.pager).lookup(key).await
+        self.ep.charged(BTree::new(&*self.pager).lookup(key)).await
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
-        BTree::new(&*self.pager)
-            .write(WriteKind::Insert, key, value)
+        self.ep
+            .charged(BTree::new(&*self.pager).write(WriteKind::Insert, key, value))
             .await
     }
     async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
-        BTree::new(&*self.pager)
-            .write(WriteKind::Update, key, value)
+        self.ep
+            .charged(BTree::new(&*self.pager).write(WriteKind::Update, key, value))
             .await
     }
     async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
-        BTree::new(&*self.pager)
-            .write(WriteKind::Upsert, key, value)
+        self.ep
+            .charged(BTree::new(&*self.pager).write(WriteKind::Upsert, key, value))
             .await
     }
     async fn delete(&self, key: Key) -> Result<bool> {
-        BTree::new(&*self.pager)
-            .write(WriteKind::Delete, key, &[])
+        self.ep
+            .charged(BTree::new(&*self.pager).write(WriteKind::Delete, key, &[]))
             .await
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
-        BTree::new(&*self.pager).scan(start, n).await
+        self.ep
+            .charged(BTree::new(&*self.pager).scan(start, n))
+            .await
     }
 }

@@ -143,6 +143,13 @@ pub trait EndpointBackend {
     fn begin_op(&self) -> OpFuture<'_, ()> {
         OpFuture::ready(())
     }
+    /// Charges the thread's core for `lines` cache lines its operation
+    /// touched in its own node's memory (see [`crate::Endpoint::charged`]):
+    /// the simulated backend, at the same per-line price as a memory-node
+    /// handler's lines; others have nothing to do (the real CPU did it).
+    fn charge_local_lines(&self, _lines: u64) -> OpFuture<'_, ()> {
+        OpFuture::ready(())
+    }
     /// Sends a request to `service` on `node` and awaits the reply.
     fn call(
         &self,

@@ -21,6 +21,19 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Code on a compute thread touched `lines` cache lines of its own node's
+/// memory that no [`crate::RegionMem`] access reports (a latch word, a
+/// translation-table bucket, a frame's bookkeeping words): inside an
+/// operation run by [`crate::Endpoint::charged`] on `sim` they are charged
+/// to the thread's core with the region lines it touched; anywhere else
+/// (other backends, memory-node code, code outside `charged`) nothing
+/// happens. Count one line per access of a word, as a region access of one
+/// word counts one (docs/simulation.md, "The hardware model").
+#[inline]
+pub fn touch_local_lines(lines: u64) {
+    crate::sim::touch_local(lines)
+}
+
 /// Measures a short stretch of a handler thread's work (one RPC and its
 /// reply) without a system call: `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` is
 /// a real system call on many hosts (~0.5 µs), far more than a memory node's

@@ -104,6 +104,28 @@ impl Endpoint {
         self.backend.begin_op()
     }
 
+    /// Runs `op`, an operation that works in this compute node's own
+    /// memory (ScaleStore's and `btree-local`'s B-tree walks over cached
+    /// pages), and charges that work to this thread's core: on `sim`, every
+    /// cache line of region memory `op` reads or writes on this thread, and
+    /// every line it reports with [`crate::touch_local_lines`] (latch
+    /// words, a translation table), costs the profile's `line_ns`, charged
+    /// when `op` ends (the task waits until its core has done it, behind
+    /// whatever else the core has queued); the per-operation CPU of
+    /// [`Self::begin_op`] stays as it is. On `local` and `ucx` the real CPU
+    /// did the work: `op` runs as it is. Engines that call neither this nor
+    /// `touch_local_lines` are charged exactly as before.
+    /// (docs/simulation.md, "The hardware model", compute CPU.)
+    pub async fn charged<F: std::future::Future>(&self, op: F) -> F::Output {
+        if !crate::sim::active() {
+            return op.await;
+        }
+        let op = std::pin::pin!(op);
+        let (out, lines) = crate::sim::CountLocal::new(op).await;
+        self.backend.charge_local_lines(lines).await;
+        out
+    }
+
     // The single-verb helpers below build their one-verb batch when called
     // and return a future holding only its `BatchRun` (an `async fn` or
     // block would keep a second copy of the batch in its state). The verb is

@@ -60,9 +60,21 @@ pub(crate) struct Sim {
 thread_local! {
     static CURRENT: RefCell<Option<Rc<Sim>>> = const { RefCell::new(None) };
     /// Nanoseconds per cache line of registered memory touched, while code
-    /// runs on a simulated memory-node core (0: not metering).
+    /// runs on a simulated memory-node core (0: not metering;
+    /// [`COUNT_LOCAL`]: counting a compute task's own lines instead).
     static METER_LINE_NS: Cell<u64> = const { Cell::new(0) };
+    /// Lines the compute operation being polled touched in its own node's
+    /// memory, while `METER_LINE_NS` is [`COUNT_LOCAL`] (see
+    /// [`CountLocal`]).
+    static LOCAL_LINES: Cell<u64> = const { Cell::new(0) };
 }
+
+/// `METER_LINE_NS` while a compute operation runs under
+/// [`crate::Endpoint::charged`]: region accesses (and
+/// [`crate::touch_local_lines`]) are counted in `LOCAL_LINES`, to be
+/// charged to the compute thread's core when the operation ends, instead of
+/// being charged to a memory-node core now.
+const COUNT_LOCAL: u64 = u64::MAX;
 
 pub(crate) fn current() -> Option<Rc<Sim>> {
     CURRENT.with(|c| c.borrow().clone())
@@ -132,12 +144,91 @@ pub(crate) fn touch(tag: u64, offset: u64, len: u64) {
         return;
     }
     let (first, last) = (offset / 64, (offset + len - 1) / 64);
+    if line_ns == COUNT_LOCAL {
+        // A compute operation's own memory: the same count of lines as a
+        // handler's access (the first and every further line), priced
+        // flat when the operation ends (docs/simulation.md, "Compute CPU").
+        LOCAL_LINES.with(|l| l.set(l.get() + (last - first + 1)));
+        return;
+    }
     CURRENT.with(|c| {
         if let Some(s) = c.borrow().as_ref() {
             let cost = s.charge_lines(tag, first, last, line_ns);
             s.sched.cpu_ns.set(s.sched.cpu_ns.get() + cost);
         }
     });
+}
+
+/// Runs `f` (a nested scheduler frame) with a compute operation's line
+/// counting switched off: the events and other tasks the frame runs are not
+/// that operation's work. Memory-node metering is left as it is.
+pub(crate) fn without_local_count<R>(f: impl FnOnce() -> R) -> R {
+    if METER_LINE_NS.with(|m| m.get()) == COUNT_LOCAL {
+        with_metering(0, f)
+    } else {
+        f()
+    }
+}
+
+/// `lines` cache lines of compute-node memory that no region access
+/// reports were touched (see [`crate::touch_local_lines`]): counted only
+/// while a compute operation is counted ([`CountLocal`]).
+#[inline]
+pub(crate) fn touch_local(lines: u64) {
+    if METER_LINE_NS.with(|m| m.get()) == COUNT_LOCAL {
+        LOCAL_LINES.with(|l| l.set(l.get() + lines));
+    }
+}
+
+/// Polls `fut` with the lines it touches in its own node's memory counted
+/// (region accesses and [`touch_local`] notes).
+///
+/// Invariants (docs/simulation.md, "Compute CPU"):
+/// 1. Counting is on for one poll of `fut` at a time, and each poll
+///    restores the mode and count it found: tasks that interleave with
+///    this one at its awaits are never counted here.
+/// 2. Memory-node code replaces the mode with its own metering
+///    (`with_metering`) and nested scheduler frames switch counting off
+///    (`Sched::run_frame`): neither is charged to the compute thread.
+/// 3. Outside a simulation nothing sets the mode, so `touch` and
+///    [`touch_local`] return at their first check.
+pub(crate) struct CountLocal<F> {
+    fut: F,
+    lines: u64,
+}
+
+impl<F> CountLocal<F> {
+    pub(crate) fn new(fut: F) -> CountLocal<F> {
+        CountLocal { fut, lines: 0 }
+    }
+}
+
+impl<F: Future + Unpin> Future for CountLocal<F> {
+    /// The future's output and the lines it touched.
+    type Output = (F::Output, u64);
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(F::Output, u64)> {
+        struct Restore {
+            meter: u64,
+            lines: u64,
+        }
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                METER_LINE_NS.with(|m| m.set(self.meter));
+                LOCAL_LINES.with(|l| l.set(self.lines));
+            }
+        }
+        let restore = Restore {
+            meter: METER_LINE_NS.with(|m| m.replace(COUNT_LOCAL)),
+            lines: LOCAL_LINES.with(|l| l.replace(0)),
+        };
+        let r = Pin::new(&mut self.fut).poll(cx);
+        self.lines += LOCAL_LINES.with(|l| l.get());
+        drop(restore);
+        match r {
+            Poll::Ready(out) => Poll::Ready((out, self.lines)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl Sim {

@@ -1417,6 +1417,20 @@ impl EndpointBackend for SimEndpoint {
         let done = self.charge(&sim, sim.profile.client.cpu_per_op_ns);
         OpFuture::boxed(super::sleep_until_ns(done))
     }
+
+    fn charge_local_lines(&self, lines: u64) -> OpFuture<'_, ()> {
+        let Some(sim) = current() else {
+            return OpFuture::ready(());
+        };
+        if lines == 0 {
+            return OpFuture::ready(());
+        }
+        // The memory-node handlers' per-line price (the profiles describe
+        // one CPU generation per testbed), flat: a compute node's own
+        // lines do not go through a cache model (docs/simulation.md).
+        let done = self.charge(&sim, lines * sim.profile.memnode.line_ns);
+        OpFuture::boxed(super::sleep_until_ns(done))
+    }
 }
 
 /// Where a reply goes once the handler produced it.

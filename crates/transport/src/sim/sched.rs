@@ -516,6 +516,10 @@ impl Sched {
     }
 
     fn run_frame<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
+        super::without_local_count(|| self.run_frame_inner(tasks, alone))
+    }
+
+    fn run_frame_inner<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
         let n = tasks.len();
         let ready = ReadyQueue::new(n, true, &self.ready_total);
         let frame = Frame {

@@ -1,0 +1,142 @@
+//! The simulated compute CPU for an engine's work in its own node's memory
+//! (`Endpoint::charged`, `touch_local_lines`; docs/simulation.md, "The
+//! hardware model", compute CPU): on `sim` every line a charged operation
+//! touches costs the profile's `line_ns` on the thread's core, flat (no
+//! cache model, no DRAM miss), charged when the operation ends; lines
+//! touched outside a charged operation, or by another task while it waits,
+//! are not its own; on `local` nothing is charged.
+
+use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep};
+use dmkv_transport::local::{LocalCluster, LocalConfig};
+use dmkv_transport::sim::{Profile, SimConfig, Simulation};
+use dmkv_transport::time::Instant;
+use dmkv_transport::{Endpoint, NodeHost, RegionMem, touch_local_lines};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// A profile with a small LLC, so that a line that went through the cache
+/// model would cost `dram_miss_ns` when cold: the compute side must not.
+fn profile() -> Profile {
+    let mut p = Profile::default_profile();
+    p.memnode.llc_bytes = 64 << 10;
+    p.memnode.llc_ways = 8;
+    assert!(p.memnode.dram_miss_ns > p.memnode.line_ns);
+    p
+}
+
+fn sim() -> Simulation {
+    Simulation::new(SimConfig {
+        profile: profile(),
+        seed: 7,
+        jitter_ns: 0,
+        delays: Default::default(),
+    })
+}
+
+/// The busy time of `node`'s client cores so far.
+fn client_busy(sim: &Simulation, node: u16) -> u64 {
+    sim.resources()
+        .iter()
+        .filter(|r| r.name.starts_with(&format!("node{node} client core")))
+        .map(|r| r.busy_ns)
+        .sum()
+}
+
+/// 4 lines in one read (bytes 0..256), 1 line (the word at 1024), and 3
+/// lines reported by hand: 8 lines; returns a value read, to check that
+/// the operation's output comes through.
+fn work(mem: &RegionMem) -> u64 {
+    let mut buf = [0u8; 256];
+    mem.read(0, &mut buf).unwrap();
+    let w = mem.load_u64(1024).unwrap();
+    touch_local_lines(3);
+    w + buf[0] as u64
+}
+
+#[test]
+fn a_charged_operation_costs_line_ns_per_line_on_its_core() {
+    let sim = sim();
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    mem.store_u64(1024, 41).unwrap();
+    let ep: Endpoint = sim.fabric().endpoint(node.id()).unwrap();
+    let id = node.id().0;
+
+    // Outside `charged`, the same accesses cost nothing.
+    let t0 = sim.now_ns();
+    assert_eq!(work(&mem), 41);
+    touch_local_lines(100);
+    assert_eq!(sim.now_ns(), t0);
+    assert_eq!(client_busy(&sim, id), 0);
+
+    // Cold lines under a cache model: still `line_ns` each.
+    let out = block_on(ep.charged(async { work(&mem) }));
+    assert_eq!(out, 41);
+    assert_eq!(sim.now_ns() - t0, 8 * line_ns, "8 lines, flat");
+    assert_eq!(client_busy(&sim, id), 8 * line_ns);
+    assert!(
+        sim.resources().iter().all(|r| !r.name.contains("llc")),
+        "the compute side's lines do not go through the memory node's cache"
+    );
+
+    // Nothing touched: nothing charged, no wait.
+    let t1 = sim.now_ns();
+    block_on(ep.charged(async {}));
+    assert_eq!(sim.now_ns(), t1);
+    assert_eq!(client_busy(&sim, id), 8 * line_ns);
+}
+
+#[test]
+fn lines_touched_while_an_operation_waits_are_not_its_own() {
+    let sim = sim();
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    let ep = Rc::new(sim.fabric().endpoint(node.id()).unwrap());
+    let (m1, m2, e1) = (mem.clone(), mem.clone(), ep.clone());
+    // Task A (charged): 2 lines, a 1 µs wait, 1 line. Task B (not
+    // charged) touches 50 lines during A's wait.
+    let a: LocalTask<'_, u64> = Box::pin(async move {
+        let start = Instant::now();
+        e1.charged(async {
+            m1.load_u64(0).unwrap();
+            m1.load_u64(4096).unwrap();
+            sleep(Duration::from_micros(1)).await;
+            m1.load_u64(8192).unwrap();
+        })
+        .await;
+        (Instant::now() - start).as_nanos() as u64
+    });
+    let b: LocalTask<'_, u64> = Box::pin(async move {
+        sleep(Duration::from_nanos(500)).await;
+        let mut buf = vec![0u8; 50 * 64];
+        m2.read(0, &mut buf).unwrap();
+        touch_local_lines(7);
+        0
+    });
+    let out = run_tasks(vec![a, b]);
+    assert_eq!(
+        out[0],
+        1_000 + 3 * line_ns,
+        "A waited 1 µs, then its 3 lines"
+    );
+    assert_eq!(client_busy(&sim, node.id().0), 3 * line_ns);
+}
+
+#[test]
+fn on_the_local_transport_charged_runs_the_operation_and_charges_nothing() {
+    let cluster = LocalCluster::new(LocalConfig::default());
+    let node = cluster.add_node(0);
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    mem.store_u64(1024, 41).unwrap();
+    let ep = cluster.fabric().endpoint(node.id()).unwrap();
+    let before = ep.total_counters();
+    let out = block_on(ep.charged(async { work(&mem) }));
+    assert_eq!(out, 41);
+    assert_eq!(
+        ep.total_counters(),
+        before,
+        "no verb, round trip or CPU counted"
+    );
+}
