@@ -501,16 +501,17 @@ impl Shared {
             && n >= j.at_ops
             && !self.joined.swap(true, Ordering::SeqCst)
         {
-            self.fire(j.node, true);
+            self.fire(j.node, true, n);
         }
         for (l, fired) in self.leave.iter().zip(&self.left) {
             if n >= l.at_ops && !fired.swap(true, Ordering::SeqCst) {
-                self.fire(l.node, false);
+                self.fire(l.node, false, n);
             }
         }
     }
 
-    fn fire(self: &Arc<Self>, index: u8, join: bool) {
+    /// Starts node `index`'s join (or leave), due at client operation `at`.
+    fn fire(self: &Arc<Self>, index: u8, join: bool, at: u64) {
         let me = self.clone();
         let outcome: ChangeOutcome = Arc::default();
         let out = outcome.clone();
@@ -519,7 +520,7 @@ impl Shared {
         // await of that task, so overlapping leaves interleave there).
         let h = dmkv_transport::exec::spawn_background_local("scalestore-churn", move || {
             async move {
-                let r = me.change(index, join).await;
+                let r = me.change(index, join, at).await;
                 *out.lock() = Some(r);
             }
         });
@@ -541,11 +542,10 @@ impl Shared {
     }
 
     /// Node `index` joins (or leaves), logged in `membership_events`.
-    async fn change(&self, index: u8, join: bool) -> Result<()> {
+    async fn change(&self, index: u8, join: bool, at: u64) -> Result<()> {
         let node = self.node(index).ok_or_else(|| {
             KvError::Config(format!("scalestore node {index} is not served here"))
         })?;
-        let at = self.ops.load(Ordering::Relaxed);
         let start = dmkv_transport::time::Instant::now();
         // How long the change took (virtual time under `sim`).
         let took = || format!("{} us", start.elapsed().as_micros());
