@@ -518,12 +518,11 @@ impl Shared {
         // A runtime background activity: its own thread on real backends, a
         // task in virtual time under `sim` (every wait of the change is an
         // await of that task, so overlapping leaves interleave there).
-        let h = dmkv_transport::exec::spawn_background_local("scalestore-churn", move || {
-            async move {
+        let h =
+            dmkv_transport::exec::spawn_background_local("scalestore-churn", move || async move {
                 let r = me.change(index, join, at).await;
                 *out.lock() = Some(r);
-            }
-        });
+            });
         self.churn.lock().push((h, outcome));
     }
 

@@ -460,8 +460,7 @@ impl ScaleNode {
                     )));
                 }
                 Err(Some(_)) => {
-                    pause(STEP).await;
-                    waited += STEP;
+                    waited += pause(STEP).await;
                 }
             }
         }
@@ -633,8 +632,7 @@ impl ScaleNode {
     /// caches; returns how many it still holds.
     async fn evict_all_remote(&self, ep: &Endpoint) -> Result<usize, KvError> {
         let mut p = crate::provider::Provider::new();
-        p.evict_everything(self, ep, |pid| !self.directs(pid))
-            .await
+        p.evict_everything(self, ep, |pid| !self.directs(pid)).await
     }
 
     /// Drops this node's copies of pages it directs (dirty sole copies to
@@ -845,13 +843,20 @@ impl ScaleNode {
 /// it for `d`, as it always did. On the simulated cluster a pause costs no
 /// CPU and is an await of the leave's task; it is at most
 /// [`SIM_PAUSE`]: what a leave waits for there takes a few modelled round
-/// trips (1.4 µs each way on `scalestore-cx5`), and 1 ms pauses made a
-/// leave take several virtual milliseconds (longer than a short run).
-async fn pause(d: Duration) {
+/// trips (a message's is about 1.6 µs on `scalestore-cx5`), and 1 ms
+/// pauses made a leave take several virtual milliseconds (longer than a
+/// short run). (So on the real backends a leave's future must run on a
+/// thread of its own, as `spawn_background_local` and `ScaleNode::leave`
+/// run it.)
+/// Returns the pause it made (bounded waits count it).
+async fn pause(d: Duration) -> Duration {
     if dmkv_transport::sim::active() {
-        dmkv_transport::exec::sleep(d.min(SIM_PAUSE)).await;
+        let d = d.min(SIM_PAUSE);
+        dmkv_transport::exec::sleep(d).await;
+        d
     } else {
         dmkv_transport::time::sleep_blocking(d);
+        d
     }
 }
 
