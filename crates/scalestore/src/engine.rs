@@ -220,23 +220,6 @@ impl ScaleStoreSpec {
                 "scalestore.leave needs at least two nodes".into(),
             ));
         }
-        if leave.len() > 1 && dmkv_transport::sim::active() {
-            // Each leave is a blocking background task. On the simulated
-            // cluster's one thread a blocking task's waits nest: a leave
-            // started while another waits runs inside that wait, and the
-            // outer one cannot go on until the inner one returns. A leave
-            // that then waits for the other's departure (invariant 13) or
-            // for its in-flight requests waits for ever in virtual time
-            // (seen: `scalestore.leave=0@1500,2@1600`, seed 100, never
-            // ended). Refused until leaves are async tasks.
-            return Err(KvError::Config(format!(
-                "scalestore.leave: {} leaves in one run are not supported on the simulated cluster \
-                 (a leave is a blocking task and the simulator nests blocking waits on its one \
-                 thread, so overlapping leaves can wait on each other for ever); use one leave, \
-                 or --transport local",
-                leave.len()
-            )));
-        }
         if let Some(j) = join
             && leave
                 .iter()
@@ -453,7 +436,7 @@ impl EngineSpec for ScaleStoreSpec {
                 joined: AtomicBool::new(false),
                 proxied: AtomicU64::new(0),
                 churn: Mutex::new(Vec::new()),
-                one_change: parking_lot::RwLock::new(()),
+                one_change: ChangeGate::default(),
                 log: Mutex::new(Vec::new()),
             }),
         }))
@@ -498,12 +481,11 @@ struct Shared {
     proxied: AtomicU64,
     /// Membership changes under way and their outcomes.
     churn: Mutex<Vec<(dmkv_transport::exec::BackgroundHandle, ChangeOutcome)>>,
-    /// Held by a join or leave while it runs: membership changes happen one
-    /// at a time (a joiner's introduction must not overlap a departure, see
-    /// `docs/scalestore.md`, invariants).
-    /// Joins take it exclusively, leaves shared: leaves may overlap each
+    /// Entered by a join or leave while it runs: a joiner's introduction
+    /// must not overlap a departure (`docs/scalestore.md`, invariant 10).
+    /// Joins enter it alone, leaves together: leaves may overlap each
     /// other (invariant 13), a join overlaps nothing.
-    one_change: parking_lot::RwLock<()>,
+    one_change: ChangeGate,
     log: Mutex<Vec<String>>,
 }
 
@@ -519,65 +501,153 @@ impl Shared {
             && n >= j.at_ops
             && !self.joined.swap(true, Ordering::SeqCst)
         {
-            self.fire(j.node, true);
+            self.fire(j.node, true, n);
         }
         for (l, fired) in self.leave.iter().zip(&self.left) {
             if n >= l.at_ops && !fired.swap(true, Ordering::SeqCst) {
-                self.fire(l.node, false);
+                self.fire(l.node, false, n);
             }
         }
     }
 
-    fn fire(self: &Arc<Self>, index: u8, join: bool) {
+    /// Starts node `index`'s join (or leave), due at client operation `at`.
+    fn fire(self: &Arc<Self>, index: u8, join: bool, at: u64) {
         let me = self.clone();
         let outcome: ChangeOutcome = Arc::default();
         let out = outcome.clone();
-        let change = move || -> Result<()> {
-            let node = me.node(index).ok_or_else(|| {
-                KvError::Config(format!("scalestore node {index} is not served here"))
-            })?;
-            let at = me.ops.load(Ordering::Relaxed);
-            if !join {
-                // A node that was to join first must have joined (before
-                // we take the lock its join needs).
-                while node.state() == NodeState::Dormant {
-                    dmkv_transport::time::sleep_blocking(std::time::Duration::from_millis(1));
-                }
+        // A runtime background activity: its own thread on real backends, a
+        // task in virtual time under `sim` (every wait of the change is an
+        // await of that task, so overlapping leaves interleave there).
+        let h =
+            dmkv_transport::exec::spawn_background_local("scalestore-churn", move || async move {
+                let r = me.change(index, join, at).await;
+                *out.lock() = Some(r);
+            });
+        self.churn.lock().push((h, outcome));
+    }
+
+    /// Waits (an await, not a blocked thread: on the simulated cluster
+    /// the changes are tasks of this OS thread) until every membership
+    /// change fired so far has ended.
+    async fn changes_done(&self) {
+        let step = if dmkv_transport::sim::active() {
+            std::time::Duration::from_micros(10)
+        } else {
+            std::time::Duration::from_millis(1)
+        };
+        while self.churn.lock().iter().any(|(h, _)| !h.is_finished()) {
+            dmkv_transport::exec::sleep(step).await;
+        }
+    }
+
+    /// Node `index` joins (or leaves), logged in `membership_events`.
+    async fn change(&self, index: u8, join: bool, at: u64) -> Result<()> {
+        let node = self.node(index).ok_or_else(|| {
+            KvError::Config(format!("scalestore node {index} is not served here"))
+        })?;
+        let start = dmkv_transport::time::Instant::now();
+        // How long the change took (virtual time under `sim`).
+        let took = || format!("{} us", start.elapsed().as_micros());
+        if !join {
+            // A node that was to join first must have joined (before we
+            // enter the gate its join needs).
+            while node.state() == NodeState::Dormant {
+                dmkv_transport::exec::sleep(std::time::Duration::from_millis(1)).await;
             }
-            // A join overlaps no other membership change: a node that
-            // joins while another leaves could learn the leaver's shard
-            // hosts from a welcome sent before the departure, or introduce
-            // itself to the leaver after it sent its departures, and keep
-            // addressing a node that is gone. Leaves may overlap each other
-            // (invariant 13).
-            let res = if join {
-                let _one = me.one_change.write();
-                node.join(&me.instance, &me.founders)
-                    .map(|()| format!("node {index} joined at op {at}"))
+        }
+        // A join overlaps no other membership change: a node that joins
+        // while another leaves could learn the leaver's shard hosts from a
+        // welcome sent before the departure, or introduce itself to the
+        // leaver after it sent its departures, and keep addressing a node
+        // that is gone. Leaves may overlap each other (invariant 13).
+        let res = {
+            let _one = self.one_change.enter(join).await;
+            if join {
+                node.join_async(&self.instance, &self.founders)
+                    .await
+                    .map(|()| format!("node {index} joined at op {at} (took {})", took()))
             } else {
-                let _one = me.one_change.read();
-                node.leave().map(|succ| {
-                    format!("node {index} left at op {at}, handing over to node {succ}")
+                node.leave_async().await.map(|succ| {
+                    format!(
+                        "node {index} left at op {at}, handing over to node {succ} (took {})",
+                        took()
+                    )
                 })
-            };
-            match res {
-                Ok(line) => {
-                    me.log.lock().push(line);
-                    Ok(())
-                }
-                Err(e) => {
-                    me.log.lock().push(format!("node {index}: {e}"));
-                    Err(e)
-                }
             }
         };
-        // A runtime background activity: its own thread on real backends, a
-        // task in virtual time under `sim`.
-        let h = dmkv_transport::exec::spawn_background("scalestore-churn", async move {
-            let r = change();
-            *out.lock() = Some(r);
-        });
-        self.churn.lock().push((h, outcome));
+        match res {
+            Ok(line) => {
+                self.log.lock().push(line);
+                Ok(())
+            }
+            Err(e) => {
+                self.log.lock().push(format!("node {index}: {e}"));
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Who is changing the membership: one join alone, or any number of
+/// leaves. Entered by awaiting, never by blocking a thread: on the
+/// simulated cluster every change is a task of the one OS thread, where a
+/// blocking lock (the `RwLock` this replaces) held by one task and wanted
+/// by another would stop the whole simulation. Waiters are woken, in the
+/// order they came, when a change ends.
+#[derive(Default)]
+struct ChangeGate {
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    joining: bool,
+    leaving: usize,
+    waiters: Vec<std::task::Waker>,
+}
+
+impl ChangeGate {
+    /// Waits until a join (`join`) or a leave may start, and enters.
+    async fn enter(&self, join: bool) -> GatePass<'_> {
+        std::future::poll_fn(|cx| {
+            let mut g = self.state.lock();
+            let free = !g.joining && (!join || g.leaving == 0);
+            if !free {
+                g.waiters.push(cx.waker().clone());
+                return std::task::Poll::Pending;
+            }
+            if join {
+                g.joining = true;
+            } else {
+                g.leaving += 1;
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
+        GatePass { gate: self, join }
+    }
+}
+
+/// A change in the gate; leaves it when dropped.
+struct GatePass<'a> {
+    gate: &'a ChangeGate,
+    join: bool,
+}
+
+impl Drop for GatePass<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut g = self.gate.state.lock();
+            if self.join {
+                g.joining = false;
+            } else {
+                g.leaving -= 1;
+            }
+            std::mem::take(&mut g.waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
     }
 }
 
@@ -639,12 +709,18 @@ impl Engine for ScaleStoreEngine {
         Ok(())
     }
     async fn stats(&self, _ep: &Endpoint) -> Result<serde_json::Value> {
+        // Membership changes still under way (a leave fired late in a run
+        // may outlast it: on the simulated cluster it is a task that the
+        // clients' end does not wait for) end first, so that the figures
+        // say how each ended.
+        self.shared.changes_done().await;
         Ok(stats_json(&self.shared))
     }
     fn client_cache_bytes(&self) -> u64 {
         0
     }
     async fn settle(&self, _ep: &Endpoint) -> Result<()> {
+        self.shared.changes_done().await;
         let handles = std::mem::take(&mut *self.shared.churn.lock());
         for (h, outcome) in handles {
             h.join();

@@ -58,7 +58,8 @@ use crate::node::{Member, NodeState, ScaleNode, corrupt};
 use crate::pid::Pid;
 use crate::ssd::AlignedPage;
 use dmkv_api::KvError;
-use dmkv_transport::exec::block_on;
+use dmkv_transport::exec::{block_on, sleep_until};
+use dmkv_transport::time::Instant;
 use dmkv_transport::{Endpoint, NodeId, ServiceError};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -309,7 +310,18 @@ impl ScaleNode {
         Ok(())
     }
 
-    // ---- procedures (run on a thread of their own) -------------------------
+    // ---- procedures -------------------------------------------------------
+    //
+    // Asynchronous: every RPC, SSD wait and pause of a join or leave is an
+    // await. On the real backends one runs on a thread of its own
+    // (`block_on`); on the simulated cluster it is a task of the
+    // simulation (`exec::spawn_background_local`), so overlapping leaves
+    // interleave in virtual time. A synchronous wait there would be a
+    // nested frame of the one-thread scheduler: a leave started during
+    // another's wait would run inside it, and the outer leave could not go
+    // on until the inner one ended, while the inner one waited for the
+    // outer (the hang of `scalestore.leave=0@1500,2@1600`, seed 100). No
+    // lock guard is held across an await.
 
     /// Learns `peers` through their transport directories and introduces
     /// this node to them and to every member they know (see the module
@@ -368,10 +380,16 @@ impl ScaleNode {
         Ok(())
     }
 
-    /// Joins the cluster at run time (a dormant node).
+    /// Joins the cluster at run time (a dormant node), blocking this
+    /// thread; see [`Self::join_async`].
     pub fn join(&self, instance: &str, peers: &[(u8, NodeId)]) -> Result<(), KvError> {
+        block_on(self.join_async(instance, peers))
+    }
+
+    /// Joins the cluster at run time (a dormant node).
+    pub async fn join_async(&self, instance: &str, peers: &[(u8, NodeId)]) -> Result<(), KvError> {
         let ep = self.thread_ep()?;
-        block_on(self.introduce(&ep, instance, peers))?;
+        self.introduce(&ep, instance, peers).await?;
         self.set_state(NodeState::Active);
         Ok(())
     }
@@ -381,7 +399,14 @@ impl ScaleNode {
     /// that fails before its departure went out (no other member accepts:
     /// they are all leaving, or this is the last member) makes the node
     /// serve its remaining shards again (`Active`), so nothing is lost.
+    /// Blocks this thread (a node process's leave); see
+    /// [`Self::leave_async`].
     pub fn leave(&self) -> Result<u8, KvError> {
+        block_on(self.leave_async())
+    }
+
+    /// [`Self::leave`] as a future (module documentation, steps 1 to 5).
+    pub async fn leave_async(&self) -> Result<u8, KvError> {
         let ep = self.thread_ep()?;
         if !self.members().iter().any(|(i, _)| *i != self.index) {
             return Err(KvError::Config(format!(
@@ -389,8 +414,8 @@ impl ScaleNode {
                 self.index
             )));
         }
-        self.begin_leave()?;
-        let r = self.hand_everything_over(&ep);
+        self.begin_leave().await?;
+        let r = self.hand_everything_over(&ep).await;
         match r {
             Ok(succ) => {
                 self.set_state(NodeState::Left);
@@ -414,7 +439,7 @@ impl ScaleNode {
     /// `Active` to `Leaving` (invariant 13), waiting (bounded) for the
     /// handovers of leavers whose shards we accepted to adopt: until such a
     /// leaver departed, leaving would carry its shard away.
-    fn begin_leave(&self) -> Result<(), KvError> {
+    async fn begin_leave(&self) -> Result<(), KvError> {
         const WAIT: Duration = Duration::from_secs(30);
         const STEP: Duration = Duration::from_millis(1);
         let mut waited = Duration::ZERO;
@@ -435,25 +460,24 @@ impl ScaleNode {
                     )));
                 }
                 Err(Some(_)) => {
-                    dmkv_transport::time::sleep_blocking(STEP);
-                    waited += STEP;
+                    waited += pause(STEP).await;
                 }
             }
         }
     }
 
     /// Steps 1 to 5 of leaving (module documentation) for a `Leaving` node.
-    fn hand_everything_over(&self, ep: &Endpoint) -> Result<u8, Failed> {
+    async fn hand_everything_over(&self, ep: &Endpoint) -> Result<u8, Failed> {
         while self.inflight.load(Ordering::SeqCst) > 0 {
-            dmkv_transport::time::sleep_blocking(Duration::from_micros(200));
+            pause(Duration::from_micros(200)).await;
         }
         // 2. Other directories' pages.
         loop {
-            let left = self.evict_all_remote(ep).map_err(Failed::Before)?;
+            let left = self.evict_all_remote(ep).await.map_err(Failed::Before)?;
             if left == 0 {
                 break;
             }
-            dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
+            pause(Duration::from_millis(1)).await;
         }
         // 3. Freeze our shards and let go of our own copies. (Only shards
         // we host: one a failed handover left half-adopted here is not
@@ -468,11 +492,16 @@ impl ScaleNode {
             s.frozen.store(true, Ordering::SeqCst);
         }
         loop {
-            let busy = self.drop_own_copies().map_err(Failed::Before)?;
+            let (busy, written) = self.drop_own_copies().map_err(Failed::Before)?;
+            // The modelled SSD time of the dirty pages written under their
+            // entries' mutexes, waited for now that none is held.
+            if let Some(due) = written {
+                sleep_until(due).await;
+            }
             if busy == 0 {
                 break;
             }
-            dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
+            pause(Duration::from_millis(1)).await;
         }
         // 4. Hand each shard over. The successor is the first other member
         // (lowest index first) that accepts our first shard; having
@@ -483,7 +512,11 @@ impl ScaleNode {
         for (id, s) in &shards {
             let to = match succ {
                 Some(to) => {
-                    if !self.adopt_call(ep, *id, s, to).map_err(Failed::Before)? {
+                    if !self
+                        .adopt_call(ep, *id, s, to)
+                        .await
+                        .map_err(Failed::Before)?
+                    {
                         return Err(Failed::Before(corrupt(format!(
                             "node {to} accepted our shards, then refused shard {id}"
                         ))));
@@ -491,12 +524,17 @@ impl ScaleNode {
                     to
                 }
                 None => {
-                    let to = self.find_successor(ep, *id, s).map_err(Failed::Before)?;
+                    let to = self
+                        .find_successor(ep, *id, s)
+                        .await
+                        .map_err(Failed::Before)?;
                     succ = Some(to);
                     to
                 }
             };
-            self.hand_over(ep, *id, s, to).map_err(Failed::Before)?;
+            self.hand_over(ep, *id, s, to)
+                .await
+                .map_err(Failed::Before)?;
             moved.push((*id, to));
         }
         let succ = match succ {
@@ -521,7 +559,7 @@ impl ScaleNode {
         members.sort_by_key(|(i, _)| *i == succ);
         for (i, m) in members {
             self.stats.sent(Kind::Depart);
-            if let Err(e) = block_on(ep.call(m.node, m.service, depart.clone())) {
+            if let Err(e) = ep.call(m.node, m.service, depart.clone()).await {
                 // A member that departed meanwhile needs no word from us.
                 if self.member(i).is_some() {
                     return Err(Failed::Departing(corrupt(format!("departure to {i}: {e}"))));
@@ -533,13 +571,18 @@ impl ScaleNode {
 
     /// Asks the other members, lowest index first, to adopt shard `id`;
     /// returns the first that accepts.
-    fn find_successor(&self, ep: &Endpoint, id: u8, s: &crate::node::Shard) -> Result<u8, KvError> {
+    async fn find_successor(
+        &self,
+        ep: &Endpoint,
+        id: u8,
+        s: &crate::node::Shard,
+    ) -> Result<u8, KvError> {
         let mut refused = Vec::new();
         for (i, _) in self.members() {
             if i == self.index {
                 continue;
             }
-            match self.adopt_call(ep, id, s, i) {
+            match self.adopt_call(ep, id, s, i).await {
                 Ok(true) => return Ok(i),
                 Ok(false) => refused.push(format!("node {i} is not active")),
                 // Gone, or left meanwhile: ask the next.
@@ -555,7 +598,7 @@ impl ScaleNode {
 
     /// `Adopt` for shard `id` to `to`: `Ok(false)` if refused (invariant
     /// 13).
-    fn adopt_call(
+    async fn adopt_call(
         &self,
         ep: &Endpoint,
         id: u8,
@@ -566,8 +609,8 @@ impl ScaleNode {
             .member(to)
             .ok_or_else(|| corrupt(format!("successor {to} is no member")))?;
         self.stats.sent(Kind::Adopt);
-        let r = block_on(
-            ep.call(
+        let r = ep
+            .call(
                 m.node,
                 m.service,
                 Request::Adopt {
@@ -576,8 +619,8 @@ impl ScaleNode {
                     clock: s.clock.load(Ordering::Acquire),
                 }
                 .encode(),
-            ),
-        )?;
+            )
+            .await?;
         match Reply::decode(&r).map_err(|e| corrupt(e.to_string()))? {
             Reply::Done => Ok(true),
             Reply::Retry => Ok(false),
@@ -587,19 +630,23 @@ impl ScaleNode {
 
     /// Sends eviction batches for every page of another directory this node
     /// caches; returns how many it still holds.
-    fn evict_all_remote(&self, ep: &Endpoint) -> Result<usize, KvError> {
+    async fn evict_all_remote(&self, ep: &Endpoint) -> Result<usize, KvError> {
         let mut p = crate::provider::Provider::new();
-        p.evict_everything(self, ep, |pid| !self.directs(pid))
+        p.evict_everything(self, ep, |pid| !self.directs(pid)).await
     }
 
     /// Drops this node's copies of pages it directs (dirty sole copies to
     /// the SSD first); returns how many it could not drop yet, plus entries
-    /// with a transfer or pull in flight. Requests an entry still holds
+    /// with a transfer or pull in flight, and on the simulated cluster the
+    /// virtual instant the modelled SSD completes the writes (the bytes are
+    /// in the page file at once; the caller waits for the device once it
+    /// holds no entry's mutex). Requests an entry still holds
     /// (queued behind a transfer, or held during a pull) are answered
     /// "retry" first: the transfer we wait for may wait for their senders
     /// to let go of a latch (invariant in `docs/scalestore.md`).
-    fn drop_own_copies(&self) -> Result<usize, KvError> {
+    fn drop_own_copies(&self) -> Result<(usize, Option<Instant>), KvError> {
         let mut busy = 0;
+        let mut written: Option<Instant> = None;
         for fi in 0..self.frames.high_water() {
             let f = self.frames.frame(fi);
             let pid = f.pid();
@@ -653,9 +700,15 @@ impl ScaleNode {
                 let mut page = AlignedPage::default();
                 page.bytes_mut()
                     .copy_from_slice(&self.page(l.slot).to_bytes());
-                s.file
-                    .write_batch(&[(pid.slot(), &page)])
+                // Under the entry's mutex and the frame's latch: the write
+                // is posted (no wait here; on the simulated cluster a wait
+                // would be a nested frame that could run code wanting this
+                // mutex on the same OS thread).
+                let due = s
+                    .file
+                    .write_batch_posted(&[(pid.slot(), &page)])
                     .map_err(|e| KvError::Exhausted(format!("SSD write: {e}")))?;
+                written = written.max(due);
                 d.dirty = false;
             }
             d.owners = rest;
@@ -665,12 +718,12 @@ impl ScaleNode {
             drop(m);
             f.latch.unlock_exclusive();
         }
-        Ok(busy)
+        Ok((busy, written))
     }
 
     /// Hands shard `id` (frozen, no copies here) over to `succ`, which
     /// accepted to adopt it.
-    fn hand_over(
+    async fn hand_over(
         &self,
         ep: &Endpoint,
         id: u8,
@@ -680,12 +733,15 @@ impl ScaleNode {
         let m = self
             .member(succ)
             .ok_or_else(|| corrupt(format!("successor {succ} is no member")))?;
-        let call = |kind: Kind, bytes: Vec<u8>| -> Result<(), KvError> {
+        let call = |kind: Kind, bytes: Vec<u8>| {
             self.stats.sent(kind);
-            let r = block_on(ep.call(m.node, m.service, bytes))?;
-            match Reply::decode(&r).map_err(|e| corrupt(e.to_string()))? {
-                Reply::Done => Ok(()),
-                r => Err(corrupt(format!("handover step answered {r:?}"))),
+            let reply = ep.call(m.node, m.service, bytes);
+            async move {
+                let r = reply.await?;
+                match Reply::decode(&r).map_err(|e| corrupt(e.to_string()))? {
+                    Reply::Done => Ok::<(), KvError>(()),
+                    r => Err(corrupt(format!("handover step answered {r:?}"))),
+                }
             }
         };
         let next_slot = s.next_slot.load(Ordering::Acquire);
@@ -693,22 +749,28 @@ impl ScaleNode {
         // zeroes on the successor too).
         let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut buf = AlignedPage::default();
+        // Reads are issued back to back and their modelled device time is
+        // waited for once per message (`settle_sim_wait`: the instant the
+        // last completes), as a batch of I/Os in flight together; no await
+        // comes between a read and that wait (the due instant is kept per
+        // OS thread).
         for slot in 0..next_slot {
             s.file
                 .read(slot, &mut buf)
                 .map_err(|e| KvError::Exhausted(format!("SSD read: {e}")))?;
-            crate::ssd::settle_sim_wait_blocking();
             if buf.bytes().iter().all(|&b| b == 0) {
                 continue;
             }
             batch.push((slot, buf.bytes().to_vec()));
             if batch.len() == HANDOVER_PAGES {
-                call(Kind::HandoverPages, msg::encode_pages(id, &batch))?;
+                crate::ssd::settle_sim_wait().await;
+                call(Kind::HandoverPages, msg::encode_pages(id, &batch)).await?;
                 batch.clear();
             }
         }
+        crate::ssd::settle_sim_wait().await;
         if !batch.is_empty() {
-            call(Kind::HandoverPages, msg::encode_pages(id, &batch))?;
+            call(Kind::HandoverPages, msg::encode_pages(id, &batch)).await?;
         }
         // The directory entries.
         let mut entries = Vec::new();
@@ -738,9 +800,9 @@ impl ScaleNode {
             }
         }
         for chunk in entries.chunks(HANDOVER_ENTRIES) {
-            call(Kind::HandoverEntries, msg::encode_entries(id, chunk))?;
+            call(Kind::HandoverEntries, msg::encode_entries(id, chunk)).await?;
         }
-        call(Kind::HostShard, Request::HostShard { shard: id }.encode())?;
+        call(Kind::HostShard, Request::HostShard { shard: id }.encode()).await?;
         // From now on the successor directs the shard.
         self.set_host(id, succ);
         self.remove_shard(id);
@@ -774,6 +836,32 @@ impl ScaleNode {
         Ok(())
     }
 }
+
+/// A leave's pause before it looks again (for its in-flight operations,
+/// declined evictions, transfers in flight, another leaver's departure).
+/// On the real backends the leave has an OS thread of its own and sleeps
+/// it for `d`, as it always did. On the simulated cluster a pause costs no
+/// CPU and is an await of the leave's task; it is at most
+/// [`SIM_PAUSE`]: what a leave waits for there takes a few modelled round
+/// trips (a message's is about 1.6 µs on `scalestore-cx5`), and 1 ms
+/// pauses made a leave take several virtual milliseconds (longer than a
+/// short run). (So on the real backends a leave's future must run on a
+/// thread of its own, as `spawn_background_local` and `ScaleNode::leave`
+/// run it.)
+/// Returns the pause it made (bounded waits count it).
+async fn pause(d: Duration) -> Duration {
+    if dmkv_transport::sim::active() {
+        let d = d.min(SIM_PAUSE);
+        dmkv_transport::exec::sleep(d).await;
+        d
+    } else {
+        dmkv_transport::time::sleep_blocking(d);
+        d
+    }
+}
+
+/// The longest pause of a leave on the simulated cluster (see [`pause`]).
+const SIM_PAUSE: Duration = Duration::from_micros(50);
 
 /// How a leave failed: before its departure went out (the node serves
 /// again), or while sending it (some members forgot it already).

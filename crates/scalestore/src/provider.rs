@@ -337,8 +337,9 @@ impl Provider {
     }
 
     /// Evicts every copy of a page `filter` accepts (a leaving node);
-    /// returns how many such copies are still held.
-    pub fn evict_everything(
+    /// returns how many such copies are still held. Asynchronous like
+    /// [`Provider::round`]: a leave is a task of the simulated cluster.
+    pub async fn evict_everything(
         &mut self,
         node: &ScaleNode,
         ep: &Endpoint,
@@ -350,7 +351,7 @@ impl Provider {
                 victims.push(v);
             }
         }
-        let evicted = block_on(self.evict(node, ep, victims));
+        let evicted = self.evict(node, ep, victims).await;
         Counters::add(&node.stats.evictions, evicted as u64);
         let mut held = 0;
         for fi in 0..node.frames.high_water() {

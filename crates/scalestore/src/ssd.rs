@@ -361,6 +361,26 @@ impl PageFile {
         self.write_now(pages)
     }
 
+    /// [`PageFile::write_batch`] for code that holds a lock where it writes
+    /// (a leaving node writes its dirty sole copies under their entries'
+    /// mutexes): the pages are written now (on the real backends the
+    /// write is complete on return, as with `write_batch`), and under the
+    /// simulated cluster the batch is submitted to the modelled device
+    /// without waiting for it; the result is the virtual instant it
+    /// completes, for the caller to wait for (`exec::sleep_until`) once it
+    /// let go of the lock. None outside the simulated cluster.
+    pub fn write_batch_posted(
+        &self,
+        pages: &[(u64, &AlignedPage)],
+    ) -> io::Result<Option<dmkv_transport::time::Instant>> {
+        if pages.is_empty() {
+            return Ok(None);
+        }
+        let due = dmkv_transport::sim::ssd_io_submit(self.node, true, pages.len());
+        self.write_now(pages)?;
+        Ok(due.map(dmkv_transport::time::Instant::from_nanos))
+    }
+
     /// The writes themselves (counted): one io_uring submission for the
     /// batch where the ring exists.
     fn write_now(&self, pages: &[(u64, &AlignedPage)]) -> io::Result<()> {

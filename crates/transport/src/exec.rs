@@ -301,6 +301,33 @@ pub fn spawn_simulated(
     })
 }
 
+/// [`spawn_background`] for an activity whose future is not `Send` (it
+/// keeps a thread's endpoint across its awaits): `make` builds the future
+/// where it will run. Inside a simulation that is a task of the
+/// simulation's background set, polled like any other task, so each of its
+/// waits is an await of that task and never a nested frame of the
+/// scheduler (two such activities then interleave in virtual time instead
+/// of one waiting inside the other's wait); elsewhere an OS thread named
+/// `name` of its own runs it with [`block_on`], as [`spawn_background`]
+/// does.
+pub fn spawn_background_local<M, F>(name: &str, make: M) -> BackgroundHandle
+where
+    M: FnOnce() -> F + Send + 'static,
+    F: Future<Output = ()> + 'static,
+{
+    if crate::sim::active() {
+        return spawn_simulated(make())
+            .unwrap_or_else(|_| unreachable!("the thread runs a simulation"));
+    }
+    let handle = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || block_on(make()))
+        .expect("spawn a background thread");
+    BackgroundHandle {
+        inner: BgInner::Thread(Some(handle)),
+    }
+}
+
 /// Waits for a background activity; see [`spawn_background`].
 pub struct BackgroundHandle {
     inner: BgInner,

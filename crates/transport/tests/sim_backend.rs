@@ -721,3 +721,80 @@ fn a_posted_write_lands_at_once_and_completes_a_round_trip_later() {
     let bad = dmkv_transport::sim::write_posted(client, region.at(4090), &[1u8; 64]).unwrap();
     assert!(bad.is_err(), "a write past the region's end is refused");
 }
+
+/// Two activities that wait for each other in turn (a ping-pong on two
+/// counters), each keeping an `Rc` across its awaits (not `Send`), run by
+/// `spawn_background_local`: inside a simulation as tasks, which
+/// interleave (blocking waits would nest on the one thread, and the
+/// outer activity could not go on before the inner one's wait ended,
+/// which here waits for the outer: it never would); outside one as OS
+/// threads. Both finish every round in both cases, and under the
+/// simulation at the virtual instants the sleeps put them at.
+#[test]
+fn local_background_activities_interleave_their_waits() {
+    use dmkv_transport::exec::spawn_background_local;
+    const ROUNDS: u64 = 5;
+    fn ping_pong() -> (
+        dmkv_transport::exec::BackgroundHandle,
+        dmkv_transport::exec::BackgroundHandle,
+        Arc<AtomicU64>,
+        Arc<AtomicU64>,
+    ) {
+        let (a, b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        // Waits (sleeping 1 us at a time) until `c` reaches `n`.
+        async fn until(c: &AtomicU64, n: u64) {
+            let mut polls = 0u64;
+            while c.load(Ordering::SeqCst) < n {
+                polls += 1;
+                assert!(polls < 10_000_000, "waited for ever for {n}");
+                sleep(Duration::from_micros(1)).await;
+            }
+        }
+        let (a1, b1) = (a.clone(), b.clone());
+        let ha = spawn_background_local("ping", move || async move {
+            let mine = std::rc::Rc::new(a1);
+            for r in 1..=ROUNDS {
+                mine.store(r, Ordering::SeqCst);
+                until(&b1, r).await;
+            }
+        });
+        let (a2, b2) = (a.clone(), b.clone());
+        let hb = spawn_background_local("pong", move || async move {
+            let mine = std::rc::Rc::new(b2);
+            for r in 1..=ROUNDS {
+                until(&a2, r).await;
+                sleep(Duration::from_micros(3)).await;
+                mine.store(r, Ordering::SeqCst);
+            }
+        });
+        (ha, hb, a, b)
+    }
+    // Simulated: tasks of the background set.
+    {
+        let sim = Simulation::new(config(3));
+        let t0 = Instant::now();
+        let (ha, hb, a, b) = ping_pong();
+        ha.join();
+        hb.join();
+        assert_eq!(
+            (a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)),
+            (ROUNDS, ROUNDS)
+        );
+        // Each round: pong's 3 us sleep plus at most 1 us of ping's
+        // polling, so about 5 x 3-4 us, not a hang.
+        let took = Instant::now() - t0;
+        assert!(
+            took >= Duration::from_micros(3 * ROUNDS) && took < Duration::from_micros(40),
+            "{took:?}"
+        );
+        drop(sim);
+    }
+    // Real threads.
+    let (ha, hb, a, b) = ping_pong();
+    ha.join();
+    hb.join();
+    assert_eq!(
+        (a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)),
+        (ROUNDS, ROUNDS)
+    );
+}
