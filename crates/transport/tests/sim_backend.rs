@@ -798,3 +798,100 @@ fn local_background_activities_interleave_their_waits() {
         (ROUNDS, ROUNDS)
     );
 }
+
+/// Node A's handler reads 4 KiB of its region, waits 20 us synchronously
+/// (a nested frame, as a ScaleStore handler waiting for its SSD read) and
+/// reads again; with `busy_b`, node B's handler scans 64 KiB of its own
+/// region meanwhile, twice. Returns A's handler-core busy time, the
+/// latency of the call to A, and B's handler-core busy time.
+fn handler_charge_with_neighbour(busy_b: bool) -> (u64, u64, u64) {
+    let sim = Simulation::new(config(13));
+    let a = sim.add_node(1);
+    let b = sim.add_node(1);
+    let (client, other) = (sim.add_node(0).id(), sim.add_node(0).id());
+    let (_ra, mem_a) = a.register_region(4096).unwrap();
+    let (_rb, mem_b) = b.register_region(64 << 10).unwrap();
+    let wait = a
+        .services()
+        .register(
+            "wait",
+            Arc::new(
+                move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                    let mut page = vec![0u8; 4096];
+                    mem_a.read(0, &mut page).unwrap();
+                    dmkv_transport::time::sleep_blocking(Duration::from_micros(20));
+                    mem_a.read(0, &mut page).unwrap();
+                    Ok(vec![])
+                },
+            ),
+        )
+        .unwrap();
+    let scan = b
+        .services()
+        .register(
+            "scan",
+            Arc::new(
+                move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                    let mut all = vec![0u8; 64 << 10];
+                    mem_b.read(0, &mut all).unwrap();
+                    Ok(vec![])
+                },
+            ),
+        )
+        .unwrap();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let ep_b = sim.fabric().endpoint(other).unwrap();
+    let (ep, ep_b, ida, idb) = (&ep, &ep_b, a.id(), b.id());
+    let took = Cell::new(0u64);
+    let took_ref = &took;
+    let tasks: Vec<LocalTask<'_, ()>> = vec![
+        Box::pin(async move {
+            let t0 = Instant::now();
+            ep.call(ida, wait, vec![]).await.unwrap();
+            took_ref.set((Instant::now() - t0).as_nanos() as u64);
+        }),
+        Box::pin(async move {
+            if busy_b {
+                // Inside A's wait.
+                sleep(Duration::from_micros(5)).await;
+                for _ in 0..2 {
+                    ep_b.call(idb, scan, vec![]).await.unwrap();
+                }
+            }
+        }),
+    ];
+    run_tasks(tasks);
+    let r = sim.resources();
+    let busy = |n: NodeId| {
+        r.iter()
+            .find(|u| u.name == format!("node{} handler cores", n.0))
+            .unwrap()
+            .busy_ns
+    };
+    (busy(ida), took.get(), busy(idb))
+}
+
+#[test]
+fn a_handler_waiting_in_a_nested_frame_is_charged_for_its_own_work_only() {
+    // What other nodes' handlers (and tasks) do while a handler waits
+    // synchronously is not that handler's CPU: its core's charge, and so
+    // its reply's time, must not depend on it. Before the fix the waiting
+    // handler was metered through the whole nested frame and was charged
+    // node B's 64 KiB scans (docs/simulation.md, ScaleStore section).
+    let p = Profile::default_profile();
+    let (alone_a, alone_took, idle_b) = handler_charge_with_neighbour(false);
+    let (a, took, b) = handler_charge_with_neighbour(true);
+    assert_eq!(idle_b, 0, "B served nothing in the quiet run");
+    // B's two scans of 1,024 lines each were charged to B.
+    assert!(
+        b >= 2 * (p.memnode.rpc_base_ns + 1024 * p.memnode.line_ns),
+        "B busy {b} ns"
+    );
+    // A's own reads (2 x 64 lines) are charged to A, in both runs alike.
+    assert!(
+        alone_a >= p.memnode.rpc_base_ns + 128 * p.memnode.line_ns,
+        "A busy {alone_a} ns"
+    );
+    assert_eq!(a, alone_a, "A was charged for B's work");
+    assert_eq!(took, alone_took, "A's reply waited for B's work");
+}

@@ -530,10 +530,13 @@ impl Sched {
             remaining: Cell::new(n),
         };
         let _registered = (!alone).then(|| FrameRegistration::new(self, &frame));
+        // Only the frame's own tasks are charged to the core of the code
+        // that blocks here (if it runs on one).
+        let mut own = super::OwnCoreOnly::enter(self);
         while frame.remaining.get() > 0 {
             let mut polled = false;
             if alone {
-                if frame.poll_ready() {
+                if super::OwnCoreOnly::poll_own(&mut own, || frame.poll_ready()) {
                     continue;
                 }
                 if !self.step() {
@@ -559,7 +562,13 @@ impl Sched {
                     // or at this call and unregisters itself (the
                     // registration guard) before it is dropped; frames are
                     // used on this thread only.
-                    polled |= unsafe { &*f }.poll_ready();
+                    let poll = || unsafe { &*f }.poll_ready();
+                    // Ours is the innermost (registered last).
+                    polled |= if k + 1 == depth {
+                        super::OwnCoreOnly::poll_own(&mut own, poll)
+                    } else {
+                        poll()
+                    };
                 }
                 polled |= self.poll_background();
                 if frame.remaining.get() == 0 {
