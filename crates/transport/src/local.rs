@@ -11,6 +11,7 @@
 //! delayed and dropped messages, and node crashes ([`LocalCluster::crash`]).
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
+use crate::cputime::BusyClock;
 use crate::backend::{
     EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
 };
@@ -62,19 +63,25 @@ pub struct LocalConfig {
     pub faults: Faults,
     /// How long a caller waits for an RPC reply before it fails.
     pub rpc_timeout: Duration,
-    /// How long an idle handler thread keeps polling its queue (spinning
-    /// briefly, then yielding its core between polls) before it blocks until
-    /// a request wakes it. Polling keeps RPC latency free of OS wake-ups
-    /// while requests keep coming; blocking keeps an idle node off the CPU.
-    pub handler_poll: Duration,
+    /// How long an idle handler thread spins on its queue before it blocks
+    /// until a request wakes it (`dmkv bench --handler-spin-us`). Spinning
+    /// keeps RPC latency free of OS wake-ups while requests keep coming;
+    /// blocking keeps an idle node off the CPU. It never yields its core
+    /// while it spins (a yield on a loaded host hands the core to another
+    /// process for a whole slice). Zero: block as soon as the queue is empty.
+    pub handler_spin: Duration,
 }
+
+/// [`LocalConfig::handler_spin`]'s default (see docs/performance.md,
+/// "Seventh pass").
+pub const DEFAULT_HANDLER_SPIN: Duration = Duration::from_micros(50);
 
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
             faults: Faults::default(),
             rpc_timeout: Duration::from_secs(30),
-            handler_poll: Duration::from_millis(1),
+            handler_spin: DEFAULT_HANDLER_SPIN,
         }
     }
 }
@@ -86,7 +93,7 @@ struct Inner {
     /// path need not take the lock.
     faults_active: AtomicBool,
     rpc_timeout: Duration,
-    handler_poll: Duration,
+    handler_spin: Duration,
     /// Ticks every endpoint's RPC watchdog (see `local_rpc`).
     reaper: Arc<Reaper>,
 }
@@ -140,7 +147,7 @@ struct NodeState {
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     handler_threads: usize,
-    handler_poll: Duration,
+    handler_spin: Duration,
     handlers: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -170,11 +177,26 @@ impl NodeState {
         while self.rx.try_recv().is_ok() {}
     }
 
+    /// A handler thread's loop. Between requests it waits in
+    /// [`recv_polling`]; its busy stretches (from the request that found it
+    /// idle to the next time its queue is empty) go to its [`BusyClock`],
+    /// which scales the RPC charges by the share of that time the thread
+    /// was on a CPU.
     fn serve(self: Arc<Self>) {
+        let mut clock = BusyClock::new(crate::cputime::BUSY_STRETCH_SAMPLE);
         loop {
-            let Some(Msg::Call(req)) = recv_polling(&self.rx, self.handler_poll) else {
+            let msg = match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => None,
+                Err(crossbeam_channel::TryRecvError::Empty) => {
+                    clock.idle();
+                    wait_for_request(&self.rx, self.handler_spin)
+                }
+            };
+            let Some(Msg::Call(req)) = msg else {
                 return;
             };
+            clock.busy();
             if self.crashed.load(Ordering::Acquire) {
                 continue;
             }
@@ -211,7 +233,7 @@ impl LocalCluster {
                 faults_active: AtomicBool::new(config.faults.any()),
                 faults: RwLock::new(config.faults),
                 rpc_timeout: config.rpc_timeout,
-                handler_poll: config.handler_poll,
+                handler_spin: config.handler_spin,
                 reaper,
             }),
             reaper: Some(handle),
@@ -233,7 +255,7 @@ impl LocalCluster {
             tx,
             rx,
             handler_threads,
-            handler_poll: self.inner.handler_poll,
+            handler_spin: self.inner.handler_spin,
             handlers: Mutex::new(Vec::new()),
         });
         for h in 0..handler_threads {
@@ -738,43 +760,129 @@ fn send_request(target: &NodeState, req: Request) {
     }
 }
 
-/// The next item of a handler thread's queue, polling it for up to `poll`
-/// before blocking on it: first a short spin, then yielding the core between
-/// polls (so a compute thread on a shared core still runs), so that a
-/// request arriving in a busy stretch does not pay the futex wake-up of a
-/// parked thread. `None` once the queue is closed. Shared by the local and
-/// UCX backends' handler threads.
+/// The next item of a handler thread's queue, spinning on it for up to
+/// `spin` before blocking on it, so that a request arriving in a busy stretch
+/// does not pay the futex wake-up of a parked thread. `None` once the queue
+/// is closed.
 #[inline]
-pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
+pub fn recv_polling<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
     match rx.try_recv() {
         Ok(m) => Some(m),
         Err(crossbeam_channel::TryRecvError::Disconnected) => None,
-        Err(crossbeam_channel::TryRecvError::Empty) => wait_for_request(rx, poll),
+        Err(crossbeam_channel::TryRecvError::Empty) => wait_for_request(rx, spin),
     }
 }
 
+/// Queue polls between two clock reads while a handler spins.
+const POLLS_PER_CLOCK_READ: u32 = 16;
+
 /// [`recv_polling`] once the queue was found empty: the waiting part.
+///
+/// It spins (never `sched_yield`: on a loaded host a yield hands the core
+/// to another process for a whole scheduler slice), then blocks in
+/// crossbeam's `recv`, whose protocol is the invariant this relies on:
+///
+/// **H1 (no lost wake-up).** A blocking receiver registers itself in the
+/// channel's waiter list and then checks the queue once more before it
+/// parks; a sender pushes and then, only if the waiter list is marked
+/// non-empty, takes its lock and unparks a registered receiver (both sides
+/// separated by sequentially consistent fences). So either the receiver's
+/// re-check sees the request or the sender sees the receiver registered and
+/// wakes it; an enqueue never issues a system call while no handler sleeps.
+/// `tests::handler_sleeping_between_requests_loses_no_wake_up` hammers it
+/// with one request in flight at a time (a lost wake-up would leave it
+/// unanswered).
 #[inline(never)] // kept apart (and so named) so profiles can tell idle polling
 // from work: scripts/instructions-per-op.sh counts `wait_for_request` as idle
-fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
-    const SPINS: u32 = 64;
-    let mut polls = 0u32;
-    let mut since: Option<Instant> = None;
-    loop {
-        match rx.try_recv() {
-            Ok(m) => return Some(m),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) => {}
-        }
-        polls += 1;
-        if polls < SPINS {
+fn wait_for_request<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
+    if !spin.is_zero() {
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match rx.try_recv() {
+                Ok(m) => return Some(m),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            polls += 1;
+            if polls.is_multiple_of(POLLS_PER_CLOCK_READ) && start.elapsed() >= spin {
+                break;
+            }
             std::hint::spin_loop();
-            continue;
         }
-        let start = *since.get_or_insert_with(Instant::now);
-        if start.elapsed() >= poll {
-            return rx.recv().ok();
+    }
+    rx.recv().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::NodeHost;
+    use crate::exec::block_on;
+    use crate::error::ServiceError;
+
+    /// H1 at the queue: one item in flight at a time, sent after a random
+    /// short pause while the receiver spins for nothing (`spin` zero: it
+    /// blocks whenever the queue is empty) or for 1 µs (it is often
+    /// between spinning and blocking when the item comes). A lost wake-up
+    /// leaves an item unreceived and the sender's wait for its echo fails.
+    #[test]
+    fn enqueue_racing_a_handler_going_to_sleep_is_never_lost() {
+        for spin in [Duration::ZERO, Duration::from_micros(1)] {
+            let (tx, rx) = crossbeam_channel::unbounded::<u32>();
+            let (echo_tx, echo_rx) = crossbeam_channel::unbounded::<u32>();
+            let receiver = std::thread::spawn(move || {
+                while let Some(i) = recv_polling(&rx, spin) {
+                    echo_tx.send(i).unwrap();
+                }
+            });
+            let mut rng = SmallRng::seed_from_u64(7);
+            for i in 0..20_000u32 {
+                for _ in 0..rng.gen_range(0..2_000u32) {
+                    std::hint::spin_loop();
+                }
+                tx.send(i).unwrap();
+                let echoed = echo_rx.recv_timeout(Duration::from_secs(10));
+                assert_eq!(echoed, Ok(i), "item {i} (spin {spin:?}) was never received");
+            }
+            drop(tx);
+            receiver.join().unwrap();
         }
-        std::thread::yield_now();
+    }
+
+    /// H1 through the whole RPC path: a handler that blocks whenever its
+    /// queue is empty, callers on three threads with one RPC in flight each.
+    #[test]
+    fn handler_sleeping_between_requests_loses_no_wake_up() {
+        let cluster = LocalCluster::new(LocalConfig {
+            handler_spin: Duration::ZERO,
+            rpc_timeout: Duration::from_secs(10),
+            ..LocalConfig::default()
+        });
+        let server = cluster.add_node(1);
+        let echo = server
+            .services()
+            .register(
+                "echo",
+                Arc::new(|_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
+                    Ok(r.to_vec())
+                }),
+            )
+            .unwrap();
+        let node = server.id();
+        std::thread::scope(|s| {
+            for t in 0..3u8 {
+                let fabric = cluster.fabric();
+                let me = cluster.add_node(0).id();
+                s.spawn(move || {
+                    let ep = fabric.endpoint(me).unwrap();
+                    for i in 0..3_000u32 {
+                        let req = [t, i as u8, (i >> 8) as u8];
+                        let reply = block_on(ep.call(node, echo, req.to_vec()));
+                        assert_eq!(reply.unwrap(), req, "thread {t}, RPC {i}");
+                    }
+                });
+            }
+        });
     }
 }
