@@ -7,11 +7,11 @@
 //!
 //! When no task is ready the thread runs the idle hooks that backends
 //! register to drive their progress engines (and then never parks), or else
-//! polls its wake-up flag a few times and parks until a waker unparks it or
-//! its earliest short sleep is due. It never spins for long and never
-//! yields: the reply it waits for may come from a handler thread that needs
-//! this very core, and a yield on a loaded host hands the core to another
-//! process for a whole slice (docs/performance.md, "Seventh pass").
+//! polls its wake-up flag for 50 µs, yielding its core between polls (the
+//! reply it waits for may come from a handler thread that needs this very
+//! core), and then parks until a waker unparks it or its earliest short
+//! sleep is due. Parking at once and short spins without yielding were
+//! measured slower on a loaded host (docs/performance.md, "Seventh pass").
 //! Timers ([`sleep`]) work under any executor: waits under
 //! `TIMER_SPIN_THRESHOLD` are kept in a per-thread list that this executor
 //! parks on (under another executor they spin), longer ones are woken by
@@ -30,9 +30,9 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-/// How many times an idle executor checks its wake-up flag (with a spin-loop
-/// hint, well under a microsecond in all) before it parks.
-const POLLS_BEFORE_PARK: u32 = 64;
+/// How long an idle executor polls (yielding its core between polls) before
+/// it parks.
+const POLL_BEFORE_PARK: Duration = Duration::from_micros(50);
 /// Waits shorter than this do not use the timer thread (its condition
 /// variable's wake-up is too coarse for them).
 const TIMER_SPIN_THRESHOLD: Duration = Duration::from_micros(200);
@@ -148,23 +148,33 @@ fn idle(shared: &Shared) {
         }
         return;
     }
-    for _ in 0..POLLS_BEFORE_PARK {
+    #[allow(clippy::disallowed_methods)]
+    let start = Instant::now();
+    loop {
         if shared.parker.is_notified() {
             return;
         }
-        std::hint::spin_loop();
-    }
-    match earliest_short_sleep() {
-        None => shared.parker.park(),
-        Some(due) => {
-            #[allow(clippy::disallowed_methods)]
-            let now = Instant::now();
-            if due > now {
-                relax_timer_slack();
-                shared.parker.park_at_most(due - now);
-            }
-            // The caller's loop wakes the sleepers now due.
+        let due = earliest_short_sleep();
+        #[allow(clippy::disallowed_methods)]
+        let now = Instant::now();
+        if due.is_some_and(|d| d <= now) {
+            return; // the caller's loop wakes the sleepers now due
         }
+        if now - start < POLL_BEFORE_PARK {
+            // Give the core away while polling: the reply this thread waits
+            // for may come from a handler thread that needs this very core
+            // (more busy threads than cores), and must not be starved.
+            std::thread::yield_now();
+            continue;
+        }
+        match due {
+            None => shared.parker.park(),
+            Some(d) => {
+                relax_timer_slack();
+                shared.parker.park_at_most(d - now);
+            }
+        }
+        return;
     }
 }
 
@@ -601,10 +611,11 @@ mod tests {
     }
 
     #[test]
-    fn a_short_sleep_parks_instead_of_spinning() {
+    fn a_short_sleep_is_not_polled_until_due() {
         // Before, a sleep under the timer threshold woke itself on every
-        // poll: thousands of polls in 100 µs. Now the executor parks until
-        // it is due: a handful (a park may end early; the sleep re-arms).
+        // poll: thousands of polls in 100 µs. Now the executor keeps it in
+        // its short-sleep list and polls it once it is due: a handful of
+        // polls (a park may end early; the sleep re-arms).
         for d in [Duration::from_micros(20), Duration::from_micros(100)] {
             let polls = Rc::new(Cell::new(0));
             let start = Instant::now();

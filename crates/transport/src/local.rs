@@ -63,25 +63,26 @@ pub struct LocalConfig {
     pub faults: Faults,
     /// How long a caller waits for an RPC reply before it fails.
     pub rpc_timeout: Duration,
-    /// How long an idle handler thread spins on its queue before it blocks
-    /// until a request wakes it (`dmkv bench --handler-spin-us`). Spinning
-    /// keeps RPC latency free of OS wake-ups while requests keep coming;
-    /// blocking keeps an idle node off the CPU. It never yields its core
-    /// while it spins (a yield on a loaded host hands the core to another
-    /// process for a whole slice). Zero: block as soon as the queue is empty.
-    pub handler_spin: Duration,
+    /// How long an idle handler thread keeps polling its queue (spinning
+    /// briefly, then yielding its core between polls) before it blocks until
+    /// a request wakes it (`dmkv bench --handler-poll-us`; zero: block as
+    /// soon as the queue is empty). Polling keeps RPC latency free of OS
+    /// wake-ups while requests keep coming; blocking keeps an idle node off
+    /// the CPU.
+    pub handler_poll: Duration,
 }
 
-/// [`LocalConfig::handler_spin`]'s default (see docs/performance.md,
+/// [`LocalConfig::handler_poll`]'s default, chosen by measurement against
+/// pure spinning and against blocking sooner (docs/performance.md,
 /// "Seventh pass").
-pub const DEFAULT_HANDLER_SPIN: Duration = Duration::from_micros(50);
+pub const DEFAULT_HANDLER_POLL: Duration = Duration::from_millis(1);
 
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
             faults: Faults::default(),
             rpc_timeout: Duration::from_secs(30),
-            handler_spin: DEFAULT_HANDLER_SPIN,
+            handler_poll: DEFAULT_HANDLER_POLL,
         }
     }
 }
@@ -93,7 +94,7 @@ struct Inner {
     /// path need not take the lock.
     faults_active: AtomicBool,
     rpc_timeout: Duration,
-    handler_spin: Duration,
+    handler_poll: Duration,
     /// Ticks every endpoint's RPC watchdog (see `local_rpc`).
     reaper: Arc<Reaper>,
 }
@@ -147,7 +148,7 @@ struct NodeState {
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     handler_threads: usize,
-    handler_spin: Duration,
+    handler_poll: Duration,
     handlers: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -190,7 +191,7 @@ impl NodeState {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => None,
                 Err(crossbeam_channel::TryRecvError::Empty) => {
                     clock.idle();
-                    wait_for_request(&self.rx, self.handler_spin)
+                    wait_for_request(&self.rx, self.handler_poll)
                 }
             };
             let Some(Msg::Call(req)) = msg else {
@@ -233,7 +234,7 @@ impl LocalCluster {
                 faults_active: AtomicBool::new(config.faults.any()),
                 faults: RwLock::new(config.faults),
                 rpc_timeout: config.rpc_timeout,
-                handler_spin: config.handler_spin,
+                handler_poll: config.handler_poll,
                 reaper,
             }),
             reaper: Some(handle),
@@ -255,7 +256,7 @@ impl LocalCluster {
             tx,
             rx,
             handler_threads,
-            handler_spin: self.inner.handler_spin,
+            handler_poll: self.inner.handler_poll,
             handlers: Mutex::new(Vec::new()),
         });
         for h in 0..handler_threads {
@@ -760,27 +761,25 @@ fn send_request(target: &NodeState, req: Request) {
     }
 }
 
-/// The next item of a handler thread's queue, spinning on it for up to
-/// `spin` before blocking on it, so that a request arriving in a busy stretch
-/// does not pay the futex wake-up of a parked thread. `None` once the queue
-/// is closed.
+/// The next item of a handler thread's queue, polling it for up to `poll`
+/// before blocking on it: first a short spin, then yielding the core between
+/// polls (so a compute thread on a shared core still runs), so that a
+/// request arriving in a busy stretch does not pay the futex wake-up of a
+/// parked thread. `None` once the queue is closed.
 #[inline]
-pub fn recv_polling<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
+pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
     match rx.try_recv() {
         Ok(m) => Some(m),
         Err(crossbeam_channel::TryRecvError::Disconnected) => None,
-        Err(crossbeam_channel::TryRecvError::Empty) => wait_for_request(rx, spin),
+        Err(crossbeam_channel::TryRecvError::Empty) => wait_for_request(rx, poll),
     }
 }
 
-/// Queue polls between two clock reads while a handler spins.
-const POLLS_PER_CLOCK_READ: u32 = 16;
-
-/// [`recv_polling`] once the queue was found empty: the waiting part.
+/// [`recv_polling`] once the queue was found empty: the waiting part. With
+/// `poll` zero it blocks at once.
 ///
-/// It spins (never `sched_yield`: on a loaded host a yield hands the core
-/// to another process for a whole scheduler slice), then blocks in
-/// crossbeam's `recv`, whose protocol is the invariant this relies on:
+/// Blocking is crossbeam's `recv`, whose protocol is the invariant this
+/// relies on:
 ///
 /// **H1 (no lost wake-up).** A blocking receiver registers itself in the
 /// channel's waiter list and then checks the queue once more before it
@@ -788,30 +787,37 @@ const POLLS_PER_CLOCK_READ: u32 = 16;
 /// non-empty, takes its lock and unparks a registered receiver (both sides
 /// separated by sequentially consistent fences). So either the receiver's
 /// re-check sees the request or the sender sees the receiver registered and
-/// wakes it; an enqueue never issues a system call while no handler sleeps.
-/// `tests::handler_sleeping_between_requests_loses_no_wake_up` hammers it
-/// with one request in flight at a time (a lost wake-up would leave it
+/// wakes it; an enqueue makes no system call while no handler sleeps.
+/// `tests::enqueue_racing_a_handler_going_to_sleep_is_never_lost` and
+/// `tests::handler_sleeping_between_requests_loses_no_wake_up` hammer it
+/// with one request in flight at a time (a lost wake-up would leave one
 /// unanswered).
 #[inline(never)] // kept apart (and so named) so profiles can tell idle polling
 // from work: scripts/instructions-per-op.sh counts `wait_for_request` as idle
-fn wait_for_request<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
-    if !spin.is_zero() {
-        let start = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            match rx.try_recv() {
-                Ok(m) => return Some(m),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-                Err(crossbeam_channel::TryRecvError::Empty) => {}
-            }
-            polls += 1;
-            if polls.is_multiple_of(POLLS_PER_CLOCK_READ) && start.elapsed() >= spin {
-                break;
-            }
-            std::hint::spin_loop();
-        }
+fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
+    const SPINS: u32 = 64;
+    if poll.is_zero() {
+        return rx.recv().ok();
     }
-    rx.recv().ok()
+    let mut polls = 0u32;
+    let mut since: Option<Instant> = None;
+    loop {
+        match rx.try_recv() {
+            Ok(m) => return Some(m),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        polls += 1;
+        if polls < SPINS {
+            std::hint::spin_loop();
+            continue;
+        }
+        let start = *since.get_or_insert_with(Instant::now);
+        if start.elapsed() >= poll {
+            return rx.recv().ok();
+        }
+        std::thread::yield_now();
+    }
 }
 
 #[cfg(test)]
@@ -822,17 +828,17 @@ mod tests {
     use crate::error::ServiceError;
 
     /// H1 at the queue: one item in flight at a time, sent after a random
-    /// short pause while the receiver spins for nothing (`spin` zero: it
+    /// short pause while the receiver polls for nothing (`poll` zero: it
     /// blocks whenever the queue is empty) or for 1 µs (it is often
-    /// between spinning and blocking when the item comes). A lost wake-up
+    /// between polling and blocking when the item comes). A lost wake-up
     /// leaves an item unreceived and the sender's wait for its echo fails.
     #[test]
     fn enqueue_racing_a_handler_going_to_sleep_is_never_lost() {
-        for spin in [Duration::ZERO, Duration::from_micros(1)] {
+        for poll in [Duration::ZERO, Duration::from_micros(1)] {
             let (tx, rx) = crossbeam_channel::unbounded::<u32>();
             let (echo_tx, echo_rx) = crossbeam_channel::unbounded::<u32>();
             let receiver = std::thread::spawn(move || {
-                while let Some(i) = recv_polling(&rx, spin) {
+                while let Some(i) = recv_polling(&rx, poll) {
                     echo_tx.send(i).unwrap();
                 }
             });
@@ -843,7 +849,7 @@ mod tests {
                 }
                 tx.send(i).unwrap();
                 let echoed = echo_rx.recv_timeout(Duration::from_secs(10));
-                assert_eq!(echoed, Ok(i), "item {i} (spin {spin:?}) was never received");
+                assert_eq!(echoed, Ok(i), "item {i} (poll {poll:?}) was never received");
             }
             drop(tx);
             receiver.join().unwrap();
@@ -855,7 +861,7 @@ mod tests {
     #[test]
     fn handler_sleeping_between_requests_loses_no_wake_up() {
         let cluster = LocalCluster::new(LocalConfig {
-            handler_spin: Duration::ZERO,
+            handler_poll: Duration::ZERO,
             rpc_timeout: Duration::from_secs(10),
             ..LocalConfig::default()
         });
