@@ -218,10 +218,7 @@ fn register_short_sleep(deadline: Instant, waker: &Waker) -> bool {
     SHORT_SLEEPS.with(|l| {
         let mut l = l.borrow_mut();
         // A sleep polled again (woken by something else) is listed once.
-        if !l
-            .iter()
-            .any(|(d, w)| *d == deadline && w.will_wake(waker))
-        {
+        if !l.iter().any(|(d, w)| *d == deadline && w.will_wake(waker)) {
             l.push((deadline, waker.clone()));
         }
     });

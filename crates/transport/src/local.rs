@@ -11,10 +11,10 @@
 //! delayed and dropped messages, and node crashes ([`LocalCluster::crash`]).
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
-use crate::cputime::BusyClock;
 use crate::backend::{
     EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
 };
+use crate::cputime::BusyClock;
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
@@ -824,8 +824,8 @@ fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
 mod tests {
     use super::*;
     use crate::backend::NodeHost;
-    use crate::exec::block_on;
     use crate::error::ServiceError;
+    use crate::exec::block_on;
 
     /// H1 at the queue: one item in flight at a time, sent after a random
     /// short pause while the receiver polls for nothing (`poll` zero: it
@@ -870,9 +870,11 @@ mod tests {
             .services()
             .register(
                 "echo",
-                Arc::new(|_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
-                    Ok(r.to_vec())
-                }),
+                Arc::new(
+                    |_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
+                        Ok(r.to_vec())
+                    },
+                ),
             )
             .unwrap();
         let node = server.id();
