@@ -234,6 +234,12 @@ pub struct BenchArgs {
     /// Local transport: add this network latency to every round trip.
     #[arg(long, value_name = "MICROS", default_value_t = 0)]
     pub rtt_us: u64,
+    /// Local transport: how long an idle RPC handler thread polls its queue
+    /// (yielding its core between polls) before it blocks until a request
+    /// wakes it (0: block at once).
+    #[arg(long, value_name = "MICROS",
+          default_value_t = dmkv_transport::local::DEFAULT_HANDLER_POLL.as_micros() as u64)]
+    pub handler_poll_us: u64,
     /// With --transport sim: the hardware profile, a shipped name
     /// (xstore-cx4, rolex-cx5, outback-cx6, scalestore-cx5) or a TOML file.
     #[arg(long, value_name = "NAME|PATH")]
@@ -708,6 +714,7 @@ pub(crate) fn bench_config(
     cfg.seed = a.seed;
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
+    cfg.local.handler_poll = std::time::Duration::from_micros(a.handler_poll_us);
     cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
     cfg.op_limit = a.op_limit_ms.map(std::time::Duration::from_millis);

@@ -2,6 +2,8 @@
 //! workers with what they really consumed (not wall time, which a shared
 //! machine inflates).
 
+use std::cell::Cell;
+
 /// Nanoseconds of CPU time the calling thread has used; inside a simulation,
 /// the virtual CPU time of the simulated core that runs (see `sim`).
 pub fn thread_cpu_ns() -> u64 {
@@ -66,14 +68,145 @@ impl CpuStopwatch {
         CpuStopwatch { start: ticks() }
     }
 
-    /// Nanoseconds since [`CpuStopwatch::start`].
+    /// Nanoseconds since [`CpuStopwatch::start`], scaled by the fraction
+    /// of its busy time this thread recently spent on a CPU (see
+    /// [`BusyClock`]; 1 on threads that do not report busy stretches).
     #[inline]
     pub fn elapsed_ns(&self) -> u64 {
         if let Some(v) = crate::sim::cpu_ns() {
             return v.saturating_sub(self.start);
         }
-        ticks_to_ns(ticks().saturating_sub(self.start))
+        let ns = ticks_to_ns(ticks().saturating_sub(self.start));
+        let scale = ON_CPU_SCALE.with(Cell::get);
+        ((ns as u128 * scale as u128) >> 32) as u64
     }
+}
+
+/// 1.0 as a 32.32 fixed-point factor.
+const SCALE_ONE: u64 = 1 << 32;
+
+thread_local! {
+    /// The fraction of its busy time this thread ran on a CPU, over its
+    /// recent sampled busy stretches (32.32 fixed point, at most 1): what
+    /// [`CpuStopwatch::elapsed_ns`] multiplies elapsed time by, so that a
+    /// handler thread is not charged for time it sat descheduled.
+    static ON_CPU_SCALE: Cell<u64> = const { Cell::new(SCALE_ONE) };
+}
+
+/// One busy stretch in this many is timed in thread CPU time (two system
+/// calls): enough to follow the host's load, cheap next to the RPCs served.
+pub const BUSY_STRETCH_SAMPLE: u64 = 8;
+
+/// Corrects a handler thread's [`CpuStopwatch`] charges for descheduling,
+/// without a system call per RPC.
+///
+/// The thread reports when it takes a request after finding its queue empty
+/// ([`BusyClock::busy`]) and when it finds the queue empty again
+/// ([`BusyClock::idle`]): a busy stretch. One stretch in `sample` is timed
+/// twice, in elapsed time (the time-stamp counter) and in thread CPU time
+/// (`CLOCK_THREAD_CPUTIME_ID`, read at its two ends only); decayed sums of
+/// both over the sampled stretches give the fraction of busy time the
+/// thread was really on a CPU, and every later RPC's elapsed time is scaled
+/// by it. So the charges add up to the thread's CPU time in its busy
+/// stretches (less what it spends between requests), measured per stretch,
+/// while each RPC keeps its own share (a GET and a PUT are still told
+/// apart). The fraction is an estimate from earlier stretches: a stretch
+/// descheduled unusually long is charged at the recent average.
+///
+/// Invariant: the scale is always in (0, 1]: the thread CPU time of a
+/// stretch is capped at its elapsed time, and a thread that never reports
+/// a stretch keeps scale 1 (the UCX backend's handler threads, for one).
+#[derive(Debug)]
+pub struct BusyClock {
+    sample: u64,
+    stretches: u64,
+    in_stretch: bool,
+    /// The timed stretch now open: thread CPU ns and ticks at its start.
+    open: Option<(u64, u64)>,
+    /// Decayed sums over the sampled stretches (ns).
+    cpu_sum: u64,
+    wall_sum: u64,
+}
+
+impl BusyClock {
+    /// A clock for the calling handler thread that times one busy stretch
+    /// in `sample` (at least 1).
+    pub fn new(sample: u64) -> BusyClock {
+        // Calibrate now rather than in the first stretch.
+        let _ = ticks_to_ns(1);
+        let _ = thread_clock_overhead_ns();
+        BusyClock {
+            sample: sample.max(1),
+            stretches: 0,
+            in_stretch: false,
+            open: None,
+            cpu_sum: 0,
+            wall_sum: 0,
+        }
+    }
+
+    /// The thread took a request: a busy stretch starts if none is open.
+    #[inline]
+    pub fn busy(&mut self) {
+        if self.in_stretch {
+            return;
+        }
+        self.in_stretch = true;
+        self.stretches += 1;
+        if self.stretches % self.sample == 1 || self.sample == 1 {
+            // CPU first, ticks last: the clock's own cost falls outside the
+            // elapsed interval and is subtracted from the CPU interval.
+            let cpu = thread_cpu_ns();
+            self.open = Some((cpu, ticks()));
+        }
+    }
+
+    /// The thread found its queue empty: the busy stretch, if any, ends.
+    #[inline]
+    pub fn idle(&mut self) {
+        if !std::mem::take(&mut self.in_stretch) {
+            return;
+        }
+        let Some((cpu0, t0)) = self.open.take() else {
+            return;
+        };
+        let wall = ticks_to_ns(ticks().saturating_sub(t0));
+        let cpu = thread_cpu_ns()
+            .saturating_sub(cpu0)
+            .saturating_sub(thread_clock_overhead_ns())
+            .min(wall);
+        // Decay by 1/8 per sampled stretch: the last few dozen stretches
+        // count, so the scale follows the host's load within milliseconds.
+        self.cpu_sum = self.cpu_sum - self.cpu_sum / 8 + cpu;
+        self.wall_sum = self.wall_sum - self.wall_sum / 8 + wall;
+        if self.wall_sum > 0 {
+            let scale = ((self.cpu_sum as u128) << 32) / self.wall_sum as u128;
+            // In (0, 1]: a stretch measured as no CPU at all (below the
+            // clock's resolution) must not make later charges zero.
+            ON_CPU_SCALE.with(|s| s.set((scale as u64).clamp(1, SCALE_ONE)));
+        }
+    }
+
+    /// The calling thread's current scale, as a fraction.
+    pub fn on_cpu_fraction() -> f64 {
+        ON_CPU_SCALE.with(Cell::get) as f64 / SCALE_ONE as f64
+    }
+}
+
+/// What two back-to-back [`thread_cpu_ns`] calls measure with nothing in
+/// between (the clock's own cost), subtracted from every interval measured
+/// with it.
+pub(crate) fn thread_clock_overhead_ns() -> u64 {
+    static OVERHEAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *OVERHEAD.get_or_init(|| {
+        (0..16)
+            .map(|_| {
+                let a = thread_cpu_ns();
+                thread_cpu_ns().saturating_sub(a)
+            })
+            .min()
+            .unwrap_or(0)
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -130,6 +263,52 @@ mod tests {
         std::hint::black_box(x);
         let b = super::thread_cpu_ns();
         assert!(b > a);
+    }
+
+    #[test]
+    fn busy_stretches_off_the_cpu_scale_charges_down() {
+        // A fresh thread (the scale is per thread). Its stretches sleep: on
+        // the CPU for microseconds out of milliseconds, as a handler
+        // descheduled for most of its stretches would be.
+        std::thread::spawn(|| {
+            assert_eq!(super::BusyClock::on_cpu_fraction(), 1.0);
+            let mut clock = super::BusyClock::new(1);
+            for _ in 0..4 {
+                clock.busy();
+                clock.busy(); // a second request in the same stretch
+                std::thread::sleep(std::time::Duration::from_millis(3));
+                clock.idle();
+            }
+            let f = super::BusyClock::on_cpu_fraction();
+            assert!(f > 0.0 && f < 0.1, "on-CPU fraction {f}");
+            // A 3 ms stretch off the CPU is now charged a small part of it.
+            let w = super::CpuStopwatch::start();
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            let charged = w.elapsed_ns();
+            assert!(charged < 300_000, "charged {charged} ns");
+            // Idle without a stretch changes nothing.
+            clock.idle();
+            assert_eq!(super::BusyClock::on_cpu_fraction(), f);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn unsampled_stretches_read_no_clock() {
+        std::thread::spawn(|| {
+            let mut clock = super::BusyClock::new(4);
+            for i in 0..8u64 {
+                clock.busy();
+                // Only stretches 1 and 5 are timed.
+                assert_eq!(clock.open.is_some(), i % 4 == 0, "stretch {}", i + 1);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                clock.idle();
+            }
+            assert!(super::BusyClock::on_cpu_fraction() < 0.5);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

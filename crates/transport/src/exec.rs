@@ -5,15 +5,21 @@
 //! delay, the others run. Tasks never move between threads, so futures need
 //! not be `Send`, and an endpoint's counters can live in plain cells.
 //!
-//! When no task is ready the thread spins briefly (replies usually arrive
-//! within microseconds), runs the idle hooks that backends register to drive
-//! their progress engines, and finally parks until a waker unparks it.
-//! Timers ([`sleep`]) work under any executor: short waits spin, longer ones
-//! are woken by one shared timer thread.
+//! When no task is ready the thread runs the idle hooks that backends
+//! register to drive their progress engines (and then never parks), or else
+//! polls its wake-up flag for 50 µs, yielding its core between polls (the
+//! reply it waits for may come from a handler thread that needs this very
+//! core), and then parks until a waker unparks it or its earliest short
+//! sleep is due. Parking at once and short spins without yielding were
+//! measured slower on a loaded host (docs/performance.md, "Seventh pass").
+//! Timers ([`sleep`]) work under any executor: waits under
+//! `TIMER_SPIN_THRESHOLD` are kept in a per-thread list that this executor
+//! parks on (under another executor they spin), longer ones are woken by
+//! one shared timer thread.
 
 use crate::parker::Parker;
 use parking_lot::{Condvar, Mutex};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::future::Future;
@@ -24,10 +30,16 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-/// How long an idle executor spins before it parks.
-const SPIN_BEFORE_PARK: Duration = Duration::from_micros(50);
-/// Waits shorter than this spin instead of using the timer thread.
+/// How long an idle executor polls (yielding its core between polls) before
+/// it parks.
+const POLL_BEFORE_PARK: Duration = Duration::from_micros(50);
+/// Waits shorter than this do not use the timer thread (its condition
+/// variable's wake-up is too coarse for them).
 const TIMER_SPIN_THRESHOLD: Duration = Duration::from_micros(200);
+/// Timer slack asked for threads that park on short sleeps (the kernel's
+/// default, 50 µs, would stretch a 20 µs sleep to 70 µs).
+#[cfg(target_os = "linux")]
+const SHORT_SLEEP_TIMER_SLACK_NS: libc::c_ulong = 1_000;
 
 struct Shared {
     ready: Vec<AtomicBool>,
@@ -61,6 +73,7 @@ pub fn run_tasks<'a, T>(tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
         Err(tasks) => tasks,
     };
     let n = tasks.len();
+    let _running = ExecutorDepth::enter();
     let shared = Arc::new(Shared {
         ready: (0..n).map(|_| AtomicBool::new(true)).collect(),
         parker: Parker::new(),
@@ -77,6 +90,7 @@ pub fn run_tasks<'a, T>(tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
     let mut remaining = n;
     while remaining > 0 {
         shared.parker.take();
+        wake_due_short_sleeps();
         let mut polled = false;
         for i in 0..n {
             if results[i].is_some() || !shared.ready[i].swap(false, Ordering::SeqCst) {
@@ -124,29 +138,142 @@ pub fn block_on_network<F: Future>(fut: F) -> F::Output {
 }
 
 fn idle(shared: &Shared) {
+    let hooks = IDLE_HOOKS.with(|h| h.borrow().clone());
+    if !hooks.is_empty() {
+        // A backend must be driven to make progress: never park.
+        while !shared.parker.is_notified() {
+            for hook in &hooks {
+                hook();
+            }
+        }
+        return;
+    }
     #[allow(clippy::disallowed_methods)]
     let start = Instant::now();
-    let hooks = IDLE_HOOKS.with(|h| h.borrow().clone());
     loop {
         if shared.parker.is_notified() {
             return;
         }
-        if !hooks.is_empty() {
-            // A backend must be driven to make progress: never park.
-            for hook in &hooks {
-                hook();
-            }
-            continue;
+        let due = earliest_short_sleep();
+        #[allow(clippy::disallowed_methods)]
+        let now = Instant::now();
+        if due.is_some_and(|d| d <= now) {
+            return; // the caller's loop wakes the sleepers now due
         }
-        if start.elapsed() < SPIN_BEFORE_PARK {
-            // Give the core away while spinning: the reply this thread waits
+        if now - start < POLL_BEFORE_PARK {
+            // Give the core away while polling: the reply this thread waits
             // for may come from a handler thread that needs this very core
             // (more busy threads than cores), and must not be starved.
             std::thread::yield_now();
             continue;
         }
-        shared.parker.park();
+        match due {
+            None => shared.parker.park(),
+            Some(d) => {
+                relax_timer_slack();
+                shared.parker.park_at_most(d - now);
+            }
+        }
         return;
+    }
+}
+
+thread_local! {
+    /// Short sleeps (under `TIMER_SPIN_THRESHOLD`) of tasks run by an
+    /// executor of this thread: their deadlines and wakers, woken by the
+    /// executor's loop once due. Unordered and small (at most one entry per
+    /// sleeping task).
+    static SHORT_SLEEPS: RefCell<Vec<(Instant, Waker)>> = const { RefCell::new(Vec::new()) };
+    /// Whether `SHORT_SLEEPS` has entries (checked on every executor loop).
+    static HAS_SHORT_SLEEPS: Cell<bool> = const { Cell::new(false) };
+    /// How many of this crate's executors run on this thread (nested
+    /// `block_on`s count each): with none, a short sleep has nobody to wake
+    /// it from the list and spins instead.
+    static EXECUTOR_DEPTH: Cell<u32> = const { Cell::new(0) };
+    static TIMER_SLACK_SET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks an executor running on this thread for as long as it lives.
+struct ExecutorDepth;
+
+impl ExecutorDepth {
+    fn enter() -> ExecutorDepth {
+        EXECUTOR_DEPTH.with(|d| d.set(d.get() + 1));
+        ExecutorDepth
+    }
+}
+
+impl Drop for ExecutorDepth {
+    fn drop(&mut self) {
+        EXECUTOR_DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
+
+/// Adds a short sleep to this thread's list; false if no executor of ours
+/// runs here to wake it.
+fn register_short_sleep(deadline: Instant, waker: &Waker) -> bool {
+    if EXECUTOR_DEPTH.with(Cell::get) == 0 {
+        return false;
+    }
+    SHORT_SLEEPS.with(|l| {
+        let mut l = l.borrow_mut();
+        // A sleep polled again (woken by something else) is listed once.
+        if !l.iter().any(|(d, w)| *d == deadline && w.will_wake(waker)) {
+            l.push((deadline, waker.clone()));
+        }
+    });
+    HAS_SHORT_SLEEPS.with(|h| h.set(true));
+    true
+}
+
+/// Wakes this thread's short sleepers whose deadline has passed.
+#[inline]
+fn wake_due_short_sleeps() {
+    if !HAS_SHORT_SLEEPS.with(Cell::get) {
+        return;
+    }
+    #[allow(clippy::disallowed_methods)]
+    let now = Instant::now();
+    let due: Vec<Waker> = SHORT_SLEEPS.with(|l| {
+        let mut l = l.borrow_mut();
+        let mut due = Vec::new();
+        l.retain(|(d, w)| {
+            if *d <= now {
+                due.push(w.clone());
+                false
+            } else {
+                true
+            }
+        });
+        HAS_SHORT_SLEEPS.with(|h| h.set(!l.is_empty()));
+        due
+    });
+    // Woken outside the borrow: a waker may run code that sleeps again.
+    for w in due {
+        w.wake();
+    }
+}
+
+/// The earliest deadline of this thread's short sleepers.
+fn earliest_short_sleep() -> Option<Instant> {
+    if !HAS_SHORT_SLEEPS.with(Cell::get) {
+        return None;
+    }
+    SHORT_SLEEPS.with(|l| l.borrow().iter().map(|(d, _)| *d).min())
+}
+
+/// Asks the kernel once per thread for a fine timer slack, so a park until a
+/// short sleep's deadline ends close to it.
+#[allow(unsafe_code)]
+fn relax_timer_slack() {
+    if TIMER_SLACK_SET.with(|s| s.replace(true)) {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and changes only the
+    // calling thread's timer slack; a failure leaves the default in force.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, SHORT_SLEEP_TIMER_SLACK_NS);
     }
 }
 
@@ -258,7 +385,11 @@ impl Future for Sleep {
             return Poll::Ready(());
         }
         if deadline - now < TIMER_SPIN_THRESHOLD {
-            cx.waker().wake_by_ref();
+            // Woken by this thread's executor when due; under a foreign
+            // executor, polled again at once (a spin).
+            if !register_short_sleep(deadline, cx.waker()) {
+                cx.waker().wake_by_ref();
+            }
         } else {
             timer().register(deadline, cx.waker().clone());
         }
@@ -487,6 +618,81 @@ mod tests {
             block_on(sleep(d));
             assert!(start.elapsed() >= d);
         }
+    }
+
+    /// A future that counts how often it is polled.
+    struct Counted<F> {
+        inner: Pin<Box<F>>,
+        polls: Rc<Cell<u32>>,
+    }
+
+    impl<F: Future> Future for Counted<F> {
+        type Output = F::Output;
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            self.polls.set(self.polls.get() + 1);
+            self.inner.as_mut().poll(cx)
+        }
+    }
+
+    #[test]
+    fn a_short_sleep_is_not_polled_until_due() {
+        // Before, a sleep under the timer threshold woke itself on every
+        // poll: thousands of polls in 100 µs. Now the executor keeps it in
+        // its short-sleep list and polls it once it is due: a handful of
+        // polls (a park may end early; the sleep re-arms).
+        for d in [Duration::from_micros(20), Duration::from_micros(100)] {
+            let polls = Rc::new(Cell::new(0));
+            let start = Instant::now();
+            block_on(Counted {
+                inner: Box::pin(sleep(d)),
+                polls: polls.clone(),
+            });
+            assert!(start.elapsed() >= d);
+            assert!(polls.get() <= 10, "{d:?}: polled {} times", polls.get());
+        }
+        // Several tasks sleeping different short times all finish, each
+        // after its own sleep.
+        let tasks: Vec<LocalTask<'_, Duration>> = [150u64, 30, 90, 60]
+            .into_iter()
+            .map(|us| {
+                Box::pin(async move {
+                    let start = Instant::now();
+                    sleep(Duration::from_micros(us)).await;
+                    assert!(start.elapsed() >= Duration::from_micros(us));
+                    Duration::from_micros(us)
+                }) as LocalTask<'_, Duration>
+            })
+            .collect();
+        let out = run_tasks(tasks);
+        assert_eq!(out.len(), 4);
+        assert_eq!(SHORT_SLEEPS.with(|l| l.borrow().len()), 0);
+    }
+
+    #[test]
+    fn a_short_sleep_under_a_foreign_executor_wakes_itself() {
+        // No executor of ours runs on this thread: nobody would look at the
+        // short-sleep list, so a pending short sleep must wake itself (or a
+        // foreign executor would wait for ever).
+        struct Flag(AtomicBool);
+        impl Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let start = Instant::now();
+        let mut s = std::pin::pin!(sleep(Duration::from_micros(50)));
+        loop {
+            flag.0.store(false, Ordering::SeqCst);
+            if s.as_mut().poll(&mut cx).is_ready() {
+                break;
+            }
+            assert!(flag.0.load(Ordering::SeqCst), "pending without a wake");
+        }
+        assert!(start.elapsed() >= Duration::from_micros(50));
+        assert_eq!(SHORT_SLEEPS.with(|l| l.borrow().len()), 0);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, Service
 use crate::backend::{
     EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
 };
+use crate::cputime::BusyClock;
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
@@ -64,17 +65,24 @@ pub struct LocalConfig {
     pub rpc_timeout: Duration,
     /// How long an idle handler thread keeps polling its queue (spinning
     /// briefly, then yielding its core between polls) before it blocks until
-    /// a request wakes it. Polling keeps RPC latency free of OS wake-ups
-    /// while requests keep coming; blocking keeps an idle node off the CPU.
+    /// a request wakes it (`dmkv bench --handler-poll-us`; zero: block as
+    /// soon as the queue is empty). Polling keeps RPC latency free of OS
+    /// wake-ups while requests keep coming; blocking keeps an idle node off
+    /// the CPU.
     pub handler_poll: Duration,
 }
+
+/// [`LocalConfig::handler_poll`]'s default, chosen by measurement against
+/// pure spinning and against blocking sooner (docs/performance.md,
+/// "Seventh pass").
+pub const DEFAULT_HANDLER_POLL: Duration = Duration::from_millis(1);
 
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
             faults: Faults::default(),
             rpc_timeout: Duration::from_secs(30),
-            handler_poll: Duration::from_millis(1),
+            handler_poll: DEFAULT_HANDLER_POLL,
         }
     }
 }
@@ -170,11 +178,26 @@ impl NodeState {
         while self.rx.try_recv().is_ok() {}
     }
 
+    /// A handler thread's loop. Between requests it waits in
+    /// [`recv_polling`]; its busy stretches (from the request that found it
+    /// idle to the next time its queue is empty) go to its [`BusyClock`],
+    /// which scales the RPC charges by the share of that time the thread
+    /// was on a CPU.
     fn serve(self: Arc<Self>) {
+        let mut clock = BusyClock::new(crate::cputime::BUSY_STRETCH_SAMPLE);
         loop {
-            let Some(Msg::Call(req)) = recv_polling(&self.rx, self.handler_poll) else {
+            let msg = match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => None,
+                Err(crossbeam_channel::TryRecvError::Empty) => {
+                    clock.idle();
+                    wait_for_request(&self.rx, self.handler_poll)
+                }
+            };
+            let Some(Msg::Call(req)) = msg else {
                 return;
             };
+            clock.busy();
             if self.crashed.load(Ordering::Acquire) {
                 continue;
             }
@@ -754,8 +777,7 @@ fn send_request(target: &NodeState, req: Request) {
 /// before blocking on it: first a short spin, then yielding the core between
 /// polls (so a compute thread on a shared core still runs), so that a
 /// request arriving in a busy stretch does not pay the futex wake-up of a
-/// parked thread. `None` once the queue is closed. Shared by the local and
-/// UCX backends' handler threads.
+/// parked thread. `None` once the queue is closed.
 #[inline]
 pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
     match rx.try_recv() {
@@ -765,11 +787,30 @@ pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
     }
 }
 
-/// [`recv_polling`] once the queue was found empty: the waiting part.
+/// [`recv_polling`] once the queue was found empty: the waiting part. With
+/// `poll` zero it blocks at once.
+///
+/// Blocking is crossbeam's `recv`, whose protocol is the invariant this
+/// relies on:
+///
+/// **H1 (no lost wake-up).** A blocking receiver registers itself in the
+/// channel's waiter list and then checks the queue once more before it
+/// parks; a sender pushes and then, only if the waiter list is marked
+/// non-empty, takes its lock and unparks a registered receiver (both sides
+/// separated by sequentially consistent fences). So either the receiver's
+/// re-check sees the request or the sender sees the receiver registered and
+/// wakes it; an enqueue makes no system call while no handler sleeps.
+/// `tests::enqueue_racing_a_handler_going_to_sleep_is_never_lost` and
+/// `tests::handler_sleeping_between_requests_loses_no_wake_up` hammer it
+/// with one request in flight at a time (a lost wake-up would leave one
+/// unanswered).
 #[inline(never)] // kept apart (and so named) so profiles can tell idle polling
 // from work: scripts/instructions-per-op.sh counts `wait_for_request` as idle
 fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
     const SPINS: u32 = 64;
+    if poll.is_zero() {
+        return rx.recv().ok();
+    }
     let mut polls = 0u32;
     let mut since: Option<Instant> = None;
     loop {
@@ -788,5 +829,80 @@ fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
             return rx.recv().ok();
         }
         std::thread::yield_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::NodeHost;
+    use crate::error::ServiceError;
+    use crate::exec::block_on;
+
+    /// H1 at the queue: one item in flight at a time, sent after a random
+    /// short pause while the receiver polls for nothing (`poll` zero: it
+    /// blocks whenever the queue is empty) or for 1 µs (it is often
+    /// between polling and blocking when the item comes). A lost wake-up
+    /// leaves an item unreceived and the sender's wait for its echo fails.
+    #[test]
+    fn enqueue_racing_a_handler_going_to_sleep_is_never_lost() {
+        for poll in [Duration::ZERO, Duration::from_micros(1)] {
+            let (tx, rx) = crossbeam_channel::unbounded::<u32>();
+            let (echo_tx, echo_rx) = crossbeam_channel::unbounded::<u32>();
+            let receiver = std::thread::spawn(move || {
+                while let Some(i) = recv_polling(&rx, poll) {
+                    echo_tx.send(i).unwrap();
+                }
+            });
+            let mut rng = SmallRng::seed_from_u64(7);
+            for i in 0..20_000u32 {
+                for _ in 0..rng.gen_range(0..2_000u32) {
+                    std::hint::spin_loop();
+                }
+                tx.send(i).unwrap();
+                let echoed = echo_rx.recv_timeout(Duration::from_secs(10));
+                assert_eq!(echoed, Ok(i), "item {i} (poll {poll:?}) was never received");
+            }
+            drop(tx);
+            receiver.join().unwrap();
+        }
+    }
+
+    /// H1 through the whole RPC path: a handler that blocks whenever its
+    /// queue is empty, callers on three threads with one RPC in flight each.
+    #[test]
+    fn handler_sleeping_between_requests_loses_no_wake_up() {
+        let cluster = LocalCluster::new(LocalConfig {
+            handler_poll: Duration::ZERO,
+            rpc_timeout: Duration::from_secs(10),
+            ..LocalConfig::default()
+        });
+        let server = cluster.add_node(1);
+        let echo = server
+            .services()
+            .register(
+                "echo",
+                Arc::new(
+                    |_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
+                        Ok(r.to_vec())
+                    },
+                ),
+            )
+            .unwrap();
+        let node = server.id();
+        std::thread::scope(|s| {
+            for t in 0..3u8 {
+                let fabric = cluster.fabric();
+                let me = cluster.add_node(0).id();
+                s.spawn(move || {
+                    let ep = fabric.endpoint(me).unwrap();
+                    for i in 0..3_000u32 {
+                        let req = [t, i as u8, (i >> 8) as u8];
+                        let reply = block_on(ep.call(node, echo, req.to_vec()));
+                        assert_eq!(reply.unwrap(), req, "thread {t}, RPC {i}");
+                    }
+                });
+            }
+        });
     }
 }

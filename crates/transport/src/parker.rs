@@ -58,6 +58,12 @@ impl Parker {
     /// Parks until notified. Outside loom it also returns after a safety
     /// timeout (the caller re-checks its tasks either way).
     pub(crate) fn park(&self) {
+        self.park_at_most(std::time::Duration::from_millis(10));
+    }
+
+    /// [`Parker::park`], returning after `timeout` at the latest outside
+    /// loom (the executor parks until its earliest short sleep is due).
+    pub(crate) fn park_at_most(&self, timeout: std::time::Duration) {
         if self
             .state
             .compare_exchange(EMPTY, PARKED, Ordering::AcqRel, Ordering::Acquire)
@@ -70,7 +76,9 @@ impl Parker {
             thread::park();
         }
         #[cfg(not(loom))]
-        thread::park_timeout(std::time::Duration::from_millis(10));
+        thread::park_timeout(timeout);
+        #[cfg(loom)]
+        let _ = timeout;
         // Back to EMPTY unless a notify arrived (then keep NOTIFIED).
         let _ = self
             .state

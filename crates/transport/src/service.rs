@@ -7,7 +7,7 @@
 //! travels back in the reply and is charged to the caller's counters.
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteRegion, ServiceId};
-use crate::cputime::{CpuStopwatch, thread_cpu_ns};
+use crate::cputime::{CpuStopwatch, thread_clock_overhead_ns, thread_cpu_ns};
 use crate::error::{ErrorCode, ServiceError};
 use crate::wire::{WireReader, WireWriter};
 use parking_lot::RwLock;
@@ -196,21 +196,6 @@ pub struct ServiceTable {
 
 /// One reply in this many has its send timed in thread CPU time.
 const SEND_SAMPLE: u64 = 64;
-
-/// What two back-to-back [`thread_cpu_ns`] calls measure with nothing in
-/// between (the clock's own cost), subtracted from every sampled send.
-fn thread_clock_overhead_ns() -> u64 {
-    static OVERHEAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *OVERHEAD.get_or_init(|| {
-        (0..16)
-            .map(|_| {
-                let a = thread_cpu_ns();
-                thread_cpu_ns().saturating_sub(a)
-            })
-            .min()
-            .unwrap_or(0)
-    })
-}
 
 impl ServiceTable {
     pub fn new() -> Self {
