@@ -895,3 +895,47 @@ fn a_handler_waiting_in_a_nested_frame_is_charged_for_its_own_work_only() {
     assert_eq!(a, alone_a, "A was charged for B's work");
     assert_eq!(took, alone_took, "A's reply waited for B's work");
 }
+
+/// A simulation dropped while a background activity still holds a parked
+/// responder (as a ScaleStore node's frame table holds requests parked on a
+/// page when a run ends, the handlers' closures already gone) drops it
+/// without answering: its caller's future is dropped with the simulation.
+/// Before, the responder's drop reached `reply_ready` with no simulation
+/// current and panicked ("answered from outside the simulation's thread"),
+/// which failed the DST kill phase of ScaleStore on seed 0.
+#[test]
+fn a_responder_dropped_with_the_simulation_is_discarded() {
+    let sim = Simulation::new(config(21));
+    let (server, client) = one_server(&sim, 1);
+    let parked: Arc<parking_lot::Mutex<Vec<Responder>>> = Arc::default();
+    let served = Arc::new(AtomicU64::new(0));
+    let (p, s) = (parked.clone(), served.clone());
+    let svc = server
+        .services()
+        .register_deferred(
+            "park",
+            Arc::new(move |_: &RpcContext, _: &[u8], r: Responder| {
+                s.fetch_add(1, Ordering::Relaxed);
+                p.lock().push(r);
+            }),
+        )
+        .unwrap();
+    // Once the handler goes, only this background activity keeps the list.
+    let holder = parked;
+    let _keeper = spawn_background("holder", async move {
+        loop {
+            sleep(Duration::from_millis(1)).await;
+            let _still_parked = holder.lock().len();
+        }
+    });
+    let fabric = sim.fabric();
+    let id = server.id();
+    let _caller = dmkv_transport::exec::spawn_background_local("caller", move || async move {
+        let ep = fabric.endpoint(client).unwrap();
+        let _ = ep.call(id, svc, vec![]).await;
+        unreachable!("nothing answers a parked request");
+    });
+    block_on(sleep(Duration::from_micros(50)));
+    assert_eq!(served.load(Ordering::Relaxed), 1, "the request was parked");
+    drop(sim);
+}

@@ -67,6 +67,16 @@ thread_local! {
     /// memory, while `METER_LINE_NS` is [`COUNT_LOCAL`] (see
     /// [`CountLocal`]).
     static LOCAL_LINES: Cell<u64> = const { Cell::new(0) };
+    /// True while a [`Simulation`] drops its pending events and background
+    /// tasks (it is no longer current): state dropped then may still try to
+    /// answer an RPC (a handler's parked `Responder` answers on drop), and
+    /// such a reply has no caller left to reach (see `net::reply_ready`).
+    static TEARING_DOWN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is dropping a simulation's remaining state.
+pub(crate) fn tearing_down() -> bool {
+    TEARING_DOWN.with(|t| t.get())
 }
 
 /// `METER_LINE_NS` while a compute operation runs under
@@ -660,8 +670,11 @@ impl Drop for Simulation {
         if std::thread::current().id() == self.thread {
             // Background tasks and pending events go with the state.
             if let Ok(Some(sim)) = CURRENT.try_with(|c| c.borrow_mut().take()) {
-                // Pending events hold the state: break the cycle.
+                // Pending events hold the state: break the cycle. What they
+                // drop may answer RPCs whose callers are gone with them.
+                TEARING_DOWN.with(|t| t.set(true));
                 sim.sched.clear();
+                TEARING_DOWN.with(|t| t.set(false));
             }
         }
     }

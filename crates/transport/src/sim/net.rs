@@ -1517,6 +1517,13 @@ fn serve_rpc(
 /// A handler (now or later) produced the reply of call `id`.
 fn reply_ready(id: u64, reply: Reply) {
     let Some(sim) = current() else {
+        if super::tearing_down() {
+            // The simulation is ending and drops a handler's state that
+            // still held this call's responder (e.g. a ScaleStore request
+            // parked on a page when the run ended): every caller's future
+            // is dropped with it, so the reply has nobody to reach.
+            return;
+        }
         // A deferred reply from a thread outside the simulation: nothing can
         // carry it (engines must not run their own threads under sim).
         panic!("a sim RPC was answered from outside the simulation's thread");
