@@ -38,6 +38,7 @@ use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
 use dmkv_scalestore::SCALESTORE;
+use dmkv_scalestore::engine::served_nodes;
 use dmkv_scalestore::guard::ExclusiveGuard;
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::pid::Pid;
@@ -192,10 +193,7 @@ impl Deployment {
             Deployment::Local(d) => (&d.runtimes, &d.args),
             Deployment::Sim(d) => (&d.runtimes, &d.args),
         };
-        runtimes
-            .iter()
-            .filter_map(|rt| rt.attachment::<ScaleNode>(&args.name("node")))
-            .collect()
+        served_nodes(runtimes, args)
     }
 
     fn stats(&self) -> Result<serde_json::Value, String> {

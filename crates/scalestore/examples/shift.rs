@@ -29,6 +29,7 @@
 use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_scalestore::SCALESTORE;
+use dmkv_scalestore::engine::served_nodes;
 use dmkv_scalestore::guard::{ExclusiveGuard, SharedGuard};
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::pid::Pid;
@@ -131,11 +132,7 @@ fn run(a: &Args) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
-    let nodes: Vec<Arc<ScaleNode>> = d
-        .runtimes
-        .iter()
-        .filter_map(|rt| rt.attachment::<ScaleNode>(&d.args.name("node")))
-        .collect();
+    let nodes = served_nodes(&d.runtimes, &d.args);
     // Partition i: pages allocated on node i (alloc=local), so node i is
     // their directory and holds them when the run starts.
     let mut parts: Vec<Vec<Pid>> = Vec::new();

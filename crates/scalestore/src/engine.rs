@@ -394,11 +394,7 @@ impl EngineSpec for ScaleStoreSpec {
 
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
         let s = self.settings(&args.serve)?;
-        let mut nodes: Vec<Arc<ScaleNode>> = args
-            .hosted
-            .iter()
-            .filter_map(|rt| rt.attachment::<ScaleNode>(&args.serve.name("node")))
-            .collect();
+        let mut nodes = served_nodes(&args.hosted, &args.serve);
         if nodes.is_empty() {
             return Err(KvError::Config(format!(
                 "no scalestore node of {} is served in this process",
@@ -946,4 +942,14 @@ impl KvStore for Client {
         w.settle_acks().await?;
         r
     }
+}
+
+/// The ScaleStore nodes that `runtimes` serve for the engine instance
+/// `args` names (each runtime's `node` attachment), in runtime order: what
+/// `connect` attaches to, and what tests and examples inspect.
+pub fn served_nodes(runtimes: &[Arc<NodeRuntime>], args: &ServeArgs) -> Vec<Arc<ScaleNode>> {
+    runtimes
+        .iter()
+        .filter_map(|rt| rt.attachment::<ScaleNode>(&args.name("node")))
+        .collect()
 }

@@ -8,6 +8,7 @@ use dmkv_api::Knobs;
 use dmkv_api::deploy::DeployOptions;
 use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
 use dmkv_scalestore::SCALESTORE;
+use dmkv_scalestore::engine::served_nodes;
 use dmkv_scalestore::guard::{ExclusiveGuard, SharedGuard};
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::pid::Pid;
@@ -46,10 +47,7 @@ fn deploy(nodes: usize, fifo_ack: &str, seed: u64, jitter_ns: u64) -> SimDeploym
 }
 
 fn nodes_of(d: &SimDeployment) -> Vec<Arc<ScaleNode>> {
-    d.runtimes
-        .iter()
-        .filter_map(|rt| rt.attachment::<ScaleNode>(&d.args.name("node")))
-        .collect()
+    served_nodes(&d.runtimes, &d.args)
 }
 
 /// Word 0 of page `pid`, fixed exclusively by a worker of node 0.
@@ -225,11 +223,7 @@ fn fifo_shared_exclusive_mix_with_posted_acks_on_two_handler_threads() {
             },
         )
         .unwrap();
-        let nodes: Vec<Arc<ScaleNode>> = d
-            .runtimes
-            .iter()
-            .filter_map(|rt| rt.attachment::<ScaleNode>(&d.args.name("node")))
-            .collect();
+        let nodes = served_nodes(&d.runtimes, &d.args);
         let (made, total, before_ack) = shared_exclusive_mix(
             &nodes,
             || block_on(d.engine.stats(&d.endpoint(0))).unwrap(),

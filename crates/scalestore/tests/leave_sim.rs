@@ -10,6 +10,7 @@ use dmkv_api::deploy::DeployOptions;
 use dmkv_api::payload::{check_value, make_value};
 use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
 use dmkv_scalestore::SCALESTORE;
+use dmkv_scalestore::engine::served_nodes;
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks, yield_now};
 use dmkv_transport::sim::{Profile, SimConfig};
@@ -49,10 +50,7 @@ fn deploy(protocol: &str, leave: &str, seed: u64) -> SimDeployment {
 }
 
 fn nodes_of(d: &SimDeployment) -> Vec<Arc<ScaleNode>> {
-    d.runtimes
-        .iter()
-        .filter_map(|rt| rt.attachment::<ScaleNode>(&d.args.name("node")))
-        .collect()
+    served_nodes(&d.runtimes, &d.args)
 }
 
 fn key(t: usize, j: usize, i: u64) -> u64 {

@@ -9,6 +9,7 @@ use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::{check_value, make_value};
 use dmkv_scalestore::SCALESTORE;
+use dmkv_scalestore::engine::served_nodes;
 use dmkv_scalestore::guard::{ExclusiveGuard, OptimisticGuard, PageError, SharedGuard};
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::pid::Pid;
@@ -83,10 +84,7 @@ fn arm_watchdog() {
 }
 
 fn nodes_of(d: &LocalDeployment) -> Vec<Arc<ScaleNode>> {
-    d.runtimes
-        .iter()
-        .filter_map(|rt| rt.attachment::<ScaleNode>(&d.args.name("node")))
-        .collect()
+    served_nodes(&d.runtimes, &d.args)
 }
 
 /// With `SCALESTORE_WATCH=SECS` set, prints the engine's figures and every
