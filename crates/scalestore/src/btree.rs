@@ -420,6 +420,44 @@ impl<'a, P: Pager> BTree<'a, P> {
         }
     }
 
+    /// The page id of the leaf covering `key`, for a writer: an optimistic
+    /// descent through the inner nodes that stops at the last inner node
+    /// (level 1) and reads the leaf's id there without fixing the leaf, so
+    /// that the writer's exclusive fix is the leaf's only fix (one
+    /// directory request for a leaf held elsewhere, not a shared fetch
+    /// followed by an upgrade; the artifact's insert does the same with
+    /// the tree height it keeps in its entry page). Only a root that is a
+    /// leaf (a tree of one node) is fixed optimistically first. The caller
+    /// validates the leaf it latches by level and fences (invariant 1).
+    async fn leaf_pid_for_write(&self, key: Key) -> PageResult<Pid> {
+        let cat = OptimisticGuard::fix(self.pager, self.pager.catalog()).await?;
+        let magic = cat.page().word(0)?;
+        let root = Pid(cat.page().word(1)?);
+        cat.check()?;
+        if magic != CATALOG_MAGIC {
+            return Err(corrupt(format!("catalog page has word 0 = {magic:#x}")));
+        }
+        let mut node = OptimisticGuard::fix(self.pager, root).await?;
+        cat.check()?;
+        drop(cat);
+        loop {
+            let m = Meta::decode(node.page().word(0)?);
+            node.check()?;
+            let m = m.ok_or_else(|| corrupt(format!("page {} is not a tree node", node.pid())))?;
+            if m.level == 0 {
+                return Ok(node.pid());
+            }
+            let child = inner_child(&node.page(), &m, key)?;
+            node.check()?;
+            if m.level == 1 {
+                return Ok(child);
+            }
+            let next = OptimisticGuard::fix(self.pager, child).await?;
+            node.check()?;
+            node = next;
+        }
+    }
+
     /// The value of `key`.
     pub async fn lookup(&self, key: Key) -> Result<Option<Vec<u8>>, KvError> {
         self.retry(|tries| async move {
@@ -526,15 +564,13 @@ impl<'a, P: Pager> BTree<'a, P> {
         key: Key,
         value: &[u8],
     ) -> PageResult<Attempt<bool>> {
-        let pid = {
-            let leaf = self.find_leaf(key).await?;
-            leaf.pid()
-        };
+        let pid = self.leaf_pid_for_write(key).await?;
         let x = ExclusiveGuard::fix(self.pager, pid).await?;
         let p = x.page();
         let Some(mut leaf) = Leaf::load(&p) else {
-            // Only a page that stopped being a leaf can fail here; but pages
-            // never change level, so the tree is corrupt.
+            // The id came from a validated level-1 node (or a root seen
+            // as a leaf), and pages never change level, so the tree is
+            // corrupt.
             return Err(corrupt(format!("page {pid} is no longer a leaf")));
         };
         if !buf_fences(&leaf.buf).contains(key) {
