@@ -825,6 +825,7 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "eviction_batches": sum(&|n| ld(&n.stats.evict_batches)),
         "dirty_pages_pulled": sum(&|n| ld(&n.stats.pulled)),
         "restarts": sum(&|n| ld(&n.stats.restarts)),
+        "latch_waits": sum(&|n| ld(&n.stats.latch_waits)),
         "client_ops": shared.ops.load(Ordering::Relaxed),
         "clients_proxied": shared.proxied.load(Ordering::Relaxed),
         "membership_events": shared.log.lock().clone(),

@@ -337,6 +337,13 @@ impl Frame {
             parked,
             ..l
         });
+        if l.waiting && !waiting {
+            // Workers wait for `waiting` to clear on the latch's waiter
+            // list (`Worker::latch_cold`, `Worker::fix`): the serving of a
+            // parked move need not let go of the latch (a stale move is
+            // served without it, invariant 4), so wake them here too.
+            self.latch.wake_waiters();
+        }
     }
 
     /// Records an access in the current global epoch (§4.1): a plain check

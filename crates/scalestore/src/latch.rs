@@ -24,9 +24,14 @@
 //! taken or the version changed.
 
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicU64, Ordering, fence};
+use loom::sync::Mutex;
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::Mutex;
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
+use std::task::{Poll, Waker};
 
 const SHARED_BITS: u32 = 16;
 /// Mask of the shared-holder count.
@@ -40,6 +45,9 @@ const _: () = assert!(SHARED_MASK & EXCLUSIVE == 0);
 const _: () = assert!(EXCLUSIVE << 1 == 1 << VERSION_SHIFT);
 const _: () = assert!(VERSION_SHIFT == 17 && SHARED_MASK == 0xFFFF);
 
+/// Attempts of [`HybridLatch::wait_until`] before it registers.
+const WAIT_SPINS: u32 = 16;
+
 /// A version observed by an optimistic reader.
 pub type Version = u64;
 
@@ -47,6 +55,26 @@ pub type Version = u64;
 #[derive(Debug)]
 pub struct HybridLatch {
     word: AtomicU64,
+    /// Tasks waiting for the latch (or for a flag of its frame) to change;
+    /// see [`HybridLatch::wait_until`].
+    waiters: WaitList,
+}
+
+/// The tasks waiting on one latch. `count` mirrors `list.len()` so that a
+/// releaser with nobody waiting pays one load, not a mutex.
+///
+/// No lost wake-up (docs/scalestore.md, invariant 14): a waiter pushes its
+/// waker and bumps `count` (SeqCst, under the mutex), issues a SeqCst
+/// fence and then evaluates its condition again; a releaser changes the
+/// latch word (or the frame flag), issues a SeqCst fence and then reads
+/// `count`. Of two such sequences at least one sees the other's write:
+/// either the waiter's re-check sees the release, or the releaser sees the
+/// waiter and wakes it (loom test `latch_waiters_are_never_missed`, unit
+/// test `a_release_between_check_and_registration_is_not_lost`).
+#[derive(Debug, Default)]
+struct WaitList {
+    count: AtomicUsize,
+    list: Mutex<Vec<Waker>>,
 }
 
 impl Default for HybridLatch {
@@ -59,6 +87,90 @@ impl HybridLatch {
     pub fn new() -> HybridLatch {
         HybridLatch {
             word: AtomicU64::new(0),
+            waiters: WaitList::default(),
+        }
+    }
+
+    /// Wakes every task waiting in [`HybridLatch::wait_until`]. Called by
+    /// every operation that lets go of the latch (so that waiters need no
+    /// polling) and by whoever clears a frame flag a waiter's condition
+    /// reads (`Frame::set_flags`). The fence pairs with the one in
+    /// [`HybridLatch::register`].
+    pub fn wake_waiters(&self) {
+        fence(Ordering::SeqCst);
+        if self.waiters.count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let woken = {
+            let mut l = self.waiters.list.lock().unwrap();
+            self.waiters.count.store(0, Ordering::SeqCst);
+            std::mem::take(&mut *l)
+        };
+        for w in woken {
+            w.wake();
+        }
+    }
+
+    /// Adds `w` to the waiters (then the caller fences and re-checks).
+    fn register(&self, w: &Waker) {
+        let mut l = self.waiters.list.lock().unwrap();
+        if !l.iter().any(|x| x.will_wake(w)) {
+            l.push(w.clone());
+        }
+        self.waiters.count.store(l.len(), Ordering::SeqCst);
+        drop(l);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Tasks registered right now (for tests).
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.count.load(Ordering::SeqCst)
+    }
+
+    /// Waits (as a task) until `cond` holds, without polling: `cond` is
+    /// evaluated, and if it fails the task registers on the latch, evaluates
+    /// it once more (the re-check that makes a release between the first
+    /// evaluation and the registration visible, see [`WaitList`]) and
+    /// sleeps until a release or a flag change wakes it. `cond` may take the
+    /// latch (`|| l.try_exclusive()`); it is not called again once it
+    /// returned true. `cond` must only become true through an operation that
+    /// calls [`HybridLatch::wake_waiters`] afterwards.
+    pub async fn wait_until(&self, mut cond: impl FnMut() -> bool) {
+        // Brief spin first: a latch held for a few instructions (a
+        // handler's page copy on another thread) is let go before a
+        // registration would pay off. Not on the simulated cluster, where
+        // nothing else runs while a task spins (it would only be charged
+        // the latch's lines again).
+        #[cfg(not(loom))]
+        let spins = if dmkv_transport::sim::active() {
+            0
+        } else {
+            WAIT_SPINS
+        };
+        #[cfg(loom)]
+        let spins = 0;
+        for _ in 0..spins {
+            if cond() {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        std::future::poll_fn(|cx| self.poll_wait(cx.waker(), &mut cond)).await
+    }
+
+    /// One poll of [`HybridLatch::wait_until`] after its spins: check,
+    /// register, fence, check again.
+    fn poll_wait(&self, w: &Waker, cond: &mut impl FnMut() -> bool) -> Poll<()> {
+        if cond() {
+            return Poll::Ready(());
+        }
+        self.register(w);
+        // The re-check (invariant 14): a release that came after the check
+        // above but before the registration found nobody to wake.
+        if cond() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
     }
 
@@ -176,6 +288,7 @@ impl HybridLatch {
             (Self::version_of(w) + 1) << VERSION_SHIFT,
             Ordering::Release,
         );
+        self.wake_waiters();
     }
 
     /// Leaves exclusive mode keeping a shared hold (the version still moves,
@@ -191,6 +304,7 @@ impl HybridLatch {
             ((Self::version_of(w) + 1) << VERSION_SHIFT) | 1,
             Ordering::Release,
         );
+        self.wake_waiters();
     }
 
     /// Leaves exclusive mode and returns the version an optimistic reader
@@ -201,6 +315,7 @@ impl HybridLatch {
         debug_assert!(w & EXCLUSIVE != 0);
         let v = Self::version_of(w) + 1;
         self.word.store(v << VERSION_SHIFT, Ordering::Release);
+        self.wake_waiters();
         v
     }
 
@@ -208,6 +323,10 @@ impl HybridLatch {
         Self::touched();
         let prev = self.word.fetch_sub(1, Ordering::Release);
         debug_assert!(prev & SHARED_MASK != 0, "unlock of a latch not held shared");
+        if prev & SHARED_MASK == 1 {
+            // The last shared holder left: an exclusive waiter may go.
+            self.wake_waiters();
+        }
     }
 
     /// Whether anyone holds the latch exclusively right now (a hint).
@@ -255,6 +374,81 @@ mod tests {
         l.unlock_shared();
         l.unlock_shared();
         assert!(!l.is_latched());
+    }
+
+    /// A waker that records whether it was woken.
+    fn flag_waker() -> (Waker, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        struct Flag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl std::task::Wake for Flag {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let b = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (Waker::from(std::sync::Arc::new(Flag(b.clone()))), b)
+    }
+
+    /// Invariant 14: the holder lets go right after the waiter's first
+    /// check failed and before it registered (the release finds nobody to
+    /// wake). Only the re-check after the registration sees it; without it
+    /// the waiter would sleep with nobody left to wake it.
+    #[test]
+    fn a_release_between_check_and_registration_is_not_lost() {
+        let l = HybridLatch::new();
+        assert!(l.try_exclusive());
+        let (w, woken) = flag_waker();
+        let mut calls = 0;
+        let r = l.poll_wait(&w, &mut || {
+            calls += 1;
+            if calls == 1 {
+                // The release lands between the check and the registration.
+                l.unlock_exclusive();
+                false
+            } else {
+                l.try_exclusive()
+            }
+        });
+        assert!(
+            r.is_ready() || woken.load(Ordering::SeqCst),
+            "the waiter missed the release and nobody will wake it"
+        );
+        assert!(r.is_ready() && calls == 2 && l.is_exclusive());
+    }
+
+    /// Every kind of release wakes registered waiters; a release with
+    /// nobody registered wakes nobody; a shared release wakes only when
+    /// the last shared holder leaves.
+    #[test]
+    fn releases_wake_registered_waiters() {
+        let l = HybridLatch::new();
+        assert!(l.try_exclusive());
+        let (w, woken) = flag_waker();
+        assert!(l.poll_wait(&w, &mut || l.try_shared()).is_pending());
+        assert_eq!(l.waiter_count(), 1);
+        // Registering the same task twice keeps one entry.
+        assert!(l.poll_wait(&w, &mut || l.try_shared()).is_pending());
+        assert_eq!(l.waiter_count(), 1);
+        assert!(!woken.load(Ordering::SeqCst));
+        l.downgrade_exclusive_to_shared();
+        assert!(woken.load(Ordering::SeqCst), "downgrade woke nobody");
+        assert_eq!(l.waiter_count(), 0);
+        assert!(l.try_shared());
+        let (w2, woken2) = flag_waker();
+        assert!(l.poll_wait(&w2, &mut || l.try_exclusive()).is_pending());
+        l.unlock_shared();
+        assert!(!woken2.load(Ordering::SeqCst), "a shared holder is left");
+        l.unlock_shared();
+        assert!(woken2.load(Ordering::SeqCst), "last shared release woke nobody");
+        assert!(l.try_exclusive());
+        let (w3, woken3) = flag_waker();
+        assert!(l.poll_wait(&w3, &mut || l.optimistic().is_some()).is_pending());
+        let _ = l.downgrade_exclusive_to_optimistic();
+        assert!(woken3.load(Ordering::SeqCst));
+        assert!(l.try_exclusive());
+        let (w4, woken4) = flag_waker();
+        assert!(l.poll_wait(&w4, &mut || !l.is_latched()).is_pending());
+        l.unlock_exclusive();
+        assert!(woken4.load(Ordering::SeqCst));
     }
 
     #[test]
@@ -368,6 +562,36 @@ mod loom_tests {
             assert!(
                 handler_saw_free || worker_saw_parked,
                 "both missed each other: the parked request is never kicked"
+            );
+        });
+    }
+
+    /// Invariant 14 under every interleaving: a task waits for the latch
+    /// (`poll_wait`: check, register, fence, check again) while its holder
+    /// lets go (`unlock_exclusive`: store, fence, wake the registered).
+    /// The waiter either gets the latch in its poll or is woken.
+    #[test]
+    fn latch_waiters_are_never_missed() {
+        loom::model(|| {
+            struct Flag(Data);
+            impl std::task::Wake for Flag {
+                fn wake(self: std::sync::Arc<Self>) {
+                    self.0.store(1, Ordering::SeqCst);
+                }
+            }
+            let l = Arc::new(HybridLatch::new());
+            assert!(l.try_exclusive());
+            let holder = {
+                let l = l.clone();
+                loom::thread::spawn(move || l.unlock_exclusive())
+            };
+            let flag = std::sync::Arc::new(Flag(Data::new(0)));
+            let w = std::task::Waker::from(flag.clone());
+            let got = l.poll_wait(&w, &mut || l.try_exclusive()).is_ready();
+            holder.join().unwrap();
+            assert!(
+                got || flag.0.load(Ordering::SeqCst) == 1,
+                "the waiter neither took the latch nor was woken"
             );
         });
     }

@@ -6,7 +6,7 @@
 
 use crate::btree::{self, BTree, MAX_VALUE_LEN, WriteKind};
 use crate::guard::{Fixed, Mode, PageError, PageResult, Pager};
-use crate::latch::{HybridLatch, acquire_with};
+use crate::latch::HybridLatch;
 use crate::page::{PAGE_SIZE, PageRef};
 use crate::pid::Pid;
 use async_trait::async_trait;
@@ -116,7 +116,7 @@ impl Pager for LocalPager {
         let mut version = 0;
         match mode {
             Mode::Optimistic => {
-                acquire_with(|| match latch.optimistic() {
+                latch.wait_until(|| match latch.optimistic() {
                     Some(v) => {
                         version = v;
                         true
@@ -125,8 +125,8 @@ impl Pager for LocalPager {
                 })
                 .await
             }
-            Mode::Shared => acquire_with(|| latch.try_shared()).await,
-            Mode::Exclusive => acquire_with(|| latch.try_exclusive()).await,
+            Mode::Shared => latch.wait_until(|| latch.try_shared()).await,
+            Mode::Exclusive => latch.wait_until(|| latch.try_exclusive()).await,
         }
         Ok(Fixed {
             pid,

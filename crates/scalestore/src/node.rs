@@ -152,6 +152,9 @@ pub struct Counters {
     pub evict_declined: AtomicU64,
     pub evict_batches: AtomicU64,
     pub restarts: AtomicU64,
+    /// Fixes that waited on a frame's latch waiter list (the page here but
+    /// latched against them, or a parked remote move going first).
+    pub latch_waits: AtomicU64,
     pub pulled: AtomicU64,
     pub ops: AtomicU64,
 }

@@ -9,7 +9,7 @@
 use crate::directory::{Decision, OwnRequest};
 use crate::frames::{Awaiting, NONE, Possession};
 use crate::guard::{Fixed, Mode, PageError, PageResult, Pager};
-use crate::latch::{Backoff, HybridLatch, acquire_with};
+use crate::latch::{Backoff, HybridLatch};
 use crate::msg::{Grant, Reply, Request, Source, Want};
 use crate::node::{Counters, Protocol, ScaleNode, members_of};
 use crate::page::{PAGE_SIZE, PageRef};
@@ -600,7 +600,11 @@ impl Worker {
     /// remote request is parked on it (under chaining it goes first).
     async fn latch_cold(&self, fi: u32) {
         let f = self.node.frames.frame(fi);
-        acquire_with(|| !f.local().waiting && f.latch.try_exclusive()).await;
+        // Woken by the latch's release or by `waiting` clearing (no
+        // polling; invariant 14).
+        f.latch
+            .wait_until(|| !f.local().waiting && f.latch.try_exclusive())
+            .await;
     }
 
     /// The slow path: latch the frame exclusively and run the protocol.
@@ -765,19 +769,29 @@ impl Pager for Worker {
         if !self.acks.borrow().is_empty() {
             self.reap_acks().await?;
         }
-        let mut b = Backoff::default();
         loop {
             if let Some(f) = self.hot(pid, mode) {
                 Counters::add(&self.node.stats.hot, 1);
                 return Ok(f);
             }
-            // Here in a sufficient mode but latched by someone else, or a
-            // remote request goes first: wait on the hot path.
+            // Here in a sufficient mode but latched against us, or a
+            // remote request goes first: wait for the latch's release or
+            // the flag's clearing on the latch's waiter list (invariant
+            // 14), then try the hot path again.
             if let Some(fi) = self.node.frames.find(pid) {
                 let f = self.node.frames.frame(fi);
-                let l = f.local();
-                if (l.mode >= need_of(mode) && f.latch.is_latched()) || l.waiting {
-                    b.pause().await;
+                let blocked = || {
+                    let l = f.local();
+                    let latched = if mode == Mode::Exclusive {
+                        f.latch.is_latched()
+                    } else {
+                        f.latch.is_exclusive()
+                    };
+                    (l.mode >= need_of(mode) && latched) || l.waiting
+                };
+                if blocked() {
+                    Counters::add(&self.node.stats.latch_waits, 1);
+                    f.latch.wait_until(|| !blocked()).await;
                     continue;
                 }
             }
@@ -795,7 +809,7 @@ impl Pager for Worker {
             .find_or_insert(pid)
             .map_err(|_| fatal(KvError::Exhausted("the frame table is full".into())))?;
         let f = node.frames.frame(fi);
-        acquire_with(|| f.latch.try_exclusive()).await;
+        f.latch.wait_until(|| f.latch.try_exclusive()).await;
         let slot = match self.slot().await {
             Ok(s) => s,
             Err(e) => {
