@@ -28,6 +28,11 @@
 //!    across nodes.
 //! 4. Every value read optimistically is validated before it is used to
 //!    fix another page or returned.
+//! 5. A write fixes its leaf once, exclusively: the optimistic descent
+//!    stops at the last inner node (level 1) and takes the leaf's id from
+//!    it, so a leaf held elsewhere costs one ownership request, not a
+//!    shared fetch and then an upgrade (`leaf_pid_for_write`). The leaf is
+//!    validated under the exclusive latch by level and fences (1.).
 //!
 //! Nodes are never merged (deletes leave pages partly empty, as in the
 //! paper's and LeanStore's trees). Scans read one leaf at a time and

@@ -63,7 +63,7 @@ pub struct HybridLatch {
 /// The tasks waiting on one latch. `count` mirrors `list.len()` so that a
 /// releaser with nobody waiting pays one load, not a mutex.
 ///
-/// No lost wake-up (docs/scalestore.md, invariant 14): a waiter pushes its
+/// No lost wake-up (docs/scalestore.md, invariant 15): a waiter pushes its
 /// waker and bumps `count` (SeqCst, under the mutex), issues a SeqCst
 /// fence and then evaluates its condition again; a releaser changes the
 /// latch word (or the frame flag), issues a SeqCst fence and then reads
@@ -165,7 +165,7 @@ impl HybridLatch {
             return Poll::Ready(());
         }
         self.register(w);
-        // The re-check (invariant 14): a release that came after the check
+        // The re-check (invariant 15): a release that came after the check
         // above but before the registration found nobody to wake.
         if cond() {
             Poll::Ready(())

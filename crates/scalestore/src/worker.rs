@@ -601,7 +601,7 @@ impl Worker {
     async fn latch_cold(&self, fi: u32) {
         let f = self.node.frames.frame(fi);
         // Woken by the latch's release or by `waiting` clearing (no
-        // polling; invariant 14).
+        // polling; invariant 15).
         f.latch
             .wait_until(|| !f.local().waiting && f.latch.try_exclusive())
             .await;

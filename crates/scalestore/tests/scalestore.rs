@@ -904,3 +904,38 @@ fn slot_wait_out_of_range_is_refused() {
             .unwrap_or_else(|e| panic!("slot_wait_ms={good}: {e}"));
     }
 }
+
+/// An update fixes its leaf exclusively once (§3.3: one directory request
+/// that also invalidates the other copies): from a node that holds the
+/// tree's catalog and root but not the leaf, the update sends exactly one
+/// ownership request. Before, the optimistic descent fetched the leaf in
+/// shared mode and the write then upgraded it: two requests.
+#[test]
+fn an_update_of_a_remote_leaf_asks_its_directory_once() {
+    use dmkv_scalestore::msg::Kind;
+    let d = deploy(opts(2, 2, &[("alloc", "local")]));
+    let nodes = nodes_of(&d);
+    let n1 = nodes.iter().find(|n| n.index == 1).unwrap().clone();
+    let (_, kv0) = d.client(0).unwrap();
+    let (_, kv1) = d.client(1).unwrap();
+    let requests = || n1.stats.sent[Kind::Request as usize].load(Ordering::Relaxed);
+    block_on(async {
+        // Thread 0 runs on node 0, which allocates (and directs) every
+        // page: about 70 leaves under one inner root.
+        for k in 0..2000u64 {
+            assert!(kv0.insert(k, &[7u8; 100]).await.unwrap());
+        }
+        // Node 1 fetches the catalog, the root and key 0's leaf.
+        assert_eq!(kv1.get(0).await.unwrap(), Some(vec![7u8; 100]));
+        let warm = requests();
+        assert!(warm >= 3, "node 1 fetched the path to key 0: {warm}");
+        assert!(kv1.update(1999, &[9u8; 100]).await.unwrap());
+        let sent = requests() - warm;
+        assert_eq!(
+            sent, 1,
+            "an update of a leaf node 1 does not hold sent {sent} ownership requests"
+        );
+        assert_eq!(kv0.get(1999).await.unwrap(), Some(vec![9u8; 100]));
+        assert_eq!(kv1.get(1998).await.unwrap(), Some(vec![7u8; 100]));
+    });
+}
