@@ -71,10 +71,26 @@ pub struct HybridLatch {
 /// either the waiter's re-check sees the release, or the releaser sees the
 /// waiter and wakes it (loom test `latch_waiters_are_never_missed`, unit
 /// test `a_release_between_check_and_registration_is_not_lost`).
-#[derive(Debug, Default)]
 struct WaitList {
     count: AtomicUsize,
     list: Mutex<Vec<Waker>>,
+}
+
+impl WaitList {
+    fn new() -> WaitList {
+        WaitList {
+            count: AtomicUsize::new(0),
+            list: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl std::fmt::Debug for WaitList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitList")
+            .field("count", &self.count.load(Ordering::Relaxed))
+            .finish()
+    }
 }
 
 impl Default for HybridLatch {
@@ -87,7 +103,7 @@ impl HybridLatch {
     pub fn new() -> HybridLatch {
         HybridLatch {
             word: AtomicU64::new(0),
-            waiters: WaitList::default(),
+            waiters: WaitList::new(),
         }
     }
 
@@ -438,10 +454,16 @@ mod tests {
         l.unlock_shared();
         assert!(!woken2.load(Ordering::SeqCst), "a shared holder is left");
         l.unlock_shared();
-        assert!(woken2.load(Ordering::SeqCst), "last shared release woke nobody");
+        assert!(
+            woken2.load(Ordering::SeqCst),
+            "last shared release woke nobody"
+        );
         assert!(l.try_exclusive());
         let (w3, woken3) = flag_waker();
-        assert!(l.poll_wait(&w3, &mut || l.optimistic().is_some()).is_pending());
+        assert!(
+            l.poll_wait(&w3, &mut || l.optimistic().is_some())
+                .is_pending()
+        );
         let _ = l.downgrade_exclusive_to_optimistic();
         assert!(woken3.load(Ordering::SeqCst));
         assert!(l.try_exclusive());

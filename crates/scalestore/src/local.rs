@@ -116,14 +116,15 @@ impl Pager for LocalPager {
         let mut version = 0;
         match mode {
             Mode::Optimistic => {
-                latch.wait_until(|| match latch.optimistic() {
-                    Some(v) => {
-                        version = v;
-                        true
-                    }
-                    None => false,
-                })
-                .await
+                latch
+                    .wait_until(|| match latch.optimistic() {
+                        Some(v) => {
+                            version = v;
+                            true
+                        }
+                        None => false,
+                    })
+                    .await
             }
             Mode::Shared => latch.wait_until(|| latch.try_shared()).await,
             Mode::Exclusive => latch.wait_until(|| latch.try_exclusive()).await,
