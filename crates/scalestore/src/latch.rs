@@ -12,9 +12,11 @@
 //!
 //! Every operation is a non-blocking *try*: compute threads run several
 //! tasks, and a task that waited on a latch held by a sibling task of the
-//! same thread would deadlock it. Callers that must wait retry after
-//! yielding (see `guard`); message handlers retry a bounded number of times
-//! and then answer "busy".
+//! same thread would deadlock it. Tasks that must wait register on the
+//! latch's waiter list and are woken by the release
+//! ([`HybridLatch::wait_until`], invariant 15 of docs/scalestore.md);
+//! message handlers retry a bounded number of times and then park the
+//! request for the re-poll thread.
 //!
 //! Optimistic readers follow the seqlock pattern: read the version, read the
 //! data (atomic word loads), then [`HybridLatch::validate`], which issues an
@@ -675,17 +677,8 @@ mod loom_tests {
     }
 }
 
-/// Waits (as a task) until `try_once` succeeds: spins briefly, then lets the
-/// thread's other tasks and other threads run between attempts, and after a
-/// while sleeps between attempts (see [`Backoff`]).
-pub async fn acquire_with(mut try_once: impl FnMut() -> bool) {
-    let mut b = Backoff::default();
-    while !try_once() {
-        b.pause().await;
-    }
-}
-
-/// Escalating waits for a task that cannot proceed yet: a few spins, then
+/// Escalating waits for a task that cannot proceed yet and has no event to
+/// wait for (latch waits use [`HybridLatch::wait_until`]): a few spins, then
 /// yields to the thread's other tasks (and other threads), then short
 /// sleeps, so that a thread whose every task waits parks instead of burning
 /// a core the message handlers and page providers need.
