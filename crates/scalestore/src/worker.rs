@@ -780,7 +780,13 @@ impl Pager for Worker {
             // 14), then try the hot path again.
             if let Some(fi) = self.node.frames.find(pid) {
                 let f = self.node.frames.frame(fi);
+                // Not blocked once the frame no longer holds `pid` (it
+                // was removed, and may be reused for another page, while
+                // we waited): the loop then looks the page up again.
                 let blocked = || {
+                    if f.pid() != pid {
+                        return false;
+                    }
                     let l = f.local();
                     let latched = if mode == Mode::Exclusive {
                         f.latch.is_latched()
