@@ -48,6 +48,7 @@ const _: () = assert!(EXCLUSIVE << 1 == 1 << VERSION_SHIFT);
 const _: () = assert!(VERSION_SHIFT == 17 && SHARED_MASK == 0xFFFF);
 
 /// Attempts of [`HybridLatch::wait_until`] before it registers.
+#[cfg(not(loom))]
 const WAIT_SPINS: u32 = 16;
 
 /// A version observed by an optimistic reader.
