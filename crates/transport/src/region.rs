@@ -206,7 +206,12 @@ impl RegionMem {
     /// in increasing address order.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RegionAccessError> {
         self.check(offset, out.len() as u64)?;
-        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, out.len() as u64);
+        crate::sim::touch(
+            self.sim_tag,
+            self.words.as_ptr() as u64,
+            offset,
+            out.len() as u64,
+        );
         let words = self.words();
         let mut pos = offset as usize;
         let mut out = out;
@@ -278,7 +283,12 @@ impl RegionMem {
     /// Stores `data` at `offset`, storing words in increasing address order.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {
         self.check(offset, data.len() as u64)?;
-        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, data.len() as u64);
+        crate::sim::touch(
+            self.sim_tag,
+            self.words.as_ptr() as u64,
+            offset,
+            data.len() as u64,
+        );
         let words = self.words();
         let mut pos = offset as usize;
         let mut data = data;

@@ -166,7 +166,11 @@ fn one_line_touched_a_hundred_times_is_charged_once() {
     block_on(ep.charged(async {
         mem.load_u64(128).unwrap();
     }));
-    assert_eq!(client_busy(&sim, id), 2 * line_ns, "reset between operations");
+    assert_eq!(
+        client_busy(&sim, id),
+        2 * line_ns,
+        "reset between operations"
+    );
 }
 
 #[test]

@@ -220,7 +220,11 @@ mod tests {
         assert_eq!(s.distinct(), 10);
         let mut t = LineSet::new();
         t.insert_lines(3, 3);
-        assert_eq!(t.distinct(), 1, "a second set shares nothing with the first");
+        assert_eq!(
+            t.distinct(),
+            1,
+            "a second set shares nothing with the first"
+        );
     }
 
     #[test]
