@@ -29,11 +29,26 @@ pub fn thread_cpu_ns() -> u64 {
 /// operation run by [`crate::Endpoint::charged`] on `sim` they are charged
 /// to the thread's core with the region lines it touched; anywhere else
 /// (other backends, memory-node code, code outside `charged`) nothing
-/// happens. Count one line per access of a word, as a region access of one
-/// word counts one (docs/simulation.md, "The hardware model").
+/// happens. These notes carry no address, so they are charged as given,
+/// not deduplicated: prefer [`touch_local_at`], which counts an object
+/// once per operation however often it is touched, as the region lines are
+/// (docs/simulation.md, "Distinct lines per operation").
 #[inline]
 pub fn touch_local_lines(lines: u64) {
     crate::sim::touch_local(lines)
+}
+
+/// Code on a compute thread touched `obj` (a latch word, a bucket, a
+/// frame's bookkeeping word) in its own node's memory outside any
+/// [`crate::RegionMem`]: inside an operation run by
+/// [`crate::Endpoint::charged`] on `sim` it is one line of that operation,
+/// counted once however many times the operation touches it (a later touch
+/// hits L1); anywhere else nothing happens. Two different objects count as
+/// two lines even if they share a cache line (whether they do depends on
+/// where the allocator put them, which must not change a simulated run).
+#[inline]
+pub fn touch_local_at<T: ?Sized>(obj: &T) {
+    crate::sim::touch_local_object((obj as *const T).cast::<u8>() as u64)
 }
 
 /// Measures a short stretch of a handler thread's work (one RPC and its

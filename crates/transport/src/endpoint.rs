@@ -107,9 +107,12 @@ impl Endpoint {
     /// Runs `op`, an operation that works in this compute node's own
     /// memory (ScaleStore's and `btree-local`'s B-tree walks over cached
     /// pages), and charges that work to this thread's core: on `sim`, every
-    /// cache line of region memory `op` reads or writes on this thread, and
-    /// every line it reports with [`crate::touch_local_lines`] (latch
-    /// words, a translation table), costs the profile's `line_ns`, charged
+    /// DISTINCT cache line of region memory `op` reads or writes on this
+    /// thread (a line touched again in the same operation is free: it hits
+    /// L1), every distinct object it reports with [`crate::touch_local_at`],
+    /// and every line it reports with [`crate::touch_local_lines`] (latch
+    /// words, a translation table; counted as given), costs the profile's
+    /// `line_ns`, charged
     /// when `op` ends (the task waits until its core has done it, behind
     /// whatever else the core has queued); the per-operation CPU of
     /// [`Self::begin_op`] stays as it is. On `local` and `ucx` the real CPU

@@ -59,7 +59,7 @@ pub use backend::{
     EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
 };
 pub use counters::{CounterTable, Counters, OpKind, labeled};
-pub use cputime::{BusyClock, thread_cpu_ns, touch_local_lines};
+pub use cputime::{BusyClock, thread_cpu_ns, touch_local_at, touch_local_lines};
 pub use endpoint::{Batch, BatchResult, BatchRun, Endpoint, OneVerb, ReadBuf};
 pub use error::{ErrorCode, Result, ServiceError, TransportError};
 pub use region::RegionMem;

@@ -180,7 +180,7 @@ impl RegionMem {
 
     /// The 8-byte word at `offset`, which must be aligned.
     pub fn word(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
-        crate::sim::touch(self.sim_tag, offset, 8);
+        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, 8);
         if !offset.is_multiple_of(8) {
             return Err(RegionAccessError::Misaligned { offset });
         }
@@ -197,7 +197,7 @@ impl RegionMem {
             return Err(RegionAccessError::Misaligned { offset });
         }
         self.check(offset, len as u64)?;
-        crate::sim::touch(self.sim_tag, offset, len as u64);
+        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len as u64);
         let first = (offset / 8) as usize;
         Ok(&self.words()[first..first + len / 8])
     }
@@ -206,7 +206,12 @@ impl RegionMem {
     /// in increasing address order.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RegionAccessError> {
         self.check(offset, out.len() as u64)?;
-        crate::sim::touch(self.sim_tag, offset, out.len() as u64);
+        crate::sim::touch(
+            self.sim_tag,
+            self.words.as_ptr() as u64,
+            offset,
+            out.len() as u64,
+        );
         let words = self.words();
         let mut pos = offset as usize;
         let mut out = out;
@@ -259,7 +264,7 @@ impl RegionMem {
             out.resize(len, 0);
             return self.read(offset, out);
         }
-        crate::sim::touch(self.sim_tag, offset, len as u64);
+        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len as u64);
         let first = (offset / 8) as usize;
         let src = &self.words()[first..first + len / 8];
         // No zero-filling first: the words are stored straight into the
@@ -278,7 +283,12 @@ impl RegionMem {
     /// Stores `data` at `offset`, storing words in increasing address order.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {
         self.check(offset, data.len() as u64)?;
-        crate::sim::touch(self.sim_tag, offset, data.len() as u64);
+        crate::sim::touch(
+            self.sim_tag,
+            self.words.as_ptr() as u64,
+            offset,
+            data.len() as u64,
+        );
         let words = self.words();
         let mut pos = offset as usize;
         let mut data = data;

@@ -4,13 +4,15 @@
 //! touches costs the profile's `line_ns` on the thread's core, flat (no
 //! cache model, no DRAM miss), charged when the operation ends; lines
 //! touched outside a charged operation, or by another task while it waits,
-//! are not its own; on `local` nothing is charged.
+//! are not its own; on `local` nothing is charged. An operation is charged
+//! its DISTINCT lines: touching a line again in the same operation (even
+//! after an await) costs nothing more ("Distinct lines per operation").
 
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep};
 use dmkv_transport::local::{LocalCluster, LocalConfig};
 use dmkv_transport::sim::{Profile, SimConfig, Simulation};
 use dmkv_transport::time::Instant;
-use dmkv_transport::{Endpoint, NodeHost, RegionMem, touch_local_lines};
+use dmkv_transport::{Endpoint, NodeHost, RegionMem, touch_local_at, touch_local_lines};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -139,4 +141,133 @@ fn on_the_local_transport_charged_runs_the_operation_and_charges_nothing() {
         before,
         "no verb, round trip or CPU counted"
     );
+}
+
+#[test]
+fn one_line_touched_a_hundred_times_is_charged_once() {
+    let sim = sim();
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    let ep: Endpoint = sim.fabric().endpoint(node.id()).unwrap();
+    let id = node.id().0;
+    let t0 = sim.now_ns();
+    block_on(ep.charged(async {
+        for i in 0..100u64 {
+            // The 8 words of line 2, round and round.
+            mem.load_u64(128 + 8 * (i % 8)).unwrap();
+        }
+    }));
+    assert_eq!(sim.now_ns() - t0, line_ns, "one distinct line");
+    assert_eq!(client_busy(&sim, id), line_ns);
+
+    // The next operation starts with an empty set: the same line costs
+    // again.
+    block_on(ep.charged(async {
+        mem.load_u64(128).unwrap();
+    }));
+    assert_eq!(
+        client_busy(&sim, id),
+        2 * line_ns,
+        "reset between operations"
+    );
+}
+
+#[test]
+fn a_page_walked_word_by_word_costs_what_one_copy_of_it_costs() {
+    let sim = sim();
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    let ep: Endpoint = sim.fabric().endpoint(node.id()).unwrap();
+    let id = node.id().0;
+    // 512 word loads of the page at 4096, then a copy of it and a write
+    // of its first half: still its 64 lines.
+    block_on(ep.charged(async {
+        for w in 0..512u64 {
+            mem.load_u64(4096 + 8 * w).unwrap();
+        }
+        let mut page = vec![0u8; 4096];
+        mem.read(4096, &mut page).unwrap();
+        mem.write(4096, &page[..2048]).unwrap();
+    }));
+    assert_eq!(client_busy(&sim, id), 64 * line_ns);
+    // A copy of the page alone: the same.
+    block_on(ep.charged(async {
+        let mut page = vec![0u8; 4096];
+        mem.read(4096, &mut page).unwrap();
+    }));
+    assert_eq!(client_busy(&sim, id), 128 * line_ns);
+    // A read that straddles two lines counts both; the same offsets of
+    // another region are other lines.
+    let (_r2, other) = node.register_region(1 << 12).unwrap();
+    block_on(ep.charged(async {
+        let mut b = [0u8; 16];
+        mem.read(56, &mut b).unwrap();
+        other.read(56, &mut b).unwrap();
+    }));
+    assert_eq!(client_busy(&sim, id), 132 * line_ns);
+}
+
+#[test]
+fn a_line_touched_before_and_after_an_await_is_one_line() {
+    let sim = sim();
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    let ep = Rc::new(sim.fabric().endpoint(node.id()).unwrap());
+    let (m1, m2, e1, e2) = (mem.clone(), mem.clone(), ep.clone(), ep.clone());
+    // A and B are both charged and interleave at their sleeps; each
+    // touches line 0 and its own line twice, around its await.
+    let a: LocalTask<'_, u64> = Box::pin(async move {
+        e1.charged(async {
+            m1.load_u64(0).unwrap();
+            m1.load_u64(640).unwrap();
+            sleep(Duration::from_micros(1)).await;
+            m1.load_u64(8).unwrap();
+            m1.load_u64(648).unwrap();
+        })
+        .await;
+        0
+    });
+    let b: LocalTask<'_, u64> = Box::pin(async move {
+        e2.charged(async {
+            sleep(Duration::from_nanos(500)).await;
+            m2.load_u64(0).unwrap();
+            m2.load_u64(1280).unwrap();
+            sleep(Duration::from_micros(1)).await;
+            m2.load_u64(1288).unwrap();
+        })
+        .await;
+        0
+    });
+    run_tasks(vec![a, b]);
+    assert_eq!(
+        client_busy(&sim, node.id().0),
+        4 * line_ns,
+        "2 lines each: a set per operation, kept across its awaits"
+    );
+}
+
+#[test]
+fn objects_touched_by_address_count_once_and_notes_count_as_given() {
+    let sim = sim();
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    let ep: Endpoint = sim.fabric().endpoint(node.id()).unwrap();
+    let id = node.id().0;
+    let words = [0u64; 4];
+    block_on(ep.charged(async {
+        for _ in 0..10 {
+            touch_local_at(&words[0]);
+            touch_local_at(&words[1]);
+        }
+        // Address-less notes: no deduplication.
+        touch_local_lines(1);
+        touch_local_lines(1);
+    }));
+    assert_eq!(client_busy(&sim, id), 4 * line_ns, "2 objects + 2 notes");
+    // Outside `charged`: nothing.
+    touch_local_at(&words[2]);
+    assert_eq!(client_busy(&sim, id), 4 * line_ns);
 }

@@ -16,6 +16,7 @@
 pub(crate) mod cache;
 pub mod faults;
 mod jobwork;
+mod lines;
 pub mod net;
 pub mod profile;
 #[allow(unsafe_code)]
@@ -55,6 +56,10 @@ pub(crate) struct Sim {
     pub(crate) llc: RefCell<Vec<Option<cache::Llc>>>,
     /// The profile's per-size costs, kept once computed.
     pub(crate) costs: net::Costs,
+    /// Compute operations' own lines charged so far (`Endpoint::charged`):
+    /// distinct lines and objects, and address-less notes; reported as
+    /// `compute distinct lines` and `compute line notes`.
+    pub(crate) local_lines: Cell<(u64, u64)>,
 }
 
 thread_local! {
@@ -63,10 +68,14 @@ thread_local! {
     /// runs on a simulated memory-node core (0: not metering;
     /// [`COUNT_LOCAL`]: counting a compute task's own lines instead).
     static METER_LINE_NS: Cell<u64> = const { Cell::new(0) };
-    /// Lines the compute operation being polled touched in its own node's
-    /// memory, while `METER_LINE_NS` is [`COUNT_LOCAL`] (see
-    /// [`CountLocal`]).
+    /// Lines the compute operation being polled reported without an
+    /// address ([`crate::touch_local_lines`]), while `METER_LINE_NS` is
+    /// [`COUNT_LOCAL`] (see [`CountLocal`]): counted as given.
     static LOCAL_LINES: Cell<u64> = const { Cell::new(0) };
+    /// The distinct lines (and objects) the compute operation being polled
+    /// touched by address, while `METER_LINE_NS` is [`COUNT_LOCAL`]: the
+    /// operation's own set, moved in for each poll (see [`CountLocal`]).
+    static LOCAL_SET: RefCell<lines::LineSet> = const { RefCell::new(lines::LineSet::new()) };
     /// True while a [`Simulation`] drops its pending events and background
     /// tasks (it is no longer current): state dropped then may still try to
     /// answer an RPC (a handler's parked `Responder` answers on drop), and
@@ -202,23 +211,26 @@ impl Drop for OwnCoreOnly<'_> {
     }
 }
 
-/// Region memory `[offset, offset + len)` of the region tagged `tag` was
-/// touched by code on the calling thread: charged when a simulated core is
-/// metering (see [`Sim::charge_lines`]).
+/// Region memory `[offset, offset + len)` of the region tagged `tag`, whose
+/// memory starts at byte address `base` (64-byte aligned), was touched by
+/// code on the calling thread: charged when a simulated core is metering
+/// (see [`Sim::charge_lines`]), or added to the distinct lines of the
+/// compute operation being counted ([`CountLocal`]).
 #[inline]
-pub(crate) fn touch(tag: u64, offset: u64, len: u64) {
+pub(crate) fn touch(tag: u64, base: u64, offset: u64, len: u64) {
     let line_ns = METER_LINE_NS.with(|m| m.get());
     if line_ns == 0 || len == 0 {
         return;
     }
-    let (first, last) = (offset / 64, (offset + len - 1) / 64);
     if line_ns == COUNT_LOCAL {
-        // A compute operation's own memory: the same count of lines as a
-        // handler's access (the first and every further line), priced
-        // flat when the operation ends (docs/simulation.md, "Compute CPU").
-        LOCAL_LINES.with(|l| l.set(l.get() + (last - first + 1)));
+        // A compute operation's own memory: the lines of the access, by
+        // their real address, into the operation's set of distinct lines
+        // (docs/simulation.md, "Distinct lines per operation").
+        let (first, last) = ((base + offset) / 64, (base + offset + len - 1) / 64);
+        LOCAL_SET.with(|s| s.borrow_mut().insert_lines(first, last));
         return;
     }
+    let (first, last) = (offset / 64, (offset + len - 1) / 64);
     CURRENT.with(|c| {
         if let Some(s) = c.borrow().as_ref() {
             let cost = s.charge_lines(tag, first, last, line_ns);
@@ -240,7 +252,8 @@ pub(crate) fn without_local_count<R>(f: impl FnOnce() -> R) -> R {
 
 /// `lines` cache lines of compute-node memory that no region access
 /// reports were touched (see [`crate::touch_local_lines`]): counted only
-/// while a compute operation is counted ([`CountLocal`]).
+/// while a compute operation is counted ([`CountLocal`]), as given (no
+/// address, so no deduplication).
 #[inline]
 pub(crate) fn touch_local(lines: u64) {
     if METER_LINE_NS.with(|m| m.get()) == COUNT_LOCAL {
@@ -248,52 +261,90 @@ pub(crate) fn touch_local(lines: u64) {
     }
 }
 
+/// The object at byte address `addr` of compute-node memory was touched
+/// (see [`crate::touch_local_at`]): one distinct key of the operation being
+/// counted ([`CountLocal`]), however often it is touched.
+#[inline]
+pub(crate) fn touch_local_object(addr: u64) {
+    if METER_LINE_NS.with(|m| m.get()) == COUNT_LOCAL {
+        LOCAL_SET.with(|s| s.borrow_mut().insert_object(addr));
+    }
+}
+
 /// Polls `fut` with the lines it touches in its own node's memory counted
-/// (region accesses and [`touch_local`] notes).
+/// (region accesses and [`touch_local_object`] by distinct line or object,
+/// [`touch_local`] notes as given).
 ///
-/// Invariants (docs/simulation.md, "Compute CPU"):
+/// Invariants (docs/simulation.md, "Compute CPU" and "Distinct lines per
+/// operation"):
 /// 1. Counting is on for one poll of `fut` at a time, and each poll
-///    restores the mode and count it found: tasks that interleave with
-///    this one at its awaits are never counted here.
+///    restores the mode, count and set it found: tasks that interleave with
+///    this one at its awaits are never counted here. The operation's set of
+///    distinct lines lives here between polls, so a line it touched before
+///    an await and again after is still one line.
 /// 2. Memory-node code replaces the mode with its own metering
 ///    (`with_metering`) and nested scheduler frames switch counting off
 ///    (`Sched::run_frame`): neither is charged to the compute thread.
-/// 3. Outside a simulation nothing sets the mode, so `touch` and
-///    [`touch_local`] return at their first check.
+/// 3. Outside a simulation nothing sets the mode, so `touch`,
+///    [`touch_local`] and [`touch_local_object`] return at their first
+///    check.
 pub(crate) struct CountLocal<F> {
     fut: F,
-    lines: u64,
+    /// Lines reported without an address.
+    notes: u64,
+    set: lines::LineSet,
 }
 
 impl<F> CountLocal<F> {
     pub(crate) fn new(fut: F) -> CountLocal<F> {
-        CountLocal { fut, lines: 0 }
+        CountLocal {
+            fut,
+            notes: 0,
+            set: lines::LineSet::new(),
+        }
     }
 }
 
 impl<F: Future + Unpin> Future for CountLocal<F> {
-    /// The future's output and the lines it touched.
+    /// The future's output and the lines it touched (distinct lines and
+    /// objects, plus the notes).
     type Output = (F::Output, u64);
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(F::Output, u64)> {
         struct Restore {
             meter: u64,
             lines: u64,
+            set: lines::LineSet,
         }
         impl Drop for Restore {
             fn drop(&mut self) {
                 METER_LINE_NS.with(|m| m.set(self.meter));
                 LOCAL_LINES.with(|l| l.set(self.lines));
+                let outer = std::mem::take(&mut self.set);
+                // (If a poll panicked, the operation's set is still in
+                // the slot: dropping it returns its table to the pool.)
+                LOCAL_SET.with(|s| drop(s.replace(outer)));
             }
         }
+        let own = std::mem::take(&mut self.set);
         let restore = Restore {
             meter: METER_LINE_NS.with(|m| m.replace(COUNT_LOCAL)),
             lines: LOCAL_LINES.with(|l| l.replace(0)),
+            set: LOCAL_SET.with(|s| s.replace(own)),
         };
         let r = Pin::new(&mut self.fut).poll(cx);
-        self.lines += LOCAL_LINES.with(|l| l.get());
+        self.notes += LOCAL_LINES.with(|l| l.get());
+        self.set = LOCAL_SET.with(|s| s.take());
         drop(restore);
         match r {
-            Poll::Ready(out) => Poll::Ready((out, self.lines)),
+            Poll::Ready(out) => {
+                let distinct = self.set.distinct();
+                self.set.release();
+                if let Some(sim) = current() {
+                    let (d, n) = sim.local_lines.get();
+                    sim.local_lines.set((d + distinct, n + self.notes));
+                }
+                Poll::Ready((out, distinct + self.notes))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -570,6 +621,7 @@ impl Simulation {
             delayed: Cell::new(0),
             llc: RefCell::new(Vec::new()),
             costs: net::Costs::new(),
+            local_lines: Cell::new((0, 0)),
         });
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
@@ -656,6 +708,23 @@ impl Simulation {
                     busy_ns: 0,
                     count,
                     bytes,
+                });
+            }
+        }
+        // Compute-side lines (only engines that use `Endpoint::charged`
+        // have any; the others' reports are unchanged).
+        let (distinct, notes) = sim.local_lines.get();
+        for (what, count) in [
+            ("compute distinct lines", distinct),
+            ("compute line notes", notes),
+        ] {
+            if count > 0 {
+                out.push(ResourceUse {
+                    name: what.to_string(),
+                    servers: 1,
+                    busy_ns: 0,
+                    count,
+                    bytes: 0,
                 });
             }
         }
