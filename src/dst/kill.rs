@@ -71,14 +71,17 @@ pub fn may_block(engine: &str) -> bool {
 
 /// How much longer than [`OP_LIMIT`] a survivor's operation may take in a
 /// run whose engine reported `stats`: the time the engine itself held
-/// writes back, which no client (dead or alive) prolongs. For Outback, the
-/// resizes' held time (`resize_ms_total`: REBUILDING until the buffered
-/// writes are applied; an operation can wait for several resizes one after
-/// another, never for more than all of them) plus, per resize, one more
-/// [`OP_LIMIT`] for the poll that sees it end and the RESULT request that
-/// fetches the outcome. Zero for every other engine (RACE reports
-/// `resizes` too, but its directory doublings hold no writer back) and for
-/// Outback runs without resizes.
+/// requests back, which no client (dead or alive) prolongs. For Outback,
+/// the resizes: a write during one is answered at once (invariant 17 of
+/// docs/outback.md), but under sim the resize's work takes the memory
+/// node's handler core in turns with requests (`resize_slice_us` at a
+/// time), so a request can queue behind it, and a write that meets a
+/// switch is told STALE and re-fetches the locator. Bound: the resizes'
+/// held time (`resize_ms_total`; an operation can wait behind several
+/// resizes one after another, never longer than all of them) plus one
+/// [`OP_LIMIT`] per resize for the STALE re-fetch and re-send. Zero for
+/// every other engine (RACE reports `resizes` too, but its directory
+/// doublings hold no writer back) and for Outback runs without resizes.
 pub fn bounded_wait(engine: &str, stats: &serde_json::Value) -> Duration {
     if engine != "outback" {
         return Duration::ZERO;

@@ -17,8 +17,8 @@ pub mod op {
     pub const UPSERT: u8 = 4;
     pub const UPDATE: u8 = 5;
     pub const DELETE: u8 = 6;
-    /// The outcome of a buffered insert or delete.
-    pub const RESULT: u8 = 7;
+    // 7 was RESULT (the outcome of a buffered write, asked later); writes
+    // during a rebuild are answered at once now (invariant 17).
     pub const LOAD: u8 = 8;
     pub const BUILD: u8 = 9;
     pub const REGISTER: u8 = 10;
@@ -41,12 +41,10 @@ pub enum Status {
     Exists = 2,
     /// The table epoch is not current: fetch the new locator and retry.
     Stale = 3,
-    /// The table is being rebuilt: the insert/delete is buffered and will be
-    /// applied afterwards; ask for its [`op::RESULT`] then.
-    Buffered = 4,
+    // 4 was BUFFERED (a write during a rebuild, answered later).
     /// This node does not serve the shard (ask a replica to take over).
     NotOwner = 5,
-    /// Not ready yet (taking over, initialising, result pending): retry.
+    /// Not ready yet (taking over, initialising): retry.
     Recovering = 6,
     /// Refused (takeover of a shard whose primary is alive).
     Refused = 7,
@@ -59,7 +57,6 @@ impl Status {
             1 => Status::NotFound,
             2 => Status::Exists,
             3 => Status::Stale,
-            4 => Status::Buffered,
             5 => Status::NotOwner,
             6 => Status::Recovering,
             7 => Status::Refused,
@@ -72,6 +69,10 @@ impl Status {
 pub const FLAG_PRE_RESIZE: u8 = 1;
 /// Reply flag (GET): the slot's cache bit is set.
 pub const FLAG_CACHE: u8 = 2;
+/// Reply flag (GET): the table is being rebuilt and some key of the
+/// bucket has a write answered meanwhile (invariant 17); on a key mismatch
+/// the client asks MAKEUP GET, as for the cache bit.
+pub const FLAG_BUFFERED: u8 = 4;
 
 /// Bytes of a [`ReplyHead`].
 pub const REPLY_HEAD_LEN: usize = 3;
@@ -126,6 +127,9 @@ impl ReplyHead {
     }
     pub fn cache(&self) -> bool {
         self.flags & FLAG_CACHE != 0
+    }
+    pub fn buffered(&self) -> bool {
+        self.flags & FLAG_BUFFERED != 0
     }
 }
 
@@ -372,8 +376,8 @@ mod tests {
         }
         let mut w = WireWriter::new();
         ReplyHead {
-            status: Status::Buffered,
-            flags: FLAG_PRE_RESIZE,
+            status: Status::Exists,
+            flags: FLAG_PRE_RESIZE | FLAG_BUFFERED,
             seed: 200,
         }
         .write(&mut w);

@@ -80,7 +80,6 @@ struct ClientCounters {
     gets: AtomicU64,
     makeup_gets: AtomicU64,
     stale_retries: AtomicU64,
-    buffered_waits: AtomicU64,
     locator_fetches: AtomicU64,
     locator_bytes: AtomicU64,
     polls: AtomicU64,
@@ -947,7 +946,10 @@ impl Engine for OutbackEngine {
             "makeup_gets": l(&c.makeup_gets),
             "makeup_gets_served": sum("makeup_gets"),
             "stale_retries": l(&c.stale_retries),
-            "buffered_waits": l(&c.buffered_waits),
+            // Writes answered during resizes (invariant 17) and GETs of
+            // buckets that had such writes.
+            "buffered_writes": sum("buffered_writes"),
+            "pending_gets": sum("pending_gets"),
             "locator_fetches": l(&c.locator_fetches),
             "locator_bytes_fetched": l(&c.locator_bytes),
             "control_polls": l(&c.polls),
@@ -1093,7 +1095,6 @@ pub struct Client {
 
 /// What one exchange produced.
 struct Exchange {
-    view: Arc<ShardView>,
     table: Arc<TableView>,
     bucket: u32,
     used_seed: u8,
@@ -1227,7 +1228,6 @@ impl Client {
                 _ => {
                     slot.watch.store(reply.head.pre_resize(), Ordering::Relaxed);
                     return Ok(Exchange {
-                        view,
                         table,
                         bucket,
                         used_seed,
@@ -1248,76 +1248,12 @@ impl Client {
         }
     }
 
-    /// The outcome of an insert or delete from its reply: a buffered write
-    /// (a rebuild was under way) is awaited by its ticket; any other reply
-    /// teaches the bucket's seed. `None`: the owner failed meanwhile and the
-    /// write must be sent again.
-    async fn write_outcome(
-        &self,
-        x: &Exchange,
-        key: Key,
-        deadline: &Deadline,
-    ) -> Result<Option<Status>> {
-        match x.reply.head.status {
-            Status::Buffered => {
-                let mut r = WireReader::new(x.reply.rest());
-                let (ticket, applied) = (r.u64().map_err(malformed)?, r.u64().map_err(malformed)?);
-                let p = self.sh.ring.shard_of(key);
-                Box::pin(self.await_ticket(&x.view, p, ticket, applied, deadline)).await
-            }
-            s => {
-                x.table.learn_seed(x.bucket, x.reply.head.seed);
-                Ok(Some(s))
-            }
-        }
-    }
-
-    /// Waits for buffered write `ticket` (one-sided polls of the control
-    /// region until a rebuild completes, then RESULT). `None`: the owner
-    /// failed meanwhile; the write must be sent again.
-    async fn await_ticket(
-        &self,
-        view: &ShardView,
-        p: u16,
-        ticket: u64,
-        mut applied: u64,
-        deadline: &Deadline,
-    ) -> Result<Option<Status>> {
-        let sh = &self.sh;
-        let ep = &*self.ep;
-        sh.counters.buffered_waits.fetch_add(1, Ordering::Relaxed);
-        let attempt = async {
-            let ctl_r = sh.region(ep, view.owner, &ctl_name(p)).await?;
-            loop {
-                sleep(Duration::from_micros(sh.cfg.poll_us.max(20))).await;
-                let now = sh.ctl_header(ep, ctl_r).await?[2];
-                if now <= applied {
-                    if deadline.passed() {
-                        return Err(KvError::Transport(TransportError::Timeout {
-                            node: view.owner,
-                        }));
-                    }
-                    continue;
-                }
-                let mut w = WireWriter::new();
-                w.u8(op::RESULT).u16(p).u64(ticket);
-                let r = Reply::parse(sh.call(ep, view.owner, w.finish()).await?)?;
-                match r.head.status {
-                    Status::Recovering => applied = now,
-                    s => return Ok(s),
-                }
-            }
-        };
-        match attempt.await {
-            Ok(s) => Ok(Some(s)),
-            Err(e) => match node_down(&e) {
-                Some(n) => {
-                    sh.failover(ep, p, n).await?;
-                    Ok(None)
-                }
-                None => Err(e),
-            },
-        }
+    /// The outcome of an insert or delete from its reply, which also
+    /// teaches the bucket's seed. A write that reaches a table being
+    /// resized is answered at once too (invariant 17; paper §4.4).
+    fn write_outcome(&self, x: &Exchange) -> Status {
+        x.table.learn_seed(x.bucket, x.reply.head.seed);
+        x.reply.head.status
     }
 
     async fn makeup_get(&self, key: u64, deadline: &Deadline) -> Result<Option<Vec<u8>>> {
@@ -1356,28 +1292,23 @@ impl Client {
         // One session number for every send of this write (invariant 16).
         let lease = self.sh.lease()?;
         let s = lease.session();
-        loop {
-            let x = self
-                .exchange(key, deadline, |v, t| {
-                    let b = t.bucket(key);
-                    let req = DataReq::Insert {
-                        t: Self::target(v, t, b),
-                        key,
-                        s,
-                        value,
-                        upsert,
-                    };
-                    (req.encode(), b, t.seed(b))
-                })
-                .await?;
-            let Some(status) = self.write_outcome(&x, key, deadline).await? else {
-                continue;
-            };
-            return match status {
-                Status::Ok => Ok(true),
-                Status::Exists => Ok(false),
-                s => Err(malformed(format!("unexpected insert reply {s:?}"))),
-            };
+        let x = self
+            .exchange(key, deadline, |v, t| {
+                let b = t.bucket(key);
+                let req = DataReq::Insert {
+                    t: Self::target(v, t, b),
+                    key,
+                    s,
+                    value,
+                    upsert,
+                };
+                (req.encode(), b, t.seed(b))
+            })
+            .await?;
+        match self.write_outcome(&x) {
+            Status::Ok => Ok(true),
+            Status::Exists => Ok(false),
+            s => Err(malformed(format!("unexpected insert reply {s:?}"))),
         }
     }
 }
@@ -1405,8 +1336,9 @@ impl KvStore for Client {
             return Ok(Some(value));
         }
         // Another key (or none) in the slot: the key is absent unless it
-        // overflowed (cache bit) or moved under a seed we did not know.
-        if head.cache() || moved {
+        // overflowed (cache bit), moved under a seed we did not know, or
+        // was written while its table is being resized (BUFFERED).
+        if head.cache() || head.buffered() || moved {
             return Box::pin(self.makeup_get(key, deadline)).await;
         }
         Ok(None)
@@ -1449,27 +1381,22 @@ impl KvStore for Client {
         let deadline = &Deadline::new();
         let lease = self.sh.lease()?;
         let session = lease.session();
-        loop {
-            let x = self
-                .exchange(key, deadline, |v, t| {
-                    let (b, s, seed) = t.locate(key);
-                    let req = DataReq::Delete {
-                        t: Self::target(v, t, b),
-                        slot: s,
-                        key,
-                        s: session,
-                    };
-                    (req.encode(), b, seed)
-                })
-                .await?;
-            let Some(status) = self.write_outcome(&x, key, deadline).await? else {
-                continue;
-            };
-            return match status {
-                Status::Ok => Ok(true),
-                Status::NotFound => Ok(false),
-                s => Err(malformed(format!("unexpected delete reply {s:?}"))),
-            };
+        let x = self
+            .exchange(key, deadline, |v, t| {
+                let (b, s, seed) = t.locate(key);
+                let req = DataReq::Delete {
+                    t: Self::target(v, t, b),
+                    slot: s,
+                    key,
+                    s: session,
+                };
+                (req.encode(), b, seed)
+            })
+            .await?;
+        match self.write_outcome(&x) {
+            Status::Ok => Ok(true),
+            Status::NotFound => Ok(false),
+            s => Err(malformed(format!("unexpected delete reply {s:?}"))),
         }
     }
 

@@ -307,14 +307,6 @@ impl NodeServer {
         mut r: WireReader<'_>,
     ) -> Result<Vec<u8>, ServiceError> {
         match opcode {
-            op::RESULT => {
-                let (p, ticket) = (r.u16()?, r.u64()?);
-                r.end()?;
-                match self.shard(p)? {
-                    Some(s) => s.result(ticket),
-                    None => Ok(status_reply(Status::NotOwner)),
-                }
-            }
             op::LOAD => {
                 let p = r.u16()?;
                 let n = r.count(12)?;

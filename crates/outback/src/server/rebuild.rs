@@ -28,9 +28,8 @@ use crate::ludo::{self, LudoBuild};
 use crate::publish::{encode_locator, locator_len, locator_name, table_name, table_prefix};
 use crate::server::ctx::NodeCtx;
 use crate::server::replica::MirrorOp;
-use crate::server::session::{Check, Session};
-use crate::server::shard::{Directory, Outcome, ShardServer};
-use crate::server::table::{Buffer, Overflow, Table, WriteOp, state};
+use crate::server::shard::{Directory, ShardServer};
+use crate::server::table::{Buffer, Overflow, Table, state};
 use dmkv_transport::ServiceError;
 use dmkv_transport::time::Instant;
 use parking_lot::Mutex;
@@ -366,34 +365,43 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
     if let Err(e) = result {
         // Failed before the switch (regions, depth): the tables serve on
         // and the buffered writes are applied to them.
+        // Their pending writes are merged into them first (invariant 17).
         for t in &old {
+            let merged = settle_in_place(shard, t);
             t.state.store(state::NORMAL, Ordering::Release);
+            t.buffer.lock().drained = false;
+            if let Err(m) = merged {
+                *shard.last_error.lock() = Some(m.to_string());
+            }
         }
-        let ops = drain(&old, false);
-        finish(shard, ops, job, build_target, started, false);
+        finish(shard, job, build_target, started, false);
         return Err(e);
     }
     Ok(())
 }
 
-/// Takes the buffered writes of `tables`; `retire` leaves the buffers
-/// closed for good (retired tables), else open for the next rebuild.
-fn drain(tables: &[Arc<Table>], retire: bool) -> Vec<(u64, WriteOp, Session)> {
-    let mut ops = Vec::new();
-    for t in tables {
-        let mut b = t.buffer.lock();
-        ops.append(&mut b.ops);
-        b.drained = retire;
+/// Merges the pending writes of `t` (invariant 17) into `t` itself: a
+/// resize that failed before its switch, or a full build that takes over a
+/// table stopped at s_stop. Writers are turned away first (`drained`: they
+/// are answered STALE and retry); then every bucket is passed under its
+/// lock, so a writer that held a lock when `drained` was set has added its
+/// pending write before its bucket is taken.
+fn settle_in_place(shard: &ShardServer, t: &Table) -> Result<(), ServiceError> {
+    t.buffer.lock().drained = true;
+    for b in 0..t.buckets {
+        let mut g = t.lock(b);
+        let items = t.buffer.lock().take_bucket(b);
+        for (key, p) in items {
+            shard.merge_pending(t, b, &mut g, key, p)?;
+        }
     }
-    ops.sort_by_key(|(ticket, _, _)| *ticket);
-    ops
+    Ok(())
 }
 
-/// Applies buffered writes through the new directory, records their
-/// outcomes, publishes progress and waits for the countdown.
+/// Ends a rebuild: counts it, publishes progress and waits for the
+/// countdown.
 fn finish(
     shard: &Arc<ShardServer>,
-    ops: Vec<(u64, WriteOp, Session)>,
     job: Job,
     build_target: u64,
     started: Instant,
@@ -409,12 +417,6 @@ fn finish(
     shard
         .rebuilding
         .store(crate::server::shard::REBUILD_NONE, Ordering::Release);
-    for (ticket, op, s) in ops {
-        let upsert = matches!(op, WriteOp::Insert { upsert: true, .. });
-        let r = apply_routed(shard, &op, s);
-        shard.settle_ticket(ticket, r, upsert);
-    }
-    shard.forget_old_outcomes(Instant::now());
     if job == Job::Full {
         shard.build_done.store(build_target, Ordering::Release);
     }
@@ -439,36 +441,6 @@ fn finish(
         st.resize_total_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
-}
-
-/// Applies one write where the current directory sends its key; the bucket
-/// is computed with the table's Othello, as a compute node would.
-pub(crate) fn apply_routed(
-    shard: &Arc<ShardServer>,
-    op: &WriteOp,
-    s: Session,
-) -> Result<Outcome, ServiceError> {
-    // A write its session already applied (a re-send buffered twice) is
-    // answered, not applied again (invariant 16).
-    match shard.sessions.check(s) {
-        Check::New => {}
-        Check::Replay(o) => return Ok(o),
-        Check::Old { last } => return Err(crate::server::shard::old_write(s, last)),
-    }
-    let key = op.key();
-    let id = shard.dir.lock().route(key);
-    let t = shard
-        .table(id)
-        .ok_or_else(|| ServiceError::failed("outback: directory names a retired table (bug)"))?;
-    let c = candidates(key, t.bucket_seed, t.buckets);
-    let b = c[t.othello.lookup(key) as usize];
-    let mut g = t.lock(b);
-    let r = shard.apply(&t, b, &mut g, op, None, s);
-    drop(g);
-    if matches!(r, Ok(Outcome::Inserted)) {
-        shard.check_thresholds(&t);
-    }
-    r
 }
 
 /// Resize (extendible hashing, §4.4): every key of `t` goes into new
@@ -522,10 +494,32 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
         drop(g);
     }
     debug_assert_eq!(i, snaps.len());
+    // The writes answered during the resize (invariant 17). After the
+    // barrier none is added: a writer checks the epoch under its bucket's
+    // lock and now gets STALE.
+    let pend = {
+        let mut buf = t.buffer.lock();
+        buf.drained = true;
+        std::mem::take(&mut buf.pend)
+    };
     for ((nt, build), idx) in built.iter().zip(&parts) {
         let entries: Vec<(u64, SlotWord)> =
             idx.iter().map(|&i| (snaps[i].key, current[i])).collect();
         fill(nt, build, &entries);
+    }
+    // Merged before the new tables are installed, so that no request
+    // reaches a new table without them: inserted keys are placed where
+    // the new Othello sends them (one bucket choice, as any insert after
+    // a build), deleted ones leave, and the blocks they killed are
+    // recycled now that only the retired table points at them (requests
+    // naming it get STALE since the epoch bump).
+    for ((_, key), p) in pend {
+        let nt = &built[side(key)].0;
+        let b = candidates(key, nt.bucket_seed, nt.buckets)[nt.othello.lookup(key) as usize];
+        let mut g = nt.lock(b);
+        shard.merge_pending(nt, b, &mut g, key, p)?;
+    }
+    for (nt, _) in &built {
         shard.install(nt.clone());
     }
     {
@@ -542,7 +536,10 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
         }
     }
     shard.retire(t.id);
-    let ops = drain(std::slice::from_ref(t), true);
+    for (nt, _) in &built {
+        // Merged inserts may have filled a new table's overflow cache.
+        shard.check_thresholds(nt);
+    }
     if split {
         shard.stats.splits.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -552,14 +549,7 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     // The switch's work passes here, while the new tables serve and the
     // buffered writes still wait (as they may on a real worker thread).
     pace(shard);
-    finish(
-        shard,
-        ops,
-        Job::Resize(t.id, Start::AllTold),
-        0,
-        started,
-        true,
-    );
+    finish(shard, Job::Resize(t.id, Start::AllTold), 0, started, true);
     shard.ctx.withdraw(&table_prefix(shard.id, t.id));
     Ok(())
 }
@@ -606,9 +596,18 @@ fn full(
     build_target: u64,
     started: Instant,
 ) -> Result<(), ServiceError> {
+    // A full build answers no write meanwhile: writers are turned away
+    // (STALE) until the new tables are published, and a table stopped at
+    // s_stop merges the writes it answered first (invariant 17).
+    for t in old {
+        settle_in_place(shard, t)?;
+    }
+    // A build after a bulk load passes its CPU in virtual time before it
+    // completes, so that the run starts after it (sim only).
+    let paced = shard.pace_full.swap(false, Ordering::AcqRel);
     let mut snaps = Vec::new();
     for t in old {
-        snapshot(shard, t, &mut snaps, false)?;
+        snapshot(shard, t, &mut snaps, paced)?;
     }
     let loaded: Vec<(u64, SlotWord)> = std::mem::take(&mut *shard.loaded.lock());
     // Loaded pairs replace stored ones with the same key.
@@ -661,6 +660,9 @@ fn full(
             cfg.buckets_for(keys.len())
         };
         built.push(new_table(shard, keys, buckets, depth)?);
+        if paced {
+            pace(shard);
+        }
     }
 
     // Switch: every old bucket is passed under its lock after the epoch
@@ -742,10 +744,12 @@ fn full(
             shard.heap.free(e.addr(), e.len_words());
         }
     }
-    let ops = drain(old, true);
     shard.stats.full_builds.fetch_add(1, Ordering::Relaxed);
     shard.publish()?;
-    finish(shard, ops, Job::Full, build_target, started, true);
+    if paced {
+        pace(shard);
+    }
+    finish(shard, Job::Full, build_target, started, true);
     for t in old {
         shard.ctx.withdraw(&table_prefix(shard.id, t.id));
     }

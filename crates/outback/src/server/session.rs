@@ -120,7 +120,7 @@ fn outcome_code(o: Outcome) -> u64 {
         Outcome::Updated => 2,
         Outcome::Deleted => 3,
         // Only writes that changed something are recorded.
-        Outcome::Exists | Outcome::NotFound | Outcome::Buffered { .. } => 0,
+        Outcome::Exists | Outcome::NotFound => 0,
     }
 }
 

@@ -19,17 +19,17 @@ use crate::layout::{
     BLOCK_TAIL_WORDS, MAX_VALUE_LEN, SlotWord, block_words, ctl, encode_block, seq_offset,
 };
 use crate::ludo::{SLOTS, find_seed};
-use crate::proto::{FLAG_CACHE, FLAG_PRE_RESIZE, ReplyHead, Status, Target};
+use crate::proto::{FLAG_BUFFERED, FLAG_CACHE, FLAG_PRE_RESIZE, ReplyHead, Status, Target};
 use crate::publish::{TableDesc, ViewDesc};
 use crate::server::ctx::NodeCtx;
 use crate::server::heap::Heap;
 use crate::server::replica::{MirrorOp, ReplicaSet};
 use crate::server::session::{self, Check, Record, Session, Sessions};
-use crate::server::table::{BucketGuard, ShardStats, Table, WriteOp, state};
+use crate::server::table::{BucketGuard, Pend, ShardStats, Table, WriteOp, state};
 use dmkv_memnode::Region;
 use dmkv_transport::{ServiceError, WireWriter};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
@@ -47,7 +47,6 @@ pub enum Outcome {
     Exists,
     NotFound,
     Deleted,
-    Buffered { ticket: u64 },
 }
 
 impl Outcome {
@@ -56,7 +55,6 @@ impl Outcome {
             Outcome::Inserted | Outcome::Updated | Outcome::Deleted => Status::Ok,
             Outcome::Exists => Status::Exists,
             Outcome::NotFound => Status::NotFound,
-            Outcome::Buffered { .. } => Status::Buffered,
         }
     }
     /// The status an upsert reports: Ok if it inserted, Exists if it updated.
@@ -101,29 +99,6 @@ struct Computes {
 /// Most compute nodes one shard tracks.
 const MAX_COMPUTES: usize = 4096;
 
-enum TicketState {
-    Pending,
-    Done(Outcome, bool),
-    Failed(ServiceError),
-}
-
-/// How long the outcome of a buffered write is kept for its client to ask
-/// for it. A client gives up on an operation `OP_DEADLINE` after starting
-/// it, so it never asks later than that after the outcome is recorded; the
-/// margin is for clocks read at different moments. Counting rebuilds
-/// instead (as an earlier version did, four) lost outcomes when small tables
-/// split several times while a client's poll was delayed: the client got
-/// "unknown or forgotten" for a write that had been applied.
-pub(crate) const OUTCOME_KEEP: Duration =
-    Duration::from_secs(2 * crate::client::OP_DEADLINE.as_secs());
-
-#[derive(Default)]
-struct Tickets {
-    next: u64,
-    /// Ticket -> (when it was issued or settled, state).
-    map: HashMap<u64, (Instant, TicketState)>,
-}
-
 pub struct ShardServer {
     pub id: u16,
     pub ctx: Arc<NodeCtx>,
@@ -139,13 +114,16 @@ pub struct ShardServer {
     /// Which rebuild is running: [`REBUILD_NONE`], [`REBUILD_FULL`] or
     /// [`REBUILD_SPLIT`] (for the figures of requests served meanwhile).
     pub(crate) rebuilding: AtomicU8,
-    tickets: Mutex<Tickets>,
     /// The last applied write of every session (invariant 16).
     pub(crate) sessions: Sessions,
     /// Bulk-loaded keys waiting for the next full build: (key, entry, seq).
     pub(crate) loaded: Mutex<Vec<(u64, SlotWord)>>,
     pub(crate) build_requested: AtomicU64,
     pub(crate) build_done: AtomicU64,
+    /// The next full build was asked for by a bulk load (BUILD): it is
+    /// paced under sim (docs/outback.md, "Resizes in virtual time"); a
+    /// takeover's is not.
+    pub(crate) pace_full: AtomicBool,
     /// Rebuilds completed (their buffered writes applied).
     pub(crate) applied: AtomicU64,
     pub(crate) job_active: AtomicBool,
@@ -200,11 +178,11 @@ impl ShardServer {
             computes: Mutex::new(Computes::default()),
             resize_pending: AtomicBool::new(false),
             rebuilding: AtomicU8::new(REBUILD_NONE),
-            tickets: Mutex::new(Tickets::default()),
             sessions,
             loaded: Mutex::new(Vec::new()),
             build_requested: AtomicU64::new(0),
             build_done: AtomicU64::new(0),
+            pace_full: AtomicBool::new(false),
             applied: AtomicU64::new(0),
             job_active: AtomicBool::new(false),
             next_table: AtomicU32::new(first_table),
@@ -331,6 +309,15 @@ impl ShardServer {
             drop(tables);
             return Ok(self.stale());
         }
+        // A bucket with writes answered during a rebuild is read under its
+        // lock with them (invariant 17); the snapshot above is discarded.
+        if table.state.load(Ordering::Acquire) == state::REBUILDING
+            && table.buffer.lock().has_bucket(t.bucket)
+        {
+            let table = table.clone();
+            drop(tables);
+            return self.get_pending(&table, t, s);
+        }
         drop(tables);
         out[0] = Status::Ok as u8;
         out[1] = self.flags() | if w.cache() { FLAG_CACHE } else { 0 };
@@ -339,7 +326,56 @@ impl ShardServer {
         Ok(out)
     }
 
-    /// MAKEUP GET: the overflow cache first, then every block of the bucket.
+    /// GET of a bucket that has pending writes (a rebuild is under way,
+    /// invariant 17), under the bucket's lock: if the key in the slot has a
+    /// pending state, that state answers (its new block, or an empty slot
+    /// if it was deleted); flag BUFFERED tells the client that its own key
+    /// may be pending in this bucket, so on a mismatch it asks MAKEUP GET
+    /// (which looks the key up).
+    fn get_pending(
+        self: &Arc<Self>,
+        table: &Table,
+        t: &Target,
+        s: u8,
+    ) -> Result<Vec<u8>, ServiceError> {
+        self.stats.pending_gets.fetch_add(1, Ordering::Relaxed);
+        let g = table.lock(t.bucket);
+        if table.epoch.load(Ordering::Acquire) != t.epoch {
+            drop(g);
+            return Ok(self.stale());
+        }
+        let w = table.slot(t.bucket, s as usize);
+        let buf = table.buffer.lock();
+        let entry = if w.is_empty() {
+            None
+        } else {
+            match buf.get(t.bucket, self.heap.key_at(w.addr())?) {
+                Some(p) => p.entry,
+                None => Some(w.entry()),
+            }
+        };
+        let flags = if w.cache() { FLAG_CACHE } else { 0 }
+            | if buf.has_bucket(t.bucket) {
+                FLAG_BUFFERED
+            } else {
+                0
+            };
+        drop(buf);
+        let mut out = self.head(Status::Ok, g.seed(), flags);
+        if let Some(e) = entry {
+            out.raw(
+                &self
+                    .heap
+                    .read(e.addr(), ((e.len_words() - BLOCK_TAIL_WORDS) * 8) as usize)?,
+            );
+        }
+        drop(g);
+        self.noticed(t.compute);
+        Ok(out.finish())
+    }
+
+    /// MAKEUP GET: the key's pending state during a rebuild (invariant
+    /// 17), else the overflow cache, then every block of the bucket.
     pub fn makeup_get(self: &Arc<Self>, t: &Target, key: u64) -> Result<Vec<u8>, ServiceError> {
         let table = match self.target(t)? {
             Ok(tb) => tb,
@@ -351,13 +387,19 @@ impl ShardServer {
             drop(g);
             return Ok(self.stale());
         }
+        let pending = if table.state.load(Ordering::Acquire) == state::REBUILDING {
+            table.buffer.lock().get(t.bucket, key)
+        } else {
+            None
+        };
         let found = match table.overflow.lock().get(key) {
             Some((b, e)) if b == t.bucket => Some(e),
             _ => None,
         };
-        let found = match found {
-            Some(e) => Some(e),
-            None => (0..SLOTS)
+        let found = match (pending, found) {
+            (Some(p), _) => p.entry,
+            (None, Some(e)) => Some(e),
+            (None, None) => (0..SLOTS)
                 .map(|s| table.slot(t.bucket, s))
                 .filter(|w| !w.is_empty())
                 .find(|w| self.heap.key_at(w.addr()).is_ok_and(|k| k == key)),
@@ -440,48 +482,23 @@ impl ShardServer {
             }
         }
         let rebuilding = table.state.load(Ordering::Acquire) == state::REBUILDING;
-        let mut applied = 0;
-        let outcome = match &op {
-            WriteOp::Insert { key, value, .. } if rebuilding => {
-                // An upsert of a present key is an update, served at once.
-                match self.locate(&table, t.bucket, g.seed(), *key, None)? {
-                    Some(loc) if upsert => {
-                        let rec = self.sessions.prepare(s, Outcome::Updated)?;
-                        self.replace(&table, t.bucket, loc, *key, value, session::tail(&rec))?;
-                        self.commit(&rec)?;
-                        Outcome::Updated
-                    }
-                    Some(_) => Outcome::Exists,
-                    None => match self.buffer(&table, op.clone(), s) {
-                        Some((o, a)) => {
-                            applied = a;
-                            o
-                        }
-                        None => {
-                            drop(g);
-                            return Ok(self.stale());
-                        }
-                    },
-                }
-            }
-            WriteOp::Delete { .. } if rebuilding => match self.buffer(&table, op.clone(), s) {
-                Some((o, a)) => {
-                    applied = a;
-                    o
-                }
+        let outcome = if rebuilding {
+            match self.write_pending(&table, t.bucket, &mut g, &op, hint, s)? {
+                Some(o) => o,
                 None => {
                     drop(g);
                     return Ok(self.stale());
                 }
-            },
-            _ => self.apply(&table, t.bucket, &mut g, &op, hint, s)?,
+            }
+        } else {
+            self.apply(&table, t.bucket, &mut g, &op, hint, s)?
         };
         let seed = g.seed();
         drop(g);
-        if matches!(outcome, Outcome::Inserted) {
+        if !rebuilding && matches!(outcome, Outcome::Inserted) {
             self.check_thresholds(&table);
         }
-        let mut out = self.head(
+        let out = self.head(
             if upsert {
                 outcome.upsert_status()
             } else {
@@ -490,82 +507,159 @@ impl ShardServer {
             seed,
             0,
         );
-        if let Outcome::Buffered { ticket } = outcome {
-            out.u64(ticket).u64(applied);
-        }
         self.noticed(t.compute);
         Ok(out.finish())
     }
 
-    /// Queues a write on a table being rebuilt; `None` if the rebuild has
-    /// already taken the buffer (the caller answers STALE). Also returns the
-    /// count of completed rebuilds read under the buffer lock: the rebuild
-    /// that applies this write completes after it, so a client waiting for
-    /// the count to move past it cannot miss its outcome.
-    fn buffer(&self, table: &Table, op: WriteOp, s: Session) -> Option<(Outcome, u64)> {
-        let mut buf = table.buffer.lock();
-        if buf.drained {
-            return None;
-        }
-        let applied = self.applied.load(Ordering::Acquire);
-        let ticket = {
-            let mut tk = self.tickets.lock();
-            tk.next += 1;
-            let id = tk.next;
-            tk.map.insert(id, (Instant::now(), TicketState::Pending));
-            id
-        };
-        buf.ops.push((ticket, op, s));
-        self.stats.buffered.fetch_add(1, Ordering::Relaxed);
-        Some((Outcome::Buffered { ticket }, applied))
-    }
-
-    /// Records the outcome of a buffered write.
-    pub(crate) fn settle_ticket(
+    /// A write to a table being rebuilt (paper §4.4; invariant 17). Its
+    /// outcome is decided and answered now, from the key's pending state
+    /// or else the frozen table (whose key set does not change until the
+    /// switch, invariant 8); its heap changes (a new block, a kill) and
+    /// its session record are mirrored and applied now, like any write's;
+    /// only the index change waits: the key's pending state is merged into
+    /// the new table at the switch. An update of a key that is only in the
+    /// frozen table goes to the frozen table as before (its slot is re-read
+    /// at the switch). `None`: the table's pending writes are being merged
+    /// (the caller answers STALE and the client retries).
+    fn write_pending(
         &self,
-        ticket: u64,
-        outcome: Result<Outcome, ServiceError>,
-        upsert: bool,
-    ) {
-        let st = match outcome {
-            Ok(o) => TicketState::Done(o, upsert),
-            Err(e) => TicketState::Failed(e),
+        table: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        op: &WriteOp,
+        hint: Option<u8>,
+        s: Session,
+    ) -> Result<Option<Outcome>, ServiceError> {
+        let key = op.key();
+        let pend = {
+            let buf = table.buffer.lock();
+            if buf.drained {
+                return Ok(None);
+            }
+            buf.get(b, key)
         };
-        self.tickets.lock().map.insert(ticket, (Instant::now(), st));
+        let set = |p: Option<Pend>| {
+            let mut buf = table.buffer.lock();
+            match p {
+                Some(p) => buf.pend.insert((b, key), p),
+                None => buf.pend.remove(&(b, key)),
+            };
+        };
+        let outcome = match pend {
+            Some(p) => match (op, p.entry) {
+                (WriteOp::Insert { upsert: false, .. }, Some(_)) => Outcome::Exists,
+                (WriteOp::Update { .. } | WriteOp::Delete { .. }, None) => Outcome::NotFound,
+                (WriteOp::Insert { value, .. } | WriteOp::Update { value, .. }, Some(e)) => {
+                    let rec = self.sessions.prepare(s, Outcome::Updated)?;
+                    let new =
+                        self.new_block(key, value, &[Self::kill_op(e)], session::tail(&rec))?;
+                    // Only the pending state referenced `e` (readers of it
+                    // hold this bucket's lock), so it is recycled now.
+                    self.kill_local(e)?;
+                    set(Some(Pend {
+                        entry: Some(new),
+                        ..p
+                    }));
+                    self.commit(&rec)?;
+                    Outcome::Updated
+                }
+                (WriteOp::Insert { value, .. }, None) => {
+                    let rec = self.sessions.prepare(s, Outcome::Inserted)?;
+                    let new = self.new_block(key, value, &[], session::tail(&rec))?;
+                    set(Some(Pend {
+                        entry: Some(new),
+                        ..p
+                    }));
+                    self.commit(&rec)?;
+                    self.stats.buffered.fetch_add(1, Ordering::Relaxed);
+                    Outcome::Inserted
+                }
+                (WriteOp::Delete { .. }, Some(e)) => {
+                    let rec = self.sessions.prepare(s, Outcome::Deleted)?;
+                    self.forward_kill(e, session::tail(&rec))?;
+                    self.kill_local(e)?;
+                    // A key that was not in the frozen table leaves no trace.
+                    set(p.stale.map(|_| Pend { entry: None, ..p }));
+                    self.commit(&rec)?;
+                    self.stats.buffered.fetch_add(1, Ordering::Relaxed);
+                    Outcome::Deleted
+                }
+            },
+            None => match (op, self.locate(table, b, g.seed(), key, hint)?) {
+                (WriteOp::Insert { upsert: false, .. }, Some(_)) => Outcome::Exists,
+                (WriteOp::Update { .. } | WriteOp::Delete { .. }, None) => Outcome::NotFound,
+                // An update (or upsert) of a key in the frozen table: applied
+                // there, out of place, as outside a rebuild.
+                (WriteOp::Insert { .. } | WriteOp::Update { .. }, Some(_)) => {
+                    self.apply(table, b, g, op, hint, s)?
+                }
+                (WriteOp::Insert { value, .. }, None) => {
+                    let rec = self.sessions.prepare(s, Outcome::Inserted)?;
+                    let new = self.new_block(key, value, &[], session::tail(&rec))?;
+                    set(Some(Pend {
+                        entry: Some(new),
+                        stale: None,
+                    }));
+                    self.commit(&rec)?;
+                    self.stats.buffered.fetch_add(1, Ordering::Relaxed);
+                    Outcome::Inserted
+                }
+                (WriteOp::Delete { .. }, Some(loc)) => {
+                    let old = match loc {
+                        Loc::Slot(_, w) | Loc::Overflow(w) => w.entry(),
+                    };
+                    let rec = self.sessions.prepare(s, Outcome::Deleted)?;
+                    // Dead on the mirrors (a takeover does not bring it
+                    // back); the frozen slot still points at it, so it is
+                    // recycled only when the delete is merged.
+                    self.forward_kill(old, session::tail(&rec))?;
+                    set(Some(Pend {
+                        entry: None,
+                        stale: Some(old),
+                    }));
+                    self.commit(&rec)?;
+                    self.stats.buffered.fetch_add(1, Ordering::Relaxed);
+                    Outcome::Deleted
+                }
+            },
+        };
+        Ok(Some(outcome))
     }
 
-    /// Forgets outcomes recorded more than `OUTCOME_KEEP` before `now`
-    /// that nobody asked for (pending writes are always kept). Called once
-    /// per rebuild, after its buffered writes are settled.
-    pub(crate) fn forget_old_outcomes(&self, now: Instant) {
-        self.tickets.lock().map.retain(|_, (at, st)| {
-            matches!(st, TicketState::Pending) || now.saturating_duration_since(*at) < OUTCOME_KEEP
-        });
+    /// Forwards the kill of block `e` (and `tail`) to the mirrors.
+    fn forward_kill(&self, e: SlotWord, tail: &[MirrorOp]) -> Result<(), ServiceError> {
+        let mut ops = Vec::with_capacity(1 + tail.len());
+        ops.push(Self::kill_op(e));
+        ops.extend_from_slice(tail);
+        self.replicas.forward(&self.ctx, &self.heap.layout, &ops)
     }
 
-    /// RESULT: the outcome of buffered write `ticket` (taken once).
-    pub fn result(&self, ticket: u64) -> Result<Vec<u8>, ServiceError> {
-        let mut tk = self.tickets.lock();
-        match tk.map.get(&ticket) {
-            None => Err(ServiceError::failed(format!(
-                "outback: no buffered write with ticket {ticket} (unknown or forgotten)"
-            ))),
-            Some((_, TicketState::Pending)) => Ok(status_reply(Status::Recovering)),
-            Some((_, TicketState::Failed(e))) => {
-                let e = e.clone();
-                tk.map.remove(&ticket);
-                Err(e)
-            }
-            Some((_, TicketState::Done(o, upsert))) => {
-                let s = if *upsert {
-                    o.upsert_status()
-                } else {
-                    o.status()
-                };
-                tk.map.remove(&ticket);
-                Ok(status_reply(s))
-            }
+    /// Merges key `key`'s pending state `p` into bucket `b` of `t` (locked
+    /// by `g`): the key's entry replaces the one `t` holds, is placed anew,
+    /// or leaves `t`; then the frozen block a buffered delete killed is
+    /// recycled. Nothing here goes to the mirrors: they got every change
+    /// when the write was answered. Placement may exceed the overflow
+    /// cache's capacity (the key is already acknowledged); the thresholds
+    /// then start the next resize.
+    pub(crate) fn merge_pending(
+        &self,
+        t: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        key: u64,
+        p: Pend,
+    ) -> Result<(), ServiceError> {
+        match (p.entry, self.locate(t, b, g.seed(), key, None)?) {
+            (Some(e), Some(Loc::Slot(s, w))) => t.set_slot(b, s, e.with_cache(w.cache())),
+            (Some(e), Some(Loc::Overflow(_))) => t.overflow.lock().insert(key, b, e),
+            (Some(e), None) => self.place_with(t, b, g, key, true, || Ok(e))?,
+            (None, Some(loc)) => self.unlink(t, b, g, key, loc)?,
+            (None, None) => {}
         }
+        if let Some(old) = p.stale {
+            self.kill_local(old)?;
+        }
+        Ok(())
     }
 
     /// Applies a write to bucket `b` of `table`, locked by `g`. A write
@@ -737,11 +831,30 @@ impl ShardServer {
         value: &[u8],
         tail: &[MirrorOp],
     ) -> Result<(), ServiceError> {
+        self.place_with(table, b, g, key, false, || {
+            self.new_block(key, value, &[], tail)
+        })
+    }
+
+    /// Places `key` in bucket `b` (the three cases of §4.3.2) with the
+    /// entry `make` returns, called once the case is known (so a full
+    /// overflow cache fails before anything is written). With `force` the
+    /// overflow cache may exceed its capacity (a pending write being
+    /// merged: it was acknowledged already).
+    fn place_with(
+        &self,
+        table: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        key: u64,
+        force: bool,
+        make: impl FnOnce() -> Result<SlotWord, ServiceError>,
+    ) -> Result<(), ServiceError> {
         let s = slot(key, g.seed());
         let at = table.slot(b, s);
         // Case 1: the slot is empty.
         if at.is_empty() {
-            let e = self.new_block(key, value, &[], tail)?;
+            let e = make()?;
             table.set_slot(b, s, e.with_cache(at.cache()));
             table.slot_keys.fetch_add(1, Ordering::Relaxed);
             return Ok(());
@@ -752,7 +865,7 @@ impl ShardServer {
             let mut keys: Vec<u64> = members.iter().map(|m| m.0).collect();
             keys.push(key);
             if let Some(seed) = find_seed(&keys) {
-                let e = self.new_block(key, value, &[], tail)?;
+                let e = make()?;
                 let mut all = members;
                 all.push((key, e));
                 let overflow = table.overflow.lock();
@@ -764,14 +877,14 @@ impl ShardServer {
             }
         }
         // Case 3: the overflow cache, with the slot's cache bit set.
-        if table.overflow_len.load(Ordering::Relaxed) >= table.overflow_cap {
+        if !force && table.overflow_len.load(Ordering::Relaxed) >= table.overflow_cap {
             return Err(ServiceError::exhausted(format!(
                 "outback: the overflow cache of table {} in shard {} is full ({} keys) and the \
                  table cannot be split further (outback.max_global_depth)",
                 table.id, self.id, table.overflow_cap
             )));
         }
-        let e = self.new_block(key, value, &[], tail)?;
+        let e = make()?;
         table.overflow.lock().insert(key, b, e);
         table.overflow_len.fetch_add(1, Ordering::Relaxed);
         table.set_slot(b, s, table.slot(b, s).with_cache(true));
@@ -805,10 +918,21 @@ impl ShardServer {
         let old = match loc {
             Loc::Slot(_, w) | Loc::Overflow(w) => w.entry(),
         };
-        let mut ops = Vec::with_capacity(1 + tail.len());
-        ops.push(Self::kill_op(old));
-        ops.extend_from_slice(tail);
-        self.replicas.forward(&self.ctx, &self.heap.layout, &ops)?;
+        self.forward_kill(old, tail)?;
+        self.unlink(table, b, g, key, loc)?;
+        self.kill_local(old)
+    }
+
+    /// Takes `key` out of bucket `b`'s slot or overflow entry (locally),
+    /// then promotes overflow keys into the freed room.
+    fn unlink(
+        &self,
+        table: &Table,
+        b: u32,
+        g: &mut BucketGuard<'_>,
+        key: u64,
+        loc: Loc,
+    ) -> Result<(), ServiceError> {
         match loc {
             Loc::Slot(s, w) => {
                 table.set_slot(b, s, w.cleared());
@@ -821,7 +945,6 @@ impl ShardServer {
                 table.refresh_cache_bits(b, g.seed(), o.keys_of(b));
             }
         }
-        self.kill_local(old)?;
         self.promote(table, b, g)
     }
 
@@ -911,6 +1034,7 @@ impl ShardServer {
     /// BUILD: asks for a full rebuild that includes every key loaded so
     /// far; returns the build number to wait for in the control region.
     pub fn request_build(self: &Arc<Self>) -> u64 {
+        self.pace_full.store(true, Ordering::Release);
         let n = self.build_requested.fetch_add(1, Ordering::AcqRel) + 1;
         self.kick();
         n
@@ -1169,6 +1293,7 @@ impl ShardServer {
             "overflow_inserts": l(&s.overflow_inserts),
             "promotions": l(&s.promotions),
             "buffered_writes": l(&s.buffered),
+            "pending_gets": l(&s.pending_gets),
             "write_replays": l(&s.replays),
             "sessions": self.sessions.len(),
             "splits": l(&s.splits),

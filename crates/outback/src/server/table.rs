@@ -62,13 +62,53 @@ impl WriteOp {
     }
 }
 
-/// Inserts and deletes held back while the table is rebuilt (paper §4.4).
+/// A key's state written while its table is being rebuilt (paper §4.4,
+/// invariant 17): the write was applied to the heap (block written or
+/// killed, mirrored first, its session recorded) and answered at once;
+/// the table's slots stay frozen and the key joins or leaves the index at
+/// the switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pend {
+    /// The key's block now; `None`: deleted.
+    pub entry: Option<SlotWord>,
+    /// The frozen table's entry for the key, killed on the mirrors by a
+    /// buffered delete but still referenced by the frozen slot, so not yet
+    /// recycled locally (invariant 5); recycled when the pending state is
+    /// merged. `None` if the key was not in the table when first written.
+    pub stale: Option<SlotWord>,
+}
+
+/// Inserts and deletes that arrived while the table is rebuilt (paper
+/// §4.4), by (bucket, key): the bucket is the one the client named, so a
+/// GET or MAKEUP GET of the bucket finds them.
 #[derive(Default)]
 pub struct Buffer {
-    /// (ticket, write, the write's session).
-    pub ops: Vec<(u64, WriteOp, crate::server::session::Session)>,
-    /// Set when the rebuild took the buffer; later writers must retry.
+    /// Ordered, so that merging them at the switch is deterministic.
+    pub pend: std::collections::BTreeMap<(u32, u64), Pend>,
+    /// Set while pending writes are merged into a table; later writers
+    /// must retry (they are answered STALE).
     pub drained: bool,
+}
+
+impl Buffer {
+    pub fn get(&self, b: u32, key: u64) -> Option<Pend> {
+        self.pend.get(&(b, key)).copied()
+    }
+    /// Some key of bucket `b` has a pending write.
+    pub fn has_bucket(&self, b: u32) -> bool {
+        self.pend.range((b, 0)..=(b, u64::MAX)).next().is_some()
+    }
+    /// Takes the pending writes of bucket `b`.
+    pub fn take_bucket(&mut self, b: u32) -> Vec<(u64, Pend)> {
+        let keys: Vec<(u32, u64)> = self
+            .pend
+            .range((b, 0)..=(b, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.pend.remove(&k).map(|p| (k.1, p)))
+            .collect()
+    }
 }
 
 /// Keys that did not fit their bucket, with their slot entries.
@@ -359,6 +399,8 @@ impl AfterResize {
 #[derive(Default)]
 pub struct ShardStats {
     pub makeup_gets: AtomicU64,
+    /// GETs of a bucket with pending writes, read under its lock.
+    pub pending_gets: AtomicU64,
     pub stale_replies: AtomicU64,
     pub reseeds: AtomicU64,
     pub overflow_inserts: AtomicU64,
