@@ -352,6 +352,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn serving_counts_are_differences_with_their_ratios() {
+        let names: Vec<&str> = servestats::COUNTER_NAMES.iter().map(|(_, n)| *n).collect();
+        let at = |pairs: &[(&str, u64)]| -> Vec<u64> {
+            names
+                .iter()
+                .map(|n| pairs.iter().find(|(k, _)| k == n).map_or(0, |p| p.1))
+                .collect()
+        };
+        let before = at(&[("requests", 100), ("stretches", 10), ("cpu_samples", 4)]);
+        let after = at(&[
+            ("requests", 900),
+            ("stretches", 110),
+            ("empty_polls", 1_600),
+            ("cpu_samples", 44),
+            ("shared_cpu_samples", 30),
+            ("busy_sampled_cpu_ns", 300),
+            ("busy_sampled_wall_ns", 400),
+        ]);
+        let s = Serving::new(Some(&before), &after);
+        assert_eq!(s.counters["requests"], 800);
+        assert_eq!(s.counters["stretches"], 100);
+        assert_eq!(s.requests_per_stretch, Some(8.0));
+        assert_eq!(s.empty_polls_per_request, Some(2.0));
+        assert_eq!(s.shared_cpu_fraction, Some(0.75));
+        assert_eq!(s.busy_on_cpu_fraction, Some(0.75));
+        // A compute thread serves no requests: no per-request ratios.
+        let c = Serving::new(None, &at(&[("idles", 5), ("parks", 1)]));
+        assert_eq!(c.counters["parks"], 1);
+        assert_eq!(c.requests_per_stretch, None);
+        assert_eq!(c.empty_polls_per_request, None);
+    }
+
+    #[test]
     fn host_and_process_lines_parse() {
         assert_eq!(
             parse_host("cpu  100 5 50 1000 20 3 2 7 0 0"),
