@@ -858,11 +858,13 @@ fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
             Err(crossbeam_channel::TryRecvError::Empty) => {}
         }
         polls += 1;
-        servestats::event(Role::Handler);
         if polls < SPINS {
             std::hint::spin_loop();
             continue;
         }
+        // Counted (and the CPU sampled) only once the spins are over, so
+        // the spin itself stays a bare poll.
+        servestats::event(Role::Handler);
         let start = *since.get_or_insert_with(Instant::now);
         if start.elapsed() >= poll {
             return blocked(polls, yields);
