@@ -107,6 +107,13 @@ pub struct DstArgs {
     pub set: Vec<String>,
 }
 
+/// `--pin-threads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PinThreads {
+    Distinct,
+    Shared,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
     Local,
@@ -240,6 +247,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MICROS",
           default_value_t = dmkv_transport::local::DEFAULT_HANDLER_POLL.as_micros() as u64)]
     pub handler_poll_us: u64,
+    /// Local transport: pin RPC handler and compute threads to CPUs.
+    /// `distinct`: each on a CPU of its own (refused when the process may
+    /// use fewer CPUs than --memnode-threads + --threads); `shared`: all on
+    /// one CPU. Without it the OS places them.
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub pin_threads: Option<PinThreads>,
     /// With --transport sim: the hardware profile, a shipped name
     /// (xstore-cx4, rolex-cx5, outback-cx6, scalestore-cx5) or a TOML file.
     #[arg(long, value_name = "NAME|PATH")]
@@ -715,6 +728,18 @@ pub(crate) fn bench_config(
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.local.handler_poll = std::time::Duration::from_micros(a.handler_poll_us);
+    if let Some(how) = a.pin_threads {
+        if a.transport != Transport::Local {
+            return Err(usage("--pin-threads is a local-transport knob"));
+        }
+        let plan = match how {
+            PinThreads::Distinct => {
+                dmkv_transport::placement::Plan::distinct(a.memnode_threads, threads)
+            }
+            PinThreads::Shared => dmkv_transport::placement::Plan::shared(),
+        };
+        cfg.local.placement = Some(plan.map_err(|e| usage(format!("--pin-threads: {e}")))?);
+    }
     cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
     cfg.op_limit = a.op_limit_ms.map(std::time::Duration::from_millis);

@@ -868,6 +868,8 @@ fn run_threads_sim(
 /// One compute thread. It always reaches the three barriers, whatever fails,
 /// so that the main thread never waits forever.
 fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
+    // `--pin-threads`: this compute thread's CPU (nothing without a plan).
+    dmkv_transport::placement::pin_compute(thread);
     let mut res = ThreadResult::default();
     let client: Option<(Rc<Endpoint>, Rc<dyn KvStore>)> = match catch(|| ctx.dep.client(thread)) {
         Ok(Ok(c)) => Some(c),

@@ -19,6 +19,7 @@
 //! thread from the outside to say who lost the core to whom. Both parse
 //! the kernel's `schedstat` line with `schedstat::Sched::parse`.
 
+use dmkv_transport::servestats;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -50,6 +51,9 @@ pub struct Snapshot {
     host_steal_ticks: Option<u64>,
     /// This process's user + system time (`/proc/self/stat`), clock ticks.
     process_ticks: Option<u64>,
+    /// What the transport's handler and compute threads counted
+    /// (`dmkv_transport::servestats`), by thread id.
+    serving: BTreeMap<u64, Vec<u64>>,
 }
 
 /// Takes a snapshot (a few dozen small `/proc` reads: call it outside the
@@ -72,6 +76,10 @@ pub fn snapshot() -> Snapshot {
         host_busy_ticks,
         host_steal_ticks,
         process_ticks: read_process_ticks(),
+        serving: servestats::snapshot()
+            .into_iter()
+            .map(|(tid, _, v)| (tid, v.to_vec()))
+            .collect(),
     }
 }
 
@@ -150,6 +158,62 @@ pub struct SchedReport {
     /// Of the host's busy time, what the hypervisor stole, in cores.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steal_cores: Option<f64>,
+    /// The CPUs handler and compute threads were pinned to
+    /// (`--pin-threads`); absent when the OS placed them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<Pinned>,
+}
+
+/// A `--pin-threads` placement.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pinned {
+    pub handler_cpus: Vec<usize>,
+    pub compute_cpus: Vec<usize>,
+}
+
+/// What a handler or compute thread counted during the run
+/// (`dmkv_transport::servestats`): counters by name, and the ratios that
+/// tell a run's serving mode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Serving {
+    pub counters: BTreeMap<String, u64>,
+    /// Handler: requests per busy stretch (the batch served between two
+    /// empty polls of its queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_stretch: Option<f64>,
+    /// Handler: empty polls of its queue per request served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub empty_polls_per_request: Option<f64>,
+    /// Handler: thread CPU time over elapsed time in its sampled busy
+    /// stretches (what scales its RPC charges).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub busy_on_cpu_fraction: Option<f64>,
+    /// Of the thread's CPU samples, the fraction on the CPU where the other
+    /// role's thread (handler / compute) was last sampled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_cpu_fraction: Option<f64>,
+}
+
+impl Serving {
+    fn new(before: Option<&Vec<u64>>, after: &[u64]) -> Serving {
+        let counters: BTreeMap<String, u64> = servestats::COUNTER_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, (_, name))| {
+                let b = before.and_then(|b| b.get(i)).copied().unwrap_or(0);
+                (name.to_string(), after[i].saturating_sub(b))
+            })
+            .collect();
+        let get = |k: &str| counters.get(k).copied().unwrap_or(0);
+        let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+        Serving {
+            requests_per_stretch: ratio(get("requests"), get("stretches")),
+            empty_polls_per_request: ratio(get("empty_polls"), get("requests")),
+            busy_on_cpu_fraction: ratio(get("busy_sampled_cpu_ns"), get("busy_sampled_wall_ns")),
+            shared_cpu_fraction: ratio(get("shared_cpu_samples"), get("cpu_samples")),
+            counters,
+        }
+    }
 }
 
 /// One thread's share of the run phase.
@@ -169,6 +233,9 @@ pub struct ThreadSched {
     /// Switches away because the thread blocked (parked, waited on a lock,
     /// a condition or a futex).
     pub voluntary_switches: u64,
+    /// For RPC handler and compute threads: what they counted themselves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Serving>,
 }
 
 impl SchedReport {
@@ -186,6 +253,10 @@ impl SchedReport {
                     runq_wait_ms: a.runq_wait_ns.saturating_sub(b.runq_wait_ns) as f64 / 1e6,
                     involuntary_switches: a.involuntary.saturating_sub(b.involuntary),
                     voluntary_switches: a.voluntary.saturating_sub(b.voluntary),
+                    serving: after
+                        .serving
+                        .get(tid)
+                        .map(|v| Serving::new(before.serving.get(tid), v)),
                 };
                 let idle = t.cpu_ms == 0.0 && t.involuntary_switches + t.voluntary_switches == 0;
                 (!idle).then(|| (a.name.clone(), *tid, t))
@@ -213,6 +284,10 @@ impl SchedReport {
             threads: threads.into_iter().map(|t| t.2).collect(),
             other_processes_cores: other,
             steal_cores: steal,
+            pinned: dmkv_transport::placement::plan().map(|p| Pinned {
+                handler_cpus: p.handlers,
+                compute_cpus: p.compute,
+            }),
         }
     }
 }
@@ -235,12 +310,39 @@ pub fn print(out: &mut dyn std::io::Write, engine: &str, r: &SchedReport) -> std
         cores(r.other_processes_cores),
         cores(r.steal_cores)
     )?;
+    if let Some(p) = &r.pinned {
+        writeln!(
+            out,
+            "  pinned: handler threads on CPUs {:?}, compute threads on CPUs {:?}",
+            p.handler_cpus, p.compute_cpus
+        )?;
+    }
     for t in &r.threads {
         writeln!(
             out,
             "  {:<16} cpu {:>8.1} ms, run-queue wait {:>7.1} ms, {:>6} preempted or yielded, {:>6} blocked",
             t.name, t.cpu_ms, t.runq_wait_ms, t.involuntary_switches, t.voluntary_switches
         )?;
+        if let Some(s) = &t.serving {
+            let c = |k: &str| s.counters.get(k).copied().unwrap_or(0);
+            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+            writeln!(
+                out,
+                "  {:<16} requests {}, per stretch {}, empty polls per request {}, yields {}, blocks {}, idles {}, parks {}, on a CPU shared with the other side {} of {} samples ({}), migrations {}",
+                "",
+                c("requests"),
+                f(s.requests_per_stretch),
+                f(s.empty_polls_per_request),
+                c("yields"),
+                c("blocks"),
+                c("idles"),
+                c("parks"),
+                c("shared_cpu_samples"),
+                c("cpu_samples"),
+                f(s.shared_cpu_fraction),
+                c("migrations"),
+            )?;
+        }
     }
     Ok(())
 }
@@ -248,6 +350,39 @@ pub fn print(out: &mut dyn std::io::Write, engine: &str, r: &SchedReport) -> std
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serving_counts_are_differences_with_their_ratios() {
+        let names: Vec<&str> = servestats::COUNTER_NAMES.iter().map(|(_, n)| *n).collect();
+        let at = |pairs: &[(&str, u64)]| -> Vec<u64> {
+            names
+                .iter()
+                .map(|n| pairs.iter().find(|(k, _)| k == n).map_or(0, |p| p.1))
+                .collect()
+        };
+        let before = at(&[("requests", 100), ("stretches", 10), ("cpu_samples", 4)]);
+        let after = at(&[
+            ("requests", 900),
+            ("stretches", 110),
+            ("empty_polls", 1_600),
+            ("cpu_samples", 44),
+            ("shared_cpu_samples", 30),
+            ("busy_sampled_cpu_ns", 300),
+            ("busy_sampled_wall_ns", 400),
+        ]);
+        let s = Serving::new(Some(&before), &after);
+        assert_eq!(s.counters["requests"], 800);
+        assert_eq!(s.counters["stretches"], 100);
+        assert_eq!(s.requests_per_stretch, Some(8.0));
+        assert_eq!(s.empty_polls_per_request, Some(2.0));
+        assert_eq!(s.shared_cpu_fraction, Some(0.75));
+        assert_eq!(s.busy_on_cpu_fraction, Some(0.75));
+        // A compute thread serves no requests: no per-request ratios.
+        let c = Serving::new(None, &at(&[("idles", 5), ("parks", 1)]));
+        assert_eq!(c.counters["parks"], 1);
+        assert_eq!(c.requests_per_stretch, None);
+        assert_eq!(c.empty_polls_per_request, None);
+    }
 
     #[test]
     fn host_and_process_lines_parse() {

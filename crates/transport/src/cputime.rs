@@ -192,6 +192,13 @@ impl BusyClock {
             .min(wall);
         // Decay by 1/8 per sampled stretch: the last few dozen stretches
         // count, so the scale follows the host's load within milliseconds.
+        {
+            use crate::servestats::{Counter, Role};
+            crate::servestats::add_all(
+                Role::Handler,
+                &[(Counter::BusyCpuNs, cpu), (Counter::BusyWallNs, wall)],
+            );
+        }
         self.cpu_sum = self.cpu_sum - self.cpu_sum / 8 + cpu;
         self.wall_sum = self.wall_sum - self.wall_sum / 8 + wall;
         if self.wall_sum > 0 {

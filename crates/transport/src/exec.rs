@@ -150,23 +150,40 @@ fn idle(shared: &Shared) {
     }
     #[allow(clippy::disallowed_methods)]
     let start = Instant::now();
+    // Counted for the report (servestats), once per idle round.
+    let mut yields = 0u64;
+    let count = |yields: u64, parked: bool| {
+        use crate::servestats::{Counter, Role};
+        crate::servestats::add_all(
+            Role::Compute,
+            &[
+                (Counter::Yields, yields),
+                (Counter::Parks, u64::from(parked)),
+            ],
+        );
+        crate::servestats::add_event(Role::Compute, Counter::Idles, 1);
+    };
     loop {
         if shared.parker.is_notified() {
+            count(yields, false);
             return;
         }
         let due = earliest_short_sleep();
         #[allow(clippy::disallowed_methods)]
         let now = Instant::now();
         if due.is_some_and(|d| d <= now) {
+            count(yields, false);
             return; // the caller's loop wakes the sleepers now due
         }
         if now - start < POLL_BEFORE_PARK {
             // Give the core away while polling: the reply this thread waits
             // for may come from a handler thread that needs this very core
             // (more busy threads than cores), and must not be starved.
+            yields += 1;
             std::thread::yield_now();
             continue;
         }
+        count(yields, true);
         match due {
             None => shared.parker.park(),
             Some(d) => {

@@ -48,7 +48,11 @@ pub mod local;
 mod local_rpc;
 mod parker;
 #[allow(unsafe_code)]
+pub mod placement;
+#[allow(unsafe_code)]
 pub mod region;
+#[allow(unsafe_code)]
+pub mod servestats;
 pub mod service;
 pub mod sim;
 pub mod time;

@@ -20,6 +20,7 @@ use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
 use crate::local_rpc::{Reaper, ReplyTo, RpcSlots};
 use crate::region::{RegionEntry, RegionMem};
+use crate::servestats::{self, Counter, Role};
 use crate::service::{Reply, RpcContext, ServiceTable};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
@@ -70,6 +71,11 @@ pub struct LocalConfig {
     /// wake-ups while requests keep coming; blocking keeps an idle node off
     /// the CPU.
     pub handler_poll: Duration,
+    /// Where handler threads (and the bench's compute threads) run
+    /// (`dmkv bench --pin-threads`); `None`: wherever the OS puts them. A
+    /// cluster created with a plan puts it in force for the whole process
+    /// ([`crate::placement::set_plan`]).
+    pub placement: Option<crate::placement::Plan>,
 }
 
 /// [`LocalConfig::handler_poll`]'s default, chosen by measurement against
@@ -83,6 +89,7 @@ impl Default for LocalConfig {
             faults: Faults::default(),
             rpc_timeout: Duration::from_secs(30),
             handler_poll: DEFAULT_HANDLER_POLL,
+            placement: None,
         }
     }
 }
@@ -182,8 +189,11 @@ impl NodeState {
     /// [`recv_polling`]; its busy stretches (from the request that found it
     /// idle to the next time its queue is empty) go to its [`BusyClock`],
     /// which scales the RPC charges by the share of that time the thread
-    /// was on a CPU.
-    fn serve(self: Arc<Self>) {
+    /// was on a CPU. It counts requests, stretches and its waiting in
+    /// [`servestats`] (evidence for the report, nothing decided by it) and
+    /// runs on its planned CPU if a [`crate::placement`] plan is in force.
+    fn serve(self: Arc<Self>, index: usize) {
+        crate::placement::pin_handler(index);
         let mut clock = BusyClock::new(crate::cputime::BUSY_STRETCH_SAMPLE);
         loop {
             let msg = match self.rx.try_recv() {
@@ -197,6 +207,7 @@ impl NodeState {
             let Some(Msg::Call(req)) = msg else {
                 return;
             };
+            servestats::add_event(Role::Handler, Counter::Requests, 1);
             clock.busy();
             if self.crashed.load(Ordering::Acquire) {
                 continue;
@@ -227,6 +238,9 @@ pub struct LocalCluster {
 
 impl LocalCluster {
     pub fn new(config: LocalConfig) -> LocalCluster {
+        if let Some(plan) = &config.placement {
+            crate::placement::set_plan(Some(plan.clone()));
+        }
         let (reaper, handle) = Reaper::start(config.rpc_timeout);
         LocalCluster {
             inner: Arc::new(Inner {
@@ -263,7 +277,7 @@ impl LocalCluster {
             let s = state.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("dmkv-{id}-h{h}"))
-                .spawn(move || s.serve())
+                .spawn(move || s.serve(h))
                 .expect("spawn a handler thread");
             state.handlers.lock().push(handle);
         }
@@ -808,14 +822,38 @@ pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
 // from work: scripts/instructions-per-op.sh counts `wait_for_request` as idle
 fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
     const SPINS: u32 = 64;
-    if poll.is_zero() {
-        return rx.recv().ok();
-    }
+    // Counted for the report (servestats) once per wait, not per poll.
     let mut polls = 0u32;
+    let mut yields = 0u64;
+    let blocked = |polls: u32, yields: u64| {
+        servestats::add_all(
+            Role::Handler,
+            &[
+                (Counter::Stretches, 1),
+                (Counter::EmptyPolls, u64::from(polls) + 1),
+                (Counter::Yields, yields),
+                (Counter::Blocks, 1),
+            ],
+        );
+        rx.recv().ok()
+    };
+    if poll.is_zero() {
+        return blocked(polls, yields);
+    }
     let mut since: Option<Instant> = None;
     loop {
         match rx.try_recv() {
-            Ok(m) => return Some(m),
+            Ok(m) => {
+                servestats::add_all(
+                    Role::Handler,
+                    &[
+                        (Counter::Stretches, 1),
+                        (Counter::EmptyPolls, u64::from(polls) + 1),
+                        (Counter::Yields, yields),
+                    ],
+                );
+                return Some(m);
+            }
             Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
             Err(crossbeam_channel::TryRecvError::Empty) => {}
         }
@@ -824,10 +862,14 @@ fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
             std::hint::spin_loop();
             continue;
         }
+        // Counted (and the CPU sampled) only once the spins are over, so
+        // the spin itself stays a bare poll.
+        servestats::event(Role::Handler);
         let start = *since.get_or_insert_with(Instant::now);
         if start.elapsed() >= poll {
-            return rx.recv().ok();
+            return blocked(polls, yields);
         }
+        yields += 1;
         std::thread::yield_now();
     }
 }
