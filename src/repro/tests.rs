@@ -514,7 +514,9 @@ fn scalestore_fig7_runs_the_papers_workers_and_partitions_only_where_asked() {
     assert_eq!(runs, (4 * 4 - 2) + (5 * 4 - 2));
     for s in &fig.series {
         assert!(
-            fig.paper.iter().any(|v| v.series == s.label && v.point == "5"),
+            fig.paper
+                .iter()
+                .any(|v| v.series == s.label && v.point == "5"),
             "a paper value at 5 nodes for {}",
             s.label
         );
@@ -558,7 +560,10 @@ fn scalestore_fig7_partitioned_point_runs_at_a_tiny_size() {
         let node = t["node"].as_u64().unwrap() as usize;
         assert_eq!(t["partition"].as_u64(), Some(node as u64), "{t}");
         let (lo, hi) = (ranges[node][0].as_u64(), ranges[node][1].as_u64());
-        assert!(t["min_key"].as_u64() >= lo && t["max_key"].as_u64() <= hi, "{t}");
+        assert!(
+            t["min_key"].as_u64() >= lo && t["max_key"].as_u64() <= hi,
+            "{t}"
+        );
         ops += t["ops"].as_u64().unwrap();
     }
     assert_eq!(ops, 4000, "every operation drawn from its node's range");
