@@ -16,7 +16,9 @@
 //!    names a registered engine; `quick.points` and every `[[paper]]` entry
 //!    name existing points and series.
 //! 3. A line plot has a numeric x for every point (its `x`, or its label).
-//! 4. `[[extra]]` quantities have unique names; a paper value's `metric`
+//! 4. A series' `points` name existing points, and no paper value is for
+//!    a point its series does not run at.
+//! 5. `[[extra]]` quantities have unique names; a paper value's `metric`
 //!    names one of them; an extra's `timeline` series needs a timeline plot.
 
 use crate::engines::Registry;
@@ -228,6 +230,20 @@ pub struct Series {
     /// Overrides for this series (e.g. `set = ["xstore.cache=top-only"]`).
     #[serde(default)]
     pub params: Params,
+    /// Labels of the points this series runs at (default: all), for a
+    /// series that has no meaning at some points (e.g. `--partitioned`
+    /// needs two or more nodes).
+    #[serde(default)]
+    pub points: Option<Vec<String>>,
+}
+
+impl Series {
+    /// Whether this series runs at the point labelled `point`.
+    pub fn runs_at(&self, point: &str) -> bool {
+        self.points
+            .as_ref()
+            .is_none_or(|keep| keep.iter().any(|l| l == point))
+    }
 }
 
 /// `[quick]`: the reduced run of `--quick`.
@@ -499,6 +515,11 @@ impl Figure {
                 ));
             }
             check_params(&format!("series {:?}", s.label), &s.params)?;
+            for l in s.points.iter().flatten() {
+                if !self.points.iter().any(|p| &p.label == l) {
+                    return Err(format!("series {:?}: points: no point {l:?}", s.label));
+                }
+            }
         }
         if let Some(q) = &self.quick.points {
             for l in q {
@@ -559,6 +580,15 @@ impl Figure {
             }
             if !self.points.iter().any(|p| p.label == v.point) {
                 return Err(format!("{where_}: no point {:?}", v.point));
+            }
+            if self
+                .series
+                .iter()
+                .any(|s| s.label == v.series && !s.runs_at(&v.point))
+            {
+                return Err(format!(
+                    "{where_}: the series does not run at that point (its `points`)"
+                ));
             }
             if let Some(r) = &v.ratio_to
                 && (!self.series.iter().any(|s| &s.label == r) || r == &v.series)

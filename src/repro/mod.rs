@@ -165,11 +165,14 @@ fn run_bench(
 /// Runs every point of every series of `fig`, printing progress on `out`.
 pub fn run_figure(registry: &Registry, fig: &Figure, quick: bool, io: &mut Io<'_>) -> FigureRun {
     let points: Vec<&Point> = fig.points_to_run(quick);
-    let total = points.len() * fig.series.len();
+    let total = points
+        .iter()
+        .map(|p| fig.series.iter().filter(|s| s.runs_at(&p.label)).count())
+        .sum::<usize>();
     let mut results = Vec::with_capacity(total);
     let mut n = 0;
     for point in &points {
-        for series in &fig.series {
+        for series in fig.series.iter().filter(|s| s.runs_at(&point.label)) {
             n += 1;
             results.push(run_point(registry, fig, point, series, quick, io));
             let r = results.last().expect("just pushed");

@@ -360,6 +360,20 @@ fn bad_figure_files_are_refused_with_a_clear_message() {
             ),
             "a timeline series needs plot = \"timeline\"",
         ),
+        (
+            TINY.replace(
+                "label = \"rpc-hash\"\nengine = \"rpc-hash\"",
+                "label = \"rpc-hash\"\nengine = \"rpc-hash\"\npoints = [\"900\"]",
+            ),
+            "points: no point \"900\"",
+        ),
+        (
+            TINY.replace(
+                "label = \"rpc-hash\"\nengine = \"rpc-hash\"",
+                "label = \"rpc-hash\"\nengine = \"rpc-hash\"\npoints = [\"300\"]",
+            ),
+            "the series does not run at that point",
+        ),
     ];
     for (i, (text, needle)) in cases.iter().enumerate() {
         let file = dir.join(format!("bad{i}.toml"));
@@ -450,4 +464,107 @@ fn metric_paths_read_nested_numbers() {
     assert_eq!(super::lookup(&v, "n"), Some(4.0));
     assert_eq!(super::lookup(&v, "a.x"), None);
     assert_eq!(super::lookup(&v, "a"), None, "an object is not a number");
+}
+
+/// The value of `--FLAG` in a command line, if given with a value.
+fn flag<'a>(argv: &'a [String], f: &str) -> Option<&'a str> {
+    let i = argv.iter().position(|a| a == f)?;
+    argv.get(i + 1).map(String::as_str)
+}
+
+/// ScaleStore Fig. 7 runs the paper's workers (§6.1: 20 worker threads
+/// per node, one operation at a time, 4 message handlers) at every point,
+/// verifies every run, and its partitioned series, and only those, pass
+/// `--partitioned`, at two or more nodes.
+#[test]
+fn scalestore_fig7_runs_the_papers_workers_and_partitions_only_where_asked() {
+    let fig = figure::load("scalestore-fig7", &REGISTRY).unwrap();
+    let partitioned: Vec<&str> = fig
+        .series
+        .iter()
+        .filter(|s| s.label.starts_with("partitioned"))
+        .map(|s| s.label.as_str())
+        .collect();
+    assert_eq!(partitioned.len(), 2, "read-only and update-heavy");
+    let mut runs = 0;
+    for quick in [true, false] {
+        for point in fig.points_to_run(quick) {
+            for series in fig.series.iter().filter(|s| s.runs_at(&point.label)) {
+                let argv = fig.argv(point, series, quick);
+                let nodes: usize = flag(&argv, "--nodes").unwrap().parse().unwrap();
+                let threads: usize = flag(&argv, "--threads").unwrap().parse().unwrap();
+                assert_eq!(threads, 20 * nodes, "{argv:?}");
+                assert_eq!(flag(&argv, "--tasks"), Some("1"), "{argv:?}");
+                assert_eq!(flag(&argv, "--memnode-threads"), Some("4"), "{argv:?}");
+                assert!(argv.iter().any(|a| a == "--verify"), "{argv:?}");
+                let is_part = partitioned.contains(&series.label.as_str());
+                assert_eq!(
+                    argv.iter().any(|a| a == "--partitioned"),
+                    is_part,
+                    "{argv:?}"
+                );
+                if is_part {
+                    assert!(nodes >= 2, "{argv:?}");
+                }
+                runs += 1;
+            }
+        }
+    }
+    // Quick: 4 points, full: 5; the partitioned series skip one node.
+    assert_eq!(runs, (4 * 4 - 2) + (5 * 4 - 2));
+    for s in &fig.series {
+        assert!(
+            fig.paper
+                .iter()
+                .any(|v| v.series == s.label && v.point == "5"),
+            "a paper value at 5 nodes for {}",
+            s.label
+        );
+    }
+}
+
+/// The figure's own partitioned command, shrunk to a tiny key set, runs on
+/// the simulated cluster: each node's operations stay in its own key range
+/// and every key verifies.
+#[test]
+fn scalestore_fig7_partitioned_point_runs_at_a_tiny_size() {
+    let fig = figure::load("scalestore-fig7", &REGISTRY).unwrap();
+    let point = fig.points.iter().find(|p| p.label == "2").unwrap();
+    let series = fig
+        .series
+        .iter()
+        .find(|s| s.label == "partitioned, update-heavy (95% updates)")
+        .unwrap();
+    let mut argv = fig.argv(point, series, true);
+    for (f, v) in [("--keys", "2000"), ("--ops", "4000")] {
+        let i = argv.iter().position(|a| a == f).unwrap();
+        argv[i + 1] = v.into();
+    }
+    let dir = scratch("fig7-part");
+    let json = dir.join("p.json");
+    let mut args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+    args.extend(["--json", json.to_str().unwrap()]);
+    let (code, _, err) = dmkv(&args);
+    assert_eq!(code, EXIT_OK, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&read(&json)).unwrap();
+    assert_eq!(v["ok"], true, "{}", v["verify"]);
+    assert_eq!(v["verify"]["checked"], 2000);
+    assert_eq!(v["threads"], 40);
+    let part = &v["partition"];
+    assert_eq!(part["partitions"], 2, "{part}");
+    let ranges = part["key_ranges"].as_array().unwrap();
+    let touched = part["touched"].as_array().unwrap();
+    assert_eq!(touched.len(), 2, "one phase, two nodes: {touched:?}");
+    let mut ops = 0;
+    for t in touched {
+        let node = t["node"].as_u64().unwrap() as usize;
+        assert_eq!(t["partition"].as_u64(), Some(node as u64), "{t}");
+        let (lo, hi) = (ranges[node][0].as_u64(), ranges[node][1].as_u64());
+        assert!(
+            t["min_key"].as_u64() >= lo && t["max_key"].as_u64() <= hi,
+            "{t}"
+        );
+        ops += t["ops"].as_u64().unwrap();
+    }
+    assert_eq!(ops, 4000, "every operation drawn from its node's range");
 }
