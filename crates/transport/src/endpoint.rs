@@ -80,7 +80,10 @@ impl Endpoint {
     #[allow(unsafe_code)]
     pub fn metering<R>(&self, into: &mut Counters, f: impl FnOnce() -> R) -> R {
         /// Puts the previous meter back, also when `f` unwinds (M1).
-        struct Restore<'e>(&'e Cell<Option<NonNull<Counters>>>, Option<NonNull<Counters>>);
+        struct Restore<'e>(
+            &'e Cell<Option<NonNull<Counters>>>,
+            Option<NonNull<Counters>>,
+        );
         impl Drop for Restore<'_> {
             #[inline]
             fn drop(&mut self) {
@@ -756,10 +759,7 @@ mod tests {
         };
         let read = |len| {
             let mut v = Verbs::new();
-            v.push(Verb::Read {
-                addr: r.at(0),
-                len,
-            });
+            v.push(Verb::Read { addr: r.at(0), len });
             batch_counters(&v)
         };
         let (mut outer, mut inner) = (Counters::default(), Counters::default());
