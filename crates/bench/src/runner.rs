@@ -1062,7 +1062,7 @@ async fn call<F: Future>(ep: &Endpoint, kind: OpKind, fut: F) -> (F::Output, Dur
     let start = Instant::now();
     // The simulated thread's core spends its per-operation CPU first.
     ep.begin_op().await;
-    let (out, cost) = metered(ep, labeled(kind, fut)).await;
+    let (out, cost) = metered(ep, kind, fut).await;
     (out, start.elapsed(), cost)
 }
 

@@ -113,6 +113,41 @@ impl<T> Future for OpFuture<'_, T> {
 
 impl<T> Unpin for OpFuture<'_, T> {}
 
+/// The future of an RPC ([`EndpointBackend::call_unboxed`]): the backend's
+/// operation, or on the `local` backend without injected faults the reply
+/// slot's wait itself, held in place instead of boxed (no allocation per
+/// RPC).
+pub struct CallFuture<'a>(CallInner<'a>);
+
+enum CallInner<'a> {
+    Op(OpFuture<'a, Result<Reply>>),
+    Slot(crate::local_rpc::ReplyWait<'a>),
+}
+
+impl<'a> CallFuture<'a> {
+    /// A backend operation.
+    pub fn op(op: OpFuture<'a, Result<Reply>>) -> Self {
+        CallFuture(CallInner::Op(op))
+    }
+    /// A local reply slot's wait.
+    pub(crate) fn slot(wait: crate::local_rpc::ReplyWait<'a>) -> Self {
+        CallFuture(CallInner::Slot(wait))
+    }
+}
+
+impl Future for CallFuture<'_> {
+    type Output = Result<Reply>;
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Reply>> {
+        // Both variants are `Unpin` (the operation's future is boxed if
+        // pending; the wait holds indices and a reference).
+        match &mut self.get_mut().0 {
+            CallInner::Op(op) => Pin::new(op).poll(cx),
+            CallInner::Slot(wait) => Pin::new(wait).poll(cx),
+        }
+    }
+}
+
 /// A backend's per-thread issuing side.
 pub trait EndpointBackend {
     /// The node this endpoint issues from.
@@ -157,6 +192,12 @@ pub trait EndpointBackend {
         service: ServiceId,
         request: Vec<u8>,
     ) -> OpFuture<'_, Result<Reply>>;
+    /// [`Self::call`], as the future [`Endpoint`](crate::Endpoint) awaits:
+    /// the `local` backend answers its fault-free RPCs with the reply
+    /// slot's wait in place (no box); the default wraps `call`.
+    fn call_unboxed(&self, node: NodeId, service: ServiceId, request: Vec<u8>) -> CallFuture<'_> {
+        CallFuture::op(self.call(node, service, request))
+    }
 }
 
 /// A cluster as seen by one process: it makes endpoints.

@@ -116,6 +116,24 @@ impl AddAssign for Counters {
     }
 }
 
+/// `now - start`, field by field; `start` must be an earlier reading of the
+/// same monotone counters.
+#[inline]
+pub fn since(now: &Counters, start: &Counters) -> Counters {
+    Counters {
+        round_trips: now.round_trips - start.round_trips,
+        verbs: now.verbs - start.verbs,
+        reads: now.reads - start.reads,
+        writes: now.writes - start.writes,
+        cas: now.cas - start.cas,
+        faa: now.faa - start.faa,
+        rpcs: now.rpcs - start.rpcs,
+        bytes_read: now.bytes_read - start.bytes_read,
+        bytes_written: now.bytes_written - start.bytes_written,
+        memnode_cpu_ns: now.memnode_cpu_ns - start.memnode_cpu_ns,
+    }
+}
+
 impl Add for Counters {
     type Output = Counters;
     fn add(mut self, o: Counters) -> Counters {

@@ -9,6 +9,7 @@ use crate::wire::WireWriter;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::task::{Context, Poll};
 
 /// The issuing side of one thread: one-sided verbs, batches and RPCs. It
@@ -20,11 +21,17 @@ use std::task::{Context, Poll};
 pub struct Endpoint {
     backend: Box<dyn EndpointBackend>,
     counters: RefCell<CounterTable>,
-    /// The sum of `counters` over every kind, kept up to date as they are
-    /// bumped, so that metering an operation costs two small copies.
-    total: Cell<Counters>,
-    /// How many times anything was charged (see [`Endpoint::charges`]).
-    charges: Cell<u64>,
+    /// The accumulator of the stretch of polling being metered, if any
+    /// ([`Endpoint::metering`]): every charge is added to it in place, as
+    /// it is added to its kind's counters.
+    ///
+    /// Invariant (M1): it is `Some` only while a `metering` call runs on
+    /// this thread, and then points at that call's `into`, which the call
+    /// borrows exclusively for its whole duration; the call puts the
+    /// previous value back before it returns or unwinds. The endpoint is
+    /// neither `Send` nor `Sync` (its `RefCell` and this `Cell`), so only
+    /// code inside that call can reach the pointer.
+    meter: Cell<Option<NonNull<Counters>>>,
 }
 
 impl Endpoint {
@@ -32,8 +39,7 @@ impl Endpoint {
         Endpoint {
             backend,
             counters: RefCell::new(CounterTable::default()),
-            total: Cell::new(Counters::default()),
-            charges: Cell::new(0),
+            meter: Cell::new(None),
         }
     }
 
@@ -47,27 +53,59 @@ impl Endpoint {
         *self.counters.borrow()
     }
 
-    /// Clears the counters (e.g. between load and run).
+    /// Clears the counters (e.g. between load and run). A stretch being
+    /// metered ([`Endpoint::metering`]) keeps what it has accumulated.
     pub fn reset_counters(&self) {
         *self.counters.borrow_mut() = CounterTable::default();
-        self.total.set(Counters::default());
-        self.charges.set(self.charges.get().wrapping_add(1));
     }
 
     /// Everything charged so far, over all operation kinds (the sum of
-    /// [`Endpoint::counters`], without summing).
-    #[inline]
+    /// [`Endpoint::counters`]; summed when asked, not kept up to date on
+    /// every charge).
     pub fn total_counters(&self) -> Counters {
-        self.total.get()
+        self.counters.borrow().sum(&crate::counters::OpKind::ALL)
     }
 
-    /// A number that changes whenever the counters change (every charge,
-    /// and a reset), and only then: code that meters a stretch of polling
-    /// (the harness's `Metered`) compares it before and after, and only when
-    /// it changed needs the difference of [`Endpoint::total_counters`].
+    /// Runs `f` and adds to `into` everything this endpoint charges while
+    /// `f` runs (to whatever operation kind), in place as each charge is
+    /// made: how the harness meters each poll of an operation's future
+    /// (its `Metered`), without copying or differencing counter tables. A
+    /// compute thread polls one task at a time and a charge happens only
+    /// while the task issuing it is polled, so what a poll's `f` adds is
+    /// exactly that task's cost. Nested calls each see their own charges:
+    /// the inner `into` gets them first and the outer one is credited with
+    /// the same amounts when the inner call returns, so an outer meter sees
+    /// all charges made during its call, as before.
     #[inline]
-    pub fn charges(&self) -> u64 {
-        self.charges.get()
+    #[allow(unsafe_code)]
+    pub fn metering<R>(&self, into: &mut Counters, f: impl FnOnce() -> R) -> R {
+        /// Puts the previous meter back, also when `f` unwinds (M1).
+        struct Restore<'e>(
+            &'e Cell<Option<NonNull<Counters>>>,
+            Option<NonNull<Counters>>,
+        );
+        impl Drop for Restore<'_> {
+            #[inline]
+            fn drop(&mut self) {
+                self.0.set(self.1);
+            }
+        }
+        let outer = self.meter.get();
+        // Only a nested call needs the starting value, to credit the outer
+        // meter with the difference.
+        let start = outer.map(|_| *into);
+        let restore = Restore(&self.meter, outer);
+        self.meter.set(Some(NonNull::from(&mut *into)));
+        let r = f();
+        drop(restore);
+        if let (Some(outer), Some(start)) = (outer, start) {
+            // SAFETY: `outer` was installed by an enclosing `metering` call
+            // on this thread that is still running (it is what `restore`
+            // put back), so it points at that call's exclusively borrowed
+            // accumulator (M1); nothing else refers to it now.
+            unsafe { *outer.as_ptr() += crate::counters::since(into, &start) };
+        }
+        r
     }
 
     fn charge(&self, f: impl Fn(&mut Counters)) {
@@ -76,12 +114,20 @@ impl Endpoint {
         self.add(&d);
     }
 
-    /// Adds `d` to the current kind's counters and to the total.
+    /// Adds `d` to the current kind's counters and to the meter, if one is
+    /// running: both bumped in place.
     #[inline]
+    #[allow(unsafe_code)]
     fn add(&self, d: &Counters) {
         *self.counters.borrow_mut().get_mut(current_kind()) += *d;
-        self.total.set(self.total.get() + *d);
-        self.charges.set(self.charges.get().wrapping_add(1));
+        if let Some(m) = self.meter.get() {
+            // SAFETY: a meter is installed only by `metering`, which is
+            // running on this thread (the endpoint is not `Sync`) with the
+            // accumulator exclusively borrowed and untouched by anything
+            // else until it returns (M1); no other reference to it exists
+            // during this add.
+            unsafe { *m.as_ptr() += *d };
+        }
     }
 
     /// Counts `bytes` that another node wrote one-sided into this node's
@@ -225,7 +271,7 @@ impl Endpoint {
             c.rpcs += 1;
             c.bytes_written += sent;
         });
-        let reply = self.backend.call(node, service, request).await?;
+        let reply = self.backend.call_unboxed(node, service, request).await?;
         let received = reply.result.as_ref().map_or(0, |p| p.len() as u64);
         self.charge(|c| {
             c.bytes_read += received;
@@ -438,6 +484,7 @@ enum RunState<'a> {
 impl Future for BatchRun<'_> {
     type Output = Result<BatchResult>;
     #[inline]
+    #[allow(unsafe_code)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Every field is `Unpin` (the backend's future is boxed if pending).
         let this = self.get_mut();
@@ -455,7 +502,18 @@ impl Future for BatchRun<'_> {
             // state for the poll after the one yield a round trip costs.
             let mut out = VerbResults::new();
             if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
-                this.state = RunState::Executed(Some(done.map(|()| out)));
+                let executed = RunState::Executed(Some(done.map(|()| out)));
+                if verbs.spilled() || !verbs.is_empty() {
+                    this.state = executed;
+                } else {
+                    // SAFETY: the state is `Unposted` with inline verbs
+                    // (not spilled to the heap) that are empty (as
+                    // `execute_now` leaves them), and a `BatchCost` (plain integers): dropping it
+                    // would free and run nothing, so overwriting it without
+                    // the drop glue's call leaks nothing. `this.state` is a
+                    // valid, aligned, exclusively borrowed place.
+                    unsafe { std::ptr::write(&mut this.state, executed) };
+                }
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
@@ -507,6 +565,16 @@ pub struct BatchResult {
 
 impl Drop for BatchResult {
     fn drop(&mut self) {
+        // Nothing to give back (the common case of a one-read helper whose
+        // buffer was taken out, and of atomics and writes): no access to
+        // the thread's spares at all.
+        if !self
+            .results
+            .iter()
+            .any(|r| matches!(r, VerbResult::Read(b) if b.capacity() > 0))
+        {
+            return;
+        }
         // Every read buffer back in one access to the thread's spares.
         crate::buffers::with_spares(|spares| {
             if let Some(spares) = spares {
@@ -652,9 +720,11 @@ mod tests {
         assert_eq!(expected.verbs, 5);
         assert_eq!(expected.bytes_read, 40 + 8 + 8 + 1000);
         assert_eq!(expected.bytes_written, 24 + 16 + 8);
-        let c0 = ep.charges();
-        block_on(labeled(OpKind::Scan, b.run())).unwrap();
-        assert_eq!(ep.charges(), c0 + 1);
+        let mut metered = Counters::default();
+        ep.metering(&mut metered, || {
+            block_on(labeled(OpKind::Scan, b.run())).unwrap();
+        });
+        assert_eq!(metered, expected, "the meter gets the batch's charge");
         assert_eq!(*ep.counters().get(OpKind::Scan), expected);
         assert_eq!(ep.total_counters(), expected);
         // The one-verb helpers count the same way.
@@ -666,12 +736,66 @@ mod tests {
             new: 1,
         });
         assert_eq!(*ep.counters().get(OpKind::Get), batch_counters(&one));
-        // An empty batch charges nothing, not even a change of `charges`.
-        let c1 = ep.charges();
-        block_on(ep.batch().run()).unwrap();
-        assert_eq!(ep.charges(), c1);
+        // An empty batch charges nothing.
+        let mut none = Counters::default();
+        ep.metering(&mut none, || block_on(ep.batch().run()).unwrap());
+        assert_eq!(none, Counters::default());
         assert_eq!(ep.total_counters(), expected + batch_counters(&one));
         ep.reset_counters();
-        assert_ne!(ep.charges(), c1, "a reset changes the counters too");
+        assert_eq!(ep.total_counters(), Counters::default());
+    }
+
+    /// A meter gets exactly the charges made while its `metering` call
+    /// runs; a nested meter gets its own, and the outer one is credited
+    /// with them too; charges outside any call reach no meter; the previous
+    /// meter is back after a call, also after a panic inside it.
+    #[test]
+    fn meters_get_their_charges_in_place_and_nest() {
+        use crate::counters::{OpKind, labeled};
+        use crate::exec::block_on;
+        let ep = Endpoint::new(Box::new(Nop));
+        let r = crate::addr::RemoteRegion {
+            node: NodeId(0),
+            id: crate::addr::RegionId(0),
+            key: crate::addr::AccessKey(7),
+            len: 4096,
+        };
+        let read = |len| {
+            let mut v = Verbs::new();
+            v.push(Verb::Read { addr: r.at(0), len });
+            batch_counters(&v)
+        };
+        let (mut outer, mut inner) = (Counters::default(), Counters::default());
+        block_on(ep.read(r.at(0), 100)).unwrap(); // before: no meter
+        ep.metering(&mut outer, || {
+            block_on(labeled(OpKind::Get, ep.read(r.at(0), 16))).unwrap();
+            ep.metering(&mut inner, || {
+                block_on(labeled(OpKind::Update, ep.read(r.at(0), 24))).unwrap();
+            });
+            block_on(ep.read(r.at(0), 32)).unwrap();
+        });
+        block_on(ep.read(r.at(0), 200)).unwrap(); // after: no meter
+        assert_eq!(inner, read(24));
+        assert_eq!(outer, read(16) + read(24) + read(32));
+        // A second stretch adds to what the accumulator holds.
+        ep.metering(&mut inner, || block_on(ep.read(r.at(0), 8)).unwrap());
+        assert_eq!(inner, read(24) + read(8));
+        // Unwinding out of a meter puts the previous one back.
+        let mut lost = Counters::default();
+        ep.metering(&mut outer, || {
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                ep.metering(&mut lost, || panic!("inside the inner meter"))
+            }));
+            assert!(caught.is_err());
+            block_on(ep.read(r.at(0), 40)).unwrap();
+        });
+        assert_eq!(lost, Counters::default());
+        assert_eq!(outer, read(16) + read(24) + read(32) + read(40));
+        assert_eq!(
+            ep.total_counters(),
+            [100, 16, 24, 32, 200, 8, 40]
+                .into_iter()
+                .fold(Counters::default(), |a, l| a + read(l))
+        );
     }
 }

@@ -12,13 +12,13 @@
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
 use crate::backend::{
-    EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
+    CallFuture, EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
 };
 use crate::cputime::BusyClock;
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
-use crate::local_rpc::{Reaper, ReplyTo, RpcSlots};
+use crate::local_rpc::{Reaper, ReplyTo, ReplyWait, RpcSlots};
 use crate::region::{RegionEntry, RegionMem};
 use crate::servestats::{self, Counter, Role};
 use crate::service::{Reply, RpcContext, ServiceTable};
@@ -683,17 +683,40 @@ impl EndpointBackend for LocalEndpoint {
         service: ServiceId,
         payload: Vec<u8>,
     ) -> OpFuture<'_, Result<Reply>> {
+        match self.call_local(node, service, payload) {
+            Ok(wait) => OpFuture::boxed(wait),
+            Err(op) => op,
+        }
+    }
+
+    fn call_unboxed(&self, node: NodeId, service: ServiceId, payload: Vec<u8>) -> CallFuture<'_> {
+        match self.call_local(node, service, payload) {
+            Ok(wait) => CallFuture::slot(wait),
+            Err(op) => CallFuture::op(op),
+        }
+    }
+}
+
+impl LocalEndpoint {
+    /// Sends an RPC: on the fault-free path the reply slot's wait (`Ok`),
+    /// else the operation that answers it (an error, or the faulty path).
+    fn call_local(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        payload: Vec<u8>,
+    ) -> std::result::Result<ReplyWait<'_>, OpFuture<'_, Result<Reply>>> {
         let target = match self.target(node) {
             Ok(n) => n,
-            Err(e) => return OpFuture::ready(Err(e)),
+            Err(e) => return Err(OpFuture::ready(Err(e))),
         };
         if target.handler_threads == 0 {
-            return OpFuture::ready(Err(TransportError::Backend(format!(
+            return Err(OpFuture::ready(Err(TransportError::Backend(format!(
                 "node {node} has no handler threads and serves no RPCs"
-            ))));
+            )))));
         }
         if self.inner.faults_active.load(Ordering::Acquire) {
-            return self.call_with_faults(target, node, service, payload);
+            return Err(self.call_with_faults(target, node, service, payload));
         }
         // The fault-free path: no timer, no clock read, no channel per RPC.
         let (reply, wait) = self.rpcs.begin(node);
@@ -707,7 +730,7 @@ impl EndpointBackend for LocalEndpoint {
                 deliver_at: None,
             },
         );
-        OpFuture::boxed(wait)
+        Ok(wait)
     }
 }
 
