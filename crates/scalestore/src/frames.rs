@@ -14,7 +14,7 @@
 use crate::latch::HybridLatch;
 use crate::msg::{Request, Want};
 use crate::pid::Pid;
-use dmkv_transport::{Responder, touch_local_lines};
+use dmkv_transport::{Responder, touch_local_at};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::sync::OnceLock;
@@ -299,12 +299,12 @@ impl Frame {
     }
 
     pub fn pid(&self) -> Pid {
-        touch_local_lines(1);
+        touch_local_at(&self.pid);
         Pid(self.pid.load(Ordering::Acquire))
     }
 
     pub fn local(&self) -> Local {
-        touch_local_lines(1);
+        touch_local_at(&self.local);
         Local::decode(self.local.load(Ordering::SeqCst))
     }
 
@@ -349,9 +349,8 @@ impl Frame {
     /// Records an access in the current global epoch (§4.1): a plain check
     /// first, so hot frames are not written on every access.
     pub fn touch(&self, epoch: u64) {
-        touch_local_lines(1);
+        touch_local_at(&self.lru);
         if self.lru.load(Ordering::Relaxed) < epoch {
-            touch_local_lines(1);
             self.lru.store(epoch, Ordering::Relaxed);
         }
     }
@@ -418,36 +417,35 @@ impl FrameTable {
 
     /// The frame of `pid`, without locking.
     ///
-    /// Simulated compute CPU (`touch_local_lines`, docs/simulation.md): one
-    /// line per word read, as the code reads them: the bucket's version and
-    /// head, each chained frame's page id (and its link if the walk goes
-    /// on), the version again.
+    /// Simulated compute CPU (`touch_local_at`, docs/simulation.md): each
+    /// word the walk reads is a line of the operation (the bucket's version
+    /// and head, each chained frame's page id and, if the walk goes on, its
+    /// link), counted once per operation however often it is read again.
     pub fn find(&self, pid: Pid) -> Option<u32> {
         let b = self.bucket(pid);
         loop {
-            touch_local_lines(1);
+            touch_local_at(&b.lock);
             let v = b.lock.load(Ordering::Acquire);
             if v & 1 != 0 {
                 std::hint::spin_loop();
                 continue;
             }
             let mut found = None;
+            touch_local_at(&b.head);
             let mut i = b.head.load(Ordering::Acquire);
             let mut steps = 0;
-            let mut words = 2;
             while i != NONE && steps <= self.capacity {
                 let f = self.frame(i);
-                words += 1;
+                touch_local_at(&f.pid);
                 if f.pid.load(Ordering::Acquire) == pid.0 {
                     found = Some(i);
                     break;
                 }
-                words += 1;
+                touch_local_at(&f.next);
                 i = f.next.load(Ordering::Acquire);
                 steps += 1;
             }
             fence(Ordering::Acquire);
-            touch_local_lines(words);
             if b.lock.load(Ordering::Acquire) == v {
                 return found;
             }

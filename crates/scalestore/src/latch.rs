@@ -193,13 +193,15 @@ impl HybridLatch {
         }
     }
 
-    /// One access of the latch word, for the simulated compute CPU: a
-    /// line under `Endpoint::charged` on `sim`, nothing elsewhere
-    /// (docs/simulation.md, "Compute CPU").
+    /// One access of the latch word, for the simulated compute CPU: the
+    /// word's line under `Endpoint::charged` on `sim`, counted once per
+    /// operation however often the operation reads it (the optimistic read
+    /// and its validation hit the same line), nothing elsewhere
+    /// (docs/simulation.md, "Distinct lines per operation").
     #[inline]
-    fn touched() {
+    fn touched(&self) {
         #[cfg(not(loom))]
-        dmkv_transport::touch_local_lines(1);
+        dmkv_transport::touch_local_at(&self.word);
     }
 
     fn version_of(w: u64) -> Version {
@@ -209,7 +211,7 @@ impl HybridLatch {
     /// The version to validate against later, or `None` while an exclusive
     /// holder is inside.
     pub fn optimistic(&self) -> Option<Version> {
-        Self::touched();
+        self.touched();
         let w = self.word.load(Ordering::Acquire);
         (w & EXCLUSIVE == 0).then(|| Self::version_of(w))
     }
@@ -217,7 +219,7 @@ impl HybridLatch {
     /// Whether nothing was modified since [`HybridLatch::optimistic`]
     /// returned `v` (no exclusive holder is inside and none has left).
     pub fn validate(&self, v: Version) -> bool {
-        Self::touched();
+        self.touched();
         fence(Ordering::Acquire);
         let w = self.word.load(Ordering::Acquire);
         w & EXCLUSIVE == 0 && Self::version_of(w) == v
@@ -225,7 +227,7 @@ impl HybridLatch {
 
     /// Takes the latch exclusively if nobody holds it.
     pub fn try_exclusive(&self) -> bool {
-        Self::touched();
+        self.touched();
         let w = self.word.load(Ordering::Relaxed);
         if w & (EXCLUSIVE | SHARED_MASK) != 0 {
             return false;
@@ -237,7 +239,7 @@ impl HybridLatch {
 
     /// Takes the latch shared unless an exclusive holder is inside.
     pub fn try_shared(&self) -> bool {
-        Self::touched();
+        self.touched();
         let mut w = self.word.load(Ordering::Relaxed);
         loop {
             if w & EXCLUSIVE != 0 || w & SHARED_MASK == SHARED_MASK {
@@ -256,7 +258,7 @@ impl HybridLatch {
     /// Turns an optimistic read at `v` into exclusive access, if nothing
     /// changed and nobody holds the latch.
     pub fn try_upgrade_optimistic_to_exclusive(&self, v: Version) -> bool {
-        Self::touched();
+        self.touched();
         let expect = v << VERSION_SHIFT;
         self.word
             .compare_exchange(
@@ -270,7 +272,7 @@ impl HybridLatch {
 
     /// Turns an optimistic read at `v` into shared access, if nothing changed.
     pub fn try_upgrade_optimistic_to_shared(&self, v: Version) -> bool {
-        Self::touched();
+        self.touched();
         let mut w = self.word.load(Ordering::Relaxed);
         loop {
             if w & EXCLUSIVE != 0 || Self::version_of(w) != v || w & SHARED_MASK == SHARED_MASK {
@@ -288,7 +290,7 @@ impl HybridLatch {
 
     /// Turns the only shared hold into an exclusive one.
     pub fn try_upgrade_shared_to_exclusive(&self) -> bool {
-        Self::touched();
+        self.touched();
         let w = self.word.load(Ordering::Relaxed);
         if w & EXCLUSIVE != 0 || w & SHARED_MASK != 1 {
             return false;
@@ -300,7 +302,7 @@ impl HybridLatch {
 
     /// Leaves exclusive mode; optimistic readers of the old version fail.
     pub fn unlock_exclusive(&self) {
-        Self::touched();
+        self.touched();
         let w = self.word.load(Ordering::Relaxed);
         debug_assert!(w & EXCLUSIVE != 0, "unlock of a latch not held exclusively");
         self.word.store(
@@ -313,7 +315,7 @@ impl HybridLatch {
     /// Leaves exclusive mode keeping a shared hold (the version still moves,
     /// as the holder may have written).
     pub fn downgrade_exclusive_to_shared(&self) {
-        Self::touched();
+        self.touched();
         let w = self.word.load(Ordering::Relaxed);
         debug_assert!(
             w & EXCLUSIVE != 0,
@@ -329,7 +331,7 @@ impl HybridLatch {
     /// Leaves exclusive mode and returns the version an optimistic reader
     /// may continue from.
     pub fn downgrade_exclusive_to_optimistic(&self) -> Version {
-        Self::touched();
+        self.touched();
         let w = self.word.load(Ordering::Relaxed);
         debug_assert!(w & EXCLUSIVE != 0);
         let v = Self::version_of(w) + 1;
@@ -339,7 +341,7 @@ impl HybridLatch {
     }
 
     pub fn unlock_shared(&self) {
-        Self::touched();
+        self.touched();
         let prev = self.word.fetch_sub(1, Ordering::Release);
         debug_assert!(prev & SHARED_MASK != 0, "unlock of a latch not held shared");
         if prev & SHARED_MASK == 1 {
@@ -350,13 +352,13 @@ impl HybridLatch {
 
     /// Whether anyone holds the latch exclusively right now (a hint).
     pub fn is_exclusive(&self) -> bool {
-        Self::touched();
+        self.touched();
         self.word.load(Ordering::Relaxed) & EXCLUSIVE != 0
     }
 
     /// Whether anyone holds the latch at all right now (a hint).
     pub fn is_latched(&self) -> bool {
-        Self::touched();
+        self.touched();
         self.word.load(Ordering::Relaxed) & (EXCLUSIVE | SHARED_MASK) != 0
     }
 }

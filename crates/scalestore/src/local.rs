@@ -86,12 +86,15 @@ impl LocalPager {
         self.restarts.load(Ordering::Relaxed)
     }
 
-    /// Simulated compute CPU (`touch_local_lines`): the page count and the
+    /// Simulated compute CPU (`touch_local_at`): the page count and the
     /// chunk's pointer are the two words this reads (the latch is counted
-    /// by the latch).
+    /// by the latch), each a line once per operation.
     fn index(&self, pid: Pid) -> PageResult<u64> {
-        dmkv_transport::touch_local_lines(2);
+        dmkv_transport::touch_local_at(&self.next);
         let i = pid.slot();
+        if let Some(slot) = self.chunks.get((i / CHUNK_PAGES) as usize) {
+            dmkv_transport::touch_local_at(slot);
+        }
         if pid.shard() != 0 || i >= self.next.load(Ordering::Acquire) || self.chunk(i).is_none() {
             return Err(PageError::Fatal(KvError::Corrupt(format!("no page {pid}"))));
         }

@@ -1264,6 +1264,19 @@ impl ShardServer {
             .iter()
             .map(|t| t.overflow_len.load(Ordering::Relaxed) as u64)
             .sum();
+        // Writes answered during a rebuild (invariant 17) change the key
+        // count before they reach the index: a new key pending in the
+        // buffer is a key, a table key with a pending delete is not.
+        let (pending_new, pending_gone) = tables.iter().fold((0u64, 0u64), |(n, g), t| {
+            let buf = t.buffer.lock();
+            buf.pend.values().fold((n, g), |(n, g), p| {
+                match (p.entry.is_some(), p.stale.is_some()) {
+                    (true, false) => (n + 1, g),
+                    (false, true) => (n, g + 1),
+                    _ => (n, g),
+                }
+            })
+        });
         let s = &self.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let a = *s.after_resize.lock();
@@ -1282,7 +1295,9 @@ impl ShardServer {
             "slots": slots,
             "keys_in_slots": in_slots,
             "overflow_keys": overflow,
-            "keys": in_slots + overflow,
+            "keys": (in_slots + overflow + pending_new).saturating_sub(pending_gone),
+            "pending_keys": pending_new,
+            "pending_deletes": pending_gone,
             "locator_bytes": tables.iter().map(|t| t.othello.bytes() + t.buckets as u64).sum::<u64>(),
             "heap_live_bytes": self.heap.live_bytes(),
             "heap_carved_bytes": self.heap.carved_bytes(),
