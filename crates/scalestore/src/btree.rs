@@ -399,8 +399,12 @@ impl<'a, P: Pager> BTree<'a, P> {
         }
     }
 
-    /// Descends optimistically to the leaf covering `key`.
-    async fn find_leaf(&self, key: Key) -> PageResult<OptimisticGuard<'a, P>> {
+    /// The catalog and the root it names, both fixed optimistically: the
+    /// catalog is validated after its words are read and again after the
+    /// root is fixed, so the root is the one the catalog named. The
+    /// catalog's guard is returned so that each caller decides how long a
+    /// freshly fetched catalog page stays pinned.
+    async fn fix_root(&self) -> PageResult<(OptimisticGuard<'a, P>, OptimisticGuard<'a, P>)> {
         let cat = OptimisticGuard::fix(self.pager, self.pager.catalog()).await?;
         let magic = cat.page().word(0)?;
         let root = Pid(cat.page().word(1)?);
@@ -408,8 +412,15 @@ impl<'a, P: Pager> BTree<'a, P> {
         if magic != CATALOG_MAGIC {
             return Err(corrupt(format!("catalog page has word 0 = {magic:#x}")));
         }
-        let mut node = OptimisticGuard::fix(self.pager, root).await?;
+        let node = OptimisticGuard::fix(self.pager, root).await?;
         cat.check()?;
+        Ok((cat, node))
+    }
+
+    /// Descends optimistically to the leaf covering `key`.
+    async fn find_leaf(&self, key: Key) -> PageResult<OptimisticGuard<'a, P>> {
+        // The catalog's guard lives through the descent, as it always has.
+        let (_cat, mut node) = self.fix_root().await?;
         loop {
             let m = Meta::decode(node.page().word(0)?);
             node.check()?;
@@ -435,15 +446,7 @@ impl<'a, P: Pager> BTree<'a, P> {
     /// leaf (a tree of one node) is fixed optimistically first. The caller
     /// validates the leaf it latches by level and fences (invariant 1).
     async fn leaf_pid_for_write(&self, key: Key) -> PageResult<Pid> {
-        let cat = OptimisticGuard::fix(self.pager, self.pager.catalog()).await?;
-        let magic = cat.page().word(0)?;
-        let root = Pid(cat.page().word(1)?);
-        cat.check()?;
-        if magic != CATALOG_MAGIC {
-            return Err(corrupt(format!("catalog page has word 0 = {magic:#x}")));
-        }
-        let mut node = OptimisticGuard::fix(self.pager, root).await?;
-        cat.check()?;
+        let (cat, mut node) = self.fix_root().await?;
         drop(cat);
         loop {
             let m = Meta::decode(node.page().word(0)?);
