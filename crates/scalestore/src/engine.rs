@@ -791,7 +791,7 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         })
         .collect();
     let protocol = nodes.first().map_or(Protocol::Chaining, |n| n.cfg.protocol);
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "protocol": format!("{protocol:?}").to_lowercase(),
         "nodes": nodes.len(),
         "messages": serde_json::Value::Object(by_kind),
@@ -830,7 +830,12 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "clients_proxied": shared.proxied.load(Ordering::Relaxed),
         "membership_events": shared.log.lock().clone(),
         "per_node": per_node,
-    })
+    });
+    // Only with DMKV_SCALESTORE_TRACE set (a debugging aid, `trace`).
+    if let Some(t) = crate::trace::report() {
+        v["op_trace"] = t;
+    }
+    v
 }
 
 /// Counts an operation of a node's worker while it runs.
@@ -901,47 +906,65 @@ impl Client {
 impl KvStore for Client {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         let (w, _g) = self.enter(true)?;
-        let r = w.ep.charged(BTree::new(&*w).lookup(key)).await;
-        w.settle_acks().await?;
-        r
+        crate::trace::op(w.node.index, false, async {
+            let r = w.ep.charged(BTree::new(&*w).lookup(key)).await;
+            w.settle_acks().await?;
+            r
+        })
+        .await
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r =
-            w.ep.charged(BTree::new(&*w).write(WriteKind::Insert, key, value))
-                .await;
-        w.settle_acks().await?;
-        r
+        crate::trace::op(w.node.index, true, async {
+            let r =
+                w.ep.charged(BTree::new(&*w).write(WriteKind::Insert, key, value))
+                    .await;
+            w.settle_acks().await?;
+            r
+        })
+        .await
     }
     async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r =
-            w.ep.charged(BTree::new(&*w).write(WriteKind::Update, key, value))
-                .await;
-        w.settle_acks().await?;
-        r
+        crate::trace::op(w.node.index, true, async {
+            let r =
+                w.ep.charged(BTree::new(&*w).write(WriteKind::Update, key, value))
+                    .await;
+            w.settle_acks().await?;
+            r
+        })
+        .await
     }
     async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r =
-            w.ep.charged(BTree::new(&*w).write(WriteKind::Upsert, key, value))
-                .await;
-        w.settle_acks().await?;
-        r
+        crate::trace::op(w.node.index, true, async {
+            let r =
+                w.ep.charged(BTree::new(&*w).write(WriteKind::Upsert, key, value))
+                    .await;
+            w.settle_acks().await?;
+            r
+        })
+        .await
     }
     async fn delete(&self, key: Key) -> Result<bool> {
         let (w, _g) = self.enter(true)?;
-        let r =
-            w.ep.charged(BTree::new(&*w).write(WriteKind::Delete, key, &[]))
-                .await;
-        w.settle_acks().await?;
-        r
+        crate::trace::op(w.node.index, true, async {
+            let r =
+                w.ep.charged(BTree::new(&*w).write(WriteKind::Delete, key, &[]))
+                    .await;
+            w.settle_acks().await?;
+            r
+        })
+        .await
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         let (w, _g) = self.enter(true)?;
-        let r = w.ep.charged(BTree::new(&*w).scan(start, n)).await;
-        w.settle_acks().await?;
-        r
+        crate::trace::op(w.node.index, false, async {
+            let r = w.ep.charged(BTree::new(&*w).scan(start, n)).await;
+            w.settle_acks().await?;
+            r
+        })
+        .await
     }
 }
 

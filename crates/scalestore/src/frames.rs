@@ -246,6 +246,8 @@ pub struct Parked {
     pub from: u8,
     pub request: Request,
     pub responder: Responder,
+    /// When and why it was parked, if tracing is on (`trace::Park`).
+    pub traced: Option<crate::trace::Park>,
 }
 
 /// Protocol state of a frame, changed under its mutex (never held across
@@ -277,14 +279,46 @@ impl Meta {
 }
 
 /// One frame; see the module documentation.
+///
+/// Layout (`repr(C)`, aligned to a cache line, pinned by the `const`
+/// asserts below), as the artifact keeps a frame within two lines
+/// (`BufferFrame`, `static_assert(sizeof(BufferFrame) <= 128)`):
+///
+/// ```text
+/// line 0  latch (word at byte 0, then its waiter list), pid, local
+/// line 1  next, lru, meta (the protocol state behind its mutex)
+/// ```
+///
+/// A worker's fix reads the latch word, the page id and the hot-path word
+/// (line 0) and stamps the LRU epoch (line 1); a translation-table walk
+/// reads each chained frame's page id (line 0) and, past it, its link
+/// (line 1). For the simulated compute CPU (`touch_local_at`, counted by
+/// address, once per operation) every access reports its line's first
+/// word: line 0 is the frame's own address (the same key the latch
+/// reports for its word), line 1 the address of `next`. So an operation
+/// counts the lines it really touches, not one line per field.
+#[repr(C, align(64))]
 pub struct Frame {
     pub latch: HybridLatch,
     pub pid: AtomicU64,
-    next: AtomicU32,
     local: AtomicU64,
+    next: AtomicU32,
     pub lru: AtomicU64,
     pub meta: Mutex<Meta>,
 }
+
+/// Bytes of a cache line.
+const LINE: usize = 64;
+
+const _: () = {
+    use std::mem::{align_of, offset_of};
+    assert!(align_of::<Frame>() == LINE);
+    assert!(offset_of!(Frame, latch) == 0);
+    assert!(offset_of!(Frame, pid) + 8 <= LINE);
+    assert!(offset_of!(Frame, local) + 8 <= LINE);
+    assert!(offset_of!(Frame, next) == LINE);
+    assert!(offset_of!(Frame, lru) + 8 <= 2 * LINE);
+};
 
 impl Frame {
     fn new() -> Frame {
@@ -298,13 +332,25 @@ impl Frame {
         }
     }
 
+    /// Line 0 (latch word, page id, hot-path word) was read.
+    #[inline]
+    fn touched_line0(&self) {
+        touch_local_at(self);
+    }
+
+    /// Line 1 (link, LRU epoch) was read.
+    #[inline]
+    fn touched_line1(&self) {
+        touch_local_at(&self.next);
+    }
+
     pub fn pid(&self) -> Pid {
-        touch_local_at(&self.pid);
+        self.touched_line0();
         Pid(self.pid.load(Ordering::Acquire))
     }
 
     pub fn local(&self) -> Local {
-        touch_local_at(&self.local);
+        self.touched_line0();
         Local::decode(self.local.load(Ordering::SeqCst))
     }
 
@@ -349,13 +395,16 @@ impl Frame {
     /// Records an access in the current global epoch (§4.1): a plain check
     /// first, so hot frames are not written on every access.
     pub fn touch(&self, epoch: u64) {
-        touch_local_at(&self.lru);
+        self.touched_line1();
         if self.lru.load(Ordering::Relaxed) < epoch {
             self.lru.store(epoch, Ordering::Relaxed);
         }
     }
 }
 
+/// A translation-table bucket: 16 bytes aligned to 16, so its two words
+/// always share one cache line (counted once, by the bucket's address).
+#[repr(C, align(16))]
 struct Bucket {
     /// Bit 0: locked; the rest a version bumped by every change.
     lock: AtomicU64,
@@ -418,30 +467,30 @@ impl FrameTable {
     /// The frame of `pid`, without locking.
     ///
     /// Simulated compute CPU (`touch_local_at`, docs/simulation.md): each
-    /// word the walk reads is a line of the operation (the bucket's version
-    /// and head, each chained frame's page id and, if the walk goes on, its
-    /// link), counted once per operation however often it is read again.
+    /// line the walk reads is a line of the operation (the bucket's, each
+    /// chained frame's line 0 for its page id and, if the walk goes on, its
+    /// line 1 for its link; see [`Frame`]), counted once per operation
+    /// however often it is read again.
     pub fn find(&self, pid: Pid) -> Option<u32> {
         let b = self.bucket(pid);
         loop {
-            touch_local_at(&b.lock);
+            touch_local_at(b);
             let v = b.lock.load(Ordering::Acquire);
             if v & 1 != 0 {
                 std::hint::spin_loop();
                 continue;
             }
             let mut found = None;
-            touch_local_at(&b.head);
             let mut i = b.head.load(Ordering::Acquire);
             let mut steps = 0;
             while i != NONE && steps <= self.capacity {
                 let f = self.frame(i);
-                touch_local_at(&f.pid);
+                f.touched_line0();
                 if f.pid.load(Ordering::Acquire) == pid.0 {
                     found = Some(i);
                     break;
                 }
-                touch_local_at(&f.next);
+                f.touched_line1();
                 i = f.next.load(Ordering::Acquire);
                 steps += 1;
             }

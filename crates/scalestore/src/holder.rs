@@ -24,6 +24,7 @@
 use crate::frames::{Awaiting, Meta, Parked, Possession};
 use crate::msg::{Reply, Request};
 use crate::node::{Counters, Protocol, ScaleNode, try_latch};
+use crate::trace::ParkWhy;
 use dmkv_api::KvError;
 use dmkv_transport::{Responder, ServiceError};
 
@@ -87,10 +88,23 @@ impl ScaleNode {
             }
             Ok(HolderAnswer::Park) => {
                 Counters::add(&self.stats.parked_holder, 1);
+                let traced = crate::trace::Park::start(|| {
+                    let l = f.local();
+                    if m.awaiting != Awaiting::No {
+                        ParkWhy::OwnFetch
+                    } else if l.fresh {
+                        ParkWhy::Fresh
+                    } else if f.latch.is_exclusive() {
+                        ParkWhy::Exclusive
+                    } else {
+                        ParkWhy::Shared
+                    }
+                });
                 m.parked.push(Parked {
                     from,
                     request: q,
                     responder,
+                    traced,
                 });
                 self.update_flags(fi, &m);
                 self.repoll.note_parked(fi);
@@ -224,7 +238,12 @@ impl ScaleNode {
             for p in parked {
                 match self.holder_decide(fi, &mut m, p.from, &p.request) {
                     Ok(HolderAnswer::Park) => m.parked.push(p),
-                    Ok(HolderAnswer::Reply(r)) => out.push((p.responder, Ok(r.encode()))),
+                    Ok(HolderAnswer::Reply(r)) => {
+                        if let Some(t) = p.traced {
+                            t.end();
+                        }
+                        out.push((p.responder, Ok(r.encode())))
+                    }
                     Err(e) => out.push((p.responder, Err(service_error(e)))),
                 }
             }

@@ -47,6 +47,9 @@ const _: () = assert!(SHARED_MASK & EXCLUSIVE == 0);
 const _: () = assert!(EXCLUSIVE << 1 == 1 << VERSION_SHIFT);
 const _: () = assert!(VERSION_SHIFT == 17 && SHARED_MASK == 0xFFFF);
 
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::offset_of!(HybridLatch, word) == 0);
+
 /// Attempts of [`HybridLatch::wait_until`] before it registers.
 #[cfg(not(loom))]
 const WAIT_SPINS: u32 = 16;
@@ -55,7 +58,14 @@ const WAIT_SPINS: u32 = 16;
 pub type Version = u64;
 
 /// See the module documentation.
+///
+/// `repr(C)` with the word first: a frame (`frames::Frame`) puts its latch
+/// at offset 0, so the word is the first word of the frame's first cache
+/// line, and the simulated compute CPU counts the word and the frame's
+/// other line-0 words as that one line (docs/scalestore.md, "Frame
+/// layout").
 #[derive(Debug)]
+#[repr(C)]
 pub struct HybridLatch {
     word: AtomicU64,
     /// Tasks waiting for the latch (or for a flag of its frame) to change;

@@ -14,6 +14,7 @@ use crate::msg::{Grant, Reply, Request, Source, Want};
 use crate::node::{Counters, Protocol, ScaleNode, members_of};
 use crate::page::{PAGE_SIZE, PageRef};
 use crate::pid::Pid;
+use crate::trace::{self, Cause};
 use dmkv_api::KvError;
 use dmkv_transport::Endpoint;
 use dmkv_transport::exec::yield_now;
@@ -181,6 +182,13 @@ impl Worker {
 
     /// A free cache slot, waking the page provider and waiting if needed.
     async fn slot(&self) -> PageResult<u32> {
+        let span = trace::span();
+        let r = self.slot_inner().await;
+        span.end(Cause::Slot);
+        r
+    }
+
+    async fn slot_inner(&self) -> PageResult<u32> {
         let start = Instant::now();
         let mut b = Backoff::default();
         loop {
@@ -229,7 +237,9 @@ impl Worker {
                 let decision = node.own_request(q, &mut None);
                 // A page read from our SSD for us: wait out the device as a
                 // task (other tasks of this thread run meanwhile).
+                let span = trace::span();
                 crate::ssd::settle_sim_wait().await;
+                span.end(Cause::LocalSsd);
                 match decision.map_err(fatal)? {
                     Decision::Reply(r) => r,
                     Decision::Busy | Decision::Held => {
@@ -237,11 +247,13 @@ impl Worker {
                         // eviction pull, a FIFO transfer, a handover).
                         // Under FIFO the page is left to us after the
                         // acknowledgement: ask again soon.
+                        let span = trace::span();
                         if node.cfg.protocol == Protocol::Fifo {
                             b.pause_short().await;
                         } else {
                             b.pause().await;
                         }
+                        span.end(Cause::Backoff);
                         continue;
                     }
                 }
@@ -252,7 +264,18 @@ impl Worker {
                     retry,
                     offset,
                 };
-                match self.send_directory(pid, dir, q).await? {
+                let span = trace::span();
+                let r = self.send_directory(pid, dir, q).await?;
+                span.end(match r {
+                    Some(Reply::Grant(g)) => match g.source {
+                        Source::Written => Cause::OwnWritten,
+                        Source::Kept => Cause::OwnKept,
+                        Source::Move(_) => Cause::OwnMove,
+                        Source::Copy(_) => Cause::OwnCopy,
+                    },
+                    _ => Cause::OwnWritten,
+                });
+                match r {
                     Some(r) => r,
                     None => continue,
                 }
@@ -263,7 +286,9 @@ impl Worker {
                 Reply::Retry => {
                     // The shard is being handed over: let go of every latch
                     // (see `answer_during_handover`) and ask again.
+                    let span = trace::span();
                     b.pause().await;
+                    span.end(Cause::Backoff);
                     return Err(PageError::Restart);
                 }
                 r => return Err(corrupt(format!("{pid}: unexpected directory reply {r:?}"))),
@@ -284,13 +309,21 @@ impl Worker {
                     }
                     Request::SsdFetch { pid, epoch, offset } => {
                         let r = self.node.ssd_fetch(dir, pid, epoch, offset);
+                        let span = trace::span();
                         crate::ssd::settle_sim_wait().await;
+                        span.end(Cause::LocalSsd);
                         r.map_err(fatal)?
                     }
                     _ => unreachable!("only acks and SSD fetches"),
                 }
             } else {
-                match self.send_directory(pid, dir, q).await? {
+                let span = trace::span();
+                let r = self.send_directory(pid, dir, q).await?;
+                span.end(match q {
+                    Request::Ack { .. } => Cause::Ack,
+                    _ => Cause::SsdFetch,
+                });
+                match r {
                     Some(r) => r,
                     None => continue,
                 }
@@ -363,6 +396,7 @@ impl Worker {
                 cands.extend(members_of(invalidate).filter(|c| *c != n));
                 let mut got = false;
                 for c in cands {
+                    let span = trace::span();
                     let r = self
                         .send(
                             c,
@@ -374,6 +408,7 @@ impl Worker {
                             },
                         )
                         .await?;
+                    span.end(Cause::Move);
                     invalidate &= !(1 << c);
                     if r == Reply::Done {
                         pushed_by = Some(c);
@@ -400,7 +435,10 @@ impl Worker {
                     epoch: g.epoch,
                     offset,
                 };
-                match self.send(s, q).await? {
+                let span = trace::span();
+                let r = self.send(s, q).await?;
+                span.end(Cause::Copy);
+                match r {
                     Reply::Done => pushed_by = Some(s),
                     Reply::Gone => {
                         Counters::add(&node.stats.copy_failures, 1);
@@ -426,7 +464,10 @@ impl Worker {
                     },
                 )
             });
-            for r in futures::future::join_all(calls).await {
+            let span = trace::span();
+            let rs = futures::future::join_all(calls).await;
+            span.end(Cause::Invalidate);
+            for r in rs {
                 match r? {
                     Reply::Done => {}
                     r => return Err(corrupt(format!("{pid}: invalidation answered {r:?}"))),
@@ -552,7 +593,9 @@ impl Worker {
             let Some(p) = next else {
                 return Ok(());
             };
+            let span = trace::span();
             let r = p.reply.await;
+            span.end(Cause::Ack);
             self.acked(p.dir, p.pid, r).await?;
         }
     }
@@ -602,9 +645,11 @@ impl Worker {
         let f = self.node.frames.frame(fi);
         // Woken by the latch's release or by `waiting` clearing (no
         // polling; invariant 15).
+        let span = trace::span();
         f.latch
             .wait_until(|| !f.local().waiting && f.latch.try_exclusive())
             .await;
+        span.end(Cause::Latch);
     }
 
     /// The slow path: latch the frame exclusively and run the protocol.
@@ -741,7 +786,10 @@ impl Worker {
                         fatal(KvError::Exhausted("no member takes allocations".into()))
                     })?;
             }
-            match self.send_member(target, Request::Alloc).await? {
+            let span = trace::span();
+            let r = self.send_member(target, Request::Alloc).await?;
+            span.end(Cause::Alloc);
+            match r {
                 Some(Reply::Allocated(p, e)) if p.shard() == target => return Ok((p, e)),
                 Some(Reply::Moved(h)) => target = h,
                 // It left since we picked it: pick again.
@@ -797,7 +845,9 @@ impl Pager for Worker {
                 };
                 if blocked() {
                     Counters::add(&self.node.stats.latch_waits, 1);
+                    let span = trace::span();
                     f.latch.wait_until(|| !blocked()).await;
+                    span.end(Cause::Latch);
                     continue;
                 }
             }
@@ -854,6 +904,7 @@ impl Pager for Worker {
 
     fn note_restart(&self) {
         Counters::add(&self.node.stats.restarts, 1);
+        trace::restart();
     }
 
     fn released(&self, frame: u32) {
