@@ -111,7 +111,8 @@ pub fn enabled() -> bool {
         ON => true,
         OFF => false,
         _ => {
-            let on = std::env::var("DMKV_SCALESTORE_TRACE").is_ok_and(|v| !v.is_empty() && v != "0");
+            let on =
+                std::env::var("DMKV_SCALESTORE_TRACE").is_ok_and(|v| !v.is_empty() && v != "0");
             STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
             on
         }
@@ -338,7 +339,10 @@ pub fn report() -> Option<serde_json::Value> {
             let mut w = serde_json::Map::new();
             for (i, name) in NAMES.iter().enumerate() {
                 if r.count[i] > 0 {
-                    w.insert((*name).into(), serde_json::json!([us(r.wait[i] as f64), r.count[i]]));
+                    w.insert(
+                        (*name).into(),
+                        serde_json::json!([us(r.wait[i] as f64), r.count[i]]),
+                    );
                 }
             }
             serde_json::json!({

@@ -7,9 +7,9 @@
 
 use dmkv_scalestore::frames::FrameTable;
 use dmkv_scalestore::pid::Pid;
-use dmkv_transport::{Endpoint, NodeHost};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::sim::{Profile, SimConfig, Simulation};
+use dmkv_transport::{Endpoint, NodeHost};
 
 fn client_busy(sim: &Simulation, node: u16) -> u64 {
     sim.resources()

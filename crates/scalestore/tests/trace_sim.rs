@@ -54,7 +54,10 @@ fn run(seed: u64) -> (u64, serde_json::Value, u64) {
                 for round in 1..=ROUNDS {
                     for i in 0..KEYS_PER_TASK {
                         let k = key(t, j, i);
-                        store.upsert(k, &make_value(k, round, VALUE_SIZE)).await.unwrap();
+                        store
+                            .upsert(k, &make_value(k, round, VALUE_SIZE))
+                            .await
+                            .unwrap();
                         let v = store.get(k).await.unwrap().expect("just written");
                         assert_eq!(check_value(k, &v), Ok(round));
                     }
@@ -81,7 +84,10 @@ fn run(seed: u64) -> (u64, serde_json::Value, u64) {
 fn tracing_leaves_a_simulated_run_unchanged() {
     trace::set_enabled(false);
     let (t_off, mut st_off, ops) = run(5);
-    assert!(st_off.get("op_trace").is_none(), "off by default: no report");
+    assert!(
+        st_off.get("op_trace").is_none(),
+        "off by default: no report"
+    );
     trace::set_enabled(true);
     let (t_on, mut st_on, _) = run(5);
     trace::set_enabled(false);
@@ -100,7 +106,10 @@ fn tracing_leaves_a_simulated_run_unchanged() {
     for part in ["all", "tail_p99"] {
         let by = tr[part]["by_cause"].as_object().unwrap();
         let share: f64 = by.values().map(|c| c["share"].as_f64().unwrap()).sum();
-        assert!((share - 1.0).abs() < 0.01, "{part}: shares sum to {share}: {tr}");
+        assert!(
+            (share - 1.0).abs() < 0.01,
+            "{part}: shares sum to {share}: {tr}"
+        );
         for (name, c) in by {
             assert!(c["share"].as_f64().unwrap() >= 0.0, "{part} {name}: {tr}");
         }
