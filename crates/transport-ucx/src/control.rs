@@ -201,11 +201,7 @@ pub fn client_handshake(
 
 /// The server's side of the handshake; returns the client's node id. On a
 /// wrong proof it sends `REFUSED` and fails.
-pub fn server_handshake(
-    s: &TcpStream,
-    secret: &[u8],
-    node: u16,
-) -> Result<u16, HandshakeError> {
+pub fn server_handshake(s: &TcpStream, secret: &[u8], node: u16) -> Result<u16, HandshakeError> {
     s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let (kind, body) = read_frame(s)?;
     if kind != HELLO {

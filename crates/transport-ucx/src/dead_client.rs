@@ -54,11 +54,7 @@ fn dead_sender_child() {
         std::process::exit(NOT_SHM);
     }
     let mut h = WireWriter::with_capacity(REQUEST_HEADER);
-    h.u32(s.session)
-        .u64(s.token)
-        .u64(1)
-        .u32(service)
-        .u16(50);
+    h.u32(s.session).u64(s.token).u64(1).u32(service).u16(50);
     // Small enough for one FIFO element (a single copy).
     let op = ep.am_send_killed_mid_copy(AM_REQUEST, h.finish(), 100);
     // UCX packs at once unless the send was queued: drive it a while.

@@ -978,7 +978,11 @@ impl Ep {
         len: usize,
     ) -> Result<Op, UcxError> {
         // The pack state is the length (no buffer is read).
-        unsafe extern "C" fn start_pack(_: *mut c_void, _: *const c_void, count: usize) -> *mut c_void {
+        unsafe extern "C" fn start_pack(
+            _: *mut c_void,
+            _: *const c_void,
+            count: usize,
+        ) -> *mut c_void {
             count as *mut c_void
         }
         unsafe extern "C" fn start_unpack(_: *mut c_void, _: *mut c_void, _: usize) -> *mut c_void {
@@ -995,7 +999,12 @@ impl Ep {
                 std::hint::spin_loop();
             }
         }
-        unsafe extern "C" fn unpack(_: *mut c_void, _: usize, _: *const c_void, _: usize) -> ucs_status_t {
+        unsafe extern "C" fn unpack(
+            _: *mut c_void,
+            _: usize,
+            _: *const c_void,
+            _: usize,
+        ) -> ucs_status_t {
             ucs_status_t::UCS_ERR_UNSUPPORTED
         }
         unsafe extern "C" fn finish(_: *mut c_void) {}

@@ -19,6 +19,17 @@
 //!   client process for the control protocol ([`crate::control`]): the
 //!   secret handshake, sessions, remote keys, invalidation and liveness.
 //!
+//! Invariant 4 (numbering as in `docs/ucx.md`): a client process that
+//! reaches the node over shared memory sends into workers that the serving
+//! loops made for it alone (one per loop, made on its first session,
+//! destroyed when its control connection ends), never into a worker other
+//! processes send to. UCX's shared-memory transports deliver through one
+//! FIFO per receiving worker, written by every sender; a sender killed
+//! between reserving an element and marking it written blocks that FIFO
+//! for good, so it may only ever block its own workers (`docs/ucx.md`, *A
+//! killed client's FIFO slot*; test `dead_client`). Clients reached over
+//! TCP or RDMA, whose connections are their own, share each loop's worker.
+//!
 //! [`UcxNode::progress_cpu_ns`] reports what the progress thread and the
 //! handler threads spend outside the services (receiving, sending, polling);
 //! the services' own CPU is charged to each RPC's caller.
@@ -1019,8 +1030,8 @@ fn serve_loop(
         let mut fds = vec![wake_rx.as_raw_fd()];
         let mut all_fds = true;
         let mut armed = true;
-        for (w, fd) in std::iter::once((worker, efd))
-            .chain(clients.values().map(|c| (&c.worker, c.efd)))
+        for (w, fd) in
+            std::iter::once((worker, efd)).chain(clients.values().map(|c| (&c.worker, c.efd)))
         {
             match fd {
                 Some(fd) => {
@@ -1068,22 +1079,21 @@ fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
 }
 
 fn serve_conn(node: Arc<NodeInner>, stream: TcpStream) {
-    let client =
-        match control::server_handshake(&stream, &node.secret, node.id.0) {
-            Ok(c) => NodeId(c),
-            Err(HandshakeError::Refused(why)) => {
-                eprintln!(
-                    "dmkv node {}: refused a connection from {}: {why}",
-                    node.id,
-                    stream
-                        .peer_addr()
-                        .map(|a| a.to_string())
-                        .unwrap_or_else(|_| "?".into())
-                );
-                return;
-            }
-            Err(HandshakeError::Io(_)) => return,
-        };
+    let client = match control::server_handshake(&stream, &node.secret, node.id.0) {
+        Ok(c) => NodeId(c),
+        Err(HandshakeError::Refused(why)) => {
+            eprintln!(
+                "dmkv node {}: refused a connection from {}: {why}",
+                node.id,
+                stream
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| "?".into())
+            );
+            return;
+        }
+        Err(HandshakeError::Io(_)) => return,
+    };
     let _ = client;
     if node.is_stopped() {
         return;
