@@ -213,26 +213,13 @@ impl State {
         if peer.is_down() {
             return Err(TransportError::NodeDown(node));
         }
-        let (kind, body) = peer.request(control::OPEN_SESSION, |w| {
-            w.bytes(&self.address).bytes(crate::shm::host_id());
-        })?;
-        let mut r = WireReader::new(&body);
-        if kind != control::SESSION {
-            let _ = r.u8();
-            let why = r.str().unwrap_or("?").to_string();
-            return Err(TransportError::Backend(format!(
-                "node {node} refused a session: {why}"
-            )));
-        }
-        let session = r.u32()?;
-        let token = r.u64()?;
-        let handlers = r.u16()?;
-        let mut handler_addresses = Vec::with_capacity(handlers as usize);
-        for _ in 0..handlers {
-            handler_addresses.push(r.bytes()?.to_vec());
-        }
-        let node_host = r.bytes()?.to_vec();
-        r.end()?;
+        let SessionAnswer {
+            session,
+            token,
+            handler_addresses,
+            node_host,
+            progress_address,
+        } = open_session(&peer, &self.address)?;
         // Shared memory where the node is on this host (`crate::shm`).
         let connect = |address: &[u8]| {
             let (ep, shm) = crate::shm::connect(&self.worker, address, &node_host)?;
@@ -245,7 +232,7 @@ impl State {
             .fetch_add(1, Relaxed);
             Ok::<Ep, UcxError>(ep)
         };
-        let ep = connect(&peer.worker_address).map_err(|e| self.ucx_error(node, e))?;
+        let ep = connect(&progress_address).map_err(|e| self.ucx_error(node, e))?;
         let rpc_eps = handler_addresses
             .iter()
             .map(|a| connect(a))
@@ -338,6 +325,56 @@ impl State {
         conn.rkeys.borrow_mut().insert(addr.region.0, c.clone());
         Ok(c)
     }
+}
+
+/// What a node answers to `OPEN_SESSION`.
+pub(crate) struct SessionAnswer {
+    pub(crate) session: u32,
+    pub(crate) token: u64,
+    /// The node's handler threads' worker addresses (RPCs go to one of
+    /// them by request id).
+    pub(crate) handler_addresses: Vec<Vec<u8>>,
+    /// The node's host id ([`crate::shm::host_id`]).
+    pub(crate) node_host: Vec<u8>,
+    /// The worker of the node's progress thread to send verbs messages to.
+    /// This and the handler addresses are workers of this client process's
+    /// own when it reaches the node over shared memory (`docs/ucx.md`, *A
+    /// killed client's FIFO slot*).
+    pub(crate) progress_address: Vec<u8>,
+}
+
+/// Opens a session with the node behind `peer` for the worker at
+/// `address` (this process's, on this host).
+pub(crate) fn open_session(peer: &Peer, address: &[u8]) -> Result<SessionAnswer> {
+    let node = peer.id;
+    let (kind, body) = peer.request(control::OPEN_SESSION, |w| {
+        w.bytes(address).bytes(crate::shm::host_id());
+    })?;
+    let mut r = WireReader::new(&body);
+    if kind != control::SESSION {
+        let _ = r.u8();
+        let why = r.str().unwrap_or("?").to_string();
+        return Err(TransportError::Backend(format!(
+            "node {node} refused a session: {why}"
+        )));
+    }
+    let session = r.u32()?;
+    let token = r.u64()?;
+    let handlers = r.u16()?;
+    let mut handler_addresses = Vec::with_capacity(handlers as usize);
+    for _ in 0..handlers {
+        handler_addresses.push(r.bytes()?.to_vec());
+    }
+    let node_host = r.bytes()?.to_vec();
+    let progress_address = r.bytes()?.to_vec();
+    r.end()?;
+    Ok(SessionAnswer {
+        session,
+        token,
+        handler_addresses,
+        node_host,
+        progress_address,
+    })
 }
 
 /// A verb checked and ready to post.

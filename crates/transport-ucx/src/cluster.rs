@@ -103,7 +103,6 @@ type Answer = (u8, Vec<u8>);
 pub(crate) struct Peer {
     pub(crate) id: NodeId,
     pub(crate) addr: SocketAddr,
-    pub(crate) worker_address: Vec<u8>,
     stream: TcpStream,
     write_lock: Mutex<()>,
     pending: Mutex<HashMap<u64, Sender<Answer>>>,
@@ -310,7 +309,6 @@ impl ClusterInner {
         let peer = Arc::new(Peer {
             id: NodeId(welcome.node),
             addr,
-            worker_address: welcome.worker_address,
             stream,
             write_lock: Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
@@ -333,7 +331,7 @@ impl ClusterInner {
 /// [`Fabric`] makes endpoints that reach all of them. Dropping it stops the
 /// nodes it serves and closes its control connections.
 pub struct UcxCluster {
-    inner: Arc<ClusterInner>,
+    pub(crate) inner: Arc<ClusterInner>,
 }
 
 impl UcxCluster {

@@ -8,16 +8,19 @@
 //!    sends `HELLO(magic, client nonce, client node id)`; the server answers
 //!    `CHALLENGE(server nonce, HMAC(secret, "server" | nonces | id))`; the
 //!    client checks it and sends `PROOF(HMAC(secret, "client" | nonces | id))`;
-//!    the server checks that and answers `WELCOME(node id, UCX worker
-//!    address)` or `REFUSED(reason)` and closes. A peer without the secret
-//!    never learns the node's worker address and gets no session.
+//!    the server checks that and answers `WELCOME(node id)` or
+//!    `REFUSED(reason)` and closes. A peer without the secret never learns
+//!    a worker address of the node and gets no session.
 //! 2. **Sessions**: a client thread's UCX worker is registered with
 //!    `OPEN_SESSION(worker address, host id)`; the node connects back to it
 //!    from every worker it serves with (verbs replies, RPC replies) and
 //!    returns `SESSION(session id, random token, handler worker addresses,
-//!    host id)`: every RPC carries the token, and goes to one of the handler
-//!    threads' workers, which serve RPCs inline. Equal host ids make both
-//!    sides' UCX endpoints shared-memory ones (`crate::shm`).
+//!    host id, progress worker address)`: every RPC carries the token, and
+//!    goes to one of the handler threads' workers, which serve RPCs inline;
+//!    verbs messages go to the progress worker. Equal host ids make both
+//!    sides' UCX endpoints shared-memory ones (`crate::shm`), and then the
+//!    workers named are ones the node made for this client process alone
+//!    (`crate::server`, invariant 4).
 //! 3. **Remote keys**: `FETCH_RKEY(region, access key)` returns the region's
 //!    base address, length and packed rkey, or a refusal. A wrong access key
 //!    is refused here, before any byte moves.
@@ -128,7 +131,6 @@ fn bad(msg: impl Into<String>) -> io::Error {
 /// What a client learns from a successful handshake.
 pub struct Welcome {
     pub node: u16,
-    pub worker_address: Vec<u8>,
 }
 
 /// Why a handshake failed.
@@ -186,13 +188,9 @@ pub fn client_handshake(
         WELCOME => {
             let mut r = WireReader::new(&body);
             let node = r.u16()?;
-            let worker_address = r.bytes()?.to_vec();
             r.end()?;
             s.set_read_timeout(None)?;
-            Ok(Welcome {
-                node,
-                worker_address,
-            })
+            Ok(Welcome { node })
         }
         REFUSED => Err(HandshakeError::Refused(
             String::from_utf8_lossy(&body).into_owned(),
@@ -203,12 +201,7 @@ pub fn client_handshake(
 
 /// The server's side of the handshake; returns the client's node id. On a
 /// wrong proof it sends `REFUSED` and fails.
-pub fn server_handshake(
-    s: &TcpStream,
-    secret: &[u8],
-    node: u16,
-    worker_address: &[u8],
-) -> Result<u16, HandshakeError> {
+pub fn server_handshake(s: &TcpStream, secret: &[u8], node: u16) -> Result<u16, HandshakeError> {
     s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let (kind, body) = read_frame(s)?;
     if kind != HELLO {
@@ -234,7 +227,7 @@ pub fn server_handshake(
         ));
     }
     let mut w = WireWriter::new();
-    w.u16(node).bytes(worker_address);
+    w.u16(node);
     write_frame(s, WELCOME, &w.finish())?;
     s.set_read_timeout(None)?;
     Ok(client)
@@ -255,16 +248,16 @@ mod tests {
     #[test]
     fn matching_secrets_shake_hands() {
         let (c, s) = pair();
-        let server = std::thread::spawn(move || server_handshake(&s, b"k1", 3, b"addr"));
+        let server = std::thread::spawn(move || server_handshake(&s, b"k1", 3));
         let w = client_handshake(&c, b"k1", 9).unwrap();
-        assert_eq!((w.node, w.worker_address), (3, b"addr".to_vec()));
+        assert_eq!(w.node, 3);
         assert_eq!(server.join().unwrap().unwrap(), 9);
     }
 
     #[test]
     fn a_wrong_secret_is_refused_both_ways() {
         let (c, s) = pair();
-        let server = std::thread::spawn(move || server_handshake(&s, b"right", 3, b"addr"));
+        let server = std::thread::spawn(move || server_handshake(&s, b"right", 3));
         let e = client_handshake(&c, b"wrong", 9).err().unwrap();
         assert!(matches!(e, HandshakeError::Refused(_)), "{e:?}");
         // The client stopped at the server's proof; the server never sent
@@ -276,7 +269,7 @@ mod tests {
     #[test]
     fn a_forged_client_proof_is_refused() {
         let (c, s) = pair();
-        let server = std::thread::spawn(move || server_handshake(&s, b"right", 3, b"addr"));
+        let server = std::thread::spawn(move || server_handshake(&s, b"right", 3));
         // Speak the protocol by hand with a made-up proof.
         let mut w = WireWriter::new();
         w.bytes(MAGIC).raw(&[7; 32]).u16(1);

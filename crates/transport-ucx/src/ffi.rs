@@ -960,6 +960,91 @@ impl Ep {
         };
         Op::start(self, p, Buffers::Bytes(both), "ucp_am_send_nbx")
     }
+
+    /// Tests only: sends active message `id` with `header` and `len` bytes
+    /// of data, and kills this process (SIGKILL) while UCX copies the data
+    /// into the transport. The data is a generic datatype, whose `pack`
+    /// callback UCX calls from inside its send: over shared memory, after
+    /// the send has reserved an element of the receiver's FIFO and before
+    /// it marks the element written. So the process dies exactly where a
+    /// client killed mid-send can (`docs/ucx.md`, *A killed client's FIFO
+    /// slot*). Returns only if UCX did not pack at once (then the caller
+    /// drives the worker until it does).
+    #[cfg(test)]
+    pub fn am_send_killed_mid_copy(
+        &self,
+        id: u32,
+        header: Vec<u8>,
+        len: usize,
+    ) -> Result<Op, UcxError> {
+        // The pack state is the length (no buffer is read).
+        unsafe extern "C" fn start_pack(
+            _: *mut c_void,
+            _: *const c_void,
+            count: usize,
+        ) -> *mut c_void {
+            count as *mut c_void
+        }
+        unsafe extern "C" fn start_unpack(_: *mut c_void, _: *mut c_void, _: usize) -> *mut c_void {
+            std::ptr::null_mut()
+        }
+        unsafe extern "C" fn packed_size(state: *mut c_void) -> usize {
+            state as usize
+        }
+        unsafe extern "C" fn pack(_: *mut c_void, _: usize, _: *mut c_void, _: usize) -> usize {
+            // SAFETY: kill(2) on this process's own pid; SIGKILL cannot be
+            // caught, so nothing of ours runs after it.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            loop {
+                std::hint::spin_loop();
+            }
+        }
+        unsafe extern "C" fn unpack(
+            _: *mut c_void,
+            _: usize,
+            _: *const c_void,
+            _: usize,
+        ) -> ucs_status_t {
+            ucs_status_t::UCS_ERR_UNSUPPORTED
+        }
+        unsafe extern "C" fn finish(_: *mut c_void) {}
+        let ops = sys::ucp_generic_dt_ops_t {
+            start_pack: Some(start_pack),
+            start_unpack: Some(start_unpack),
+            packed_size: Some(packed_size),
+            pack: Some(pack),
+            unpack: Some(unpack),
+            finish: Some(finish),
+        };
+        let mut dt: sys::ucp_datatype_t = 0;
+        // SAFETY: `ops` is read during the call (UCP copies it); the
+        // datatype is never destroyed (the process is about to die).
+        check(
+            unsafe { sys::ucp_dt_create_generic(&ops, std::ptr::null_mut(), &mut dt) },
+            "ucp_dt_create_generic",
+        )?;
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS | sys::UCP_OP_ATTR_FIELD_DATATYPE,
+            flags: sys::UCP_AM_SEND_FLAG_EAGER,
+            datatype: dt,
+            ..Default::default()
+        };
+        // SAFETY: the ep is live; the header lives in the Op; the data
+        // "buffer" is never read (the generic datatype packs nothing from
+        // it), so the header's pointer stands in for it.
+        let p = unsafe {
+            sys::ucp_am_send_nbx(
+                self.inner.h,
+                id,
+                header.as_ptr().cast(),
+                header.len(),
+                header.as_ptr().cast(),
+                len,
+                &param,
+            )
+        };
+        Op::start(self, p, Buffers::Bytes(header), "ucp_am_send_nbx (generic)")
+    }
 }
 
 /// A remote key unpacked on an endpoint.

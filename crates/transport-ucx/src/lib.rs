@@ -40,6 +40,8 @@
 mod client;
 mod cluster;
 mod control;
+#[cfg(test)]
+mod dead_client;
 pub mod deploy;
 mod ffi;
 mod server;

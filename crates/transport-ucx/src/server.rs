@@ -19,6 +19,17 @@
 //!   client process for the control protocol ([`crate::control`]): the
 //!   secret handshake, sessions, remote keys, invalidation and liveness.
 //!
+//! Invariant 4 (numbering as in `docs/ucx.md`): a client process that
+//! reaches the node over shared memory sends into workers that the serving
+//! loops made for it alone (one per loop, made on its first session,
+//! destroyed when its control connection ends), never into a worker other
+//! processes send to. UCX's shared-memory transports deliver through one
+//! FIFO per receiving worker, written by every sender; a sender killed
+//! between reserving an element and marking it written blocks that FIFO
+//! for good, so it may only ever block its own workers (`docs/ucx.md`, *A
+//! killed client's FIFO slot*; test `dead_client`). Clients reached over
+//! TCP or RDMA, whose connections are their own, share each loop's worker.
+//!
 //! [`UcxNode::progress_cpu_ns`] reports what the progress thread and the
 //! handler threads spend outside the services (receiving, sending, polling);
 //! the services' own CPU is charged to each RPC's caller.
@@ -33,7 +44,7 @@ use dmkv_transport::{
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -84,11 +95,24 @@ type Regions = Arc<RwLock<HashMap<u32, RegionEntry>>>;
 type Tokens = Arc<RwLock<HashMap<u32, u64>>>;
 
 enum Cmd {
+    /// Make a worker of the loop's own for client process `client` (a
+    /// control connection from this host, served over shared memory), with
+    /// the loop's message handlers, and report its address (invariant 4).
+    AddClient {
+        client: u64,
+        done: Sender<std::result::Result<Vec<u8>, String>>,
+    },
+    /// Drop client process `client`'s worker, with any session still on it
+    /// (its process is gone).
+    RemoveClient(u64),
     /// Connect back to a client worker for `session` (its token is in the
-    /// node's table already). The progress loop reports the outcome; the
-    /// handler loops' endpoints are made without anyone waiting for them.
+    /// node's table already), from `client`'s own worker if it has one,
+    /// else from the loop's shared worker. The progress loop reports the
+    /// outcome; the handler loops' endpoints are made without anyone
+    /// waiting for them.
     OpenSession {
         session: u32,
+        client: Option<u64>,
         address: Vec<u8>,
         /// The client's host id ([`crate::shm::host_id`]).
         host: Vec<u8>,
@@ -190,9 +214,25 @@ impl LoopShared {
     }
 }
 
+/// The workers a client process on this host reaches the node's loops
+/// through (invariant 4): their addresses, as its sessions are told them.
+#[derive(Clone)]
+struct ClientWorkers {
+    /// The progress loop's worker for this client.
+    progress: Vec<u8>,
+    /// Each handler loop's worker for this client, in handler order.
+    handlers: Vec<Vec<u8>>,
+}
+
 /// One client process's control connection.
 struct ServerConn {
+    /// The node's number for this connection (the key of `conns`, and of
+    /// the loops' per-client workers).
+    id: u64,
     stream: TcpStream,
+    /// Made when its first session over shared memory opens; dropped (in
+    /// every loop) when the connection ends.
+    workers: Mutex<Option<ClientWorkers>>,
     /// Regions whose rkey this process was given: kept mapped until it goes.
     held: Mutex<HashMap<u32, Arc<MappedMemory>>>,
     sessions: Mutex<HashSet<u32>>,
@@ -247,6 +287,54 @@ impl NodeInner {
 
     fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Drops client process `client`'s workers in every loop.
+    fn remove_client(&self, client: u64) {
+        for l in self.loops() {
+            l.send_cmd(Cmd::RemoveClient(client));
+        }
+    }
+
+    /// The workers client process `conn` (on this host, over shared memory)
+    /// reaches the loops through: made by every loop on its first session.
+    fn client_workers(&self, conn: &ServerConn) -> std::result::Result<ClientWorkers, String> {
+        let mut workers = conn.workers.lock();
+        if let Some(w) = &*workers {
+            return Ok(w.clone());
+        }
+        let answers: Vec<_> = self
+            .loops()
+            .map(|l| {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                l.send_cmd(Cmd::AddClient {
+                    client: conn.id,
+                    done: tx,
+                });
+                rx
+            })
+            .collect();
+        let mut addresses = Vec::with_capacity(answers.len());
+        for rx in answers {
+            match rx.recv_timeout(control::HANDSHAKE_TIMEOUT) {
+                Ok(Ok(a)) => addresses.push(a),
+                outcome => {
+                    // Those that made one drop it again.
+                    self.remove_client(conn.id);
+                    return Err(match outcome {
+                        Ok(Err(e)) => format!("a worker for the client: {e}"),
+                        _ => "the node is shutting down".to_string(),
+                    });
+                }
+            }
+        }
+        let progress = addresses.remove(0);
+        let w = ClientWorkers {
+            progress,
+            handlers: addresses,
+        };
+        *workers = Some(w.clone());
+        Ok(w)
     }
 }
 
@@ -609,7 +697,9 @@ fn handler_thread(
     // progress, so that a reply they send at once goes out on a worker that
     // is not inside a callback.
     let jobs: Rc<RefCell<VecDeque<Job>>> = Rc::default();
-    {
+    // Every worker of this loop (its shared one and each client process's)
+    // queues requests for the same loop.
+    let install = |w: &Worker| {
         let tokens = tokens.clone();
         let jobs = jobs.clone();
         let handler = move |header: &[u8], data: &[u8]| {
@@ -624,18 +714,16 @@ fn handler_thread(
                 payload: data.to_vec(),
             });
         };
-        if worker
-            .set_am_handler(AM_REQUEST, Box::new(handler))
-            .is_err()
-        {
-            return;
-        }
+        w.set_am_handler(AM_REQUEST, Box::new(handler)).is_ok()
+    };
+    if !install(&worker) {
+        return;
     }
     let idle = Idle {
         poll: HANDLER_POLL,
         yields: true,
     };
-    serve_loop(&worker, &shared, &cmd_rx, wake_rx, idle, || {
+    serve_loop(&worker, &install, &shared, &cmd_rx, wake_rx, idle, || {
         let mut served = false;
         loop {
             let Some(job) = jobs.borrow_mut().pop_front() else {
@@ -685,67 +773,69 @@ fn progress_thread(
     let Some(worker) = make_worker(&ctx, &addr_tx) else {
         return;
     };
-    {
+    // Installs the loop's message handlers on one of its workers (its
+    // shared one and each client process's).
+    let install = |w: &Worker| {
         // Clients send RPCs to the handler threads' workers; a node without
         // handler threads has none to give them, and its RPCs land here.
-        let tokens = tokens.clone();
-        let shared = shared.clone();
-        let handler = move |header: &[u8], _data: &[u8]| {
-            let Some((session, rid, _, _)) = parse_request(header, &tokens) else {
-                return;
-            };
-            let why = if handler_threads == 0 {
-                "the node has no handler threads and serves no RPCs".to_string()
-            } else {
-                format!("RPCs go to the node's {handler_threads} handler workers")
-            };
-            let reply = dmkv_transport::Reply {
-                result: Err(dmkv_transport::ServiceError::failed(why)),
-                server_cpu_ns: 0,
-            };
-            shared.send_cmd(Cmd::Reply {
-                session,
-                rid,
-                reply: reply.encode(),
-            });
+        let rpc = {
+            let tokens = tokens.clone();
+            let shared = shared.clone();
+            move |header: &[u8], _data: &[u8]| {
+                let Some((session, rid, _, _)) = parse_request(header, &tokens) else {
+                    return;
+                };
+                let why = if handler_threads == 0 {
+                    "the node has no handler threads and serves no RPCs".to_string()
+                } else {
+                    format!("RPCs go to the node's {handler_threads} handler workers")
+                };
+                let reply = dmkv_transport::Reply {
+                    result: Err(dmkv_transport::ServiceError::failed(why)),
+                    server_cpu_ns: 0,
+                };
+                shared.send_cmd(Cmd::Reply {
+                    session,
+                    rid,
+                    reply: reply.encode(),
+                });
+            }
         };
-        if worker
-            .set_am_handler(AM_REQUEST, Box::new(handler))
-            .is_err()
-        {
-            return;
-        }
-    }
-    {
         // Verbs carried as messages: checked and executed here, on the
         // progress thread, as UCX's own emulation would be.
-        let tokens = tokens.clone();
-        let shared = shared.clone();
-        let handler = move |header: &[u8], data: &[u8]| {
-            let mut r = WireReader::new(header);
-            let parsed = (|| Ok::<_, dmkv_transport::WireError>((r.u32()?, r.u64()?, r.u64()?)))();
-            let Ok((session, token, rid)) = parsed else {
-                return;
-            };
-            if tokens.read().get(&session) != Some(&token) {
-                return;
+        let verbs = {
+            let tokens = tokens.clone();
+            let shared = shared.clone();
+            let regions = regions.clone();
+            move |header: &[u8], data: &[u8]| {
+                let mut r = WireReader::new(header);
+                let parsed =
+                    (|| Ok::<_, dmkv_transport::WireError>((r.u32()?, r.u64()?, r.u64()?)))();
+                let Ok((session, token, rid)) = parsed else {
+                    return;
+                };
+                if tokens.read().get(&session) != Some(&token) {
+                    return;
+                }
+                let reply = crate::verbs::serve(&regions.read(), data);
+                shared.send_cmd(Cmd::Reply {
+                    session,
+                    rid,
+                    reply,
+                });
             }
-            let reply = crate::verbs::serve(&regions.read(), data);
-            shared.send_cmd(Cmd::Reply {
-                session,
-                rid,
-                reply,
-            });
         };
-        if worker.set_am_handler(AM_VERBS, Box::new(handler)).is_err() {
-            return;
-        }
+        w.set_am_handler(AM_REQUEST, Box::new(rpc)).is_ok()
+            && w.set_am_handler(AM_VERBS, Box::new(verbs)).is_ok()
+    };
+    if !install(&worker) {
+        return;
     }
     let idle = Idle {
         poll: SPIN_BEFORE_SLEEP,
         yields: false,
     };
-    serve_loop(&worker, &shared, &cmd_rx, wake_rx, idle, || false);
+    serve_loop(&worker, &install, &shared, &cmd_rx, wake_rx, idle, || false);
 }
 
 /// How a serving loop waits when it has nothing to do.
@@ -761,14 +851,29 @@ struct Idle {
 /// none (see the client's `SPINS` for what was measured).
 const IDLE_SPINS: u32 = 0;
 
-/// Runs a serving loop on `worker` until [`Cmd::Stop`]: drives UCX, runs
-/// `work` after every progress call (a handler thread serves there the
-/// requests its worker delivered; it says whether it did anything), and
-/// carries out commands (sessions, replies). With nothing to do for
-/// `idle.poll` it arms the worker's event fd and sleeps in `poll` until UCX
-/// or a command wakes it.
+/// A worker a loop made for one client process (invariant 4).
+struct ClientWorker {
+    worker: Worker,
+    efd: Option<i32>,
+}
+
+/// A session's endpoint back to its client, and the client process whose
+/// own worker it was made from (`None`: the loop's shared worker).
+struct SessionEp {
+    ep: Ep,
+    client: Option<u64>,
+}
+
+/// Runs a serving loop on `worker` until [`Cmd::Stop`]: drives UCX (that
+/// worker and the loop's per-client workers, each given the loop's message
+/// handlers by `install`), runs `work` after every progress call (a handler
+/// thread serves there the requests its workers delivered; it says whether
+/// it did anything), and carries out commands (client workers, sessions,
+/// replies). With nothing to do for `idle.poll` it arms every worker's
+/// event fd and sleeps in `poll` until UCX or a command wakes it.
 fn serve_loop(
     worker: &Worker,
+    install: &dyn Fn(&Worker) -> bool,
     shared: &LoopShared,
     cmd_rx: &Receiver<Cmd>,
     mut wake_rx: UnixStream,
@@ -776,7 +881,9 @@ fn serve_loop(
     mut work: impl FnMut() -> bool,
 ) {
     let efd = worker.event_fd().ok();
-    let mut sessions: HashMap<u32, Ep> = HashMap::new();
+    // Ordered, so that every loop drives them in the same order.
+    let mut clients: BTreeMap<u64, ClientWorker> = BTreeMap::new();
+    let mut sessions: HashMap<u32, SessionEp> = HashMap::new();
     // Replies being sent, with their session.
     let mut inflight: Vec<(u32, Op)> = Vec::new();
     let mut last_event = Instant::now();
@@ -786,30 +893,80 @@ fn serve_loop(
     while !stop {
         let start = Instant::now();
         let mut busy = worker.progress();
+        for c in clients.values() {
+            busy |= c.worker.progress();
+        }
         busy |= work();
         while let Ok(cmd) = cmd_rx.try_recv() {
             busy = true;
             match cmd {
+                Cmd::AddClient { client, done } => {
+                    let made = Worker::new(worker.context())
+                        .and_then(|w| w.address().map(|a| (w, a)))
+                        .map_err(|e| e.to_string())
+                        .and_then(|(w, a)| {
+                            if install(&w) {
+                                Ok((w, a))
+                            } else {
+                                Err("its message handlers".to_string())
+                            }
+                        });
+                    let _ = done.send(made.map(|(w, a)| {
+                        let efd = w.event_fd().ok();
+                        clients.insert(client, ClientWorker { worker: w, efd });
+                        a
+                    }));
+                }
+                Cmd::RemoveClient(client) => {
+                    // Its sessions are normally closed already; any left
+                    // go with the worker their endpoints belong to.
+                    let left: Vec<u32> = sessions
+                        .iter()
+                        .filter(|(_, s)| s.client == Some(client))
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for s in left {
+                        if let Some(gone) = sessions.remove(&s) {
+                            gone.ep.abandon();
+                        }
+                        inflight.retain(|(sess, _)| *sess != s);
+                    }
+                    // The worker is destroyed once its last endpoint and
+                    // operation are (they hold it).
+                    clients.remove(&client);
+                }
                 Cmd::OpenSession {
                     session,
+                    client,
                     address,
                     host,
                     done,
                 } => {
+                    let from = match client {
+                        None => Ok(worker),
+                        Some(c) => clients
+                            .get(&c)
+                            .map(|c| &c.worker)
+                            .ok_or_else(|| "the client has no worker here".to_string()),
+                    };
                     // Shared memory where the client is on this host.
-                    let outcome = crate::shm::connect(worker, &address, &host).map(|(ep, _)| {
-                        sessions.insert(session, ep);
+                    let outcome = from.and_then(|w| {
+                        crate::shm::connect(w, &address, &host)
+                            .map(|(ep, _)| {
+                                sessions.insert(session, SessionEp { ep, client });
+                            })
+                            .map_err(|e| e.to_string())
                     });
                     if let Some(done) = done {
-                        let _ = done.send(outcome.map_err(|e| e.to_string()));
+                        let _ = done.send(outcome);
                     }
                 }
                 Cmd::CloseSession(s) => {
                     // The client process may be gone, and a shared-memory
                     // endpoint would not say so: replies still in flight to
                     // it are leaked, not awaited (`Ep::abandon`).
-                    if let Some(ep) = sessions.remove(&s) {
-                        ep.abandon();
+                    if let Some(gone) = sessions.remove(&s) {
+                        gone.ep.abandon();
                     }
                     inflight.retain(|(sess, _)| *sess != s);
                 }
@@ -818,9 +975,9 @@ fn serve_loop(
                     rid,
                     reply,
                 } => {
-                    if let Some(ep) = sessions.get(&session)
-                        && ep.failed().is_none()
-                        && let Ok(op) = ep.am_send(AM_REPLY, rid.to_le_bytes().to_vec(), reply)
+                    if let Some(s) = sessions.get(&session)
+                        && s.ep.failed().is_none()
+                        && let Ok(op) = s.ep.am_send(AM_REPLY, rid.to_le_bytes().to_vec(), reply)
                     {
                         inflight.push((session, op));
                     }
@@ -836,7 +993,7 @@ fn serve_loop(
                 .store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
             // Drop endpoints whose peer UCX reported gone (the session's
             // token goes when its control connection ends).
-            sessions.retain(|_, ep| ep.failed().is_none());
+            sessions.retain(|_, s| s.ep.failed().is_none());
         }
         if busy {
             last_event = Instant::now();
@@ -868,26 +1025,38 @@ fn serve_loop(
             shared.sleeping.store(false, Ordering::SeqCst);
             continue;
         }
-        match efd {
-            Some(efd) if worker.arm() => {
-                ffi::poll_readable(&[efd, wake_rx.as_raw_fd()], 100);
+        // Every worker's event fd, armed (a worker with events pending
+        // refuses: then progress again instead of sleeping).
+        let mut fds = vec![wake_rx.as_raw_fd()];
+        let mut all_fds = true;
+        let mut armed = true;
+        for (w, fd) in
+            std::iter::once((worker, efd)).chain(clients.values().map(|c| (&c.worker, c.efd)))
+        {
+            match fd {
+                Some(fd) => {
+                    armed = armed && w.arm();
+                    fds.push(fd);
+                }
+                None => all_fds = false,
             }
-            Some(_) => {}
-            None => {
-                ffi::poll_readable(&[wake_rx.as_raw_fd()], 1);
-            }
+        }
+        if armed {
+            // Without an event fd for some worker, wake up often to drive it.
+            ffi::poll_readable(&fds, if all_fds { 100 } else { 1 });
         }
         shared.sleeping.store(false, Ordering::SeqCst);
         empty_polls = 0;
         last_event = Instant::now();
     }
-    // Close every endpoint and finish sends before the worker goes (a send
+    // Close every endpoint and finish sends before the workers go (a send
     // to a client that stopped reading is leaked, not awaited).
-    for ep in sessions.values() {
-        ep.abandon();
+    for s in sessions.values() {
+        s.ep.abandon();
     }
     drop(inflight);
     sessions.clear();
+    clients.clear();
     shared
         .cpu_ns
         .store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
@@ -910,22 +1079,21 @@ fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
 }
 
 fn serve_conn(node: Arc<NodeInner>, stream: TcpStream) {
-    let client =
-        match control::server_handshake(&stream, &node.secret, node.id.0, &node.worker_address) {
-            Ok(c) => NodeId(c),
-            Err(HandshakeError::Refused(why)) => {
-                eprintln!(
-                    "dmkv node {}: refused a connection from {}: {why}",
-                    node.id,
-                    stream
-                        .peer_addr()
-                        .map(|a| a.to_string())
-                        .unwrap_or_else(|_| "?".into())
-                );
-                return;
-            }
-            Err(HandshakeError::Io(_)) => return,
-        };
+    let client = match control::server_handshake(&stream, &node.secret, node.id.0) {
+        Ok(c) => NodeId(c),
+        Err(HandshakeError::Refused(why)) => {
+            eprintln!(
+                "dmkv node {}: refused a connection from {}: {why}",
+                node.id,
+                stream
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| "?".into())
+            );
+            return;
+        }
+        Err(HandshakeError::Io(_)) => return,
+    };
     let _ = client;
     if node.is_stopped() {
         return;
@@ -933,7 +1101,9 @@ fn serve_conn(node: Arc<NodeInner>, stream: TcpStream) {
     let conn_id = node.next_conn.fetch_add(1, Ordering::Relaxed);
     let Ok(s2) = stream.try_clone() else { return };
     let conn = Arc::new(ServerConn {
+        id: conn_id,
         stream: s2,
+        workers: Mutex::new(None),
         held: Mutex::new(HashMap::new()),
         sessions: Mutex::new(HashSet::new()),
         acked: Mutex::new(0),
@@ -955,6 +1125,11 @@ fn serve_conn(node: Arc<NodeInner>, stream: TcpStream) {
     node.conns.lock().remove(&conn_id);
     for s in conn.sessions.lock().drain() {
         node.close_session(s);
+    }
+    // After its sessions (each loop takes commands in order): its workers,
+    // with whatever a send killed midway left in their FIFOs.
+    if conn.workers.lock().take().is_some() {
+        node.remove_client(conn.id);
     }
     let held: Vec<Arc<MappedMemory>> = conn.held.lock().drain().map(|(_, m)| m).collect();
     if !held.is_empty() {
@@ -979,6 +1154,23 @@ fn handle_frame(
             let rid = r.u64().map_err(|_| ())?;
             let address = r.bytes().map_err(|_| ())?.to_vec();
             let host = r.bytes().map_err(|_| ())?.to_vec();
+            // A client on this host that shared memory reaches gets workers
+            // of its own in every loop (invariant 4); others share the
+            // loops' workers.
+            let private = if crate::shm::same_host(&node.ctx, &host) {
+                match node.client_workers(conn) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        let mut w = WireWriter::new();
+                        w.u64(rid).u8(control::DENIED_OTHER).str(&e);
+                        return control::write_frame(&conn.stream, control::DENIED, &w.finish())
+                            .map_err(|_| ());
+                    }
+                }
+            } else {
+                None
+            };
+            let client = private.as_ref().map(|_| conn.id);
             let session = node.next_session.fetch_add(1, Ordering::Relaxed);
             let token: u64 = rand::random();
             node.tokens.write().insert(session, token);
@@ -989,6 +1181,7 @@ fn handle_frame(
             let (tx, rx) = crossbeam_channel::bounded(1);
             node.progress.send_cmd(Cmd::OpenSession {
                 session,
+                client,
                 address: address.clone(),
                 host: host.clone(),
                 done: Some(tx),
@@ -996,6 +1189,7 @@ fn handle_frame(
             for l in &node.handlers {
                 l.send_cmd(Cmd::OpenSession {
                     session,
+                    client,
                     address: address.clone(),
                     host: host.clone(),
                     done: None,
@@ -1010,13 +1204,15 @@ fn handle_frame(
             match outcome {
                 Ok(()) => {
                     conn.sessions.lock().insert(session);
-                    w.u32(session)
-                        .u64(token)
-                        .u16(node.handler_addresses.len() as u16);
-                    for a in &node.handler_addresses {
+                    let (progress, handlers) = match &private {
+                        Some(p) => (&p.progress, &p.handlers),
+                        None => (&node.worker_address, &node.handler_addresses),
+                    };
+                    w.u32(session).u64(token).u16(handlers.len() as u16);
+                    for a in handlers {
                         w.bytes(a);
                     }
-                    w.bytes(crate::shm::host_id());
+                    w.bytes(crate::shm::host_id()).bytes(progress);
                     control::write_frame(&conn.stream, control::SESSION, &w.finish())
                         .map_err(|_| ())
                 }

@@ -12,7 +12,7 @@
 //! which ends when the peer's process does (`docs/ucx.md`, *Shared memory
 //! and peer failure*). Every other endpoint keeps peer-failure handling.
 
-use crate::ffi::{Ep, ErrorMode, UcxError, Worker};
+use crate::ffi::{Context, Ep, ErrorMode, UcxError, Worker};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -46,14 +46,13 @@ pub(crate) fn host_id() -> &'static [u8] {
 }
 
 /// Whether a peer with `peer_host` (its [`host_id`]) should be reached over
-/// shared memory from `worker`: same host, and this process's UCX opened a
-/// shared-memory message transport (`UCX_TLS` allows it).
-pub(crate) fn same_host(worker: &Worker, peer_host: &[u8]) -> bool {
+/// shared memory from this process's context `ctx`: same host, and UCX
+/// opened a shared-memory message transport (`UCX_TLS` allows it).
+pub(crate) fn same_host(ctx: &Context, peer_host: &[u8]) -> bool {
     let mine = host_id();
     !mine.is_empty()
         && mine == peer_host
-        && worker
-            .context()
+        && ctx
             .transports()
             .iter()
             .any(|t| SHM_MESSAGES.contains(&t.as_str()))
@@ -69,7 +68,7 @@ pub(crate) fn connect(
     address: &[u8],
     peer_host: &[u8],
 ) -> Result<(Ep, bool), UcxError> {
-    if same_host(worker, peer_host) {
+    if same_host(worker.context(), peer_host) {
         let ep = worker.connect(address, ErrorMode::None)?;
         let lanes = ep.lane_transports();
         if !lanes.is_empty() && lanes.iter().all(|t| SHM_TRANSPORTS.contains(&t.as_str())) {
