@@ -2,6 +2,10 @@
 //! goes through [`ScaleNode::handle`], registered as a deferred-reply
 //! service, so a request that cannot be answered yet is parked with its
 //! responder instead of being refused and resent.
+//! A request that needs the node's SSD (a grant from the SSD, an SSD fetch,
+//! a handed-over page batch) is handed with its responder to the node's
+//! SSD completer (`ssdio`): the handler never waits for the device
+//! (invariant 16 in docs/scalestore.md).
 //!
 //! The node trusts nothing a peer sends: the sender is identified by the
 //! transport's caller id (never by a field); page ids must belong to a shard

@@ -3,8 +3,10 @@
 //! through io_uring (the paper used libaio; io_uring is its successor).
 //!
 //! Page reads go through a second ring shared by every thread that reads
-//! the file (handler threads serving remote requesters, workers fetching
-//! for themselves): a reader submits its read and then waits for its own
+//! the file (the node's SSD completer serving remote requesters, which
+//! keeps many reads in flight with [`PageFile::submit_read`] and
+//! [`PageFile::poll_read`]; workers fetching for themselves, which wait for
+//! their own): a reader submits its read and then waits for its own
 //! completion outside the ring's lock, so reads of different threads are
 //! in flight together (§4: many outstanding I/Os keep the SSD busy). The
 //! depth each read found at submission is recorded ([`ReadDepth`]).
@@ -75,13 +77,6 @@ fn take_sim_due() -> Option<dmkv_transport::time::Instant> {
 pub async fn settle_sim_wait() {
     if let Some(due) = take_sim_due() {
         dmkv_transport::exec::sleep_until(due).await;
-    }
-}
-
-/// [`settle_sim_wait`] for a handler (synchronous code holding no lock).
-pub fn settle_sim_wait_blocking() {
-    if let Some(due) = take_sim_due() {
-        dmkv_transport::exec::block_on(dmkv_transport::exec::sleep_until(due));
     }
 }
 
