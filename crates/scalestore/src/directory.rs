@@ -614,17 +614,12 @@ impl ScaleNode {
         match work {
             Work::Fetch { pid, to, offset } => {
                 let r = delivered(pid, to, offset);
-                responder.reply(
-                    r.map(|()| Reply::Done.encode())
-                        .map_err(service_error),
-                );
+                responder.reply(r.map(|()| Reply::Done.encode()).map_err(service_error));
             }
             Work::Write { .. } => {
                 let r = match res {
                     Ok(_) => Ok(Reply::Done.encode()),
-                    Err(e) => Err(service_error(KvError::Exhausted(format!(
-                        "SSD write: {e}"
-                    )))),
+                    Err(e) => Err(service_error(KvError::Exhausted(format!("SSD write: {e}")))),
                 };
                 responder.reply(r);
             }
@@ -640,8 +635,7 @@ impl ScaleNode {
                     Some(fi) => {
                         let f = self.frames.frame(fi);
                         let mut m = f.meta.lock();
-                        let ok = f.pid() == pid
-                            && m.dir.as_ref().is_some_and(|d| d.reading);
+                        let ok = f.pid() == pid && m.dir.as_ref().is_some_and(|d| d.reading);
                         if ok {
                             let d = m.dir.as_mut().expect("checked");
                             d.reading = false;

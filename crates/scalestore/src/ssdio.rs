@@ -184,7 +184,11 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
                     };
                     let batch: Vec<(u64, &AlignedPage)> =
                         pages.iter().map(|(s, p)| (*s, p)).collect();
-                    let res = job.shard.file.write_batch(&batch).map(|()| Outcome::Written);
+                    let res = job
+                        .shard
+                        .file
+                        .write_batch(&batch)
+                        .map(|()| Outcome::Written);
                     node.finish_ssd(job, res);
                 }
             }

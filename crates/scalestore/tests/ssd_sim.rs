@@ -187,7 +187,14 @@ fn requests_arriving_during_the_read_are_served_in_arrival_order() {
             "{protocol}: the two later requests waited for the read at the directory"
         );
         let w0 = worker(&nodes[0]);
-        let back = block_on(async { ExclusiveGuard::fix(&w0, pid).await.unwrap().page().word(0).unwrap() });
+        let back = block_on(async {
+            ExclusiveGuard::fix(&w0, pid)
+                .await
+                .unwrap()
+                .page()
+                .word(0)
+                .unwrap()
+        });
         assert_eq!(back, 103, "{protocol}: every increment is in the page");
     }
 }
