@@ -156,7 +156,9 @@ impl ScaleNode {
                 responder,
             })
         };
-        if d.evicting {
+        if d.evicting || d.reading {
+            // An eviction pull, or the page on its way from our SSD to the
+            // grantee (invariant 16): wait, in arrival order.
             return Ok(match hold(responder) {
                 Some(h) => {
                     Counters::add(&self.stats.parked_directory, 1);
@@ -209,6 +211,13 @@ impl ScaleNode {
         if local {
             Counters::add(&self.stats.local_grants, 1);
         }
+        if d.reading {
+            // Granted from our SSD to a remote requester: the completer
+            // reads, delivers and replies (the handler does not wait).
+            let responder = responder.take().expect("a remote request has a responder");
+            self.submit_grant_read(q, g, responder);
+            return Ok(Decision::Held);
+        }
         Ok(Decision::Reply(Reply::Grant(g)))
     }
 
@@ -249,8 +258,17 @@ impl ScaleNode {
                         q.pid
                     )));
                 }
-                let bytes = self.read_ssd(q.pid)?;
-                self.deliver(r, q.offset, &bytes)?;
+                if r == me {
+                    // Our own worker reads for itself (it waits as a task,
+                    // `settle_sim_wait`, or on its own thread).
+                    let bytes = self.read_ssd(q.pid)?;
+                    self.deliver(r, q.offset, &bytes)?;
+                } else {
+                    // Split grant (invariant 16): the grant is recorded
+                    // now; the caller hands the read, the delivery and
+                    // the reply to the SSD completer.
+                    d.reading = true;
+                }
                 d.owners = match w {
                     Want::Shared => Owners::Shared(1 << r),
                     Want::Exclusive => {
@@ -417,7 +435,7 @@ impl ScaleNode {
         let Some(mut d) = m.dir.take() else {
             return;
         };
-        if !d.evicting && !d.held.is_empty() {
+        if !d.evicting && !d.reading && !d.held.is_empty() {
             for h in std::mem::take(&mut d.held) {
                 self.answer_held(&shard, fi, m, &mut d, h, out);
             }
@@ -427,6 +445,7 @@ impl ScaleNode {
         while self.cfg.protocol == Protocol::Fifo
             && d.transfer.is_none()
             && !d.evicting
+            && !d.reading
             && !d.local_waiting
         {
             let Some(h) = d.queue.pop_front() else { break };
@@ -440,7 +459,11 @@ impl ScaleNode {
             match self.grant(&shard, fi, m, &mut d, q) {
                 Ok(g) => {
                     d.transfer = Some(h.from);
-                    out.push((h.responder, Ok(Reply::Grant(g).encode())));
+                    if d.reading {
+                        self.submit_grant_read(q, g, h.responder);
+                    } else {
+                        out.push((h.responder, Ok(Reply::Grant(g).encode())));
+                    }
                 }
                 Err(e) => out.push((h.responder, Err(service_error(e)))),
             }
@@ -494,9 +517,9 @@ impl ScaleNode {
         }
     }
 
-    /// Serves an SSD fetch: every copy the grant named was gone, so the SSD
-    /// copy must be current (checked: the page was clean before the grant).
-    pub fn ssd_fetch(&self, r: u8, pid: Pid, epoch: u64, offset: u64) -> Result<Reply, KvError> {
+    /// Checks an SSD fetch: every copy the grant named was gone, so the SSD
+    /// copy must be current (the page was clean before the grant).
+    fn check_fetch(&self, r: u8, pid: Pid, epoch: u64) -> Result<(), KvError> {
         let fi = self
             .frames
             .find(pid)
@@ -511,9 +534,137 @@ impl ScaleNode {
                 "{pid}: SSD fetch by {r} at epoch {epoch} does not match the entry (every copy gone from a dirty page?)"
             )));
         }
+        Ok(())
+    }
+
+    /// Serves an SSD fetch of this node's own worker (`r` is this node): it
+    /// reads and delivers now (the worker waits as a task for the modelled
+    /// device, `settle_sim_wait`).
+    pub fn ssd_fetch(&self, r: u8, pid: Pid, epoch: u64, offset: u64) -> Result<Reply, KvError> {
+        self.check_fetch(r, pid, epoch)?;
         let bytes = self.read_ssd(pid)?;
         self.deliver(r, offset, &bytes)?;
         Ok(Reply::Done)
+    }
+
+    /// Serves a remote node's SSD fetch without waiting for the SSD: the
+    /// completer reads, delivers and answers "done" (or the error). The
+    /// slot cannot change meanwhile: the requester owns the page by the
+    /// grant and awaits it, and the page was clean (invariant 16).
+    pub fn ssd_fetch_deferred(
+        &self,
+        r: u8,
+        pid: Pid,
+        epoch: u64,
+        offset: u64,
+        responder: Responder,
+    ) -> Result<(), (Responder, KvError)> {
+        if let Err(e) = self.check_fetch(r, pid, epoch) {
+            return Err((responder, e));
+        }
+        let Some(shard) = self.shard(pid.shard()) else {
+            return Err((responder, corrupt(format!("{pid}: shard not here"))));
+        };
+        self.ssd_jobs.push(crate::ssdio::Job::new(
+            shard,
+            crate::ssdio::Work::Fetch { pid, to: r, offset },
+            responder,
+        ));
+        Ok(())
+    }
+
+    /// Hands a grant's SSD read (entry marked `reading`, under its mutex)
+    /// to the completer.
+    fn submit_grant_read(&self, q: OwnRequest, grant: Grant, responder: Responder) {
+        let shard = self
+            .shard(q.pid.shard())
+            .expect("a shard is not removed while an entry of it is locked and not frozen");
+        self.ssd_jobs.push(crate::ssdio::Job::new(
+            shard,
+            crate::ssdio::Work::Grant {
+                pid: q.pid,
+                to: q.from,
+                offset: q.offset,
+                grant,
+            },
+            responder,
+        ));
+    }
+
+    /// Completes a deferred SSD access (the completer, `ssdio`): delivers
+    /// a page read into the requester's frame, lets the entry go and
+    /// answers. A failed read or delivery undoes a grant (the entry was
+    /// `reading`, so nothing else changed it: the page is again only on
+    /// the SSD, clean) and answers the requester with the error.
+    pub fn finish_ssd(&self, job: crate::ssdio::Job, res: std::io::Result<crate::ssdio::Outcome>) {
+        use crate::ssdio::{Outcome, Work};
+        let crate::ssdio::Job {
+            work, responder, ..
+        } = job;
+        let delivered = |pid: Pid, to: u8, offset: u64| -> Result<(), KvError> {
+            match res {
+                Ok(Outcome::Page(ref page)) => {
+                    Counters::add(&self.stats.pages_ssd, 1);
+                    self.deliver(to, offset, page.bytes())
+                }
+                Ok(Outcome::Written) => Err(corrupt("a write completed a read")),
+                Err(ref e) => Err(KvError::Exhausted(format!("SSD read of {pid}: {e}"))),
+            }
+        };
+        match work {
+            Work::Fetch { pid, to, offset } => {
+                let r = delivered(pid, to, offset);
+                responder.reply(r.map(|()| Reply::Done.encode()).map_err(service_error));
+            }
+            Work::Write { .. } => {
+                let r = match res {
+                    Ok(_) => Ok(Reply::Done.encode()),
+                    Err(e) => Err(service_error(KvError::Exhausted(format!("SSD write: {e}")))),
+                };
+                responder.reply(r);
+            }
+            Work::Grant {
+                pid,
+                to,
+                offset,
+                grant,
+            } => {
+                let r = delivered(pid, to, offset);
+                let mut out = Vec::new();
+                let found = match self.frames.find(pid) {
+                    Some(fi) => {
+                        let f = self.frames.frame(fi);
+                        let mut m = f.meta.lock();
+                        let ok = f.pid() == pid && m.dir.as_ref().is_some_and(|d| d.reading);
+                        if ok {
+                            let d = m.dir.as_mut().expect("checked");
+                            d.reading = false;
+                            if r.is_err() {
+                                d.owners = Owners::None;
+                                d.dirty = false;
+                                if d.transfer == Some(to) {
+                                    d.transfer = None;
+                                }
+                            }
+                            self.directory_retry(fi, &mut m, &mut out);
+                        }
+                        ok
+                    }
+                    None => false,
+                };
+                let answer = match (found, r) {
+                    (true, Ok(())) => Ok(Reply::Grant(grant).encode()),
+                    (true, Err(e)) => Err(service_error(e)),
+                    (false, _) => Err(service_error(corrupt(format!(
+                        "{pid}: the entry read from the SSD for node {to} is gone"
+                    )))),
+                };
+                responder.reply(answer);
+                for (r, a) in out {
+                    r.reply(a);
+                }
+            }
+        }
     }
 
     /// Allocates a page id in the shard this node hosts as its own, the
@@ -582,6 +733,7 @@ impl ScaleNode {
             if d.epoch != e.epoch
                 || d.transfer.is_some()
                 || d.evicting
+                || d.reading
                 || !d.owners.contains(from)
                 || d.copies_granted(from) > e.copies
             {

@@ -362,7 +362,7 @@ impl EngineSpec for ScaleStoreSpec {
         rt.attach(&args.name("node"), node.clone());
         // The page provider and the re-poll thread hold the node; they stop
         // when the runtime (and with it the pool) goes away.
-        let pool = rt.worker_pool(&format!("{}-provider-repoll", args.instance), 2);
+        let pool = rt.worker_pool(&format!("{}-provider-repoll", args.instance), 3);
         // Held by the node's attachments: the runtime retires pools that
         // only it holds whenever another pool is started on it (a node
         // process starts its workers' pool after this), which would stop
@@ -381,6 +381,11 @@ impl EngineSpec for ScaleStoreSpec {
             let _repoll = dmkv_transport::exec::spawn_simulated(async move {
                 repoll::run_async(&n, || alive.strong_count() > 0).await
             });
+            let alive = Arc::downgrade(&pool);
+            let n = node.clone();
+            let _ssd = dmkv_transport::exec::spawn_simulated(async move {
+                crate::ssdio::run_async(&n, || alive.strong_count() > 0).await
+            });
         } else {
             let alive = Arc::downgrade(&pool);
             let n = node.clone();
@@ -388,6 +393,9 @@ impl EngineSpec for ScaleStoreSpec {
             let alive = Arc::downgrade(&pool);
             let n = node.clone();
             pool.submit(move || repoll::run(&n, || alive.strong_count() > 0));
+            let alive = Arc::downgrade(&pool);
+            let n = node.clone();
+            pool.submit(move || crate::ssdio::run(&n, || alive.strong_count() > 0));
         }
         Ok(())
     }

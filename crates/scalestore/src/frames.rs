@@ -180,6 +180,11 @@ pub struct Dir {
     /// workers bypass it), so the next acknowledgement leaves the page to
     /// it instead of granting the queue's head.
     pub local_waiting: bool,
+    /// The page is on its way from this directory's SSD to the requester
+    /// the entry names (a grant's base case served by the SSD completer,
+    /// `ssdio`): other requests wait in `held`, evictions are declined
+    /// (invariant 16 in docs/scalestore.md).
+    pub reading: bool,
 }
 
 impl Dir {
@@ -195,6 +200,7 @@ impl Dir {
             transfer: None,
             queue: VecDeque::new(),
             local_waiting: false,
+            reading: false,
         }
     }
 
@@ -206,6 +212,7 @@ impl Dir {
             && self.queue.is_empty()
             && self.held.is_empty()
             && !self.evicting
+            && !self.reading
     }
 
     /// Copies granted from `n` and not yet known to be served.

@@ -2,6 +2,10 @@
 //! goes through [`ScaleNode::handle`], registered as a deferred-reply
 //! service, so a request that cannot be answered yet is parked with its
 //! responder instead of being refused and resent.
+//! A request that needs the node's SSD (a grant from the SSD, an SSD fetch,
+//! a handed-over page batch) is handed with its responder to the node's
+//! SSD completer (`ssdio`): the handler never waits for the device
+//! (invariant 16 in docs/scalestore.md).
 //!
 //! The node trusts nothing a peer sends: the sender is identified by the
 //! transport's caller id (never by a field); page ids must belong to a shard
@@ -36,9 +40,6 @@ impl ScaleNode {
             Ok(()) => {}
             Err((responder, e)) => responder.reply(Err(e)),
         }
-        // Under the simulated cluster: SSD reads not waited for before a
-        // reply (none should be left) are not left to other code.
-        crate::ssd::settle_sim_wait_blocking();
     }
 
     fn dispatch(
@@ -81,9 +82,10 @@ impl ScaleNode {
             }
             Some(Kind::HandoverPages) => {
                 let (shard, pages) = tri!(msg::decode_pages(req));
-                tri!(self.handle_pages(from, shard, &pages).map_err(kv));
-                responder.reply(Ok(Reply::Done.encode()));
-                return Ok(());
+                // Answered by the SSD completer once the pages are written.
+                return self
+                    .handle_pages(from, shard, &pages, responder)
+                    .map_err(|(r, e)| (r, kv(e)));
             }
             Some(Kind::HandoverEntries) => {
                 let (shard, entries) = tri!(msg::decode_entries(req));
@@ -123,9 +125,8 @@ impl ScaleNode {
                     },
                     &mut r,
                 );
-                // The page may have come from the SSD under the entry's
-                // mutex: its modelled device time passes before the reply.
-                crate::ssd::settle_sim_wait_blocking();
+                // A page from our SSD is delivered and answered by the SSD
+                // completer (`Held`): this handler does not wait for it.
                 match (d, r) {
                     (Ok(Decision::Reply(reply)), Some(r)) => r.reply(Ok(reply.encode())),
                     (Err(e), Some(r)) => r.reply(Err(service_error(e))),
@@ -152,9 +153,10 @@ impl ScaleNode {
                     responder.reply(Ok(Reply::Moved(h).encode()));
                     return Ok(());
                 }
-                let r = tri!(self.ssd_fetch(from, pid, epoch, offset).map_err(kv));
-                crate::ssd::settle_sim_wait_blocking();
-                responder.reply(Ok(r.encode()));
+                // Read, delivered and answered by the SSD completer.
+                return self
+                    .ssd_fetch_deferred(from, pid, epoch, offset, responder)
+                    .map_err(|(r, e)| (r, kv(e)));
             }
             Request::Ack { pid } => {
                 if let Some(h) = tri!(self.route(pid)) {

@@ -35,6 +35,7 @@ pub mod process;
 pub mod provider;
 pub mod repoll;
 pub mod ssd;
+pub mod ssdio;
 pub mod trace;
 pub mod worker;
 

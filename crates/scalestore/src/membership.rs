@@ -60,7 +60,7 @@ use crate::ssd::AlignedPage;
 use dmkv_api::KvError;
 use dmkv_transport::exec::{block_on, sleep_until};
 use dmkv_transport::time::Instant;
-use dmkv_transport::{Endpoint, NodeId, ServiceError};
+use dmkv_transport::{Endpoint, NodeId, Responder, ServiceError};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -194,27 +194,37 @@ impl ScaleNode {
         }
     }
 
+    /// A batch of the leaver's page file: checked here, written by the
+    /// SSD completer (`ssdio`), which answers "done" once the pages are on
+    /// the SSD (the leaver awaits that before it sends the entries), so
+    /// this handler does not wait for the device.
     pub fn handle_pages(
         &self,
         from: u8,
         shard: u8,
         pages: &[(u64, Vec<u8>)],
-    ) -> Result<(), KvError> {
-        let s = self.adopting(from, shard)?;
+        responder: Responder,
+    ) -> Result<(), (Responder, KvError)> {
+        let s = match self.adopting(from, shard) {
+            Ok(s) => s,
+            Err(e) => return Err((responder, e)),
+        };
         let next = s.next_slot.load(Ordering::Acquire);
         let mut bufs = Vec::with_capacity(pages.len());
         for (slot, bytes) in pages {
             if *slot >= next {
-                return Err(corrupt(format!("slot {slot} beyond {next}")));
+                return Err((responder, corrupt(format!("slot {slot} beyond {next}"))));
             }
             let mut p = AlignedPage::default();
             p.bytes_mut().copy_from_slice(bytes);
             bufs.push((*slot, p));
         }
-        let batch: Vec<(u64, &AlignedPage)> = bufs.iter().map(|(s, p)| (*s, p)).collect();
-        s.file
-            .write_batch(&batch)
-            .map_err(|e| KvError::Exhausted(format!("SSD write: {e}")))
+        self.ssd_jobs.push(crate::ssdio::Job::new(
+            s,
+            crate::ssdio::Work::Write { pages: bufs },
+            responder,
+        ));
+        Ok(())
     }
 
     pub fn handle_entries(
@@ -661,7 +671,7 @@ impl ScaleNode {
                 }
                 m.dir
                     .as_ref()
-                    .is_some_and(|d| d.transfer.is_some() || d.evicting)
+                    .is_some_and(|d| d.transfer.is_some() || d.evicting || d.reading)
             };
             for (r, a) in out {
                 r.reply(a);

@@ -198,6 +198,9 @@ pub struct ScaleNode {
     pub fabric: Arc<dyn Fabric>,
     alloc_rr: AtomicU64,
     pub repoll: Repoll,
+    /// SSD accesses handed off by handlers, for the node's SSD completer
+    /// (`ssdio`): handlers never wait for the SSD.
+    pub ssd_jobs: crate::ssdio::SsdQueue,
     /// Wakes the page provider when a worker finds no free slot.
     provider_wake: (Mutex<bool>, Condvar),
     /// The page provider's task, waiting in virtual time (`--transport sim`).
@@ -253,6 +256,7 @@ impl ScaleNode {
             fabric,
             alloc_rr: AtomicU64::new(index as u64),
             repoll: Repoll::default(),
+            ssd_jobs: crate::ssdio::SsdQueue::default(),
             provider_wake: (Mutex::new(false), Condvar::new()),
             provider_waker: Mutex::new(None),
             stop: AtomicBool::new(false),

@@ -3,8 +3,10 @@
 //! through io_uring (the paper used libaio; io_uring is its successor).
 //!
 //! Page reads go through a second ring shared by every thread that reads
-//! the file (handler threads serving remote requesters, workers fetching
-//! for themselves): a reader submits its read and then waits for its own
+//! the file (the node's SSD completer serving remote requesters, which
+//! keeps many reads in flight with [`PageFile::submit_read`] and
+//! [`PageFile::poll_read`]; workers fetching for themselves, which wait for
+//! their own): a reader submits its read and then waits for its own
 //! completion outside the ring's lock, so reads of different threads are
 //! in flight together (§4: many outstanding I/Os keep the SSD busy). The
 //! depth each read found at submission is recorded ([`ReadDepth`]).
@@ -78,13 +80,6 @@ pub async fn settle_sim_wait() {
     }
 }
 
-/// [`settle_sim_wait`] for a handler (synchronous code holding no lock).
-pub fn settle_sim_wait_blocking() {
-    if let Some(due) = take_sim_due() {
-        dmkv_transport::exec::block_on(dmkv_transport::exec::sleep_until(due));
-    }
-}
-
 /// One shard's page file.
 pub struct PageFile {
     file: File,
@@ -126,6 +121,16 @@ impl ReadDepth {
     fn leave(&self) {
         self.now.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A read started by [`PageFile::submit_read`].
+pub enum ReadTicket {
+    /// Done at submission (no ring, or a full queue): the result, until
+    /// taken.
+    Ready(Option<io::Result<AlignedPage>>),
+    /// In flight on the read ring.
+    #[cfg(target_os = "linux")]
+    Ring { slot: u64, id: u64 },
 }
 
 /// The read ring: submissions and completions are taken under `queues`;
@@ -269,74 +274,154 @@ impl PageFile {
 
     #[cfg(target_os = "linux")]
     fn read_uring(&self, r: &ReadRing, slot: u64, out: &mut AlignedPage) -> io::Result<()> {
+        let id = match self.submit_uring(r, slot)? {
+            Some(id) => id,
+            // Queue full (more readers than entries): read directly.
+            None => return self.pread(slot, out.bytes_mut(), 0),
+        };
+        loop {
+            if let Some(res) = self.reap_uring(r, slot, id) {
+                let page = res?;
+                out.bytes_mut().copy_from_slice(page.bytes());
+                return Ok(());
+            }
+            Self::wait_uring(r);
+        }
+    }
+
+    /// Submits a read of `slot` to the read ring; its id, or None if the
+    /// submission queue is full.
+    #[cfg(target_os = "linux")]
+    fn submit_uring(&self, r: &ReadRing, slot: u64) -> io::Result<Option<u64>> {
         use io_uring::{opcode, types};
         use std::os::fd::AsRawFd;
-        let id = {
-            let mut q = r.queues.lock();
-            let id = q.next;
-            q.next += 1;
-            let mut buf = AlignedPage::default();
-            let entry = opcode::Read::new(
-                types::Fd(self.file.as_raw_fd()),
-                buf.bytes_mut().as_mut_ptr(),
-                PAGE_SIZE as u32,
-            )
-            .offset(slot * PAGE_SIZE as u64)
-            .build()
-            .user_data(id);
-            // SAFETY: the queues are only touched under `r.queues`, held
-            // here, so no other submission queue handle exists. The buffer
-            // is kept in `inflight` (its heap allocation does not move) until
-            // the completion is reaped, and the file lives as long as the
-            // ring (both fields of `self`; the ring is dropped with it, after
-            // which the kernel no longer writes).
-            let pushed = unsafe { r.ring.submission_shared().push(&entry) };
-            if pushed.is_err() {
-                // Queue full (more readers than entries): read directly.
-                drop(q);
-                return self.pread(slot, out.bytes_mut(), 0);
-            }
-            q.inflight.insert(id, buf);
-            self.depth.enter();
-            // Submitted now or by the next enter of any reader (the wait
-            // below submits what is queued), so an error here is not final.
-            let _ = r.ring.submit();
-            id
-        };
-        let ts = io_uring::types::Timespec::new().nsec(100_000);
-        let args = io_uring::types::SubmitArgs::new().timespec(&ts);
-        loop {
-            {
-                let mut q = r.queues.lock();
-                // SAFETY: as above, the completion queue only under `queues`.
-                for c in unsafe { r.ring.completion_shared() } {
-                    if let Some(buf) = q.inflight.remove(&c.user_data()) {
-                        self.depth.leave();
-                        q.done.insert(c.user_data(), (c.result(), buf));
-                    }
-                }
-                if let Some((res, buf)) = q.done.remove(&id) {
-                    drop(q);
-                    if res < 0 {
-                        return Err(io::Error::from_raw_os_error(-res));
-                    }
-                    let got = res as usize;
-                    out.bytes_mut()[..got].copy_from_slice(&buf.bytes()[..got]);
-                    // A short read: at the end of the file (zeroes beyond).
-                    return self.pread(slot, out.bytes_mut(), got);
-                }
-            }
-            // Wait for any completion, briefly: another reader may reap ours
-            // meanwhile, so the wait is bounded and we look again.
-            match r.ring.submitter().submit_with_args(1, &args) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-                // EXT_ARG unsupported (kernel < 5.11) and the like: poll.
-                Err(_) => std::thread::yield_now(),
+        let mut q = r.queues.lock();
+        let id = q.next;
+        q.next += 1;
+        let mut buf = AlignedPage::default();
+        let entry = opcode::Read::new(
+            types::Fd(self.file.as_raw_fd()),
+            buf.bytes_mut().as_mut_ptr(),
+            PAGE_SIZE as u32,
+        )
+        .offset(slot * PAGE_SIZE as u64)
+        .build()
+        .user_data(id);
+        // SAFETY: the queues are only touched under `r.queues`, held
+        // here, so no other submission queue handle exists. The buffer
+        // is kept in `inflight` (its heap allocation does not move) until
+        // the completion is reaped, and the file lives as long as the
+        // ring (both fields of `self`; the ring is dropped with it, after
+        // which the kernel no longer writes).
+        let pushed = unsafe { r.ring.submission_shared().push(&entry) };
+        if pushed.is_err() {
+            return Ok(None);
+        }
+        q.inflight.insert(id, buf);
+        self.depth.enter();
+        // Submitted now or by the next enter of any reader (the waits
+        // submit what is queued), so an error here is not final.
+        let _ = r.ring.submit();
+        Ok(Some(id))
+    }
+
+    /// Reaps the ring's completions (for every reader) and takes read
+    /// `id`'s if it is there.
+    #[cfg(target_os = "linux")]
+    fn reap_uring(&self, r: &ReadRing, slot: u64, id: u64) -> Option<io::Result<AlignedPage>> {
+        let mut q = r.queues.lock();
+        // SAFETY: as in `submit_uring`, the completion queue only under
+        // `queues`.
+        for c in unsafe { r.ring.completion_shared() } {
+            if let Some(buf) = q.inflight.remove(&c.user_data()) {
+                self.depth.leave();
+                q.done.insert(c.user_data(), (c.result(), buf));
             }
         }
+        let (res, mut buf) = q.done.remove(&id)?;
+        drop(q);
+        if res < 0 {
+            return Some(Err(io::Error::from_raw_os_error(-res)));
+        }
+        // A short read: at the end of the file (zeroes beyond).
+        Some(
+            self.pread(slot, buf.bytes_mut(), res as usize)
+                .map(|()| buf),
+        )
+    }
+
+    /// Waits briefly (at most 100 µs) for any completion of the read ring:
+    /// another reader may reap ours meanwhile, so the wait is bounded and
+    /// the caller looks again.
+    #[cfg(target_os = "linux")]
+    fn wait_uring(r: &ReadRing) {
+        let ts = io_uring::types::Timespec::new().nsec(100_000);
+        let args = io_uring::types::SubmitArgs::new().timespec(&ts);
+        match r.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            // EXT_ARG unsupported (kernel < 5.11) and the like: poll.
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+
+    /// Starts a read of page `slot` without waiting for it (the SSD
+    /// completer of `ssdio`, real backends): through the read ring where it
+    /// exists, else a `pread` now. Poll it with [`PageFile::poll_read`].
+    pub fn submit_read(&self, slot: u64) -> ReadTicket {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        #[cfg(target_os = "linux")]
+        if let Some(r) = &self.read_ring {
+            match self.submit_uring(r, slot) {
+                Ok(Some(id)) => return ReadTicket::Ring { slot, id },
+                Ok(None) => {}
+                Err(e) => return ReadTicket::Ready(Some(Err(e))),
+            }
+        }
+        let mut page = AlignedPage::default();
+        let res = self.pread(slot, page.bytes_mut(), 0).map(|()| page);
+        ReadTicket::Ready(Some(res))
+    }
+
+    /// The page of a read started by [`PageFile::submit_read`], if it is
+    /// complete (once: later polls answer None).
+    pub fn poll_read(&self, t: &mut ReadTicket) -> Option<io::Result<AlignedPage>> {
+        match t {
+            ReadTicket::Ready(r) => r.take(),
+            #[cfg(target_os = "linux")]
+            ReadTicket::Ring { slot, id } => {
+                let r = self.read_ring.as_ref().expect("a ring ticket");
+                self.reap_uring(r, *slot, *id)
+            }
+        }
+    }
+
+    /// Waits briefly (at most 100 µs) for a read started by
+    /// [`PageFile::submit_read`] to complete (at once without a ring).
+    pub fn wait_read(&self) {
+        #[cfg(target_os = "linux")]
+        if let Some(r) = &self.read_ring {
+            Self::wait_uring(r);
+        }
+    }
+
+    /// Reads page `slot` now (the bytes are those of the file at this
+    /// instant) for the simulated cluster's SSD completer: the modelled
+    /// device time is not waited for; the result is the virtual instant the
+    /// read completes (None outside a simulation), for the completer to
+    /// deliver the page then.
+    pub fn read_posted(
+        &self,
+        slot: u64,
+        out: &mut AlignedPage,
+    ) -> io::Result<Option<dmkv_transport::time::Instant>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let due = dmkv_transport::sim::ssd_io_submit(self.node, false, 1)
+            .map(dmkv_transport::time::Instant::from_nanos);
+        self.pread(slot, out.bytes_mut(), 0)?;
+        Ok(due)
     }
 
     /// Writes every `(slot, page)` and waits for all of them: one io_uring
@@ -472,6 +557,61 @@ mod tests {
             "unwritten slots read as zero"
         );
         assert_eq!((f.reads(), f.writes()), (3, 2));
+    }
+
+    /// The SSD completer's path (`ssdio::run`): one thread submits 32 reads
+    /// before it looks at any completion, then polls them all; every read
+    /// gets its own page, each completes once, and with a ring all 32 were
+    /// in flight together (depth 32 at the last submission).
+    #[test]
+    fn submitted_reads_complete_with_their_own_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let f =
+            PageFile::create(&dir.path().join("shard0.pages"), dmkv_transport::NodeId(0)).unwrap();
+        let pages: Vec<AlignedPage> = (0..32u8)
+            .map(|i| {
+                let mut p = AlignedPage::default();
+                p.bytes_mut().fill(i + 1);
+                p
+            })
+            .collect();
+        let batch: Vec<(u64, &AlignedPage)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u64, p))
+            .collect();
+        f.write_batch(&batch).unwrap();
+        let mut tickets: Vec<(u64, ReadTicket)> =
+            (0..32u64).rev().map(|s| (s, f.submit_read(s))).collect();
+        let mut done = 0;
+        while !tickets.is_empty() {
+            let mut i = 0;
+            while i < tickets.len() {
+                let (slot, t) = &mut tickets[i];
+                match f.poll_read(t) {
+                    Some(r) => {
+                        let page = r.unwrap();
+                        assert!(
+                            page.bytes().iter().all(|&b| b == *slot as u8 + 1),
+                            "slot {slot}"
+                        );
+                        assert!(f.poll_read(t).is_none(), "a read completes once");
+                        tickets.remove(i);
+                        done += 1;
+                    }
+                    None => i += 1,
+                }
+            }
+            if !tickets.is_empty() {
+                f.wait_read();
+            }
+        }
+        assert_eq!((done, f.reads()), (32, 32));
+        let d = f.read_depth();
+        if f.uring() {
+            assert_eq!(d.max.load(Ordering::Relaxed), 32, "all in flight at once");
+            assert_eq!(d.now.load(Ordering::Relaxed), 0, "nothing left in flight");
+        }
     }
 
     /// Reads from several threads at once through the read ring: every page
