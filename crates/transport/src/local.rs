@@ -140,7 +140,11 @@ struct NodeState {
     /// Bumped whenever a region is withdrawn, so endpoint caches revalidate.
     region_generation: AtomicU64,
     regions: RwLock<Vec<Option<RegionEntry>>>,
-    services: ServiceTable,
+    /// In lines of its own: its handler threads write its counters and
+    /// lock words on every RPC, while callers read `crashed`,
+    /// `handler_threads` and the doorbell's sleeper count on every RPC (on
+    /// one line, those would move between the two cores each time).
+    services: Padded<ServiceTable>,
     /// Every endpoint's lane to this node (see `local_rpc`), and a version
     /// bumped whenever the list changes, so handler threads refresh their
     /// copy only then.
@@ -334,6 +338,18 @@ impl NodeState {
     }
 }
 
+/// A value in cache lines of its own (128 bytes: the adjacent-line
+/// prefetcher pairs lines).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Bare polls of an idle handler thread before it starts yielding its core
 /// between polls (none when it shares its CPU with a compute thread).
 const HANDLER_SPINS: u32 = 64;
@@ -374,7 +390,7 @@ impl LocalCluster {
             crashed: AtomicBool::new(false),
             region_generation: AtomicU64::new(0),
             regions: RwLock::new(Vec::new()),
-            services: ServiceTable::new(),
+            services: Padded(ServiceTable::new()),
             lanes: Mutex::new(Vec::new()),
             lanes_version: AtomicU64::new(0),
             bell: Doorbell::default(),
@@ -839,13 +855,9 @@ impl LocalEndpoint {
                 self.sent(&target, node);
                 Ok(wait)
             }
-            Err(payload) => Err(OpFuture::boxed(self.send_when_room(
-                target,
-                node,
-                service,
-                payload,
-                None,
-            ))),
+            Err(payload) => Err(OpFuture::boxed(
+                self.send_when_room(target, node, service, payload, None),
+            )),
         }
     }
 
@@ -993,7 +1005,11 @@ mod tests {
                 }
                 let req = i.to_le_bytes().to_vec();
                 let reply = block_on(ep.call(server.id(), echo, req.clone()));
-                assert_eq!(reply.unwrap(), req, "RPC {i} (poll {poll:?}) was never served");
+                assert_eq!(
+                    reply.unwrap(),
+                    req,
+                    "RPC {i} (poll {poll:?}) was never served"
+                );
             }
         }
     }

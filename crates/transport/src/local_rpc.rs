@@ -144,14 +144,24 @@ struct Consumer {
 }
 
 /// Where a node's handler threads sleep when they stop polling.
+///
+/// Its two flags are read on every RPC (callers) and every poll (handlers)
+/// and written only when a handler blocks or the node stops: they have a
+/// line of their own, apart from the lock and condition variable.
 #[derive(Default)]
 pub(crate) struct Doorbell {
+    flags: BellFlags,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct BellFlags {
     /// Handler threads counted in as about to block or blocked.
     sleepers: AtomicU32,
     /// Set when the node stops: handlers return.
     stopping: AtomicBool,
-    lock: Mutex<()>,
-    cv: Condvar,
 }
 
 impl Doorbell {
@@ -159,7 +169,7 @@ impl Doorbell {
     #[inline]
     pub(crate) fn ring(&self) {
         fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
+        if self.flags.sleepers.load(Ordering::Relaxed) > 0 {
             let _g = self.lock.lock();
             self.cv.notify_all();
         }
@@ -169,23 +179,23 @@ impl Doorbell {
     /// says there is something to do (invariant 4).
     pub(crate) fn sleep(&self, ready: impl Fn() -> bool) {
         let mut g = self.lock.lock();
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        self.flags.sleepers.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if !self.stopping() && !ready() {
             self.cv.wait(&mut g);
         }
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.flags.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Tells every handler to return.
     pub(crate) fn stop(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        self.flags.stopping.store(true, Ordering::SeqCst);
         let _g = self.lock.lock();
         self.cv.notify_all();
     }
 
     pub(crate) fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
+        self.flags.stopping.load(Ordering::Acquire)
     }
 }
 
@@ -256,7 +266,10 @@ impl Lane {
     #[inline]
     pub(crate) fn has_request(&self) -> bool {
         let head = self.consumer.head_pub.load(Ordering::Acquire);
-        self.ring[(head % RING) as usize].seq.load(Ordering::Acquire) == head + 1
+        self.ring[(head % RING) as usize]
+            .seq
+            .load(Ordering::Acquire)
+            == head + 1
     }
 
     /// Whether the endpoint is gone and nothing is left to serve.
@@ -594,7 +607,10 @@ impl ReplyWait<'_> {
         // SAFETY: S1: the slot is answered, so its body is the caller's.
         let body = unsafe { &mut *slot.body.get() };
         if body.len == NOT_INLINE {
-            return Ok(*body.big.take().expect("a reply that is not inline is boxed"));
+            return Ok(*body
+                .big
+                .take()
+                .expect("a reply that is not inline is boxed"));
         }
         Ok(Reply {
             result: Ok(body.inline[..body.len as usize].to_vec()),
@@ -614,7 +630,11 @@ impl Future for ReplyWait<'_> {
             .expect("the lane outlives its RPCs")
             .lane;
         let slot = &lane.replies[this.index as usize];
-        debug_assert_eq!(slot.state.seq(), this.seq, "a slot serves one RPC at a time");
+        debug_assert_eq!(
+            slot.state.seq(),
+            this.seq,
+            "a slot serves one RPC at a time"
+        );
         if let Some(replied) = slot.state.answered() {
             return Poll::Ready(this.take(slot, replied));
         }
@@ -627,9 +647,11 @@ impl Future for ReplyWait<'_> {
         // SAFETY (both closures): S2: `register` calls `fits` while the
         // field is read-only or the caller's, `store` only while it is the
         // caller's.
-        let fits = || unsafe { &*slot.waker.get() }
-            .as_ref()
-            .is_some_and(|w| w.will_wake(waker));
+        let fits = || {
+            unsafe { &*slot.waker.get() }
+                .as_ref()
+                .is_some_and(|w| w.will_wake(waker))
+        };
         let store = || unsafe { *slot.waker.get() = Some(waker.clone()) };
         match slot.state.register(fits, store) {
             Registered::Waiting => Poll::Pending,
@@ -784,7 +806,10 @@ mod tests {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
             let req = l.take(&mut buf).expect("a request");
-            assert_eq!((req.service, req.from, &buf[..]), (ServiceId(5), NodeId(0), &b"abc"[..]));
+            assert_eq!(
+                (req.service, req.from, &buf[..]),
+                (ServiceId(5), NodeId(0), &b"abc"[..])
+            );
             req.reply.send(reply(b"7"));
         })
         .join()
@@ -817,7 +842,10 @@ mod tests {
         let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
         let wait = slots.send(NODE, header(1), Vec::new()).ok().unwrap();
         drop(lane.take(&mut Vec::new()).unwrap());
-        assert!(matches!(block_on(wait), Err(TransportError::NodeDown(NODE))));
+        assert!(matches!(
+            block_on(wait),
+            Err(TransportError::NodeDown(NODE))
+        ));
         let w1 = slots.send(NODE, header(1), vec![1; 100]).ok().unwrap();
         let w2 = slots.send(NODE, header(1), vec![2]).ok().unwrap();
         lane.drain();
@@ -986,7 +1014,11 @@ mod tests {
         for c in consumers {
             c.join().unwrap();
         }
-        assert_eq!(seen.lock().len() as u64, 8 * PER_TASK, "each request served once");
+        assert_eq!(
+            seen.lock().len() as u64,
+            8 * PER_TASK,
+            "each request served once"
+        );
         reaper.shut_down();
         h.join().unwrap();
     }

@@ -156,7 +156,10 @@ impl ReplyState {
         let bit = if reply { REPLY } else { DROPPED };
         let mut s = self.0.load(Ordering::Relaxed);
         loop {
-            debug_assert!(s & SENT != 0 && s & (REPLY | DROPPED) == 0, "answered twice");
+            debug_assert!(
+                s & SENT != 0 && s & (REPLY | DROPPED) == 0,
+                "answered twice"
+            );
             let wake = s & WAKER != 0;
             let new = if wake { s | bit } else { s | bit | HDONE };
             match self
