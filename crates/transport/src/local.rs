@@ -2,8 +2,10 @@
 //!
 //! One-sided verbs execute in the calling thread directly against the target
 //! region's memory: true CPU bypass, as with an RDMA NIC. RPCs travel through
-//! a queue to the target node's handler threads (one by default, as the papers
-//! model weak memory nodes) and the reply wakes the calling task.
+//! the calling endpoint's lane to the target node (`local_rpc`: a request
+//! ring and reply slots, payloads inline) to its handler threads (one by
+//! default, as the papers model weak memory nodes), and the reply wakes the
+//! calling task.
 //!
 //! Test knobs ([`Faults`]), changeable at run time: injected latency per round
 //! trip, torn reads (a read is copied in pieces, yielding to other tasks and
