@@ -180,6 +180,10 @@ impl NodeState {
                 let _ = h.join();
             }
         }
+        // Pairs with the fence in the caller's `Doorbell::ring` before it
+        // reads `crashed`: either the caller sees the crash and drains its
+        // lane itself, or this drain sees its request.
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.drain_lanes();
     }
 
