@@ -39,27 +39,15 @@ impl Parker {
     }
 
     /// Marks work as available and wakes the thread if it is parked.
-    ///
-    /// A notify that finds the flag already set writes nothing: the line
-    /// stays shared instead of moving to the waker's core for every reply
-    /// of a batch. This is safe because the waker's own flag (a task's
-    /// ready flag) is stored before with `SeqCst` and this load is `SeqCst`
-    /// too, as is the executor's `take` and its later swap of the ready
-    /// flags: if this load still sees `NOTIFIED`, the executor's `take` comes
-    /// after it in the single order of those operations, so the executor's
-    /// scan after that `take` sees the ready flag.
     pub(crate) fn notify(&self) {
-        if self.state.load(Ordering::SeqCst) == NOTIFIED {
-            return;
-        }
-        if self.state.swap(NOTIFIED, Ordering::SeqCst) == PARKED {
+        if self.state.swap(NOTIFIED, Ordering::AcqRel) == PARKED {
             self.thread.unpark();
         }
     }
 
     /// Clears the flag before a round of polling; returns whether it was set.
     pub(crate) fn take(&self) -> bool {
-        self.state.swap(EMPTY, Ordering::SeqCst) == NOTIFIED
+        self.state.swap(EMPTY, Ordering::AcqRel) == NOTIFIED
     }
 
     /// Whether a notify happened since the last `take`.
@@ -102,7 +90,6 @@ impl Parker {
 mod loom_tests {
     use super::Parker;
     use loom::sync::Arc;
-    use loom::sync::atomic::Ordering;
 
     /// A notify racing the executor's take/park is never lost: if it were,
     /// `park` would block forever and loom would report a deadlock.
@@ -115,33 +102,6 @@ mod loom_tests {
             let waker = loom::thread::spawn(move || q.notify());
             // The executor found nothing ready and goes to sleep.
             while !p.is_notified() {
-                p.park();
-            }
-            waker.join().unwrap();
-        });
-    }
-
-    /// A notify that skips its write because the flag is still set (the
-    /// executor has not taken it yet) is not lost either: the executor's
-    /// scan after its `take` sees the waker's ready flag, or it would park
-    /// for ever (a deadlock loom reports).
-    #[test]
-    fn a_skipped_notify_is_not_lost() {
-        use loom::sync::atomic::AtomicBool;
-        loom::model(|| {
-            let p = Arc::new(Parker::new()); // NOTIFIED, not taken yet
-            let ready = Arc::new(AtomicBool::new(false));
-            let (q, r) = (p.clone(), ready.clone());
-            let waker = loom::thread::spawn(move || {
-                r.store(true, Ordering::SeqCst);
-                q.notify();
-            });
-            // The executor's loop: take, scan, park when nothing was ready.
-            loop {
-                p.take();
-                if ready.swap(false, Ordering::SeqCst) {
-                    break;
-                }
                 p.park();
             }
             waker.join().unwrap();

@@ -197,8 +197,13 @@ impl ReplyState {
 }
 
 #[cfg(all(test, loom))]
+#[allow(unsafe_code)]
 mod loom_tests {
     //! `RUSTFLAGS="--cfg loom" cargo test -p dmkv-transport --release --lib loom`
+    //!
+    //! SAFETY (every `unsafe` block below): loom's cells are accessed under
+    //! the protocol being checked; an access that breaks it is what loom
+    //! reports, as a data race, instead of undefined behaviour.
     use super::*;
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
