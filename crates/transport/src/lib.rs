@@ -45,12 +45,14 @@ pub mod endpoint;
 pub mod error;
 pub mod exec;
 pub mod local;
+#[allow(unsafe_code)]
 mod local_rpc;
 mod parker;
 #[allow(unsafe_code)]
 pub mod placement;
 #[allow(unsafe_code)]
 pub mod region;
+mod reply_state;
 #[allow(unsafe_code)]
 pub mod servestats;
 pub mod service;

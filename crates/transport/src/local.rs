@@ -2,8 +2,10 @@
 //!
 //! One-sided verbs execute in the calling thread directly against the target
 //! region's memory: true CPU bypass, as with an RDMA NIC. RPCs travel through
-//! a queue to the target node's handler threads (one by default, as the papers
-//! model weak memory nodes) and the reply wakes the calling task.
+//! the calling endpoint's lane to the target node (`local_rpc`: a request
+//! ring and reply slots, payloads inline) to its handler threads (one by
+//! default, as the papers model weak memory nodes), and the reply wakes the
+//! calling task.
 //!
 //! Test knobs ([`Faults`]), changeable at run time: injected latency per round
 //! trip, torn reads (a read is copied in pieces, yielding to other tasks and
@@ -18,11 +20,10 @@ use crate::cputime::BusyClock;
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
 use crate::exec::{sleep, yield_now};
-use crate::local_rpc::{Reaper, ReplyTo, ReplyWait, RpcSlots};
+use crate::local_rpc::{Doorbell, Incoming, Lane, Reaper, ReplyWait, RequestHeader, RpcSlots};
 use crate::region::{RegionEntry, RegionMem};
 use crate::servestats::{self, Counter, Role};
 use crate::service::{Reply, RpcContext, ServiceTable};
-use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -132,28 +133,27 @@ impl Inner {
     }
 }
 
-enum Msg {
-    Call(Request),
-    Stop,
-}
-
-struct Request {
-    from: NodeId,
-    service: ServiceId,
-    payload: Vec<u8>,
-    reply: ReplyTo,
-    deliver_at: Option<Instant>,
-}
-
+/// Aligned so that the reference counts of its `Arc` (bumped by callers)
+/// do not share a line with the fields its handler threads read.
+#[repr(align(128))]
 struct NodeState {
     id: NodeId,
     crashed: AtomicBool,
     /// Bumped whenever a region is withdrawn, so endpoint caches revalidate.
     region_generation: AtomicU64,
     regions: RwLock<Vec<Option<RegionEntry>>>,
-    services: ServiceTable,
-    tx: Sender<Msg>,
-    rx: Receiver<Msg>,
+    /// In lines of its own: its handler threads write its counters and
+    /// lock words on every RPC, while callers read `crashed`,
+    /// `handler_threads` and the doorbell's sleeper count on every RPC (on
+    /// one line, those would move between the two cores each time).
+    services: Padded<ServiceTable>,
+    /// Every endpoint's lane to this node (see `local_rpc`), and a version
+    /// bumped whenever the list changes, so handler threads refresh their
+    /// copy only then.
+    lanes: Mutex<Vec<Arc<Lane>>>,
+    lanes_version: AtomicU64,
+    /// Where idle handler threads block.
+    bell: Doorbell,
     handler_threads: usize,
     handler_poll: Duration,
     handlers: Mutex<Vec<JoinHandle<()>>>,
@@ -172,9 +172,7 @@ impl NodeState {
     /// see the node as down).
     fn stop(&self) {
         self.crashed.store(true, Ordering::Release);
-        for _ in 0..self.handler_threads {
-            let _ = self.tx.send(Msg::Stop);
-        }
+        self.bell.stop();
         let handlers: Vec<_> = self.handlers.lock().drain(..).collect();
         let me = std::thread::current().id();
         for h in handlers {
@@ -182,52 +180,185 @@ impl NodeState {
                 let _ = h.join();
             }
         }
-        while self.rx.try_recv().is_ok() {}
+        // Pairs with the fence in the caller's `Doorbell::ring` before it
+        // reads `crashed`: either the caller sees the crash and drains its
+        // lane itself, or this drain sees its request.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.drain_lanes();
     }
 
-    /// A handler thread's loop. Between requests it waits in
-    /// [`recv_polling`]; its busy stretches (from the request that found it
-    /// idle to the next time its queue is empty) go to its [`BusyClock`],
-    /// which scales the RPC charges by the share of that time the thread
-    /// was on a CPU. It counts requests, stretches and its waiting in
-    /// [`servestats`] (evidence for the report, nothing decided by it) and
-    /// runs on its planned CPU if a [`crate::placement`] plan is in force.
+    /// Answers every queued request with `NodeDown`.
+    fn drain_lanes(&self) {
+        let lanes = self.lanes.lock().clone();
+        for lane in &lanes {
+            lane.drain();
+        }
+    }
+
+    /// Registers a new endpoint's lane with this node.
+    fn add_lane(&self, lane: Arc<Lane>) {
+        self.lanes.lock().push(lane);
+        self.lanes_version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Forgets lanes whose endpoint is gone and that hold no request.
+    fn forget_finished_lanes(&self) {
+        let mut lanes = self.lanes.lock();
+        let before = lanes.len();
+        lanes.retain(|l| !l.finished());
+        if lanes.len() != before {
+            self.lanes_version.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A handler thread's loop: it takes requests from every lane of the
+    /// node (one at a time, see `local_rpc` invariant 2) and, when none is
+    /// left, waits in [`NodeState::wait_for_request`]. Its busy stretches
+    /// (from the request that found it idle to the next time every lane is
+    /// empty) go to its [`BusyClock`], which scales the RPC charges by the
+    /// share of that time the thread was on a CPU. It counts requests,
+    /// stretches and its waiting in [`servestats`] (evidence for the
+    /// report, nothing decided by it) and runs on its planned CPU if a
+    /// [`crate::placement`] plan is in force.
     fn serve(self: Arc<Self>, index: usize) {
         crate::placement::pin_handler(index);
+        // Sharing its CPU with a compute thread, the handler's spins only
+        // delay the thread that would send the next request: yield at once.
+        let spins = if crate::placement::handler_shares_cpu(index) {
+            0
+        } else {
+            HANDLER_SPINS
+        };
         let mut clock = BusyClock::new(crate::cputime::BUSY_STRETCH_SAMPLE);
+        let mut lanes: Vec<Arc<Lane>> = Vec::new();
+        let mut version = u64::MAX;
+        let mut buf = Vec::new();
         loop {
-            let msg = match self.rx.try_recv() {
-                Ok(m) => Some(m),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => None,
-                Err(crossbeam_channel::TryRecvError::Empty) => {
-                    clock.idle();
-                    wait_for_request(&self.rx, self.handler_poll)
-                }
-            };
-            let Some(Msg::Call(req)) = msg else {
+            if self.bell.stopping() {
                 return;
-            };
-            servestats::add_event(Role::Handler, Counter::Requests, 1);
-            clock.busy();
-            if self.crashed.load(Ordering::Acquire) {
+            }
+            let v = self.lanes_version.load(Ordering::Acquire);
+            if v != version {
+                lanes = self.lanes.lock().clone();
+                version = v;
+            }
+            let mut served = 0u64;
+            // Handler `index` starts at its own share of the lanes.
+            let n = lanes.len();
+            for k in 0..n {
+                let lane = &lanes[(k + index) % n];
+                while let Some(req) = lane.take(&mut buf) {
+                    served += 1;
+                    servestats::add_event(Role::Handler, Counter::Requests, 1);
+                    clock.busy();
+                    self.handle(req, &buf);
+                }
+            }
+            if served > 0 {
                 continue;
             }
-            if let Some(at) = req.deliver_at {
-                let now = Instant::now();
-                if at > now {
-                    std::thread::sleep(at - now);
-                }
+            clock.idle();
+            if lanes.iter().any(|l| l.finished()) {
+                self.forget_finished_lanes();
+                continue;
             }
-            let ctx = RpcContext {
-                caller: req.from,
-                node: self.id,
-            };
-            let reply = req.reply;
-            self.services
-                .dispatch(&ctx, req.service, &req.payload, move |r| reply.send(r));
+            self.wait_for_request(&lanes, version, spins);
+        }
+    }
+
+    /// Runs one request's handler and sends its reply.
+    fn handle(&self, req: Incoming, inline: &[u8]) {
+        if self.crashed.load(Ordering::Acquire) {
+            return; // `req.reply` answers `NodeDown`
+        }
+        if let Some(at) = req.deliver_at {
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+        }
+        let ctx = RpcContext {
+            caller: req.from,
+            node: self.id,
+        };
+        let payload = req.big.as_deref().unwrap_or(inline);
+        let reply = req.reply;
+        self.services
+            .dispatch(&ctx, req.service, payload, move |r| reply.send(r));
+    }
+
+    /// Whether a request waits in one of `lanes`, the lane list changed
+    /// since `version`, or the node stops.
+    fn anything_to_do(&self, lanes: &[Arc<Lane>], version: u64) -> bool {
+        self.bell.stopping()
+            || self.lanes_version.load(Ordering::Acquire) != version
+            || lanes.iter().any(|l| l.has_request())
+    }
+
+    /// Waits until [`NodeState::anything_to_do`]: first `spins` bare polls,
+    /// then polls with the core yielded between them (so a compute thread on
+    /// the same core still runs) for up to `handler_poll`, then blocks on the
+    /// node's [`Doorbell`] (no lost wake-up: `local_rpc` invariant 4, the
+    /// H1 tests below).
+    #[inline(never)] // kept apart (and so named) so profiles can tell idle
+    // polling from work: scripts/instructions-per-op.sh counts
+    // `wait_for_request` as idle
+    fn wait_for_request(&self, lanes: &[Arc<Lane>], version: u64, spins: u32) {
+        // Counted for the report (servestats) once per wait, not per poll.
+        let mut polls = 0u32;
+        let mut yields = 0u64;
+        let mut since: Option<Instant> = None;
+        let counts = |polls: u32, yields: u64, blocks: u64| {
+            servestats::add_all(
+                Role::Handler,
+                &[
+                    (Counter::Stretches, 1),
+                    (Counter::EmptyPolls, u64::from(polls) + 1),
+                    (Counter::Yields, yields),
+                    (Counter::Blocks, blocks),
+                ],
+            );
+        };
+        loop {
+            if self.anything_to_do(lanes, version) {
+                counts(polls, yields, 0);
+                return;
+            }
+            polls += 1;
+            if polls < spins {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Counted (and the CPU sampled) only once the spins are over, so
+            // the spin itself stays a bare poll.
+            servestats::event(Role::Handler);
+            let start = *since.get_or_insert_with(Instant::now);
+            if self.handler_poll.is_zero() || start.elapsed() >= self.handler_poll {
+                counts(polls, yields, 1);
+                self.bell.sleep(|| self.anything_to_do(lanes, version));
+                return;
+            }
+            yields += 1;
+            std::thread::yield_now();
         }
     }
 }
+
+/// A value in cache lines of its own (128 bytes: the adjacent-line
+/// prefetcher pairs lines).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// Bare polls of an idle handler thread before it starts yielding its core
+/// between polls (none when it shares its CPU with a compute thread).
+const HANDLER_SPINS: u32 = 64;
 
 /// A cluster whose nodes all live in this process. Dropping it stops every
 /// node's handler threads.
@@ -260,15 +391,15 @@ impl LocalCluster {
     pub fn add_node(&self, handler_threads: usize) -> Arc<LocalNode> {
         let mut nodes = self.inner.nodes.write();
         let id = NodeId(u16::try_from(nodes.len()).expect("at most 65536 nodes"));
-        let (tx, rx) = crossbeam_channel::unbounded();
         let state = Arc::new(NodeState {
             id,
             crashed: AtomicBool::new(false),
             region_generation: AtomicU64::new(0),
             regions: RwLock::new(Vec::new()),
-            services: ServiceTable::new(),
-            tx,
-            rx,
+            services: Padded(ServiceTable::new()),
+            lanes: Mutex::new(Vec::new()),
+            lanes_version: AtomicU64::new(0),
+            bell: Doorbell::default(),
             handler_threads,
             handler_poll: self.inner.handler_poll,
             handlers: Mutex::new(Vec::new()),
@@ -718,19 +849,63 @@ impl LocalEndpoint {
         if self.inner.faults_active.load(Ordering::Acquire) {
             return Err(self.call_with_faults(target, node, service, payload));
         }
-        // The fault-free path: no timer, no clock read, no channel per RPC.
-        let (reply, wait) = self.rpcs.begin(node);
-        send_request(
-            &target,
-            Request {
+        // The fault-free path: no timer, no clock read, no allocation per
+        // RPC; the request goes into this endpoint's lane to the node.
+        let header = RequestHeader {
+            from: self.node,
+            service,
+            deliver_at: None,
+        };
+        match self.rpcs.send(node, header, payload) {
+            Ok(wait) => {
+                self.sent(&target, node);
+                Ok(wait)
+            }
+            Err(payload) => Err(OpFuture::boxed(
+                self.send_when_room(target, node, service, payload, None),
+            )),
+        }
+    }
+
+    /// After a request went into the lane to `target`: wake a sleeping
+    /// handler, and if the node went down meanwhile, answer what is queued
+    /// (its callers see `NodeDown`).
+    #[inline]
+    fn sent(&self, target: &NodeState, node: NodeId) {
+        target.bell.ring();
+        if target.crashed.load(Ordering::Acquire)
+            && let Some(lane) = self.rpcs.lane(node)
+        {
+            lane.drain();
+        }
+    }
+
+    /// An RPC whose lane was full when it was sent: it waits for room,
+    /// yielding to the other tasks, then for its reply.
+    async fn send_when_room(
+        &self,
+        target: Arc<NodeState>,
+        node: NodeId,
+        service: ServiceId,
+        mut payload: Vec<u8>,
+        deliver_at: Option<Instant>,
+    ) -> Result<Reply> {
+        loop {
+            target.check_up()?;
+            let header = RequestHeader {
                 from: self.node,
                 service,
-                payload,
-                reply,
-                deliver_at: None,
-            },
-        );
-        Ok(wait)
+                deliver_at,
+            };
+            match self.rpcs.send(node, header, payload) {
+                Ok(wait) => {
+                    self.sent(&target, node);
+                    return wait.await;
+                }
+                Err(p) => payload = p,
+            }
+            yield_now().await;
+        }
     }
 }
 
@@ -744,6 +919,11 @@ impl LocalEndpoint {
         }
         let n = self.inner.node(node)?;
         n.check_up()?;
+        if !self.rpcs.has_lane(node) {
+            let lane = Lane::new();
+            n.add_lane(lane.clone());
+            self.rpcs.add_lane(node, lane);
+        }
         let mut t = self.targets.borrow_mut();
         if t.len() <= i {
             t.resize_with(i + 1, || None);
@@ -768,7 +948,6 @@ impl LocalEndpoint {
                 .rng
                 .borrow_mut()
                 .gen_bool(faults.rpc_drop_probability.min(1.0));
-        let from = self.node;
         OpFuture::boxed(async move {
             let half = faults.round_trip_latency / 2;
             if !half.is_zero() {
@@ -778,122 +957,16 @@ impl LocalEndpoint {
                 sleep(timeout).await;
                 return Err(TransportError::Timeout { node });
             }
-            let (reply, wait) = self.rpcs.begin(node);
             let deliver_at =
                 (!faults.rpc_delay.is_zero()).then(|| Instant::now() + faults.rpc_delay);
-            send_request(
-                &target,
-                Request {
-                    from,
-                    service,
-                    payload,
-                    reply,
-                    deliver_at,
-                },
-            );
-            let reply = wait.await?;
+            let reply = self
+                .send_when_room(target, node, service, payload, deliver_at)
+                .await?;
             if !half.is_zero() {
                 sleep(half).await;
             }
             Ok(reply)
         })
-    }
-}
-
-/// Queues `req` for `target`'s handler threads.
-fn send_request(target: &NodeState, req: Request) {
-    if target.tx.send(Msg::Call(req)).is_err() || target.crashed.load(Ordering::Acquire) {
-        // The node went down around the send; drop whatever is queued so no
-        // caller waits for a reply that cannot come (a dropped request
-        // answers `NodeDown`).
-        while target.rx.try_recv().is_ok() {}
-    }
-}
-
-/// The next item of a handler thread's queue, polling it for up to `poll`
-/// before blocking on it: first a short spin, then yielding the core between
-/// polls (so a compute thread on a shared core still runs), so that a
-/// request arriving in a busy stretch does not pay the futex wake-up of a
-/// parked thread. `None` once the queue is closed.
-#[inline]
-pub fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
-    match rx.try_recv() {
-        Ok(m) => Some(m),
-        Err(crossbeam_channel::TryRecvError::Disconnected) => None,
-        Err(crossbeam_channel::TryRecvError::Empty) => wait_for_request(rx, poll),
-    }
-}
-
-/// [`recv_polling`] once the queue was found empty: the waiting part. With
-/// `poll` zero it blocks at once.
-///
-/// Blocking is crossbeam's `recv`, whose protocol is the invariant this
-/// relies on:
-///
-/// **H1 (no lost wake-up).** A blocking receiver registers itself in the
-/// channel's waiter list and then checks the queue once more before it
-/// parks; a sender pushes and then, only if the waiter list is marked
-/// non-empty, takes its lock and unparks a registered receiver (both sides
-/// separated by sequentially consistent fences). So either the receiver's
-/// re-check sees the request or the sender sees the receiver registered and
-/// wakes it; an enqueue makes no system call while no handler sleeps.
-/// `tests::enqueue_racing_a_handler_going_to_sleep_is_never_lost` and
-/// `tests::handler_sleeping_between_requests_loses_no_wake_up` hammer it
-/// with one request in flight at a time (a lost wake-up would leave one
-/// unanswered).
-#[inline(never)] // kept apart (and so named) so profiles can tell idle polling
-// from work: scripts/instructions-per-op.sh counts `wait_for_request` as idle
-fn wait_for_request<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
-    const SPINS: u32 = 64;
-    // Counted for the report (servestats) once per wait, not per poll.
-    let mut polls = 0u32;
-    let mut yields = 0u64;
-    let blocked = |polls: u32, yields: u64| {
-        servestats::add_all(
-            Role::Handler,
-            &[
-                (Counter::Stretches, 1),
-                (Counter::EmptyPolls, u64::from(polls) + 1),
-                (Counter::Yields, yields),
-                (Counter::Blocks, 1),
-            ],
-        );
-        rx.recv().ok()
-    };
-    if poll.is_zero() {
-        return blocked(polls, yields);
-    }
-    let mut since: Option<Instant> = None;
-    loop {
-        match rx.try_recv() {
-            Ok(m) => {
-                servestats::add_all(
-                    Role::Handler,
-                    &[
-                        (Counter::Stretches, 1),
-                        (Counter::EmptyPolls, u64::from(polls) + 1),
-                        (Counter::Yields, yields),
-                    ],
-                );
-                return Some(m);
-            }
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) => {}
-        }
-        polls += 1;
-        if polls < SPINS {
-            std::hint::spin_loop();
-            continue;
-        }
-        // Counted (and the CPU sampled) only once the spins are over, so
-        // the spin itself stays a bare poll.
-        servestats::event(Role::Handler);
-        let start = *since.get_or_insert_with(Instant::now);
-        if start.elapsed() >= poll {
-            return blocked(polls, yields);
-        }
-        yields += 1;
-        std::thread::yield_now();
     }
 }
 
@@ -904,32 +977,46 @@ mod tests {
     use crate::error::ServiceError;
     use crate::exec::block_on;
 
-    /// H1 at the queue: one item in flight at a time, sent after a random
-    /// short pause while the receiver polls for nothing (`poll` zero: it
-    /// blocks whenever the queue is empty) or for 1 µs (it is often
-    /// between polling and blocking when the item comes). A lost wake-up
-    /// leaves an item unreceived and the sender's wait for its echo fails.
+    /// H1 at the doorbell: one RPC in flight at a time, sent after a
+    /// random short pause while the handler polls for nothing (`poll`
+    /// zero: it blocks whenever its lanes are empty) or for 1 µs (it is
+    /// often between polling and blocking when the request comes). A lost
+    /// wake-up leaves a request unserved and its caller times out (10 s).
     #[test]
     fn enqueue_racing_a_handler_going_to_sleep_is_never_lost() {
         for poll in [Duration::ZERO, Duration::from_micros(1)] {
-            let (tx, rx) = crossbeam_channel::unbounded::<u32>();
-            let (echo_tx, echo_rx) = crossbeam_channel::unbounded::<u32>();
-            let receiver = std::thread::spawn(move || {
-                while let Some(i) = recv_polling(&rx, poll) {
-                    echo_tx.send(i).unwrap();
-                }
+            let cluster = LocalCluster::new(LocalConfig {
+                handler_poll: poll,
+                rpc_timeout: Duration::from_secs(10),
+                ..LocalConfig::default()
             });
+            let server = cluster.add_node(1);
+            let echo = server
+                .services()
+                .register(
+                    "echo",
+                    Arc::new(
+                        |_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
+                            Ok(r.to_vec())
+                        },
+                    ),
+                )
+                .unwrap();
+            let me = cluster.add_node(0).id();
+            let ep = cluster.fabric().endpoint(me).unwrap();
             let mut rng = SmallRng::seed_from_u64(7);
             for i in 0..20_000u32 {
                 for _ in 0..rng.gen_range(0..2_000u32) {
                     std::hint::spin_loop();
                 }
-                tx.send(i).unwrap();
-                let echoed = echo_rx.recv_timeout(Duration::from_secs(10));
-                assert_eq!(echoed, Ok(i), "item {i} (poll {poll:?}) was never received");
+                let req = i.to_le_bytes().to_vec();
+                let reply = block_on(ep.call(server.id(), echo, req.clone()));
+                assert_eq!(
+                    reply.unwrap(),
+                    req,
+                    "RPC {i} (poll {poll:?}) was never served"
+                );
             }
-            drop(tx);
-            receiver.join().unwrap();
         }
     }
 

@@ -1,45 +1,67 @@
-//! Where the `local` backend's RPC replies land, and how a caller that gets
-//! none times out, at a fixed small cost per RPC.
+//! How the `local` backend carries an RPC between a compute thread and a
+//! handler thread, with as few cache lines crossing between their cores as
+//! possible, and how a caller that gets no reply times out.
 //!
-//! Each RPC in flight owns a [`ReplySlot`] of its endpoint: the handler
-//! thread leaves the reply there and wakes the calling task. Slots are
-//! pooled per endpoint and reused, so an RPC allocates no channel (a
-//! `oneshot` per RPC cost an allocation and two lock-protected hand-offs).
+//! Each endpoint has one [`Lane`] per node it calls: a single-producer ring
+//! of request slots (the endpoint's thread writes, the node's handler
+//! threads read) and a pool of reply slots (a handler writes, the
+//! endpoint's thread reads). Requests and replies up to 64 bytes travel
+//! inline in their slots, so no `Vec` allocated on one thread is freed on
+//! the other (a cross-thread free moves the allocator's lines too); larger
+//! ones travel as a moved `Vec`/boxed reply. Every slot is 128 bytes,
+//! aligned, with its ready word, header and the first 40 bytes of payload
+//! in its first line, so a small request is one line from caller to
+//! handler and a small reply one line back.
 //!
-//! Timeouts need no clock read and no timer entry per RPC (a timer-heap
-//! entry per RPC cost ~580 instructions and stayed in the heap for the whole
-//! timeout, 30 s by default). Instead one watchdog thread per cluster ticks
-//! every endpoint's [`Watchdog`] once per `rpc_timeout / TICKS`; an RPC
-//! records the tick count when it is sent and fails with a timeout once
-//! `TICKS + 1` ticks have passed.
+//! Lines one small RPC moves between the two cores (docs/performance.md,
+//! "Ninth pass"): the request slot's first line (caller to handler), the
+//! reply slot's first line (handler to caller), and the waking of the
+//! caller's task (its executor's ready flags and parker, one line each,
+//! shared by every task of the thread, so a batch of replies moves them
+//! once when the caller is busy). Nothing else is written by both sides per
+//! RPC: the ring's head is read by the caller only when its cached copy
+//! says the ring is full, the handler's sleep word only on the caller's
+//! side of the doorbell check, and the waker stays in its reply slot across
+//! RPCs (no reference count changes hands).
 //!
-//! Invariants:
-//! 1. A slot answers one RPC at a time: its sequence number changes whenever
-//!    it is handed to a new RPC, and a reply (or a drop notice) whose
-//!    sequence number is not the slot's current one is discarded, so a late
-//!    reply to an RPC that timed out never reaches a later RPC.
-//! 2. The reply, the state and the waker of a slot change only under the
-//!    slot's lock; the handler takes the waker out under the lock and wakes
-//!    it after releasing it, so once the caller sees the reply the handler
-//!    no longer touches the slot's contents and the slot can be reused at
-//!    once.
-//! 3. Ticks are at least `period` apart (the watchdog thread waits a full
-//!    period between ticks), and the first tick after an RPC was sent comes
-//!    after it was sent, so an RPC that times out waited at least
-//!    `TICKS * period = rpc_timeout` and, ticks being at most a period plus
-//!    scheduling delay apart, about `(TICKS + 1) / TICKS * rpc_timeout` at
-//!    most.
-//! 4. A request dropped without a reply (its node crashed and its queue was
-//!    drained) answers the caller with `NodeDown`, as a dropped channel did.
+//! Invariants (the reply slot's own, S1-S4, are in `reply_state`):
+//! 1. A request slot `i` holds request `t` (`t % RING == i`) once its `seq`
+//!    reads `t + 1`; it is the consumer's from then until the consumer's
+//!    head passes `t`, and the producer writes slot `i` again (request
+//!    `t + RING`) only after seeing the head past `t` (its cached head is
+//!    refreshed only when the ring looks full). Release on `seq` and on the
+//!    head, acquire on their loads, order the slot's contents.
+//! 2. Consumers of one lane (a node's handler threads, a crash drain) take
+//!    requests one at a time under the lane's consumer lock, so several
+//!    handler threads may serve one lane, and a slow handler holds only its
+//!    own request (the lock is released before the handler runs).
+//! 3. A reply slot is reused only when `reply_state` says so (S3); a wait
+//!    dropped before its reply (a timeout, a caller giving up) leaves its
+//!    slot aside until the answerer is done with it, so a late reply never
+//!    reaches a later RPC.
+//! 4. No lost wake-up of a sleeping handler (H1): a handler about to block
+//!    counts itself in its node's [`Doorbell`] and then, after a sequentially
+//!    consistent fence, looks at its lanes (and their list) once more; a
+//!    producer publishes its request, fences, and rings only if it then
+//!    sees a sleeper. One of the two sees the other's write; the ring takes
+//!    the doorbell's lock, which the sleeper holds from counting itself until
+//!    its condition-variable wait releases it.
+//! 5. Ticks are at least `period` apart, and the first tick after an RPC
+//!    was sent comes after it was sent, so an RPC that times out waited at
+//!    least `TICKS * period = rpc_timeout` (a tick that finds the caller
+//!    replacing its waker skips it, so a timeout can come one period late).
+//! 6. A request dropped without a reply (its node crashed and its lanes were
+//!    drained) answers the caller with `NodeDown`.
 
-use crate::addr::NodeId;
+use crate::addr::{NodeId, ServiceId};
 use crate::error::{Result, TransportError};
+use crate::reply_state::{Registered, ReplyState};
 use crate::service::Reply;
 use parking_lot::{Condvar, Mutex};
-use std::cell::RefCell;
+use std::cell::{RefCell, UnsafeCell};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
@@ -48,89 +70,370 @@ use std::time::{Duration, Instant};
 /// Watchdog ticks per `rpc_timeout`: an RPC times out after `TICKS + 1`
 /// ticks, i.e. after between 1 and `1 + 1 / TICKS` timeouts.
 pub(crate) const TICKS: u64 = 4;
+/// Request slots per lane.
+pub(crate) const RING: u64 = 64;
+/// Reply slots per lane: the most RPCs one endpoint has in flight to one
+/// node (more wait for a slot).
+pub(crate) const REPLIES: usize = 256;
+/// Payload bytes a request slot carries inline.
+pub(crate) const REQ_INLINE: usize = 64;
+/// Payload bytes a reply slot carries inline.
+pub(crate) const REPLY_INLINE: usize = 64;
+/// `len` of a slot whose payload is not inline.
+const NOT_INLINE: u16 = u16::MAX;
 
-enum SlotState {
-    /// No RPC uses the slot.
-    Idle,
-    /// The RPC with the slot's sequence number waits for its reply.
-    Waiting,
-    Done(Reply),
-    /// The request was dropped unanswered (its node went down).
-    Dropped,
+/// One request in flight from producer to consumer.
+#[repr(C, align(128))]
+struct ReqSlot {
+    /// `t + 1` once request `t` is in the slot (invariant 1).
+    seq: AtomicU64,
+    body: UnsafeCell<ReqBody>,
 }
 
-struct SlotInner {
-    seq: u64,
-    state: SlotState,
-    waker: Option<Waker>,
+#[repr(C)]
+struct ReqBody {
+    service: u32,
+    from: u16,
+    /// Inline payload length, or [`NOT_INLINE`].
+    len: u16,
+    /// The reply slot's index.
+    reply: u32,
+    _pad: u32,
+    inline: [u8; REQ_INLINE],
+    big: Option<Vec<u8>>,
+    deliver_at: Option<Instant>,
 }
 
-/// One RPC's reply, on its way from a handler thread to the calling task.
-pub(crate) struct ReplySlot {
-    inner: Mutex<SlotInner>,
+/// One RPC's reply, on its way back.
+#[repr(C, align(128))]
+struct ReplySlot {
+    state: ReplyState,
+    body: UnsafeCell<ReplyBody>,
+    /// The caller's task waker (S2 in `reply_state`).
+    waker: UnsafeCell<Option<Waker>>,
 }
 
-impl ReplySlot {
-    fn new() -> ReplySlot {
-        ReplySlot {
-            inner: Mutex::new(SlotInner {
-                seq: 0,
-                state: SlotState::Idle,
-                waker: None,
-            }),
+#[repr(C)]
+struct ReplyBody {
+    server_cpu_ns: u64,
+    /// Inline payload length, or [`NOT_INLINE`].
+    len: u16,
+    _pad: [u8; 6],
+    inline: [u8; REPLY_INLINE],
+    big: Option<Box<Reply>>,
+}
+
+// SAFETY: a slot's cells are accessed only by the party that owns them under
+// invariant 1 (request slots) or S1/S2 (reply slots), ownership passing
+// through release/acquire operations on the slot's atomic word; the contents
+// (bytes, `Vec`, `Box<Reply>`, `Instant`, `Waker`) are `Send`.
+#[allow(unsafe_code)]
+unsafe impl Sync for ReqSlot {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for ReplySlot {}
+
+/// The consumer side of a lane, in lines of its own: the caller reads
+/// `head_pub` only when its cached head says the ring is full.
+#[repr(C, align(128))]
+struct Consumer {
+    /// The next request to take (invariant 2).
+    head: Mutex<u64>,
+    /// `head`, published for the producer.
+    head_pub: AtomicU64,
+}
+
+/// Where a node's handler threads sleep when they stop polling.
+///
+/// Its two flags are read on every RPC (callers) and every poll (handlers)
+/// and written only when a handler blocks or the node stops: they have a
+/// line of their own, apart from the lock and condition variable.
+#[derive(Default)]
+pub(crate) struct Doorbell {
+    flags: BellFlags,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct BellFlags {
+    /// Handler threads counted in as about to block or blocked.
+    sleepers: AtomicU32,
+    /// Set when the node stops: handlers return.
+    stopping: AtomicBool,
+}
+
+impl Doorbell {
+    /// Producer, after publishing a request (invariant 4).
+    #[inline]
+    pub(crate) fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.flags.sleepers.load(Ordering::Relaxed) > 0 {
+            let _g = self.lock.lock();
+            self.cv.notify_all();
         }
     }
 
-    /// Ends RPC `seq` with `state` (a reply or a drop), if it still waits.
-    fn complete(&self, seq: u64, state: SlotState) {
-        let waker = {
-            let mut g = self.inner.lock();
-            if g.seq != seq || !matches!(g.state, SlotState::Waiting) {
-                return; // invariant 1: a stale reply
-            }
-            g.state = state;
-            g.waker.take()
+    /// Handler: blocks unless `ready()` (checked after counting itself in)
+    /// says there is something to do (invariant 4).
+    pub(crate) fn sleep(&self, ready: impl Fn() -> bool) {
+        let mut g = self.lock.lock();
+        self.flags.sleepers.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !self.stopping() && !ready() {
+            self.cv.wait(&mut g);
+        }
+        self.flags.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Tells every handler to return.
+    pub(crate) fn stop(&self) {
+        self.flags.stopping.store(true, Ordering::SeqCst);
+        let _g = self.lock.lock();
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.flags.stopping.load(Ordering::Acquire)
+    }
+}
+
+/// The request ring and reply slots between one endpoint and one node.
+#[repr(C, align(128))]
+pub(crate) struct Lane {
+    /// First, so that an `Arc<Lane>`'s reference counts (bumped by handler
+    /// threads per request) have their line to themselves.
+    consumer: Consumer,
+    ring: Box<[ReqSlot]>,
+    replies: Box<[ReplySlot]>,
+    /// The endpoint is gone: once empty, handlers forget the lane.
+    closed: AtomicBool,
+}
+
+/// A request as a consumer takes it from a lane.
+pub(crate) struct Incoming {
+    pub(crate) from: NodeId,
+    pub(crate) service: ServiceId,
+    /// The payload when it was not inline (else it is in the consumer's
+    /// buffer).
+    pub(crate) big: Option<Vec<u8>>,
+    pub(crate) deliver_at: Option<Instant>,
+    pub(crate) reply: ReplyTo,
+}
+
+impl Lane {
+    pub(crate) fn new() -> Arc<Lane> {
+        Arc::new(Lane {
+            consumer: Consumer {
+                head: Mutex::new(0),
+                head_pub: AtomicU64::new(0),
+            },
+            ring: (0..RING)
+                .map(|_| ReqSlot {
+                    seq: AtomicU64::new(0),
+                    body: UnsafeCell::new(ReqBody {
+                        service: 0,
+                        from: 0,
+                        len: 0,
+                        reply: 0,
+                        _pad: 0,
+                        inline: [0; REQ_INLINE],
+                        big: None,
+                        deliver_at: None,
+                    }),
+                })
+                .collect(),
+            replies: (0..REPLIES)
+                .map(|_| ReplySlot {
+                    state: ReplyState::new(),
+                    body: UnsafeCell::new(ReplyBody {
+                        server_cpu_ns: 0,
+                        len: 0,
+                        _pad: [0; 6],
+                        inline: [0; REPLY_INLINE],
+                        big: None,
+                    }),
+                    waker: UnsafeCell::new(None),
+                })
+                .collect(),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether a request waits at the head (a hint for polling and for the
+    /// sleep check; taking it is what counts).
+    #[inline]
+    pub(crate) fn has_request(&self) -> bool {
+        let head = self.consumer.head_pub.load(Ordering::Acquire);
+        self.ring[(head % RING) as usize]
+            .seq
+            .load(Ordering::Acquire)
+            == head + 1
+    }
+
+    /// Whether the endpoint is gone and nothing is left to serve.
+    pub(crate) fn finished(&self) -> bool {
+        self.closed.load(Ordering::Acquire) && !self.has_request()
+    }
+
+    /// Takes the request at the head, if any and if no other consumer holds
+    /// the lane (then `None` too: it is being served). An inline payload is
+    /// copied into `buf` (cleared first).
+    #[allow(unsafe_code)]
+    pub(crate) fn take(self: &Arc<Self>, buf: &mut Vec<u8>) -> Option<Incoming> {
+        let mut head = self.consumer.head.try_lock()?;
+        self.take_locked(&mut head, buf)
+    }
+
+    #[allow(unsafe_code)]
+    fn take_locked(self: &Arc<Self>, head: &mut u64, buf: &mut Vec<u8>) -> Option<Incoming> {
+        let slot = &self.ring[(*head % RING) as usize];
+        if slot.seq.load(Ordering::Acquire) != *head + 1 {
+            return None;
+        }
+        // SAFETY: invariant 1: the slot holds request `head` and is ours
+        // until the head moves past it (below, after the last access).
+        let body = unsafe { &mut *slot.body.get() };
+        buf.clear();
+        let big = if body.len == NOT_INLINE {
+            body.big.take()
+        } else {
+            buf.extend_from_slice(&body.inline[..body.len as usize]);
+            None
         };
-        if let Some(w) = waker {
-            w.wake();
+        let incoming = Incoming {
+            from: NodeId(body.from),
+            service: ServiceId(body.service),
+            big,
+            deliver_at: body.deliver_at.take(),
+            reply: ReplyTo {
+                lane: self.clone(),
+                index: body.reply,
+                sent: false,
+            },
+        };
+        *head += 1;
+        self.consumer.head_pub.store(*head, Ordering::Release);
+        Some(incoming)
+    }
+
+    /// Answers every queued request with `NodeDown` (the node went down);
+    /// waits for a consumer that holds the lane.
+    pub(crate) fn drain(self: &Arc<Self>) {
+        let mut head = self.consumer.head.lock();
+        let mut buf = Vec::new();
+        while let Some(req) = self.take_locked(&mut head, &mut buf) {
+            drop(req); // its `ReplyTo` answers `NodeDown`
         }
     }
 
-    /// Wakes the task waiting on this slot, if any (a watchdog tick).
+    /// Watchdog: wakes every caller waiting on this lane (S4).
+    #[allow(unsafe_code)]
     fn wake_waiting(&self) {
-        let waker = {
-            let mut g = self.inner.lock();
-            match g.state {
-                SlotState::Waiting => g.waker.take(),
-                _ => None,
+        for slot in self.replies.iter() {
+            if slot.state.watch() {
+                // SAFETY: S4: `watch` moved WAKER to WATCH, so the caller
+                // does not write the field until `unwatch`.
+                if let Some(w) = unsafe { &*slot.waker.get() } {
+                    w.wake_by_ref();
+                }
+                slot.state.unwatch();
             }
-        };
-        if let Some(w) = waker {
-            w.wake();
         }
     }
 }
 
 /// The handler's side of one RPC: send the reply through it. Dropping it
-/// unsent answers the caller with `NodeDown` (invariant 4).
+/// unsent answers the caller with `NodeDown` (invariant 6).
 pub(crate) struct ReplyTo {
-    slot: Arc<ReplySlot>,
-    seq: u64,
+    lane: Arc<Lane>,
+    index: u32,
     sent: bool,
 }
 
 impl ReplyTo {
+    #[allow(unsafe_code)]
     pub(crate) fn send(mut self, reply: Reply) {
         self.sent = true;
-        self.slot.complete(self.seq, SlotState::Done(reply));
+        let slot = &self.lane.replies[self.index as usize];
+        {
+            // SAFETY: S1: the RPC is sent and unanswered, so the body is
+            // the answerer's, and only this `ReplyTo` answers it.
+            let body = unsafe { &mut *slot.body.get() };
+            body.server_cpu_ns = reply.server_cpu_ns;
+            match reply.result {
+                Ok(v) if v.len() <= REPLY_INLINE => {
+                    body.inline[..v.len()].copy_from_slice(&v);
+                    body.len = v.len() as u16;
+                    // `v` is freed here, on the thread that allocated it.
+                }
+                result => {
+                    body.len = NOT_INLINE;
+                    body.big = Some(Box::new(Reply {
+                        result,
+                        server_cpu_ns: reply.server_cpu_ns,
+                    }));
+                }
+            }
+        }
+        Self::finish(slot, true);
+    }
+
+    #[allow(unsafe_code)]
+    fn finish(slot: &ReplySlot, reply: bool) {
+        if slot.state.answer(reply) {
+            // SAFETY: S2: WAKER was set when the answer went in, so the
+            // field is read-only until `release`.
+            if let Some(w) = unsafe { &*slot.waker.get() } {
+                w.wake_by_ref();
+            }
+            slot.state.release();
+        }
     }
 }
 
 impl Drop for ReplyTo {
     fn drop(&mut self) {
         if !self.sent {
-            self.slot.complete(self.seq, SlotState::Dropped);
+            Self::finish(&self.lane.replies[self.index as usize], false);
         }
+    }
+}
+
+/// An endpoint's side of one lane (its thread only).
+struct Producer {
+    lane: Arc<Lane>,
+    /// The next request's number.
+    tail: u64,
+    /// The consumer's head as last read (invariant 1).
+    head_cache: u64,
+    /// Reply slots free for the next RPC.
+    free: Vec<u32>,
+    /// Reply slots whose answerer (or watchdog) may still touch them.
+    aside: Vec<u32>,
+    /// Reply slots never used yet start here.
+    fresh: u32,
+}
+
+impl Producer {
+    /// A reply slot for a new RPC (invariant 3).
+    fn reply_slot(&mut self) -> Option<u32> {
+        if let Some(i) = self.free.pop() {
+            return Some(i);
+        }
+        if let Some(k) = self
+            .aside
+            .iter()
+            .position(|&i| self.lane.replies[i as usize].state.reusable())
+        {
+            return Some(self.aside.swap_remove(k));
+        }
+        if (self.fresh as usize) < REPLIES {
+            self.fresh += 1;
+            return Some(self.fresh - 1);
+        }
+        None
     }
 }
 
@@ -138,24 +441,29 @@ impl Drop for ReplyTo {
 /// watchdog thread.
 pub(crate) struct Watchdog {
     ticks: AtomicU64,
-    /// Every slot of the endpoint (it only grows, to the endpoint's most
-    /// RPCs in flight at once).
-    slots: Mutex<Vec<Arc<ReplySlot>>>,
+    /// The endpoint's lanes.
+    lanes: Mutex<Vec<Arc<Lane>>>,
 }
 
 impl Watchdog {
     fn tick(&self) {
         self.ticks.fetch_add(1, Ordering::AcqRel);
-        for s in self.slots.lock().iter() {
-            s.wake_waiting();
+        for l in self.lanes.lock().iter() {
+            l.wake_waiting();
         }
     }
 }
 
-/// An endpoint's reply slots (used on the endpoint's thread only).
+/// What a request carries besides its payload.
+pub(crate) struct RequestHeader {
+    pub(crate) from: NodeId,
+    pub(crate) service: ServiceId,
+    pub(crate) deliver_at: Option<Instant>,
+}
+
+/// An endpoint's lanes, by node id (used on the endpoint's thread only).
 pub(crate) struct RpcSlots {
-    slots: RefCell<Vec<Arc<ReplySlot>>>,
-    free: RefCell<Vec<usize>>,
+    lanes: RefCell<Vec<Option<Producer>>>,
     watchdog: Arc<Watchdog>,
 }
 
@@ -164,98 +472,196 @@ impl RpcSlots {
     pub(crate) fn new(reaper: &Reaper) -> RpcSlots {
         let watchdog = Arc::new(Watchdog {
             ticks: AtomicU64::new(0),
-            slots: Mutex::new(Vec::new()),
+            lanes: Mutex::new(Vec::new()),
         });
         reaper.watch(&watchdog);
         RpcSlots {
-            slots: RefCell::new(Vec::new()),
-            free: RefCell::new(Vec::new()),
+            lanes: RefCell::new(Vec::new()),
             watchdog,
         }
     }
 
-    /// Takes a slot for a new RPC to `node`: the handler's side to put in
-    /// the request, and the caller's future.
-    pub(crate) fn begin(&self, node: NodeId) -> (ReplyTo, ReplyWait<'_>) {
-        let index = match self.free.borrow_mut().pop() {
-            Some(i) => i,
-            None => {
-                let slot = Arc::new(ReplySlot::new());
-                self.watchdog.slots.lock().push(slot.clone());
-                let mut slots = self.slots.borrow_mut();
-                slots.push(slot);
-                slots.len() - 1
+    /// The lane to `node`, if this endpoint has one.
+    pub(crate) fn lane(&self, node: NodeId) -> Option<Arc<Lane>> {
+        self.lanes
+            .borrow()
+            .get(node.0 as usize)
+            .and_then(|p| p.as_ref())
+            .map(|p| p.lane.clone())
+    }
+
+    /// Whether this endpoint has a lane to `node`.
+    #[inline]
+    pub(crate) fn has_lane(&self, node: NodeId) -> bool {
+        matches!(self.lanes.borrow().get(node.0 as usize), Some(Some(_)))
+    }
+
+    /// Adds the lane to `node` (the caller registered it with the node).
+    pub(crate) fn add_lane(&self, node: NodeId, lane: Arc<Lane>) {
+        self.watchdog.lanes.lock().push(lane.clone());
+        let mut lanes = self.lanes.borrow_mut();
+        let i = node.0 as usize;
+        if lanes.len() <= i {
+            lanes.resize_with(i + 1, || None);
+        }
+        lanes[i] = Some(Producer {
+            lane,
+            tail: 0,
+            head_cache: 0,
+            free: Vec::new(),
+            aside: Vec::new(),
+            fresh: 0,
+        });
+    }
+
+    /// Queues a request to `node` (whose lane must exist) and returns its
+    /// wait; gives the payload back if the ring or the reply slots are
+    /// full (the caller retries later). The caller then rings the node's
+    /// doorbell.
+    #[allow(unsafe_code)]
+    pub(crate) fn send(
+        &self,
+        node: NodeId,
+        header: RequestHeader,
+        payload: Vec<u8>,
+    ) -> std::result::Result<ReplyWait<'_>, Vec<u8>> {
+        let mut lanes = self.lanes.borrow_mut();
+        let p = lanes[node.0 as usize]
+            .as_mut()
+            .expect("a lane to the node exists before sending");
+        if p.tail - p.head_cache >= RING {
+            p.head_cache = p.lane.consumer.head_pub.load(Ordering::Acquire);
+            if p.tail - p.head_cache >= RING {
+                return Err(payload);
             }
+        }
+        let Some(index) = p.reply_slot() else {
+            return Err(payload);
         };
-        let slot = self.slots.borrow()[index].clone();
-        let seq = {
-            let mut g = slot.inner.lock();
-            g.seq += 1;
-            g.state = SlotState::Waiting;
-            g.waker = None;
-            g.seq
-        };
-        let wait = ReplyWait {
+        let lane = &p.lane;
+        let rslot = &lane.replies[index as usize];
+        // SAFETY: S1/S3: the slot is reusable, so its body is the caller's.
+        unsafe { (*rslot.body.get()).big = None };
+        let seq = rslot.state.begin();
+        let t = p.tail;
+        let slot = &lane.ring[(t % RING) as usize];
+        {
+            // SAFETY: invariant 1: the head is past `t - RING`, so the slot
+            // is the producer's.
+            let body = unsafe { &mut *slot.body.get() };
+            body.service = header.service.0;
+            body.from = header.from.0;
+            body.reply = index;
+            body.deliver_at = header.deliver_at;
+            if payload.len() <= REQ_INLINE {
+                body.inline[..payload.len()].copy_from_slice(&payload);
+                body.len = payload.len() as u16;
+                // `payload` is freed here, on the thread that allocated it.
+            } else {
+                body.len = NOT_INLINE;
+                body.big = Some(payload);
+            }
+        }
+        slot.seq.store(t + 1, Ordering::Release);
+        p.tail = t + 1;
+        Ok(ReplyWait {
             pool: self,
+            node,
             index,
             seq,
             sent_at_tick: self.watchdog.ticks.load(Ordering::Acquire),
-            node,
             answered: false,
-        };
-        (
-            ReplyTo {
-                slot,
-                seq,
-                sent: false,
-            },
-            wait,
-        )
+        })
+    }
+}
+
+impl Drop for RpcSlots {
+    fn drop(&mut self) {
+        for p in self.lanes.borrow().iter().flatten() {
+            p.lane.closed.store(true, Ordering::Release);
+        }
     }
 }
 
 /// The caller's side of one RPC: resolves to the reply, `NodeDown` if the
 /// request was dropped, or `Timeout`. Dropping it early (the caller gave up)
-/// discards a later reply.
+/// discards a later reply (invariant 3).
 pub(crate) struct ReplyWait<'a> {
     pool: &'a RpcSlots,
-    index: usize,
+    node: NodeId,
+    index: u32,
     seq: u64,
     sent_at_tick: u64,
-    node: NodeId,
-    /// The reply (or drop notice) was taken: the slot is idle and holds no
-    /// waker (the handler took it out), so dropping need not lock it.
+    /// The reply (or drop notice) was taken.
     answered: bool,
+}
+
+impl ReplyWait<'_> {
+    /// Takes the answer out of the slot (S1: it is the caller's now).
+    #[allow(unsafe_code)]
+    fn take(&mut self, slot: &ReplySlot, replied: bool) -> Result<Reply> {
+        self.answered = true;
+        if !replied {
+            return Err(TransportError::NodeDown(self.node));
+        }
+        // SAFETY: S1: the slot is answered, so its body is the caller's.
+        let body = unsafe { &mut *slot.body.get() };
+        if body.len == NOT_INLINE {
+            return Ok(*body
+                .big
+                .take()
+                .expect("a reply that is not inline is boxed"));
+        }
+        Ok(Reply {
+            result: Ok(body.inline[..body.len as usize].to_vec()),
+            server_cpu_ns: body.server_cpu_ns,
+        })
+    }
 }
 
 impl Future for ReplyWait<'_> {
     type Output = Result<Reply>;
+    #[allow(unsafe_code)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Reply>> {
         let this = self.get_mut();
-        let slots = this.pool.slots.borrow();
-        let mut g = slots[this.index].inner.lock();
-        debug_assert_eq!(g.seq, this.seq, "a slot serves one RPC at a time");
-        match std::mem::replace(&mut g.state, SlotState::Idle) {
-            SlotState::Done(reply) => {
-                this.answered = true;
-                Poll::Ready(Ok(reply))
+        let lanes = this.pool.lanes.borrow();
+        let lane = &lanes[this.node.0 as usize]
+            .as_ref()
+            .expect("the lane outlives its RPCs")
+            .lane;
+        let slot = &lane.replies[this.index as usize];
+        debug_assert_eq!(
+            slot.state.seq(),
+            this.seq,
+            "a slot serves one RPC at a time"
+        );
+        if let Some(replied) = slot.state.answered() {
+            return Poll::Ready(this.take(slot, replied));
+        }
+        let ticks = this.pool.watchdog.ticks.load(Ordering::Acquire);
+        if ticks.wrapping_sub(this.sent_at_tick) > TICKS {
+            // Invariant 5: at least `rpc_timeout` since the send.
+            return Poll::Ready(Err(TransportError::Timeout { node: this.node }));
+        }
+        let waker = cx.waker();
+        // SAFETY (both closures): S2: `register` calls `fits` while the
+        // field is read-only or the caller's, `store` only while it is the
+        // caller's.
+        let fits = || {
+            unsafe { &*slot.waker.get() }
+                .as_ref()
+                .is_some_and(|w| w.will_wake(waker))
+        };
+        let store = || unsafe { *slot.waker.get() = Some(waker.clone()) };
+        match slot.state.register(fits, store) {
+            Registered::Waiting => Poll::Pending,
+            Registered::Answered => {
+                let replied = slot.state.answered().expect("answered");
+                Poll::Ready(this.take(slot, replied))
             }
-            SlotState::Dropped => {
-                this.answered = true;
-                Poll::Ready(Err(TransportError::NodeDown(this.node)))
-            }
-            SlotState::Idle => unreachable!("a waiting RPC's slot is not idle"),
-            SlotState::Waiting => {
-                let ticks = this.pool.watchdog.ticks.load(Ordering::Acquire);
-                if ticks.wrapping_sub(this.sent_at_tick) > TICKS {
-                    // Invariant 3: at least `rpc_timeout` since the send.
-                    return Poll::Ready(Err(TransportError::Timeout { node: this.node }));
-                }
-                g.state = SlotState::Waiting;
-                match &mut g.waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    w => *w = Some(cx.waker().clone()),
-                }
+            Registered::Busy => {
+                // The watchdog is waking this task right now; look again.
+                waker.wake_by_ref();
                 Poll::Pending
             }
         }
@@ -264,18 +670,16 @@ impl Future for ReplyWait<'_> {
 
 impl Drop for ReplyWait<'_> {
     fn drop(&mut self) {
-        // Answered: `complete` took the waker out and the poll left the slot
-        // idle (invariant 2), so there is nothing to reset.
-        if !self.answered {
-            let slots = self.pool.slots.borrow();
-            let mut g = slots[self.index].inner.lock();
-            if g.seq == self.seq {
-                // Given up or finished: a reply arriving now is stale.
-                g.state = SlotState::Idle;
-                g.waker = None;
-            }
+        let mut lanes = self.pool.lanes.borrow_mut();
+        let p = lanes[self.node.0 as usize]
+            .as_mut()
+            .expect("the lane outlives its RPCs");
+        // Invariant 3: reused at once only if nobody touches it any more.
+        if self.answered && p.lane.replies[self.index as usize].state.reusable() {
+            p.free.push(self.index);
+        } else {
+            p.aside.push(self.index);
         }
-        self.pool.free.borrow_mut().push(self.index);
     }
 }
 
@@ -350,56 +754,104 @@ impl Reaper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::block_on;
+    use crate::exec::{LocalTask, block_on, run_tasks};
 
-    fn reply(byte: u8) -> Reply {
+    const NODE: NodeId = NodeId(1);
+
+    fn reply(bytes: &[u8]) -> Reply {
         Reply {
-            result: Ok(vec![byte]),
-            server_cpu_ns: 1,
+            result: Ok(bytes.to_vec()),
+            server_cpu_ns: bytes.len() as u64 + 1,
+        }
+    }
+
+    /// An endpoint's slots with one lane to `NODE`, and that lane.
+    fn setup(timeout: Duration) -> (Arc<Reaper>, JoinHandle<()>, RpcSlots, Arc<Lane>) {
+        let (reaper, h) = Reaper::start(timeout);
+        let slots = RpcSlots::new(&reaper);
+        let lane = Lane::new();
+        slots.add_lane(NODE, lane.clone());
+        (reaper, h, slots, lane)
+    }
+
+    fn header(service: u32) -> RequestHeader {
+        RequestHeader {
+            from: NodeId(0),
+            service: ServiceId(service),
+            deliver_at: None,
+        }
+    }
+
+    fn payload(i: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|k| (i as usize * 31 + k) as u8).collect()
+    }
+
+    /// Takes one request and answers it with its own payload.
+    fn echo_one(lane: &Arc<Lane>, buf: &mut Vec<u8>) -> bool {
+        match lane.take(buf) {
+            Some(req) => {
+                let p = req.big.clone().unwrap_or_else(|| buf.clone());
+                req.reply.send(reply(&p));
+                true
+            }
+            None => false,
         }
     }
 
     #[test]
     fn replies_reach_their_own_rpc_and_slots_are_reused() {
-        let (reaper, h) = Reaper::start(Duration::from_secs(30));
-        let slots = RpcSlots::new(&reaper);
-        let (to, wait) = slots.begin(NodeId(1));
-        std::thread::spawn(move || to.send(reply(7)))
-            .join()
-            .unwrap();
-        assert_eq!(block_on(wait).unwrap(), reply(7));
-        // The next RPC reuses the slot; a reply for the old one is stale.
-        let (to2, wait2) = slots.begin(NodeId(1));
-        assert_eq!(slots.slots.borrow().len(), 1, "the slot was reused");
-        let stale = ReplyTo {
-            slot: slots.slots.borrow()[0].clone(),
-            seq: to2.seq - 1,
-            sent: false,
-        };
-        stale.send(reply(1));
-        to2.send(reply(2));
-        assert_eq!(block_on(wait2).unwrap(), reply(2));
-        // Two RPCs in flight at once take two slots.
-        let (a, wa) = slots.begin(NodeId(1));
-        let (b, wb) = slots.begin(NodeId(1));
-        b.send(reply(4));
-        a.send(reply(3));
-        assert_eq!(block_on(wb).unwrap(), reply(4));
-        assert_eq!(block_on(wa).unwrap(), reply(3));
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let wait = slots.send(NODE, header(5), b"abc".to_vec()).ok().unwrap();
+        let l = lane.clone();
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let req = l.take(&mut buf).expect("a request");
+            assert_eq!(
+                (req.service, req.from, &buf[..]),
+                (ServiceId(5), NodeId(0), &b"abc"[..])
+            );
+            req.reply.send(reply(b"7"));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(block_on(wait).unwrap(), reply(b"7"));
+        // The next RPC reuses the slot.
+        let wait2 = slots.send(NODE, header(5), Vec::new()).ok().unwrap();
+        assert_eq!(wait2.index, 0, "the slot was reused");
+        assert_eq!(wait2.seq, 2);
+        let mut buf = Vec::new();
+        assert!(echo_one(&lane, &mut buf));
+        assert_eq!(block_on(wait2).unwrap(), reply(b""));
+        // Two RPCs in flight at once take two slots and may finish out of
+        // order.
+        let wa = slots.send(NODE, header(1), b"a".to_vec()).ok().unwrap();
+        let wb = slots.send(NODE, header(1), b"b".to_vec()).ok().unwrap();
+        assert_ne!(wa.index, wb.index);
+        let ra = lane.take(&mut buf).unwrap();
+        let rb = lane.take(&mut buf).unwrap();
+        rb.reply.send(reply(b"4"));
+        ra.reply.send(reply(b"3"));
+        assert_eq!(block_on(wb).unwrap(), reply(b"4"));
+        assert_eq!(block_on(wa).unwrap(), reply(b"3"));
         reaper.shut_down();
         h.join().unwrap();
     }
 
     #[test]
-    fn a_dropped_request_is_node_down() {
-        let (reaper, h) = Reaper::start(Duration::from_secs(30));
-        let slots = RpcSlots::new(&reaper);
-        let (to, wait) = slots.begin(NodeId(3));
-        drop(to);
+    fn a_dropped_request_or_a_drained_lane_is_node_down() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let wait = slots.send(NODE, header(1), Vec::new()).ok().unwrap();
+        drop(lane.take(&mut Vec::new()).unwrap());
         assert!(matches!(
             block_on(wait),
-            Err(TransportError::NodeDown(NodeId(3)))
+            Err(TransportError::NodeDown(NODE))
         ));
+        let w1 = slots.send(NODE, header(1), vec![1; 100]).ok().unwrap();
+        let w2 = slots.send(NODE, header(1), vec![2]).ok().unwrap();
+        lane.drain();
+        assert!(!lane.has_request());
+        assert!(matches!(block_on(w1), Err(TransportError::NodeDown(NODE))));
+        assert!(matches!(block_on(w2), Err(TransportError::NodeDown(NODE))));
         reaper.shut_down();
         h.join().unwrap();
     }
@@ -407,20 +859,166 @@ mod tests {
     #[test]
     fn an_unanswered_rpc_times_out_after_the_timeout_and_a_late_reply_is_discarded() {
         let timeout = Duration::from_millis(40);
-        let (reaper, h) = Reaper::start(timeout);
-        let slots = RpcSlots::new(&reaper);
-        let (to, wait) = slots.begin(NodeId(2));
+        let (reaper, h, slots, lane) = setup(timeout);
+        let wait = slots.send(NODE, header(1), b"x".to_vec()).ok().unwrap();
+        let first = wait.index;
         let start = Instant::now();
         assert!(matches!(
             block_on(wait),
-            Err(TransportError::Timeout { node: NodeId(2) })
+            Err(TransportError::Timeout { node: NODE })
         ));
         assert!(start.elapsed() >= timeout, "waited {:?}", start.elapsed());
-        // The late reply lands nowhere: the next RPC gets its own.
-        let (to2, wait2) = slots.begin(NodeId(2));
-        to.send(reply(9));
-        to2.send(reply(5));
-        assert_eq!(block_on(wait2).unwrap(), reply(5));
+        // The timed-out RPC's slot is kept aside: the next RPC gets another
+        // one, and the late reply lands in the old slot only.
+        let wait2 = slots.send(NODE, header(1), b"y".to_vec()).ok().unwrap();
+        assert_ne!(wait2.index, first);
+        let mut buf = Vec::new();
+        let late = lane.take(&mut buf).unwrap();
+        let now = lane.take(&mut buf).unwrap();
+        late.reply.send(reply(b"late"));
+        now.reply.send(reply(b"5"));
+        assert_eq!(block_on(wait2).unwrap(), reply(b"5"));
+        // Answered, the old slot is reused again (before fresh ones).
+        let wait3 = slots.send(NODE, header(1), Vec::new()).ok().unwrap();
+        assert!(wait3.index == first || wait3.index == 1);
+        assert!(echo_one(&lane, &mut buf));
+        assert_eq!(block_on(wait3).unwrap(), reply(b""));
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// Requests of every size class (empty, inline up to the limit, one
+    /// byte over, large) through the ring many times around, one at a time
+    /// and in batches that straddle its end: each reply matches its
+    /// request.
+    #[test]
+    fn the_ring_wraps_around_with_every_payload_size() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let sizes = [0, 1, REQ_INLINE, REQ_INLINE + 1, REPLY_INLINE + 1, 300];
+        let mut buf = Vec::new();
+        let mut i = 0u64;
+        for batch in [1usize, 5, 40, 63, 64] {
+            for _ in 0..4 {
+                let waits: Vec<_> = (0..batch)
+                    .map(|k| {
+                        let p = payload(i + k as u64, sizes[(i as usize + k) % sizes.len()]);
+                        (p.clone(), slots.send(NODE, header(2), p).ok().unwrap())
+                    })
+                    .collect();
+                i += batch as u64;
+                for _ in 0..batch {
+                    assert!(echo_one(&lane, &mut buf));
+                }
+                assert!(!lane.has_request());
+                for (p, w) in waits {
+                    assert_eq!(block_on(w).unwrap(), reply(&p));
+                }
+            }
+        }
+        assert!(i > 3 * RING, "went around the ring {} times", i / RING);
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// A full ring gives the payload back until the handler takes a
+    /// request; so do exhausted reply slots until an RPC ends.
+    #[test]
+    fn a_full_ring_or_reply_pool_pushes_back() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut waits: Vec<_> = (0..RING)
+            .map(|i| slots.send(NODE, header(1), payload(i, 3)).ok().unwrap())
+            .collect();
+        let refused = slots.send(NODE, header(1), payload(99, 3));
+        assert_eq!(refused.err(), Some(payload(99, 3)), "the ring is full");
+        let mut buf = Vec::new();
+        let mut held = Vec::new();
+        held.push(lane.take(&mut buf).unwrap());
+        waits.push(slots.send(NODE, header(1), payload(99, 3)).ok().unwrap());
+        // Keep taking requests without answering until the reply slots run
+        // out (REPLIES RPCs in flight).
+        while (waits.len() as u64) < REPLIES as u64 {
+            held.push(lane.take(&mut buf).unwrap());
+            let i = waits.len() as u64;
+            waits.push(slots.send(NODE, header(1), payload(i, 3)).ok().unwrap());
+        }
+        while let Some(r) = lane.take(&mut buf) {
+            held.push(r);
+        }
+        assert!(
+            slots.send(NODE, header(1), Vec::new()).is_err(),
+            "no reply slot left"
+        );
+        // One answer frees one slot.
+        let r = held.remove(0);
+        r.reply.send(reply(b"1"));
+        let first = waits.remove(0);
+        assert_eq!(block_on(first).unwrap(), reply(b"1"));
+        let w = slots.send(NODE, header(1), Vec::new()).ok().unwrap();
+        held.push(lane.take(&mut buf).unwrap());
+        drop(held); // every held request answers NodeDown
+        drop(w);
+        drop(waits);
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// Two consumer threads serve one lane (invariant 2) while the
+    /// producer keeps 8 RPCs in flight from 8 tasks: every RPC gets its own
+    /// reply, none is lost or answered twice (each consumer echoes the
+    /// payload with the request's position appended; positions must be
+    /// seen once each).
+    #[test]
+    fn no_request_is_lost_with_two_consumers() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(10));
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let consumers: Vec<_> = (0..2)
+            .map(|_| {
+                let (lane, stop, seen) = (lane.clone(), stop.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    while !stop.load(Ordering::Acquire) {
+                        match lane.take(&mut buf) {
+                            Some(req) => {
+                                let p = req.big.clone().unwrap_or_else(|| buf.clone());
+                                seen.lock().push(p.clone());
+                                req.reply.send(reply(&p));
+                            }
+                            None => std::thread::yield_now(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        const PER_TASK: u64 = 2_000;
+        let slots_ref = &slots;
+        let tasks: Vec<LocalTask<'_, ()>> = (0..8u64)
+            .map(|t| {
+                Box::pin(async move {
+                    for i in 0..PER_TASK {
+                        let n = t * PER_TASK + i;
+                        let p = payload(n, (n % 90) as usize);
+                        let w = loop {
+                            match slots_ref.send(NODE, header(3), p.clone()) {
+                                Ok(w) => break w,
+                                Err(_) => crate::exec::yield_now().await,
+                            }
+                        };
+                        assert_eq!(w.await.unwrap(), reply(&p), "RPC {n}");
+                    }
+                }) as LocalTask<'_, ()>
+            })
+            .collect();
+        run_tasks(tasks);
+        stop.store(true, Ordering::Release);
+        for c in consumers {
+            c.join().unwrap();
+        }
+        assert_eq!(
+            seen.lock().len() as u64,
+            8 * PER_TASK,
+            "each request served once"
+        );
         reaper.shut_down();
         h.join().unwrap();
     }

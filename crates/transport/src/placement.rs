@@ -87,6 +87,17 @@ pub fn pin_handler(index: usize) -> Option<usize> {
     pin_current_thread(cpu).then_some(cpu)
 }
 
+/// Whether handler thread `index` is planned on a CPU that a compute
+/// thread is planned on too (`--pin-threads shared`): then every cycle it
+/// polls is a cycle the thread that sends its next request cannot run.
+pub fn handler_shares_cpu(index: usize) -> bool {
+    PLAN.lock().as_ref().is_some_and(|p| {
+        p.handlers
+            .get(index % p.handlers.len().max(1))
+            .is_some_and(|cpu| p.compute.contains(cpu))
+    })
+}
+
 /// Pins the calling thread as compute thread `index` if a plan is in force;
 /// the CPU it was pinned to.
 pub fn pin_compute(index: usize) -> Option<usize> {
