@@ -271,3 +271,25 @@ fn objects_touched_by_address_count_once_and_notes_count_as_given() {
     touch_local_at(&words[2]);
     assert_eq!(client_busy(&sim, id), 4 * line_ns);
 }
+
+/// `sim::charge_private_lines` (a job's private arrays, on a memory-node
+/// core) inside a charged compute operation: the lines are the operation's,
+/// charged at `line_ns` each on its core when it ends, like
+/// `touch_local_lines` notes (it used to add `lines * u64::MAX`, wrapped,
+/// to the clock and charge the operation nothing).
+#[test]
+fn private_lines_inside_a_charged_operation_are_charged_to_it() {
+    let sim = sim();
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    let ep: Endpoint = sim.fabric().endpoint(node.id()).unwrap();
+    let t0 = sim.now_ns();
+    block_on(ep.charged(async {
+        dmkv_transport::sim::charge_private_lines(5);
+    }));
+    assert_eq!(sim.now_ns() - t0, 5 * line_ns);
+    assert_eq!(client_busy(&sim, node.id().0), 5 * line_ns);
+    // Outside one (and off any simulated core): nothing.
+    dmkv_transport::sim::charge_private_lines(5);
+    assert_eq!(client_busy(&sim, node.id().0), 5 * line_ns);
+}

@@ -9,6 +9,7 @@
 //! - [`shard`]: the data operations;
 //! - [`rebuild`]: splits and full builds (resizing, bulk loads);
 //! - [`recover`]: taking over the shard of a failed node from a mirror;
+//! - [`retire`]: withdrawing retired tables after the countdown, off the worker;
 //! - [`session`]: at-most-once writes across a takeover (mirrored session table).
 
 pub mod ctx;
@@ -16,6 +17,7 @@ pub mod heap;
 pub mod rebuild;
 pub mod recover;
 pub mod replica;
+pub(crate) mod retire;
 pub mod seqlock;
 pub mod session;
 pub mod shard;

@@ -18,8 +18,9 @@
 //! (requests naming the old epoch get STALE), every bucket is passed under
 //! its lock (a barrier for writers that checked the old epoch) while the
 //! moving keys' current entries are copied, the new tables and directory are
-//! installed and published, the buffered writes are applied, and the worker
-//! waits for compute nodes to count down their fetches.
+//! installed and published, the buffered writes are applied, and the old
+//! tables' regions are handed over to be withdrawn once compute nodes have
+//! counted down their fetches (`retire`; the worker does not wait).
 
 use crate::config::Config;
 use crate::hash::{candidates, dir};
@@ -374,7 +375,7 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
                 *shard.last_error.lock() = Some(m.to_string());
             }
         }
-        finish(shard, job, build_target, started, false);
+        finish(shard, job, build_target, started, None);
         return Err(e);
     }
     Ok(())
@@ -398,15 +399,18 @@ fn settle_in_place(shard: &ShardServer, t: &Table) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// Ends a rebuild: counts it, publishes progress and waits for the
-/// countdown.
+/// Ends a rebuild: counts it, publishes progress and, if it published
+/// (`retired`: the region prefixes of the tables it retired), hands those
+/// over to be withdrawn after the countdown (`retire`: the worker does not
+/// wait for compute nodes).
 fn finish(
     shard: &Arc<ShardServer>,
     job: Job,
     build_target: u64,
     started: Instant,
-    published: bool,
+    retired: Option<Vec<String>>,
 ) {
+    let published = retired.is_some();
     if !shard
         .live_tables()
         .iter()
@@ -434,12 +438,16 @@ fn finish(
         st.split_ns.fetch_add(held, Ordering::Relaxed);
         st.split_max_ns.fetch_max(held, Ordering::Relaxed);
     }
-    if published {
-        shard.await_countdown();
-    }
-    if job != Job::Full {
-        st.resize_total_ns
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    let resize_started = (job != Job::Full).then_some(started);
+    match retired {
+        // Counted in `resize_total_ns` when its countdown ends.
+        Some(prefixes) => crate::server::retire::after_countdown(shard, prefixes, resize_started),
+        None => {
+            if resize_started.is_some() {
+                st.resize_total_ns
+                    .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -549,8 +557,13 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     // The switch's work passes here, while the new tables serve and the
     // buffered writes still wait (as they may on a real worker thread).
     pace(shard);
-    finish(shard, Job::Resize(t.id, Start::AllTold), 0, started, true);
-    shard.ctx.withdraw(&table_prefix(shard.id, t.id));
+    finish(
+        shard,
+        Job::Resize(t.id, Start::AllTold),
+        0,
+        started,
+        Some(vec![table_prefix(shard.id, t.id)]),
+    );
     Ok(())
 }
 
@@ -749,9 +762,7 @@ fn full(
     if paced {
         pace(shard);
     }
-    finish(shard, Job::Full, build_target, started, true);
-    for t in old {
-        shard.ctx.withdraw(&table_prefix(shard.id, t.id));
-    }
+    let retired = old.iter().map(|t| table_prefix(shard.id, t.id)).collect();
+    finish(shard, Job::Full, build_target, started, Some(retired));
     Ok(())
 }

@@ -133,6 +133,8 @@ pub struct ShardServer {
     pub ready: AtomicBool,
     /// The last rebuild failure, for `engine_stats`.
     pub(crate) last_error: Mutex<Option<String>>,
+    /// Retired tables waiting for the countdown (`retire`).
+    pub(crate) retiring: Mutex<crate::server::retire::Retiring>,
     pub stats: ShardStats,
 }
 
@@ -189,6 +191,7 @@ impl ShardServer {
             publish_version: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             last_error: Mutex::new(None),
+            retiring: Mutex::new(Default::default()),
             stats: ShardStats::default(),
         }
     }
@@ -1232,24 +1235,6 @@ impl ShardServer {
             .expect("control header");
         mem.store_u64(ctl::APPLIED, self.applied.load(Ordering::Acquire))
             .expect("control header");
-    }
-
-    /// Waits (on the worker) until every compute node has fetched the last
-    /// publication or the timeout passes (paper: checked twice a second).
-    pub(crate) fn await_countdown(&self) {
-        let deadline = Instant::now() + Duration::from_millis(self.ctx.cfg.countdown_timeout_ms);
-        let poll = Duration::from_millis(self.ctx.cfg.countdown_poll_ms.max(1));
-        while Instant::now() < deadline {
-            let left = self
-                .ctl
-                .mem
-                .load_u64(ctl::COUNTDOWN)
-                .expect("control header") as i64;
-            if left <= 0 {
-                return;
-            }
-            dmkv_transport::time::sleep_blocking(poll);
-        }
     }
 
     /// Figures for `engine_stats`.

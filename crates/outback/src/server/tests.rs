@@ -18,6 +18,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 fn node() -> (LocalCluster, Arc<NodeRuntime>, Arc<NodeServer>) {
+    node_with(&[])
+}
+
+/// [`node`] with some knobs set otherwise.
+fn node_with(extra: &[(&str, &str)]) -> (LocalCluster, Arc<NodeRuntime>, Arc<NodeServer>) {
     let c = LocalCluster::new(LocalConfig::default());
     let rt = NodeRuntime::new(c.add_node(1));
     let mut knobs = Knobs::new();
@@ -26,6 +31,9 @@ fn node() -> (LocalCluster, Arc<NodeRuntime>, Arc<NodeServer>) {
     knobs.set("table_keys", "4");
     knobs.set("countdown_timeout_ms", "10");
     knobs.set("heap_mb", "4");
+    for (k, v) in extra {
+        knobs.set(k, v);
+    }
     let args = ServeArgs {
         instance: "t/outback".into(),
         knobs,
@@ -299,6 +307,83 @@ fn writes_during_a_rebuild_are_answered_at_once_and_merged_at_the_switch() {
         shard.ctl.mem.load_u64(crate::layout::ctl::APPLIED).unwrap(),
         1
     );
+}
+
+/// The countdown off the worker (`retire`; docs/outback.md, "The countdown
+/// off the worker"): a compute node is registered and never fetches, and
+/// the countdown's timeout is 60 s. The worker is free as soon as the
+/// resize is applied (so a TAKEOVER or the next resize queued behind it
+/// runs), the old table's regions stay while the countdown is not 0, and
+/// they are withdrawn at the check after the compute node counts down.
+/// Before, the worker slept in the countdown until the timeout (what held
+/// a takeover for seconds in DST seed 74): `job_active` stayed set and this
+/// test failed at its first wait.
+#[test]
+fn the_worker_does_not_wait_for_the_countdown() {
+    let (_c, rt, s) = node_with(&[
+        ("countdown_timeout_ms", "60000"),
+        ("countdown_poll_ms", "1"),
+    ]);
+    let shard = s.shard(0).unwrap().unwrap();
+    let mut w = WireWriter::new();
+    w.u8(op::REGISTER).u16(0);
+    assert_eq!(head(&s.handle(&w.finish()).unwrap()).0.status, Status::Ok);
+    let old_bkt = shard.ctx.name(&crate::publish::table_name(0, 0));
+    assert!(rt.region(&old_bkt).is_some());
+    for k in 1..=6u64 {
+        assert_eq!(head(&insert(&s, k, b"v")).0.status, Status::Ok);
+    }
+    // Stop the table as s_stop would (as in the test above: hold the job
+    // flag so that no job starts before the table is marked).
+    wait_until(Duration::from_secs(10), "a job is still running", || {
+        shard
+            .job_active
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    });
+    shard
+        .table(0)
+        .unwrap()
+        .state
+        .store(state::REBUILDING, Ordering::Release);
+    shard.resize_pending.store(true, Ordering::Release);
+    shard.job_active.store(false, Ordering::Release);
+    shard.kick();
+    wait_until(
+        Duration::from_secs(10),
+        "the worker still holds the job after the resize was applied",
+        || shard.applied.load(Ordering::Acquire) != 0 && !shard.job_active.load(Ordering::Acquire),
+    );
+    assert!(shard.table(0).is_none(), "table 0 was retired");
+    let countdown = || {
+        shard
+            .ctl
+            .mem
+            .load_u64(crate::layout::ctl::COUNTDOWN)
+            .unwrap()
+    };
+    assert_eq!(countdown(), 1, "the compute node has not fetched");
+    assert!(
+        rt.region(&old_bkt).is_some(),
+        "withdrawn before the countdown reached 0"
+    );
+    assert_eq!(super::retire::waiting(&shard), 1);
+    // What the compute node's FAA after its fetch does.
+    shard
+        .ctl
+        .mem
+        .store_u64(crate::layout::ctl::COUNTDOWN, 0)
+        .unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the old table's regions were not withdrawn after the countdown",
+        || rt.region(&old_bkt).is_none(),
+    );
+    assert_eq!(super::retire::waiting(&shard), 0);
+    assert!(shard.stats.resize_total_ns.load(Ordering::Relaxed) > 0);
+    for k in 1..=6u64 {
+        assert_eq!(client_get(&s, k).as_deref(), Some(&b"v"[..]), "GET {k}");
+    }
 }
 
 /// Invariant 13 of docs/outback.md: the seeds array compute nodes fetch

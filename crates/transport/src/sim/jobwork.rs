@@ -22,7 +22,7 @@
 //!    as an OS scheduler gives them).
 //! 3. Outside a simulation, or outside a job, [`job_progress`] does nothing.
 
-use super::{METER_LINE_NS, Sim, current, net, sleep_until_ns, with_metering};
+use super::{COUNT_LOCAL, METER_LINE_NS, Sim, current, net, sleep_until_ns, with_metering};
 use crate::addr::NodeId;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -69,13 +69,31 @@ pub(crate) fn metered<R>(sim: &Sim, f: impl FnOnce() -> R) -> (R, JobMeter) {
 /// Charges `lines` cache lines of memory no backend registered (a job's
 /// private arrays) at the flat `line_ns`, when code runs on a simulated
 /// core (the rule for unregistered memory, docs/simulation.md).
+///
+/// Inside a compute operation counted for its own lines
+/// (`Endpoint::charged`, where the meter holds `COUNT_LOCAL` rather than a
+/// price) the lines are that operation's: they are noted as
+/// [`crate::touch_local_lines`] notes are, and charged once, when the
+/// operation ends, on its compute core. (This used to multiply by the
+/// marker itself, `u64::MAX`: a wrapped, negative charge on whatever core
+/// ran, and nothing for the operation.) Outside a simulation, or where
+/// nothing meters, it does nothing.
 pub fn charge_private_lines(lines: u64) {
     let line_ns = METER_LINE_NS.with(|m| m.get());
     if line_ns == 0 || lines == 0 {
         return;
     }
+    if line_ns == COUNT_LOCAL {
+        super::touch_local(lines);
+        return;
+    }
     if let Some(s) = current() {
-        s.sched.cpu_ns.set(s.sched.cpu_ns.get() + lines * line_ns);
+        s.sched.cpu_ns.set(
+            s.sched
+                .cpu_ns
+                .get()
+                .saturating_add(lines.saturating_mul(line_ns)),
+        );
     }
 }
 
@@ -158,4 +176,52 @@ fn occupy(sim: &Rc<Sim>, id: usize, ns: u64) {
         .await;
         sleep_until_ns(at + ns).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{LOCAL_LINES, Profile, SimConfig, Simulation};
+
+    fn sim() -> Simulation {
+        Simulation::new(SimConfig {
+            profile: Profile::default_profile(),
+            seed: 1,
+            jitter_ns: 0,
+            delays: Default::default(),
+        })
+    }
+
+    /// On a metered memory-node core a private line costs the meter's
+    /// `line_ns`; where nothing meters, nothing.
+    #[test]
+    fn private_lines_cost_line_ns_on_a_metered_core() {
+        let s = sim();
+        let cpu = || current().expect("in a simulation").sched.cpu_ns.get();
+        let c0 = cpu();
+        charge_private_lines(10);
+        assert_eq!(cpu(), c0, "not metering: free");
+        with_metering(7, || charge_private_lines(10));
+        assert_eq!(cpu(), c0 + 70);
+        with_metering(7, || charge_private_lines(0));
+        assert_eq!(cpu(), c0 + 70);
+        drop(s);
+    }
+
+    /// Inside a compute operation counted for its own lines the private
+    /// lines are the operation's notes (charged when it ends), not a
+    /// charge on the core now: before the fix this added `10 * u64::MAX`
+    /// (wrapped) to the CPU clock and counted nothing.
+    #[test]
+    fn private_lines_inside_a_charged_operation_are_its_own() {
+        let s = sim();
+        let cpu = || current().expect("in a simulation").sched.cpu_ns.get();
+        let c0 = cpu();
+        let before = LOCAL_LINES.with(|l| l.get());
+        with_metering(COUNT_LOCAL, || charge_private_lines(10));
+        assert_eq!(cpu(), c0, "no charge on the core now");
+        assert_eq!(LOCAL_LINES.with(|l| l.get()), before + 10);
+        LOCAL_LINES.with(|l| l.set(before));
+        drop(s);
+    }
 }
