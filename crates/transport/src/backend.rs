@@ -66,6 +66,8 @@ pub type Verbs = SmallVec<[Verb; 4]>;
 /// Results of one batch, in posting order; inline up to four like [`Verbs`].
 pub type VerbResults = SmallVec<[VerbResult; 4]>;
 
+pub use crate::buffers::PooledResults;
+
 /// A backend operation that either completed at once (one-sided verbs in the
 /// local backend) or must be awaited. Completing at once costs no allocation.
 pub enum OpFuture<'a, T> {
@@ -161,15 +163,22 @@ pub trait EndpointBackend {
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>>;
     /// The same batch executed at once, when the backend has nothing to
     /// model in between (the `local` backend without injected faults): the
-    /// results go into `out` (empty on entry), `verbs` is left empty, and
+    /// results go into `out` (`None` on entry; the backend puts a result
+    /// list there, from the thread's pool, [`crate::buffers::Spares::take_results`],
+    /// whose read buffers it may fill in place), `verbs` is left empty, and
     /// the outcome is `Some`; the caller then yields once before handing the
     /// results out, exactly as `execute`'s `OpFuture::ready_after_yield`
     /// would make it. The same verbs execute in the same order with the
     /// same results either way; this only spares the batch future the
-    /// `OpFuture` it would move around. `None` (the default): nothing was
-    /// executed and `verbs` is untouched, so the caller goes through
-    /// `execute`.
-    fn execute_now(&self, _verbs: &mut Verbs, _out: &mut VerbResults) -> Option<Result<()>> {
+    /// `OpFuture` it would move around and the results' moves (the list is
+    /// boxed: handing it out moves a pointer). `None` (the default):
+    /// nothing was executed and `verbs` is untouched, so the caller goes
+    /// through `execute`.
+    fn execute_now(
+        &self,
+        _verbs: &mut Verbs,
+        _out: &mut Option<PooledResults>,
+    ) -> Option<Result<()>> {
         None
     }
     /// Called once at the start of every operation a compute thread issues:

@@ -12,6 +12,7 @@
 //! [`BatchResult::read`]: crate::BatchResult::read
 //! [`Endpoint::read_buf`]: crate::Endpoint::read_buf
 
+use crate::backend::{VerbResult, VerbResults};
 use std::cell::RefCell;
 
 /// Spare buffers a thread keeps at most (more given back are freed).
@@ -20,8 +21,32 @@ const MAX_SPARES: usize = 64;
 /// large read (a scan) does not stay pinned to the thread.
 const MAX_SPARE_BYTES: usize = 64 * 1024;
 
+/// Result lists a thread keeps at most (more given back are freed).
+const MAX_RESULT_LISTS: usize = 64;
+
+/// A batch's results in a box from the thread's pool ([`Spares::take_results`]):
+/// a `BatchResult` holds one, so handing results out of a batch future moves
+/// a pointer, not the inline list.
+pub type PooledResults = Box<VerbResults>;
+
+/// One thread's spares: read buffers and result lists.
+struct Pool {
+    bufs: Vec<Vec<u8>>,
+    /// Result lists given back with their read buffers still in them
+    /// (invariant B1: every `Read` entry of a pooled list holds a buffer of
+    /// at most `MAX_SPARE_BYTES` capacity, and no list is spilled to the
+    /// heap beyond its inline four), so the next batch's reads fill those
+    /// buffers in place.
+    results: Vec<PooledResults>,
+}
+
 thread_local! {
-    static SPARES: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    static SPARES: RefCell<Pool> = const {
+        RefCell::new(Pool {
+            bufs: Vec::new(),
+            results: Vec::new(),
+        })
+    };
 }
 
 /// An empty buffer: a spare of this thread if there is one, else a new
@@ -29,7 +54,7 @@ thread_local! {
 #[inline]
 pub fn take() -> Vec<u8> {
     SPARES
-        .try_with(|s| s.borrow_mut().pop())
+        .try_with(|s| s.borrow_mut().bufs.pop())
         .ok()
         .flatten()
         .unwrap_or_default()
@@ -46,8 +71,8 @@ pub fn give(mut buf: Vec<u8>) {
     // During thread teardown the spares may be gone; the buffer is freed.
     let _ = SPARES.try_with(|s| {
         let mut s = s.borrow_mut();
-        if s.len() < MAX_SPARES {
-            s.push(buf);
+        if s.bufs.len() < MAX_SPARES {
+            s.bufs.push(buf);
         }
     });
 }
@@ -69,24 +94,113 @@ pub fn with_spares<R>(f: impl FnOnce(Option<&mut Spares<'_>>) -> R) -> R {
     }
 }
 
+/// `results` in a list of the thread's pool (a backend's results handed
+/// out by a batch future): the pooled list's old read buffers go to the
+/// spares.
+pub fn pooled(results: VerbResults) -> PooledResults {
+    with_spares(|spares| match spares {
+        Some(s) => {
+            let mut list = s.take_results();
+            s.truncate_results(&mut list, 0);
+            *list = results;
+            list
+        }
+        None => Box::new(results),
+    })
+}
+
 /// This thread's spare buffers, borrowed by [`with_spares`].
-pub struct Spares<'a>(&'a mut Vec<Vec<u8>>);
+pub struct Spares<'a>(&'a mut Pool);
 
 impl Spares<'_> {
     /// As [`take`].
     #[inline]
     pub fn take(&mut self) -> Vec<u8> {
-        self.0.pop().unwrap_or_default()
+        self.0.bufs.pop().unwrap_or_default()
     }
 
     /// As [`give`].
     #[inline]
     pub fn give(&mut self, mut buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > MAX_SPARE_BYTES || self.0.len() >= MAX_SPARES {
+        if buf.capacity() == 0
+            || buf.capacity() > MAX_SPARE_BYTES
+            || self.0.bufs.len() >= MAX_SPARES
+        {
             return;
         }
         buf.clear();
-        self.0.push(buf);
+        self.0.bufs.push(buf);
+    }
+
+    /// A result list for a batch: a pooled one (its entries, the results of
+    /// an earlier batch, hold read buffers the next reads may fill in
+    /// place: [`Spares::reuse_read`]), else a new empty one.
+    #[inline]
+    pub fn take_results(&mut self) -> PooledResults {
+        self.0.results.pop().unwrap_or_default()
+    }
+
+    /// Gives a result list back with the read buffers still in it (B1:
+    /// oversized buffers are freed and a spilled list is dropped).
+    #[inline]
+    pub fn give_results(&mut self, mut r: PooledResults) {
+        if r.spilled() || self.0.results.len() >= MAX_RESULT_LISTS {
+            for e in r.drain(..) {
+                if let VerbResult::Read(b) = e {
+                    self.give(b);
+                }
+            }
+            return;
+        }
+        for e in r.iter_mut() {
+            if let VerbResult::Read(b) = e
+                && b.capacity() > MAX_SPARE_BYTES
+            {
+                *b = Vec::new();
+            }
+        }
+        self.0.results.push(r);
+    }
+
+    /// The buffer for read `i` of a batch being executed into `out` (a
+    /// pooled list, see [`Spares::take_results`]): entry `i`'s buffer if it
+    /// holds one from an earlier batch, else a spare one. The caller puts
+    /// the filled buffer back with [`put_result`].
+    #[inline]
+    pub fn reuse_read(&mut self, out: &mut VerbResults, i: usize) -> Vec<u8> {
+        match out.get_mut(i) {
+            Some(VerbResult::Read(b)) if b.capacity() > 0 => std::mem::take(b),
+            _ => self.take(),
+        }
+    }
+
+    /// Stores result `r` as entry `i` of `out`, which holds at least `i`
+    /// entries (the batch's results so far, then any left from an earlier
+    /// batch): in place if there is one (a read buffer it still held goes
+    /// to the spares), else pushed.
+    #[inline]
+    pub fn put_result(&mut self, out: &mut VerbResults, i: usize, r: VerbResult) {
+        match out.get_mut(i) {
+            Some(e) => {
+                if let VerbResult::Read(b) = std::mem::replace(e, r) {
+                    self.give(b);
+                }
+            }
+            None => out.push(r),
+        }
+    }
+
+    /// Gives back the buffers of entries `len..` of `out` (left from an
+    /// earlier, longer batch) and drops those entries.
+    #[inline]
+    pub fn truncate_results(&mut self, out: &mut VerbResults, len: usize) {
+        if out.len() > len {
+            for e in out.drain(len..) {
+                if let VerbResult::Read(b) = e {
+                    self.give(b);
+                }
+            }
+        }
     }
 }
 
@@ -139,5 +253,113 @@ mod tests {
             .take_while(|v| v.capacity() > 0)
             .count();
         assert_eq!(kept, MAX_SPARES, "the bound holds for batch gives too");
+    }
+}
+
+/// Pooled result lists on the `local` backend: reused with their buffers,
+/// results exact whatever an earlier batch left in the list.
+#[cfg(test)]
+mod pooled_tests {
+    use super::*;
+    use crate::NodeHost;
+    use crate::exec::block_on;
+    use crate::local::{LocalCluster, LocalConfig};
+
+    /// What the pool holds now: (lists, read buffers in them, largest
+    /// capacity of those buffers).
+    fn pooled_lists() -> (usize, usize, usize) {
+        SPARES.with(|s| {
+            let s = s.borrow();
+            let bufs = s
+                .results
+                .iter()
+                .flat_map(|r| r.iter())
+                .filter_map(|e| match e {
+                    VerbResult::Read(b) if b.capacity() > 0 => Some(b.capacity()),
+                    _ => None,
+                });
+            let (n, max) = bufs.fold((0, 0), |(n, m), c| (n + 1, m.max(c)));
+            (s.results.len(), n, max)
+        })
+    }
+
+    #[test]
+    fn result_lists_are_reused_with_their_buffers_and_results_stay_exact() {
+        let cluster = LocalCluster::new(LocalConfig::default());
+        let mem = cluster.add_node(0);
+        let (region, _) = mem.register_region(1 << 18).unwrap();
+        let ep = cluster.fabric().endpoint(mem.id()).unwrap();
+        let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        block_on(ep.write(region.at(0), &bytes)).unwrap();
+        // The oracle: the bytes written, and the words the atomics find.
+        let word = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+
+        let mut b = ep.batch();
+        let r0 = b.read(region.at(0), 64);
+        let c = b.cas(region.at(512), word(512), 99);
+        let r1 = b.read(region.at(128), 40);
+        let f = b.faa(region.at(520), 5);
+        let r = block_on(b.run()).unwrap();
+        assert_eq!(r.len(), 4);
+        assert_eq!(r.read(r0), &bytes[..64]);
+        assert_eq!(r.word(c), word(512));
+        assert_eq!(r.read(r1), &bytes[128..168]);
+        assert_eq!(r.word(f), word(520));
+        let first_buf = r.read(r0).as_ptr();
+        drop(r);
+        let (lists, bufs, _) = pooled_lists();
+        assert!(
+            lists >= 1 && bufs >= 2,
+            "the list came back with its two buffers"
+        );
+
+        // A shorter batch in the same list: entry 0's buffer is filled in
+        // place, and nothing of the earlier batch shows.
+        let mut b = ep.batch();
+        let r0 = b.read(region.at(1024), 16);
+        let r = block_on(b.run()).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.read(r0), &bytes[1024..1040]);
+        assert_eq!(
+            r.read(r0).as_ptr(),
+            first_buf,
+            "the pooled buffer was reused"
+        );
+        drop(r);
+
+        // A write where a read was, then a read where an atomic was.
+        let mut b = ep.batch();
+        let w = b.write(region.at(2048), vec![0xAB; 16]);
+        let r1 = b.read(region.at(2040), 32);
+        let mut r = block_on(b.run()).unwrap();
+        assert_eq!(r.len(), 2);
+        let mut expect = bytes[2040..2072].to_vec();
+        expect[8..24].fill(0xAB);
+        assert_eq!(r.read(r1), &expect[..]);
+        assert_eq!(r.take_read(r1), expect);
+        let _ = w;
+        drop(r);
+
+        // One-read helpers hand out the bytes exactly and give the list back.
+        let rb = block_on(ep.read_buf(region.at(64), 24)).unwrap();
+        assert_eq!(&rb[..], &bytes[64..88]);
+        assert_eq!(rb.into_vec(), bytes[64..88].to_vec());
+        assert_eq!(block_on(ep.read(region.at(8), 8)).unwrap(), bytes[8..16]);
+
+        // A large read's buffer is not kept in the pool (B1).
+        let big = block_on(ep.read_buf(region.at(0), MAX_SPARE_BYTES + 8)).unwrap();
+        // (Bytes 512.. were changed by the atomics and the write above.)
+        assert_eq!(big.len(), MAX_SPARE_BYTES + 8);
+        assert_eq!(&big[..512], &bytes[..512]);
+        drop(big);
+        let (_, _, largest) = pooled_lists();
+        assert!(
+            largest <= MAX_SPARE_BYTES,
+            "largest pooled buffer {largest}"
+        );
+
+        // An empty batch has no list.
+        let r = block_on(ep.batch().run()).unwrap();
+        assert!(r.is_empty());
     }
 }

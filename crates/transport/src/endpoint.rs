@@ -1,7 +1,9 @@
 //! [`Endpoint`]: what engines use to reach other nodes, with exact counters.
 
 use crate::addr::{NodeId, RemoteAddr, RemoteRegion, ServiceId};
-use crate::backend::{EndpointBackend, OpFuture, Verb, VerbResult, VerbResults, Verbs};
+use crate::backend::{
+    EndpointBackend, OpFuture, PooledResults, Verb, VerbResult, VerbResults, Verbs,
+};
 use crate::counters::{CounterTable, Counters, current_kind};
 use crate::error::{Result, TransportError};
 use crate::service::{decode_region, directory};
@@ -130,6 +132,22 @@ impl Endpoint {
         }
     }
 
+    /// Adds one batch's charge ([`BatchCost::add_to`]) to the current
+    /// kind's counters and to the meter, if one is running: what
+    /// `add(&cost.counters())` adds, without building and adding a whole
+    /// `Counters` twice.
+    #[inline]
+    #[allow(unsafe_code)]
+    fn add_batch(&self, cost: &BatchCost) {
+        cost.add_to(self.counters.borrow_mut().get_mut(current_kind()));
+        if let Some(m) = self.meter.get() {
+            // SAFETY: as in `add` (M1): the meter's accumulator is
+            // exclusively borrowed by the running `metering` call on this
+            // thread and nothing else refers to it during this add.
+            unsafe { cost.add_to(&mut *m.as_ptr()) };
+        }
+    }
+
     /// Counts `bytes` that another node wrote one-sided into this node's
     /// memory on behalf of the operation being polled, as read by it
     /// (ScaleStore's page transfers: the holder writes the page into the
@@ -195,9 +213,7 @@ impl Endpoint {
     pub fn read_buf(&self, addr: RemoteAddr, len: usize) -> OneVerb<'_, ReadBuf> {
         OneVerb {
             run: self.single(Verb::Read { addr, len }),
-            out: |mut r| ReadBuf {
-                buf: r.take_read(0),
-            },
+            out: |r| ReadBuf { r },
         }
     }
 
@@ -408,8 +424,21 @@ impl BatchCost {
         }
     }
 
-    /// The counters of the batch: one round trip and these verbs.
+    /// Adds the batch's counters ([`Self::counters`]) to `c` in place.
     #[inline]
+    fn add_to(&self, c: &mut Counters) {
+        c.round_trips += 1;
+        c.verbs += u64::from(self.reads + self.writes + self.cas + self.faa);
+        c.reads += u64::from(self.reads);
+        c.writes += u64::from(self.writes);
+        c.cas += u64::from(self.cas);
+        c.faa += u64::from(self.faa);
+        c.bytes_read += self.bytes_read;
+        c.bytes_written += self.bytes_written;
+    }
+
+    /// The counters of the batch: one round trip and these verbs.
+    #[cfg(test)]
     fn counters(&self) -> Counters {
         Counters {
             round_trips: 1,
@@ -477,7 +506,7 @@ enum RunState<'a> {
     /// the poll after the task's one yield (taken out of the `Option`, not
     /// by replacing the whole state: that would copy the state's largest
     /// variant, the verbs, on every round trip).
-    Executed(Option<Result<VerbResults>>),
+    Executed(Option<Result<PooledResults>>),
     Posted(OpFuture<'a, Result<VerbResults>>),
 }
 
@@ -490,19 +519,19 @@ impl Future for BatchRun<'_> {
         let this = self.get_mut();
         if let RunState::Unposted(verbs, cost) = &mut this.state {
             if verbs.is_empty() {
-                return Poll::Ready(Ok(BatchResult {
-                    results: VerbResults::new(),
-                }));
+                return Poll::Ready(Ok(BatchResult { results: None }));
             }
             let ep = this.ep;
             // Counted as the verbs were added; added to the kind's counters
-            // and the total here, on the first poll, as before.
-            ep.add(&cost.counters());
+            // and the meter here, on the first poll, as before.
+            ep.add_batch(cost);
             // Executed at once if the backend can: the results wait in the
             // state for the poll after the one yield a round trip costs.
-            let mut out = VerbResults::new();
+            let mut out = None;
             if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
-                let executed = RunState::Executed(Some(done.map(|()| out)));
+                let executed = RunState::Executed(Some(
+                    done.map(|()| out.expect("execute_now gives a result list")),
+                ));
                 if verbs.spilled() || !verbs.is_empty() {
                     this.state = executed;
                 } else {
@@ -522,12 +551,16 @@ impl Future for BatchRun<'_> {
         }
         match &mut this.state {
             RunState::Posted(op) => match Pin::new(op).poll(cx) {
-                Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult { results })),
+                Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult {
+                    results: Some(crate::buffers::pooled(results)),
+                })),
                 Poll::Pending => Poll::Pending,
             },
             RunState::Executed(r) => {
                 let r = r.take().expect("a batch future polled after completion");
-                Poll::Ready(r.map(|results| BatchResult { results }))
+                Poll::Ready(r.map(|results| BatchResult {
+                    results: Some(results),
+                }))
             }
             RunState::Unposted(..) => unreachable!("posted above"),
         }
@@ -555,44 +588,43 @@ impl<T> Future for OneVerb<'_, T> {
     }
 }
 
-/// Results of a batch, by the index each verb got when it was added. Read
-/// buffers not taken out go back to the thread's spare buffers
-/// ([`crate::buffers`]) when it drops.
+/// Results of a batch, by the index each verb got when it was added. The
+/// list is boxed ([`PooledResults`]: a batch future hands out a pointer, not
+/// the inline list) and goes back to the thread's pool ([`crate::buffers`])
+/// when this drops, with the read buffers not taken out still in it for
+/// later batches' reads to fill.
 #[derive(Debug)]
 pub struct BatchResult {
-    results: VerbResults,
+    /// `None` for an empty batch.
+    results: Option<PooledResults>,
 }
 
 impl Drop for BatchResult {
+    #[inline]
     fn drop(&mut self) {
-        // Nothing to give back (the common case of a one-read helper whose
-        // buffer was taken out, and of atomics and writes): no access to
-        // the thread's spares at all.
-        if !self
-            .results
-            .iter()
-            .any(|r| matches!(r, VerbResult::Read(b) if b.capacity() > 0))
-        {
-            return;
-        }
-        // Every read buffer back in one access to the thread's spares.
-        crate::buffers::with_spares(|spares| {
-            if let Some(spares) = spares {
-                for r in self.results.drain(..) {
-                    if let VerbResult::Read(b) = r {
-                        spares.give(b);
-                    }
+        if let Some(r) = self.results.take() {
+            crate::buffers::with_spares(|spares| {
+                if let Some(spares) = spares {
+                    spares.give_results(r);
                 }
-            }
-        });
+            });
+        }
     }
 }
 
 impl BatchResult {
+    #[inline]
+    fn results(&self) -> &[VerbResult] {
+        self.results.as_deref().map_or(&[], |r| r.as_slice())
+    }
     /// The bytes of read `i` (taken out; a second take panics).
     #[inline]
     pub fn take_read(&mut self, i: usize) -> Vec<u8> {
-        match std::mem::replace(&mut self.results[i], VerbResult::Write) {
+        let slot = match self.results.as_deref_mut() {
+            Some(r) => &mut r[i],
+            None => panic!("verb {i} of an empty batch"),
+        };
+        match std::mem::replace(slot, VerbResult::Write) {
             VerbResult::Read(b) => b,
             other => panic!("verb {i} is not an unread read: {other:?}"),
         }
@@ -601,7 +633,7 @@ impl BatchResult {
     /// is reused once the result drops).
     #[inline]
     pub fn read(&self, i: usize) -> &[u8] {
-        match &self.results[i] {
+        match &self.results()[i] {
             VerbResult::Read(b) => b,
             other => panic!("verb {i} is not an unread read: {other:?}"),
         }
@@ -609,43 +641,39 @@ impl BatchResult {
     /// The word a CAS found or an FAA returned.
     #[inline]
     pub fn word(&self, i: usize) -> u64 {
-        match self.results[i] {
+        match self.results()[i] {
             VerbResult::Cas(v) | VerbResult::Faa(v) => v,
             ref other => panic!("verb {i} is not an atomic: {other:?}"),
         }
     }
     pub fn len(&self) -> usize {
-        self.results.len()
+        self.results().len()
     }
     pub fn is_empty(&self) -> bool {
-        self.results.is_empty()
+        self.results().is_empty()
     }
 }
 
-/// The bytes of one read ([`Endpoint::read_buf`]); its buffer goes back to
-/// the thread's spare buffers ([`crate::buffers`]) when it drops.
+/// The bytes of one read ([`Endpoint::read_buf`]): its batch's result,
+/// whose list (with the buffer in it) goes back to the thread's pool
+/// ([`crate::buffers`]) when dropped.
 #[derive(Debug)]
 pub struct ReadBuf {
-    buf: Vec<u8>,
+    r: BatchResult,
 }
 
 impl ReadBuf {
     /// The bytes as an owned vector (not reused).
     pub fn into_vec(mut self) -> Vec<u8> {
-        std::mem::take(&mut self.buf)
+        self.r.take_read(0)
     }
 }
 
 impl std::ops::Deref for ReadBuf {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for ReadBuf {
-    fn drop(&mut self) {
-        crate::buffers::give(std::mem::take(&mut self.buf));
+        self.r.read(0)
     }
 }
 

@@ -14,7 +14,8 @@
 
 use crate::addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
 use crate::backend::{
-    CallFuture, EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
+    CallFuture, EndpointBackend, Fabric, NodeHost, OpFuture, PooledResults, Verb, VerbResult,
+    VerbResults, Verbs,
 };
 use crate::cputime::BusyClock;
 use crate::endpoint::Endpoint;
@@ -690,37 +691,76 @@ impl LocalEndpoint {
         out: &mut VerbResults,
         mut spares: Option<&mut crate::buffers::Spares<'_>>,
     ) -> Result<()> {
+        // `out` may hold an earlier batch's results (a pooled list, see
+        // `buffers::Spares::take_results`): entry `i` becomes verb `i`'s
+        // result, a read filling in place the buffer entry `i` holds, and
+        // what is left beyond the batch is given back at the end.
         let mut cache = self.regions.borrow();
-        for v in verbs.iter() {
+        for (i, v) in verbs.iter().enumerate() {
             let Verb::Read { addr, len } = v else {
                 // Writes and atomics: rarer, through the general path (which
                 // may fill the cache, so the borrow is let go meanwhile).
                 drop(cache);
                 let r = self.perform(v);
                 cache = self.regions.borrow();
-                out.push(r?);
+                put_result(&mut spares, out, i, r?);
                 continue;
             };
-            let mut buf = match spares.as_deref_mut() {
-                Some(s) => s.take(),
-                None => Vec::new(),
+            // The buffer to fill: entry `i`'s own if it is a read's, else a
+            // spare one put there first (an atomic's or write's entry holds
+            // nothing to free).
+            let buf = match out.get_mut(i) {
+                Some(VerbResult::Read(b)) => b,
+                _ => {
+                    let b = match spares.as_deref_mut() {
+                        Some(s) => s.take(),
+                        None => Vec::new(),
+                    };
+                    put_result(&mut spares, out, i, VerbResult::Read(b));
+                    match &mut out[i] {
+                        VerbResult::Read(b) => b,
+                        _ => unreachable!("a read's entry was just stored"),
+                    }
+                }
             };
             let done = match Self::cached(&cache, addr) {
-                Some(mem) => mem?.read_to_vec(addr.offset, *len, &mut buf),
+                Some(mem) => mem?.read_to_vec(addr.offset, *len, buf),
                 None => {
                     drop(cache);
-                    let r =
-                        self.with_region(addr, |mem| mem.read_to_vec(addr.offset, *len, &mut buf));
+                    let r = self.with_region(addr, |mem| mem.read_to_vec(addr.offset, *len, buf));
                     cache = self.regions.borrow();
                     r?
                 }
             };
             done.map_err(|e| e.at(addr))?;
-            out.push(VerbResult::Read(buf));
+        }
+        match spares {
+            Some(s) => s.truncate_results(out, verbs.len()),
+            None => out.truncate(verbs.len()),
         }
         Ok(())
     }
+}
 
+/// [`crate::buffers::Spares::put_result`], or a plain store or push without
+/// spares (thread teardown).
+#[inline]
+fn put_result(
+    spares: &mut Option<&mut crate::buffers::Spares<'_>>,
+    out: &mut VerbResults,
+    i: usize,
+    r: VerbResult,
+) {
+    match spares.as_deref_mut() {
+        Some(s) => s.put_result(out, i, r),
+        None => match out.get_mut(i) {
+            Some(e) => *e = r,
+            None => out.push(r),
+        },
+    }
+}
+
+impl LocalEndpoint {
     /// A read copied in random word-aligned pieces with yields in between, so
     /// that writers on other tasks and threads land in the middle of it.
     async fn torn_read(&self, addr: RemoteAddr, len: usize) -> Result<VerbResult> {
@@ -750,13 +790,27 @@ impl EndpointBackend for LocalEndpoint {
         self.node
     }
 
-    fn execute_now(&self, verbs: &mut Verbs, out: &mut VerbResults) -> Option<Result<()>> {
+    fn execute_now(
+        &self,
+        verbs: &mut Verbs,
+        out: &mut Option<PooledResults>,
+    ) -> Option<Result<()>> {
         // Only without injected faults (the flag alone, as in `execute`):
         // with faults, `execute` decides how the verbs run.
         if self.inner.faults_active.load(Ordering::Acquire) {
             return None;
         }
-        let done = crate::buffers::with_spares(|spares| self.run_verbs(verbs, out, spares));
+        // One access to the thread's spares for the result list and every
+        // read's buffer.
+        let done = crate::buffers::with_spares(|mut spares| {
+            let mut list = match spares.as_deref_mut() {
+                Some(s) => s.take_results(),
+                None => PooledResults::default(),
+            };
+            let done = self.run_verbs(verbs, &mut list, spares);
+            *out = Some(list);
+            done
+        });
         verbs.clear();
         Some(done)
     }
