@@ -95,13 +95,11 @@ type Regions = Arc<RwLock<HashMap<u32, RegionEntry>>>;
 type Tokens = Arc<RwLock<HashMap<u32, u64>>>;
 
 enum Cmd {
-    /// Make a worker of the loop's own for client process `client` (a
-    /// control connection from this host, served over shared memory), with
-    /// the loop's message handlers, and report its address (invariant 4).
-    AddClient {
-        client: u64,
-        done: Sender<std::result::Result<Vec<u8>, String>>,
-    },
+    /// Give the loop's spare worker (whose address the sender took from
+    /// `LoopShared::spare`) to client process `client` (a control
+    /// connection from this host, served over shared memory; invariant 4),
+    /// and make the next spare.
+    AddClient(u64),
     /// Drop client process `client`'s worker, with any session still on it
     /// (its process is gone).
     RemoveClient(u64),
@@ -155,6 +153,14 @@ pub(crate) struct LoopShared {
     /// These iterations never yield, so their wall time is their CPU time
     /// unless the thread lost its core in one (then it is too high).
     busy_ns: AtomicU64,
+    /// The address of a worker the loop made in advance (with its message
+    /// handlers) for the next client process on this host; taken by that
+    /// process's control thread, which then sends [`Cmd::AddClient`]. Made
+    /// in advance because the control thread must not wait for the loop: a
+    /// service running on a handler loop may itself open a session with
+    /// this node (ROLEX's memory nodes do), and the loop runs nothing else
+    /// meanwhile.
+    spare: Mutex<Option<Vec<u8>>>,
 }
 
 impl LoopShared {
@@ -174,6 +180,7 @@ impl LoopShared {
                 cpu_ns: AtomicU64::new(0),
                 charged_ns: AtomicU64::new(0),
                 busy_ns: AtomicU64::new(0),
+                spare: Mutex::new(None),
             }),
             cmd_rx,
             wake_rx,
@@ -297,44 +304,33 @@ impl NodeInner {
     }
 
     /// The workers client process `conn` (on this host, over shared memory)
-    /// reaches the loops through: made by every loop on its first session.
-    fn client_workers(&self, conn: &ServerConn) -> std::result::Result<ClientWorkers, String> {
+    /// reaches the loops through: each loop's spare, taken on its first
+    /// session without waiting for the loop. A loop that has no spare ready
+    /// (it is still making the next one) serves this process on its shared
+    /// worker, as it serves remote clients.
+    fn client_workers(&self, conn: &ServerConn) -> ClientWorkers {
         let mut workers = conn.workers.lock();
         if let Some(w) = &*workers {
-            return Ok(w.clone());
+            return w.clone();
         }
-        let answers: Vec<_> = self
+        let mut addresses: Vec<Vec<u8>> = self
             .loops()
-            .map(|l| {
-                let (tx, rx) = crossbeam_channel::bounded(1);
-                l.send_cmd(Cmd::AddClient {
-                    client: conn.id,
-                    done: tx,
-                });
-                rx
+            .zip(std::iter::once(&self.worker_address).chain(&self.handler_addresses))
+            .map(|(l, shared)| match l.spare.lock().take() {
+                Some(a) => {
+                    l.send_cmd(Cmd::AddClient(conn.id));
+                    a
+                }
+                None => shared.clone(),
             })
             .collect();
-        let mut addresses = Vec::with_capacity(answers.len());
-        for rx in answers {
-            match rx.recv_timeout(control::HANDSHAKE_TIMEOUT) {
-                Ok(Ok(a)) => addresses.push(a),
-                outcome => {
-                    // Those that made one drop it again.
-                    self.remove_client(conn.id);
-                    return Err(match outcome {
-                        Ok(Err(e)) => format!("a worker for the client: {e}"),
-                        _ => "the node is shutting down".to_string(),
-                    });
-                }
-            }
-        }
         let progress = addresses.remove(0);
         let w = ClientWorkers {
             progress,
             handlers: addresses,
         };
         *workers = Some(w.clone());
-        Ok(w)
+        w
     }
 }
 
@@ -889,8 +885,21 @@ fn serve_loop(
     let mut last_event = Instant::now();
     let mut empty_polls: u32 = 0;
     let mut iterations: u64 = 0;
+    // The worker the next client process on this host gets (see
+    // `LoopShared::spare`), made whenever there is none.
+    let mut spare: Option<Worker> = None;
     let mut stop = false;
     while !stop {
+        if spare.is_none() {
+            let made = Worker::new(worker.context())
+                .and_then(|w| w.address().map(|a| (w, a)))
+                .ok()
+                .filter(|(w, _)| install(w));
+            if let Some((w, a)) = made {
+                spare = Some(w);
+                *shared.spare.lock() = Some(a);
+            }
+        }
         let start = Instant::now();
         let mut busy = worker.progress();
         for c in clients.values() {
@@ -900,22 +909,11 @@ fn serve_loop(
         while let Ok(cmd) = cmd_rx.try_recv() {
             busy = true;
             match cmd {
-                Cmd::AddClient { client, done } => {
-                    let made = Worker::new(worker.context())
-                        .and_then(|w| w.address().map(|a| (w, a)))
-                        .map_err(|e| e.to_string())
-                        .and_then(|(w, a)| {
-                            if install(&w) {
-                                Ok((w, a))
-                            } else {
-                                Err("its message handlers".to_string())
-                            }
-                        });
-                    let _ = done.send(made.map(|(w, a)| {
+                Cmd::AddClient(client) => {
+                    if let Some(w) = spare.take() {
                         let efd = w.event_fd().ok();
                         clients.insert(client, ClientWorker { worker: w, efd });
-                        a
-                    }));
+                    }
                 }
                 Cmd::RemoveClient(client) => {
                     // Its sessions are normally closed already; any left
@@ -942,21 +940,16 @@ fn serve_loop(
                     host,
                     done,
                 } => {
-                    let from = match client {
-                        None => Ok(worker),
-                        Some(c) => clients
-                            .get(&c)
-                            .map(|c| &c.worker)
-                            .ok_or_else(|| "the client has no worker here".to_string()),
-                    };
+                    // The client process's own worker if this loop gave it
+                    // one (its `AddClient` came first), else the shared one.
+                    let client = client.filter(|c| clients.contains_key(c));
+                    let from = client.map_or(worker, |c| &clients[&c].worker);
                     // Shared memory where the client is on this host.
-                    let outcome = from.and_then(|w| {
-                        crate::shm::connect(w, &address, &host)
-                            .map(|(ep, _)| {
-                                sessions.insert(session, SessionEp { ep, client });
-                            })
-                            .map_err(|e| e.to_string())
-                    });
+                    let outcome = crate::shm::connect(from, &address, &host)
+                        .map(|(ep, _)| {
+                            sessions.insert(session, SessionEp { ep, client });
+                        })
+                        .map_err(|e| e.to_string());
                     if let Some(done) = done {
                         let _ = done.send(outcome);
                     }
@@ -1057,6 +1050,8 @@ fn serve_loop(
     drop(inflight);
     sessions.clear();
     clients.clear();
+    shared.spare.lock().take();
+    drop(spare);
     shared
         .cpu_ns
         .store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);
@@ -1157,19 +1152,8 @@ fn handle_frame(
             // A client on this host that shared memory reaches gets workers
             // of its own in every loop (invariant 4); others share the
             // loops' workers.
-            let private = if crate::shm::same_host(&node.ctx, &host) {
-                match node.client_workers(conn) {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        let mut w = WireWriter::new();
-                        w.u64(rid).u8(control::DENIED_OTHER).str(&e);
-                        return control::write_frame(&conn.stream, control::DENIED, &w.finish())
-                            .map_err(|_| ());
-                    }
-                }
-            } else {
-                None
-            };
+            let private =
+                crate::shm::same_host(&node.ctx, &host).then(|| node.client_workers(conn));
             let client = private.as_ref().map(|_| conn.id);
             let session = node.next_session.fetch_add(1, Ordering::Relaxed);
             let token: u64 = rand::random();
