@@ -304,7 +304,13 @@ impl Provider {
                 }
                 let mut m = f.meta.lock();
                 let copies = m.copies_served;
-                let d = m.dir.as_mut().expect("a directed page has an entry");
+                let Some(d) = m.dir.as_mut() else {
+                    // Handed over meanwhile (a leave): the successor
+                    // directs the page now; our copy stays as it was.
+                    drop(m);
+                    Self::unlatch(node, *fi);
+                    continue;
+                };
                 // The SSD now has our (latched, unchanged) copy. It is the
                 // page's content only if no conflict grant happened while we
                 // wrote (shared joins do not change content; any grant that
