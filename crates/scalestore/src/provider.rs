@@ -190,10 +190,10 @@ impl Provider {
         for (fi, pid) in candidates {
             if node.directs(pid) {
                 local.push((fi, pid));
-            } else if let Some(h) = node.host_of(pid.shard()) {
-                if h != node.index {
-                    remote.entry(h).or_default().push((fi, pid));
-                }
+            } else if let Some(h) = node.host_of(pid.shard())
+                && h != node.index
+            {
+                remote.entry(h).or_default().push((fi, pid));
             }
         }
         let mut evicted = self.evict_local(node, local).await;
