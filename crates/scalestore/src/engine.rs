@@ -831,6 +831,7 @@ fn stats_json(shared: &Shared) -> serde_json::Value {
         "evictions": sum(&|n| ld(&n.stats.evictions)),
         "evictions_declined": sum(&|n| ld(&n.stats.evict_declined)),
         "eviction_batches": sum(&|n| ld(&n.stats.evict_batches)),
+        "evict_writes_kept_dirty": sum(&|n| ld(&n.stats.evict_writes_kept_dirty)),
         "dirty_pages_pulled": sum(&|n| ld(&n.stats.pulled)),
         "restarts": sum(&|n| ld(&n.stats.restarts)),
         "latch_waits": sum(&|n| ld(&n.stats.latch_waits)),

@@ -151,6 +151,9 @@ pub struct Counters {
     pub evictions: AtomicU64,
     pub evict_declined: AtomicU64,
     pub evict_batches: AtomicU64,
+    /// Provider SSD writes whose page stayed dirty because a reader still
+    /// held it shared when the write finished (invariant 17).
+    pub evict_writes_kept_dirty: AtomicU64,
     pub restarts: AtomicU64,
     /// Fixes that waited on a frame's latch waiter list (the page here but
     /// latched against them, or a parked remote move going first).

@@ -76,20 +76,22 @@ impl Provider {
         }
         let threshold = self.threshold(node);
         let want = Self::target(node).saturating_sub(node.free_slots()).max(1) * 2;
-        let mut victims = Vec::new();
+        // Candidates are only looked at here; each is latched just before
+        // its own step (invariant 17).
+        let mut candidates = Vec::new();
         let mut scanned = 0u32;
-        while victims.len() < want && scanned < high {
+        while candidates.len() < want && scanned < high {
             let fi = self.cursor % high;
             self.cursor = self.cursor.wrapping_add(1);
             scanned += 1;
             if node.frames.frame(fi).lru.load(Ordering::Relaxed) > threshold {
                 continue;
             }
-            if let Some(v) = Self::latch_victim(node, fi, |_| true) {
-                victims.push(v);
+            if let Some(pid) = Self::candidate(node, fi, |_| true) {
+                candidates.push((fi, pid));
             }
         }
-        let evicted = self.evict(node, ep, victims).await;
+        let evicted = self.evict(node, ep, candidates).await;
         self.evicted_since_bump += evicted;
         if self.evicted_since_bump * 10 >= node.cfg.pages {
             node.global_epoch.fetch_add(1, Ordering::Relaxed);
@@ -99,21 +101,32 @@ impl Provider {
         true
     }
 
-    /// Latches frame `fi` exclusively if it holds an evictable copy of a
-    /// page `filter` accepts.
-    fn latch_victim(node: &ScaleNode, fi: u32, filter: impl Fn(Pid) -> bool) -> Option<Victim> {
+    /// Frame `fi`'s page if the frame looks evictable and `filter` accepts
+    /// the page (read without the latch: [`Provider::latch_victim`] checks
+    /// again).
+    fn candidate(node: &ScaleNode, fi: u32, filter: impl Fn(Pid) -> bool) -> Option<Pid> {
         let f = node.frames.frame(fi);
         let l = f.local();
+        let pid = f.pid();
         if l.mode == Possession::None
             || l.slot == NONE
             || l.waiting
             || l.parked
             || l.fresh
             || f.latch.is_latched()
-            || !filter(f.pid())
+            || pid == Pid::EMPTY
+            || !filter(pid)
         {
             return None;
         }
+        Some(pid)
+    }
+
+    /// Latches frame `fi` exclusively if it still holds an evictable copy
+    /// of `want`.
+    fn latch_victim(node: &ScaleNode, fi: u32, want: Pid) -> Option<Victim> {
+        let f = node.frames.frame(fi);
+        Self::candidate(node, fi, |p| p == want)?;
         if !f.latch.try_exclusive() {
             return None;
         }
@@ -125,7 +138,7 @@ impl Provider {
             || m.awaiting != Awaiting::No
             || !m.parked.is_empty()
             || m.phantom
-            || pid == Pid::EMPTY
+            || pid != want
         {
             drop(m);
             f.latch.unlock_exclusive();
@@ -162,27 +175,37 @@ impl Provider {
         epochs[k]
     }
 
-    /// Evicts latched victims; returns how many copies were dropped.
-    async fn evict(&mut self, node: &ScaleNode, ep: &Endpoint, victims: Vec<Victim>) -> usize {
+    /// Evicts the candidates' copies; returns how many were dropped. Each
+    /// frame is latched only for its own step: a local one for its own
+    /// decision or its shard's write, a remote batch for its own message
+    /// (invariant 17).
+    async fn evict(
+        &mut self,
+        node: &ScaleNode,
+        ep: &Endpoint,
+        candidates: Vec<(u32, Pid)>,
+    ) -> usize {
         let mut local = Vec::new();
-        let mut remote: BTreeMap<u8, Vec<Victim>> = BTreeMap::new();
-        for v in victims {
-            if node.directs(v.pid) {
-                local.push(v);
-            } else {
-                match node.host_of(v.pid.shard()) {
-                    Some(h) if h != node.index => remote.entry(h).or_default().push(v),
-                    _ => Self::unlatch(node, v.fi),
-                }
+        let mut remote: BTreeMap<u8, Vec<(u32, Pid)>> = BTreeMap::new();
+        for (fi, pid) in candidates {
+            if node.directs(pid) {
+                local.push((fi, pid));
+            } else if let Some(h) = node.host_of(pid.shard())
+                && h != node.index
+            {
+                remote.entry(h).or_default().push((fi, pid));
             }
         }
         let mut evicted = self.evict_local(node, local).await;
         for (host, list) in remote {
-            let mut list = list;
-            while !list.is_empty() {
-                let rest = list.split_off(list.len().min(EVICT_BATCH));
-                evicted += self.evict_remote(node, ep, host, list).await;
-                list = rest;
+            for chunk in list.chunks(EVICT_BATCH) {
+                let batch: Vec<Victim> = chunk
+                    .iter()
+                    .filter_map(|&(fi, pid)| Self::latch_victim(node, fi, pid))
+                    .collect();
+                if !batch.is_empty() {
+                    evicted += self.evict_remote(node, ep, host, batch).await;
+                }
             }
         }
         evicted
@@ -193,13 +216,24 @@ impl Provider {
         node.released(fi);
     }
 
-    /// Evicts copies of pages this node directs (frames latched).
-    async fn evict_local(&mut self, node: &ScaleNode, victims: Vec<Victim>) -> usize {
+    fn unlatch_shared(node: &ScaleNode, fi: u32) {
+        node.frames.frame(fi).latch.unlock_shared();
+        node.released(fi);
+    }
+
+    /// Evicts copies of pages this node directs. Each frame is latched
+    /// exclusively for its decision; a dirty sole copy then stays latched
+    /// shared (readers and copies go on, nobody writes it) until its
+    /// shard's write batch is done.
+    async fn evict_local(&mut self, node: &ScaleNode, candidates: Vec<(u32, Pid)>) -> usize {
         let me = node.index;
         // (frame, slot, page, conflict epoch when the write was decided)
         let mut writes: BTreeMap<u8, Vec<(u32, u64, AlignedPage, u64)>> = BTreeMap::new();
         let mut done = 0;
-        for v in victims {
+        for (fi, pid) in candidates {
+            let Some(v) = Self::latch_victim(node, fi, pid) else {
+                continue;
+            };
             let f = node.frames.frame(v.fi);
             let mut m = f.meta.lock();
             let copies = m.copies_served;
@@ -229,7 +263,12 @@ impl Provider {
                     .entry(v.pid.shard())
                     .or_default()
                     .push((v.fi, v.pid.slot(), page, epoch));
-                continue; // stays latched until written
+                drop(m);
+                // Shared until written (invariant 17): no local worker can
+                // write the page, readers and copies to others go on.
+                f.latch.downgrade_exclusive_to_shared();
+                node.released(v.fi);
+                continue;
             }
             // Other nodes hold it too (§4.2: "the directory can evict the
             // page immediately"), or it is clean.
@@ -243,7 +282,7 @@ impl Provider {
         for (shard, list) in writes {
             let Some(s) = node.shard(shard) else {
                 for (fi, _, _, _) in list {
-                    Self::unlatch(node, fi);
+                    Self::unlatch_shared(node, fi);
                 }
                 continue;
             };
@@ -252,9 +291,26 @@ impl Provider {
             let ok = s.file.write_batch_async(&batch).await.is_ok();
             for (fi, _, _, epoch) in &list {
                 let f = node.frames.frame(*fi);
+                // Only as the latch's sole holder may we clear `dirty`: a
+                // worker that holds the page exclusively writes it without
+                // asking the directory again, so once we let go of the
+                // latch a page whose entry says clean could be changed and
+                // then dropped clean. A reader still holding it shared
+                // costs the write (the page stays dirty for a later round).
+                if !f.latch.try_upgrade_shared_to_exclusive() {
+                    Counters::add(&node.stats.evict_writes_kept_dirty, 1);
+                    Self::unlatch_shared(node, *fi);
+                    continue;
+                }
                 let mut m = f.meta.lock();
                 let copies = m.copies_served;
-                let d = m.dir.as_mut().expect("a directed page has an entry");
+                let Some(d) = m.dir.as_mut() else {
+                    // Handed over meanwhile (a leave): the successor
+                    // directs the page now; our copy stays as it was.
+                    drop(m);
+                    Self::unlatch(node, *fi);
+                    continue;
+                };
                 // The SSD now has our (latched, unchanged) copy. It is the
                 // page's content only if no conflict grant happened while we
                 // wrote (shared joins do not change content; any grant that
@@ -345,13 +401,13 @@ impl Provider {
         ep: &Endpoint,
         filter: impl Fn(Pid) -> bool,
     ) -> Result<usize, KvError> {
-        let mut victims = Vec::new();
+        let mut candidates = Vec::new();
         for fi in 0..node.frames.high_water() {
-            if let Some(v) = Self::latch_victim(node, fi, &filter) {
-                victims.push(v);
+            if let Some(pid) = Self::candidate(node, fi, &filter) {
+                candidates.push((fi, pid));
             }
         }
-        let evicted = self.evict(node, ep, victims).await;
+        let evicted = self.evict(node, ep, candidates).await;
         Counters::add(&node.stats.evictions, evicted as u64);
         let mut held = 0;
         for fi in 0..node.frames.high_water() {
