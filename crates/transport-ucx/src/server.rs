@@ -21,9 +21,12 @@
 //!
 //! Invariant 4 (numbering as in `docs/ucx.md`): a client process that
 //! reaches the node over shared memory sends into workers that the serving
-//! loops made for it alone (one per loop, made on its first session,
-//! destroyed when its control connection ends), never into a worker other
-//! processes send to. UCX's shared-memory transports deliver through one
+//! loops made for it alone (one per loop: the loop's spare, made in advance
+//! and taken on the process's first session; destroyed when its control
+//! connection ends), never into a worker other processes send to. One gap:
+//! a loop whose spare is not ready yet (two processes' first sessions in
+//! quick succession, or a failed worker creation) serves that process on
+//! its shared worker, as it serves remote clients. UCX's shared-memory transports deliver through one
 //! FIFO per receiving worker, written by every sender; a sender killed
 //! between reserving an element and marking it written blocks that FIFO
 //! for good, so it may only ever block its own workers (`docs/ucx.md`, *A
