@@ -11,12 +11,29 @@ fn dmkv(args: &[&str]) -> (i32, String, String) {
     (o.code, o.out, o.err)
 }
 
-/// A fresh directory under the system's temporary directory.
-fn scratch(name: &str) -> PathBuf {
+/// A fresh directory under the system's temporary directory, removed when
+/// the test is done with it (also when the test fails: a failed assertion
+/// unwinds through the drop), so test runs do not fill the disk.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("dmkv-repro-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 const TINY: &str = r#"

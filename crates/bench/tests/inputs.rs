@@ -13,12 +13,25 @@ fn data(file: &str) -> PathBuf {
         .join(file)
 }
 
-fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+/// A file under the system's temporary directory, removed (with its
+/// directory once empty) when the test drops it.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir(dir); // fails while other files remain
+        }
+    }
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> TempFile {
     let dir = std::env::temp_dir().join(format!("dmkv-bench-inputs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
-    p
+    TempFile(p)
 }
 
 fn sosd_bytes(keys: &[u64]) -> Vec<u8> {
@@ -102,7 +115,7 @@ fn sosd_files_parse_dedupe_and_fail_clearly() {
         "keys.sosd",
         &sosd_bytes(&[10, 10, 20, 30, 40, 40, 50, u64::MAX]),
     );
-    let spec = KeysetSpec::Sosd(file.clone());
+    let spec = KeysetSpec::Sosd(file.0.clone());
     let keys = keyset::generate(&spec, 5, &[u64::MAX], 1).unwrap();
     let mut sorted = keys.clone();
     sorted.sort_unstable();
@@ -117,7 +130,7 @@ fn sosd_files_parse_dedupe_and_fail_clearly() {
         .to_string();
     assert!(e.contains("cannot read /no/such/file"), "{e}");
     let bad = temp_file("bad.sosd", b"not a key file at all");
-    let e = keyset::generate(&KeysetSpec::Sosd(bad), 1, &[], 1)
+    let e = keyset::generate(&KeysetSpec::Sosd(bad.0.clone()), 1, &[], 1)
         .unwrap_err()
         .to_string();
     assert!(e.contains("not a SOSD key file"), "{e}");
