@@ -26,6 +26,7 @@
 use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString, c_void};
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -114,22 +115,28 @@ fn check(status: ucs_status_t, what: &'static str) -> Result<(), UcxError> {
 }
 
 /// What a `ucs_status_ptr_t` says (the `UCS_PTR_IS_ERR` / `UCS_PTR_IS_PTR`
-/// macros of `ucs/type/status.h`).
+/// macros of `ucs/type/status.h`). Every value a `ucp_*_nbx` call returns
+/// goes through this before anything else looks at it: only `Pending`
+/// carries a request, and it is never null, so no error code or null
+/// pointer can reach `ucp_request_check_status` or `ucp_request_free`
+/// (invariant 5, `docs/ucx.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StatusPtr {
     Done,
-    Pending(*mut c_void),
+    Pending(NonNull<c_void>),
     Failed(i8),
 }
 
 fn status_ptr(p: *mut c_void) -> StatusPtr {
     let v = p as usize;
     let last = ucs_status_t::UCS_ERR_LAST.0 as isize as usize;
-    if v == 0 {
-        StatusPtr::Done
-    } else if v >= last {
+    if v >= last {
         StatusPtr::Failed(v as isize as i8)
     } else {
-        StatusPtr::Pending(p)
+        match NonNull::new(p) {
+            None => StatusPtr::Done,
+            Some(req) => StatusPtr::Pending(req),
+        }
     }
 }
 
@@ -587,15 +594,22 @@ impl Worker {
     /// [`Ep::abandon`].
     pub fn connect(&self, remote_address: &[u8], mode: ErrorMode) -> Result<Ep, UcxError> {
         let failed = Box::new(Cell::new(0i8));
+        // Only an endpoint with peer error handling gets an error callback:
+        // one without is never closed by us (see `EpInner::drop`), so UCX
+        // must keep no pointer into memory we free.
+        let (err_mode, handler_field) = match mode {
+            ErrorMode::Peer => (
+                sys::UCP_ERR_HANDLING_MODE_PEER,
+                sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            ),
+            ErrorMode::None => (sys::UCP_ERR_HANDLING_MODE_NONE, 0),
+        };
         let params = sys::ucp_ep_params_t {
             field_mask: (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+                | handler_field) as u64,
             address: remote_address.as_ptr().cast(),
-            err_mode: match mode {
-                ErrorMode::Peer => sys::UCP_ERR_HANDLING_MODE_PEER,
-                ErrorMode::None => sys::UCP_ERR_HANDLING_MODE_NONE,
-            },
+            err_mode,
             err_handler: sys::ucp_err_handler_t {
                 cb: Some(ep_error),
                 arg: &*failed as *const Cell<i8> as *mut c_void,
@@ -605,8 +619,9 @@ impl Worker {
         let mut h: sys::ucp_ep_h = std::ptr::null_mut();
         // SAFETY: the worker is live; `remote_address` is a worker address a
         // peer sent us (UCP validates what it parses; a malformed address is
-        // an error status); the error-handler argument points into a box the
-        // Ep owns until the ep is closed.
+        // an error status); the error-handler argument (given to UCX only
+        // with peer error handling) points into a box the Ep owns until the
+        // ep is closed, or leaks if UCX refuses to close it.
         check(
             unsafe { sys::ucp_ep_create(self.inner.h, &params, &mut h) },
             "ucp_ep_create",
@@ -615,7 +630,8 @@ impl Worker {
             inner: Rc::new(EpInner {
                 worker: self.clone(),
                 h,
-                failed,
+                mode,
+                failed: Some(failed),
                 abandoned: Cell::new(false),
             }),
         })
@@ -642,7 +658,10 @@ unsafe extern "C" fn ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: ucs_
 struct EpInner {
     worker: Worker,
     h: sys::ucp_ep_h,
-    failed: Box<Cell<i8>>,
+    mode: ErrorMode,
+    /// Where [`ep_error`] records a peer failure (`None` only once leaked,
+    /// in `drop`).
+    failed: Option<Box<Cell<i8>>>,
     /// Set by [`Ep::abandon`]: the peer is known to be gone, so an operation
     /// still in flight when it is dropped is leaked instead of awaited.
     abandoned: Cell<bool>,
@@ -650,6 +669,16 @@ struct EpInner {
 
 impl Drop for EpInner {
     fn drop(&mut self) {
+        if self.mode == ErrorMode::None {
+            // UCX 1.13 refuses to close an endpoint without peer error
+            // handling with FORCE (`UCS_ERR_INVALID_PARAM`, seen here), and
+            // a flushing close could wait forever for a dead peer whose
+            // shared-memory FIFO is full. So it is left open, and
+            // `ucp_worker_destroy` destroys it with its worker (its lanes
+            // are shared memory only, `crate::shm`: nothing reaches the
+            // peer). It has no error callback (`Worker::connect`).
+            return;
+        }
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
             flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
@@ -658,28 +687,53 @@ impl Drop for EpInner {
         // SAFETY: the ep is live and closed once. Every Rkey and Op of this ep
         // holds an `Rc<EpInner>`, so none is left. FORCE (no flush with the
         // peer, which may be dead) is what UCP allows with peer error
-        // handling; an `ErrorMode::None` ep is used only when every lane is
-        // shared memory (see `crate::shm`), where closing is local to this
-        // process and the peer sees no transport error.
+        // handling.
         let p = unsafe { sys::ucp_ep_close_nbx(self.h, &param) };
-        if let StatusPtr::Pending(req) = status_ptr(p) {
-            wait_request(&self.worker, req);
+        match status_ptr(p) {
+            StatusPtr::Done => {}
+            // The worker lives: this ep holds it.
+            StatusPtr::Pending(req) => {
+                wait_request(&self.worker, req);
+            }
+            // Refused: no request to wait for, and the ep stays open until
+            // its worker is destroyed, so its error callback may still run:
+            // its flag must outlive us.
+            StatusPtr::Failed(_) => {
+                if let Some(flag) = self.failed.take() {
+                    Box::leak(flag);
+                }
+            }
         }
     }
 }
 
-/// Drives `worker` until `req` completes, then frees it.
-fn wait_request(worker: &Worker, req: *mut c_void) -> i8 {
+/// Drives `worker` until `req` completes, then frees it. `req` came from a
+/// `Pending` [`status_ptr`] of a call on `worker` (so it is a request, not
+/// null and not an error code), and the caller holds `worker`, so the
+/// worker lives while it is waited on.
+fn wait_request(worker: &Worker, req: NonNull<c_void>) -> i8 {
     loop {
-        // SAFETY: `req` is a live request of this worker, not yet freed.
-        let s = unsafe { sys::ucp_request_check_status(req) };
-        if s != ucs_status_t::UCS_INPROGRESS {
-            // SAFETY: completed, freed once.
-            unsafe { sys::ucp_request_free(req) };
-            return s.0;
+        if let Some(s) = request_status(req) {
+            return s;
         }
         worker.progress();
     }
+}
+
+/// The status of a pending request: `None` while it is in progress; once it
+/// has completed, frees it and returns its status (0 = ok). The caller must
+/// not use `req` again after `Some`.
+fn request_status(req: NonNull<c_void>) -> Option<i8> {
+    // SAFETY: `req` is a live request (a `Pending` status pointer, never
+    // null or an error code, not yet freed: it is freed below, once, and
+    // callers drop it after `Some`); its worker is alive (callers hold it).
+    let s = unsafe { sys::ucp_request_check_status(req.as_ptr()) };
+    if s == ucs_status_t::UCS_INPROGRESS {
+        return None;
+    }
+    // SAFETY: completed; freed once (see above).
+    unsafe { sys::ucp_request_free(req.as_ptr()) };
+    Some(s.0)
 }
 
 /// An endpoint to a remote worker.
@@ -696,59 +750,65 @@ enum Buffers {
     Words(Box<[u64; 2]>),
 }
 
+/// Where an [`Op`] is: its request in flight, or finished with a status.
+/// An op is never built around an error-coded or null status pointer.
+#[derive(Debug, Clone, Copy)]
+enum OpState {
+    InFlight(NonNull<c_void>),
+    /// Completed (0 = ok, else the UCS status).
+    Done(i8),
+}
+
 /// One posted operation. It completes during the worker's progress;
 /// [`Op::poll`] reports whether it has. Dropping an unfinished op drives the
 /// worker until it completes (UCP may still write into its buffers).
 pub struct Op {
     ep: Rc<EpInner>,
-    req: Cell<*mut c_void>,
-    status: Cell<i8>,
-    done: Cell<bool>,
+    state: Cell<OpState>,
     bufs: Buffers,
 }
 
 impl Op {
+    /// Wraps what a `ucp_*_nbx` call on `ep` returned. An error status means
+    /// UCP made no request and keeps no pointer into `bufs`: it is returned
+    /// as the error (a call on an endpoint whose peer UCX already marked
+    /// failed ends here) and the buffers are freed at once. Until this was
+    /// checked first, a half-built op holding no request was dropped here
+    /// and its drop waited on a null request: SIGSEGV in
+    /// `ucp_request_check_status` (`docs/ucx.md`, *A crash after a memory
+    /// node was killed*).
     fn start(ep: &Ep, p: *mut c_void, bufs: Buffers, what: &'static str) -> Result<Op, UcxError> {
-        let op = Op {
-            ep: ep.inner.clone(),
-            req: Cell::new(std::ptr::null_mut()),
-            status: Cell::new(0),
-            done: Cell::new(false),
-            bufs,
+        let state = match status_ptr(p) {
+            StatusPtr::Done => OpState::Done(0),
+            StatusPtr::Pending(r) => OpState::InFlight(r),
+            StatusPtr::Failed(s) => return Err(UcxError { status: s, what }),
         };
-        match status_ptr(p) {
-            StatusPtr::Done => op.done.set(true),
-            StatusPtr::Pending(r) => op.req.set(r),
-            StatusPtr::Failed(s) => {
-                return Err(UcxError { status: s, what });
-            }
-        }
-        Ok(op)
+        Ok(Op {
+            ep: ep.inner.clone(),
+            state: Cell::new(state),
+            bufs,
+        })
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(self.state.get(), OpState::Done(_))
     }
 
     /// Whether the operation has completed (then `Some(status)`, 0 = ok).
     pub fn poll(&self) -> Option<i8> {
-        if self.done.get() {
-            return Some(self.status.get());
+        match self.state.get() {
+            OpState::Done(s) => Some(s),
+            OpState::InFlight(req) => {
+                let s = request_status(req)?;
+                self.state.set(OpState::Done(s));
+                Some(s)
+            }
         }
-        let req = self.req.get();
-        // SAFETY: `req` is a live request of this op's worker, not yet freed
-        // (it is freed right below, once, when it completes).
-        let s = unsafe { sys::ucp_request_check_status(req) };
-        if s == ucs_status_t::UCS_INPROGRESS {
-            return None;
-        }
-        // SAFETY: completed; freed once.
-        unsafe { sys::ucp_request_free(req) };
-        self.req.set(std::ptr::null_mut());
-        self.done.set(true);
-        self.status.set(s.0);
-        Some(s.0)
     }
 
     /// The bytes of a completed get.
     pub fn take_bytes(&mut self) -> Vec<u8> {
-        assert!(self.done.get(), "op still in flight");
+        assert!(self.is_done(), "op still in flight");
         match std::mem::replace(&mut self.bufs, Buffers::None) {
             Buffers::Bytes(b) => b,
             _ => Vec::new(),
@@ -757,7 +817,7 @@ impl Op {
 
     /// The word a completed atomic returned.
     pub fn reply_word(&self) -> u64 {
-        assert!(self.done.get(), "op still in flight");
+        assert!(self.is_done(), "op still in flight");
         match &self.bufs {
             Buffers::Words(w) => w[1],
             _ => 0,
@@ -767,21 +827,21 @@ impl Op {
 
 impl Drop for Op {
     fn drop(&mut self) {
-        if self.done.get() {
+        let OpState::InFlight(req) = self.state.get() else {
+            return;
+        };
+        if self.ep.abandoned.get() {
+            if self.poll().is_none() {
+                // The peer is gone and UCX will not tell (no peer error
+                // handling): waiting could last forever (a send queued
+                // behind a full shared-memory FIFO nobody reads). Leak the
+                // request and its buffers instead, so nothing UCP may still
+                // touch is freed.
+                std::mem::forget(std::mem::replace(&mut self.bufs, Buffers::None));
+            }
             return;
         }
-        if self.ep.abandoned.get() && self.poll().is_none() {
-            // The peer is gone and UCX will not tell (no peer error
-            // handling): waiting could last forever (a send queued behind
-            // a full shared-memory FIFO nobody reads). Leak the request and
-            // its buffers instead, so nothing UCP may still touch is freed.
-            std::mem::forget(std::mem::replace(&mut self.bufs, Buffers::None));
-            return;
-        }
-        if !self.done.get() {
-            let req = self.req.get();
-            wait_request(&self.ep.worker, req);
-        }
+        wait_request(&self.ep.worker, req);
     }
 }
 
@@ -803,7 +863,7 @@ impl Ep {
 
     /// The status UCX reported for this endpoint's peer, if it failed.
     pub fn failed(&self) -> Option<i8> {
-        match self.inner.failed.get() {
+        match self.inner.failed.as_ref().map_or(0, |f| f.get()) {
             0 => None,
             s => Some(s),
         }

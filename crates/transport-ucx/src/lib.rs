@@ -42,6 +42,8 @@ mod cluster;
 mod control;
 #[cfg(test)]
 mod dead_client;
+#[cfg(test)]
+mod dead_peer;
 pub mod deploy;
 mod ffi;
 mod server;
