@@ -282,9 +282,22 @@ fn an_eviction_whose_pulled_page_goes_to_the_ssd_does_not_hold_the_handler() {
     {
         let m = f0.meta.lock();
         let dir = m.dir.as_ref().unwrap();
-        assert_eq!((dir.owners, dir.dirty, dir.evicting), (Owners::None, false, false));
+        assert_eq!(
+            (dir.owners, dir.dirty, dir.evicting),
+            (Owners::None, false, false)
+        );
     }
     let w2 = worker(&nodes[2]);
-    let back = block_on(async { SharedGuard::fix(&w2, pid).await.unwrap().page().word(0).unwrap() });
-    assert_eq!(back, 42, "the pulled page is on node 0's SSD with the update");
+    let back = block_on(async {
+        SharedGuard::fix(&w2, pid)
+            .await
+            .unwrap()
+            .page()
+            .word(0)
+            .unwrap()
+    });
+    assert_eq!(
+        back, 42,
+        "the pulled page is on node 0's SSD with the update"
+    );
 }
