@@ -60,8 +60,11 @@ pub struct EvictWrite {
     /// The batch's answer so far (the pulled pages are not accepted yet).
     pub accepted: Vec<bool>,
     /// The pulled pages, per shard.
-    pub pages: Vec<(Arc<Shard>, Vec<PulledPage>)>,
+    pub pages: PulledPages,
 }
+
+/// Pulled pages, per shard (one write batch each).
+pub type PulledPages = Vec<(Arc<Shard>, Vec<PulledPage>)>;
 
 /// A dirty last copy pulled by an eviction, on its way to the SSD (its
 /// entry is `evicting` until written).
@@ -878,7 +881,7 @@ impl ScaleNode {
         entries: &[EvictEntry],
         pulls: &[(usize, u32)],
         accepted: &mut [bool],
-    ) -> Result<Option<Vec<(Arc<Shard>, Vec<PulledPage>)>>, KvError> {
+    ) -> Result<Option<PulledPages>, KvError> {
         let member = self.member(from);
         let read = match member {
             Some(member) => {
