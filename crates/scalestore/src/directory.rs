@@ -33,6 +33,7 @@ use crate::ssd::AlignedPage;
 use dmkv_api::KvError;
 use dmkv_transport::Responder;
 use dmkv_transport::exec::block_on_network;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 /// An ownership request as the directory sees it.
@@ -43,6 +44,38 @@ pub struct OwnRequest {
     pub want: Want,
     pub retry: bool,
     pub offset: u64,
+}
+
+/// What an eviction batch came to.
+pub enum Evicted {
+    /// Decided: answer now.
+    Reply(EvictReply),
+    /// Dirty last copies were pulled and go to the SSD: the SSD completer
+    /// writes them and answers the batch (`ScaleNode::submit_evict_write`).
+    Writing(EvictWrite),
+}
+
+/// An eviction batch waiting for the SSD write of the pages it pulled.
+pub struct EvictWrite {
+    /// The batch's answer so far (the pulled pages are not accepted yet).
+    pub accepted: Vec<bool>,
+    /// The pulled pages, per shard.
+    pub pages: PulledPages,
+}
+
+/// Pulled pages, per shard (one write batch each).
+pub type PulledPages = Vec<(Arc<Shard>, Vec<PulledPage>)>;
+
+/// A dirty last copy pulled by an eviction, on its way to the SSD (its
+/// entry is `evicting` until written).
+pub struct PulledPage {
+    /// Its index in the eviction batch.
+    pub entry: usize,
+    pub fi: u32,
+    pub pid: Pid,
+    /// The entry's conflict epoch when it was pulled.
+    pub epoch: u64,
+    pub page: AlignedPage,
 }
 
 /// The outcome of an ownership request.
@@ -623,6 +656,13 @@ impl ScaleNode {
                 };
                 responder.reply(r);
             }
+            Work::Evict(w) => {
+                // A failed write declines the pulled pages (their evicter
+                // keeps its copy), never answers an error for the batch:
+                // the pages decided without a write are decided.
+                let answer = self.finish_evict_write(w, res.is_ok());
+                responder.reply(Ok(answer));
+            }
             Work::Grant {
                 pid,
                 to,
@@ -701,13 +741,16 @@ impl ScaleNode {
     /// `from` still owns it at the epoch it sent (owner stability) and has
     /// served every copy the directory told others to take from it; dirty
     /// pages whose last copy goes are pulled by one batched one-sided read
-    /// into this node's cache (or, if it has no room, straight to the SSD).
-    pub fn handle_evict(&self, from: u8, entries: &[EvictEntry]) -> Result<EvictReply, KvError> {
+    /// into this node's cache (or, if it has no room, to the SSD: then the
+    /// batch is answered by the SSD completer once they are written,
+    /// [`Evicted::Writing`], so the handler does not wait for the device;
+    /// invariant 16).
+    pub fn handle_evict(&self, from: u8, entries: &[EvictEntry]) -> Result<Evicted, KvError> {
         if let Some(e) = entries.first()
             && self.shard(e.pid.shard()).is_none()
             && let Some(h) = self.host_of(e.pid.shard()).filter(|h| *h != self.index)
         {
-            return Ok(EvictReply::Moved(h));
+            return Ok(Evicted::Reply(EvictReply::Moved(h)));
         }
         let mut accepted = vec![false; entries.len()];
         let mut pulls: Vec<(usize, u32)> = Vec::new();
@@ -727,6 +770,14 @@ impl ScaleNode {
             let f = self.frames.frame(fi);
             let mut m = f.meta.lock();
             if f.pid() != e.pid {
+                continue;
+            }
+            // Again under the entry's mutex (invariant 18): a leaver that
+            // froze the shard after the look above may have read this
+            // entry for its successor already; deciding now would change
+            // an entry that is no longer the one handed over.
+            if shard.frozen.load(Ordering::SeqCst) {
+                Counters::add(&self.stats.evict_declined, 1);
                 continue;
             }
             let Some(d) = m.dir.as_mut() else { continue };
@@ -758,21 +809,79 @@ impl ScaleNode {
                 }
             }
         }
-        if !pulls.is_empty() {
-            self.pull(from, entries, &pulls, &mut accepted)?;
+        if !pulls.is_empty()
+            && let Some(pages) = self.pull(from, entries, &pulls, &mut accepted)?
+        {
+            return Ok(Evicted::Writing(EvictWrite { accepted, pages }));
         }
-        Ok(EvictReply::Decided(accepted))
+        Ok(Evicted::Reply(EvictReply::Decided(accepted)))
+    }
+
+    /// Hands the SSD write of an eviction batch's pulled pages, with the
+    /// batch's responder, to the SSD completer, which answers the batch
+    /// once they are written ([`Self::finish_evict_write`]).
+    pub fn submit_evict_write(&self, w: EvictWrite, responder: Responder) {
+        let shard = w.pages[0].0.clone();
+        self.ssd_jobs.push(crate::ssdio::Job::new(
+            shard,
+            crate::ssdio::Work::Evict(w),
+            responder,
+        ));
+    }
+
+    /// The pulled pages of an eviction batch are written (`ok`) or not:
+    /// under each entry's mutex the entry stops `evicting`; written, the
+    /// page is only on the SSD, clean, and accepted; not written, the
+    /// evicter keeps its copy (declined) and the entry is as before the
+    /// pull. Requests held meanwhile are answered. Returns the batch's
+    /// answer.
+    pub fn finish_evict_write(&self, w: EvictWrite, ok: bool) -> Vec<u8> {
+        let EvictWrite {
+            mut accepted,
+            pages,
+        } = w;
+        let mut out = Vec::new();
+        for (_, list) in &pages {
+            for p in list {
+                let f = self.frames.frame(p.fi);
+                let mut m = f.meta.lock();
+                // The frame cannot have been removed or reused: an entry
+                // that is `evicting` is not idle.
+                let Some(d) = m.dir.as_mut().filter(|_| f.pid() == p.pid) else {
+                    continue;
+                };
+                d.evicting = false;
+                // While `evicting`, nothing was granted (every request was
+                // held), so the epoch is the one the pull saw and the page
+                // written is the page's content (invariant 17's rule:
+                // nothing modified since the copy is dropped clean).
+                if ok && d.epoch == p.epoch {
+                    d.owners = Owners::None;
+                    d.dirty = false;
+                    d.copy_grants.clear();
+                    accepted[p.entry] = true;
+                }
+                self.directory_retry(p.fi, &mut m, &mut out);
+            }
+        }
+        for (r, a) in out {
+            r.reply(a);
+        }
+        EvictReply::Decided(accepted).encode()
     }
 
     /// Pulls the dirty last copies `pulls` (entry index, frame) of an
     /// eviction batch from `from`'s cache by one batched one-sided read.
+    /// Those this node's cache takes are decided here; the rest are
+    /// returned, per shard, for the SSD completer to write (their entries
+    /// stay `evicting` until then).
     fn pull(
         &self,
         from: u8,
         entries: &[EvictEntry],
         pulls: &[(usize, u32)],
         accepted: &mut [bool],
-    ) -> Result<(), KvError> {
+    ) -> Result<Option<PulledPages>, KvError> {
         let member = self.member(from);
         let read = match member {
             Some(member) => {
@@ -806,7 +915,7 @@ impl ScaleNode {
         // Into our cache where there is room; the rest to the SSD in one
         // batch per shard.
         let caching = self.state() == NodeState::Active;
-        let mut to_ssd: Vec<(usize, u32, AlignedPage)> = Vec::new();
+        let mut to_ssd: Vec<(usize, u32, u64, AlignedPage)> = Vec::new();
         for (k, (i, fi)) in pulls.iter().enumerate() {
             let bytes = res.take_read(k);
             Counters::add(&self.stats.pulled, 1);
@@ -852,43 +961,35 @@ impl ScaleNode {
                 None => {
                     let mut page = AlignedPage::default();
                     page.bytes_mut().copy_from_slice(&bytes);
-                    to_ssd.push((*i, *fi, page));
+                    let epoch = m.dir.as_ref().map_or(0, |d| d.epoch);
+                    to_ssd.push((*i, *fi, epoch, page));
                 }
             }
         }
-        let mut by_shard: std::collections::BTreeMap<u8, Vec<(usize, u32, AlignedPage)>> =
-            Default::default();
-        for x in to_ssd {
-            by_shard
-                .entry(entries[x.0].pid.shard())
-                .or_default()
-                .push(x);
+        if to_ssd.is_empty() {
+            return Ok(None);
         }
-        for (shard, list) in by_shard {
-            let s = self.shard(shard).expect("checked above");
-            let batch: Vec<(u64, &AlignedPage)> = list
-                .iter()
-                .map(|(i, _, p)| (entries[*i].pid.slot(), p))
-                .collect();
-            let ok = s.file.write_batch(&batch);
-            let mut out = Vec::new();
-            for (i, fi, _) in &list {
-                let mut m = self.frames.frame(*fi).meta.lock();
-                let d = m.dir.as_mut().expect("an entry being evicted");
-                d.evicting = false;
-                if ok.is_ok() {
-                    d.owners = Owners::None;
-                    d.dirty = false;
-                    d.copy_grants.clear();
-                    accepted[*i] = true;
-                }
-                self.directory_retry(*fi, &mut m, &mut out);
-            }
-            for (r, a) in out {
-                r.reply(a);
-            }
-            ok.map_err(|e| KvError::Exhausted(format!("SSD write: {e}")))?;
+        // One write batch per shard (a node may host an adopted shard
+        // besides its own), in shard order.
+        let mut by_shard: std::collections::BTreeMap<u8, Vec<PulledPage>> = Default::default();
+        for (i, fi, epoch, page) in to_ssd {
+            let pid = entries[i].pid;
+            by_shard.entry(pid.shard()).or_default().push(PulledPage {
+                entry: i,
+                fi,
+                pid,
+                epoch,
+                page,
+            });
         }
-        Ok(())
+        let pages = by_shard
+            .into_iter()
+            .map(|(id, list)| {
+                // The shard cannot go while entries of it are `evicting`:
+                // a leaver waits for them before it hands the shard over.
+                (self.shard(id).expect("checked above"), list)
+            })
+            .collect();
+        Ok(Some(pages))
     }
 }

@@ -3,7 +3,8 @@
 //! service, so a request that cannot be answered yet is parked with its
 //! responder instead of being refused and resent.
 //! A request that needs the node's SSD (a grant from the SSD, an SSD fetch,
-//! a handed-over page batch) is handed with its responder to the node's
+//! a handed-over page batch, an eviction batch whose pulled pages go to the
+//! SSD) is handed with its responder to the node's
 //! SSD completer (`ssdio`): the handler never waits for the device
 //! (invariant 16 in docs/scalestore.md).
 //!
@@ -13,7 +14,7 @@
 //! are the transport's business); modes, counts and node indices are
 //! checked when decoded.
 
-use crate::directory::{Decision, OwnRequest};
+use crate::directory::{Decision, Evicted, OwnRequest};
 use crate::holder::service_error;
 use crate::msg::{self, Kind, Reply, Request};
 use crate::node::{NodeState, ScaleNode};
@@ -76,8 +77,11 @@ impl ScaleNode {
         match Kind::from_u8(kind) {
             Some(Kind::Evict) => {
                 let entries = tri!(msg::decode_evict(req));
-                let r = tri!(self.handle_evict(from, &entries).map_err(kv));
-                responder.reply(Ok(r.encode()));
+                match tri!(self.handle_evict(from, &entries).map_err(kv)) {
+                    Evicted::Reply(r) => responder.reply(Ok(r.encode())),
+                    // Pulled pages go to the SSD: the completer answers.
+                    Evicted::Writing(w) => self.submit_evict_write(w, responder),
+                }
                 return Ok(());
             }
             Some(Kind::HandoverPages) => {

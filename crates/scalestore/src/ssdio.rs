@@ -56,6 +56,10 @@ pub enum Work {
     Fetch { pid: Pid, to: u8, offset: u64 },
     /// Write `pages` into the shard's page file, then answer "done".
     Write { pages: Vec<(u64, AlignedPage)> },
+    /// Write the dirty last copies an eviction batch pulled (one batch per
+    /// shard), then let their entries go and answer the batch
+    /// (`ScaleNode::finish_evict_write`).
+    Evict(crate::directory::EvictWrite),
 }
 
 impl Work {
@@ -63,7 +67,7 @@ impl Work {
     fn read_slot(&self) -> Option<u64> {
         match self {
             Work::Grant { pid, .. } | Work::Fetch { pid, .. } => Some(pid.slot()),
-            Work::Write { .. } => None,
+            Work::Write { .. } | Work::Evict(_) => None,
         }
     }
 }
@@ -111,6 +115,24 @@ impl Job {
                     Ok(due) => (Ok(Outcome::Written), due),
                     Err(e) => (Err(e), None),
                 }
+            }
+            Work::Evict(w) => {
+                // Each shard's batch is posted at once: the device
+                // completes them together, the job at the last.
+                let mut due = None;
+                let mut res = Ok(Outcome::Written);
+                for (shard, list) in &w.pages {
+                    let batch: Vec<(u64, &AlignedPage)> =
+                        list.iter().map(|p| (p.pid.slot(), &p.page)).collect();
+                    match shard.file.write_batch_posted(&batch) {
+                        Ok(d) => due = due.max(d),
+                        Err(e) => {
+                            res = Err(e);
+                            break;
+                        }
+                    }
+                }
+                (res, due)
             }
             w => {
                 let slot = w.read_slot().expect("a read");
@@ -179,17 +201,20 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
                     reading.push((job, t));
                 }
                 None => {
-                    let Work::Write { pages } = &job.work else {
-                        unreachable!("not a read")
+                    let res = match &job.work {
+                        Work::Write { pages } => {
+                            let batch: Vec<(u64, &AlignedPage)> =
+                                pages.iter().map(|(s, p)| (*s, p)).collect();
+                            job.shard.file.write_batch(&batch)
+                        }
+                        Work::Evict(w) => w.pages.iter().try_for_each(|(shard, list)| {
+                            let batch: Vec<(u64, &AlignedPage)> =
+                                list.iter().map(|p| (p.pid.slot(), &p.page)).collect();
+                            shard.file.write_batch(&batch)
+                        }),
+                        _ => unreachable!("not a read"),
                     };
-                    let batch: Vec<(u64, &AlignedPage)> =
-                        pages.iter().map(|(s, p)| (*s, p)).collect();
-                    let res = job
-                        .shard
-                        .file
-                        .write_batch(&batch)
-                        .map(|()| Outcome::Written);
-                    node.finish_ssd(job, res);
+                    node.finish_ssd(job, res.map(|()| Outcome::Written));
                 }
             }
         }

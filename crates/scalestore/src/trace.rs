@@ -26,6 +26,12 @@
 //!    charged to it. Causes are recorded at leaf awaits only (no span
 //!    encloses another), so an operation's causes never overlap and their
 //!    sum is at most its latency; the rest is CPU and waiting for its core.
+//! 4. Holder parks are the measured run's too: the first operation of the
+//!    harness's read-back (`--verify`, [`OpKind::Verify`]) ends the
+//!    measured run for them, and a park that starts after it is not
+//!    counted (one that started before and ends after is); [`report`]
+//!    opens the count again. Before, `holder_parks` counted the read-back
+//!    while the operation figures left it out.
 
 use dmkv_transport::OpKind;
 use dmkv_transport::time::Instant;
@@ -33,7 +39,7 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Mutex;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// What an operation waited for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +109,9 @@ const UNKNOWN: u8 = 0;
 const ON: u8 = 1;
 const OFF: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// The harness's read-back has begun: holder parks starting now are not
+/// counted (invariant 4); [`report`] clears it.
+static MEASURED_OVER: AtomicBool = AtomicBool::new(false);
 
 /// Whether tracing is on (`DMKV_SCALESTORE_TRACE` set to anything but
 /// `0` or empty), read once per process.
@@ -140,7 +149,12 @@ fn done() -> &'static Mutex<Vec<OpRec>> {
 /// The harness's read-back after a run (`--verify`, labelled
 /// [`OpKind::Verify`]) is not recorded: the trace is the measured run's.
 pub async fn op<F: Future>(node: u8, write: bool, fut: F) -> F::Output {
-    if !enabled() || dmkv_transport::counters::current_kind() == OpKind::Verify {
+    if !enabled() {
+        return fut.await;
+    }
+    if dmkv_transport::counters::current_kind() == OpKind::Verify {
+        // The measured run is over (invariant 4).
+        MEASURED_OVER.store(true, Ordering::Relaxed);
         return fut.await;
     }
     let mut fut = std::pin::pin!(fut);
@@ -240,9 +254,10 @@ pub struct Park {
 }
 
 impl Park {
-    /// `None` unless tracing is on (`why` is only evaluated then).
+    /// `None` unless tracing is on and the measured run is not over
+    /// (invariant 4; `why` is only evaluated then).
     pub fn start(why: impl FnOnce() -> ParkWhy) -> Option<Park> {
-        enabled().then(|| Park {
+        (enabled() && !MEASURED_OVER.load(Ordering::Relaxed)).then(|| Park {
             why: why(),
             since: Instant::now().as_nanos(),
         })
@@ -308,6 +323,8 @@ pub fn report() -> Option<serde_json::Value> {
         return None;
     }
     let ops = std::mem::take(&mut *done().lock().unwrap_or_else(|e| e.into_inner()));
+    // The next measured run's parks count again (invariant 4).
+    MEASURED_OVER.store(false, Ordering::Relaxed);
     if ops.is_empty() {
         return Some(serde_json::json!({ "ops": 0 }));
     }
@@ -383,4 +400,37 @@ pub fn report() -> Option<serde_json::Value> {
         "tail_by_node": by_node,
         "slowest": slowest,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmkv_transport::counters::labeled;
+    use dmkv_transport::exec::block_on;
+
+    /// Invariant 4. Without the stop at the read-back's first operation
+    /// the park started during it is counted (`latched_shared` appears).
+    #[test]
+    fn holder_parks_of_the_read_back_are_not_counted() {
+        set_enabled(true);
+        let _ = report();
+        // A park of the measured run that is still open when it ends.
+        let open = Park::start(|| ParkWhy::Exclusive).expect("tracing is on");
+        block_on(op(0, false, async {}));
+        // The read-back: its operations and the parks starting meanwhile
+        // are left out.
+        block_on(labeled(OpKind::Verify, op(0, false, async {})));
+        if let Some(p) = Park::start(|| ParkWhy::Shared) {
+            p.end();
+        }
+        open.end();
+        let r = report().expect("tracing is on");
+        assert_eq!(r["ops"], 1, "{r}");
+        assert_eq!(r["holder_parks"]["latched_exclusive"]["count"], 1, "{r}");
+        assert!(r["holder_parks"].get("latched_shared").is_none(), "{r}");
+        // The report opens the count for the next measured run.
+        assert!(Park::start(|| ParkWhy::Shared).is_some());
+        let _ = report();
+        set_enabled(false);
+    }
 }

@@ -586,6 +586,97 @@ fn handed_over_entries_survive_a_worker_dropping_the_frame() {
     assert!(removed.load(Ordering::Relaxed) > 0, "no frame was removed");
 }
 
+/// Invariant 18: an eviction decided by a directory whose shard is being
+/// handed over is in the entries the leaver hands over. The leaver freezes
+/// the shard, then reads every entry under its mutex (`hand_over`); a
+/// handler that had looked at `frozen` before the freeze and took the
+/// entry's mutex after the leaver's pass accepted the eviction anyway: the
+/// successor was handed an entry naming the evicter as an owner it no
+/// longer is (a stale owner set: its next request is granted "keep yours"
+/// for a copy it dropped), and a dirty last copy was pulled into the
+/// leaver's page file after that file was handed over (a lost update).
+/// Here the test thread plays the leaver: it holds the entry's mutex while
+/// a handler thread runs `handle_evict`, freezes the shard, reads the
+/// entry, and lets go. Deterministic up to the handler reaching the mutex
+/// within the spin; before the fix it failed in the first round.
+#[test]
+fn an_eviction_reaching_a_freezing_directory_is_in_the_handed_over_entry() {
+    use dmkv_scalestore::directory::Evicted;
+    use dmkv_scalestore::frames::Owners;
+    use dmkv_scalestore::msg::{EvictEntry, EvictReply};
+    use std::sync::atomic::AtomicBool;
+    let d = deploy(opts(3, 1, &[]));
+    let nodes = nodes_of(&d);
+    let n = nodes.iter().find(|n| n.index == 0).unwrap().clone();
+    // A page node 0 directs, held by nodes 1 and 2 (clean), so that an
+    // accepted eviction from node 2 only changes the owner set.
+    let (pid, fi, epoch) = n.alloc_here(1).unwrap();
+    let shard = n.shard(0).unwrap();
+    let entry = EvictEntry {
+        pid,
+        epoch,
+        offset: 0,
+        copies: 0,
+    };
+    let rounds = 200u64;
+    let go = AtomicU64::new(0);
+    let started = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let accepted = AtomicBool::new(false);
+    let mut stale = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for round in 1..=rounds {
+                while go.load(Ordering::SeqCst) != round {
+                    std::hint::spin_loop();
+                }
+                started.store(round, Ordering::SeqCst);
+                let r = n.handle_evict(2, &[entry]).unwrap();
+                let Evicted::Reply(EvictReply::Decided(v)) = r else {
+                    panic!("the shard is here and nothing is pulled")
+                };
+                accepted.store(v[0], Ordering::SeqCst);
+                done.store(round, Ordering::SeqCst);
+            }
+        });
+        for round in 1..=rounds {
+            shard.frozen.store(false, Ordering::SeqCst);
+            let f = n.frames.frame(fi);
+            let mut m = f.meta.lock();
+            {
+                let dir = m.dir.as_mut().expect("allocated here");
+                dir.owners = Owners::Shared(1 << 1 | 1 << 2);
+                dir.dirty = false;
+                dir.copy_grants.clear();
+            }
+            go.store(round, Ordering::SeqCst);
+            while started.load(Ordering::SeqCst) != round {
+                std::hint::spin_loop();
+            }
+            // Time for the handler to look at the shard and wait for the
+            // mutex we hold.
+            for _ in 0..200_000 {
+                std::hint::spin_loop();
+            }
+            // The leave: freeze, then read the entry under its mutex.
+            shard.frozen.store(true, Ordering::SeqCst);
+            let handed = m.dir.as_ref().map(|d| d.owners);
+            drop(m);
+            while done.load(Ordering::SeqCst) != round {
+                std::hint::spin_loop();
+            }
+            if accepted.load(Ordering::SeqCst) && handed.is_some_and(|o| o.contains(2)) {
+                stale.push(round);
+            }
+        }
+    });
+    shard.frozen.store(false, Ordering::SeqCst);
+    assert!(
+        stale.is_empty(),
+        "evictions accepted after the leaver read the entry (it hands over node 2 as an owner) in rounds {stale:?}"
+    );
+}
+
 // ---- page-level races through the guards ---------------------------------
 
 /// Word 0 of a test page counts increments; word `1 + w` counts those of

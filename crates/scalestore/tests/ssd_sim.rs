@@ -198,3 +198,106 @@ fn requests_arriving_during_the_read_are_served_in_arrival_order() {
         assert_eq!(back, 103, "{protocol}: every increment is in the page");
     }
 }
+
+/// Invariant 16 for the directory's side of an eviction: node 1 evicts the
+/// only (dirty) copy of a page node 0 directs; node 0 pulls it and cannot
+/// place it in its cache (its frame of the page is latched, as when one of
+/// its workers is fetching it), so the page goes to node 0's SSD. The
+/// handler hands that write to the SSD completer, which answers the batch
+/// once the page is written: meanwhile node 0's one handler core answers
+/// another message (an allocation from node 2, sent while the write is in
+/// flight) within a few round trips. Before, the handler wrote the batch
+/// itself and held its core for the write (20 µs in the profile), and the
+/// allocation's answer came only after it. The evicter still drops its
+/// copy only once the page is on the SSD, and the page is intact there.
+#[test]
+fn an_eviction_whose_pulled_page_goes_to_the_ssd_does_not_hold_the_handler() {
+    use dmkv_scalestore::frames::Owners;
+    use dmkv_scalestore::msg::{Reply, Request};
+    let profile = Profile::load(PROFILE).unwrap();
+    let write_ns = profile.ssd.write_ns;
+    let d = deploy(3, "chaining", 5);
+    let nodes = served_nodes(&d.runtimes, &d.args);
+    let (w0, w1) = (worker(&nodes[0]), worker(&nodes[1]));
+    let pid = block_on(async {
+        let g = ExclusiveGuard::allocate(&w0).await.unwrap();
+        g.page().set_word(0, 7);
+        g.pid()
+    });
+    assert_eq!(pid.shard(), 0);
+    block_on(async {
+        let g = ExclusiveGuard::fix(&w1, pid).await.unwrap();
+        g.page().set_word(0, 42);
+        drop(g);
+        w1.settle_acks().await.unwrap();
+    });
+    let f0 = nodes[0].frames.frame(nodes[0].frames.find(pid).unwrap());
+    assert!(f0.latch.try_shared(), "node 0 holds no copy");
+    let pulled = nodes[0].stats.pulled.load(Ordering::Relaxed);
+    let ep1 = nodes[1].fabric.endpoint(nodes[1].id).unwrap();
+    let ep2 = nodes[2].fabric.endpoint(nodes[2].id).unwrap();
+    let m0 = nodes[2].member(0).unwrap();
+    let start = Instant::now();
+    let since = move || Instant::now().duration_since(start).as_nanos() as u64;
+    let tasks: Vec<LocalTask<'_, (u64, u64)>> = vec![
+        Box::pin(async {
+            let held = Provider::new()
+                .evict_everything(&nodes[1], &ep1, |p| p == pid)
+                .await
+                .unwrap();
+            (held as u64, since())
+        }),
+        Box::pin(async {
+            // The eviction reached node 0 and its pull is done by now.
+            sleep(Duration::from_micros(6)).await;
+            let sent = since();
+            let r = ep2
+                .call(m0.node, m0.service, Request::Alloc.encode())
+                .await
+                .unwrap();
+            assert!(matches!(Reply::decode(&r), Ok(Reply::Allocated(..))));
+            (sent, since() - sent)
+        }),
+    ];
+    let out = run_tasks(tasks);
+    f0.latch.unlock_shared();
+    let ((held, evicted_at), (sent, alloc_ns)) = (out[0], out[1]);
+    assert_eq!(held, 0, "node 0 accepted the eviction");
+    assert_eq!(nodes[0].stats.pulled.load(Ordering::Relaxed) - pulled, 1);
+    assert!(
+        evicted_at >= write_ns,
+        "the evicter let go of its copy {evicted_at} ns after the start, before the \
+         page was written ({write_ns} ns)"
+    );
+    assert!(
+        alloc_ns < write_ns / 2,
+        "node 0 answered a message sent during the eviction's SSD write after \
+         {alloc_ns} ns: its handler waited for the write ({write_ns} ns)"
+    );
+    assert!(
+        sent + alloc_ns < evicted_at,
+        "the allocation ({sent} + {alloc_ns} ns) was answered while the write was in \
+         flight (the eviction at {evicted_at} ns)"
+    );
+    {
+        let m = f0.meta.lock();
+        let dir = m.dir.as_ref().unwrap();
+        assert_eq!(
+            (dir.owners, dir.dirty, dir.evicting),
+            (Owners::None, false, false)
+        );
+    }
+    let w2 = worker(&nodes[2]);
+    let back = block_on(async {
+        SharedGuard::fix(&w2, pid)
+            .await
+            .unwrap()
+            .page()
+            .word(0)
+            .unwrap()
+    });
+    assert_eq!(
+        back, 42,
+        "the pulled page is on node 0's SSD with the update"
+    );
+}
