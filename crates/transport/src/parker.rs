@@ -153,4 +153,3 @@ mod loom_tests {
         });
     }
 }
-
