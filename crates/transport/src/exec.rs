@@ -56,7 +56,11 @@ impl Wake for TaskWaker {
         self.wake_by_ref()
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        self.shared.ready[self.index].store(true, Ordering::SeqCst);
+        // A swap, not a store: on x86-64 both are one `xchg` (a SeqCst
+        // store is compiled to one), and loom models a swap faithfully
+        // where it mis-models a store racing the executor's swap
+        // (`parker::loom_tests::the_executor_loop_never_parks_with_a_task_ready`).
+        self.shared.ready[self.index].swap(true, Ordering::SeqCst);
         self.shared.parker.notify();
     }
 }

@@ -935,7 +935,9 @@ impl LocalEndpoint {
     }
 
     /// An RPC whose lane was full when it was sent: it waits for room,
-    /// yielding to the other tasks, then for its reply.
+    /// yielding to the other tasks, then for its reply; it gives up with
+    /// `Timeout` after `rpc_timeout` without room (`local_rpc`
+    /// invariant 7).
     async fn send_when_room(
         &self,
         target: Arc<NodeState>,
@@ -944,6 +946,7 @@ impl LocalEndpoint {
         mut payload: Vec<u8>,
         deliver_at: Option<Instant>,
     ) -> Result<Reply> {
+        let since = self.rpcs.tick_now();
         loop {
             target.check_up()?;
             let header = RequestHeader {
@@ -957,6 +960,9 @@ impl LocalEndpoint {
                     return wait.await;
                 }
                 Err(p) => payload = p,
+            }
+            if self.rpcs.room_wait_timed_out(since) {
+                return Err(TransportError::Timeout { node });
             }
             yield_now().await;
         }

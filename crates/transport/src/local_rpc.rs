@@ -52,6 +52,11 @@
 //!    replacing its waker skips it, so a timeout can come one period late).
 //! 6. A request dropped without a reply (its node crashed and its lanes were
 //!    drained) answers the caller with `NodeDown`.
+//! 7. A caller that finds its lane's ring or reply slots full waits for room
+//!    at most `rpc_timeout` (counted in watchdog ticks as in invariant 5)
+//!    and then fails with `Timeout`; a crash of the node ends the wait at
+//!    once with `NodeDown` (`send_when_room` in `local` checks the node on
+//!    every try), and its drained lanes free the slots.
 
 use crate::addr::{NodeId, ServiceId};
 use crate::error::{Result, TransportError};
@@ -514,6 +519,21 @@ impl RpcSlots {
         });
     }
 
+    /// The watchdog's tick count now: a caller that finds no room for its
+    /// request notes it and asks [`RpcSlots::room_wait_timed_out`] while it
+    /// waits (invariant 7).
+    pub(crate) fn tick_now(&self) -> u64 {
+        self.watchdog.ticks.load(Ordering::Acquire)
+    }
+
+    /// Whether a caller waiting for room since tick `since` has waited at
+    /// least `rpc_timeout` (invariant 5's count of ticks): it then gives up
+    /// with `Timeout` instead of waiting for ever behind requests a handler
+    /// never answers.
+    pub(crate) fn room_wait_timed_out(&self, since: u64) -> bool {
+        self.tick_now().wrapping_sub(since) > TICKS
+    }
+
     /// Queues a request to `node` (whose lane must exist) and returns its
     /// wait; gives the payload back if the ring or the reply slots are
     /// full (the caller retries later). The caller then rings the node's
@@ -958,6 +978,50 @@ mod tests {
         drop(held); // every held request answers NodeDown
         drop(w);
         drop(waits);
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// Invariant 7: a caller whose reply slots are all held by requests
+    /// a handler never answers stops waiting for room after the RPC
+    /// timeout, counted in watchdog ticks (no wall-clock assertion): the
+    /// check says "not yet" until more than `TICKS` ticks have passed since
+    /// the caller first found no room, and "timed out" from then on.
+    #[test]
+    fn a_wait_for_a_reply_slot_times_out_after_the_rpc_timeout() {
+        let (reaper, h, slots, lane) = setup(Duration::from_millis(8));
+        let mut buf = Vec::new();
+        let mut held = Vec::new();
+        let mut waits = Vec::new();
+        while waits.len() < REPLIES {
+            while let Some(r) = lane.take(&mut buf) {
+                held.push(r);
+            }
+            waits.push(slots.send(NODE, header(1), vec![1]).ok().unwrap());
+        }
+        while let Some(r) = lane.take(&mut buf) {
+            held.push(r);
+        }
+        // The 257th call finds no room.
+        assert!(slots.send(NODE, header(1), vec![2]).is_err());
+        let since = slots.tick_now();
+        assert!(!slots.room_wait_timed_out(since), "no time has passed");
+        let mut tries = 0u64;
+        while !slots.room_wait_timed_out(since) {
+            // Still no room: nothing was answered.
+            assert!(slots.send(NODE, header(1), vec![2]).is_err());
+            tries += 1;
+            std::thread::yield_now();
+        }
+        let waited = slots.tick_now().wrapping_sub(since);
+        assert!(waited > TICKS, "gave up after {waited} ticks");
+        assert!(tries > 0);
+        drop(held); // NodeDown for every held request
+        for w in waits {
+            assert!(matches!(block_on(w), Err(TransportError::NodeDown(NODE))));
+        }
+        // Answered, the slots are free again.
+        assert!(slots.send(NODE, header(1), vec![3]).is_ok());
         reaper.shut_down();
         h.join().unwrap();
     }

@@ -107,4 +107,49 @@ mod loom_tests {
             waker.join().unwrap();
         });
     }
+
+    /// The executor's loop as `exec::run_tasks` runs it for one task,
+    /// with the task's ready flag and its waker on another thread: the
+    /// parker starts notified and not taken (as `Parker::new` makes it);
+    /// the executor takes the flag, swaps the task's ready flag, and parks
+    /// when it found nothing ready; the waker sets the ready flag and
+    /// notifies. Passing proves that no interleaving leaves the executor
+    /// parked with the task ready (loom explores every interleaving and
+    /// reports a thread parked for ever as a deadlock; outside loom the
+    /// 10 ms safety timeout would hide such a loss, here `park` has none).
+    ///
+    /// The waker sets its ready flag with a swap, as `exec::TaskWaker`
+    /// does, not with a plain store. With a plain store this model deadlocks
+    /// under loom 0.7 although the code is correct: loom does not apply
+    /// read-modify-write atomicity against a concurrent plain store
+    /// (tokio-rs/loom#254 and #389, fix proposed in PR #391, unmerged), so
+    /// it lets the executor's second `swap` read the `false` its own first
+    /// `swap` wrote even after the waker's `true`, an execution C11 forbids
+    /// (the first swap read the initial `false`, so the store is after it
+    /// in modification order and the next swap must read `true`). That is
+    /// why the ninth pass's model (branch i25, commit ab8a4e4) deadlocked
+    /// with main's `notify` too: its trace shows the waker's notify seeing
+    /// `PARKED` and unparking, the executor waking, taking, and then
+    /// swapping `false` out of a flag set to `true` before.
+    #[test]
+    fn the_executor_loop_never_parks_with_a_task_ready() {
+        use loom::sync::atomic::{AtomicBool, Ordering};
+        loom::model(|| {
+            let p = Arc::new(Parker::new()); // NOTIFIED, not taken yet
+            let ready = Arc::new(AtomicBool::new(false));
+            let (q, r) = (p.clone(), ready.clone());
+            let waker = loom::thread::spawn(move || {
+                r.swap(true, Ordering::SeqCst);
+                q.notify();
+            });
+            loop {
+                p.take();
+                if ready.swap(false, Ordering::SeqCst) {
+                    break;
+                }
+                p.park();
+            }
+            waker.join().unwrap();
+        });
+    }
 }
