@@ -102,7 +102,8 @@ fn rpc(c: &mut Criterion) {
     );
     eprintln!(
         "  one counter reading, taken off each interval: {:.1} ns",
-        (charge::reading_overhead_ticks() as u128 * charge::ns_per_tick_32() as u128 >> 32) as f64
+        ((charge::reading_overhead_ticks() as u128 * charge::ns_per_tick_32() as u128) >> 32)
+            as f64
     );
     if s.part_samples > 0 {
         eprintln!(
