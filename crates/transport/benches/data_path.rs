@@ -2,14 +2,19 @@
 //! a batch of four reads and one RPC round trip cost the issuing thread
 //! (`cargo bench -p dmkv-transport`). Each iteration is one `block_on`, so
 //! the figures include the executor's poll and the one yield every round
-//! trip makes; a slower verb, executor or RPC path shows up here.
+//! trip makes; a slower verb, executor or RPC path shows up here. The
+//! `empty handler` bench also prints what the memory node was charged per
+//! RPC (with `--features charge-breakdown`, split into its parts), and
+//! `charge parts` times the charge's own readings and a cache line's round
+//! trip between two threads (docs/performance.md, "Tenth pass").
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::local::{LocalCluster, LocalConfig};
-use dmkv_transport::{NodeHost, RpcContext, ServiceError, ServiceId};
+use dmkv_transport::{NodeHost, RpcContext, ServiceError, ServiceId, charge};
 use std::hint::black_box;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 fn one_sided(c: &mut Criterion) {
     let cluster = LocalCluster::new(LocalConfig::default());
@@ -70,18 +75,96 @@ fn rpc(c: &mut Criterion) {
         )
         .unwrap();
     let before = ep.total_counters();
+    let charge_before = charge::summary();
     c.bench_function("rpc round trip, empty handler", |b| {
         b.iter(|| block_on(ep.call(node, black_box(empty), Vec::new())).unwrap())
     });
     let after = ep.total_counters();
     let rpcs = after.rpcs - before.rpcs;
     eprintln!(
-        "empty handler: {rpcs} RPCs, memory-node CPU charged {:.0} ns per RPC \
-         (of which the mean sampled reply send: {} ns)",
+        "empty handler: {rpcs} RPCs, memory-node CPU charged {:.1} ns per RPC",
         (after.memnode_cpu_ns - before.memnode_cpu_ns) as f64 / rpcs.max(1) as f64,
-        server.services().mean_reply_send_ns()
     );
+    // The handler thread's chain over this bench's RPCs (its stretches end
+    // when the caller stops sending).
+    let s = charge::summary().since(&charge_before);
+    let per = |x: f64| x / s.replies.max(1) as f64;
+    eprintln!(
+        "  handler chain: {} replies, charged {:.1} ns each: own work {:.1} ns, \
+         send {:.1} ns; {} intervals dropped (thread off its CPU; detector \
+         available: {})",
+        s.replies,
+        per(s.charged_ns as f64),
+        per(s.work_ns),
+        per(s.send_ns),
+        s.dropped,
+        charge::preemption_detected()
+    );
+    eprintln!(
+        "  one counter reading, taken off each interval: {:.1} ns",
+        ((charge::reading_overhead_ticks() as u128 * charge::ns_per_tick_32() as u128) >> 32)
+            as f64
+    );
+    if s.part_samples > 0 {
+        eprintln!(
+            "  breakdown over {} RPCs (feature charge-breakdown):",
+            s.part_samples
+        );
+        for (name, ns) in charge::PARTS.iter().zip(s.parts_ns) {
+            eprintln!("    {name:28} {:7.1} ns", ns / s.part_samples as f64);
+        }
+    }
 }
 
-criterion_group!(benches, one_sided, rpc);
+/// What the charge's own pieces cost on this host, and the floor under any
+/// RPC between two cores: one cache line's round trip between two threads.
+fn charge_parts(c: &mut Criterion) {
+    c.bench_function("charge parts: rdtsc", |b| b.iter(charge::ticks));
+    c.bench_function("charge parts: lfence + rdtsc", |b| {
+        b.iter(charge::ticks_fenced)
+    });
+    c.bench_function("charge parts: reading and rseq arm (note_poll)", |b| {
+        b.iter(charge::note_poll)
+    });
+    c.bench_function("charge parts: thread CPU clock (clock_gettime)", |b| {
+        b.iter(dmkv_transport::thread_cpu_ns)
+    });
+    // Two threads pass one counter back and forth through one line: each
+    // iteration is a line moved to the other core and back (two transfers),
+    // the least an RPC between two cores can cost the two of them.
+    let line = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let (line, stop) = (line.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut seen = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let v = line.load(Ordering::Acquire);
+                if v != seen && v % 2 == 1 {
+                    seen = v + 1;
+                    line.store(seen, Ordering::Release);
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    };
+    let mut next = 1u64;
+    c.bench_function(
+        "charge parts: cache line round trip between two threads",
+        |b| {
+            b.iter(|| {
+                line.store(next, Ordering::Release);
+                while line.load(Ordering::Acquire) != next + 1 {
+                    std::hint::spin_loop();
+                }
+                next += 2;
+            })
+        },
+    );
+    stop.store(true, Ordering::Relaxed);
+    echo.join().unwrap();
+}
+
+criterion_group!(benches, one_sided, rpc, charge_parts);
 criterion_main!(benches);

@@ -37,6 +37,8 @@
 pub mod addr;
 pub mod backend;
 pub mod buffers;
+#[allow(unsafe_code)]
+pub mod charge;
 pub mod conformance;
 pub mod counters;
 #[allow(unsafe_code)]

@@ -244,11 +244,15 @@ impl NodeState {
                 version = v;
             }
             let mut served = 0u64;
+            // Charging (docs/transport.md): a stretch's readings start at
+            // the poll that found a request (no-op while one is open).
+            crate::charge::begin_stretch();
             // Handler `index` starts at its own share of the lanes.
             let n = lanes.len();
             for k in 0..n {
                 let lane = &lanes[(k + index) % n];
                 while let Some(req) = lane.take(&mut buf) {
+                    crate::charge::stamp(crate::charge::Stage::Taken);
                     served += 1;
                     servestats::add_event(Role::Handler, Counter::Requests, 1);
                     clock.busy();
@@ -258,6 +262,7 @@ impl NodeState {
             if served > 0 {
                 continue;
             }
+            crate::charge::end_stretch();
             clock.idle();
             if lanes.iter().any(|l| l.finished()) {
                 self.forget_finished_lanes();
@@ -277,6 +282,8 @@ impl NodeState {
             if at > now {
                 std::thread::sleep(at - now);
             }
+            // The injected delay is not the handler's work.
+            crate::charge::restart();
         }
         let ctx = RpcContext {
             caller: req.from,
@@ -321,6 +328,8 @@ impl NodeState {
             );
         };
         loop {
+            // The reading a stretch starts at if this poll finds a request.
+            crate::charge::note_poll();
             if self.anything_to_do(lanes, version) {
                 counts(polls, yields, 0);
                 return;

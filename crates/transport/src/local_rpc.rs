@@ -382,12 +382,15 @@ impl ReplyTo {
                 }
             }
         }
+        crate::charge::stamp(crate::charge::Stage::Written);
         Self::finish(slot, true);
     }
 
     #[allow(unsafe_code)]
     fn finish(slot: &ReplySlot, reply: bool) {
-        if slot.state.answer(reply) {
+        let wake = slot.state.answer(reply);
+        crate::charge::stamp(crate::charge::Stage::Answered);
+        if wake {
             // SAFETY: S2: WAKER was set when the answer went in, so the
             // field is read-only until `release`.
             if let Some(w) = unsafe { &*slot.waker.get() } {

@@ -37,8 +37,8 @@ pub enum Role {
     Compute,
 }
 
-/// The counters. Handler threads use `Requests` to `Blocks`; compute
-/// threads `Idles` to `Parks`; both the CPU samples.
+/// The counters. Handler threads use `Requests` to `Blocks` and the last
+/// three; compute threads `Idles` to `Parks`; both the CPU samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Counter {
@@ -66,9 +66,12 @@ pub enum Counter {
     /// the handler's [`crate::BusyClock`] measured them.
     BusyCpuNs,
     BusyWallNs,
+    /// Intervals of the handler's RPC charge left out because the thread
+    /// was off its CPU in them (`crate::charge`, invariant C2).
+    ChargeDropped,
 }
 
-const COUNTERS: usize = Counter::BusyWallNs as usize + 1;
+const COUNTERS: usize = Counter::ChargeDropped as usize + 1;
 
 /// Events (polls, requests, idle rounds) between two CPU samples.
 pub const CPU_SAMPLE_EVERY: u64 = 32;
@@ -238,6 +241,7 @@ pub const COUNTER_NAMES: [(Counter, &str); COUNTERS] = [
     (Counter::SharedCpu, "shared_cpu_samples"),
     (Counter::BusyCpuNs, "busy_sampled_cpu_ns"),
     (Counter::BusyWallNs, "busy_sampled_wall_ns"),
+    (Counter::ChargeDropped, "charge_dropped_intervals"),
 ];
 
 #[cfg(target_os = "linux")]

@@ -305,9 +305,12 @@ impl ServiceTable {
         request: &[u8],
         send: impl FnOnce(Reply) + Send + 'static,
     ) {
-        // Under `sim` the stopwatch reads virtual CPU, a message's fixed
-        // cost included (see `CpuStopwatch::start`).
-        let start = CpuStopwatch::start();
+        // On a `local` handler thread inside a busy stretch the charge comes
+        // from the thread's chain of readings (`charge`, which started
+        // before the request was read): no stopwatch. Elsewhere, and always
+        // under `sim` (where the stopwatch reads virtual CPU, a message's
+        // fixed cost included, see `CpuStopwatch::start`), the stopwatch.
+        let start = (!crate::charge::active()).then(CpuStopwatch::start);
         let handler = if service == ServiceId::DIRECTORY {
             None
         } else {
@@ -316,6 +319,7 @@ impl ServiceTable {
                 .read()
                 .get(service.0 as usize)
                 .and_then(|h| h.clone());
+            crate::charge::stamp(crate::charge::Stage::Found);
             match found {
                 Some(h) => Some(h),
                 None => {
@@ -331,11 +335,13 @@ impl ServiceTable {
         match handler {
             None => {
                 let result = self.directory(ctx.node, request);
+                crate::charge::stamp(crate::charge::Stage::Handled);
                 self.finish(start, result, send);
             }
             Some(Handler::Now(h)) => {
                 let result = std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(ctx, request)))
                     .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")));
+                crate::charge::stamp(crate::charge::Stage::Handled);
                 self.finish(start, result, send);
             }
             Some(Handler::Deferred(h)) => {
@@ -351,7 +357,13 @@ impl ServiceTable {
                     h.handle(ctx, request, responder)
                 }))
                 .is_err();
-                let cpu = start.elapsed_ns() + self.mean_reply_send_ns();
+                // Chained: the `handle` call (and the reply's send, when it
+                // answered at once) is measured like an immediate reply's;
+                // a later answer's send is charged where it runs.
+                let cpu = match start {
+                    Some(start) => start.elapsed_ns() + self.mean_reply_send_ns(),
+                    None => crate::charge::before_send(),
+                };
                 self.served.fetch_add(1, Ordering::Relaxed);
                 self.handler_cpu_ns.fetch_add(cpu, Ordering::Relaxed);
                 let mut p = pending.lock();
@@ -361,12 +373,19 @@ impl ServiceTable {
                 }
                 p.handler_cpu_ns = Some(cpu);
                 p.try_send();
+                drop(p);
+                if start.is_none() {
+                    crate::charge::after_send();
+                }
             }
         }
     }
 
     /// Sends an immediate reply charged with the time since `start` and
-    /// the cost of sending it.
+    /// the cost of sending it; with no `start` (a `local` handler thread in
+    /// a busy stretch), with what the thread's chain of readings says: the
+    /// time since the previous reading and the previous reply's measured
+    /// send (`charge`, invariants C1-C4).
     ///
     /// The reply carries its cost, so its own send cannot be timed before it
     /// goes out: each reply is charged the mean send cost of this node's
@@ -377,10 +396,22 @@ impl ServiceTable {
     /// charge the woken thread's work to this one.
     fn finish(
         &self,
-        start: CpuStopwatch,
+        start: Option<CpuStopwatch>,
         result: Result<Vec<u8>, ServiceError>,
         send: impl FnOnce(Reply),
     ) {
+        let Some(start) = start else {
+            let server_cpu_ns = crate::charge::before_send();
+            self.served.fetch_add(1, Ordering::Relaxed);
+            self.handler_cpu_ns
+                .fetch_add(server_cpu_ns, Ordering::Relaxed);
+            send(Reply {
+                result,
+                server_cpu_ns,
+            });
+            crate::charge::after_send();
+            return;
+        };
         let server_cpu_ns = start.elapsed_ns() + self.mean_reply_send_ns();
         self.served.fetch_add(1, Ordering::Relaxed);
         self.handler_cpu_ns
@@ -414,7 +445,9 @@ impl ServiceTable {
     }
 
     /// The mean cost of this node's sampled reply sends, in nanoseconds
-    /// (what every reply is charged for its own send).
+    /// (what every reply charged by the stopwatch is charged for its own
+    /// send; replies charged by a `local` handler's chain carry measured
+    /// sends instead, see [`crate::charge::summary`]).
     pub fn mean_reply_send_ns(&self) -> u64 {
         let n = self.replies_sent.load(Ordering::Relaxed);
         self.reply_send_ns
