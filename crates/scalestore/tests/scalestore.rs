@@ -974,7 +974,10 @@ fn a_ranges_load_leaves_each_nodes_range_cached_on_that_node() {
             // 3000 pairs of 100 bytes fill ~100 leaves: each node caches
             // at least a quarter of the pages (its third of the leaves).
             for (i, c) in cached.iter().enumerate() {
-                assert!(c * 4 >= total, "{load}: node {i} caches {c} of {total} pages");
+                assert!(
+                    c * 4 >= total,
+                    "{load}: node {i} caches {c} of {total} pages"
+                );
             }
         } else {
             assert!(
