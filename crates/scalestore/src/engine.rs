@@ -51,6 +51,13 @@ const KNOBS: &[KnobSpec] = &[
         help: "directory of new pages: round-robin over the nodes (remote allocation) or local",
     },
     KnobSpec {
+        name: "load",
+        default: "one",
+        help: "who loads the data before a run: one (the harness's node inserts every key) or \
+               ranges (as the paper's YCSB driver: node i of K inserts the i-th of K key-ordered \
+               ranges with its own worker, so its pages start cached there)",
+    },
+    KnobSpec {
         name: "free_percent",
         default: "10",
         help: "free cache slots the page provider keeps, percent of the cache",
@@ -163,9 +170,30 @@ pub fn pages_for(expected_keys: u64, value_size: u32, free_percent: usize) -> us
     (pages as usize).max((64 << 20) / PAGE_SIZE)
 }
 
+/// Who inserts the keys the harness loads (`scalestore.load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoadPlacement {
+    /// The node of the harness's loading endpoint inserts every key.
+    One,
+    /// The artifact's YCSB driver (`frontend/ycsb/ycsb.cpp`, "Build YCSB
+    /// Table"): with K nodes, node i inserts the i-th of K key-ordered
+    /// ranges of `expected_keys / K` keys (the last one takes the rest),
+    /// so each node allocates its range's pages and holds them cached.
+    Ranges,
+}
+
+/// The loader of the `i`-th key of `total` (ascending key order) among
+/// `loaders` nodes under [`LoadPlacement::Ranges`]: the artifact's
+/// `partition(id, participants, N)` cut, blocks of `total / loaders`.
+fn range_loader(i: u64, total: u64, loaders: usize) -> usize {
+    let block = (total / loaders.max(1) as u64).max(1);
+    ((i / block) as usize).min(loaders.saturating_sub(1))
+}
+
 /// Everything the knobs say.
 struct Settings {
     node: NodeConfig,
+    load: LoadPlacement,
     join: Option<ChurnEvent>,
     leave: Vec<ChurnEvent>,
 }
@@ -197,6 +225,15 @@ impl ScaleStoreSpec {
             o => {
                 return Err(KvError::Config(format!(
                     "scalestore.alloc={o}: use round-robin or local"
+                )));
+            }
+        };
+        let load = match k.get::<String>("scalestore", KNOBS, "load")?.as_str() {
+            "one" => LoadPlacement::One,
+            "ranges" => LoadPlacement::Ranges,
+            o => {
+                return Err(KvError::Config(format!(
+                    "scalestore.load={o}: use one or ranges"
                 )));
             }
         };
@@ -252,6 +289,7 @@ impl ScaleStoreSpec {
                 evict_percent,
                 slot_wait: std::time::Duration::from_millis(slot_wait_ms),
             },
+            load,
             join,
             leave,
         })
@@ -434,6 +472,9 @@ impl EngineSpec for ScaleStoreSpec {
                 instance: args.serve.instance.clone(),
                 founders,
                 join: s.join,
+                load: s.load,
+                expected_keys: args.serve.expected_keys,
+                loaded: AtomicU64::new(0),
                 left: s.leave.iter().map(|_| AtomicBool::new(false)).collect(),
                 leave: s.leave,
                 ops: AtomicU64::new(0),
@@ -476,6 +517,12 @@ struct Shared {
     founders: Vec<(u8, NodeId)>,
     join: Option<ChurnEvent>,
     leave: Vec<ChurnEvent>,
+    /// Who inserts loaded keys, the keys the harness said it would load,
+    /// and how many it loaded so far (the load comes in ascending key
+    /// order, in chunks).
+    load: LoadPlacement,
+    expected_keys: u64,
+    loaded: AtomicU64,
     /// Client operations started.
     ops: AtomicU64,
     joined: AtomicBool,
@@ -699,14 +746,32 @@ impl Engine for ScaleStoreEngine {
         }))
     }
     async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
-        let node = self.node_of(ep.node())?;
-        let ep = Rc::new(dmkv_transport::Fabric::endpoint(&*node.fabric, node.id)?);
-        let c = Client {
-            shared: self.shared.clone(),
-            home: Rc::new(Worker::new(node, ep)),
-            proxy: RefCell::new(None),
+        let sh = &self.shared;
+        let loaders: Vec<Arc<ScaleNode>> = match sh.load {
+            LoadPlacement::One => vec![self.node_of(ep.node())?],
+            // Founders only: a node that joins later holds nothing at first.
+            LoadPlacement::Ranges => sh
+                .nodes
+                .iter()
+                .filter(|n| n.state() == NodeState::Active)
+                .cloned()
+                .collect(),
         };
+        if loaders.is_empty() {
+            return Err(KvError::Config("no scalestore node to load through".into()));
+        }
+        let mut clients = Vec::with_capacity(loaders.len());
+        for node in loaders {
+            let ep = Rc::new(dmkv_transport::Fabric::endpoint(&*node.fabric, node.id)?);
+            clients.push(Client {
+                shared: sh.clone(),
+                home: Rc::new(Worker::new(node, ep)),
+                proxy: RefCell::new(None),
+            });
+        }
         for (k, v) in pairs {
+            let i = sh.loaded.fetch_add(1, Ordering::Relaxed);
+            let c = &clients[range_loader(i, sh.expected_keys, clients.len())];
             let (w, _g) = c.enter(false)?;
             BTree::new(&*w).write(WriteKind::Upsert, *k, v).await?;
         }
@@ -985,4 +1050,24 @@ pub fn served_nodes(runtimes: &[Arc<NodeRuntime>], args: &ServeArgs) -> Vec<Arc<
         .iter()
         .filter_map(|rt| rt.attachment::<ScaleNode>(&args.name("node")))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::range_loader;
+
+    /// The artifact's `partition(id, participants, N)`: blocks of
+    /// `N / participants` in key order, the last one takes the rest.
+    #[test]
+    fn range_loaders_cut_the_keys_as_the_artifacts_driver() {
+        let owners: Vec<usize> = (0..10).map(|i| range_loader(i, 10, 3)).collect();
+        assert_eq!(owners, [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]);
+        assert!((0..50_000).all(|i| range_loader(i, 50_000, 5) == (i / 10_000) as usize));
+        // More keys than announced stay on the last loader; one loader takes all.
+        assert_eq!(range_loader(99, 10, 3), 2);
+        assert!((0..20).all(|i| range_loader(i, 10, 1) == 0));
+        // Fewer keys than loaders, and no announced keys at all.
+        assert_eq!(range_loader(1, 2, 5), 1);
+        assert_eq!(range_loader(7, 0, 4), 3);
+    }
 }
