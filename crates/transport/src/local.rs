@@ -1060,17 +1060,7 @@ mod tests {
                 ..LocalConfig::default()
             });
             let server = cluster.add_node(1);
-            let echo = server
-                .services()
-                .register(
-                    "echo",
-                    Arc::new(
-                        |_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
-                            Ok(r.to_vec())
-                        },
-                    ),
-                )
-                .unwrap();
+            let echo = register_echo(server.services());
             let me = cluster.add_node(0).id();
             let ep = cluster.fabric().endpoint(me).unwrap();
             let mut rng = SmallRng::seed_from_u64(7);
@@ -1089,6 +1079,20 @@ mod tests {
         }
     }
 
+    /// Registers a service that answers each request with its own bytes.
+    fn register_echo(services: &crate::service::ServiceTable) -> crate::ServiceId {
+        services
+            .register(
+                "echo",
+                Arc::new(
+                    |_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
+                        Ok(r.to_vec())
+                    },
+                ),
+            )
+            .unwrap()
+    }
+
     /// H1 through the whole RPC path: a handler that blocks whenever its
     /// queue is empty, callers on three threads with one RPC in flight each.
     #[test]
@@ -1099,17 +1103,7 @@ mod tests {
             ..LocalConfig::default()
         });
         let server = cluster.add_node(1);
-        let echo = server
-            .services()
-            .register(
-                "echo",
-                Arc::new(
-                    |_: &RpcContext, r: &[u8]| -> std::result::Result<Vec<u8>, ServiceError> {
-                        Ok(r.to_vec())
-                    },
-                ),
-            )
-            .unwrap();
+        let echo = register_echo(server.services());
         let node = server.id();
         std::thread::scope(|s| {
             for t in 0..3u8 {
