@@ -20,7 +20,10 @@
 #   h mig    the handler's sampled migrations between CPUs
 #   c parks  times the compute thread parked
 #
-#   scripts/five-runs.sh [EXTRA dmkv bench arguments, e.g. --pin-threads distinct]
+#   scripts/five-runs.sh [EXTRA dmkv bench arguments, e.g. --pin-threads none]
+#
+# (`dmkv bench` pins the handler and compute thread to CPUs of their own by
+# default when it can: `--pin-threads auto`.)
 #
 # Environment: DMKV (binary, default target/release/dmkv), RUNS (5),
 # KEEP (directory for the JSON reports; default a temporary one).

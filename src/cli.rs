@@ -110,8 +110,13 @@ pub struct DstArgs {
 /// `--pin-threads`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PinThreads {
+    /// `distinct` when the run's handler and compute threads fit on CPUs of
+    /// their own (one memory node, one node), else `none`.
+    Auto,
     Distinct,
     Shared,
+    /// The OS places every thread.
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -250,7 +255,8 @@ pub struct BenchArgs {
     /// Local transport: pin RPC handler and compute threads to CPUs.
     /// `distinct`: each on a CPU of its own (refused when the process may
     /// use fewer CPUs than --memnode-threads + --threads); `shared`: all on
-    /// one CPU. Without it the OS places them.
+    /// one CPU; `none`: the OS places them; `auto` (the default): `distinct`
+    /// when they fit (one memory node, one node), else `none`.
     #[arg(long, value_enum, value_name = "HOW")]
     pub pin_threads: Option<PinThreads>,
     /// With --transport sim: the hardware profile, a shipped name
@@ -359,6 +365,7 @@ pub struct Io<'a> {
 }
 
 /// A message for stderr and the exit code that goes with it.
+#[derive(Debug)]
 pub(crate) struct Failure(pub i32, pub String);
 
 fn usage(msg: impl Into<String>) -> Failure {
@@ -546,6 +553,48 @@ fn bench_threads(threads: Option<usize>, nodes: usize, err: &mut dyn Write) -> u
     }
 }
 
+/// The CPU placement of a bench run's handler and compute threads
+/// (`--pin-threads`; `None`: the OS places them).
+///
+/// `auto`, the default, pins each thread to a CPU of its own when they fit
+/// and the run has one memory node and one node: left to the OS, one
+/// handler and one compute thread on a 2-CPU host land sometimes on one CPU
+/// and sometimes on two, which serve RPCs at rates up to 1.5x apart, so
+/// identical runs disagreed (docs/performance.md, "Eleventh session").
+/// With several memory nodes (handler thread `h` of every node would share
+/// one CPU) or ScaleStore nodes (their workers are threads of their own)
+/// `auto` leaves placement to the OS, as it does on other transports.
+fn placement_plan(
+    how: Option<PinThreads>,
+    transport: Transport,
+    (handlers, memnodes): (usize, usize),
+    compute: usize,
+    nodes: usize,
+) -> Result<Option<dmkv_transport::placement::Plan>, Failure> {
+    use dmkv_transport::placement::Plan;
+    let how = how.unwrap_or(PinThreads::Auto);
+    if transport != Transport::Local {
+        return match how {
+            PinThreads::Auto | PinThreads::None => Ok(None),
+            _ => Err(usage("--pin-threads is a local-transport knob")),
+        };
+    }
+    let plan = match how {
+        PinThreads::None => return Ok(None),
+        PinThreads::Auto => {
+            return Ok(if memnodes <= 1 && nodes <= 1 {
+                Plan::distinct(handlers, compute).ok()
+            } else {
+                None
+            });
+        }
+        PinThreads::Distinct => Plan::distinct(handlers, compute),
+        PinThreads::Shared => Plan::shared(),
+    };
+    plan.map(Some)
+        .map_err(|e| usage(format!("--pin-threads: {e}")))
+}
+
 fn repro_command(registry: &Registry, a: ReproArgs, io: &mut Io<'_>) -> Result<i32, Failure> {
     if !a.list && a.figure.is_none() {
         return Err(usage(
@@ -728,18 +777,13 @@ pub(crate) fn bench_config(
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.local.handler_poll = std::time::Duration::from_micros(a.handler_poll_us);
-    if let Some(how) = a.pin_threads {
-        if a.transport != Transport::Local {
-            return Err(usage("--pin-threads is a local-transport knob"));
-        }
-        let plan = match how {
-            PinThreads::Distinct => {
-                dmkv_transport::placement::Plan::distinct(a.memnode_threads, threads)
-            }
-            PinThreads::Shared => dmkv_transport::placement::Plan::shared(),
-        };
-        cfg.local.placement = Some(plan.map_err(|e| usage(format!("--pin-threads: {e}")))?);
-    }
+    cfg.local.placement = placement_plan(
+        a.pin_threads,
+        a.transport,
+        (a.memnode_threads, a.memnodes),
+        threads,
+        nodes,
+    )?;
     cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
     cfg.op_limit = a.op_limit_ms.map(std::time::Duration::from_millis);
@@ -866,5 +910,69 @@ fn shell_command(registry: &Registry, a: ShellArgs, io: &mut Io<'_>) -> Result<i
         Ok(true) => Ok(EXIT_OK),
         Ok(false) => Ok(EXIT_FAILED),
         Err(e) => Err(Failure(EXIT_FAILED, e)),
+    }
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use super::{PinThreads, Transport, placement_plan};
+    use dmkv_transport::placement::{Plan, allowed_cpus};
+
+    #[test]
+    fn auto_pins_each_thread_to_a_cpu_of_its_own_only_when_they_fit() {
+        let cpus = allowed_cpus().expect("the CPUs this process may use");
+        let auto = |handlers, memnodes, compute, nodes| {
+            placement_plan(None, Transport::Local, (handlers, memnodes), compute, nodes)
+                .expect("auto never refuses")
+        };
+        // One handler and one compute thread: distinct CPUs when the process
+        // may use two, else the OS places them.
+        let expected = Plan::distinct_from(&cpus, 1, 1).ok();
+        assert_eq!(auto(1, 1, 1, 1), expected);
+        if let Some(plan) = &expected {
+            assert_ne!(plan.handlers[0], plan.compute[0]);
+        }
+        // More threads than CPUs, several memory nodes, several nodes: the OS.
+        assert_eq!(auto(1, 1, cpus.len(), 1), None);
+        assert_eq!(auto(1, 2, 1, 1), None);
+        assert_eq!(auto(1, 1, 1, 3), None);
+        // Explicitly `auto` is the same as not saying.
+        assert_eq!(
+            placement_plan(Some(PinThreads::Auto), Transport::Local, (1, 1), 1, 1).unwrap(),
+            expected
+        );
+    }
+
+    #[test]
+    fn explicit_placements_are_kept_or_refused_with_a_reason() {
+        let cpus = allowed_cpus().expect("the CPUs this process may use");
+        let none = placement_plan(Some(PinThreads::None), Transport::Local, (1, 1), 1, 1);
+        assert_eq!(none.unwrap(), None);
+        let shared = placement_plan(Some(PinThreads::Shared), Transport::Local, (1, 1), 1, 1)
+            .unwrap()
+            .expect("a plan");
+        assert_eq!(shared.handlers, shared.compute);
+        // `distinct` with more threads than CPUs is refused, not weakened.
+        let refused = placement_plan(
+            Some(PinThreads::Distinct),
+            Transport::Local,
+            (1, 1),
+            cpus.len(),
+            1,
+        );
+        let msg = match refused {
+            Err(super::Failure(_, msg)) => msg,
+            Ok(p) => panic!("distinct with too many threads gave {p:?}"),
+        };
+        assert!(msg.contains("--pin-threads"), "{msg}");
+        // Other transports: auto and none place nothing; a placement is refused.
+        for t in [Transport::Sim, Transport::Ucx] {
+            assert_eq!(placement_plan(None, t, (1, 1), 1, 1).unwrap(), None);
+            assert_eq!(
+                placement_plan(Some(PinThreads::None), t, (1, 1), 1, 1).unwrap(),
+                None
+            );
+            assert!(placement_plan(Some(PinThreads::Shared), t, (1, 1), 1, 1).is_err());
+        }
     }
 }
