@@ -75,8 +75,8 @@ pub struct LocalConfig {
     pub handler_poll: Duration,
     /// Where handler threads (and the bench's compute threads) run
     /// (`dmkv bench --pin-threads`); `None`: wherever the OS puts them. A
-    /// cluster created with a plan puts it in force for the whole process
-    /// ([`crate::placement::set_plan`]).
+    /// new cluster puts its plan, or none, in force for the whole process
+    /// ([`crate::placement::set_plan`]); threads pin when they start.
     pub placement: Option<crate::placement::Plan>,
 }
 
@@ -379,9 +379,10 @@ pub struct LocalCluster {
 
 impl LocalCluster {
     pub fn new(config: LocalConfig) -> LocalCluster {
-        if let Some(plan) = &config.placement {
-            crate::placement::set_plan(Some(plan.clone()));
-        }
+        // The plan in force is this cluster's, also when it has none: a plan
+        // left by an earlier cluster of the process must not pin this one's
+        // threads.
+        crate::placement::set_plan(config.placement.clone());
         let (reaper, handle) = Reaper::start(config.rpc_timeout);
         LocalCluster {
             inner: Arc::new(Inner {
