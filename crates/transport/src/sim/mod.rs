@@ -13,6 +13,7 @@
 //! See `docs/simulation.md` for the model, its calibration and what it
 //! leaves out.
 
+mod calendar;
 pub(crate) mod cache;
 pub mod faults;
 mod jobwork;
