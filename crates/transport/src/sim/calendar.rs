@@ -184,7 +184,11 @@ impl PairOrder {
         let (i, before) = match self.ahead.back() {
             Some(&(p, _)) if p > at => {
                 let i = self.ahead.partition_point(|&(p, _)| p <= at);
-                let before = self.ahead.range(..i).map(|&(_, a)| a).fold(self.floor, u64::max);
+                let before = self
+                    .ahead
+                    .range(..i)
+                    .map(|&(_, a)| a)
+                    .fold(self.floor, u64::max);
                 (i, before)
             }
             _ => (self.ahead.len(), self.latest),
@@ -308,7 +312,11 @@ mod tests {
             c.occupy(now, now + 3_000, 20, 0);
             c.occupy(now, now, 20, 0);
             now += 100 + k % 7;
-            assert!(c.intervals().len() <= 64, "{} intervals", c.intervals().len());
+            assert!(
+                c.intervals().len() <= 64,
+                "{} intervals",
+                c.intervals().len()
+            );
         }
         let mut p = PairOrder::default();
         let mut now = 0;
@@ -349,7 +357,12 @@ mod tests {
                 if rng.gen_bool(0.3) {
                     now += rng.gen_range(0..50);
                 }
-                let at = now + if rng.gen_bool(0.5) { 0 } else { rng.gen_range(0..400) };
+                let at = now
+                    + if rng.gen_bool(0.5) {
+                        0
+                    } else {
+                        rng.gen_range(0..400)
+                    };
                 let len = rng.gen_range(1..40);
                 let got = c.occupy(now, at, len, 0) - len;
                 let want = b.place(at, len);
@@ -369,10 +382,20 @@ mod tests {
                 // before it, and keeps what it pruned no part of).
                 let h = now.min(at);
                 let clip = |v: &[(u64, u64)]| -> Vec<(u64, u64)> {
-                    v.iter().filter(|&&(_, e)| e > h).map(|&(s, e)| (s.max(h), e)).collect()
+                    v.iter()
+                        .filter(|&&(_, e)| e > h)
+                        .map(|&(s, e)| (s.max(h), e))
+                        .collect()
                 };
-                assert_eq!(clip(c.intervals()), clip(&merged), "seed {seed} step {step}");
-                assert!(c.intervals().iter().all(|&(_, e)| e > h), "seed {seed}: not pruned");
+                assert_eq!(
+                    clip(c.intervals()),
+                    clip(&merged),
+                    "seed {seed} step {step}"
+                );
+                assert!(
+                    c.intervals().iter().all(|&(_, e)| e > h),
+                    "seed {seed}: not pruned"
+                );
             }
         }
     }
@@ -416,7 +439,12 @@ mod tests {
             let mut now = 0u64;
             for _ in 0..500usize {
                 now += rng.gen_range(0..30);
-                let at = now + if rng.gen_bool(0.6) { 0 } else { rng.gen_range(0..300) };
+                let at = now
+                    + if rng.gen_bool(0.6) {
+                        0
+                    } else {
+                        rng.gen_range(0..300)
+                    };
                 let want = at + rng.gen_range(10..200);
                 let before = p.overtaken;
                 let got = p.place(now, at, want);

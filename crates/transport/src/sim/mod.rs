@@ -13,8 +13,8 @@
 //! See `docs/simulation.md` for the model, its calibration and what it
 //! leaves out.
 
-mod calendar;
 pub(crate) mod cache;
+mod calendar;
 pub mod faults;
 mod jobwork;
 mod lines;

@@ -1267,8 +1267,8 @@ fn respond(
     state.borrow_mut().results[i] = Some(result);
     let arrive = send_message(sim, dst, ep.node, at, back_bytes, ep.lane);
     // The client's NIC takes the response when it arrives; it is reserved
-    // now, in send order rather than arrival order, which saves an event
-    // per verb (arrivals at one NIC from one sender are in order anyway).
+    // now, ahead of that instant, which saves an event per verb: its
+    // calendar serves it in virtual-time order all the same (invariant 2).
     let done = receive_message_at(sim, ep.node, back_bytes, arrive, ep.lane);
     let finished = {
         let mut st = state.borrow_mut();
