@@ -36,15 +36,16 @@
 //! [`PairOrder`] keeps messages from one node to another arriving in the
 //! order they were posted in virtual time (see its invariant).
 
-use smallvec::SmallVec;
 use std::collections::VecDeque;
 
 /// A server (a NIC direction, an atomics unit's address) that serves work
 /// in virtual-time order, first fit, with its busy time and traffic.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Calendar {
-    /// Busy intervals `[start, end)`, sorted, disjoint, not touching.
-    busy: SmallVec<[(u64, u64); 2]>,
+    /// Busy intervals `[start, end)`, sorted, disjoint, not touching (a
+    /// deque: pruning pops from the front, the common reservation pushes
+    /// at the back).
+    busy: VecDeque<(u64, u64)>,
     pub(crate) busy_ns: u64,
     pub(crate) count: u64,
     pub(crate) bytes: u64,
@@ -74,15 +75,14 @@ impl Calendar {
     fn place(&mut self, now: u64, at: u64, len: u64) -> u64 {
         // Invariant 3: nothing can be placed before min(now, at) again.
         let horizon = now.min(at);
-        if self.busy.first().is_some_and(|&(_, e)| e <= horizon) {
-            let k = self.busy.partition_point(|&(_, e)| e <= horizon);
-            self.busy.drain(..k);
+        while self.busy.front().is_some_and(|&(_, e)| e <= horizon) {
+            self.busy.pop_front();
         }
         // The common case: after everything reserved so far (O(1)).
-        match self.busy.last_mut() {
+        match self.busy.back_mut() {
             None => {
                 if len > 0 {
-                    self.busy.push((at, at + len));
+                    self.busy.push_back((at, at + len));
                 }
                 return at;
             }
@@ -91,7 +91,7 @@ impl Calendar {
                     if at == last.1 {
                         last.1 = at + len;
                     } else {
-                        self.busy.push((at, at + len));
+                        self.busy.push_back((at, at + len));
                     }
                 }
                 return at;
@@ -131,8 +131,8 @@ impl Calendar {
 
     /// Intervals held (reserved ahead of the last call's horizon).
     #[cfg(test)]
-    fn intervals(&self) -> &[(u64, u64)] {
-        &self.busy
+    fn intervals(&self) -> Vec<(u64, u64)> {
+        self.busy.iter().copied().collect()
     }
 }
 
@@ -388,7 +388,7 @@ mod tests {
                         .collect()
                 };
                 assert_eq!(
-                    clip(c.intervals()),
+                    clip(&c.intervals()),
                     clip(&merged),
                     "seed {seed} step {step}"
                 );
