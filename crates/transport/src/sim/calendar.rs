@@ -196,13 +196,13 @@ impl PairOrder {
         let mut arrive = arrive.max(before + 1);
         // Before every message posted after it, already on its way.
         let after = self.ahead.range(i..).map(|&(_, a)| a).min();
-        if let Some(after) = after {
-            if arrive >= after {
-                if before + 1 < after {
-                    arrive = after - 1;
-                } else {
-                    self.overtaken += 1;
-                }
+        if let Some(after) = after
+            && arrive >= after
+        {
+            if before + 1 < after {
+                arrive = after - 1;
+            } else {
+                self.overtaken += 1;
             }
         }
         self.latest = self.latest.max(arrive);
