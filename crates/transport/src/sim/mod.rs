@@ -14,6 +14,7 @@
 //! leaves out.
 
 pub(crate) mod cache;
+mod calendar;
 pub mod faults;
 mod jobwork;
 mod lines;

@@ -19,13 +19,22 @@
 //! *lane*), so each NIC has its own message-rate and bandwidth queues.
 //!
 //! Invariants:
-//! 1. Messages between two nodes arrive in the order they were sent, and
-//!    verbs from one node to another act on memory in posting order and
+//! 1. Messages from one node to another arrive in the order they were
+//!    posted in virtual time (`calendar::PairOrder`: the instant each is
+//!    handed to the sending NIC, not the order the model reserved them),
+//!    and verbs from one node to another act on memory in that order and
 //!    never overlap (a reliable-connection queue pair).
-//! 2. Each NIC direction, each core and each atomics address serves one
-//!    thing at a time, first come first served; their busy time is counted
-//!    for the utilisation report.
+//! 2. Each NIC direction and each atomics address serves one thing at a
+//!    time in virtual-time order: a message ready at `at` starts at the
+//!    first instant `>= at` at which the server is free for its whole
+//!    service time, in an idle gap before work reserved ahead for later
+//!    instants if one fits (`calendar::Calendar`; branch i36). Client cores
+//!    and SSDs are only ever reserved for the current instant, so they stay
+//!    first come first served (`Server`), which is the same thing for
+//!    them. Busy time, counts and bytes are counted for the utilisation
+//!    report.
 
+use super::calendar::{Calendar, PairOrder};
 use super::{Sim, current, with_metering};
 use crate::addr::{NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
 use crate::backend::{
@@ -53,7 +62,10 @@ const MAX_PIECES: usize = 8;
 // ---------------------------------------------------------------------------
 // Resources
 
-/// A first-come-first-served server (a NIC direction, a client core).
+/// A first-come-first-served server (a client core, an SSD): only ever
+/// reserved for the current virtual time, which never goes back, so the
+/// order of calls is the order of virtual time (the NICs, reserved ahead,
+/// are [`Calendar`]s).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Server {
     free_at: u64,
@@ -70,15 +82,6 @@ impl Server {
         self.busy_ns += service;
         self.count += 1;
         self.bytes += bytes;
-        self.free_at
-    }
-
-    /// Holds the server `ns` longer from `at` (work that is not a message
-    /// of its own, e.g. a connection-context fetch); returns when done.
-    fn stall(&mut self, at: u64, ns: u64) -> u64 {
-        let start = at.max(self.free_at);
-        self.free_at = start + ns;
-        self.busy_ns += ns;
         self.free_at
     }
 }
@@ -251,8 +254,8 @@ impl std::hash::Hasher for FastHasher {
 /// cache (when the profile models one).
 #[derive(Default)]
 pub(crate) struct Nic {
-    tx: Server,
-    rx: Server,
+    tx: Calendar,
+    rx: Calendar,
     qp_cache: QpCache,
 }
 
@@ -296,31 +299,38 @@ pub(crate) struct Net {
     coreset_names: Vec<String>,
     /// Client cores (one per endpoint): name and server.
     clients: Vec<(String, Rc<RefCell<Server>>)>,
-    /// Per ordered node pair: when the last message arrives (invariant 1).
-    last_arrival: PairTable,
-    /// Per ordered node pair: when the last verb's memory access ends.
-    qp_busy_until: PairTable,
-    /// Per atomic address: when the NIC's atomics unit frees it.
-    atomic_free: FastMap<(u16, u32, u64), u64>,
+    /// Per ordered node pair: the arrivals of messages posted ahead, so
+    /// that every message arrives in posting order (invariant 1).
+    arrivals: PairTable<PairOrder>,
+    /// Per ordered node pair: when the last verb's memory access ends. Set
+    /// when a verb arrives (an event, so in virtual-time order), for an
+    /// instant that may be ahead when the queue pair is still busy: the
+    /// next verb of the pair must act after it anyway (invariant 1).
+    qp_busy_until: PairTable<u64>,
+    /// Per atomic address: the NIC's atomics unit's reservations for it
+    /// (invariant 2: an atomic whose queue pair lets it start early is not
+    /// queued behind one reserved for later).
+    atomic_free: FastMap<(u16, u32, u64), Calendar>,
 }
 
-/// A time per ordered pair of nodes (0 until set), indexed directly: node
-/// ids are small and dense, and a message looks up one of these twice.
+/// A value per ordered pair of nodes (default until set), indexed
+/// directly: node ids are small and dense, and a message looks up one of
+/// these twice.
 #[derive(Default)]
-struct PairTable {
+struct PairTable<T> {
     /// `rows[from][to]`, grown on first use.
-    rows: Vec<Vec<u64>>,
+    rows: Vec<Vec<T>>,
 }
 
-impl PairTable {
-    fn get_mut(&mut self, from: NodeId, to: NodeId) -> &mut u64 {
+impl<T: Default> PairTable<T> {
+    fn get_mut(&mut self, from: NodeId, to: NodeId) -> &mut T {
         let (from, to) = (from.0 as usize, to.0 as usize);
         if self.rows.len() <= from {
             self.rows.resize_with(from + 1, Vec::new);
         }
         let row = &mut self.rows[from];
         if row.len() <= to {
-            row.resize(to + 1, 0);
+            row.resize_with(to + 1, T::default);
         }
         &mut row[to]
     }
@@ -718,17 +728,16 @@ impl NodeModel {
 fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
+    let now = sim.sched.now();
+    debug_assert!(at >= now, "a message posted in the past");
     let mut net = sim.net.borrow_mut();
     let wire_bytes = payload + sim.profile.network.header_bytes;
     let sent = net.nodes[from.0 as usize]
         .nic(lane)
         .tx
-        .occupy(at, service, wire_bytes);
-    let mut arrive = sent + sim.profile.network.one_way_ns + jitter;
-    let last = net.last_arrival.get_mut(from, to);
-    arrive = arrive.max(*last + 1);
-    *last = arrive;
-    arrive
+        .occupy(now, at, service, wire_bytes);
+    let arrive = sent + sim.profile.network.one_way_ns + jitter;
+    net.arrivals.get_mut(from, to).place(now, at, arrive)
 }
 
 /// The receiving NIC of `lane` takes a message that arrived now; returns
@@ -741,10 +750,11 @@ fn receive_message(sim: &Sim, to: NodeId, payload: u64, lane: u32) -> u64 {
 fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let wire_bytes = payload + sim.profile.network.header_bytes;
+    let now = sim.sched.now();
     sim.net.borrow_mut().nodes[to.0 as usize]
         .nic(lane)
         .rx
-        .occupy(at, service, wire_bytes)
+        .occupy(now, at, service, wire_bytes)
 }
 
 /// One batch in flight: shared by its verbs' events and the task that
@@ -1057,7 +1067,7 @@ fn arrive_verb(
             .qp_cache
             .access(ep.id, net_profile.qp_cache_entries as usize)
         {
-            rx_done = nic.rx.stall(rx_done, net_profile.qp_miss_ns);
+            rx_done = nic.rx.stall(now, rx_done, net_profile.qp_miss_ns);
             context_ready = rx_done;
         }
     }
@@ -1073,12 +1083,11 @@ fn arrive_verb(
         Verb::Cas { .. } | Verb::Faa { .. } => net_profile.atomic_ns,
     };
     if let Verb::Cas { .. } | Verb::Faa { .. } = &verb {
-        let free = net
+        let unit = net
             .atomic_free
             .entry((dst.0, addr.region.0, addr.offset))
-            .or_insert(0);
-        start = start.max(*free);
-        *free = start + net_profile.atomic_ns;
+            .or_default();
+        start = unit.stall(now, start, net_profile.atomic_ns) - net_profile.atomic_ns;
     }
     *qp_free = start + duration;
     drop(guard);
@@ -1258,8 +1267,8 @@ fn respond(
     state.borrow_mut().results[i] = Some(result);
     let arrive = send_message(sim, dst, ep.node, at, back_bytes, ep.lane);
     // The client's NIC takes the response when it arrives; it is reserved
-    // now, in send order rather than arrival order, which saves an event
-    // per verb (arrivals at one NIC from one sender are in order anyway).
+    // now, ahead of that instant, which saves an event per verb: its
+    // calendar serves it in virtual-time order all the same (invariant 2).
     let done = receive_message_at(sim, ep.node, back_bytes, arrive, ep.lane);
     let finished = {
         let mut st = state.borrow_mut();
