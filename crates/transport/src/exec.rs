@@ -188,15 +188,45 @@ fn idle(shared: &Shared) {
             continue;
         }
         count(yields, true);
-        match due {
+        let unnotified = match due {
             None => shared.parker.park(),
             Some(d) => {
                 relax_timer_slack();
-                shared.parker.park_at_most(d - now);
+                shared.parker.park_at_most(d - now)
             }
+        };
+        if unnotified && woke_late(shared) {
+            crate::servestats::add(
+                crate::servestats::Role::Compute,
+                crate::servestats::Counter::TimedOutWithWork,
+                1,
+            );
         }
         return;
     }
+}
+
+/// Spins `woke_late` waits for a notify that is on its way.
+const LATE_WAKE_GRACE_SPINS: u32 = 1_000;
+
+/// After a park that no notify ended (its timeout did): whether a task
+/// was ready all the same, i.e. a waker set its flag and its notify did
+/// not arrive. A waker between its two steps (the flag set, the notify
+/// not yet) is given [`LATE_WAKE_GRACE_SPINS`] spins to notify; one
+/// preempted for longer between them is counted too, so the count is an
+/// upper bound on lost wake-ups (the lost-wake-up detector of
+/// docs/transport.md, "Executor").
+fn woke_late(shared: &Shared) -> bool {
+    if !shared.ready.iter().any(|r| r.load(Ordering::SeqCst)) {
+        return false;
+    }
+    for _ in 0..LATE_WAKE_GRACE_SPINS {
+        if shared.parker.is_notified() {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+    !shared.parker.is_notified()
 }
 
 thread_local! {
@@ -714,6 +744,47 @@ mod tests {
         }
         assert!(start.elapsed() >= Duration::from_micros(50));
         assert_eq!(SHORT_SLEEPS.with(|l| l.borrow().len()), 0);
+    }
+
+    /// The lost-wake-up detector (`woke_late`): a park that ends by its
+    /// timeout with a task's ready flag set and no notify is counted; one
+    /// with nothing ready, or ended by a waker's notify, is not. The faulty
+    /// waker here sets the flag and never notifies. Fails without the
+    /// detector (the count stays 0).
+    #[test]
+    fn a_park_timed_out_with_a_task_ready_is_counted() {
+        use crate::servestats::{Counter, own};
+        std::thread::spawn(|| {
+            let shared = Arc::new(Shared {
+                ready: vec![AtomicBool::new(false)],
+                parker: Parker::new(),
+            });
+            // Nothing ready: the park times out, nothing is counted.
+            shared.parker.take();
+            idle(&shared);
+            assert_eq!(own(Counter::TimedOutWithWork), 0);
+            // A waker that sets the flag without notifying.
+            shared.parker.take();
+            shared.ready[0].swap(true, Ordering::SeqCst);
+            idle(&shared);
+            assert_eq!(own(Counter::TimedOutWithWork), 1);
+            // A waker that does both, from another thread, later.
+            shared.ready[0].store(false, Ordering::SeqCst);
+            shared.parker.take();
+            let s = shared.clone();
+            let waker = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(2));
+                s.ready[0].swap(true, Ordering::SeqCst);
+                s.parker.notify();
+            });
+            while !shared.parker.is_notified() {
+                idle(&shared);
+            }
+            waker.join().unwrap();
+            assert_eq!(own(Counter::TimedOutWithWork), 1);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -72,5 +72,7 @@ pub use cputime::{BusyClock, thread_cpu_ns, touch_local_at, touch_local_lines};
 pub use endpoint::{Batch, BatchResult, BatchRun, Endpoint, OneVerb, ReadBuf};
 pub use error::{ErrorCode, Result, ServiceError, TransportError};
 pub use region::RegionMem;
-pub use service::{DeferredService, Reply, Responder, RpcContext, Service, ServiceTable};
+pub use service::{
+    DeferredService, HandlerCache, Reply, Responder, RpcContext, Service, ServiceTable,
+};
 pub use wire::{WireError, WireReader, WireWriter};

@@ -24,7 +24,7 @@ use crate::exec::{sleep, yield_now};
 use crate::local_rpc::{Doorbell, Incoming, Lane, Reaper, ReplyWait, RequestHeader, RpcSlots};
 use crate::region::{RegionEntry, RegionMem};
 use crate::servestats::{self, Counter, Role};
-use crate::service::{Reply, RpcContext, ServiceTable};
+use crate::service::{HandlerCache, Reply, RpcContext, ServiceTable};
 use parking_lot::{Mutex, RwLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -234,6 +234,8 @@ impl NodeState {
         let mut lanes: Vec<Arc<Lane>> = Vec::new();
         let mut version = u64::MAX;
         let mut buf = Vec::new();
+        // This thread's copy of the handler table (`HandlerCache`, G1-G3).
+        let mut handlers = HandlerCache::new();
         loop {
             if self.bell.stopping() {
                 return;
@@ -243,6 +245,9 @@ impl NodeState {
                 lanes = self.lanes.lock().clone();
                 version = v;
             }
+            // G3: a change of the table is picked up at this poll, so an
+            // unregistered handler is not kept alive by an idle thread.
+            self.services.refresh(&mut handlers);
             let mut served = 0u64;
             // Charging (docs/transport.md): a stretch's readings start at
             // the poll that found a request (no-op while one is open).
@@ -256,7 +261,7 @@ impl NodeState {
                     served += 1;
                     servestats::add_event(Role::Handler, Counter::Requests, 1);
                     clock.busy();
-                    self.handle(req, &buf);
+                    self.handle(req, &buf, &mut handlers);
                 }
             }
             if served > 0 {
@@ -268,12 +273,13 @@ impl NodeState {
                 self.forget_finished_lanes();
                 continue;
             }
-            self.wait_for_request(&lanes, version, spins);
+            self.wait_for_request(&lanes, version, spins, &mut handlers);
         }
     }
 
-    /// Runs one request's handler and sends its reply.
-    fn handle(&self, req: Incoming, inline: &[u8]) {
+    /// Runs one request's handler (found in the thread's `handlers` copy)
+    /// and sends its reply.
+    fn handle(&self, req: Incoming, inline: &[u8], handlers: &mut HandlerCache) {
         if self.crashed.load(Ordering::Acquire) {
             return; // `req.reply` answers `NodeDown`
         }
@@ -292,7 +298,7 @@ impl NodeState {
         let payload = req.big.as_deref().unwrap_or(inline);
         let reply = req.reply;
         self.services
-            .dispatch(&ctx, req.service, payload, move |r| reply.send(r));
+            .dispatch_cached(handlers, &ctx, req.service, payload, move |r| reply.send(r));
     }
 
     /// Whether a request waits in one of `lanes`, the lane list changed
@@ -311,7 +317,13 @@ impl NodeState {
     #[inline(never)] // kept apart (and so named) so profiles can tell idle
     // polling from work: scripts/instructions-per-op.sh counts
     // `wait_for_request` as idle
-    fn wait_for_request(&self, lanes: &[Arc<Lane>], version: u64, spins: u32) {
+    fn wait_for_request(
+        &self,
+        lanes: &[Arc<Lane>],
+        version: u64,
+        spins: u32,
+        handlers: &mut HandlerCache,
+    ) {
         // Counted for the report (servestats) once per wait, not per poll.
         let mut polls = 0u32;
         let mut yields = 0u64;
@@ -330,7 +342,9 @@ impl NodeState {
         loop {
             // The reading a stretch starts at if this poll finds a request.
             crate::charge::note_poll();
-            if self.anything_to_do(lanes, version) {
+            // A changed handler table ends the wait too, so that the loop
+            // refreshes its copy (G3).
+            if self.anything_to_do(lanes, version) || !handlers.is_current(&self.services) {
                 counts(polls, yields, 0);
                 return;
             }
@@ -345,6 +359,9 @@ impl NodeState {
             let start = *since.get_or_insert_with(Instant::now);
             if self.handler_poll.is_zero() || start.elapsed() >= self.handler_poll {
                 counts(polls, yields, 1);
+                // A blocked thread holds no handler (G3): an unregister
+                // while it sleeps drops the handler at once.
+                handlers.release();
                 self.bell.sleep(|| self.anything_to_do(lanes, version));
                 return;
             }
@@ -901,6 +918,42 @@ impl LocalEndpoint {
         service: ServiceId,
         payload: Vec<u8>,
     ) -> std::result::Result<ReplyWait<'_>, OpFuture<'_, Result<Reply>>> {
+        // The common case borrows the node from this endpoint's table (no
+        // reference count changes hands per RPC); the same checks as below.
+        let payload = {
+            let targets = self.targets.borrow();
+            match targets.get(node.0 as usize) {
+                Some(Some(target))
+                    if target.handler_threads > 0
+                        && !self.inner.faults_active.load(Ordering::Acquire) =>
+                {
+                    if let Err(e) = target.check_up() {
+                        return Err(OpFuture::ready(Err(e)));
+                    }
+                    let header = RequestHeader {
+                        from: self.node,
+                        service,
+                        deliver_at: None,
+                    };
+                    match self.rpcs.send(node, header, payload) {
+                        Ok(wait) => {
+                            self.sent(target, node);
+                            return Ok(wait);
+                        }
+                        Err(payload) => {
+                            return Err(OpFuture::boxed(self.send_when_room(
+                                target.clone(),
+                                node,
+                                service,
+                                payload,
+                                None,
+                            )));
+                        }
+                    }
+                }
+                _ => payload,
+            }
+        };
         let target = match self.target(node) {
             Ok(n) => n,
             Err(e) => return Err(OpFuture::ready(Err(e))),
@@ -1092,6 +1145,73 @@ mod tests {
                 ),
             )
             .unwrap()
+    }
+
+    /// G3 (`service::HandlerCache`): the handler threads' copies of the
+    /// handler table do not keep an unregistered handler alive. Two handler
+    /// threads serve the handler (so both hold it), then it is unregistered
+    /// while they poll: for ever (`handler_poll` one hour: only the idle
+    /// refresh can drop it), briefly (1 ms: polling, then blocking) or not
+    /// at all (zero: they block at once, releasing their copies). Its state
+    /// must be dropped (waited for up to 10 s; seen at once when it works)
+    /// and a later RPC with its id must get the unknown-service error (G2).
+    /// Checked to fail without the idle refresh: with the `is_current`
+    /// test taken out of `wait_for_request`, the one-hour case never drops
+    /// the state.
+    #[test]
+    fn an_unregistered_handler_is_dropped_by_idle_handler_threads() {
+        for poll in [
+            Duration::from_secs(3600),
+            Duration::from_millis(1),
+            Duration::ZERO,
+        ] {
+            let cluster = LocalCluster::new(LocalConfig {
+                handler_poll: poll,
+                rpc_timeout: Duration::from_secs(10),
+                ..LocalConfig::default()
+            });
+            let server = cluster.add_node(2);
+            let state = Arc::new(7u64);
+            let weak = Arc::downgrade(&state);
+            let id = server
+                .services()
+                .register(
+                    "tracked",
+                    Arc::new(
+                        move |_: &RpcContext,
+                              _: &[u8]|
+                              -> std::result::Result<Vec<u8>, ServiceError> {
+                            Ok(state.to_le_bytes().to_vec())
+                        },
+                    ),
+                )
+                .unwrap();
+            let me = cluster.add_node(0).id();
+            let ep = cluster.fabric().endpoint(me).unwrap();
+            // Enough calls in flight at once that both threads serve some.
+            let calls: Vec<crate::exec::LocalTask<'_, Result<Vec<u8>>>> = (0..64)
+                .map(|_| Box::pin(ep.call(server.id(), id, Vec::new())) as _)
+                .collect();
+            for r in crate::exec::run_tasks(calls) {
+                assert_eq!(r.unwrap(), 7u64.to_le_bytes());
+            }
+            server.services().unregister("tracked");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while weak.strong_count() > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(
+                weak.strong_count(),
+                0,
+                "handler_poll {poll:?}: a handler thread still holds the unregistered handler"
+            );
+            match block_on(ep.call(server.id(), id, Vec::new())) {
+                Err(TransportError::Remote { error, .. }) => {
+                    assert_eq!(error.code, crate::ErrorCode::UnknownService, "{error}")
+                }
+                other => panic!("handler_poll {poll:?}: expected unknown service, got {other:?}"),
+            }
+        }
     }
 
     /// H1 through the whole RPC path: a handler that blocks whenever its

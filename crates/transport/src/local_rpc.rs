@@ -156,9 +156,19 @@ struct Consumer {
 #[derive(Default)]
 pub(crate) struct Doorbell {
     flags: BellFlags,
-    lock: Mutex<()>,
+    /// Rings so far (each under the lock, so a sleeper whose wait timed out
+    /// can tell a ring on its way from none).
+    lock: Mutex<u64>,
     cv: Condvar,
 }
+
+/// Yields a sleeper whose wait timed out with work gives a producer on its
+/// way to ring before it counts the wake-up as lost.
+const LATE_RING_GRACE_YIELDS: u32 = 4;
+/// How long a blocked handler waits before it looks at its lanes itself: a
+/// safety net and the detector of a lost wake-up (a request found waiting
+/// when the wait times out is counted, `Counter::TimedOutWithWork`).
+const BELL_TIMEOUT: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 #[repr(align(128))]
@@ -175,19 +185,44 @@ impl Doorbell {
     pub(crate) fn ring(&self) {
         fence(Ordering::SeqCst);
         if self.flags.sleepers.load(Ordering::Relaxed) > 0 {
-            let _g = self.lock.lock();
+            let mut rings = self.lock.lock();
+            *rings += 1;
             self.cv.notify_all();
         }
     }
 
     /// Handler: blocks unless `ready()` (checked after counting itself in)
-    /// says there is something to do (invariant 4).
+    /// says there is something to do (invariant 4). Every [`BELL_TIMEOUT`]
+    /// it looks itself; a wait that timed out with `ready()` true and no
+    /// ring on its way is a lost wake-up: counted, and served.
     pub(crate) fn sleep(&self, ready: impl Fn() -> bool) {
         let mut g = self.lock.lock();
         self.flags.sleepers.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        if !self.stopping() && !ready() {
-            self.cv.wait(&mut g);
+        while !self.stopping() && !ready() {
+            let rings = *g;
+            if !self.cv.wait_for(&mut g, BELL_TIMEOUT).timed_out() {
+                break; // rung (or a spurious wake-up: the caller re-checks)
+            }
+            if self.stopping() || !ready() {
+                continue; // nothing came: wait on
+            }
+            // A request waits. A producer may be about to ring (it
+            // published, then found a sleeper, and waits for this lock):
+            // let it in before calling the wake-up lost.
+            parking_lot::MutexGuard::unlocked(&mut g, || {
+                for _ in 0..LATE_RING_GRACE_YIELDS {
+                    std::thread::yield_now();
+                }
+            });
+            if *g == rings {
+                crate::servestats::add(
+                    crate::servestats::Role::Handler,
+                    crate::servestats::Counter::TimedOutWithWork,
+                    1,
+                );
+            }
+            break;
         }
         self.flags.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
@@ -195,7 +230,8 @@ impl Doorbell {
     /// Tells every handler to return.
     pub(crate) fn stop(&self) {
         self.flags.stopping.store(true, Ordering::SeqCst);
-        let _g = self.lock.lock();
+        let mut rings = self.lock.lock();
+        *rings += 1;
         self.cv.notify_all();
     }
 
@@ -778,6 +814,42 @@ impl Reaper {
 mod tests {
     use super::*;
     use crate::exec::{LocalTask, block_on, run_tasks};
+
+    /// The handler side of the lost-wake-up detector: a sleeper whose wait
+    /// times out ([`BELL_TIMEOUT`]) with work and no ring counts it and
+    /// returns; a ring wakes it uncounted. The "producer" here publishes
+    /// without ringing. Fails without the timed wait (the first sleep
+    /// would block for ever).
+    #[test]
+    fn a_sleep_timed_out_with_a_request_waiting_is_counted() {
+        use crate::servestats::{Counter, own};
+        std::thread::spawn(|| {
+            let bell = Arc::new(Doorbell::default());
+            let work = Arc::new(AtomicBool::new(false));
+            let w = work.clone();
+            let quiet = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                w.store(true, Ordering::SeqCst); // and no ring
+            });
+            bell.sleep(|| work.load(Ordering::SeqCst));
+            quiet.join().unwrap();
+            assert_eq!(own(Counter::TimedOutWithWork), 1);
+            // A producer that rings: not counted.
+            work.store(false, Ordering::SeqCst);
+            let (b, w) = (bell.clone(), work.clone());
+            let ringer = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5));
+                w.store(true, Ordering::SeqCst);
+                b.ring();
+            });
+            bell.sleep(|| work.load(Ordering::SeqCst));
+            ringer.join().unwrap();
+            assert!(work.load(Ordering::SeqCst));
+            assert_eq!(own(Counter::TimedOutWithWork), 1);
+        })
+        .join()
+        .unwrap();
+    }
 
     const NODE: NodeId = NodeId(1);
 

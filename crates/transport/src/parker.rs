@@ -56,20 +56,22 @@ impl Parker {
     }
 
     /// Parks until notified. Outside loom it also returns after a safety
-    /// timeout (the caller re-checks its tasks either way).
-    pub(crate) fn park(&self) {
-        self.park_at_most(std::time::Duration::from_millis(10));
+    /// timeout (the caller re-checks its tasks either way). Returns whether
+    /// the thread parked and no notify came while it was parked (it ended
+    /// by its timeout, or spuriously).
+    pub(crate) fn park(&self) -> bool {
+        self.park_at_most(std::time::Duration::from_millis(10))
     }
 
     /// [`Parker::park`], returning after `timeout` at the latest outside
     /// loom (the executor parks until its earliest short sleep is due).
-    pub(crate) fn park_at_most(&self, timeout: std::time::Duration) {
+    pub(crate) fn park_at_most(&self, timeout: std::time::Duration) -> bool {
         if self
             .state
             .compare_exchange(EMPTY, PARKED, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return; // notified meanwhile
+            return false; // notified meanwhile
         }
         #[cfg(loom)]
         while self.state.load(Ordering::Acquire) == PARKED {
@@ -79,10 +81,11 @@ impl Parker {
         thread::park_timeout(timeout);
         #[cfg(loom)]
         let _ = timeout;
-        // Back to EMPTY unless a notify arrived (then keep NOTIFIED).
-        let _ = self
-            .state
-            .compare_exchange(PARKED, EMPTY, Ordering::AcqRel, Ordering::Acquire);
+        // Back to EMPTY unless a notify arrived (then keep NOTIFIED). Still
+        // PARKED: nobody notified during the park.
+        self.state
+            .compare_exchange(PARKED, EMPTY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 }
 

@@ -37,8 +37,9 @@ pub enum Role {
     Compute,
 }
 
-/// The counters. Handler threads use `Requests` to `Blocks` and the last
-/// three; compute threads `Idles` to `Parks`; both the CPU samples.
+/// The counters. Handler threads use `Requests` to `Blocks`, the busy
+/// times and `ChargeDropped`; compute threads `Idles` to `Parks`; both the
+/// CPU samples and `TimedOutWithWork`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Counter {
@@ -69,9 +70,15 @@ pub enum Counter {
     /// Intervals of the handler's RPC charge left out because the thread
     /// was off its CPU in them (`crate::charge`, invariant C2).
     ChargeDropped,
+    /// Waits that ended by their timeout, not by a wake-up, while there was
+    /// work: an executor park with a task's ready flag set (after a short
+    /// grace for a notify on its way, `exec::woke_late`), a handler's block
+    /// with a request in its lanes (`local_rpc::Doorbell::sleep`). Each is
+    /// a wake-up that was lost or came late; expected zero.
+    TimedOutWithWork,
 }
 
-const COUNTERS: usize = Counter::ChargeDropped as usize + 1;
+const COUNTERS: usize = Counter::TimedOutWithWork as usize + 1;
 
 /// Events (polls, requests, idle rounds) between two CPU samples.
 pub const CPU_SAMPLE_EVERY: u64 = 32;
@@ -212,6 +219,12 @@ fn record_sample(l: &mut Local, cpu: u32, last: &[LastCpu; 2]) {
     }
 }
 
+/// The calling thread's counter `c` (0 if it counted nothing yet).
+#[cfg(test)]
+pub(crate) fn own(c: Counter) -> u64 {
+    LOCAL.with(|l| l.borrow().as_ref().map_or(0, |l| l.shared.get(c)))
+}
+
 /// Every registered thread's counters now (threads that ended included).
 pub fn snapshot() -> Vec<(u64, Role, [u64; COUNTERS])> {
     REGISTRY
@@ -242,6 +255,7 @@ pub const COUNTER_NAMES: [(Counter, &str); COUNTERS] = [
     (Counter::BusyCpuNs, "busy_sampled_cpu_ns"),
     (Counter::BusyWallNs, "busy_sampled_wall_ns"),
     (Counter::ChargeDropped, "charge_dropped_intervals"),
+    (Counter::TimedOutWithWork, "timed_out_with_work"),
 ];
 
 #[cfg(target_os = "linux")]

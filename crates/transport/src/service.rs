@@ -175,12 +175,81 @@ enum Handler {
     Deferred(Arc<dyn DeferredService>),
 }
 
+/// What a request's service id names.
+enum Lookup<'a> {
+    Directory,
+    Found(&'a Handler),
+    Missing,
+}
+
+/// [`HandlerCache::generation`] of a cache that holds nothing.
+const NO_GENERATION: u64 = u64::MAX;
+
+/// A serving thread's own copy of its node's handler table, so that a
+/// request finds its handler with one atomic load and an index
+/// ([`ServiceTable::dispatch_cached`]) instead of the table's lock and a
+/// reference count changing hands per RPC.
+///
+/// Invariants (docs/transport.md, "Handler lookup"):
+/// - G1: the table's generation is bumped, under the table's write lock,
+///   by every change of its handlers (register, unregister, clear), and a
+///   copy records the generation it was taken at under the read lock; so a
+///   copy whose generation equals the table's holds exactly the table's
+///   handlers.
+/// - G2: every dispatch through a cache first compares the generations
+///   (acquire) and refreshes on a difference: a request sent after
+///   `unregister` returned finds no handler (the unknown-service error),
+///   and one sent after `register` returned finds it.
+/// - G3: a copy keeps handlers alive only while its thread serves or polls:
+///   the `local` handler loop refreshes it at its first poll after a
+///   change (also when idle) and releases it ([`HandlerCache::release`])
+///   before it blocks; so an unregistered handler, and what it owns, is
+///   dropped once every handler thread has finished the request it was
+///   serving and polled once (tests in `local`:
+///   `an_unregistered_handler_is_dropped_by_idle_handler_threads`).
+pub struct HandlerCache {
+    generation: u64,
+    handlers: Vec<Option<Handler>>,
+}
+
+impl Default for HandlerCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HandlerCache {
+    /// An empty cache (filled at its first use).
+    pub fn new() -> Self {
+        HandlerCache {
+            generation: NO_GENERATION,
+            handlers: Vec::new(),
+        }
+    }
+
+    /// Drops every handler the copy holds (its thread is about to block).
+    pub fn release(&mut self) {
+        self.generation = NO_GENERATION;
+        self.handlers = Vec::new();
+    }
+
+    /// Whether the copy is that of `table`'s current generation (false for
+    /// an empty copy).
+    #[inline]
+    pub fn is_current(&self, table: &ServiceTable) -> bool {
+        self.generation == table.generation.load(Ordering::Acquire)
+    }
+}
+
 /// The services and published regions of one node.
 #[derive(Default)]
 pub struct ServiceTable {
     /// Indexed by service id (ids are handed out densely from 1), so a
     /// request finds its handler without hashing.
     handlers: RwLock<Vec<Option<Handler>>>,
+    /// Bumped under `handlers`' write lock by every change of it
+    /// ([`HandlerCache`], G1).
+    generation: AtomicU64,
     names: RwLock<HashMap<String, ServiceId>>,
     regions: RwLock<HashMap<String, RemoteRegion>>,
     next_id: AtomicU32,
@@ -241,24 +310,54 @@ impl ServiceTable {
             handlers.resize_with(i + 1, || None);
         }
         handlers[i] = Some(handler);
+        self.generation.fetch_add(1, Ordering::Release);
         names.insert(name.to_string(), id);
         Ok(id)
     }
 
-    /// Removes the service registered under `name`, if any.
+    /// Removes the service registered under `name`, if any. A request sent
+    /// after this returns gets the unknown-service error; the handler is
+    /// dropped here unless a `local` handler thread holds it in its
+    /// [`HandlerCache`], which drops it at its next poll (G3).
     pub fn unregister(&self, name: &str) {
-        if let Some(id) = self.names.write().remove(name)
-            && let Some(slot) = self.handlers.write().get_mut(id.0 as usize)
-        {
-            *slot = None;
-        }
+        let Some(id) = self.names.write().remove(name) else {
+            return;
+        };
+        let old = {
+            let mut handlers = self.handlers.write();
+            let old = handlers.get_mut(id.0 as usize).and_then(Option::take);
+            self.generation.fetch_add(1, Ordering::Release);
+            old
+        };
+        // Dropped outside the lock: a handler's state may unregister more.
+        drop(old);
     }
 
     /// Drops every handler and published name (the node is going away).
     pub fn clear(&self) {
-        self.handlers.write().clear();
+        let old = {
+            let mut handlers = self.handlers.write();
+            self.generation.fetch_add(1, Ordering::Release);
+            std::mem::take(&mut *handlers)
+        };
+        drop(old);
         self.names.write().clear();
         self.regions.write().clear();
+    }
+
+    /// Brings `cache` up to the table's generation if it is behind (G1).
+    /// The handlers it held are dropped outside the table's lock.
+    pub fn refresh(&self, cache: &mut HandlerCache) {
+        if cache.is_current(self) {
+            return;
+        }
+        let fresh = {
+            let handlers = self.handlers.read();
+            // Under the read lock the generation cannot move (G1).
+            cache.generation = self.generation.load(Ordering::Acquire);
+            handlers.clone()
+        };
+        drop(std::mem::replace(&mut cache.handlers, fresh));
     }
 
     /// Makes `region` findable under `name` (replacing an older entry).
@@ -311,40 +410,77 @@ impl ServiceTable {
         // under `sim` (where the stopwatch reads virtual CPU, a message's
         // fixed cost included, see `CpuStopwatch::start`), the stopwatch.
         let start = (!crate::charge::active()).then(CpuStopwatch::start);
-        let handler = if service == ServiceId::DIRECTORY {
-            None
+        if service == ServiceId::DIRECTORY {
+            return self.run(start, ctx, service, Lookup::Directory, request, send);
+        }
+        let found = self
+            .handlers
+            .read()
+            .get(service.0 as usize)
+            .and_then(|h| h.clone());
+        crate::charge::stamp(crate::charge::Stage::Found);
+        let lookup = found.as_ref().map_or(Lookup::Missing, Lookup::Found);
+        self.run(start, ctx, service, lookup, request, send);
+    }
+
+    /// [`ServiceTable::dispatch`] finding the handler in the calling
+    /// thread's `cache` (refreshed first if the table changed, G2): one
+    /// atomic load and an index per request, no lock, no reference count.
+    #[inline]
+    pub fn dispatch_cached(
+        &self,
+        cache: &mut HandlerCache,
+        ctx: &RpcContext,
+        service: ServiceId,
+        request: &[u8],
+        send: impl FnOnce(Reply) + Send + 'static,
+    ) {
+        let start = (!crate::charge::active()).then(CpuStopwatch::start);
+        if !cache.is_current(self) {
+            self.refresh(cache);
+        }
+        let lookup = if service == ServiceId::DIRECTORY {
+            Lookup::Directory
         } else {
-            let found = self
-                .handlers
-                .read()
-                .get(service.0 as usize)
-                .and_then(|h| h.clone());
-            crate::charge::stamp(crate::charge::Stage::Found);
-            match found {
-                Some(h) => Some(h),
-                None => {
-                    let error = ServiceError::new(
-                        ErrorCode::UnknownService,
-                        format!("no service with id {} on node {}", service.0, ctx.node),
-                    );
-                    self.finish(start, Err(error), send);
-                    return;
-                }
+            match cache.handlers.get(service.0 as usize) {
+                Some(Some(h)) => Lookup::Found(h),
+                _ => Lookup::Missing,
             }
         };
-        match handler {
-            None => {
+        crate::charge::stamp(crate::charge::Stage::Found);
+        self.run(start, ctx, service, lookup, request, send);
+    }
+
+    /// Runs the handler `lookup` found (see [`ServiceTable::dispatch`]).
+    fn run(
+        &self,
+        start: Option<CpuStopwatch>,
+        ctx: &RpcContext,
+        service: ServiceId,
+        lookup: Lookup<'_>,
+        request: &[u8],
+        send: impl FnOnce(Reply) + Send + 'static,
+    ) {
+        match lookup {
+            Lookup::Missing => {
+                let error = ServiceError::new(
+                    ErrorCode::UnknownService,
+                    format!("no service with id {} on node {}", service.0, ctx.node),
+                );
+                self.finish(start, Err(error), send);
+            }
+            Lookup::Directory => {
                 let result = self.directory(ctx.node, request);
                 crate::charge::stamp(crate::charge::Stage::Handled);
                 self.finish(start, result, send);
             }
-            Some(Handler::Now(h)) => {
+            Lookup::Found(Handler::Now(h)) => {
                 let result = std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(ctx, request)))
                     .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")));
                 crate::charge::stamp(crate::charge::Stage::Handled);
                 self.finish(start, result, send);
             }
-            Some(Handler::Deferred(h)) => {
+            Lookup::Found(Handler::Deferred(h)) => {
                 let pending = Arc::new(parking_lot::Mutex::new(Pending {
                     send: Some(Box::new(send)),
                     ..Pending::default()
@@ -584,6 +720,64 @@ mod tests {
             .unwrap();
         assert_eq!(rx.recv().unwrap().result.unwrap(), b"late");
         assert_eq!(t.served().0, 4);
+    }
+
+    /// G1/G2: a cache follows the table: a handler registered after the
+    /// cache was filled is found, an unregistered one is not (the
+    /// unknown-service error) and the cache no longer holds it, and a
+    /// released cache holds nothing until its next dispatch.
+    #[test]
+    fn a_handler_cache_follows_registrations() {
+        let t = ServiceTable::new();
+        let mut cache = HandlerCache::new();
+        let call = |t: &ServiceTable, cache: &mut HandlerCache, id| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            t.dispatch_cached(cache, &ctx(), id, b"x", move |r| tx.send(r).unwrap());
+            rx.recv().unwrap().result
+        };
+        let state = Arc::new(1u8);
+        let weak = Arc::downgrade(&state);
+        let a = t
+            .register(
+                "a",
+                Arc::new(move |_: &RpcContext, _: &[u8]| Ok(vec![*state])),
+            )
+            .unwrap();
+        assert_eq!(call(&t, &mut cache, a).unwrap(), [1]);
+        assert!(cache.is_current(&t));
+        let b = t
+            .register("b", Arc::new(|_: &RpcContext, _: &[u8]| Ok(vec![2])))
+            .unwrap();
+        assert!(
+            !cache.is_current(&t),
+            "a registration changes the generation"
+        );
+        assert_eq!(call(&t, &mut cache, b).unwrap(), [2]);
+        t.unregister("a");
+        assert_eq!(weak.strong_count(), 1, "only the cache holds it now");
+        let e = call(&t, &mut cache, a).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnknownService);
+        assert_eq!(weak.strong_count(), 0, "the refresh dropped it");
+        // The directory is served from a cache too.
+        let mut w = WireWriter::new();
+        w.u8(directory::RESOLVE_SERVICE).str("b");
+        let (tx, rx) = std::sync::mpsc::channel();
+        t.dispatch_cached(
+            &mut cache,
+            &ctx(),
+            ServiceId::DIRECTORY,
+            &w.finish(),
+            move |r| tx.send(r).unwrap(),
+        );
+        assert_eq!(rx.recv().unwrap().result.unwrap(), b.0.to_le_bytes());
+        cache.release();
+        assert!(!cache.is_current(&t));
+        assert_eq!(call(&t, &mut cache, b).unwrap(), [2]);
+        t.clear();
+        assert_eq!(
+            call(&t, &mut cache, b).unwrap_err().code,
+            ErrorCode::UnknownService
+        );
     }
 
     #[test]
