@@ -116,6 +116,16 @@ impl Job {
         }
     }
 
+    /// The pull and its responder, if this is a [`Work::Pull`]; the job
+    /// itself back otherwise (moved once per job, never boxed).
+    #[allow(clippy::result_large_err)]
+    fn into_pull(self) -> Result<(crate::directory::EvictPull, Responder), Job> {
+        match self.work {
+            Work::Pull(p) => Ok((p, self.responder)),
+            work => Err(Job { work, ..self }),
+        }
+    }
+
     /// Under the simulated cluster: does the I/O now and notes when the
     /// modelled device completes it. False elsewhere (the completer does
     /// it).
@@ -213,22 +223,17 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     let mut reading: Vec<(Job, ReadTicket)> = Vec::new();
     while keep_going() {
         for job in node.ssd_jobs.take(reading.is_empty()) {
-            if let Work::Pull(_) = job.work {
-                // The pull's one round trip: this thread waits for it (the
-                // handler that decided the batch does not), on the
-                // transport's executor so that UCX is driven meanwhile.
-                let Job {
-                    work: Work::Pull(p),
-                    responder,
-                    ..
-                } = job
-                else {
-                    unreachable!("a pull")
-                };
-                let read = dmkv_transport::exec::block_on(node.read_pulled(&p));
-                node.finish_pull_job(p, read, responder);
-                continue;
-            }
+            let job = match job.into_pull() {
+                Ok((p, responder)) => {
+                    // The pull's one round trip: this thread waits for it
+                    // (the handler that decided the batch does not), on
+                    // the transport's executor so that UCX is driven.
+                    let read = dmkv_transport::exec::block_on(node.read_pulled(&p));
+                    node.finish_pull_job(p, read, responder);
+                    continue;
+                }
+                Err(job) => job,
+            };
             match job.work.read_slot() {
                 Some(slot) => {
                     let t = job.shard.file.submit_read(slot);
@@ -318,22 +323,15 @@ pub async fn run_async(
                 s.jobs.drain(..).collect()
             };
             for j in jobs {
-                if let Work::Pull(_) = j.work {
-                    let Job {
-                        work: Work::Pull(p),
-                        responder,
-                        ..
-                    } = j
-                    else {
-                        unreachable!("a pull")
-                    };
-                    pulling.push(Box::pin(async move {
+                match j.into_pull() {
+                    Ok((p, responder)) => pulling.push(Box::pin(async move {
                         let read = n.read_pulled(&p).await;
                         (p, responder, read)
-                    }));
-                } else {
-                    timed.insert((j.due_ns, seq), j);
-                    seq += 1;
+                    })),
+                    Err(j) => {
+                        timed.insert((j.due_ns, seq), j);
+                        seq += 1;
+                    }
                 }
             }
             // Pulls in submission order, so that runs replay.
