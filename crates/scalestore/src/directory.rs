@@ -32,7 +32,6 @@ use crate::pid::Pid;
 use crate::ssd::AlignedPage;
 use dmkv_api::KvError;
 use dmkv_transport::Responder;
-use dmkv_transport::exec::block_on_network;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -50,9 +49,28 @@ pub struct OwnRequest {
 pub enum Evicted {
     /// Decided: answer now.
     Reply(EvictReply),
+    /// Dirty last copies must be pulled from the evicter's cache first: the
+    /// SSD completer posts the one-sided read and finishes the batch when
+    /// it completes ([`ScaleNode::submit_pull`], invariant 20); the
+    /// entries stay `evicting` until then, so the handler waits for
+    /// nothing.
+    Pulling(EvictPull),
     /// Dirty last copies were pulled and go to the SSD: the SSD completer
     /// writes them and answers the batch (`ScaleNode::submit_evict_write`).
     Writing(EvictWrite),
+}
+
+/// An eviction batch whose dirty last copies are to be pulled (their
+/// entries are `evicting`).
+pub struct EvictPull {
+    /// The evicter.
+    pub from: u8,
+    /// The batch as received.
+    pub entries: Vec<EvictEntry>,
+    /// The entries to pull: (index in `entries`, frame).
+    pub pulls: Vec<(usize, u32)>,
+    /// The batch's answer so far (the pulled pages are not accepted yet).
+    pub accepted: Vec<bool>,
 }
 
 /// An eviction batch waiting for the SSD write of the pages it pulled.
@@ -85,6 +103,47 @@ pub enum Decision {
     Held,
     /// A local request that would have been held: the worker tries again.
     Busy,
+    /// Granted from our SSD to this node's own worker (split grant,
+    /// invariant 19): the entry is `reading`; the worker reads and delivers
+    /// the page without the entry's mutex ([`ScaleNode::read_for_self`])
+    /// and lets the entry go through a [`LocalRead`], made at once.
+    Read(Grant),
+}
+
+/// A worker's read of a page its own node directs, granted from the SSD:
+/// while this lives the page's entry is `reading` (every other request for
+/// the page is held, invariant 16). Dropping it lets the entry go and
+/// answers what was held; if the read or the delivery failed
+/// ([`LocalRead::failed`]) the grant is undone first. Dropped on every path
+/// (a worker whose operation is abandoned mid-read included), so an entry
+/// is never left `reading`.
+pub struct LocalRead {
+    node: Arc<ScaleNode>,
+    pid: Pid,
+    ok: bool,
+}
+
+impl LocalRead {
+    /// Takes charge of the `reading` entry of `pid` that `node`'s
+    /// [`Decision::Read`] left: make it before anything can yield.
+    pub fn new(node: Arc<ScaleNode>, pid: Pid) -> LocalRead {
+        LocalRead {
+            node,
+            pid,
+            ok: true,
+        }
+    }
+
+    /// The read or the delivery failed: the grant is undone on drop.
+    pub fn failed(&mut self) {
+        self.ok = false;
+    }
+}
+
+impl Drop for LocalRead {
+    fn drop(&mut self) {
+        self.node.end_local_read(self.pid, self.ok);
+    }
 }
 
 impl ScaleNode {
@@ -245,6 +304,12 @@ impl ScaleNode {
             Counters::add(&self.stats.local_grants, 1);
         }
         if d.reading {
+            if local {
+                // Our own worker reads for itself, without the mutex
+                // (invariant 19): a handler wanting this entry meanwhile
+                // finds it `reading` and holds its request.
+                return Ok(Decision::Read(g));
+            }
             // Granted from our SSD to a remote requester: the completer
             // reads, delivers and replies (the handler does not wait).
             let responder = responder.take().expect("a remote request has a responder");
@@ -291,17 +356,12 @@ impl ScaleNode {
                         q.pid
                     )));
                 }
-                if r == me {
-                    // Our own worker reads for itself (it waits as a task,
-                    // `settle_sim_wait`, or on its own thread).
-                    let bytes = self.read_ssd(q.pid)?;
-                    self.deliver(r, q.offset, &bytes)?;
-                } else {
-                    // Split grant (invariant 16): the grant is recorded
-                    // now; the caller hands the read, the delivery and
-                    // the reply to the SSD completer.
-                    d.reading = true;
-                }
+                // Split grant (invariants 16 and 19): the grant is
+                // recorded now and the entry marked `reading`; the read and
+                // the delivery happen without the entry's mutex: a remote
+                // requester's by the SSD completer, our own worker's by
+                // that worker (`Decision::Read`).
+                d.reading = true;
                 d.owners = match w {
                     Want::Shared => Owners::Shared(1 << r),
                     Want::Exclusive => {
@@ -542,6 +602,7 @@ impl ScaleNode {
                 }
             }
             Ok(Decision::Held) | Ok(Decision::Busy) => {}
+            Ok(Decision::Read(_)) => unreachable!("a held request is a remote one"),
             Err(e) => {
                 if let Some(resp) = responder {
                     out.push((resp, Err(service_error(e))));
@@ -624,6 +685,52 @@ impl ScaleNode {
         ));
     }
 
+    /// A worker of this node reads the page `pid` it was granted from our
+    /// SSD ([`Decision::Read`]) and delivers it into its own frame at
+    /// `offset`: without the entry's mutex (the entry is `reading`), so a
+    /// handler that wants the entry meanwhile holds its request and goes
+    /// on (invariant 19). On the real backends this thread waits for the
+    /// device; under the simulated cluster the bytes are read now and the
+    /// device's instant is left for `ssd::settle_sim_wait`.
+    pub fn read_for_self(&self, pid: Pid, offset: u64) -> Result<(), KvError> {
+        let bytes = self.read_ssd(pid)?;
+        self.deliver(self.index, offset, &bytes)
+    }
+
+    /// Ends a worker's [`Decision::Read`] (through [`LocalRead`]'s drop):
+    /// under the entry's mutex clears `reading`, undoes the grant if the
+    /// read or the delivery failed (owners none, clean, `transfer`
+    /// cleared: nothing else changed the entry meanwhile, as in
+    /// [`Self::finish_ssd`]) and answers what was held.
+    pub fn end_local_read(&self, pid: Pid, ok: bool) {
+        let Some(fi) = self.frames.find(pid) else {
+            return;
+        };
+        let f = self.frames.frame(fi);
+        let mut out = Vec::new();
+        {
+            let mut m = f.meta.lock();
+            if f.pid() != pid {
+                return;
+            }
+            let Some(d) = m.dir.as_mut().filter(|d| d.reading) else {
+                return;
+            };
+            d.reading = false;
+            if !ok {
+                d.owners = Owners::None;
+                d.dirty = false;
+                if d.transfer == Some(self.index) {
+                    d.transfer = None;
+                }
+            }
+            self.directory_retry(fi, &mut m, &mut out);
+        }
+        for (r, a) in out {
+            r.reply(a);
+        }
+    }
+
     /// Completes a deferred SSD access (the completer, `ssdio`): delivers
     /// a page read into the requester's frame, lets the entry go and
     /// answers. A failed read or delivery undoes a grant (the entry was
@@ -655,6 +762,11 @@ impl ScaleNode {
                     Err(e) => Err(service_error(KvError::Exhausted(format!("SSD write: {e}")))),
                 };
                 responder.reply(r);
+            }
+            Work::Pull(p) => {
+                // Pulls are finished by `finish_pull_job`; never here.
+                let e = corrupt("a pull was completed as an SSD access");
+                self.finish_pull_job(p, Err(e), responder);
             }
             Work::Evict(w) => {
                 // A failed write declines the pulled pages (their evicter
@@ -740,11 +852,11 @@ impl ScaleNode {
     /// An eviction batch from member `from` (§4.2–4.3): accepts a page iff
     /// `from` still owns it at the epoch it sent (owner stability) and has
     /// served every copy the directory told others to take from it; dirty
-    /// pages whose last copy goes are pulled by one batched one-sided read
-    /// into this node's cache (or, if it has no room, to the SSD: then the
-    /// batch is answered by the SSD completer once they are written,
-    /// [`Evicted::Writing`], so the handler does not wait for the device;
-    /// invariant 16).
+    /// pages whose last copy goes are marked `evicting` and returned as
+    /// [`Evicted::Pulling`]: the SSD completer pulls them by one batched
+    /// one-sided read into this node's cache (or, if it has no room, to
+    /// the SSD) and answers the batch, so the handler waits neither for
+    /// the network nor for the device (invariants 16 and 20).
     pub fn handle_evict(&self, from: u8, entries: &[EvictEntry]) -> Result<Evicted, KvError> {
         if let Some(e) = entries.first()
             && self.shard(e.pid.shard()).is_none()
@@ -809,12 +921,85 @@ impl ScaleNode {
                 }
             }
         }
-        if !pulls.is_empty()
-            && let Some(pages) = self.pull(from, entries, &pulls, &mut accepted)?
-        {
-            return Ok(Evicted::Writing(EvictWrite { accepted, pages }));
+        if pulls.is_empty() {
+            return Ok(Evicted::Reply(EvictReply::Decided(accepted)));
         }
-        Ok(Evicted::Reply(EvictReply::Decided(accepted)))
+        let p = EvictPull {
+            from,
+            entries: entries.to_vec(),
+            pulls,
+            accepted,
+        };
+        if self.member(from).is_none() {
+            self.pull_failed(&p);
+            return Err(corrupt(format!("unknown member {from}")));
+        }
+        Ok(Evicted::Pulling(p))
+    }
+
+    /// Hands an eviction batch's pull, with the batch's responder, to the
+    /// SSD completer, which posts the one-sided read and finishes the
+    /// batch when it completes ([`Self::finish_pull_job`]): the handler
+    /// does not wait for the network (invariant 20).
+    pub fn submit_pull(&self, p: EvictPull, responder: Responder) {
+        let pid = p.entries[p.pulls[0].0].pid;
+        // The shard cannot go while entries of it are `evicting`: a leaver
+        // waits for them before it hands the shard over.
+        let shard = self
+            .shard(pid.shard())
+            .expect("checked under the entry's mutex");
+        self.ssd_jobs.push(crate::ssdio::Job::new(
+            shard,
+            crate::ssdio::Work::Pull(p),
+            responder,
+        ));
+    }
+
+    /// Reads the pages of pull `p` from the evicter's cache: one batched
+    /// one-sided READ, from this thread's endpoint (the completer's).
+    pub async fn read_pulled(&self, p: &EvictPull) -> Result<dmkv_transport::BatchResult, KvError> {
+        let member = self
+            .member(p.from)
+            .ok_or_else(|| corrupt(format!("unknown member {}", p.from)))?;
+        let ep = self.thread_ep()?;
+        let mut b = ep.batch();
+        for (i, _) in &p.pulls {
+            b.read(member.region.at(p.entries[*i].offset), PAGE_SIZE);
+        }
+        b.run().await.map_err(KvError::from)
+    }
+
+    /// Finishes an eviction batch whose pull completed (`read`) and
+    /// answers it, or hands its SSD write on to the completer (which then
+    /// answers).
+    pub fn finish_pull_job(
+        &self,
+        p: EvictPull,
+        read: Result<dmkv_transport::BatchResult, KvError>,
+        responder: Responder,
+    ) {
+        match self.finish_pull(p, read) {
+            Ok(Evicted::Reply(r)) => responder.reply(Ok(r.encode())),
+            Ok(Evicted::Writing(w)) => self.submit_evict_write(w, responder),
+            Ok(Evicted::Pulling(_)) => unreachable!("a pull is finished once"),
+            Err(e) => responder.reply(Err(service_error(e))),
+        }
+    }
+
+    /// A pull could not be made: its entries stop `evicting` (the evicter
+    /// keeps its copies) and what they held is answered.
+    fn pull_failed(&self, p: &EvictPull) {
+        let mut out = Vec::new();
+        for (_, fi) in &p.pulls {
+            let mut m = self.frames.frame(*fi).meta.lock();
+            if let Some(d) = m.dir.as_mut() {
+                d.evicting = false;
+            }
+            self.directory_retry(*fi, &mut m, &mut out);
+        }
+        for (r, a) in out {
+            r.reply(a);
+        }
     }
 
     /// Hands the SSD write of an eviction batch's pulled pages, with the
@@ -870,48 +1055,29 @@ impl ScaleNode {
         EvictReply::Decided(accepted).encode()
     }
 
-    /// Pulls the dirty last copies `pulls` (entry index, frame) of an
-    /// eviction batch from `from`'s cache by one batched one-sided read.
-    /// Those this node's cache takes are decided here; the rest are
-    /// returned, per shard, for the SSD completer to write (their entries
-    /// stay `evicting` until then).
-    fn pull(
+    /// The pull of `p` completed with `read`: the pages this node's cache
+    /// takes are decided here; the rest are returned, per shard, for the
+    /// SSD completer to write (their entries stay `evicting` until then).
+    /// A failed read lets the entries go (the evicter keeps its copies)
+    /// and is the batch's error.
+    pub fn finish_pull(
         &self,
-        from: u8,
-        entries: &[EvictEntry],
-        pulls: &[(usize, u32)],
-        accepted: &mut [bool],
-    ) -> Result<Option<PulledPages>, KvError> {
-        let member = self.member(from);
-        let read = match member {
-            Some(member) => {
-                let ep = self.thread_ep()?;
-                let mut b = ep.batch();
-                for (i, _) in pulls {
-                    b.read(member.region.at(entries[*i].offset), PAGE_SIZE);
-                }
-                // Under entry mutexes: the network alone ends this wait.
-                block_on_network(b.run()).map_err(KvError::from)
-            }
-            None => Err(corrupt(format!("unknown member {from}"))),
-        };
+        p: EvictPull,
+        read: Result<dmkv_transport::BatchResult, KvError>,
+    ) -> Result<Evicted, KvError> {
         let mut res = match read {
             Ok(r) => r,
             Err(e) => {
-                let mut out = Vec::new();
-                for (_, fi) in pulls {
-                    let mut m = self.frames.frame(*fi).meta.lock();
-                    if let Some(d) = m.dir.as_mut() {
-                        d.evicting = false;
-                    }
-                    self.directory_retry(*fi, &mut m, &mut out);
-                }
-                for (r, a) in out {
-                    r.reply(a);
-                }
+                self.pull_failed(&p);
                 return Err(e);
             }
         };
+        let EvictPull {
+            entries,
+            pulls,
+            mut accepted,
+            ..
+        } = p;
         // Into our cache where there is room; the rest to the SSD in one
         // batch per shard.
         let caching = self.state() == NodeState::Active;
@@ -967,7 +1133,7 @@ impl ScaleNode {
             }
         }
         if to_ssd.is_empty() {
-            return Ok(None);
+            return Ok(Evicted::Reply(EvictReply::Decided(accepted)));
         }
         // One write batch per shard (a node may host an adopted shard
         // besides its own), in shard order.
@@ -990,6 +1156,6 @@ impl ScaleNode {
                 (self.shard(id).expect("checked above"), list)
             })
             .collect();
-        Ok(Some(pages))
+        Ok(Evicted::Writing(EvictWrite { accepted, pages }))
     }
 }

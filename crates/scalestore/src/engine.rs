@@ -419,10 +419,17 @@ impl EngineSpec for ScaleStoreSpec {
             let _repoll = dmkv_transport::exec::spawn_simulated(async move {
                 repoll::run_async(&n, || alive.strong_count() > 0).await
             });
+            // The completer's CPU (each completion, each pull's
+            // placement) is charged on a simulated core of its own, as the
+            // real backends' completer is one thread (invariant 21).
+            let cores = dmkv_transport::sim::SimCores::new(
+                &format!("{} node{index} ssd completer core", args.instance),
+                1,
+            );
             let alive = Arc::downgrade(&pool);
             let n = node.clone();
             let _ssd = dmkv_transport::exec::spawn_simulated(async move {
-                crate::ssdio::run_async(&n, || alive.strong_count() > 0).await
+                crate::ssdio::run_async(n, cores, || alive.strong_count() > 0).await
             });
         } else {
             let alive = Arc::downgrade(&pool);

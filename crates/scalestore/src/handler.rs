@@ -79,6 +79,9 @@ impl ScaleNode {
                 let entries = tri!(msg::decode_evict(req));
                 match tri!(self.handle_evict(from, &entries).map_err(kv)) {
                     Evicted::Reply(r) => responder.reply(Ok(r.encode())),
+                    // Dirty last copies to pull: the completer reads them
+                    // and answers (invariant 20).
+                    Evicted::Pulling(p) => self.submit_pull(p, responder),
                     // Pulled pages go to the SSD: the completer answers.
                     Evicted::Writing(w) => self.submit_evict_write(w, responder),
                 }

@@ -95,7 +95,13 @@ pub struct PageFile {
     reads: AtomicU64,
     writes: AtomicU64,
     depth: ReadDepth,
+    /// Test hook: called with the slot before each [`PageFile::read`] (a
+    /// slow device, for tests on the real backends).
+    read_hook: Mutex<Option<ReadHook>>,
 }
+
+/// See [`PageFile::set_read_hook`].
+pub type ReadHook = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 
 /// How many page reads were in flight on a file's read ring when each read
 /// was submitted (itself included).
@@ -171,6 +177,15 @@ fn make_ring(entries: u32) -> Option<io_uring::IoUring> {
 }
 
 impl PageFile {
+    /// Test hook: `hook` runs with the slot on the reading thread before
+    /// each [`PageFile::read`] (the synchronous read a worker makes of a
+    /// page its own node directs), e.g. to hold the read as a slow device
+    /// would. `None` removes it. Not used by the engine.
+    #[doc(hidden)]
+    pub fn set_read_hook(&self, hook: Option<ReadHook>) {
+        *self.read_hook.lock() = hook;
+    }
+
     /// Creates (or truncates) the file at `path`.
     pub fn create(path: &Path, node: dmkv_transport::NodeId) -> io::Result<PageFile> {
         let open = |direct: bool| {
@@ -200,6 +215,7 @@ impl PageFile {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             depth: ReadDepth::default(),
+            read_hook: Mutex::new(None),
         })
     }
 
@@ -246,6 +262,10 @@ impl PageFile {
     /// let go.
     pub fn read(&self, slot: u64, out: &mut AlignedPage) -> io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        let hook = self.read_hook.lock().clone();
+        if let Some(h) = hook {
+            h(slot);
+        }
         if let Some(due) = dmkv_transport::sim::ssd_io_submit(self.node, false, 1) {
             SIM_DUE.with(|d| d.set(d.get().max(due)));
         }

@@ -21,6 +21,16 @@
 //!   gives the instant it completes; one task per node delivers and replies
 //!   at that instant, in (instant, submission) order, so runs replay.
 //!
+//! The completer also finishes eviction batches whose dirty last copies
+//! must be pulled from the evicter's cache (invariant 20): the handler
+//! hands the batch over ([`Work::Pull`]) and the completer posts the one
+//! batched one-sided READ; on the real backends its thread waits for that
+//! round trip (`exec::block_on`), under the simulated cluster its task
+//! polls the read beside the device's jobs and holds no core.
+//!
+//! Under the simulated cluster each completion's CPU is charged on the
+//! node's completer core (invariant 21, [`run_async`]).
+//!
 //! A job whose completer is gone (the node's pool dropped at teardown) is
 //! dropped with its responder, and the transport answers the requester
 //! with an error ("dropped without replying"): never silence.
@@ -60,6 +70,12 @@ pub enum Work {
     /// shard), then let their entries go and answer the batch
     /// (`ScaleNode::finish_evict_write`).
     Evict(crate::directory::EvictWrite),
+    /// Pull an eviction batch's dirty last copies from the evicter's cache
+    /// (one batched one-sided READ, posted by the completer), then finish
+    /// the batch (`ScaleNode::finish_pull_job`: into the cache, or on to
+    /// the SSD as [`Work::Evict`]). The handler that decided the batch
+    /// waits for nothing (invariant 20).
+    Pull(crate::directory::EvictPull),
 }
 
 impl Work {
@@ -67,7 +83,7 @@ impl Work {
     fn read_slot(&self) -> Option<u64> {
         match self {
             Work::Grant { pid, .. } | Work::Fetch { pid, .. } => Some(pid.slot()),
-            Work::Write { .. } | Work::Evict(_) => None,
+            Work::Write { .. } | Work::Evict(_) | Work::Pull(_) => None,
         }
     }
 }
@@ -100,6 +116,16 @@ impl Job {
         }
     }
 
+    /// The pull and its responder, if this is a [`Work::Pull`]; the job
+    /// itself back otherwise (moved once per job, never boxed).
+    #[allow(clippy::result_large_err)]
+    fn into_pull(self) -> Result<(crate::directory::EvictPull, Responder), Job> {
+        match self.work {
+            Work::Pull(p) => Ok((p, self.responder)),
+            work => Err(Job { work, ..self }),
+        }
+    }
+
     /// Under the simulated cluster: does the I/O now and notes when the
     /// modelled device completes it. False elsewhere (the completer does
     /// it).
@@ -109,6 +135,8 @@ impl Job {
         }
         let file = &self.shard.file;
         let (res, due) = match &self.work {
+            // Posted by the completer task (a network wait, not a device's).
+            Work::Pull(_) => return true,
             Work::Write { pages } => {
                 let batch: Vec<(u64, &AlignedPage)> = pages.iter().map(|(s, p)| (*s, p)).collect();
                 match file.write_batch_posted(&batch) {
@@ -195,6 +223,17 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     let mut reading: Vec<(Job, ReadTicket)> = Vec::new();
     while keep_going() {
         for job in node.ssd_jobs.take(reading.is_empty()) {
+            let job = match job.into_pull() {
+                Ok((p, responder)) => {
+                    // The pull's one round trip: this thread waits for it
+                    // (the handler that decided the batch does not), on
+                    // the transport's executor so that UCX is driven.
+                    let read = dmkv_transport::exec::block_on(node.read_pulled(&p));
+                    node.finish_pull_job(p, read, responder);
+                    continue;
+                }
+                Err(job) => job,
+            };
             match job.work.read_slot() {
                 Some(slot) => {
                     let t = job.shard.file.submit_read(slot);
@@ -237,29 +276,77 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     }
 }
 
+/// What the simulated completer does next.
+enum Next {
+    /// A job whose device instant came.
+    Due(Job),
+    /// A pull whose read completed.
+    Pulled(PullDone),
+}
+
+type PullDone = (
+    crate::directory::EvictPull,
+    Responder,
+    Result<dmkv_transport::BatchResult, dmkv_api::KvError>,
+);
+
+type Pulling<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = PullDone> + 'a>>;
+
 /// The completer under the simulated cluster (a background task of the
-/// node): completes each job at its device instant, in (instant,
-/// submission) order.
-pub async fn run_async(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
+/// node, holding no simulated core while it waits): completes each job at
+/// its device instant, in (instant, submission) order, and posts each
+/// eviction pull's read, finishing the batch when the read completes.
+/// Each completion's CPU (the delivery, the entry, the held requests, the
+/// reply; a pull's placement) is a job on `cores`, the node's simulated
+/// completer core, charged `memnode.job_base_ns` plus `line_ns` per line
+/// it touches (invariant 21); without `cores` (no simulation) inline.
+pub async fn run_async(
+    node: Arc<ScaleNode>,
+    cores: Option<dmkv_transport::sim::SimCores>,
+    mut keep_going: impl FnMut() -> bool,
+) {
     use std::future::Future;
     use std::task::Poll;
     let mut timed: BTreeMap<(u64, u64), Job> = BTreeMap::new();
+    let mut pulling: Vec<Pulling<'_>> = Vec::new();
     let mut seq = 0u64;
     let mut sleep: Option<(u64, std::pin::Pin<Box<dmkv_transport::exec::Sleep>>)> = None;
+    let n: &ScaleNode = &node;
     while keep_going() {
-        let job = std::future::poll_fn(|cx| {
-            let mut s = node.ssd_jobs.state.lock();
-            for j in s.jobs.drain(..) {
-                timed.insert((j.due_ns, seq), j);
-                seq += 1;
+        let next = std::future::poll_fn(|cx| {
+            // The waker first, then the jobs: a job pushed after the drain
+            // wakes this task. No lock is held while the pulls are polled
+            // (posting a verb may run code that pushes a job).
+            let jobs: Vec<Job> = {
+                let mut s = n.ssd_jobs.state.lock();
+                s.waker = Some(cx.waker().clone());
+                s.jobs.drain(..).collect()
+            };
+            for j in jobs {
+                match j.into_pull() {
+                    Ok((p, responder)) => pulling.push(Box::pin(async move {
+                        let read = n.read_pulled(&p).await;
+                        (p, responder, read)
+                    })),
+                    Err(j) => {
+                        timed.insert((j.due_ns, seq), j);
+                        seq += 1;
+                    }
+                }
+            }
+            // Pulls in submission order, so that runs replay.
+            for i in 0..pulling.len() {
+                if let Poll::Ready(done) = pulling[i].as_mut().poll(cx) {
+                    drop(pulling.remove(i));
+                    return Poll::Ready(Some(Next::Pulled(done)));
+                }
             }
             loop {
                 let Some(&(due, _)) = timed.keys().next() else {
-                    s.waker = Some(cx.waker().clone());
                     return Poll::Pending;
                 };
                 if dmkv_transport::time::Instant::now().as_nanos() >= due {
-                    return Poll::Ready(timed.pop_first().map(|(_, j)| j));
+                    return Poll::Ready(timed.pop_first().map(|(_, j)| Next::Due(j)));
                 }
                 if sleep.as_ref().is_none_or(|(d, _)| *d != due) {
                     let at = dmkv_transport::time::Instant::from_nanos(due);
@@ -270,13 +357,25 @@ pub async fn run_async(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
                     sleep = None;
                     continue;
                 }
-                s.waker = Some(cx.waker().clone());
                 return Poll::Pending;
             }
         })
         .await;
-        let Some(mut job) = job else { continue };
-        let res = job.done.take().expect("done at submission");
-        node.finish_ssd(job, res);
+        let work: Box<dyn FnOnce()> = match next {
+            Some(Next::Due(mut job)) => {
+                let res = job.done.take().expect("done at submission");
+                let node = node.clone();
+                Box::new(move || node.finish_ssd(job, res))
+            }
+            Some(Next::Pulled((p, responder, read))) => {
+                let node = node.clone();
+                Box::new(move || node.finish_pull_job(p, read, responder))
+            }
+            None => continue,
+        };
+        match &cores {
+            Some(c) => c.submit(work, Box::new(|_| {})),
+            None => work(),
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! chaining, §3.4.3), or copies it from a sharer, then invalidates the
 //! other sharers, all invalidations in flight at once.
 
-use crate::directory::{Decision, OwnRequest};
+use crate::directory::{Decision, LocalRead, OwnRequest};
 use crate::frames::{Awaiting, NONE, Possession};
 use crate::guard::{Fixed, Mode, PageError, PageResult, Pager};
 use crate::latch::{Backoff, HybridLatch};
@@ -234,14 +234,29 @@ impl Worker {
                     retry,
                     offset,
                 };
-                let decision = node.own_request(q, &mut None);
-                // A page read from our SSD for us: wait out the device as a
-                // task (other tasks of this thread run meanwhile).
-                let span = trace::span();
-                crate::ssd::settle_sim_wait().await;
-                span.end(Cause::LocalSsd);
-                match decision.map_err(fatal)? {
+                match node.own_request(q, &mut None).map_err(fatal)? {
                     Decision::Reply(r) => r,
+                    Decision::Read(g) => {
+                        // Granted from our SSD (invariant 19): the entry is
+                        // `reading` until `read` drops, and we read and
+                        // deliver without its mutex, so our handlers hold
+                        // requests for it meanwhile instead of blocking
+                        // their threads on the mutex. Under the simulated
+                        // cluster the device's time passes as a task
+                        // (other tasks of this thread run meanwhile),
+                        // with the entry still `reading`.
+                        let mut read = LocalRead::new(node.clone(), pid);
+                        let span = trace::span();
+                        let r = node.read_for_self(pid, offset);
+                        if r.is_err() {
+                            read.failed();
+                        }
+                        crate::ssd::settle_sim_wait().await;
+                        span.end(Cause::LocalSsd);
+                        drop(read);
+                        r.map_err(fatal)?;
+                        Reply::Grant(g)
+                    }
                     Decision::Busy | Decision::Held => {
                         // Our own directory is busy with this entry (an
                         // eviction pull, a FIFO transfer, a handover).

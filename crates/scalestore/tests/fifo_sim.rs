@@ -4,9 +4,12 @@
 //! (`scalestore.fifo_ack=post`, the default), and requests that overtake
 //! their node's acknowledgement are queued, not refused.
 
+mod common;
+
+use common::{Cluster, allocate, nodes_of, profile, read_exclusive, worker};
 use dmkv_api::Knobs;
 use dmkv_api::deploy::DeployOptions;
-use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
+use dmkv_api::sim_deploy::SimDeployment;
 use dmkv_scalestore::SCALESTORE;
 use dmkv_scalestore::engine::served_nodes;
 use dmkv_scalestore::guard::{ExclusiveGuard, SharedGuard};
@@ -14,67 +17,31 @@ use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::pid::Pid;
 use dmkv_scalestore::worker::Worker;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
-use dmkv_transport::sim::{Profile, SimConfig};
 use dmkv_transport::time::Instant;
-use std::rc::Rc;
 use std::sync::Arc;
 
-const PROFILE: &str = "scalestore-cx5";
-
 fn deploy(nodes: usize, fifo_ack: &str, seed: u64, jitter_ns: u64) -> SimDeployment {
-    let mut knobs = Knobs::new();
-    knobs.set("protocol", "fifo");
-    knobs.set("fifo_ack", fifo_ack);
-    knobs.set("alloc", "local");
-    let opts = DeployOptions {
-        nodes,
-        threads: nodes,
-        cache_mb: 4,
-        knobs,
-        ..Default::default()
-    };
-    let sim = SimOptions {
-        config: SimConfig {
-            profile: Profile::load(PROFILE).unwrap(),
-            seed,
-            jitter_ns,
-            delays: Default::default(),
-        },
-        compute_nodes: 1,
-        threads_per_node: nodes,
-    };
-    SimDeployment::deploy(&SCALESTORE, &opts, &sim).unwrap()
-}
-
-fn nodes_of(d: &SimDeployment) -> Vec<Arc<ScaleNode>> {
-    served_nodes(&d.runtimes, &d.args)
+    let knobs = [
+        ("protocol", "fifo"),
+        ("fifo_ack", fifo_ack),
+        ("alloc", "local"),
+    ];
+    Cluster {
+        knobs: &knobs,
+        jitter_ns,
+        ..Cluster::new(nodes, seed)
+    }
+    .deploy()
 }
 
 /// Word 0 of page `pid`, fixed exclusively by a worker of node 0.
 fn word0_on_node0(nodes: &[Arc<ScaleNode>], pid: Pid) -> u64 {
-    let w0 = worker(&nodes[0]);
-    block_on(async {
-        ExclusiveGuard::fix(&w0, pid)
-            .await
-            .unwrap()
-            .page()
-            .word(0)
-            .unwrap()
-    })
-}
-
-/// A worker with a simulated core of its own on `node`.
-fn worker(node: &Arc<ScaleNode>) -> Worker {
-    Worker::new(
-        node.clone(),
-        Rc::new(node.fabric.endpoint(node.id).unwrap()),
-    )
+    read_exclusive(&worker(&nodes[0]), pid)
 }
 
 /// A page directed (and held exclusively) by node 0.
 fn page_on_node0(nodes: &[Arc<ScaleNode>]) -> Pid {
-    let w0 = worker(&nodes[0]);
-    let pid = block_on(async { ExclusiveGuard::allocate(&w0).await.unwrap().pid() });
+    let pid = allocate(&worker(&nodes[0]), 0);
     assert_eq!(pid.shard(), 0);
     pid
 }
@@ -113,7 +80,7 @@ fn first_fix(fifo_ack: &str) -> (u64, u64) {
 /// the answer is awaited afterwards instead (`settle_acks`).
 #[test]
 fn a_fifo_grantee_uses_the_page_before_its_acknowledgement_is_answered() {
-    let one_way = Profile::load(PROFILE).unwrap().network.one_way_ns;
+    let one_way = profile().network.one_way_ns;
     let (post_fix, post_settle) = first_fix("post");
     let (await_fix, await_settle) = first_fix("await");
     assert!(

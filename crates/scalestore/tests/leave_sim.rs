@@ -5,17 +5,13 @@
 //! the other's wait on the simulator's one thread, which never ended
 //! before (`scalestore.leave=0@1500,2@1600`, seed 100).
 
-use dmkv_api::Knobs;
-use dmkv_api::deploy::DeployOptions;
+mod common;
+
+use common::{Cluster, nodes_of};
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
-use dmkv_scalestore::SCALESTORE;
-use dmkv_scalestore::engine::served_nodes;
-use dmkv_scalestore::node::ScaleNode;
+use dmkv_api::sim_deploy::SimDeployment;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks, yield_now};
-use dmkv_transport::sim::{Profile, SimConfig};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 const THREADS: usize = 3;
 const TASKS: usize = 2;
@@ -24,33 +20,21 @@ const ROUNDS: u32 = 5;
 const VALUE_SIZE: usize = 100;
 
 fn deploy(protocol: &str, leave: &str, seed: u64) -> SimDeployment {
-    let mut knobs = Knobs::new();
-    knobs.set("protocol", protocol);
-    knobs.set("leave", leave);
     // 64 pages a node: evictions and page moves happen during the leaves.
-    knobs.set("cache_pages", "64");
-    let opts = DeployOptions {
-        nodes: 3,
+    let knobs = [
+        ("protocol", protocol),
+        ("leave", leave),
+        ("cache_pages", "64"),
+    ];
+    Cluster {
         threads: THREADS,
-        knobs,
-        ..Default::default()
-    };
-    let sim = SimOptions {
-        config: SimConfig {
-            profile: Profile::load("scalestore-cx5").unwrap(),
-            seed,
-            // Seeded jitter: each seed another interleaving.
-            jitter_ns: 500,
-            delays: Default::default(),
-        },
-        compute_nodes: 1,
-        threads_per_node: THREADS,
-    };
-    SimDeployment::deploy(&SCALESTORE, &opts, &sim).unwrap()
-}
-
-fn nodes_of(d: &SimDeployment) -> Vec<Arc<ScaleNode>> {
-    served_nodes(&d.runtimes, &d.args)
+        cache_mb: None,
+        knobs: &knobs,
+        // Seeded jitter: each seed another interleaving.
+        jitter_ns: 500,
+        ..Cluster::new(3, seed)
+    }
+    .deploy()
 }
 
 fn key(t: usize, j: usize, i: u64) -> u64 {

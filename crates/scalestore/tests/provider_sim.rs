@@ -5,87 +5,29 @@
 //! pages are written, and a page a reader still holds when its write ends
 //! stays dirty, so that a later write to it is not dropped as clean.
 
-use dmkv_api::Knobs;
-use dmkv_api::deploy::DeployOptions;
-use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
-use dmkv_scalestore::SCALESTORE;
-use dmkv_scalestore::engine::served_nodes;
+mod common;
+
+use common::read_shared as read;
+use common::{Cluster, allocate, evict, nodes_of, profile, worker};
+use dmkv_api::sim_deploy::SimDeployment;
 use dmkv_scalestore::guard::{ExclusiveGuard, SharedGuard};
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::pid::Pid;
-use dmkv_scalestore::provider::Provider;
-use dmkv_scalestore::worker::Worker;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep};
-use dmkv_transport::sim::{Profile, SimConfig};
 use dmkv_transport::time::Instant;
-use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-const PROFILE: &str = "scalestore-cx5";
-
 fn deploy(nodes: usize, seed: u64) -> SimDeployment {
-    let mut knobs = Knobs::new();
-    knobs.set("alloc", "local");
-    let opts = DeployOptions {
-        nodes,
-        threads: nodes,
-        cache_mb: 4,
-        knobs,
-        ..Default::default()
-    };
-    let sim = SimOptions {
-        config: SimConfig {
-            profile: Profile::load(PROFILE).unwrap(),
-            seed,
-            jitter_ns: 0,
-            delays: Default::default(),
-        },
-        compute_nodes: 1,
-        threads_per_node: nodes,
-    };
-    SimDeployment::deploy(&SCALESTORE, &opts, &sim).unwrap()
-}
-
-fn worker(node: &Arc<ScaleNode>) -> Worker {
-    Worker::new(
-        node.clone(),
-        Rc::new(node.fabric.endpoint(node.id).unwrap()),
-    )
+    Cluster {
+        knobs: &[("alloc", "local")],
+        ..Cluster::new(nodes, seed)
+    }
+    .deploy()
 }
 
 fn write_ns() -> u64 {
-    Profile::load(PROFILE).unwrap().ssd.write_ns
-}
-
-/// A page allocated by `w` (directed by its node) with word 0 = `value`.
-fn allocate(w: &Worker, value: u64) -> Pid {
-    block_on(async {
-        let g = ExclusiveGuard::allocate(w).await.unwrap();
-        g.page().set_word(0, value);
-        g.pid()
-    })
-}
-
-fn read(w: &Worker, pid: Pid) -> u64 {
-    block_on(async {
-        SharedGuard::fix(w, pid)
-            .await
-            .unwrap()
-            .page()
-            .word(0)
-            .unwrap()
-    })
-}
-
-/// Evicts `pids` from `node` as a task; returns how many it still holds.
-async fn evict(node: &ScaleNode, pids: &[Pid]) -> usize {
-    let ep = node.fabric.endpoint(node.id).unwrap();
-    Provider::new()
-        .evict_everything(node, &ep, |p| pids.contains(&p))
-        .await
-        .unwrap()
+    profile().ssd.write_ns
 }
 
 fn kept_dirty(n: &ScaleNode) -> u64 {
@@ -102,7 +44,7 @@ fn kept_dirty(n: &ScaleNode) -> u64 {
 #[test]
 fn a_local_reader_is_not_blocked_by_the_write_of_its_page() {
     let d = deploy(2, 3);
-    let nodes = served_nodes(&d.runtimes, &d.args);
+    let nodes = nodes_of(&d);
     let w0 = worker(&nodes[0]);
     let pids: Vec<Pid> = (0..4).map(|i| allocate(&w0, 100 + i)).collect();
     let start = Instant::now();
@@ -150,7 +92,7 @@ fn a_local_reader_is_not_blocked_by_the_write_of_its_page() {
 #[test]
 fn a_remote_victim_is_not_latched_across_the_local_write() {
     let d = deploy(2, 5);
-    let nodes = served_nodes(&d.runtimes, &d.args);
+    let nodes = nodes_of(&d);
     let w0 = worker(&nodes[0]);
     let w1 = worker(&nodes[1]);
     let remote = allocate(&w0, 7);
@@ -202,7 +144,7 @@ fn a_remote_victim_is_not_latched_across_the_local_write() {
 #[test]
 fn a_page_still_read_when_its_write_ends_stays_dirty() {
     let d = deploy(2, 9);
-    let nodes = served_nodes(&d.runtimes, &d.args);
+    let nodes = nodes_of(&d);
     let w0 = worker(&nodes[0]);
     let pid = allocate(&w0, 100);
     let hold = Duration::from_nanos(2 * write_ns());

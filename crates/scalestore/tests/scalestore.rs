@@ -1092,3 +1092,121 @@ fn a_ranges_load_leaves_each_nodes_range_cached_on_that_node() {
         }
     }
 }
+
+/// Invariant 19 on the local transport: a worker reading a page its own
+/// node directs from that node's SSD does so without the page's entry
+/// mutex (the entry is marked `reading`). Node 0's read of such a page is
+/// held by a slow device (the page file's read hook, until the test lets
+/// it go); meanwhile node 1 asks node 0 for the page: node 0's one handler
+/// thread holds the request at the directory (`parked_directory`) and goes
+/// on, answering an allocation from node 2 while the read is still held.
+/// Before, the worker read under the mutex: the handler thread blocked on
+/// it for the whole read, so nothing was held and the allocation was not
+/// answered until the read ended. Both increments are in the page.
+#[test]
+fn a_handler_is_not_blocked_by_its_nodes_worker_reading_from_the_ssd() {
+    use dmkv_scalestore::msg::{Reply, Request};
+    use dmkv_scalestore::provider::Provider;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+    let d = deploy(untimed(opts(3, 3, &[("alloc", "local")])));
+    let nodes = nodes_of(&d);
+    let node = |i: u8| nodes.iter().find(|n| n.index == i).unwrap().clone();
+    let (n0, n1, n2) = (node(0), node(1), node(2));
+    let worker =
+        |n: &Arc<ScaleNode>| Worker::new(n.clone(), Rc::new(n.fabric.endpoint(n.id).unwrap()));
+    let increment = |n: &Arc<ScaleNode>, pid: Pid| {
+        let w = worker(n);
+        block_on(async {
+            let g = ExclusiveGuard::fix(&w, pid).await.unwrap();
+            let p = g.page();
+            p.set_word(0, p.word(0).unwrap() + 1);
+            drop(g);
+            w.settle_acks().await.unwrap();
+        })
+    };
+    // A page node 0 directs, word 0 = 1, only on node 0's SSD.
+    let w0 = worker(&n0);
+    let pid = block_on(async {
+        let g = ExclusiveGuard::allocate(&w0).await.unwrap();
+        g.page().set_word(0, 1);
+        g.pid()
+    });
+    assert_eq!(pid.shard(), 0);
+    let ep0 = n0.fabric.endpoint(n0.id).unwrap();
+    let held = block_on(Provider::new().evict_everything(&n0, &ep0, |p| p == pid)).unwrap();
+    assert_eq!(held, 0, "node 0 evicted the page");
+    // Node 0's next read of the page waits until the test lets it go.
+    let (started_tx, started_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(Some((started_tx, go_rx)));
+    let slot = pid.slot();
+    let shard0 = n0.shard(0).unwrap();
+    let file = &shard0.file;
+    file.set_read_hook(Some(Arc::new(move |s| {
+        if s != slot {
+            return;
+        }
+        let g = gate.lock().unwrap().take();
+        if let Some((started, go)) = g {
+            started.send(()).unwrap();
+            let _ = go.recv();
+        }
+    })));
+    let parked = || n0.stats.parked_directory.load(Ordering::Relaxed);
+    let parked_before = parked();
+    let wait = Duration::from_secs(5);
+    let (held_request, answered) = std::thread::scope(|s| {
+        let a = s.spawn(|| increment(&n0, pid));
+        started_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("node 0's worker reads the page from its SSD");
+        let b = s.spawn(|| increment(&n1, pid));
+        let t = Instant::now();
+        while parked() == parked_before && t.elapsed() < wait {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held_request = parked() > parked_before;
+        let (tx, rx) = mpsc::channel();
+        let n2 = n2.clone();
+        s.spawn(move || {
+            let ep = n2.fabric.endpoint(n2.id).unwrap();
+            let m0 = n2.member(0).unwrap();
+            let _ = tx.send(block_on(ep.call(
+                m0.node,
+                m0.service,
+                Request::Alloc.encode(),
+            )));
+        });
+        let answered = rx.recv_timeout(wait);
+        // Let the read end whatever happened, so that nothing hangs.
+        go_tx.send(()).unwrap();
+        a.join().unwrap();
+        b.join().unwrap();
+        (held_request, answered)
+    });
+    file.set_read_hook(None);
+    assert!(
+        held_request,
+        "node 1's request for the page was not held at node 0's directory while \
+         node 0's worker read it: the handler thread waited for the read"
+    );
+    let r = answered.expect(
+        "node 0's handler did not answer an allocation while its worker read a page \
+         from the SSD: its one thread was blocked",
+    );
+    assert!(matches!(
+        Reply::decode(&r.unwrap()),
+        Ok(Reply::Allocated(..))
+    ));
+    let w2 = worker(&n2);
+    let back = block_on(async {
+        SharedGuard::fix(&w2, pid)
+            .await
+            .unwrap()
+            .page()
+            .word(0)
+            .unwrap()
+    });
+    assert_eq!(back, 3, "both increments are in the page");
+}

@@ -5,14 +5,12 @@
 //!
 //! One test in this file only: the switch is per process.
 
-use dmkv_api::Knobs;
-use dmkv_api::deploy::DeployOptions;
+mod common;
+
+use common::Cluster;
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
-use dmkv_scalestore::SCALESTORE;
 use dmkv_scalestore::trace;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
-use dmkv_transport::sim::{Profile, SimConfig};
 
 const THREADS: usize = 3;
 const TASKS: usize = 2;
@@ -25,25 +23,14 @@ const VALUE_SIZE: usize = 100;
 /// reads its neighbour's. Returns the virtual end time, the engine's
 /// stats, and the number of client operations run.
 fn run(seed: u64) -> (u64, serde_json::Value, u64) {
-    let mut knobs = Knobs::new();
-    knobs.set("cache_pages", "64");
-    let opts = DeployOptions {
-        nodes: 3,
+    let d = Cluster {
         threads: THREADS,
-        knobs,
-        ..Default::default()
-    };
-    let sim = SimOptions {
-        config: SimConfig {
-            profile: Profile::load("scalestore-cx5").unwrap(),
-            seed,
-            jitter_ns: 500,
-            delays: Default::default(),
-        },
-        compute_nodes: 1,
-        threads_per_node: THREADS,
-    };
-    let d = SimDeployment::deploy(&SCALESTORE, &opts, &sim).unwrap();
+        cache_mb: None,
+        knobs: &[("cache_pages", "64")],
+        jitter_ns: 500,
+        ..Cluster::new(3, seed)
+    }
+    .deploy();
     let clients: Vec<_> = (0..THREADS).map(|t| d.client(t).unwrap().1).collect();
     let key = |t: usize, j: usize, i: u64| ((t * TASKS + j) as u64) << 32 | i;
     let tasks: Vec<LocalTask<'_, ()>> = (0..THREADS)
