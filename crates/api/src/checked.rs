@@ -1,5 +1,5 @@
 use crate::error::{KvError, Result};
-use crate::store::{Capabilities, Key, KvStore};
+use crate::store::{Capabilities, Key, KvStore, ScanPairs};
 use dmkv_transport::{FutureSlot, SlotFuture};
 use std::future::Future;
 use std::pin::Pin;
@@ -215,7 +215,7 @@ impl KvStore for Checked {
         start: Key,
         n: usize,
         slot: &'a mut FutureSlot,
-    ) -> SlotFuture<'a, Result<Vec<(Key, Vec<u8>)>>>
+    ) -> SlotFuture<'a, Result<ScanPairs>>
     where
         Self: 'a,
     {

@@ -5,6 +5,9 @@ use dmkv_transport::{FutureSlot, SlotFuture};
 /// Keys are 8-byte unsigned integers, as in all four papers.
 pub type Key = u64;
 
+/// What a scan returns: pairs in key order.
+pub type ScanPairs = Vec<(Key, Vec<u8>)>;
+
 /// What an engine offers and refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {
@@ -105,7 +108,7 @@ pub trait KvStore {
         start: Key,
         n: usize,
         slot: &'a mut FutureSlot,
-    ) -> SlotFuture<'a, Result<Vec<(Key, Vec<u8>)>>>
+    ) -> SlotFuture<'a, Result<ScanPairs>>
     where
         Self: 'a,
     {
@@ -210,7 +213,7 @@ impl<T: KvClient> KvStore for T {
         start: Key,
         n: usize,
         slot: &'a mut FutureSlot,
-    ) -> SlotFuture<'a, Result<Vec<(Key, Vec<u8>)>>>
+    ) -> SlotFuture<'a, Result<ScanPairs>>
     where
         Self: 'a,
     {
