@@ -1,5 +1,6 @@
 use crate::error::{KvError, Result};
-use crate::store::{Capabilities, Key, KvStore};
+use crate::store::{Capabilities, Key, KvStore, ScanPairs};
+use dmkv_transport::{FutureSlot, SlotFuture};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -52,6 +53,14 @@ type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + 'a>>;
 /// A refusal, as a future (only refused operations allocate it).
 fn refuse<'a, T: 'a>(e: KvError) -> Fut<'a, T> {
     Box::pin(std::future::ready(Err(e)))
+}
+
+/// A refusal, as a future in `slot` (out of line: the checked methods'
+/// common path then saves no registers for it).
+#[cold]
+#[inline(never)]
+fn refuse_in<T: 'static>(slot: &mut FutureSlot, e: KvError) -> SlotFuture<'_, Result<T>> {
+    slot.put(std::future::ready(Err(e)))
 }
 
 // Written out rather than with `#[async_trait]`: each method checks its input
@@ -127,5 +136,101 @@ impl KvStore for Checked {
         }
         // A reserved start key is fine: scans return stored keys only.
         self.inner.scan(start, n)
+    }
+
+    // The slot forms: the same checks, then the engine's own slot form (a
+    // refusal is a ready future in the slot).
+    #[inline]
+    fn get_in<'a>(
+        &'a self,
+        key: Key,
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<Option<Vec<u8>>>>
+    where
+        Self: 'a,
+    {
+        match self.key(key) {
+            Ok(()) => self.inner.get_in(key, slot),
+            Err(e) => refuse_in(slot, e),
+        }
+    }
+    #[inline]
+    fn insert_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        match self.key(key).and_then(|()| self.value(value)) {
+            Ok(()) => self.inner.insert_in(key, value, slot),
+            Err(e) => refuse_in(slot, e),
+        }
+    }
+    #[inline]
+    fn update_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        match self.key(key).and_then(|()| self.value(value)) {
+            Ok(()) => self.inner.update_in(key, value, slot),
+            Err(e) => refuse_in(slot, e),
+        }
+    }
+    #[inline]
+    fn upsert_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        match self.key(key).and_then(|()| self.value(value)) {
+            Ok(()) => self.inner.upsert_in(key, value, slot),
+            Err(e) => refuse_in(slot, e),
+        }
+    }
+    #[inline]
+    fn delete_in<'a>(&'a self, key: Key, slot: &'a mut FutureSlot) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        match self.key(key) {
+            Ok(()) => self.inner.delete_in(key, slot),
+            Err(e) => refuse_in(slot, e),
+        }
+    }
+    #[inline]
+    fn scan_in<'a>(
+        &'a self,
+        start: Key,
+        n: usize,
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<ScanPairs>>
+    where
+        Self: 'a,
+    {
+        if !self.caps.scan {
+            return refuse_in(
+                slot,
+                KvError::Unsupported {
+                    engine: self.engine,
+                    what: "ordered scans",
+                },
+            );
+        }
+        if n == 0 {
+            return slot.put(std::future::ready(Ok(Vec::new())));
+        }
+        self.inner.scan_in(start, n, slot)
     }
 }

@@ -141,6 +141,10 @@
 //!   through the node's [`NodeRuntime`](dmkv_memnode::NodeRuntime)) and
 //!   connects a compute process to it ([`EngineSpec::connect`]); the engine
 //!   then hands each compute thread a [`KvStore`].
+//! - [`KvClient`]: what an engine's client implements (the six operations
+//!   as plain `async fn`s); every `KvClient` is a `KvStore`, whose `*_in`
+//!   methods run an operation's future in a caller's [`FutureSlot`] without
+//!   allocating (the harness keeps one slot per task).
 //! - [`Checked`]: the input validation every engine gets for free (reserved
 //!   keys, value limits, scan capability).
 //! - [`Knobs`]: typed `--set engine.knob=value` settings
@@ -164,7 +168,8 @@ mod store;
 
 pub use checked::Checked;
 pub use checksum::checksum64;
+pub use dmkv_transport::{FutureSlot, SlotFuture};
 pub use engine::{ConnectArgs, Engine, EngineSpec, ServeArgs, Topology};
 pub use error::{KvError, Result};
 pub use knobs::{KnobSpec, Knobs};
-pub use store::{Capabilities, Key, KvStore};
+pub use store::{Capabilities, Key, KvClient, KvStore};

@@ -1,8 +1,12 @@
 use crate::error::Result;
 use async_trait::async_trait;
+use dmkv_transport::{FutureSlot, SlotFuture};
 
 /// Keys are 8-byte unsigned integers, as in all four papers.
 pub type Key = u64;
+
+/// What a scan returns: pairs in key order.
+pub type ScanPairs = Vec<(Key, Vec<u8>)>;
 
 /// What an engine offers and refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,4 +39,184 @@ pub trait KvStore {
     /// Up to `n` pairs with key >= `start`, in key order. Engines without
     /// ordered scans return [`KvError::Unsupported`](crate::KvError).
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>>;
+
+    // The same six operations with their future put in a caller's
+    // [`FutureSlot`] (reused from one operation to the next) instead of a
+    // fresh box: what the harness calls, one slot per task. An engine that
+    // implements [`KvClient`] gets these without any allocation per
+    // operation (its future is written into the slot); the defaults, for
+    // engines implementing `KvStore` directly, put the boxed future in the
+    // slot. Same answers either way.
+
+    /// [`KvStore::get`], run in `slot`.
+    fn get_in<'a>(
+        &'a self,
+        key: Key,
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<Option<Vec<u8>>>>
+    where
+        Self: 'a,
+    {
+        slot.put(self.get(key))
+    }
+    /// [`KvStore::insert`], run in `slot`.
+    fn insert_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(self.insert(key, value))
+    }
+    /// [`KvStore::update`], run in `slot`.
+    fn update_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(self.update(key, value))
+    }
+    /// [`KvStore::upsert`], run in `slot`.
+    fn upsert_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(self.upsert(key, value))
+    }
+    /// [`KvStore::delete`], run in `slot`.
+    fn delete_in<'a>(&'a self, key: Key, slot: &'a mut FutureSlot) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(self.delete(key))
+    }
+    /// [`KvStore::scan`], run in `slot`.
+    fn scan_in<'a>(
+        &'a self,
+        start: Key,
+        n: usize,
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<ScanPairs>>
+    where
+        Self: 'a,
+    {
+        slot.put(self.scan(start, n))
+    }
+}
+
+/// What an engine's client implements: the six [`KvStore`] operations as
+/// plain `async fn`s (their futures are the compiler's own types, not
+/// boxed). Every `KvClient` is a [`KvStore`] (the impl below): its boxed
+/// methods box these futures, and its `*_in` methods write them into the
+/// caller's [`FutureSlot`] with no allocation, which is how the harness runs
+/// every operation. The contract of each method is [`KvStore`]'s.
+#[allow(async_fn_in_trait)] // compute-thread handles: never sent between threads
+pub trait KvClient {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>>;
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool>;
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool>;
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool>;
+    async fn delete(&self, key: Key) -> Result<bool>;
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>>;
+}
+
+#[async_trait(?Send)]
+impl<T: KvClient> KvStore for T {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        KvClient::get(self, key).await
+    }
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        KvClient::insert(self, key, value).await
+    }
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        KvClient::update(self, key, value).await
+    }
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        KvClient::upsert(self, key, value).await
+    }
+    async fn delete(&self, key: Key) -> Result<bool> {
+        KvClient::delete(self, key).await
+    }
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        KvClient::scan(self, start, n).await
+    }
+
+    #[inline]
+    fn get_in<'a>(
+        &'a self,
+        key: Key,
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<Option<Vec<u8>>>>
+    where
+        Self: 'a,
+    {
+        slot.put(KvClient::get(self, key))
+    }
+    #[inline]
+    fn insert_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(KvClient::insert(self, key, value))
+    }
+    #[inline]
+    fn update_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(KvClient::update(self, key, value))
+    }
+    #[inline]
+    fn upsert_in<'a>(
+        &'a self,
+        key: Key,
+        value: &'a [u8],
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(KvClient::upsert(self, key, value))
+    }
+    #[inline]
+    fn delete_in<'a>(&'a self, key: Key, slot: &'a mut FutureSlot) -> SlotFuture<'a, Result<bool>>
+    where
+        Self: 'a,
+    {
+        slot.put(KvClient::delete(self, key))
+    }
+    #[inline]
+    fn scan_in<'a>(
+        &'a self,
+        start: Key,
+        n: usize,
+        slot: &'a mut FutureSlot,
+    ) -> SlotFuture<'a, Result<ScanPairs>>
+    where
+        Self: 'a,
+    {
+        slot.put(KvClient::scan(self, start, n))
+    }
 }

@@ -32,7 +32,7 @@ use crate::stats::{RunFigures, VerifyFigures};
 use crate::trace::{TraceOpKind, read_load_trace, read_trace};
 use crate::workload::{Op, OpType};
 use dmkv_api::payload::make_value;
-use dmkv_api::{Capabilities, Key, KvStore};
+use dmkv_api::{Capabilities, FutureSlot, Key, KvStore};
 use dmkv_memnode::NodeStats;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
 use dmkv_transport::time::Instant;
@@ -965,6 +965,8 @@ async fn run_task(
     // (With shifts an operation is drawn in the phase it starts in.)
     let lookahead = shift_ns.is_none();
     let mut next = if lookahead { stream.next() } else { None };
+    // Where each operation's future runs (allocated once, reused).
+    let mut slot = FutureSlot::new();
     loop {
         if ctx.op_limit.is_some() && ctx.stuck.lock().expect("stuck").is_some() {
             break;
@@ -998,7 +1000,7 @@ async fn run_task(
         // The clock only where something needs it (the plain loop reads
         // none per operation).
         let start = (ctx.crash.is_some() || ctx.op_limit.is_some()).then(Instant::now);
-        let run = execute(ctx, ep, kv, op, figures);
+        let run = execute(ctx, ep, kv, op, figures, &mut slot);
         let failed = match ctx.op_limit {
             None => run.await,
             Some(limit) => match within(run, limit).await {
@@ -1068,12 +1070,17 @@ async fn call<F: Future>(ep: &Endpoint, kind: OpKind, fut: F) -> (F::Output, Dur
 
 /// Runs one operation, checks its answer and records it; true if it
 /// failed with an error.
+///
+/// The engine's future runs in `slot`, the task's [`FutureSlot`], reused by
+/// each of its operations: no allocation per operation for engines that
+/// implement [`dmkv_api::KvClient`] (docs/performance.md, "Eleventh pass").
 async fn execute(
     ctx: &Ctx<'_>,
     ep: &Endpoint,
     kv: &dyn KvStore,
     op: Op,
     figures: &RefCell<RunFigures>,
+    slot: &mut FutureSlot,
 ) -> bool {
     let mut errored = false;
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
@@ -1087,7 +1094,7 @@ async fn execute(
         Op::Read(i) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let (r, lat, cost) = call(ep, OpKind::Get, kv.get(key)).await;
+            let (r, lat, cost) = call(ep, OpKind::Get, kv.get_in(key, slot)).await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1102,7 +1109,7 @@ async fn execute(
             let key = plan.key(i);
             let value = make_value(key, states.next_version(i), size);
             let t0 = states.stamp();
-            let (r, lat, cost) = call(ep, OpKind::Update, kv.update(key, &value)).await;
+            let (r, lat, cost) = call(ep, OpKind::Update, kv.update_in(key, &value, slot)).await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1127,9 +1134,9 @@ async fn execute(
             states.begin_change(i);
             let (r, lat, cost) = if insert {
                 let value = make_value(key, states.next_version(i), size);
-                call(ep, OpKind::Insert, kv.insert(key, &value)).await
+                call(ep, OpKind::Insert, kv.insert_in(key, &value, slot)).await
             } else {
-                call(ep, OpKind::Delete, kv.delete(key)).await
+                call(ep, OpKind::Delete, kv.delete_in(key, slot)).await
             };
             // An insert succeeds iff the key was absent; a delete iff present.
             let expected = before.map(|exists| exists != insert);
@@ -1154,7 +1161,7 @@ async fn execute(
         Op::Scan(i, n) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let (r, lat, cost) = call(ep, OpKind::Scan, kv.scan(key, n as usize)).await;
+            let (r, lat, cost) = call(ep, OpKind::Scan, kv.scan_in(key, n as usize, slot)).await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1168,7 +1175,7 @@ async fn execute(
         Op::Rmw(i) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let (r, read_lat, read_cost) = call(ep, OpKind::Get, kv.get(key)).await;
+            let (r, read_lat, read_cost) = call(ep, OpKind::Get, kv.get_in(key, slot)).await;
             match r {
                 Ok(v) => check.get(
                     "rmw",
@@ -1186,7 +1193,8 @@ async fn execute(
             }
             let value = make_value(key, states.next_version(i), size);
             let t1 = states.stamp();
-            let (r, write_lat, write_cost) = call(ep, OpKind::Update, kv.update(key, &value)).await;
+            let (r, write_lat, write_cost) =
+                call(ep, OpKind::Update, kv.update_in(key, &value, slot)).await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, read_lat + write_lat, read_cost + write_cost);
             match r {

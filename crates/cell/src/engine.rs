@@ -3,8 +3,8 @@
 use crate::reader::TreeReader;
 use async_trait::async_trait;
 use dmkv_api::{
-    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
-    ServeArgs,
+    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvClient, KvError, KvStore,
+    Result, ServeArgs,
 };
 use dmkv_memnode::NodeRuntime;
 use dmkv_rpc_btree::service::{KNOB_NODES, KNOB_SLOTS, KNOB_VALUE_BYTES, serve_tree};
@@ -138,22 +138,21 @@ struct CellClient {
     writes: RpcTreeClient,
 }
 
-#[async_trait(?Send)]
-impl KvStore for CellClient {
+impl KvClient for CellClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         self.reader.get(&self.ep, key).await
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
-        self.writes.insert(key, value).await
+        KvClient::insert(&self.writes, key, value).await
     }
     async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
-        self.writes.update(key, value).await
+        KvClient::update(&self.writes, key, value).await
     }
     async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
-        self.writes.upsert(key, value).await
+        KvClient::upsert(&self.writes, key, value).await
     }
     async fn delete(&self, key: Key) -> Result<bool> {
-        self.writes.delete(key).await
+        KvClient::delete(&self.writes, key).await
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         self.reader.scan(&self.ep, start, n).await

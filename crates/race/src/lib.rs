@@ -31,8 +31,8 @@ pub mod resize;
 use alloc::{AllocSizes, AllocSource, serve_alloc};
 use async_trait::async_trait;
 use dmkv_api::{
-    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
-    ServeArgs,
+    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvClient, KvError, KvStore,
+    Result, ServeArgs,
 };
 use dmkv_memnode::{GrowingPool, NodeRuntime, RemoteSegments, SegmentShape};
 use dmkv_transport::exec::block_on;
@@ -457,8 +457,7 @@ impl RaceClient {
     }
 }
 
-#[async_trait(?Send)]
-impl KvStore for RaceClient {
+impl KvClient for RaceClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         let c = self.ctx();
         let r = c.get(key).await;

@@ -1,8 +1,7 @@
 //! The compute side of the tree service: one RPC per operation.
 
 use crate::wire::*;
-use async_trait::async_trait;
-use dmkv_api::{Key, KvStore, Result};
+use dmkv_api::{Key, KvClient, Result};
 use dmkv_transport::{Endpoint, NodeId, ServiceId, TransportError, WireReader, WireWriter};
 use dmkv_xtree::{HintedUpdate, LeafRef, TreeStats};
 use std::rc::Rc;
@@ -114,8 +113,7 @@ pub async fn stats(ep: &Endpoint, svc: TreeService) -> Result<TreeStats> {
     Ok(decode_stats(&reply).map_err(TransportError::from)?)
 }
 
-#[async_trait(?Send)]
-impl KvStore for RpcTreeClient {
+impl KvClient for RpcTreeClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         let mut w = WireWriter::new();
         w.u8(GET).u64(key);

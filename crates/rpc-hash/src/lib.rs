@@ -24,8 +24,8 @@ pub mod table;
 
 use async_trait::async_trait;
 use dmkv_api::{
-    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
-    ServeArgs,
+    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvClient, KvError, KvStore,
+    Result, ServeArgs,
 };
 use dmkv_memnode::NodeRuntime;
 use dmkv_transport::exec::block_on;
@@ -258,8 +258,7 @@ impl RpcHashClient {
     }
 }
 
-#[async_trait(?Send)]
-impl KvStore for RpcHashClient {
+impl KvClient for RpcHashClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         // The value is handed over in the reply's own buffer, not copied.
         let (node, svc) = shard_of(&self.shards, key);

@@ -32,8 +32,8 @@ use alloc::{ChunkSource, LocalAlloc, serve_chunk};
 use async_trait::async_trait;
 use cache::IndexCache;
 use dmkv_api::{
-    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvError, KvStore, Result,
-    ServeArgs,
+    Capabilities, ConnectArgs, Engine, EngineSpec, Key, KnobSpec, KvClient, KvError, KvStore,
+    Result, ServeArgs,
 };
 use dmkv_memnode::{GrowingPool, NodeRuntime, RemoteSegments, SegmentShape};
 use dmkv_transport::exec::block_on;
@@ -411,8 +411,7 @@ impl ShermanClient {
     }
 }
 
-#[async_trait(?Send)]
-impl KvStore for ShermanClient {
+impl KvClient for ShermanClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         self.ctx().get(key).await
     }

@@ -59,6 +59,8 @@ mod reply_state;
 pub mod servestats;
 pub mod service;
 pub mod sim;
+#[allow(unsafe_code)]
+pub mod slot;
 pub mod time;
 pub mod wire;
 
@@ -75,4 +77,5 @@ pub use region::RegionMem;
 pub use service::{
     DeferredService, HandlerCache, Reply, Responder, RpcContext, Service, ServiceTable,
 };
+pub use slot::{FutureSlot, SlotFuture};
 pub use wire::{WireError, WireReader, WireWriter};

@@ -29,8 +29,7 @@ use crate::layout::{SubRecord, TtEntry};
 use crate::scan_chain::{Absorbed, Chain, LeafFacts, Pending, ScanStop};
 use crate::stats::{ClientStats, FallbackCause};
 use crate::wire::*;
-use async_trait::async_trait;
-use dmkv_api::{Key, KvError, KvStore, Result};
+use dmkv_api::{Key, KvClient, KvError, Result};
 use dmkv_transport::{Endpoint, WireReader, WireWriter};
 use dmkv_xtree::view::{LeafFind, parse_block, parse_slot_line};
 use dmkv_xtree::{FatPtr, KeysView, Meta, NodeView, SlotValue, ViewError};
@@ -1154,8 +1153,7 @@ fn coverage(read: &[(u32, Leaf)], key: Key, s: u32, e: u32, t: u32) -> (bool, bo
     (left, right)
 }
 
-#[async_trait(?Send)]
-impl KvStore for Client {
+impl KvClient for Client {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         ClientStats::bump(&self.stats().gets);
         let p = self.sh.part_of(key);

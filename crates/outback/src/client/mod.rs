@@ -26,7 +26,9 @@ use crate::ring::{Ring, replicas_of};
 use crate::server::SERVICE;
 use crate::server::session::Session;
 use async_trait::async_trait;
-use dmkv_api::{Capabilities, Engine, Key, KvError, KvStore, Result, ServeArgs, checksum64};
+use dmkv_api::{
+    Capabilities, Engine, Key, KvClient, KvError, KvStore, Result, ServeArgs, checksum64,
+};
 use dmkv_transport::exec::{block_on, sleep};
 use dmkv_transport::time::Instant;
 use dmkv_transport::{
@@ -1313,8 +1315,7 @@ impl Client {
     }
 }
 
-#[async_trait(?Send)]
-impl KvStore for Client {
+impl KvClient for Client {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         let deadline = &Deadline::new();
         self.sh.counters.gets.fetch_add(1, Ordering::Relaxed);

@@ -22,8 +22,7 @@ use crate::layout::record::{ModelState, RecordLayout, W_SLT, W_STATE, W_URGENT};
 use crate::layout::value::{FatPtr, block_bytes, decode_block, encode_block};
 use crate::remote::{H_ALLOC, LEAF_BASE};
 use crate::server::push_leaf_write;
-use async_trait::async_trait;
-use dmkv_api::{Key, KvError, KvStore, Result};
+use dmkv_api::{Key, KvClient, KvError, Result};
 use dmkv_transport::exec::{sleep, yield_now};
 use dmkv_transport::{Batch, Endpoint, RemoteAddr};
 use std::rc::Rc;
@@ -927,8 +926,7 @@ fn tiles(leaves: &[Leaf], low: Key, high: Key) -> bool {
     at == high
 }
 
-#[async_trait(?Send)]
-impl KvStore for RolexClient {
+impl KvClient for RolexClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         bump(&self.sh.stats.ops[GET]);
         self.get_inner(key).await
