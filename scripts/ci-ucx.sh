@@ -15,7 +15,17 @@ step() { printf '\n==> %s\n' "$*"; }
 step "ucx: system packages"
 need=()
 [ -f /usr/include/ucp/api/ucp.h ] || need+=(libucx-dev)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+# bindgen needs libclang itself (libclang.so*, libclang-N.so*); a machine may
+# have only libclang-cpp (a different library), which must not count.
+have_libclang() {
+    local f
+    for f in /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* \
+        /usr/lib/x86_64-linux-gnu/libclang.so* /usr/lib/x86_64-linux-gnu/libclang-[0-9]*.so*; do
+        [ -e "$f" ] && return 0
+    done
+    return 1
+}
+have_libclang || need+=(libclang-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
