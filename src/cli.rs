@@ -559,8 +559,9 @@ fn bench_threads(threads: Option<usize>, nodes: usize, err: &mut dyn Write) -> u
 /// `auto`, the default, pins each thread to a CPU of its own when they fit
 /// and the run has one memory node and one node: left to the OS, one
 /// handler and one compute thread on a 2-CPU host land sometimes on one CPU
-/// and sometimes on two, which serve RPCs at rates up to 1.5x apart, so
-/// identical runs disagreed (docs/performance.md, "Eleventh session").
+/// and sometimes on two, and on one CPU RPCs are served at about half the
+/// rate, so identical runs disagreed (docs/performance.md, "Eleventh
+/// session").
 /// With several memory nodes (handler thread `h` of every node would share
 /// one CPU) or ScaleStore nodes (their workers are threads of their own)
 /// `auto` leaves placement to the OS, as it does on other transports.
