@@ -930,26 +930,7 @@ impl LocalEndpoint {
                     if let Err(e) = target.check_up() {
                         return Err(OpFuture::ready(Err(e)));
                     }
-                    let header = RequestHeader {
-                        from: self.node,
-                        service,
-                        deliver_at: None,
-                    };
-                    match self.rpcs.send(node, header, payload) {
-                        Ok(wait) => {
-                            self.sent(target, node);
-                            return Ok(wait);
-                        }
-                        Err(payload) => {
-                            return Err(OpFuture::boxed(self.send_when_room(
-                                target.clone(),
-                                node,
-                                service,
-                                payload,
-                                None,
-                            )));
-                        }
-                    }
+                    return self.send_fault_free(target, node, service, payload);
                 }
                 _ => payload,
             }
@@ -966,8 +947,20 @@ impl LocalEndpoint {
         if self.inner.faults_active.load(Ordering::Acquire) {
             return Err(self.call_with_faults(target, node, service, payload));
         }
-        // The fault-free path: no timer, no clock read, no allocation per
-        // RPC; the request goes into this endpoint's lane to the node.
+        self.send_fault_free(&target, node, service, payload)
+    }
+
+    /// The fault-free path: no timer, no clock read, no allocation per RPC;
+    /// the request goes into this endpoint's lane to the node (the node is
+    /// cloned only when the lane is full and the call must wait for room).
+    #[inline]
+    fn send_fault_free(
+        &self,
+        target: &Arc<NodeState>,
+        node: NodeId,
+        service: ServiceId,
+        payload: Vec<u8>,
+    ) -> std::result::Result<ReplyWait<'_>, OpFuture<'_, Result<Reply>>> {
         let header = RequestHeader {
             from: self.node,
             service,
@@ -975,12 +968,16 @@ impl LocalEndpoint {
         };
         match self.rpcs.send(node, header, payload) {
             Ok(wait) => {
-                self.sent(&target, node);
+                self.sent(target, node);
                 Ok(wait)
             }
-            Err(payload) => Err(OpFuture::boxed(
-                self.send_when_room(target, node, service, payload, None),
-            )),
+            Err(payload) => Err(OpFuture::boxed(self.send_when_room(
+                target.clone(),
+                node,
+                service,
+                payload,
+                None,
+            ))),
         }
     }
 
