@@ -248,9 +248,10 @@ impl ScaleNode {
                 responder,
             })
         };
-        if d.evicting || d.reading {
-            // An eviction pull, or the page on its way from our SSD to the
-            // grantee (invariant 16): wait, in arrival order.
+        if d.in_flight() {
+            // An eviction pull, or the page on its way from our SSD or our
+            // own copy to the grantee (invariants 16 and 22): wait, in
+            // arrival order.
             return Ok(match hold(responder) {
                 Some(h) => {
                     Counters::add(&self.stats.parked_directory, 1);
@@ -292,7 +293,8 @@ impl ScaleNode {
             d.queue.push_back(h);
             return Ok(Decision::Held);
         }
-        let g = self.grant(shard, fi, m, d, q)?;
+        let mut post = None;
+        let g = self.grant(shard, fi, m, d, q, &mut post)?;
         if self.cfg.protocol == Protocol::Fifo {
             d.transfer = Some(q.from);
             if local {
@@ -302,6 +304,13 @@ impl ScaleNode {
         }
         if local {
             Counters::add(&self.stats.local_grants, 1);
+        }
+        if let Some(p) = post {
+            // Written from our own copy by the completer, which then
+            // answers (invariant 22): the handler does not wait.
+            let responder = responder.take().expect("a remote request has a responder");
+            self.submit_delivery(decided(p, g), responder);
+            return Ok(Decision::Held);
         }
         if d.reading {
             if local {
@@ -320,6 +329,13 @@ impl ScaleNode {
     }
 
     /// The decision proper (see the module documentation).
+    ///
+    /// On the real backends a page this directory writes from its own copy
+    /// is not written here: the grant is recorded, the entry marked
+    /// `delivering`, our copy (if the grant takes or downgrades it) stays
+    /// latched exclusively, and the write is left in `post` for the caller
+    /// to hand to the completer with the request's responder (invariant
+    /// 22).
     fn grant(
         &self,
         shard: &Shard,
@@ -327,7 +343,30 @@ impl ScaleNode {
         m: &mut Meta,
         d: &mut Dir,
         q: OwnRequest,
+        post: &mut Option<crate::ssdio::Delivery>,
     ) -> Result<Grant, KvError> {
+        use crate::ssdio::{Delivery, OwnCopy, Then};
+        let posting = self.posts_deliveries();
+        let mut later = |d: &mut Dir, bytes: Vec<u8>, undo: Owners, own: OwnCopy| {
+            d.delivering = true;
+            *post = Some(Delivery {
+                to: q.from,
+                offset: q.offset,
+                bytes,
+                // The grant is filled in by `decided`.
+                then: Then::Grant {
+                    pid: q.pid,
+                    fi,
+                    grant: Grant {
+                        epoch: 0,
+                        source: Source::Written,
+                        invalidate: 0,
+                    },
+                    undo,
+                    own,
+                },
+            });
+        };
         let f = self.frames.frame(fi);
         let me = self.index;
         let r = q.from;
@@ -379,6 +418,26 @@ impl ScaleNode {
                 d.dirty = true;
                 d.copy_grants.clear();
                 if n == me && my_copy && f.latch.try_exclusive() {
+                    if posting {
+                        // Our copy stays latched until the write ends.
+                        let undo = d.owners;
+                        let own = match w {
+                            Want::Shared => {
+                                d.owners = Owners::Shared(1 << me | 1 << r);
+                                OwnCopy::Downgrade
+                            }
+                            Want::Exclusive => {
+                                d.owners = Owners::Exclusive(r);
+                                OwnCopy::Drop
+                            }
+                        };
+                        later(d, self.page(l.slot).to_bytes(), undo, own);
+                        return Ok(Grant {
+                            epoch: d.epoch,
+                            source: Source::Written,
+                            invalidate,
+                        });
+                    }
                     if let Err(e) = self.deliver_copy(r, q.offset, &self.page(l.slot).to_bytes()) {
                         f.latch.unlock_exclusive();
                         return Err(e);
@@ -412,6 +471,15 @@ impl ScaleNode {
                 } else if set & (1 << me) != 0 && my_copy && f.latch.try_shared() {
                     let bytes = self.page(l.slot).to_bytes();
                     f.latch.unlock_shared();
+                    if posting {
+                        d.owners = Owners::Shared(set | 1 << r);
+                        later(d, bytes, Owners::Shared(set), OwnCopy::Keep);
+                        return Ok(Grant {
+                            epoch: d.epoch,
+                            source: Source::Written,
+                            invalidate,
+                        });
+                    }
                     self.deliver_copy(r, q.offset, &bytes)?;
                     d.owners = Owners::Shared(set | 1 << r);
                     Source::Written
@@ -443,6 +511,17 @@ impl ScaleNode {
                         invalidate = others;
                         Source::Kept
                     } else if others & (1 << me) != 0 && my_copy && f.latch.try_exclusive() {
+                        if posting {
+                            // Our copy stays latched until the write ends.
+                            d.owners = Owners::Exclusive(r);
+                            let bytes = self.page(l.slot).to_bytes();
+                            later(d, bytes, Owners::Shared(set), OwnCopy::Drop);
+                            return Ok(Grant {
+                                epoch: d.epoch,
+                                source: Source::Written,
+                                invalidate: others & !(1 << me),
+                            });
+                        }
                         let res = self.deliver_copy(r, q.offset, &self.page(l.slot).to_bytes());
                         if res.is_ok() {
                             self.drop_copy(fi, true);
@@ -528,7 +607,7 @@ impl ScaleNode {
         let Some(mut d) = m.dir.take() else {
             return;
         };
-        if !d.evicting && !d.reading && !d.held.is_empty() {
+        if !d.in_flight() && !d.held.is_empty() {
             for h in std::mem::take(&mut d.held) {
                 self.answer_held(&shard, fi, m, &mut d, h, out);
             }
@@ -537,8 +616,7 @@ impl ScaleNode {
         // backoff) and is granted; its acknowledgement grants the queue.
         while self.cfg.protocol == Protocol::Fifo
             && d.transfer.is_none()
-            && !d.evicting
-            && !d.reading
+            && !d.in_flight()
             && !d.local_waiting
         {
             let Some(h) = d.queue.pop_front() else { break };
@@ -549,10 +627,13 @@ impl ScaleNode {
                 retry: h.retry,
                 offset: h.offset,
             };
-            match self.grant(&shard, fi, m, &mut d, q) {
+            let mut post = None;
+            match self.grant(&shard, fi, m, &mut d, q, &mut post) {
                 Ok(g) => {
                     d.transfer = Some(h.from);
-                    if d.reading {
+                    if let Some(p) = post {
+                        self.submit_delivery(decided(p, g), h.responder);
+                    } else if d.reading {
                         self.submit_grant_read(q, g, h.responder);
                     } else {
                         out.push((h.responder, Ok(Reply::Grant(g).encode())));
@@ -752,9 +833,12 @@ impl ScaleNode {
             }
         };
         match work {
-            Work::Fetch { pid, to, offset } => {
+            work @ Work::Fetch { .. } => {
+                let Work::Fetch { pid, to, offset } = work else {
+                    unreachable!("matched")
+                };
                 let r = delivered(pid, to, offset);
-                responder.reply(r.map(|()| Reply::Done.encode()).map_err(service_error));
+                self.finish_read(work, responder, r);
             }
             Work::Write { .. } => {
                 let r = match res {
@@ -775,13 +859,161 @@ impl ScaleNode {
                 let answer = self.finish_evict_write(w, res.is_ok());
                 responder.reply(Ok(answer));
             }
-            Work::Grant {
-                pid,
-                to,
-                offset,
-                grant,
-            } => {
+            work @ Work::Grant { .. } => {
+                let Work::Grant { pid, to, offset, .. } = work else {
+                    unreachable!("matched")
+                };
                 let r = delivered(pid, to, offset);
+                self.finish_read(work, responder, r);
+            }
+        }
+    }
+
+    /// An SSD read of the completer's completed (real backends): a page
+    /// for another node comes back as a delivery for the completer to post
+    /// (the grant or fetch is finished by [`Self::finish_delivery`] when
+    /// the WRITE completes, so the completer's thread waits for no round
+    /// trip); anything else is finished now ([`Self::finish_ssd`]).
+    pub fn ssd_read_done(
+        &self,
+        job: crate::ssdio::Job,
+        res: std::io::Result<crate::ssdio::Outcome>,
+    ) -> Option<(crate::ssdio::Delivery, Responder)> {
+        use crate::ssdio::{Delivery, Outcome, Then, Work};
+        let remote = match &job.work {
+            Work::Grant { to, offset, .. } | Work::Fetch { to, offset, .. } => {
+                Some((*to, *offset)).filter(|(to, _)| *to != self.index)
+            }
+            _ => None,
+        };
+        match (remote, res) {
+            (Some((to, offset)), Ok(Outcome::Page(page))) => {
+                Counters::add(&self.stats.pages_ssd, 1);
+                let crate::ssdio::Job {
+                    work, responder, ..
+                } = job;
+                let d = Delivery {
+                    to,
+                    offset,
+                    bytes: page.bytes().to_vec(),
+                    then: Then::Read(Box::new(work)),
+                };
+                Some((d, responder))
+            }
+            (_, res) => {
+                self.finish_ssd(job, res);
+                None
+            }
+        }
+    }
+
+    /// Finishes a posted delivery (the completer, real backends) once its
+    /// WRITE completed (`w`): see [`crate::ssdio::Then`].
+    pub fn finish_delivery(
+        &self,
+        d: crate::ssdio::Delivery,
+        responder: Responder,
+        w: Result<(), KvError>,
+    ) {
+        use crate::ssdio::{OwnCopy, Then};
+        let copied = !matches!(d.then, Then::Read(_));
+        if copied && w.is_ok() {
+            Counters::add(&self.stats.pages_remote, 1);
+        }
+        match d.then {
+            Then::Read(work) => self.finish_read(*work, responder, w),
+            Then::Done => responder.reply(w.map(|()| Reply::Done.encode()).map_err(service_error)),
+            Then::Moved { pid, fi } => {
+                let f = self.frames.frame(fi);
+                let removed = {
+                    let mut m = f.meta.lock();
+                    // Latched by the move since it was decided: the frame
+                    // still holds the page.
+                    debug_assert_eq!(f.pid(), pid);
+                    if w.is_ok() && f.pid() == pid {
+                        self.drop_copy(fi, true);
+                        if m.parked.is_empty() {
+                            self.maybe_remove(fi, &mut m);
+                        }
+                    }
+                    f.latch.unlock_exclusive();
+                    f.pid() != pid
+                };
+                if !removed {
+                    // Parked requests and latch waiters go on.
+                    self.released(fi);
+                }
+                responder.reply(w.map(|()| Reply::Done.encode()).map_err(service_error));
+            }
+            Then::Grant {
+                pid,
+                fi,
+                grant,
+                undo,
+                own,
+            } => {
+                let f = self.frames.frame(fi);
+                let mut out = Vec::new();
+                {
+                    let mut m = f.meta.lock();
+                    // `delivering` keeps the entry (it is not idle), so the
+                    // frame still holds the page.
+                    let ok = f.pid() == pid && m.dir.as_ref().is_some_and(|d| d.delivering);
+                    if ok {
+                        let d = m.dir.as_mut().expect("checked");
+                        d.delivering = false;
+                        if w.is_err() {
+                            // Nothing changed the entry meanwhile (every
+                            // request was held): as if never granted.
+                            d.owners = undo;
+                        }
+                        if w.is_ok() {
+                            match own {
+                                OwnCopy::Keep => {}
+                                OwnCopy::Downgrade => {
+                                    let slot = f.local().slot;
+                                    f.set_possession(Possession::Shared, slot);
+                                    m.epoch = grant.epoch;
+                                    m.copies_served = 0;
+                                }
+                                OwnCopy::Drop => self.drop_copy(fi, true),
+                            }
+                        }
+                    }
+                    if own != OwnCopy::Keep {
+                        f.latch.unlock_exclusive();
+                    }
+                    if ok {
+                        self.directory_retry(fi, &mut m, &mut out);
+                    }
+                }
+                if own != OwnCopy::Keep {
+                    self.released(fi);
+                }
+                responder.reply(
+                    w.map(|()| Reply::Grant(grant).encode())
+                        .map_err(service_error),
+                );
+                for (r, a) in out {
+                    r.reply(a);
+                }
+            }
+        }
+    }
+
+    /// Finishes an SSD grant or fetch whose page was delivered (`r`: the
+    /// read's and the delivery's outcome): a fetch is answered; a grant's
+    /// entry stops `reading` (the grant undone if `r` failed), what it held
+    /// is answered, and then the grant.
+    fn finish_read(&self, work: crate::ssdio::Work, responder: Responder, r: Result<(), KvError>) {
+        use crate::ssdio::Work;
+        match work {
+            Work::Fetch { .. } => {
+                responder.reply(r.map(|()| Reply::Done.encode()).map_err(service_error));
+            }
+            Work::Grant {
+                pid, to, grant, ..
+            } => {
                 let mut out = Vec::new();
                 let found = match self.frames.find(pid) {
                     Some(fi) => {
@@ -816,6 +1048,9 @@ impl ScaleNode {
                     r.reply(a);
                 }
             }
+            _ => responder.reply(Err(service_error(corrupt(
+                "an SSD write was finished as a read",
+            )))),
         }
     }
 
@@ -895,8 +1130,7 @@ impl ScaleNode {
             let Some(d) = m.dir.as_mut() else { continue };
             if d.epoch != e.epoch
                 || d.transfer.is_some()
-                || d.evicting
-                || d.reading
+                || d.in_flight()
                 || !d.owners.contains(from)
                 || d.copies_granted(from) > e.copies
             {
@@ -1158,4 +1392,12 @@ impl ScaleNode {
             .collect();
         Ok(Evicted::Writing(EvictWrite { accepted, pages }))
     }
+}
+
+/// A grant's posted delivery with the grant it answers filled in.
+fn decided(mut p: crate::ssdio::Delivery, g: Grant) -> crate::ssdio::Delivery {
+    if let crate::ssdio::Then::Grant { grant, .. } = &mut p.then {
+        *grant = g;
+    }
+    p
 }

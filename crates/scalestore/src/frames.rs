@@ -185,6 +185,13 @@ pub struct Dir {
     /// `ssdio`): other requests wait in `held`, evictions are declined
     /// (invariant 16 in docs/scalestore.md).
     pub reading: bool,
+    /// The page is on its way from this directory's own copy to the
+    /// requester the entry names, a one-sided WRITE posted to the node's
+    /// completer on the real backends (the grant is recorded; our copy, if
+    /// the grant takes or downgrades it, stays latched exclusively until
+    /// the write ends): other requests wait in `held`, evictions are
+    /// declined (invariant 22 in docs/scalestore.md).
+    pub delivering: bool,
 }
 
 impl Dir {
@@ -201,6 +208,7 @@ impl Dir {
             queue: VecDeque::new(),
             local_waiting: false,
             reading: false,
+            delivering: false,
         }
     }
 
@@ -213,6 +221,14 @@ impl Dir {
             && self.held.is_empty()
             && !self.evicting
             && !self.reading
+            && !self.delivering
+    }
+
+    /// A page of this entry is on its way (an eviction pull, a read from
+    /// our SSD, or a delivery from our own copy): nothing is granted and
+    /// other requests are held until it arrives.
+    pub fn in_flight(&self) -> bool {
+        self.evicting || self.reading || self.delivering
     }
 
     /// Copies granted from `n` and not yet known to be served.

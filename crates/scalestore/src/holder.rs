@@ -32,6 +32,10 @@ use dmkv_transport::{Responder, ServiceError};
 pub enum HolderAnswer {
     Reply(Reply),
     Park,
+    /// The page is written by the node's completer, which then answers
+    /// (real backends, invariant 22): hand it over with the responder
+    /// ([`ScaleNode::submit_delivery`]).
+    Deliver(crate::ssdio::Delivery),
 }
 
 /// Reply payload or error for a deferred answer.
@@ -120,6 +124,10 @@ impl ScaleNode {
                     self.repoll.kick(fi);
                 }
             }
+            Ok(HolderAnswer::Deliver(d)) => {
+                drop(m);
+                self.submit_delivery(d, responder);
+            }
             Err(e) => {
                 drop(m);
                 responder.reply(Err(service_error(e)));
@@ -169,11 +177,27 @@ impl ScaleNode {
             Counters::add(&self.stats.gone, (nothing == Reply::Gone) as u64);
             return Ok(HolderAnswer::Reply(nothing));
         }
+        let posting = self.posts_deliveries();
+        let later = |then: crate::ssdio::Then, offset: u64, bytes: Vec<u8>| {
+            HolderAnswer::Deliver(crate::ssdio::Delivery {
+                to: from,
+                offset,
+                bytes,
+                then,
+            })
+        };
         match *q {
             Request::Move {
                 need_page, offset, ..
             } => {
                 if old {
+                    if need_page && posting {
+                        // The bytes are taken now: our worker's page may
+                        // land in the slot before the write is made.
+                        let bytes = self.page(l.slot).to_bytes();
+                        self.drop_copy(fi, false);
+                        return Ok(later(crate::ssdio::Then::Done, offset, bytes));
+                    }
                     if need_page {
                         self.deliver_copy(from, offset, &self.page(l.slot).to_bytes())?;
                     }
@@ -191,6 +215,13 @@ impl ScaleNode {
                 if l.fresh || !try_latch(|| f.latch.try_exclusive()) {
                     return Ok(HolderAnswer::Park);
                 }
+                if need_page && posting {
+                    // Latched until the write ends (`finish_delivery`):
+                    // whatever else wants the page parks meanwhile.
+                    let pid = f.pid();
+                    let bytes = self.page(l.slot).to_bytes();
+                    return Ok(later(crate::ssdio::Then::Moved { pid, fi }, offset, bytes));
+                }
                 let res = if need_page {
                     self.deliver_copy(from, offset, &self.page(l.slot).to_bytes())
                 } else {
@@ -206,6 +237,10 @@ impl ScaleNode {
             Request::Copy { offset, .. } => {
                 if old {
                     // Our newer grant (an upgrade) has not changed the page.
+                    if posting {
+                        let bytes = self.page(l.slot).to_bytes();
+                        return Ok(later(crate::ssdio::Then::Done, offset, bytes));
+                    }
                     self.deliver_copy(from, offset, &self.page(l.slot).to_bytes())?;
                     return Ok(HolderAnswer::Reply(Reply::Done));
                 }
@@ -219,6 +254,14 @@ impl ScaleNode {
                 }
                 let bytes = self.page(l.slot).to_bytes();
                 f.latch.unlock_shared();
+                if posting {
+                    // Counted as served now (the bytes are taken): an
+                    // eviction of our copy may then be accepted before the
+                    // write lands, which is safe, the requester being a
+                    // sharer that uses the page only after the answer.
+                    m.copies_served += 1;
+                    return Ok(later(crate::ssdio::Then::Done, offset, bytes));
+                }
                 self.deliver_copy(from, offset, &bytes)?;
                 m.copies_served += 1;
                 Ok(HolderAnswer::Reply(Reply::Done))
@@ -238,6 +281,12 @@ impl ScaleNode {
             for p in parked {
                 match self.holder_decide(fi, &mut m, p.from, &p.request) {
                     Ok(HolderAnswer::Park) => m.parked.push(p),
+                    Ok(HolderAnswer::Deliver(d)) => {
+                        if let Some(t) = p.traced {
+                            t.end();
+                        }
+                        self.submit_delivery(d, p.responder);
+                    }
                     Ok(HolderAnswer::Reply(r)) => {
                         if let Some(t) = p.traced {
                             t.end();

@@ -671,7 +671,7 @@ impl ScaleNode {
                 }
                 m.dir
                     .as_ref()
-                    .is_some_and(|d| d.transfer.is_some() || d.evicting || d.reading)
+                    .is_some_and(|d| d.transfer.is_some() || d.in_flight())
             };
             for (r, a) in out {
                 r.reply(a);

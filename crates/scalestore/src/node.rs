@@ -20,7 +20,7 @@ use crate::repoll::Repoll;
 use crate::ssd::{AlignedPage, PageFile};
 use dmkv_api::KvError;
 use dmkv_transport::exec::block_on_network;
-use dmkv_transport::{Endpoint, Fabric, NodeId, RegionMem, RemoteRegion, ServiceId};
+use dmkv_transport::{Endpoint, Fabric, NodeId, RegionMem, RemoteRegion, Responder, ServiceId};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -204,6 +204,8 @@ pub struct ScaleNode {
     /// SSD accesses handed off by handlers, for the node's SSD completer
     /// (`ssdio`): handlers never wait for the SSD.
     pub ssd_jobs: crate::ssdio::SsdQueue,
+    /// Test hook: holds the completer's posted verbs (`set_net_gate`).
+    pub net_gate: Mutex<Option<Arc<crate::ssdio::NetGate>>>,
     /// Wakes the page provider when a worker finds no free slot.
     provider_wake: (Mutex<bool>, Condvar),
     /// The page provider's task, waiting in virtual time (`--transport sim`).
@@ -260,6 +262,7 @@ impl ScaleNode {
             alloc_rr: AtomicU64::new(index as u64),
             repoll: Repoll::default(),
             ssd_jobs: crate::ssdio::SsdQueue::default(),
+            net_gate: Mutex::new(None),
             provider_wake: (Mutex::new(false), Condvar::new()),
             provider_waker: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -562,10 +565,50 @@ impl ScaleNode {
             r?;
             return Ok(());
         }
+        // On the real backends the protocol's deliveries to other nodes
+        // are posted to the completer (`submit_delivery`, invariant 22);
+        // what reaches this wait is none of them (kept for any other
+        // caller). It waits on the network alone.
         let ep = self.thread_ep()?;
-        // Callers hold the page's entry mutex: wait on the network alone.
         block_on_network(ep.write(m.region.at(offset), bytes))?;
         Ok(())
+    }
+
+    /// Whether a handler's page delivery to another node is posted to the
+    /// node's completer ([`Self::submit_delivery`], invariant 22) rather
+    /// than written where it is decided: on the real backends. Under the
+    /// simulated cluster [`Self::deliver`] is already a posted write
+    /// (`sim::write_posted`), which the reply queues behind.
+    pub fn posts_deliveries(&self) -> bool {
+        !dmkv_transport::sim::active()
+    }
+
+    /// Hands a page delivery, with the responder that waits for it, to the
+    /// node's completer, which posts the WRITE and finishes it
+    /// ([`Self::finish_delivery`]) when it completes. Never blocks.
+    pub fn submit_delivery(&self, d: crate::ssdio::Delivery, responder: Responder) {
+        self.ssd_jobs
+            .push_net(crate::ssdio::NetJob::Deliver(d, responder));
+    }
+
+    /// The WRITE of a posted delivery, from this thread's endpoint (the
+    /// completer's).
+    pub async fn write_delivery(&self, d: &crate::ssdio::Delivery) -> Result<(), KvError> {
+        let m = self
+            .member(d.to)
+            .ok_or_else(|| corrupt(format!("unknown member {}", d.to)))?;
+        let ep = self.thread_ep()?;
+        ep.write(m.region.at(d.offset), &d.bytes)
+            .await
+            .map_err(KvError::from)
+    }
+
+    /// Test hook: the completer's posted verbs of the gate's kinds wait at
+    /// `gate` until it is opened (a slow network, without blocking the
+    /// completer's thread). `None` removes it. Not used by the engine.
+    #[doc(hidden)]
+    pub fn set_net_gate(&self, gate: Option<Arc<crate::ssdio::NetGate>>) {
+        *self.net_gate.lock() = gate;
     }
 
     /// [`Self::deliver`] of a copy from this node's memory, counted as a page

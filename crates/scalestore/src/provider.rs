@@ -247,6 +247,7 @@ impl Provider {
             if !d.owners.contains(me)
                 || d.transfer.is_some()
                 || d.evicting
+                || d.delivering
                 || d.copies_granted(me) > copies
             {
                 drop(m);

@@ -24,9 +24,15 @@
 //! The completer also finishes eviction batches whose dirty last copies
 //! must be pulled from the evicter's cache (invariant 20): the handler
 //! hands the batch over ([`Work::Pull`]) and the completer posts the one
-//! batched one-sided READ; on the real backends its thread waits for that
-//! round trip (`exec::block_on`), under the simulated cluster its task
-//! polls the read beside the device's jobs and holds no core.
+//! batched one-sided READ and finishes the batch when it completes. On the
+//! real backends it posts the page WRITEs of handlers' deliveries too
+//! ([`NetJob::Deliver`], invariant 22) and of its own SSD grants and
+//! fetches: it polls every verb in flight between its SSD completions (on
+//! the transport's executor, so UCX is driven) and waits for one only when
+//! nothing else can move, so no completion queues behind a round trip
+//! (branch i42). Under the simulated cluster its task polls the pulls
+//! beside the device's jobs and holds no core (deliveries are posted
+//! writes there, `sim::write_posted`, and never come here).
 //!
 //! Under the simulated cluster each completion's CPU is charged on the
 //! node's completer core (invariant 21, [`run_async`]).
@@ -49,6 +55,183 @@ use std::time::Duration;
 /// How long the real backends' completer sleeps when it has nothing in
 /// flight before it looks whether its node is still there.
 const IDLE: Duration = Duration::from_millis(50);
+
+/// How long the real backends' completer waits for a posted verb before it
+/// looks at its SSD reads in flight again (above the executor's short-sleep
+/// threshold, so that the timer thread wakes it even while an idle hook
+/// drives UCX).
+const READ_POLL: Duration = Duration::from_micros(250);
+
+/// A page WRITE the completer posts for a handler (real backends): the
+/// page's bytes, taken under the entry's mutex (and the frame's latch),
+/// written into member `to`'s cache at `offset`; what follows is `then`.
+pub struct Delivery {
+    pub to: u8,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
+    pub then: Then,
+}
+
+/// What follows a [`Delivery`]'s write (`ScaleNode::finish_delivery`).
+pub enum Then {
+    /// A directory's grant served from its own copy (the entry is
+    /// `delivering`, invariant 22): the grant is recorded; on success our
+    /// copy is downgraded or dropped as `own` says, on failure the owners
+    /// go back to `undo`; the latch (held unless `own` is
+    /// [`OwnCopy::Keep`]) is let go, what the entry held is answered and
+    /// then the grant.
+    Grant {
+        pid: Pid,
+        fi: u32,
+        grant: Grant,
+        undo: crate::frames::Owners,
+        own: OwnCopy,
+    },
+    /// A holder's move of its copy (frame `fi` latched exclusively until
+    /// the write ends): the copy is dropped if written, the latch let go,
+    /// then "done".
+    Moved { pid: Pid, fi: u32 },
+    /// Only the answer "done" (a copy, a move of an older copy).
+    Done,
+    /// An SSD grant or fetch (`Work::Grant`, `Work::Fetch`) whose read
+    /// completed: finished as [`ScaleNode::finish_ssd`] would have.
+    Read(Box<Work>),
+}
+
+/// What a directory's inline grant does to its own copy once the page is
+/// written (see [`Then::Grant`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum OwnCopy {
+    /// Unchanged; not latched (a shared grant from our shared copy).
+    Keep,
+    /// Downgraded to shared (a shared grant from our exclusive copy).
+    Downgrade,
+    /// Dropped (an exclusive grant).
+    Drop,
+}
+
+/// A one-sided verb the completer posts, with the responder that waits for
+/// it.
+pub enum NetJob {
+    Pull(crate::directory::EvictPull, Responder),
+    Deliver(Delivery, Responder),
+}
+
+/// A posted verb's outcome, to finish with [`finish_net`].
+pub enum NetOut {
+    Pulled(
+        crate::directory::EvictPull,
+        Responder,
+        Result<dmkv_transport::BatchResult, dmkv_api::KvError>,
+    ),
+    Delivered(Delivery, Responder, Result<(), dmkv_api::KvError>),
+}
+
+type NetFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = NetOut> + 'a>>;
+
+/// Which posted verbs a [`NetGate`] holds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum NetKind {
+    Pull,
+    Deliver,
+}
+
+/// Test hook (`ScaleNode::set_net_gate`): holds the first `first` of the
+/// completer's posted verbs of the kinds named before they are posted, as
+/// a slow network would, without blocking the completer's thread, until
+/// [`NetGate::open`]; later ones pass. Not used by the engine.
+#[doc(hidden)]
+pub struct NetGate {
+    kinds: Vec<NetKind>,
+    first: usize,
+    caught: std::sync::atomic::AtomicUsize,
+    open: std::sync::atomic::AtomicBool,
+    held: std::sync::atomic::AtomicUsize,
+    wakers: Mutex<Vec<std::task::Waker>>,
+}
+
+impl NetGate {
+    pub fn new(kinds: &[NetKind], first: usize) -> Arc<NetGate> {
+        Arc::new(NetGate {
+            kinds: kinds.to_vec(),
+            first,
+            caught: Default::default(),
+            open: Default::default(),
+            held: Default::default(),
+            wakers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Verbs waiting at the gate now.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets every verb through, now and later.
+    pub fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+        for w in std::mem::take(&mut *self.wakers.lock()) {
+            w.wake();
+        }
+    }
+
+    /// Whether this verb of `kind` waits (counted if of a held kind).
+    fn holds(&self, kind: NetKind) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.kinds.contains(&kind) && self.caught.fetch_add(1, SeqCst) < self.first
+    }
+
+    async fn pass(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut counted = false;
+        std::future::poll_fn(|cx| {
+            if !self.open.load(SeqCst) {
+                self.wakers.lock().push(cx.waker().clone());
+                if !self.open.load(SeqCst) {
+                    if !counted {
+                        counted = true;
+                        self.held.fetch_add(1, SeqCst);
+                    }
+                    return std::task::Poll::Pending;
+                }
+            }
+            if counted {
+                self.held.fetch_sub(1, SeqCst);
+            }
+            std::task::Poll::Ready(())
+        })
+        .await
+    }
+}
+
+/// The future of a posted verb (on this thread's endpoint).
+fn start_net(node: &ScaleNode, job: NetJob) -> NetFuture<'_> {
+    let gate = node.net_gate.lock().clone();
+    match job {
+        NetJob::Pull(p, responder) => Box::pin(async move {
+            if let Some(g) = gate.filter(|g| g.holds(NetKind::Pull)) {
+                g.pass().await;
+            }
+            let read = node.read_pulled(&p).await;
+            NetOut::Pulled(p, responder, read)
+        }),
+        NetJob::Deliver(d, responder) => Box::pin(async move {
+            if let Some(g) = gate.filter(|g| g.holds(NetKind::Deliver)) {
+                g.pass().await;
+            }
+            let w = node.write_delivery(&d).await;
+            NetOut::Delivered(d, responder, w)
+        }),
+    }
+}
+
+/// Finishes a posted verb: an eviction batch's pull, or a delivery.
+fn finish_net(node: &ScaleNode, out: NetOut) {
+    match out {
+        NetOut::Pulled(p, responder, read) => node.finish_pull_job(p, read, responder),
+        NetOut::Delivered(d, responder, w) => node.finish_delivery(d, responder, w),
+    }
+}
 
 /// What a job does once its I/O is complete.
 pub enum Work {
@@ -180,6 +363,8 @@ impl Job {
 #[derive(Default)]
 struct State {
     jobs: VecDeque<Job>,
+    /// Verbs to post (real backends: handlers' deliveries).
+    net: Vec<NetJob>,
     /// The simulated cluster's completer task, when it waits.
     waker: Option<std::task::Waker>,
 }
@@ -207,29 +392,101 @@ impl SsdQueue {
         }
     }
 
-    /// The jobs queued, waiting up to [`IDLE`] for one if `wait`.
-    fn take(&self, wait: bool) -> Vec<Job> {
+    /// Queues a verb for the completer to post (a handler's delivery).
+    /// Never blocks: handlers call it under entry mutexes.
+    pub fn push_net(&self, job: NetJob) {
+        let w = {
+            let mut s = self.state.lock();
+            s.net.push(job);
+            s.waker.take()
+        };
+        self.cv.notify_one();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// The jobs and verbs queued, waiting up to [`IDLE`] for one if `wait`.
+    fn take(&self, wait: bool) -> (Vec<Job>, Vec<NetJob>) {
         let mut s = self.state.lock();
-        if wait && s.jobs.is_empty() {
+        if wait && s.jobs.is_empty() && s.net.is_empty() {
             let _ = self.cv.wait_for(&mut s, IDLE);
         }
-        s.jobs.drain(..).collect()
+        (s.jobs.drain(..).collect(), s.net.drain(..).collect())
     }
+}
+
+/// Polls the posted verbs once each (on the transport's executor, so that
+/// UCX is driven) and returns those that completed. With `wait`, if none
+/// did, waits until one does, a job or verb is queued, or `wait` passes.
+fn poll_net<'a>(
+    node: &ScaleNode,
+    net: &mut Vec<NetFuture<'a>>,
+    wait: Option<Duration>,
+) -> Vec<NetOut> {
+    use std::future::Future;
+    use std::task::Poll;
+    let mut sleep = wait.map(|d| Box::pin(dmkv_transport::exec::sleep(d)));
+    let done = dmkv_transport::exec::block_on(std::future::poll_fn(|cx| {
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < net.len() {
+            match net[i].as_mut().poll(cx) {
+                Poll::Ready(o) => {
+                    drop(net.remove(i));
+                    done.push(o);
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        if !done.is_empty() {
+            return Poll::Ready(done);
+        }
+        let Some(sl) = sleep.as_mut() else {
+            return Poll::Ready(done);
+        };
+        {
+            // The waker under the queue's lock: a push after this look
+            // wakes us.
+            let mut s = node.ssd_jobs.state.lock();
+            if !s.jobs.is_empty() || !s.net.is_empty() {
+                return Poll::Ready(done);
+            }
+            s.waker = Some(cx.waker().clone());
+        }
+        if sl.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(done);
+        }
+        Poll::Pending
+    }));
+    node.ssd_jobs.state.lock().waker = None;
+    done
 }
 
 /// The completer on the real backends (a thread of the node's pool): runs
 /// while `keep_going`.
+///
+/// It waits for nothing another completion could be finished during: a
+/// pull's READ and every delivery's WRITE are posted and polled between
+/// the SSD's completions (invariants 20 and 22); it blocks in the SSD's
+/// `wait_read` only with no verb in flight, and waits for a verb (or a new
+/// job) only when no read completed, at most [`READ_POLL`] while reads are
+/// in flight.
 pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     let mut reading: Vec<(Job, ReadTicket)> = Vec::new();
+    let mut net: Vec<NetFuture<'_>> = Vec::new();
     while keep_going() {
-        for job in node.ssd_jobs.take(reading.is_empty()) {
+        let (jobs, verbs) = node.ssd_jobs.take(reading.is_empty() && net.is_empty());
+        for v in verbs {
+            net.push(start_net(node, v));
+        }
+        for job in jobs {
             let job = match job.into_pull() {
                 Ok((p, responder)) => {
-                    // The pull's one round trip: this thread waits for it
-                    // (the handler that decided the batch does not), on
-                    // the transport's executor so that UCX is driven.
-                    let read = dmkv_transport::exec::block_on(node.read_pulled(&p));
-                    node.finish_pull_job(p, read, responder);
+                    // Posted: polled below beside the SSD's completions
+                    // (the handler that decided the batch waits for
+                    // nothing, nor does this thread).
+                    net.push(start_net(node, NetJob::Pull(p, responder)));
                     continue;
                 }
                 Err(job) => job,
@@ -264,11 +521,28 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
             match job.shard.file.poll_read(t) {
                 Some(res) => {
                     let (job, _) = reading.remove(i);
-                    node.finish_ssd(job, res.map(Outcome::Page));
+                    // A page for another node: its WRITE is posted too.
+                    if let Some((d, responder)) = node.ssd_read_done(job, res.map(Outcome::Page))
+                    {
+                        net.push(start_net(node, NetJob::Deliver(d, responder)));
+                    }
                     progressed = true;
                 }
                 None => i += 1,
             }
+        }
+        if !net.is_empty() {
+            let wait = if progressed {
+                None
+            } else if reading.is_empty() {
+                Some(IDLE)
+            } else {
+                Some(READ_POLL)
+            };
+            for out in poll_net(node, &mut net, wait) {
+                finish_net(node, out);
+            }
+            continue;
         }
         if !progressed && let Some((job, _)) = reading.first() {
             job.shard.file.wait_read();
@@ -280,17 +554,9 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
 enum Next {
     /// A job whose device instant came.
     Due(Job),
-    /// A pull whose read completed.
-    Pulled(PullDone),
+    /// A posted verb (a pull's read) that completed.
+    Pulled(NetOut),
 }
-
-type PullDone = (
-    crate::directory::EvictPull,
-    Responder,
-    Result<dmkv_transport::BatchResult, dmkv_api::KvError>,
-);
-
-type Pulling<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = PullDone> + 'a>>;
 
 /// The completer under the simulated cluster (a background task of the
 /// node, holding no simulated core while it waits): completes each job at
@@ -308,7 +574,7 @@ pub async fn run_async(
     use std::future::Future;
     use std::task::Poll;
     let mut timed: BTreeMap<(u64, u64), Job> = BTreeMap::new();
-    let mut pulling: Vec<Pulling<'_>> = Vec::new();
+    let mut pulling: Vec<NetFuture<'_>> = Vec::new();
     let mut seq = 0u64;
     let mut sleep: Option<(u64, std::pin::Pin<Box<dmkv_transport::exec::Sleep>>)> = None;
     let n: &ScaleNode = &node;
@@ -317,17 +583,17 @@ pub async fn run_async(
             // The waker first, then the jobs: a job pushed after the drain
             // wakes this task. No lock is held while the pulls are polled
             // (posting a verb may run code that pushes a job).
-            let jobs: Vec<Job> = {
+            let (jobs, verbs): (Vec<Job>, Vec<NetJob>) = {
                 let mut s = n.ssd_jobs.state.lock();
                 s.waker = Some(cx.waker().clone());
-                s.jobs.drain(..).collect()
+                (s.jobs.drain(..).collect(), s.net.drain(..).collect())
             };
+            for v in verbs {
+                pulling.push(start_net(n, v));
+            }
             for j in jobs {
                 match j.into_pull() {
-                    Ok((p, responder)) => pulling.push(Box::pin(async move {
-                        let read = n.read_pulled(&p).await;
-                        (p, responder, read)
-                    })),
+                    Ok((p, responder)) => pulling.push(start_net(n, NetJob::Pull(p, responder))),
                     Err(j) => {
                         timed.insert((j.due_ns, seq), j);
                         seq += 1;
@@ -367,9 +633,9 @@ pub async fn run_async(
                 let node = node.clone();
                 Box::new(move || node.finish_ssd(job, res))
             }
-            Some(Next::Pulled((p, responder, read))) => {
+            Some(Next::Pulled(out)) => {
                 let node = node.clone();
-                Box::new(move || node.finish_pull_job(p, read, responder))
+                Box::new(move || finish_net(&node, out))
             }
             None => continue,
         };

@@ -1210,3 +1210,204 @@ fn a_handler_is_not_blocked_by_its_nodes_worker_reading_from_the_ssd() {
     });
     assert_eq!(back, 3, "both increments are in the page");
 }
+
+/// A worker of `n` with an endpoint of its own.
+fn worker_on(n: &Arc<ScaleNode>) -> Worker {
+    Worker::new(n.clone(), Rc::new(n.fabric.endpoint(n.id).unwrap()))
+}
+
+/// Word 0 of `pid`, fixed shared by a new worker of `n`.
+fn read_word(n: &Arc<ScaleNode>, pid: Pid) -> u64 {
+    let w = worker_on(n);
+    block_on(async {
+        SharedGuard::fix(&w, pid)
+            .await
+            .unwrap()
+            .page()
+            .word(0)
+            .unwrap()
+    })
+}
+
+/// Pages node 0 directs and holds (exclusive, dirty), word 0 = `values`.
+fn pages_on_node0(n0: &Arc<ScaleNode>, values: &[u64]) -> Vec<Pid> {
+    let w0 = worker_on(n0);
+    values
+        .iter()
+        .map(|&v| {
+            block_on(async {
+                let g = ExclusiveGuard::allocate(&w0).await.unwrap();
+                g.page().set_word(0, v);
+                assert_eq!(g.pid().shard(), 0);
+                g.pid()
+            })
+        })
+        .collect()
+}
+
+/// Waits up to 60 s for `cond`.
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    let t = std::time::Instant::now();
+    while !cond() {
+        if t.elapsed() > std::time::Duration::from_secs(60) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
+/// Invariant 20 on the real backends (branch i42): the SSD completer posts
+/// an eviction pull's one-sided READ and goes on with its other work. Node
+/// 1 evicts the only (dirty) copy of page P that node 0 directs; node 0's
+/// completer posts the pull's READ, which a test gate on node 0
+/// (`NetGate`, a slow network: the verb waits without blocking the
+/// completer's thread) holds. Meanwhile node 2 reads page Q, only on node
+/// 0's SSD: the completer reads Q, delivers it and answers while the
+/// pull's READ is still outstanding. Before, the completer's thread waited
+/// for the pull's round trip (`exec::block_on`): with the same gate in
+/// that wait (checked by patching the pull back to it), Q's read was not
+/// finished within 5 s. Then the gate opens, the eviction is accepted
+/// (node 0 pulled P) and P reads back with node 1's update.
+#[test]
+fn the_completer_finishes_an_ssd_read_while_a_pulls_read_is_outstanding() {
+    use dmkv_scalestore::provider::Provider;
+    use dmkv_scalestore::ssdio::{NetGate, NetKind};
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let d = deploy(untimed(opts(3, 3, &[("alloc", "local")])));
+    let nodes = nodes_of(&d);
+    let node = |i: u8| nodes.iter().find(|n| n.index == i).unwrap().clone();
+    let (n0, n1, n2) = (node(0), node(1), node(2));
+    let pq = pages_on_node0(&n0, &[7, 9]);
+    let (p, q) = (pq[0], pq[1]);
+    // P: node 1 holds its only copy, dirty, word 0 = 42.
+    let w1 = worker_on(&n1);
+    block_on(async {
+        let g = ExclusiveGuard::fix(&w1, p).await.unwrap();
+        g.page().set_word(0, 42);
+        drop(g);
+        w1.settle_acks().await.unwrap();
+    });
+    // Q: only on node 0's SSD.
+    let ep0 = n0.fabric.endpoint(n0.id).unwrap();
+    let held = block_on(Provider::new().evict_everything(&n0, &ep0, |x| x == q)).unwrap();
+    assert_eq!(held, 0, "node 0 evicted Q");
+    let gate = NetGate::new(&[NetKind::Pull], 1);
+    n0.set_net_gate(Some(gate.clone()));
+    let pulled = n0.stats.pulled.load(Ordering::Relaxed);
+    let (posted, got, still_out, evicted) = std::thread::scope(|s| {
+        let evicter = s.spawn(|| {
+            let ep1 = n1.fabric.endpoint(n1.id).unwrap();
+            block_on(Provider::new().evict_everything(&n1, &ep1, |x| x == p)).unwrap()
+        });
+        let posted = wait_for(|| gate.held() == 1);
+        let (tx, rx) = mpsc::channel();
+        let n2c = n2.clone();
+        s.spawn(move || {
+            let _ = tx.send(read_word(&n2c, q));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        let still_out = gate.held();
+        // Let the pull go whatever happened, so that nothing hangs.
+        gate.open();
+        (posted, got, still_out, evicter.join().unwrap())
+    });
+    n0.set_net_gate(None);
+    assert!(posted, "node 0's completer never posted the pull's read");
+    assert_eq!(
+        got,
+        Ok(9),
+        "node 0's completer did not finish a read from its SSD while an eviction \
+         pull's read was outstanding: it waited for the pull"
+    );
+    assert_eq!(still_out, 1, "the pull's read was outstanding throughout");
+    assert_eq!(evicted, 0, "node 1 evicted P");
+    assert_eq!(n0.stats.pulled.load(Ordering::Relaxed) - pulled, 1);
+    assert_eq!(read_word(&n2, p), 42, "P has node 1's update");
+}
+
+/// Invariant 22 (branch i42): a directory's page delivery from its own
+/// copy is posted to its node's completer, the entry marked `delivering`.
+/// Node 0 directs and holds pages P and Q; node 1 asks for P exclusively,
+/// and node 0's handler grants it from its own copy: a test gate on node 0
+/// (`NetGate`) holds that one WRITE. While it is outstanding, node 0's one
+/// handler thread serves node 2's request for Q (its delivery passes the
+/// gate), and node 2's request for P is held at node 0's directory
+/// (`parked_directory`), unanswered. Once the gate opens node 1's
+/// increment completes and node 2's read of P, answered after it, sees it.
+/// Before, the handler wrote the page under the entry's mutex and waited
+/// (`block_on_network`): with the same gate in that wait (checked by
+/// patching `posts_deliveries` to false and the gate into `deliver`), Q
+/// was not served within 5 s.
+#[test]
+fn a_delivery_in_flight_holds_its_page_and_not_the_handler() {
+    use dmkv_scalestore::ssdio::{NetGate, NetKind};
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let d = deploy(untimed(opts(3, 3, &[("alloc", "local")])));
+    let nodes = nodes_of(&d);
+    let node = |i: u8| nodes.iter().find(|n| n.index == i).unwrap().clone();
+    let (n0, n1, n2) = (node(0), node(1), node(2));
+    let pq = pages_on_node0(&n0, &[1, 5]);
+    let (p, q) = (pq[0], pq[1]);
+    let gate = NetGate::new(&[NetKind::Deliver], 1);
+    n0.set_net_gate(Some(gate.clone()));
+    let parked = || n0.stats.parked_directory.load(Ordering::Relaxed);
+    let parked_before = parked();
+    let out = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            let w = worker_on(&n1);
+            block_on(async {
+                let g = ExclusiveGuard::fix(&w, p).await.unwrap();
+                let pg = g.page();
+                pg.set_word(0, pg.word(0).unwrap() + 1);
+                drop(g);
+                w.settle_acks().await.unwrap();
+            })
+        });
+        let posted = wait_for(|| gate.held() == 1);
+        // Another page of node 0: served while P's write is outstanding.
+        let (tx, rx) = mpsc::channel();
+        let n2c = n2.clone();
+        s.spawn(move || {
+            let _ = tx.send(read_word(&n2c, q));
+        });
+        let got_q = rx.recv_timeout(Duration::from_secs(5));
+        // The same page: held at the directory, not answered yet.
+        let (tx, rx_p) = mpsc::channel();
+        let n2c = n2.clone();
+        s.spawn(move || {
+            let _ = tx.send(read_word(&n2c, p));
+        });
+        let t = std::time::Instant::now();
+        while parked() == parked_before && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held_p = parked() > parked_before;
+        let early = rx_p.try_recv().ok();
+        let still_out = gate.held();
+        gate.open();
+        a.join().unwrap();
+        let p_after = rx_p.recv_timeout(Duration::from_secs(60));
+        (posted, got_q, held_p, early, still_out, p_after)
+    });
+    n0.set_net_gate(None);
+    let (posted, got_q, held_p, early, still_out, p_after) = out;
+    assert!(posted, "node 0 never posted the delivery of P");
+    assert_eq!(
+        got_q,
+        Ok(5),
+        "node 0's handler did not serve a request for another page while a \
+         delivery's write was outstanding"
+    );
+    assert!(
+        held_p,
+        "node 2's request for P was not held at node 0's directory while P's \
+         delivery was outstanding"
+    );
+    assert_eq!(early, None, "node 2's read of P was answered before P arrived");
+    assert_eq!(still_out, 1, "P's write was outstanding throughout");
+    assert_eq!(p_after, Ok(2), "node 2's read of P, answered after the write, sees node 1's increment");
+    assert_eq!(read_word(&n0, p), 2);
+}

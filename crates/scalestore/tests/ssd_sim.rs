@@ -9,14 +9,15 @@
 mod common;
 
 use common::{
-    Cluster, allocate, nodes_of, pages_on_node0_ssd, profile, read_exclusive, read_shared, worker,
+    Cluster, node1_dirties_a_page_of_node0, nodes_of, pages_on_node0_ssd, profile,
+    read_exclusive, read_shared, worker,
 };
 use dmkv_api::sim_deploy::SimDeployment;
 use dmkv_scalestore::guard::{ExclusiveGuard, SharedGuard};
 use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::provider::Provider;
 use dmkv_scalestore::worker::Worker;
-use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep};
+use dmkv_transport::exec::{LocalTask, run_tasks, sleep};
 use dmkv_transport::time::Instant;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -156,15 +157,7 @@ fn an_eviction_whose_pulled_page_goes_to_the_ssd_does_not_hold_the_handler() {
     let write_ns = profile.ssd.write_ns;
     let d = deploy(3, "chaining", 5);
     let nodes = nodes_of(&d);
-    let (w0, w1) = (worker(&nodes[0]), worker(&nodes[1]));
-    let pid = allocate(&w0, 7);
-    assert_eq!(pid.shard(), 0);
-    block_on(async {
-        let g = ExclusiveGuard::fix(&w1, pid).await.unwrap();
-        g.page().set_word(0, 42);
-        drop(g);
-        w1.settle_acks().await.unwrap();
-    });
+    let (pid, _w0, _w1) = node1_dirties_a_page_of_node0(&nodes);
     let f0 = nodes[0].frames.frame(nodes[0].frames.find(pid).unwrap());
     assert!(f0.latch.try_shared(), "node 0 holds no copy");
     let pulled = nodes[0].stats.pulled.load(Ordering::Relaxed);
@@ -251,15 +244,7 @@ fn a_message_reaching_the_directory_during_an_eviction_pull_is_served_at_once() 
     let one_way = profile().network.one_way_ns;
     let d = deploy(3, "chaining", 5);
     let nodes = nodes_of(&d);
-    let (w0, w1) = (worker(&nodes[0]), worker(&nodes[1]));
-    let pid = allocate(&w0, 7);
-    assert_eq!(pid.shard(), 0);
-    block_on(async {
-        let g = ExclusiveGuard::fix(&w1, pid).await.unwrap();
-        g.page().set_word(0, 42);
-        drop(g);
-        w1.settle_acks().await.unwrap();
-    });
+    let (pid, _w0, _w1) = node1_dirties_a_page_of_node0(&nodes);
     let f0 = nodes[0].frames.frame(nodes[0].frames.find(pid).unwrap());
     let pulled = nodes[0].stats.pulled.load(Ordering::Relaxed);
     let m0 = nodes[2].member(0).unwrap();

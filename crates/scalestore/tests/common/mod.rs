@@ -100,6 +100,23 @@ pub fn allocate(w: &Worker, value: u64) -> Pid {
     })
 }
 
+/// Node 1 holds the only (dirty) copy of a page node 0 directs: node 0's
+/// worker allocates it with word 0 = 7, node 1's worker fixes it
+/// exclusively and sets word 0 = 42. Returns the page and both workers
+/// (kept by the caller for the rest of its run, as before this helper).
+pub fn node1_dirties_a_page_of_node0(nodes: &[Arc<ScaleNode>]) -> (Pid, Worker, Worker) {
+    let (w0, w1) = (worker(&nodes[0]), worker(&nodes[1]));
+    let pid = allocate(&w0, 7);
+    assert_eq!(pid.shard(), 0);
+    block_on(async {
+        let g = ExclusiveGuard::fix(&w1, pid).await.unwrap();
+        g.page().set_word(0, 42);
+        drop(g);
+        w1.settle_acks().await.unwrap();
+    });
+    (pid, w0, w1)
+}
+
 /// Word 0 of `pid`, fixed shared by `w`.
 pub fn read_shared(w: &Worker, pid: Pid) -> u64 {
     block_on(async {
