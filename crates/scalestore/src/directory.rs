@@ -860,7 +860,10 @@ impl ScaleNode {
                 responder.reply(Ok(answer));
             }
             work @ Work::Grant { .. } => {
-                let Work::Grant { pid, to, offset, .. } = work else {
+                let Work::Grant {
+                    pid, to, offset, ..
+                } = work
+                else {
                     unreachable!("matched")
                 };
                 let r = delivered(pid, to, offset);
@@ -1011,9 +1014,7 @@ impl ScaleNode {
             Work::Fetch { .. } => {
                 responder.reply(r.map(|()| Reply::Done.encode()).map_err(service_error));
             }
-            Work::Grant {
-                pid, to, grant, ..
-            } => {
+            Work::Grant { pid, to, grant, .. } => {
                 let mut out = Vec::new();
                 let found = match self.frames.find(pid) {
                     Some(fi) => {

@@ -522,8 +522,7 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
                 Some(res) => {
                     let (job, _) = reading.remove(i);
                     // A page for another node: its WRITE is posted too.
-                    if let Some((d, responder)) = node.ssd_read_done(job, res.map(Outcome::Page))
-                    {
+                    if let Some((d, responder)) = node.ssd_read_done(job, res.map(Outcome::Page)) {
                         net.push(start_net(node, NetJob::Deliver(d, responder)));
                     }
                     progressed = true;

@@ -1406,8 +1406,15 @@ fn a_delivery_in_flight_holds_its_page_and_not_the_handler() {
         "node 2's request for P was not held at node 0's directory while P's \
          delivery was outstanding"
     );
-    assert_eq!(early, None, "node 2's read of P was answered before P arrived");
+    assert_eq!(
+        early, None,
+        "node 2's read of P was answered before P arrived"
+    );
     assert_eq!(still_out, 1, "P's write was outstanding throughout");
-    assert_eq!(p_after, Ok(2), "node 2's read of P, answered after the write, sees node 1's increment");
+    assert_eq!(
+        p_after,
+        Ok(2),
+        "node 2's read of P, answered after the write, sees node 1's increment"
+    );
     assert_eq!(read_word(&n0, p), 2);
 }

@@ -9,8 +9,8 @@
 mod common;
 
 use common::{
-    Cluster, node1_dirties_a_page_of_node0, nodes_of, pages_on_node0_ssd, profile,
-    read_exclusive, read_shared, worker,
+    Cluster, node1_dirties_a_page_of_node0, nodes_of, pages_on_node0_ssd, profile, read_exclusive,
+    read_shared, worker,
 };
 use dmkv_api::sim_deploy::SimDeployment;
 use dmkv_scalestore::guard::{ExclusiveGuard, SharedGuard};
