@@ -1245,6 +1245,21 @@ fn pages_on_node0(n0: &Arc<ScaleNode>, values: &[u64]) -> Vec<Pid> {
         .collect()
 }
 
+/// A deployment, its three nodes and pages.
+type NodesAndPages = (LocalDeployment, [Arc<ScaleNode>; 3], Vec<Pid>);
+
+/// Three nodes on the local transport (one handler thread each,
+/// allocations local), with pages node 0 directs and holds, word 0 =
+/// `values` (see [`pages_on_node0`]).
+fn three_nodes_with_pages_on_node0(values: &[u64]) -> NodesAndPages {
+    let d = deploy(untimed(opts(3, 3, &[("alloc", "local")])));
+    let nodes = nodes_of(&d);
+    let node = |i: u8| nodes.iter().find(|n| n.index == i).unwrap().clone();
+    let n = [node(0), node(1), node(2)];
+    let pages = pages_on_node0(&n[0], values);
+    (d, n, pages)
+}
+
 /// Waits up to 60 s for `cond`.
 fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
     let t = std::time::Instant::now();
@@ -1275,11 +1290,7 @@ fn the_completer_finishes_an_ssd_read_while_a_pulls_read_is_outstanding() {
     use dmkv_scalestore::ssdio::{NetGate, NetKind};
     use std::sync::mpsc;
     use std::time::Duration;
-    let d = deploy(untimed(opts(3, 3, &[("alloc", "local")])));
-    let nodes = nodes_of(&d);
-    let node = |i: u8| nodes.iter().find(|n| n.index == i).unwrap().clone();
-    let (n0, n1, n2) = (node(0), node(1), node(2));
-    let pq = pages_on_node0(&n0, &[7, 9]);
+    let (_d, [n0, n1, n2], pq) = three_nodes_with_pages_on_node0(&[7, 9]);
     let (p, q) = (pq[0], pq[1]);
     // P: node 1 holds its only copy, dirty, word 0 = 42.
     let w1 = worker_on(&n1);
@@ -1345,11 +1356,7 @@ fn a_delivery_in_flight_holds_its_page_and_not_the_handler() {
     use dmkv_scalestore::ssdio::{NetGate, NetKind};
     use std::sync::mpsc;
     use std::time::Duration;
-    let d = deploy(untimed(opts(3, 3, &[("alloc", "local")])));
-    let nodes = nodes_of(&d);
-    let node = |i: u8| nodes.iter().find(|n| n.index == i).unwrap().clone();
-    let (n0, n1, n2) = (node(0), node(1), node(2));
-    let pq = pages_on_node0(&n0, &[1, 5]);
+    let (_d, [n0, n1, n2], pq) = three_nodes_with_pages_on_node0(&[1, 5]);
     let (p, q) = (pq[0], pq[1]);
     let gate = NetGate::new(&[NetKind::Deliver], 1);
     n0.set_net_gate(Some(gate.clone()));
