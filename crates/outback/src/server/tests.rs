@@ -768,7 +768,11 @@ fn the_lean_get_returns_exactly_what_the_slot_and_block_hold() {
                     bucket: b,
                     compute: 1,
                 };
-                let req = DataReq::Get { t: tgt, slot: sl as u8 }.encode();
+                let req = DataReq::Get {
+                    t: tgt,
+                    slot: sl as u8,
+                }
+                .encode();
                 let reply = s.handle(&req).unwrap();
                 // The general decoder's path answers the same.
                 let mut r = WireReader::new(&req);
@@ -778,7 +782,11 @@ fn the_lean_get_returns_exactly_what_the_slot_and_block_hold() {
                 let w = t.slot(b, sl);
                 let mut want = vec![
                     Status::Ok as u8,
-                    if w.cache() { crate::proto::FLAG_CACHE } else { 0 },
+                    if w.cache() {
+                        crate::proto::FLAG_CACHE
+                    } else {
+                        0
+                    },
                     t.seed(b),
                 ];
                 if !w.is_empty() {
