@@ -145,6 +145,17 @@ impl Heap {
             .map_err(|e| ServiceError::failed(format!("outback: bad block address: {e}")))
     }
 
+    /// The `n` words of the block front at `addr`, borrowed in place (one
+    /// bounds check, and on `sim` one access of their lines, as a
+    /// [`read_into`](Self::read_into) of them).
+    #[inline]
+    pub fn words(&self, addr: u64, n: usize) -> Result<&[AtomicU64], ServiceError> {
+        self.region
+            .mem
+            .words_in(addr, n * 8)
+            .map_err(|e| ServiceError::failed(format!("outback: bad block address: {e}")))
+    }
+
     pub fn read_into(&self, addr: u64, out: &mut [u8]) -> Result<(), ServiceError> {
         self.region
             .mem

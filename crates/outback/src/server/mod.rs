@@ -178,6 +178,19 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     Ok(server)
 }
 
+/// The reply to a data request for shard `p`, which this node does not
+/// serve: NOT_OWNER if `p` exists (`known`), else an error.
+#[cold]
+fn no_shard(p: u16, known: bool, shards: usize) -> Result<Vec<u8>, ServiceError> {
+    if known {
+        Ok(status_reply(Status::NotOwner))
+    } else {
+        Err(ServiceError::malformed(format!(
+            "outback: shard {p} out of range ({shards} shards)"
+        )))
+    }
+}
+
 /// Sets a mirror's accounted use (the node's `memory_used`) to the part of
 /// it that holds blocks: the primary writes it one-sided, so only a look at
 /// its start bitmap tells how far it goes. The allocator made here hands
@@ -235,13 +248,25 @@ impl NodeServer {
         // A well-formed GET, decoded in one step; anything else (a malformed
         // GET included) goes through the general decoder.
         if let Some((t, slot)) = proto::decode_get(req) {
-            return self.data(DataReq::Get { t, slot });
+            return self.get(&t, slot);
         }
         let mut r = WireReader::new(req);
         let opcode = r.u8()?;
         match opcode {
             op::GET..=op::DELETE => self.data(DataReq::decode(opcode, &mut r)?),
             _ => self.control(opcode, r),
+        }
+    }
+
+    /// A GET (decoded by the fast path or the general decoder): straight to
+    /// its shard, without a [`DataReq`].
+    fn get(&self, t: &proto::Target, slot: u8) -> Result<Vec<u8>, ServiceError> {
+        // Held for the request (no reference counting on the hot path); a
+        // takeover installs a shard under the write lock.
+        let shards = self.shards.read();
+        match shards.get(t.shard as usize) {
+            Some(Some(s)) => s.get(t, slot),
+            other => no_shard(t.shard, other.is_some(), shards.len()),
         }
     }
 
@@ -253,14 +278,7 @@ impl NodeServer {
         let shards = self.shards.read();
         let shard = match shards.get(t.shard as usize) {
             Some(Some(s)) => s,
-            Some(None) => return Ok(status_reply(Status::NotOwner)),
-            None => {
-                return Err(ServiceError::malformed(format!(
-                    "outback: shard {} out of range ({} shards)",
-                    t.shard,
-                    shards.len()
-                )));
-            }
+            other => return no_shard(t.shard, other.is_some(), shards.len()),
         };
         match d {
             DataReq::Get { t, slot } => shard.get(&t, slot),

@@ -46,6 +46,7 @@ pub fn unlock(w: &impl Words, at: u64, prev: ControlWord, seed: u8) {
 /// Runs `f` (which reads words guarded by the control word at `at`) until
 /// a run overlaps no writer; returns the control word it ran under and
 /// `f`'s result. Errors of `f` end the attempt at once.
+#[inline]
 pub fn read<T, E>(
     w: &impl Words,
     at: u64,

@@ -282,27 +282,31 @@ impl ShardServer {
 
     /// GET (paper §4.3.1): the slot the client computed, and the front of
     /// the block it points at. Nothing is hashed or compared here.
+    ///
+    /// The lean path (invariant 18 of docs/outback.md): one read lock of the
+    /// table list (no reference counting), one range check per field, the
+    /// request counter, the seqlock'd read of the bucket line and the block
+    /// straight into the reply (its only allocation), the epoch and state
+    /// checks, and one load of `resize_pending` for both the flag and the
+    /// PRE_RESIZE bookkeeping. No session, no hashing, no decoding beyond
+    /// the fixed 20 bytes.
+    #[inline]
     pub fn get(self: &Arc<Self>, t: &Target, s: u8) -> Result<Vec<u8>, ServiceError> {
         if s as usize >= SLOTS {
             return Err(ServiceError::malformed(format!(
                 "outback: slot {s} out of range"
             )));
         }
-        // The lean path: no reference counting, one allocation (the reply,
-        // into which the block is copied straight from the heap).
         let tables = self.tables.read();
-        let Some(Some(table)) = tables.get(t.table as usize) else {
-            drop(tables);
-            return self
-                .target(t)
-                .map(|r| r.err().unwrap_or_else(|| self.stale()));
+        let table = match tables.get(t.table as usize) {
+            Some(Some(table)) if t.bucket < table.buckets => table,
+            _ => {
+                drop(tables);
+                return self
+                    .target(t)
+                    .map(|r| r.err().unwrap_or_else(|| self.stale()));
+            }
         };
-        if t.bucket >= table.buckets {
-            drop(tables);
-            return self
-                .target(t)
-                .map(|r| r.err().unwrap_or_else(|| self.stale()));
-        }
         self.count_request();
         let mut out = Vec::with_capacity(64);
         let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, &mut out)?;
@@ -322,10 +326,13 @@ impl ShardServer {
             return self.get_pending(&table, t, s);
         }
         drop(tables);
+        let pending = self.resize_pending.load(Ordering::Relaxed);
         out[0] = Status::Ok as u8;
-        out[1] = self.flags() | if w.cache() { FLAG_CACHE } else { 0 };
+        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
         out[2] = seed;
-        self.noticed(t.compute);
+        if pending {
+            self.noticed_pending(t.compute);
+        }
         Ok(out)
     }
 
@@ -1070,9 +1077,15 @@ impl ShardServer {
     /// Called after every data request: while a resize is pending, counts
     /// the compute nodes that have now been told (paper Fig. 8 ①②).
     fn noticed(self: &Arc<Self>, compute: u32) {
-        if !self.resize_pending.load(Ordering::Relaxed) {
-            return;
+        if self.resize_pending.load(Ordering::Relaxed) {
+            self.noticed_pending(compute);
         }
+    }
+
+    /// [`noticed`](Self::noticed) once a resize is known to be pending
+    /// (a GET has loaded the flag already for its reply).
+    #[cold]
+    fn noticed_pending(self: &Arc<Self>, compute: u32) {
         {
             let mut c = self.computes.lock();
             if c.registered.contains(&compute) {

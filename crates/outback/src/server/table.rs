@@ -11,7 +11,7 @@
 //! a GET that validates saw a slot and a block that belonged together.
 
 use crate::hash::slot;
-use crate::layout::{BLOCK_TAIL_WORDS, ControlWord, SlotWord, TableLayout};
+use crate::layout::{BLOCK_TAIL_WORDS, BUCKET_SLOTS_AT, ControlWord, SlotWord, TableLayout};
 use crate::server::heap::Heap;
 use crate::server::seqlock;
 
@@ -231,12 +231,42 @@ impl seqlock::Words for Mem<'_> {
             .expect("word inside its region")
     }
     fn pause(&self, spins: &mut u32) {
-        *spins += 1;
-        if *spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
+        pause(spins)
+    }
+}
+
+/// A waiting seqlock reader or lock taker: spins, then yields.
+fn pause(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// The words a GET reads of one bucket line, control word and four slots
+/// ([`LINE_READ_BYTES`]), borrowed in place after one bounds check (and, on
+/// `sim`, one access of the line): the GET's [`seqlock`] runs over them, the
+/// same code as [`Mem`]'s and the loom model's (offsets relative to the
+/// line's start, acquire loads). Readers only: GETs never store or lock.
+struct Line<'a>(&'a [AtomicU64]);
+
+/// Bytes of a bucket line a GET reads: the control word and the four slots.
+const LINE_READ_BYTES: usize = BUCKET_SLOTS_AT as usize + SLOTS * 8;
+
+impl seqlock::Words for Line<'_> {
+    fn load(&self, at: u64) -> u64 {
+        self.0[(at / 8) as usize].load(Ordering::Acquire)
+    }
+    fn store(&self, _: u64, _: u64) {
+        unreachable!("a GET's bucket line is read only")
+    }
+    fn cas(&self, _: u64, _: u64, _: u64) -> u64 {
+        unreachable!("a GET's bucket line is read only")
+    }
+    fn pause(&self, spins: &mut u32) {
+        pause(spins)
     }
 }
 
@@ -296,7 +326,14 @@ impl Table {
     /// The GET read: a consistent snapshot of bucket `b`'s seed, slot `s`
     /// and the front of the block it points at (key length, value length,
     /// key, value), without locking. `out` gets three bytes of room for the
-    /// reply head, then the block front.
+    /// reply head, then the block front. The caller has checked `b` and `s`.
+    ///
+    /// The lean path (docs/outback.md, invariant 18): the bucket line's
+    /// control word and slots are borrowed in place after one bounds check,
+    /// the block's words after one more, and copied straight into `out`; no
+    /// per-word region call. Each attempt of the seqlock reads the control
+    /// word, the slot, the block and the control word again (invariant 4).
+    #[inline]
     pub fn read_slot_and_block(
         &self,
         b: u32,
@@ -304,15 +341,24 @@ impl Table {
         heap: &Heap,
         out: &mut Vec<u8>,
     ) -> Result<(u8, SlotWord), ServiceError> {
-        let mem = Mem(&self.region.mem);
-        let (c, w) = seqlock::read(&mem, self.layout.control(b), || {
-            let w = self.slot(b, s);
-            out.clear();
-            out.resize(REPLY_HEAD, 0);
+        let line = self
+            .region
+            .mem
+            .words_in(self.layout.control(b), LINE_READ_BYTES)
+            .map_err(|e| ServiceError::failed(format!("outback: bucket line: {e}")))?;
+        let slot = &line[(BUCKET_SLOTS_AT / 8) as usize + s];
+        out.clear();
+        out.extend_from_slice(&[0; REPLY_HEAD]);
+        let (c, w) = seqlock::read(&Line(line), 0, || {
+            let w = SlotWord(slot.load(Ordering::Acquire));
+            out.truncate(REPLY_HEAD);
             if !w.is_empty() {
-                let n = (w.len_words().saturating_sub(BLOCK_TAIL_WORDS) * 8) as usize;
-                out.resize(REPLY_HEAD + n, 0);
-                heap.read_into(w.addr(), &mut out[REPLY_HEAD..])?;
+                let n = w.len_words().saturating_sub(BLOCK_TAIL_WORDS) as usize;
+                let words = heap.words(w.addr(), n)?;
+                out.reserve(n * 8);
+                for from in words {
+                    out.extend_from_slice(&from.load(Ordering::Acquire).to_le_bytes());
+                }
             }
             Ok::<_, ServiceError>(w)
         })?;
