@@ -26,7 +26,10 @@
 //! 3. Intervals that end at or before the current virtual time are dropped:
 //!    no later reservation can be for an earlier instant than now, so they
 //!    can never matter again. The structure holds only what is reserved
-//!    ahead.
+//!    ahead (dropped ones leave the vector in bulk, see [`compact`]; a
+//!    calendar with nothing left after `now` is as good as a fresh one,
+//!    which lets the atomics units drop idle addresses, see
+//!    `Calendar::idle_from`).
 //! 4. When every reservation is for the current virtual time (a client core,
 //!    an SSD), the calendar gives exactly what `start = max(at, free_at)`
 //!    gives: its intervals after `at` are then contiguous.
