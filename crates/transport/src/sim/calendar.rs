@@ -26,7 +26,10 @@
 //! 3. Intervals that end at or before the current virtual time are dropped:
 //!    no later reservation can be for an earlier instant than now, so they
 //!    can never matter again. The structure holds only what is reserved
-//!    ahead.
+//!    ahead (dropped ones leave the vector in bulk, see [`compact`]; a
+//!    calendar with nothing left after `now` is as good as a fresh one,
+//!    which lets the atomics units drop idle addresses, see
+//!    `Calendar::idle_from`).
 //! 4. When every reservation is for the current virtual time (a client core,
 //!    an SSD), the calendar gives exactly what `start = max(at, free_at)`
 //!    gives: its intervals after `at` are then contiguous.
@@ -36,16 +39,38 @@
 //! [`PairOrder`] keeps messages from one node to another arriving in the
 //! order they were posted in virtual time (see its invariant).
 
-use std::collections::VecDeque;
+/// Live entries are `v[head..]`; the dead ones before `head` are dropped
+/// in one move once they are at least [`COMPACT_AT`] and half the vector
+/// (amortised O(1) per entry), or at once when nothing live is left. A
+/// vector with a start index instead of a `VecDeque`: indexing, binary
+/// search and a middle insert near the back (the usual place of a late
+/// reservation) are plain slice operations, with no wrap-around.
+const COMPACT_AT: usize = 16;
+
+/// Drops `v[..head]` when [`COMPACT_AT`] says so; returns the new head.
+#[inline]
+fn compact<T: Copy>(v: &mut Vec<T>, head: usize) -> usize {
+    if head == v.len() {
+        v.clear();
+        0
+    } else if head >= COMPACT_AT && 2 * head >= v.len() {
+        v.drain(..head);
+        0
+    } else {
+        head
+    }
+}
 
 /// A server (a NIC direction, an atomics unit's address) that serves work
 /// in virtual-time order, first fit, with its busy time and traffic.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Calendar {
-    /// Busy intervals `[start, end)`, sorted, disjoint, not touching (a
-    /// deque: pruning pops from the front, the common reservation pushes
-    /// at the back).
-    busy: VecDeque<(u64, u64)>,
+    /// Busy intervals `[start, end)`: `busy[head..]` are held, sorted,
+    /// disjoint, not touching; the ones before `head` ended at or before
+    /// an earlier call's horizon (invariant 3) and are dropped in bulk (see
+    /// [`compact`]).
+    busy: Vec<(u64, u64)>,
+    head: usize,
     pub(crate) busy_ns: u64,
     pub(crate) count: u64,
     pub(crate) bytes: u64,
@@ -70,39 +95,61 @@ impl Calendar {
         self.place(now, at, ns) + ns
     }
 
+    /// Whether nothing is reserved after `now`: every later call (for an
+    /// instant `>= now`, made at a virtual time `>= now`) would find this
+    /// calendar empty after pruning (invariant 3), so it can be dropped
+    /// and made afresh without changing any result (the atomics units do,
+    /// see `net::Net::atomic_free`).
+    #[inline]
+    pub(crate) fn idle_from(&self, now: u64) -> bool {
+        self.busy.last().is_none_or(|&(_, e)| e <= now)
+    }
+
     /// Reserves `[start, start + len)` for the earliest `start >= at` that
     /// fits (invariant 1) and returns `start`.
+    #[inline]
     fn place(&mut self, now: u64, at: u64, len: u64) -> u64 {
         // Invariant 3: nothing can be placed before min(now, at) again.
         let horizon = now.min(at);
-        while self.busy.front().is_some_and(|&(_, e)| e <= horizon) {
-            self.busy.pop_front();
+        let mut head = self.head;
+        while head < self.busy.len() && self.busy[head].1 <= horizon {
+            head += 1;
+        }
+        if head != self.head {
+            self.head = compact(&mut self.busy, head);
         }
         // The common case: after everything reserved so far (O(1)).
-        match self.busy.back_mut() {
+        match self.busy.last_mut() {
             None => {
                 if len > 0 {
-                    self.busy.push_back((at, at + len));
+                    self.busy.push((at, at + len));
                 }
-                return at;
+                at
             }
             Some(last) if at >= last.1 => {
                 if len > 0 {
                     if at == last.1 {
                         last.1 = at + len;
                     } else {
-                        self.busy.push_back((at, at + len));
+                        self.busy.push((at, at + len));
                     }
                 }
-                return at;
+                at
             }
-            Some(_) => {}
+            Some(_) => self.place_between(at, len),
         }
+    }
+
+    /// [`Calendar::place`] for an `at` before the end of the last interval
+    /// held (there is at least one).
+    fn place_between(&mut self, at: u64, len: u64) -> u64 {
+        let head = self.head;
+        let busy = &self.busy[head..];
         // The first interval that ends after `at`, then first fit.
-        let mut i = self.busy.partition_point(|&(_, e)| e <= at);
+        let mut i = busy.partition_point(|&(_, e)| e <= at);
         let mut t = at;
-        while i < self.busy.len() {
-            let (s, e) = self.busy[i];
+        while i < busy.len() {
+            let (s, e) = busy[i];
             if s >= t.saturating_add(len) {
                 break;
             }
@@ -115,8 +162,9 @@ impl Calendar {
         let end = t + len;
         // `busy[i - 1]` ends at or before `t`; `busy[i]` starts at or after
         // `end`: merge with whichever touches.
-        let prev = i > 0 && self.busy[i - 1].1 == t;
-        let next = i < self.busy.len() && self.busy[i].0 == end;
+        let prev = i > 0 && busy[i - 1].1 == t;
+        let next = i < busy.len() && busy[i].0 == end;
+        let i = head + i;
         match (prev, next) {
             (true, true) => {
                 self.busy[i - 1].1 = self.busy[i].1;
@@ -132,7 +180,13 @@ impl Calendar {
     /// Intervals held (reserved ahead of the last call's horizon).
     #[cfg(test)]
     fn intervals(&self) -> Vec<(u64, u64)> {
-        self.busy.iter().copied().collect()
+        self.busy[self.head..].to_vec()
+    }
+
+    /// Entries kept, dead ones not yet compacted away included.
+    #[cfg(test)]
+    fn stored(&self) -> usize {
+        self.busy.len()
     }
 }
 
@@ -160,8 +214,11 @@ pub(crate) struct PairOrder {
     floor: u64,
     /// The latest arrival of all messages placed so far.
     latest: u64,
-    /// (posted at, arrives) of messages posted after that, in posting order.
-    ahead: VecDeque<(u64, u64)>,
+    /// (posted at, arrives) of messages posted after that, in posting
+    /// order: `ahead[head..]` (the ones before `head` are folded into
+    /// `floor` and dropped in bulk, see [`compact`]).
+    ahead: Vec<(u64, u64)>,
+    head: usize,
     /// Messages overtaken by one posted before them (see the invariant).
     pub(crate) overtaken: u64,
 }
@@ -172,30 +229,51 @@ impl PairOrder {
     #[inline]
     pub(crate) fn place(&mut self, now: u64, at: u64, arrive: u64) -> u64 {
         let horizon = now.min(at);
-        while let Some(&(p, a)) = self.ahead.front() {
+        let mut head = self.head;
+        while let Some(&(p, a)) = self.ahead.get(head) {
             if p > horizon {
                 break;
             }
             self.floor = self.floor.max(a);
-            self.ahead.pop_front();
+            head += 1;
         }
-        // After every message posted at or before `at`: in the common case
-        // all of them (O(1)).
-        let (i, before) = match self.ahead.back() {
-            Some(&(p, _)) if p > at => {
-                let i = self.ahead.partition_point(|&(p, _)| p <= at);
-                let before = self
-                    .ahead
-                    .range(..i)
-                    .map(|&(_, a)| a)
-                    .fold(self.floor, u64::max);
-                (i, before)
+        if head != self.head {
+            self.head = compact(&mut self.ahead, head);
+        }
+        // The common case: posted at or after every message held (O(1)).
+        let (arrive, i) = match self.ahead.last() {
+            Some(&(p, _)) if p > at => self.place_between(at, arrive),
+            _ => {
+                let arrive = arrive.max(self.latest + 1);
+                self.latest = arrive;
+                (arrive, self.ahead.len())
             }
-            _ => (self.ahead.len(), self.latest),
         };
+        if at > horizon {
+            if i == self.ahead.len() {
+                self.ahead.push((at, arrive));
+            } else {
+                self.ahead.insert(i, (at, arrive));
+            }
+        } else {
+            self.floor = self.floor.max(arrive);
+        }
+        arrive
+    }
+
+    /// [`PairOrder::place`] for a message posted before the last one held:
+    /// after every message posted at or before `at`, before every one
+    /// posted after it that is already on its way. Returns its arrival
+    /// and its place in `ahead`.
+    fn place_between(&mut self, at: u64, arrive: u64) -> (u64, usize) {
+        let ahead = &self.ahead[self.head..];
+        let i = ahead.partition_point(|&(p, _)| p <= at);
+        let before = ahead[..i]
+            .iter()
+            .map(|&(_, a)| a)
+            .fold(self.floor, u64::max);
         let mut arrive = arrive.max(before + 1);
-        // Before every message posted after it, already on its way.
-        let after = self.ahead.range(i..).map(|&(_, a)| a).min();
+        let after = ahead[i..].iter().map(|&(_, a)| a).min();
         if let Some(after) = after
             && arrive >= after
         {
@@ -206,23 +284,23 @@ impl PairOrder {
             }
         }
         self.latest = self.latest.max(arrive);
-        if at > horizon {
-            self.ahead.insert(i, (at, arrive));
-        } else {
-            self.floor = self.floor.max(arrive);
-        }
-        arrive
+        (arrive, self.head + i)
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
+        self.ahead.len() - self.head
+    }
+
+    #[cfg(test)]
+    fn stored(&self) -> usize {
         self.ahead.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Calendar, PairOrder};
+    use super::{COMPACT_AT, Calendar, PairOrder};
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
@@ -254,6 +332,236 @@ mod tests {
             }
             t
         }
+    }
+
+    /// The previous storage of both structures (`VecDeque`s, pruned from
+    /// the front, as of branch i36), kept as the model their vector-with-a-
+    /// start-index storage must agree with exactly over long runs (where
+    /// the dead entries are compacted away many times).
+    mod deque {
+        use std::collections::VecDeque;
+
+        #[derive(Default)]
+        pub(super) struct Calendar {
+            busy: VecDeque<(u64, u64)>,
+        }
+
+        impl Calendar {
+            pub(super) fn place(&mut self, now: u64, at: u64, len: u64) -> u64 {
+                let horizon = now.min(at);
+                while self.busy.front().is_some_and(|&(_, e)| e <= horizon) {
+                    self.busy.pop_front();
+                }
+                match self.busy.back_mut() {
+                    None => {
+                        if len > 0 {
+                            self.busy.push_back((at, at + len));
+                        }
+                        return at;
+                    }
+                    Some(last) if at >= last.1 => {
+                        if len > 0 {
+                            if at == last.1 {
+                                last.1 = at + len;
+                            } else {
+                                self.busy.push_back((at, at + len));
+                            }
+                        }
+                        return at;
+                    }
+                    Some(_) => {}
+                }
+                let mut i = self.busy.partition_point(|&(_, e)| e <= at);
+                let mut t = at;
+                while i < self.busy.len() {
+                    let (s, e) = self.busy[i];
+                    if s >= t.saturating_add(len) {
+                        break;
+                    }
+                    t = t.max(e);
+                    i += 1;
+                }
+                if len == 0 {
+                    return t;
+                }
+                let end = t + len;
+                let prev = i > 0 && self.busy[i - 1].1 == t;
+                let next = i < self.busy.len() && self.busy[i].0 == end;
+                match (prev, next) {
+                    (true, true) => {
+                        self.busy[i - 1].1 = self.busy[i].1;
+                        self.busy.remove(i);
+                    }
+                    (true, false) => self.busy[i - 1].1 = end,
+                    (false, true) => self.busy[i].0 = t,
+                    (false, false) => self.busy.insert(i, (t, end)),
+                }
+                t
+            }
+
+            pub(super) fn intervals(&self) -> Vec<(u64, u64)> {
+                self.busy.iter().copied().collect()
+            }
+        }
+
+        #[derive(Default)]
+        pub(super) struct PairOrder {
+            floor: u64,
+            latest: u64,
+            ahead: VecDeque<(u64, u64)>,
+            pub(super) overtaken: u64,
+        }
+
+        impl PairOrder {
+            pub(super) fn place(&mut self, now: u64, at: u64, arrive: u64) -> u64 {
+                let horizon = now.min(at);
+                while let Some(&(p, a)) = self.ahead.front() {
+                    if p > horizon {
+                        break;
+                    }
+                    self.floor = self.floor.max(a);
+                    self.ahead.pop_front();
+                }
+                let (i, before) = match self.ahead.back() {
+                    Some(&(p, _)) if p > at => {
+                        let i = self.ahead.partition_point(|&(p, _)| p <= at);
+                        let before = self
+                            .ahead
+                            .range(..i)
+                            .map(|&(_, a)| a)
+                            .fold(self.floor, u64::max);
+                        (i, before)
+                    }
+                    _ => (self.ahead.len(), self.latest),
+                };
+                let mut arrive = arrive.max(before + 1);
+                let after = self.ahead.range(i..).map(|&(_, a)| a).min();
+                if let Some(after) = after
+                    && arrive >= after
+                {
+                    if before + 1 < after {
+                        arrive = after - 1;
+                    } else {
+                        self.overtaken += 1;
+                    }
+                }
+                self.latest = self.latest.max(arrive);
+                if at > horizon {
+                    self.ahead.insert(i, (at, arrive));
+                } else {
+                    self.floor = self.floor.max(arrive);
+                }
+                arrive
+            }
+
+            pub(super) fn len(&self) -> usize {
+                self.ahead.len()
+            }
+        }
+    }
+
+    /// Calls like the network model's (most for now or a little ahead, some
+    /// far ahead, time advancing in steps): `(now, at, len)`.
+    fn model_calls(seed: u64, n: usize) -> Vec<(u64, u64, u64)> {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut now = 0u64;
+        (0..n)
+            .map(|_| {
+                if rng.gen_bool(0.4) {
+                    now += rng.gen_range(0..60);
+                }
+                let at = now
+                    + match rng.gen_range(0..10) {
+                        0..=3 => 0,
+                        4..=8 => rng.gen_range(0..600),
+                        _ => rng.gen_range(0..5_000),
+                    };
+                (now, at, rng.gen_range(0..45))
+            })
+            .collect()
+    }
+
+    /// The vector storage gives the deque storage's every start and holds
+    /// the same intervals, over runs long enough to compact many times.
+    #[test]
+    fn agrees_with_the_deque_calendar_over_long_runs() {
+        let mut compacted = 0;
+        for seed in 0..8 {
+            let (mut c, mut d) = (Calendar::default(), deque::Calendar::default());
+            let mut stored = 0;
+            for (k, (now, at, len)) in model_calls(seed, 60_000).into_iter().enumerate() {
+                let got = c.stall(now, at, len) - len;
+                assert_eq!(got, d.place(now, at, len), "seed {seed} call {k}");
+                if c.stored() < stored {
+                    compacted += 1;
+                }
+                stored = c.stored();
+                if k % 97 == 0 {
+                    assert_eq!(c.intervals(), d.intervals(), "seed {seed} call {k}");
+                }
+                assert!(c.stored() <= 2 * c.intervals().len() + COMPACT_AT + 1);
+            }
+        }
+        assert!(compacted > 100, "compacted only {compacted} times");
+    }
+
+    /// The same for the pair order: every arrival and every overtaking.
+    #[test]
+    fn agrees_with_the_deque_pair_order_over_long_runs() {
+        let mut overtaken = 0;
+        for seed in 0..8 {
+            let (mut p, mut d) = (PairOrder::default(), deque::PairOrder::default());
+            let mut rng = SmallRng::seed_from_u64(seed ^ 0xabc);
+            for (k, (now, at, _)) in model_calls(seed, 60_000).into_iter().enumerate() {
+                let want = at + rng.gen_range(10..2_000);
+                assert_eq!(
+                    p.place(now, at, want),
+                    d.place(now, at, want),
+                    "seed {seed} message {k}"
+                );
+                assert_eq!(p.overtaken, d.overtaken, "seed {seed} message {k}");
+                assert_eq!(p.len(), d.len(), "seed {seed} message {k}");
+                assert!(p.stored() <= 2 * p.len() + COMPACT_AT + 1);
+            }
+            overtaken += p.overtaken;
+        }
+        assert!(overtaken > 0, "the runs never overtook");
+    }
+
+    /// A calendar with nothing reserved after `now` can be replaced by a
+    /// fresh one: every later call gives the same start (what lets the
+    /// atomics units drop idle addresses).
+    #[test]
+    fn an_idle_calendar_is_as_good_as_a_fresh_one() {
+        // Sparser than `model_calls`, so that the calendar is often idle.
+        let mut rng = SmallRng::seed_from_u64(11);
+        let mut now = 0u64;
+        let calls: Vec<(u64, u64, u64)> = (0..20_000)
+            .map(|_| {
+                now += rng.gen_range(0..150);
+                let ahead = if rng.gen_bool(0.5) {
+                    0
+                } else {
+                    rng.gen_range(0..400)
+                };
+                (now, now + ahead, rng.gen_range(0..45))
+            })
+            .collect();
+        let mut dropped = 0;
+        let mut c = Calendar::default();
+        let mut fresh = Calendar::default();
+        for (k, &(now, at, len)) in calls.iter().enumerate() {
+            if fresh.idle_from(now) {
+                fresh = Calendar::default();
+                dropped += 1;
+            }
+            assert_eq!(c.stall(now, at, len), fresh.stall(now, at, len), "call {k}");
+        }
+        assert!(dropped > 100, "dropped only {dropped} times");
+        let mut c = Calendar::default();
+        c.occupy(0, 100, 50, 0);
+        assert!(!c.idle_from(149));
+        assert!(c.idle_from(150));
     }
 
     #[test]

@@ -310,7 +310,36 @@ pub(crate) struct Net {
     /// Per atomic address: the NIC's atomics unit's reservations for it
     /// (invariant 2: an atomic whose queue pair lets it start early is not
     /// queued behind one reserved for later).
-    atomic_free: FastMap<(u16, u32, u64), Calendar>,
+    atomic_free: AtomicUnits,
+}
+
+/// The NICs' atomics units: a calendar per address with atomics reserved
+/// after the current instant. An address whose calendar holds nothing
+/// after `now` is dropped (`Calendar::idle_from`: made afresh, it gives
+/// every later atomic the same start) when the map reaches `sweep_at`
+/// entries, then `sweep_at` doubles what the sweep left (at least
+/// [`ATOMIC_SWEEP_MIN`]): amortised O(1) per atomic, and the map holds the
+/// addresses with atomics in flight, not every address an atomic ever
+/// touched (`atomic_units_are_dropped_once_idle` checks both).
+#[derive(Default)]
+struct AtomicUnits {
+    units: FastMap<(u16, u32, u64), Calendar>,
+    sweep_at: usize,
+}
+
+const ATOMIC_SWEEP_MIN: usize = 1024;
+
+impl AtomicUnits {
+    /// An atomic on `key` that could start at `at` (`>= now`) and holds
+    /// the address's unit for `ns`: when it starts.
+    fn start(&mut self, now: u64, key: (u16, u32, u64), at: u64, ns: u64) -> u64 {
+        let start = self.units.entry(key).or_default().stall(now, at, ns) - ns;
+        if self.units.len() >= self.sweep_at {
+            self.units.retain(|_, unit| !unit.idle_from(now));
+            self.sweep_at = ATOMIC_SWEEP_MIN.max(2 * self.units.len());
+        }
+        start
+    }
 }
 
 /// A value per ordered pair of nodes (default until set), indexed
@@ -1083,11 +1112,10 @@ fn arrive_verb(
         Verb::Cas { .. } | Verb::Faa { .. } => net_profile.atomic_ns,
     };
     if let Verb::Cas { .. } | Verb::Faa { .. } = &verb {
-        let unit = net
+        let key = (dst.0, addr.region.0, addr.offset);
+        start = net
             .atomic_free
-            .entry((dst.0, addr.region.0, addr.offset))
-            .or_default();
-        start = unit.stall(now, start, net_profile.atomic_ns) - net_profile.atomic_ns;
+            .start(now, key, start, net_profile.atomic_ns);
     }
     *qp_free = start + duration;
     drop(guard);
@@ -1572,6 +1600,32 @@ mod tests {
     /// `ceil_u64` agrees with `f64::ceil` (the oracle) on whole numbers,
     /// fractions on both sides of them, the link rates' quotients and the
     /// edge cases.
+    /// Atomics on ever new addresses: the map keeps only the addresses
+    /// reserved after `now` (fails without the sweep: one entry per address
+    /// ever touched), and every start is what a map that never drops an
+    /// entry gives.
+    #[test]
+    fn atomic_units_are_dropped_once_idle() {
+        use super::{AtomicUnits, Calendar, FastMap};
+        let mut swept = AtomicUnits::default();
+        let mut kept: FastMap<(u16, u32, u64), Calendar> = FastMap::default();
+        let mut most = 0;
+        let mut now = 0u64;
+        for k in 0..200_000u64 {
+            now += k % 3;
+            // A few hot addresses and a stream of new ones, some reserved
+            // ahead of now.
+            let addr = if k % 4 == 0 { k % 5 } else { k };
+            let at = now + (k % 7) * 40;
+            let key = (0, 1, addr * 8);
+            let want = kept.entry(key).or_default().stall(now, at, 50) - 50;
+            assert_eq!(swept.start(now, key, at, 50), want, "atomic {k}");
+            most = most.max(swept.units.len());
+        }
+        assert!(kept.len() > 150_000);
+        assert!(most <= 2 * super::ATOMIC_SWEEP_MIN, "{most} entries");
+    }
+
     #[test]
     fn ceil_u64_matches_ceil() {
         let mut xs = vec![0.0, 0.5, 1.0, 1.0 - f64::EPSILON, 1.0 + 1e-12, 2.5e9, 1e300];

@@ -99,26 +99,30 @@ impl EventQueue {
         let top = self.heap[0];
         // Sift `last` down from the root: the hole moves to the earliest
         // child while that child runs before `last`.
+        let heap = &mut self.heap[..n];
         let mut i = 0;
         loop {
             let first = ARITY * i + 1;
             if first >= n {
                 break;
             }
-            let end = (first + ARITY).min(n);
-            let mut min = first;
-            for c in first + 1..end {
-                if self.heap[c].before(&self.heap[min]) {
+            // The children as one slice: one bounds check per level.
+            let kids = &heap[first..(first + ARITY).min(n)];
+            let mut min = 0;
+            let mut best = kids[0];
+            for (c, k) in kids.iter().enumerate().skip(1) {
+                if k.before(&best) {
+                    best = *k;
                     min = c;
                 }
             }
-            if !self.heap[min].before(&last) {
+            if !best.before(&last) {
                 break;
             }
-            self.heap[i] = self.heap[min];
-            i = min;
+            heap[i] = best;
+            i = first + min;
         }
-        self.heap[i] = last;
+        heap[i] = last;
         Some(top)
     }
 
