@@ -518,7 +518,12 @@ pub struct ResourceUse {
 /// (`PairOrder::overtaken`, the one exception to invariant 1), over every
 /// ordered node pair.
 pub(crate) fn messages_overtaken(net: &Net) -> u64 {
-    net.arrivals.rows.iter().flatten().map(|p| p.overtaken).sum()
+    net.arrivals
+        .rows
+        .iter()
+        .flatten()
+        .map(|p| p.overtaken)
+        .sum()
 }
 
 pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
@@ -1825,10 +1830,14 @@ mod tests {
             let (starts, order, busy, count, events) = run_core_set(cores, &jobs, seed);
             let want = reference(cores, &jobs, &order);
             assert_eq!(starts, want, "seed {seed}, {cores} cores: {jobs:?}");
-            assert_eq!(busy, jobs.iter().map(|j| j.cost).sum::<u64>(), "seed {seed}");
+            assert_eq!(
+                busy,
+                jobs.iter().map(|j| j.cost).sum::<u64>(),
+                "seed {seed}"
+            );
             assert_eq!(count, n as u64, "seed {seed}");
-            // Submission events, one end event per job, at most one more
-            // per job (its wake or its start after an end) and the wait.
+            // No busy wait: a submission and an end event per job, at most
+            // two more per job (wakes, a start after an end), and the wait.
             assert!(
                 events <= 4 * n as u64 + 1,
                 "seed {seed}: {events} events for {n} jobs"
@@ -1838,7 +1847,10 @@ mod tests {
             let started: Vec<u64> = order.iter().map(|&i| starts[i]).collect();
             reordered += started.windows(2).filter(|w| w[1] < w[0]).count();
         }
-        assert!(reordered > 0, "no job ever overtook one submitted before it");
+        assert!(
+            reordered > 0,
+            "no job ever overtook one submitted before it"
+        );
     }
 
     /// `ceil_u64` agrees with `f64::ceil` (the oracle) on whole numbers,
