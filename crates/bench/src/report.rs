@@ -570,11 +570,13 @@ pub struct WallReport {
 }
 
 impl SimReport {
+    /// The run phase's report: its scheduler events and messages
+    /// overtaken (after minus before), its length, and the resources'
+    /// figures before and after it.
     pub fn new(
         profile: &str,
         compute_nodes: usize,
-        events: u64,
-        messages_overtaken: u64,
+        (events, messages_overtaken): (u64, u64),
         run_seconds: f64,
         before: &[dmkv_transport::sim::ResourceUse],
         after: &[dmkv_transport::sim::ResourceUse],

@@ -838,8 +838,7 @@ fn run_threads_sim(
         sim: Some(SimReport::new(
             &profile.name,
             cfg.compute_nodes,
-            events,
-            overtaken,
+            (events, overtaken),
             run_seconds,
             &before,
             &after,
