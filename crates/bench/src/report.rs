@@ -537,6 +537,10 @@ pub struct SimReport {
     pub compute_nodes: usize,
     /// Scheduler events of the run phase.
     pub events: u64,
+    /// Messages of the run phase that arrived out of posting order between
+    /// two nodes (the model's one exception to in-order arrival, never two
+    /// messages of one endpoint: docs/simulation.md, "Reports").
+    pub messages_overtaken: u64,
     /// Each modelled resource during the run phase, busiest first: the
     /// bottleneck is at the top.
     pub utilisation: Vec<ResourceReport>,
@@ -566,10 +570,13 @@ pub struct WallReport {
 }
 
 impl SimReport {
+    /// The run phase's report: its scheduler events and messages
+    /// overtaken (after minus before), its length, and the resources'
+    /// figures before and after it.
     pub fn new(
         profile: &str,
         compute_nodes: usize,
-        events: u64,
+        (events, messages_overtaken): (u64, u64),
         run_seconds: f64,
         before: &[dmkv_transport::sim::ResourceUse],
         after: &[dmkv_transport::sim::ResourceUse],
@@ -601,6 +608,7 @@ impl SimReport {
             profile: profile.to_string(),
             compute_nodes,
             events,
+            messages_overtaken,
             utilisation,
             wall,
         }
@@ -913,8 +921,8 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
             writeln!(out)?;
             writeln!(
                 out,
-                "{}: busiest simulated resources ({} events, {:.0} simulated ops per wall-clock second):",
-                r.engine, s.events, s.wall.sim_ops_per_s
+                "{}: busiest simulated resources ({} events, {} messages overtaken, {:.0} simulated ops per wall-clock second):",
+                r.engine, s.events, s.messages_overtaken, s.wall.sim_ops_per_s
             )?;
             for u in s.utilisation.iter().take(4) {
                 writeln!(

@@ -750,6 +750,7 @@ fn run_threads_sim(
     }
     let before = sim.resources();
     let events_before = sim.events();
+    let overtaken_before = sim.messages_overtaken();
     #[allow(clippy::disallowed_methods)]
     let wall = std::time::Instant::now();
     let start = Instant::now();
@@ -781,6 +782,7 @@ fn run_threads_sim(
     let wall_seconds = wall.elapsed().as_secs_f64();
     let after = sim.resources();
     let events = sim.events() - events_before;
+    let overtaken = sim.messages_overtaken() - overtaken_before;
     let nodes_after = dep.node_stats();
     ctx.run_bar.finish_and_clear();
     if let Err(p) = ran {
@@ -836,7 +838,7 @@ fn run_threads_sim(
         sim: Some(SimReport::new(
             &profile.name,
             cfg.compute_nodes,
-            events,
+            (events, overtaken),
             run_seconds,
             &before,
             &after,

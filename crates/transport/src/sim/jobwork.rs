@@ -16,10 +16,11 @@
 //!    jobs, verbs landing) is not the job's (`JobMeter::excluded`).
 //! 2. On its own core the job keeps that core for the whole wait; shared
 //!    with a node's handler cores, its work occupies one of those cores in
-//!    the cores' FIFO order, at most `slice_ns` at a time, and after each
-//!    slice, if requests wait there, it lets them have the core for as
-//!    long as its slice (two runnable threads on one core take equal turns,
-//!    as an OS scheduler gives them).
+//!    the cores' ready order (a slice is ready when submitted), at most
+//!    `slice_ns` at a time, and after each slice, if ready requests wait
+//!    there, it lets them have the core for as long as its slice (two
+//!    runnable threads on one core take equal turns, as an OS scheduler
+//!    gives them).
 //! 3. Outside a simulation, or outside a job, [`job_progress`] does nothing.
 
 use super::{COUNT_LOCAL, METER_LINE_NS, Sim, current, net, sleep_until_ns, with_metering};
@@ -128,7 +129,7 @@ pub fn job_progress(share: Option<NodeId>, slice_ns: u64) {
                 let q = left.min(slice);
                 occupy(&sim, id, q);
                 left -= q;
-                if left > 0 && net::coreset_queued(&sim.net.borrow(), id) > 0 {
+                if left > 0 && net::coreset_queued(&sim.net.borrow(), id, sim.sched.now()) > 0 {
                     let until = sim.sched.now() + q;
                     crate::exec::block_on(sleep_until_ns(until));
                 }

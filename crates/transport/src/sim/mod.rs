@@ -684,6 +684,15 @@ impl Simulation {
         self.sim().sched.events()
     }
 
+    /// Messages so far that arrived out of posting order: each was posted
+    /// before another message between the same two nodes that was already
+    /// on its way and left no instant free before it, so it arrived no
+    /// earlier than that one (`PairOrder`'s one exception to the model's
+    /// invariant 1; never two messages of one endpoint).
+    pub fn messages_overtaken(&self) -> u64 {
+        net::messages_overtaken(&self.sim().net.borrow())
+    }
+
     /// Background tasks started so far.
     pub fn background_tasks(&self) -> usize {
         self.sim().sched.background_count()

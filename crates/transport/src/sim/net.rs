@@ -6,8 +6,9 @@
 //! and writes move in pieces at PCIe speed, so a concurrent writer can tear
 //! a reader; atomics wait for the NIC's per-address atomics unit) -> memory
 //! node NIC tx -> wire -> client NIC rx. An RPC: the same to the memory
-//! node's NIC, then a queue in front of the node's handler cores; the
-//! handler runs at the instant a core takes it, for a service time from the
+//! node's NIC, then a queue in front of the node's handler cores, served in
+//! the order requests are ready (through the NIC); the handler runs at the
+//! instant a core takes it, for a service time from the
 //! cost model (`rpc_base_ns` plus `line_ns` per cache line of registered
 //! memory it touched), and the reply leaves when the service time is over.
 //! When the profile models the NIC's queue-pair context cache, a one-sided
@@ -33,6 +34,11 @@
 //!    first come first served (`Server`), which is the same thing for
 //!    them. Busy time, counts and bytes are counted for the utilisation
 //!    report.
+//! 3. A node's cores (handler cores, a worker pool: [`CoreSet`]) take jobs
+//!    in the order they are ready (an RPC: when its request is through the
+//!    NIC), never sit idle while a ready job waits, and are never reserved
+//!    for a job that is not ready yet (branch i41; `CoreSet`'s own
+//!    invariants give the details).
 
 use super::calendar::{Calendar, PairOrder};
 use super::{Sim, current, with_metering};
@@ -120,12 +126,50 @@ impl QpCache {
 
 type Job = Box<dyn FnOnce() -> u64>;
 
-/// `n` identical cores in front of one FIFO queue (a memory node's handler
-/// threads, a worker pool). A job runs when a core takes it and returns its
-/// service time; the core is busy for that long.
+/// `n` identical cores in front of one queue of jobs ordered by the instant
+/// each is ready (a memory node's handler threads, a worker pool). A job is
+/// submitted with its ready instant (an RPC: when the memory node's NIC has
+/// received it; a worker job or a progress slice: now); a core takes it
+/// once it is ready, runs it, and is busy for the service time it returns.
+///
+/// Invariants (branch i41; before it, a core was taken when the job was
+/// submitted and stayed reserved until the job was ready, and the queue was
+/// first in, first out in submission order):
+/// 1. Jobs start in ready order: a job starts no earlier than its ready
+///    instant, and of two jobs the one with the smaller (ready instant,
+///    submission number) starts first, or at the same instant.
+/// 2. A core is never idle while a ready job waits: at every instant, once
+///    the events of that instant have run, either no job in the queue is
+///    ready or no core is idle.
+/// 3. A core is taken only by a job that is ready, so a job that is ready
+///    earlier never waits behind a core reserved for one that is not.
+/// 4. No busy wait: the core set acts at submissions, at job ends and at
+///    wake events (`wakes`). A wake is scheduled at a job's ready instant
+///    when the job is submitted while more cores are idle than wakes are
+///    due by then (so, with cores to spare, each job gets the event it got
+///    before this branch, at the same place in the event order), and when a
+///    core is left idle with jobs queued and no wake due by the first one's
+///    ready instant; never one per idle core per instant.
+/// 5. Busy time and job counts: a job's service time is added once, when
+///    it runs (with `add_busy`'s progress-point work), and counted as one
+///    job, as before.
+/// 6. The DST hold (`Sched::holding_jobs`): a job due to start during a
+///    wait on the network alone keeps the core it took and starts when
+///    that wait ends, as before: the one exception to 1 and 2.
+///
+/// Checked by `core_set_serves_in_ready_order_like_a_reference` (unit test
+/// below: random submissions against a reference simulation) and
+/// `a_handler_core_waits_for_no_request_that_is_not_ready`
+/// (`tests/sim_backend.rs`).
 pub(crate) struct CoreSet {
     idle: usize,
-    queue: VecDeque<(u64, Job)>,
+    /// Jobs not started: (ready instant, submission number, job), sorted by
+    /// (ready instant, submission number).
+    queue: VecDeque<(u64, u64, Job)>,
+    /// Jobs submitted so far (the next submission number).
+    submitted: u64,
+    /// Instants of wake events scheduled and not run yet, sorted.
+    wakes: SmallVec<[u64; 4]>,
     busy_ns: u64,
     jobs: u64,
     cores: usize,
@@ -136,30 +180,90 @@ impl CoreSet {
         CoreSet {
             idle: cores,
             queue: VecDeque::new(),
+            submitted: 0,
+            wakes: SmallVec::new(),
             busy_ns: 0,
             jobs: 0,
             cores,
         }
     }
+
+    /// Takes an idle core for the first job of the queue if it is ready at
+    /// `now` (invariants 1 and 3).
+    fn take_ready(&mut self, now: u64) -> Option<Job> {
+        if self.idle == 0 || self.queue.front().is_none_or(|&(r, _, _)| r > now) {
+            return None;
+        }
+        self.idle -= 1;
+        self.queue.pop_front().map(|(_, _, job)| job)
+    }
+
+    /// Notes a wake event at `at` (the caller schedules it).
+    fn add_wake(&mut self, at: u64) -> u64 {
+        let i = self.wakes.partition_point(|&w| w <= at);
+        self.wakes.insert(i, at);
+        at
+    }
+
+    /// With a core idle and jobs queued, the instant of the wake event that
+    /// must be scheduled for the first of them, unless one is due by then
+    /// (invariant 2; the wake that runs then re-checks for the next job).
+    fn wake_for_first(&mut self) -> Option<u64> {
+        let &(first, _, _) = self.queue.front()?;
+        if self.idle == 0 || self.wakes.first().is_some_and(|&w| w <= first) {
+            return None;
+        }
+        Some(self.add_wake(first))
+    }
 }
 
 /// Submits `job`, ready at `ready_at`, to the core set `id`.
 pub(crate) fn submit_job(sim: &Rc<Sim>, id: usize, ready_at: u64, job: Job) {
-    let start_now = {
+    let at = ready_at.max(sim.sched.now());
+    let wake = {
         let mut net = sim.net.borrow_mut();
         let cs = &mut net.coresets[id];
-        if cs.idle > 0 {
-            cs.idle -= 1;
-            Some(job)
-        } else {
-            cs.queue.push_back((ready_at, job));
-            None
-        }
+        let seq = cs.submitted;
+        cs.submitted += 1;
+        // Every queued job was submitted before this one: it goes after
+        // those ready at or before `at` (in the common case, at the back).
+        let i = cs.queue.partition_point(|&(r, _, _)| r <= at);
+        cs.queue.insert(i, (at, seq, job));
+        // Invariant 4: a wake of its own unless the idle cores are all
+        // due to wake by its ready instant.
+        let due = cs.wakes.partition_point(|&w| w <= at);
+        (cs.idle > due).then(|| cs.add_wake(at))
     };
-    if let Some(job) = start_now {
-        let s = sim.clone();
-        sim.sched.at(ready_at, move || run_job(&s, id, job));
+    if let Some(at) = wake {
+        schedule_wake(sim, id, at);
     }
+}
+
+/// A wake event of core set `id` at `at`: an idle core takes the first
+/// ready job, if any.
+fn schedule_wake(sim: &Rc<Sim>, id: usize, at: u64) {
+    let s = sim.clone();
+    sim.sched.at(at, move || {
+        let now = s.sched.now();
+        let (job, wake) = {
+            let mut net = s.net.borrow_mut();
+            let cs = &mut net.coresets[id];
+            debug_assert_eq!(cs.wakes.first(), Some(&now), "a wake runs at its instant");
+            if cs.wakes.first() == Some(&now) {
+                cs.wakes.remove(0);
+            }
+            let job = cs.take_ready(now);
+            (job, cs.wake_for_first())
+        };
+        // Before the job runs: a job may wait in a nested frame, during
+        // which the next job must be able to start.
+        if let Some(at) = wake {
+            schedule_wake(&s, id, at);
+        }
+        if let Some(job) = job {
+            run_job(&s, id, job);
+        }
+    });
 }
 
 /// The core set of `node`'s handler cores, if it serves RPCs.
@@ -173,13 +277,16 @@ pub(crate) fn add_busy(net: &mut Net, id: usize, ns: u64) {
     net.coresets[id].busy_ns += ns;
 }
 
-/// Jobs waiting in core set `id`'s queue (none of its cores free).
-pub(crate) fn coreset_queued(net: &Net, id: usize) -> usize {
-    net.coresets[id].queue.len()
+/// Jobs of core set `id` that are ready at `now` and wait for a core (so
+/// none of its cores is free, invariant 2).
+pub(crate) fn coreset_queued(net: &Net, id: usize, now: u64) -> usize {
+    net.coresets[id]
+        .queue
+        .partition_point(|&(r, _, _)| r <= now)
 }
 
-/// Runs `job` on a core of set `id` now, then frees the core when its
-/// service time is over and starts the next queued job.
+/// Runs `job` on a core of set `id` now (the core is taken), then frees the
+/// core when its service time is over and starts the first ready job.
 fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
     if sim.sched.holding_jobs() {
         let s = sim.clone();
@@ -195,20 +302,22 @@ fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
     }
     let s = sim.clone();
     sim.sched.at(sim.sched.now() + cost, move || {
-        let next = {
+        let now = s.sched.now();
+        let (next, wake) = {
             let mut net = s.net.borrow_mut();
             let cs = &mut net.coresets[id];
-            match cs.queue.pop_front() {
-                Some(j) => Some(j),
-                None => {
-                    cs.idle += 1;
-                    None
-                }
-            }
+            cs.idle += 1;
+            let next = cs.take_ready(now);
+            (next, cs.wake_for_first())
         };
-        if let Some((ready_at, job)) = next {
+        // The next job starts in an event of its own at this instant, as
+        // it did before invariant 1.
+        if let Some(job) = next {
             let s2 = s.clone();
-            s.sched.at(ready_at, move || run_job(&s2, id, job));
+            s.sched.at(now, move || run_job(&s2, id, job));
+        }
+        if let Some(at) = wake {
+            schedule_wake(&s, id, at);
         }
     });
 }
@@ -432,6 +541,18 @@ pub struct ResourceUse {
     /// Messages, jobs or operations served.
     pub count: u64,
     pub bytes: u64,
+}
+
+/// Messages so far that arrived out of posting order
+/// (`PairOrder::overtaken`, the one exception to invariant 1), over every
+/// ordered node pair.
+pub(crate) fn messages_overtaken(net: &Net) -> u64 {
+    net.arrivals
+        .rows
+        .iter()
+        .flatten()
+        .map(|p| p.overtaken)
+        .sum()
 }
 
 pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
@@ -1595,7 +1716,170 @@ fn send_reply(sim: &Rc<Sim>, id: u64, reply: Reply, at: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::ceil_u64;
+    use super::{ceil_u64, submit_job};
+    use crate::sim::{Profile, SimConfig, Simulation, current, sleep_until_ns};
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// One job of [`run_core_set`]: submitted at `submit`, ready `delay`
+    /// later, running `cost` ns.
+    #[derive(Clone, Copy, Debug)]
+    struct TestJob {
+        submit: u64,
+        delay: u64,
+        cost: u64,
+    }
+
+    /// Runs `jobs` through a fresh core set of `cores` cores; returns each
+    /// job's start instant, the order the jobs were submitted in (events
+    /// at one instant run in the seed's order), the set's busy time and
+    /// job count, and the events the run took.
+    fn run_core_set(
+        cores: usize,
+        jobs: &[TestJob],
+        seed: u64,
+    ) -> (Vec<u64>, Vec<usize>, u64, u64, u64) {
+        let simulation = Simulation::new(SimConfig {
+            profile: Profile::default_profile(),
+            seed,
+            jitter_ns: 0,
+            delays: Default::default(),
+        });
+        let sim = current().expect("in a simulation");
+        let id = sim.net.borrow_mut().add_coreset("test".into(), cores);
+        let starts = Rc::new(RefCell::new(vec![u64::MAX; jobs.len()]));
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let events0 = simulation.events();
+        for (i, &j) in jobs.iter().enumerate() {
+            let (s, starts, order) = (sim.clone(), starts.clone(), order.clone());
+            sim.sched.at(j.submit, move || {
+                order.borrow_mut().push(i);
+                let s2 = s.clone();
+                submit_job(
+                    &s,
+                    id,
+                    j.submit + j.delay,
+                    Box::new(move || {
+                        let mut st = starts.borrow_mut();
+                        assert_eq!(st[i], u64::MAX, "job {i} ran twice");
+                        st[i] = s2.sched.now();
+                        j.cost
+                    }),
+                );
+            });
+        }
+        let end = jobs.iter().map(|j| j.submit + j.delay).max().unwrap_or(0)
+            + jobs.iter().map(|j| j.cost).sum::<u64>()
+            + 1;
+        crate::exec::block_on(sleep_until_ns(end));
+        let events = simulation.events() - events0;
+        let (busy, count) = {
+            let net = sim.net.borrow();
+            (net.coresets[id].busy_ns, net.coresets[id].jobs)
+        };
+        let starts = starts.borrow().clone();
+        let order = order.borrow().clone();
+        drop(sim);
+        drop(simulation);
+        (starts, order, busy, count, events)
+    }
+
+    /// The reference: `cores` cores serve the jobs in (ready instant,
+    /// submission order) order, each on the core that frees first, never
+    /// before the job is ready. (Serving in ready order makes starts
+    /// monotone in that order, so this list schedule is the simulation of
+    /// cores that are never idle while a ready job waits.)
+    fn reference(cores: usize, jobs: &[TestJob], order: &[usize]) -> Vec<u64> {
+        let mut seq = vec![0; jobs.len()];
+        for (n, &i) in order.iter().enumerate() {
+            seq[i] = n;
+        }
+        let mut by_ready: Vec<usize> = (0..jobs.len()).collect();
+        by_ready.sort_by_key(|&i| (jobs[i].submit + jobs[i].delay, seq[i]));
+        let mut free = vec![0u64; cores];
+        let mut starts = vec![0; jobs.len()];
+        for i in by_ready {
+            let k = (0..cores).min_by_key(|&k| free[k]).expect("a core");
+            let start = free[k].max(jobs[i].submit + jobs[i].delay);
+            free[k] = start + jobs[i].cost;
+            starts[i] = start;
+        }
+        starts
+    }
+
+    /// The brief's example at the core set's level: a job submitted first
+    /// but ready late must not keep the only core from a job submitted
+    /// after it and ready before it. Before branch i41 the second job
+    /// started at 1,010, when the first one's core was free again.
+    #[test]
+    fn a_core_is_not_reserved_for_a_job_that_is_not_ready() {
+        let jobs = [
+            TestJob {
+                submit: 0,
+                delay: 1_000,
+                cost: 10,
+            },
+            TestJob {
+                submit: 100,
+                delay: 50,
+                cost: 500,
+            },
+        ];
+        let (starts, ..) = run_core_set(1, &jobs, 1);
+        assert_eq!(starts, vec![1_000, 150]);
+    }
+
+    /// Random submissions (instants, ready delays and service times drawn
+    /// from small ranges, so that ties, queues and idle cores all occur)
+    /// give exactly the reference's start instants, busy time and job
+    /// count, for 1 to 4 cores; and the core set schedules at most one
+    /// wake event per job (plus its end event).
+    #[test]
+    fn core_set_serves_in_ready_order_like_a_reference() {
+        let mut reordered = 0;
+        for seed in 0..200u64 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let cores = 1 + (seed % 4) as usize;
+            let n = rng.gen_range(1..60);
+            let spread = [50, 500, 5_000][(seed / 4 % 3) as usize];
+            let jobs: Vec<TestJob> = (0..n)
+                .map(|_| TestJob {
+                    submit: rng.gen_range(0..spread),
+                    delay: if rng.gen_bool(0.3) {
+                        0
+                    } else {
+                        rng.gen_range(0..spread / 2)
+                    },
+                    cost: rng.gen_range(1..spread / 5),
+                })
+                .collect();
+            let (starts, order, busy, count, events) = run_core_set(cores, &jobs, seed);
+            let want = reference(cores, &jobs, &order);
+            assert_eq!(starts, want, "seed {seed}, {cores} cores: {jobs:?}");
+            assert_eq!(
+                busy,
+                jobs.iter().map(|j| j.cost).sum::<u64>(),
+                "seed {seed}"
+            );
+            assert_eq!(count, n as u64, "seed {seed}");
+            // No busy wait: a submission and an end event per job, at most
+            // two more per job (wakes, a start after an end), and the wait.
+            assert!(
+                events <= 4 * n as u64 + 1,
+                "seed {seed}: {events} events for {n} jobs"
+            );
+            // The case that matters occurred: a job started before one
+            // submitted before it.
+            let started: Vec<u64> = order.iter().map(|&i| starts[i]).collect();
+            reordered += started.windows(2).filter(|w| w[1] < w[0]).count();
+        }
+        assert!(
+            reordered > 0,
+            "no job ever overtook one submitted before it"
+        );
+    }
 
     /// `ceil_u64` agrees with `f64::ceil` (the oracle) on whole numbers,
     /// fractions on both sides of them, the link rates' quotients and the
