@@ -369,6 +369,13 @@ struct State {
     waker: Option<std::task::Waker>,
 }
 
+impl State {
+    /// Whether a job or a verb is queued.
+    fn has_work(&self) -> bool {
+        !self.jobs.is_empty() || !self.net.is_empty()
+    }
+}
+
 /// A node's queue of deferred SSD accesses.
 #[derive(Default)]
 pub struct SsdQueue {
@@ -381,23 +388,21 @@ impl SsdQueue {
     /// is done here). Never blocks: handlers call it under entry mutexes.
     pub fn push(&self, mut job: Job) {
         job.start_simulated();
-        let w = {
-            let mut s = self.state.lock();
-            s.jobs.push_back(job);
-            s.waker.take()
-        };
-        self.cv.notify_one();
-        if let Some(w) = w {
-            w.wake();
-        }
+        self.enqueue(|s| s.jobs.push_back(job));
     }
 
     /// Queues a verb for the completer to post (a handler's delivery).
     /// Never blocks: handlers call it under entry mutexes.
     pub fn push_net(&self, job: NetJob) {
+        self.enqueue(|s| s.net.push(job));
+    }
+
+    /// Adds work under the queue's lock with `add`, then wakes the
+    /// completer: its thread (real backends) or its task (simulated).
+    fn enqueue(&self, add: impl FnOnce(&mut State)) {
         let w = {
             let mut s = self.state.lock();
-            s.net.push(job);
+            add(&mut s);
             s.waker.take()
         };
         self.cv.notify_one();
@@ -409,7 +414,7 @@ impl SsdQueue {
     /// The jobs and verbs queued, waiting up to [`IDLE`] for one if `wait`.
     fn take(&self, wait: bool) -> (Vec<Job>, Vec<NetJob>) {
         let mut s = self.state.lock();
-        if wait && s.jobs.is_empty() && s.net.is_empty() {
+        if wait && !s.has_work() {
             let _ = self.cv.wait_for(&mut s, IDLE);
         }
         (s.jobs.drain(..).collect(), s.net.drain(..).collect())
@@ -449,7 +454,7 @@ fn poll_net<'a>(
             // The waker under the queue's lock: a push after this look
             // wakes us.
             let mut s = node.ssd_jobs.state.lock();
-            if !s.jobs.is_empty() || !s.net.is_empty() {
+            if s.has_work() {
                 return Poll::Ready(done);
             }
             s.waker = Some(cx.waker().clone());
