@@ -165,7 +165,9 @@ pub trait EndpointBackend {
     /// model in between (the `local` backend without injected faults): the
     /// results go into `out` (`None` on entry; the backend puts a result
     /// list there, from the thread's pool, [`crate::buffers::Spares::take_results`],
-    /// whose read buffers it may fill in place), `verbs` is left empty, and
+    /// whose read buffers it may fill in place; the batch's results are the
+    /// list's first `verbs.len()` entries, and any entries beyond them are
+    /// spare buffers the list keeps, never results), `verbs` is left empty, and
     /// the outcome is `Some`; the caller then yields once before handing the
     /// results out, exactly as `execute`'s `OpFuture::ready_after_yield`
     /// would make it. The same verbs execute in the same order with the

@@ -36,7 +36,11 @@ struct Pool {
     /// (invariant B1: every `Read` entry of a pooled list holds a buffer of
     /// at most `MAX_SPARE_BYTES` capacity, and no list is spilled to the
     /// heap beyond its inline four), so the next batch's reads fill those
-    /// buffers in place.
+    /// buffers in place. A list may hold more entries than the next batch
+    /// that takes it has verbs: that batch's results are its first entries
+    /// (`BatchResult` keeps the count) and the rest stay in it, buffers and
+    /// all, for later batches (nothing is given back and taken again when
+    /// batches of two lengths alternate, as an engine's GET makes them).
     results: Vec<PooledResults>,
 }
 
@@ -361,5 +365,51 @@ mod pooled_tests {
         // An empty batch has no list.
         let r = block_on(ep.batch().run()).unwrap();
         assert!(r.is_empty());
+    }
+
+    /// A batch shorter than the pooled list it runs in leaves the list's
+    /// further entries (and their buffers) in it, not among the results:
+    /// no buffer goes back to the spares and none is taken, and the results
+    /// are exactly the batch's. (Fails where a batch truncated its list:
+    /// the second buffer then left the list for the spares.)
+    #[test]
+    fn a_shorter_batch_keeps_the_lists_further_buffers_out_of_its_results() {
+        let cluster = LocalCluster::new(LocalConfig::default());
+        let mem = cluster.add_node(0);
+        let (region, _) = mem.register_region(1 << 16).unwrap();
+        let ep = cluster.fabric().endpoint(mem.id()).unwrap();
+        let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 1) as u8).collect();
+        block_on(ep.write(region.at(0), &bytes)).unwrap();
+        // Start from an empty pool on this thread.
+        SPARES.with(|s| {
+            let mut s = s.borrow_mut();
+            s.results.clear();
+            s.bufs.clear();
+        });
+        let mut b = ep.batch();
+        b.read(region.at(0), 64);
+        b.read(region.at(256), 64);
+        drop(block_on(b.run()).unwrap());
+        assert_eq!(pooled_lists().0, 1, "one list, back in the pool");
+        let spare_bufs = || SPARES.with(|s| s.borrow().bufs.len());
+        let spares_before = spare_bufs();
+        // One read in the two-entry list.
+        let r = block_on(ep.read_buf(region.at(512), 24)).unwrap();
+        assert_eq!(&r[..], &bytes[512..536]);
+        assert_eq!(spare_bufs(), spares_before, "no buffer left the list");
+        drop(r);
+        let (lists, bufs, _) = pooled_lists();
+        assert_eq!((lists, bufs), (1, 2), "the list keeps both buffers");
+        // A batch's results are only its own, whatever the list holds.
+        let mut b = ep.batch();
+        let only = b.cas(region.at(1024), 0, 0);
+        let r = block_on(b.run()).unwrap();
+        assert_eq!(r.len(), 1);
+        let found = u64::from_le_bytes(bytes[1024..1032].try_into().unwrap());
+        assert_eq!(r.word(only), found);
+        assert!(
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.read(1).len())).is_err(),
+            "an entry beyond the batch is not a result"
+        );
     }
 }

@@ -199,6 +199,7 @@ impl Endpoint {
     // still counted and posted when the future is first polled.
 
     /// Reads `len` bytes at `addr`: one round trip.
+    #[inline]
     pub fn read(&self, addr: RemoteAddr, len: usize) -> OneVerb<'_, Vec<u8>> {
         OneVerb {
             run: self.single(Verb::Read { addr, len }),
@@ -210,6 +211,7 @@ impl Endpoint {
     /// [`Endpoint::read`]) into a buffer that goes back to the thread's
     /// spare buffers ([`crate::buffers`]) when dropped: for callers that only
     /// look at the bytes.
+    #[inline]
     pub fn read_buf(&self, addr: RemoteAddr, len: usize) -> OneVerb<'_, ReadBuf> {
         OneVerb {
             run: self.single(Verb::Read { addr, len }),
@@ -230,6 +232,7 @@ impl Endpoint {
 
     /// 8-byte compare-and-swap at `addr`; returns the value found there
     /// (equal to `expected` iff the swap happened).
+    #[inline]
     pub fn cas(&self, addr: RemoteAddr, expected: u64, new: u64) -> OneVerb<'_, u64> {
         OneVerb {
             run: self.single(Verb::Cas {
@@ -242,6 +245,7 @@ impl Endpoint {
     }
 
     /// 8-byte fetch-and-add at `addr`; returns the previous value.
+    #[inline]
     pub fn faa(&self, addr: RemoteAddr, add: u64) -> OneVerb<'_, u64> {
         OneVerb {
             run: self.single(Verb::Faa { addr, add }),
@@ -376,6 +380,7 @@ impl<'a> Batch<'a> {
     /// them between its states (several `memcpy` calls of a few hundred
     /// bytes per round trip), and a resumed poll is one branch and the
     /// backend future's poll.
+    #[inline]
     pub fn run(self) -> BatchRun<'a> {
         BatchRun {
             ep: self.ep,
@@ -506,22 +511,54 @@ enum RunState<'a> {
     /// the poll after the task's one yield (taken out of the `Option`, not
     /// by replacing the whole state: that would copy the state's largest
     /// variant, the verbs, on every round trip).
-    Executed(Option<Result<PooledResults>>),
+    /// The list may hold more entries than the batch had verbs (spare
+    /// buffers of earlier batches, [`EndpointBackend::execute_now`]); the
+    /// second field is the batch's length.
+    Executed(Option<Result<PooledResults>>, usize),
     Posted(OpFuture<'a, Result<VerbResults>>),
 }
 
 impl Future for BatchRun<'_> {
     type Output = Result<BatchResult>;
+    /// The poll after the round trip's one yield (a batch the backend
+    /// executed at once) hands the results out here, inlined into the
+    /// caller; everything else ([`BatchRun::post`], the backend's future) is
+    /// one call away. A batch is polled twice on the local backend, and the
+    /// second poll then costs a branch and a move of two words instead of
+    /// a call into the whole posting function.
     #[inline]
-    #[allow(unsafe_code)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Every field is `Unpin` (the backend's future is boxed if pending).
         let this = self.get_mut();
+        if let RunState::Executed(r, len) = &mut this.state {
+            let len = *len;
+            let r = r.take().expect("a batch future polled after completion");
+            return Poll::Ready(r.map(|results| BatchResult {
+                results: Some(results),
+                len,
+            }));
+        }
+        this.post(cx)
+    }
+}
+
+impl BatchRun<'_> {
+    /// Every poll but the one handing out a batch executed at once: the
+    /// first poll counts and posts the verbs, later ones poll the backend's
+    /// operation.
+    #[inline(never)]
+    #[allow(unsafe_code)]
+    fn post(&mut self, cx: &mut Context<'_>) -> Poll<Result<BatchResult>> {
+        let this = self;
         if let RunState::Unposted(verbs, cost) = &mut this.state {
             if verbs.is_empty() {
-                return Poll::Ready(Ok(BatchResult { results: None }));
+                return Poll::Ready(Ok(BatchResult {
+                    results: None,
+                    len: 0,
+                }));
             }
             let ep = this.ep;
+            let len = verbs.len();
             // Counted as the verbs were added; added to the kind's counters
             // and the meter here, on the first poll, as before.
             ep.add_batch(cost);
@@ -529,9 +566,10 @@ impl Future for BatchRun<'_> {
             // state for the poll after the one yield a round trip costs.
             let mut out = None;
             if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
-                let executed = RunState::Executed(Some(
-                    done.map(|()| out.expect("execute_now gives a result list")),
-                ));
+                let executed = RunState::Executed(
+                    Some(done.map(|()| out.expect("execute_now gives a result list"))),
+                    len,
+                );
                 if verbs.spilled() || !verbs.is_empty() {
                     this.state = executed;
                 } else {
@@ -552,16 +590,12 @@ impl Future for BatchRun<'_> {
         match &mut this.state {
             RunState::Posted(op) => match Pin::new(op).poll(cx) {
                 Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult {
+                    len: results.len(),
                     results: Some(crate::buffers::pooled(results)),
                 })),
                 Poll::Pending => Poll::Pending,
             },
-            RunState::Executed(r) => {
-                let r = r.take().expect("a batch future polled after completion");
-                Poll::Ready(r.map(|results| BatchResult {
-                    results: Some(results),
-                }))
-            }
+            RunState::Executed(..) => unreachable!("handed out by `poll`"),
             RunState::Unposted(..) => unreachable!("posted above"),
         }
     }
@@ -597,6 +631,10 @@ impl<T> Future for OneVerb<'_, T> {
 pub struct BatchResult {
     /// `None` for an empty batch.
     results: Option<PooledResults>,
+    /// The batch's results are the list's first `len` entries; entries
+    /// beyond them are spare read buffers the list keeps for later batches
+    /// ([`EndpointBackend::execute_now`]), never results.
+    len: usize,
 }
 
 impl Drop for BatchResult {
@@ -615,13 +653,13 @@ impl Drop for BatchResult {
 impl BatchResult {
     #[inline]
     fn results(&self) -> &[VerbResult] {
-        self.results.as_deref().map_or(&[], |r| r.as_slice())
+        self.results.as_deref().map_or(&[], |r| &r[..self.len])
     }
     /// The bytes of read `i` (taken out; a second take panics).
     #[inline]
     pub fn take_read(&mut self, i: usize) -> Vec<u8> {
         let slot = match self.results.as_deref_mut() {
-            Some(r) => &mut r[i],
+            Some(r) => &mut r[..self.len][i],
             None => panic!("verb {i} of an empty batch"),
         };
         match std::mem::replace(slot, VerbResult::Write) {

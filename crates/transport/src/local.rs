@@ -708,10 +708,14 @@ impl LocalEndpoint {
     /// refused verb. The fault-free path of [`EndpointBackend::execute_now`]
     /// and [`EndpointBackend::execute`]:
     /// the region cache is borrowed once for the batch (re-borrowed only
-    /// after resolving a region it did not hold) and the thread's spare
-    /// read buffers are taken in one access (`spares`), so a read verb costs
-    /// its checks and its copy. Every verb still checks its region's
-    /// generation, its node and its key, as [`Self::with_region`] does.
+    /// after resolving a region it did not hold), the thread's spare read
+    /// buffers are taken in one access (`spares`), and whether `sim`
+    /// meters lines is read once (`sim::lines_metered`: nothing in the
+    /// loop can change it), so a read verb costs its checks and its copy.
+    /// Every verb still checks its region's generation, its node and its
+    /// key, as [`Self::with_region`] does. Always inlined into its two
+    /// callers: one call less per batch.
+    #[inline(always)]
     fn run_verbs(
         &self,
         verbs: &Verbs,
@@ -720,70 +724,59 @@ impl LocalEndpoint {
     ) -> Result<()> {
         // `out` may hold an earlier batch's results (a pooled list, see
         // `buffers::Spares::take_results`): entry `i` becomes verb `i`'s
-        // result, a read filling in place the buffer entry `i` holds, and
-        // what is left beyond the batch is given back at the end.
+        // result, a read filling in place the buffer entry `i` holds.
+        // Missing entries are added as placeholders (`Write` holds
+        // nothing), so the loop walks the verbs and their entries side by
+        // side; entries beyond the batch stay, with their buffers, for
+        // later batches (`execute_now`'s contract: the batch's results are
+        // the list's first `verbs.len()` entries).
+        let verbs = verbs.as_slice();
+        let n = verbs.len();
+        if out.len() < n {
+            out.resize_with(n, || VerbResult::Write);
+        }
+        let metered = crate::sim::lines_metered();
         let mut cache = self.regions.borrow();
-        for (i, v) in verbs.iter().enumerate() {
+        for (v, entry) in verbs.iter().zip(out.iter_mut()) {
             let Verb::Read { addr, len } = v else {
                 // Writes and atomics: rarer, through the general path (which
                 // may fill the cache, so the borrow is let go meanwhile).
                 drop(cache);
                 let r = self.perform(v);
                 cache = self.regions.borrow();
-                put_result(&mut spares, out, i, r?);
+                if let VerbResult::Read(b) = std::mem::replace(entry, r?)
+                    && let Some(s) = spares.as_deref_mut()
+                {
+                    s.give(b);
+                }
                 continue;
             };
-            // The buffer to fill: entry `i`'s own if it is a read's, else a
-            // spare one put there first (an atomic's or write's entry holds
-            // nothing to free).
-            let buf = match out.get_mut(i) {
-                Some(VerbResult::Read(b)) => b,
-                _ => {
-                    let b = match spares.as_deref_mut() {
-                        Some(s) => s.take(),
-                        None => Vec::new(),
-                    };
-                    put_result(&mut spares, out, i, VerbResult::Read(b));
-                    match &mut out[i] {
-                        VerbResult::Read(b) => b,
-                        _ => unreachable!("a read's entry was just stored"),
-                    }
-                }
+            // The buffer to fill: the entry's own if it is a read's, else a
+            // spare one put there first (an atomic's, a write's or a
+            // placeholder's entry holds nothing to free).
+            if !matches!(entry, VerbResult::Read(_)) {
+                *entry = VerbResult::Read(match spares.as_deref_mut() {
+                    Some(s) => s.take(),
+                    None => Vec::new(),
+                });
+            }
+            let VerbResult::Read(buf) = entry else {
+                unreachable!("a read's entry was just stored")
             };
             let done = match Self::cached(&cache, addr) {
-                Some(mem) => mem?.read_to_vec(addr.offset, *len, buf),
+                Some(mem) => mem?.read_into(addr.offset, *len, buf, metered),
                 None => {
                     drop(cache);
-                    let r = self.with_region(addr, |mem| mem.read_to_vec(addr.offset, *len, buf));
+                    let r = self.with_region(addr, |mem| {
+                        mem.read_into(addr.offset, *len, buf, metered)
+                    });
                     cache = self.regions.borrow();
                     r?
                 }
             };
             done.map_err(|e| e.at(addr))?;
         }
-        match spares {
-            Some(s) => s.truncate_results(out, verbs.len()),
-            None => out.truncate(verbs.len()),
-        }
         Ok(())
-    }
-}
-
-/// [`crate::buffers::Spares::put_result`], or a plain store or push without
-/// spares (thread teardown).
-#[inline]
-fn put_result(
-    spares: &mut Option<&mut crate::buffers::Spares<'_>>,
-    out: &mut VerbResults,
-    i: usize,
-    r: VerbResult,
-) {
-    match spares.as_deref_mut() {
-        Some(s) => s.put_result(out, i, r),
-        None => match out.get_mut(i) {
-            Some(e) => *e = r,
-            None => out.push(r),
-        },
     }
 }
 
@@ -860,6 +853,7 @@ impl EndpointBackend for LocalEndpoint {
             // iterator adapters that cost more than the verbs themselves.
             // The verbs are looked at in place and cleared at the end (not
             // moved out one by one).
+            // A new list: `run_verbs` makes exactly one entry per verb.
             let mut out = VerbResults::new();
             let done =
                 crate::buffers::with_spares(|spares| self.run_verbs(verbs, &mut out, spares));

@@ -262,18 +262,39 @@ impl RegionMem {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), RegionAccessError> {
+        self.read_into(offset, len, out, crate::sim::lines_metered())
+    }
+
+    /// [`RegionMem::read_to_vec`] for a caller that read
+    /// [`crate::sim::lines_metered`] once for several reads in a row (a
+    /// batch's reads: nothing between them can switch the metering on or
+    /// off): with `metered` false the `sim` touch, which would return at its
+    /// first check, is skipped. Always inlined into the batch's loop, so an
+    /// aligned read is its checks, the capacity check and the word copy.
+    #[inline(always)]
+    pub(crate) fn read_into(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+        metered: bool,
+    ) -> Result<(), RegionAccessError> {
         out.clear();
         self.check(offset, len as u64)?;
-        if !offset.is_multiple_of(8) || !len.is_multiple_of(8) {
-            out.resize(len, 0);
-            return self.read(offset, out);
+        if !(offset | len as u64).is_multiple_of(8) {
+            return self.read_unaligned_into(offset, len, out);
         }
-        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len as u64);
+        if metered {
+            crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len as u64);
+        }
         let first = (offset / 8) as usize;
+        // In bounds: `check` passed and `offset` and `len` are whole words.
         let src = &self.words()[first..first + len / 8];
         // No zero-filling first: the words are stored straight into the
         // vector's spare capacity.
-        out.reserve(len);
+        if out.capacity() < len {
+            out.reserve(len);
+        }
         // SAFETY: `out` is empty with capacity for at least `len` bytes, so
         // its first `len` bytes are writable; `copy_words_to` stores exactly
         // `8 * src.len() == len` bytes there (it cannot panic part-way), so
@@ -283,6 +304,25 @@ impl RegionMem {
             out.set_len(len);
         }
         Ok(())
+    }
+
+    /// A read that starts or ends inside a word, into `out` (empty): zeroed
+    /// and then read through [`RegionMem::read`] (which touches for `sim`
+    /// itself). Out of line: engines read whole words.
+    #[inline(never)]
+    #[cold]
+    fn read_unaligned_into(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), RegionAccessError> {
+        out.resize(len, 0);
+        let r = self.read(offset, out);
+        if r.is_err() {
+            out.clear();
+        }
+        r
     }
     /// Stores `data` at `offset`, storing words in increasing address order.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {

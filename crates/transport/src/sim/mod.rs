@@ -212,6 +212,16 @@ impl Drop for OwnCoreOnly<'_> {
     }
 }
 
+/// Whether [`touch`] does anything on this thread now (a memory-node core's
+/// metering or a compute operation's line count is on). For code that
+/// touches several accesses in a row with nothing in between that could
+/// switch either on or off (a `local` batch's reads): it reads this once
+/// and skips `touch`, which would return at its first check, while false.
+#[inline]
+pub(crate) fn lines_metered() -> bool {
+    METER_LINE_NS.with(|m| m.get()) != 0
+}
+
 /// Region memory `[offset, offset + len)` of the region tagged `tag`, whose
 /// memory starts at byte address `base` (64-byte aligned), was touched by
 /// code on the calling thread: charged when a simulated core is metering
