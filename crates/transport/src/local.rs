@@ -767,9 +767,8 @@ impl LocalEndpoint {
                 Some(mem) => mem?.read_into(addr.offset, *len, buf, metered),
                 None => {
                     drop(cache);
-                    let r = self.with_region(addr, |mem| {
-                        mem.read_into(addr.offset, *len, buf, metered)
-                    });
+                    let r = self
+                        .with_region(addr, |mem| mem.read_into(addr.offset, *len, buf, metered));
                     cache = self.regions.borrow();
                     r?
                 }
