@@ -394,26 +394,42 @@ pub(crate) struct ReplyTo {
 }
 
 impl ReplyTo {
+    #[cfg(test)]
+    pub(crate) fn send(self, reply: Reply) {
+        match reply.result {
+            Ok(mut v) => self.send_from(reply.server_cpu_ns, Ok(&mut v)),
+            Err(e) => self.send_from(reply.server_cpu_ns, Err(e)),
+        }
+    }
+
+    /// Sends the reply built in the handler thread's buffer `result`
+    /// (R2, docs/transport.md "Reply buffers"): a payload that fits the
+    /// slot is copied in and the buffer stays the thread's, keeping its
+    /// allocation for the next request; a larger one takes the buffer's
+    /// allocation with it (no copy; the thread's next reply allocates).
     #[allow(unsafe_code)]
-    pub(crate) fn send(mut self, reply: Reply) {
+    pub(crate) fn send_from(
+        mut self,
+        server_cpu_ns: u64,
+        result: Result<&mut Vec<u8>, crate::error::ServiceError>,
+    ) {
         self.sent = true;
         let slot = &self.lane.replies[self.index as usize];
         {
             // SAFETY: S1: the RPC is sent and unanswered, so the body is
             // the answerer's, and only this `ReplyTo` answers it.
             let body = unsafe { &mut *slot.body.get() };
-            body.server_cpu_ns = reply.server_cpu_ns;
-            match reply.result {
+            body.server_cpu_ns = server_cpu_ns;
+            match result {
                 Ok(v) if v.len() <= REPLY_INLINE => {
-                    body.inline[..v.len()].copy_from_slice(&v);
+                    body.inline[..v.len()].copy_from_slice(v);
                     body.len = v.len() as u16;
-                    // `v` is freed here, on the thread that allocated it.
                 }
                 result => {
                     body.len = NOT_INLINE;
                     body.big = Some(Box::new(Reply {
-                        result,
-                        server_cpu_ns: reply.server_cpu_ns,
+                        result: result.map(std::mem::take),
+                        server_cpu_ns,
                     }));
                 }
             }
