@@ -284,7 +284,7 @@ impl NodeState {
     /// and sends its reply.
     fn handle(
         &self,
-        req: Incoming,
+        req: Incoming<'_>,
         inline: &[u8],
         out: &mut Vec<u8>,
         handlers: &mut HandlerCache,
@@ -305,11 +305,8 @@ impl NodeState {
             node: self.id,
         };
         let payload = req.big.as_deref().unwrap_or(inline);
-        let reply = req.reply;
         self.services
-            .dispatch_cached(handlers, &ctx, req.service, payload, out, move |cpu, r| {
-                reply.send_from(cpu, r)
-            });
+            .dispatch_cached(handlers, &ctx, req.service, payload, out, req.reply);
     }
 
     /// Whether a request waits in one of `lanes`, the lane list changed

@@ -75,6 +75,34 @@ where
 
 type SendReply = Box<dyn FnOnce(Reply) + Send>;
 
+/// A reply lent to its sender: the payload in the handler thread's buffer
+/// (R2 in docs/transport.md, "Reply buffers") or an error.
+pub type LentReply<'a> = Result<&'a mut Vec<u8>, ServiceError>;
+
+/// Where a reply goes, with its charge (ns): the `local` backend's reply
+/// slot (`local_rpc::ReplyTo`, which borrows its lane for the request, so
+/// no reference count per RPC), or any `FnOnce` closure (`sim`, UCX,
+/// tests).
+pub trait ReplySink: Send {
+    /// Sends the reply; copies what it keeps before returning (R3).
+    fn send(self, server_cpu_ns: u64, result: LentReply<'_>);
+    /// The sink, boxed, for a deferred handler's later answer (it outlives
+    /// the request; the `local` slot takes its own reference to the lane).
+    fn into_deferred(self) -> Box<dyn FnOnce(u64, LentReply<'_>) + Send>;
+}
+
+impl<F> ReplySink for F
+where
+    F: FnOnce(u64, LentReply<'_>) + Send + 'static,
+{
+    fn send(self, server_cpu_ns: u64, result: LentReply<'_>) {
+        self(server_cpu_ns, result)
+    }
+    fn into_deferred(self) -> Box<dyn FnOnce(u64, LentReply<'_>) + Send> {
+        Box::new(self)
+    }
+}
+
 /// Shared between a deferred request's handler run and its responder: the
 /// reply goes out once both the answer and the handler's CPU time are known.
 #[derive(Default)]
@@ -432,7 +460,7 @@ impl ServiceTable {
         // A fresh buffer per request, moved into the reply (no copy): these
         // callers (`sim`, UCX) keep the reply after `send` returns.
         let mut out = Vec::new();
-        let send = move |server_cpu_ns: u64, result: Result<&mut Vec<u8>, ServiceError>| {
+        let send = move |server_cpu_ns: u64, result: LentReply<'_>| {
             send(Reply {
                 result: result.map(std::mem::take),
                 server_cpu_ns,
@@ -470,7 +498,7 @@ impl ServiceTable {
         service: ServiceId,
         request: &[u8],
         out: &mut Vec<u8>,
-        send: impl FnOnce(u64, Result<&mut Vec<u8>, ServiceError>) + Send + 'static,
+        send: impl ReplySink,
     ) {
         let start = (!crate::charge::active()).then(CpuStopwatch::start);
         if !cache.is_current(self) {
@@ -499,7 +527,7 @@ impl ServiceTable {
         lookup: Lookup<'_>,
         request: &[u8],
         out: &mut Vec<u8>,
-        send: impl FnOnce(u64, Result<&mut Vec<u8>, ServiceError>) + Send + 'static,
+        send: impl ReplySink,
     ) {
         match lookup {
             Lookup::Missing => {
@@ -532,6 +560,7 @@ impl ServiceTable {
             Lookup::Found(Handler::Deferred(h)) => {
                 // A late answer arrives as an owned `Vec`; it is lent to
                 // `send` like a buffer (R3: nothing outlives the call).
+                let send = send.into_deferred();
                 let send: SendReply = Box::new(move |reply: Reply| {
                     let Reply {
                         result,
@@ -594,15 +623,15 @@ impl ServiceTable {
     fn finish(
         &self,
         start: Option<CpuStopwatch>,
-        result: Result<&mut Vec<u8>, ServiceError>,
-        send: impl FnOnce(u64, Result<&mut Vec<u8>, ServiceError>),
+        result: LentReply<'_>,
+        send: impl ReplySink,
     ) {
         let Some(start) = start else {
             let server_cpu_ns = crate::charge::before_send();
             self.served.fetch_add(1, Ordering::Relaxed);
             self.handler_cpu_ns
                 .fetch_add(server_cpu_ns, Ordering::Relaxed);
-            send(server_cpu_ns, result);
+            send.send(server_cpu_ns, result);
             crate::charge::after_send();
             return;
         };
@@ -623,14 +652,14 @@ impl ServiceTable {
             // Under `sim` only the virtual CPU counts (as before).
             let before = thread_cpu_ns();
             let watch = crate::sim::cpu_ns().is_none().then(CpuStopwatch::start);
-            send(server_cpu_ns, result);
+            send.send(server_cpu_ns, result);
             let elapsed = watch.map_or(u64::MAX, |w| w.elapsed_ns());
             let spent = thread_cpu_ns()
                 .saturating_sub(before)
                 .saturating_sub(thread_clock_overhead_ns());
             self.record_reply_send(elapsed.min(spent));
         } else {
-            send(server_cpu_ns, result);
+            send.send(server_cpu_ns, result);
         }
     }
 
@@ -787,7 +816,7 @@ mod tests {
         let call = |t: &ServiceTable, cache: &mut HandlerCache, id| {
             let (tx, rx) = std::sync::mpsc::channel();
             let mut out = Vec::new();
-            t.dispatch_cached(cache, &ctx(), id, b"x", &mut out, move |_, r| {
+            t.dispatch_cached(cache, &ctx(), id, b"x", &mut out, move |_, r: LentReply<'_>| {
                 tx.send(r.map(|v| v.clone())).unwrap()
             });
             rx.recv().unwrap()
@@ -825,7 +854,7 @@ mod tests {
             ServiceId::DIRECTORY,
             &w.finish(),
             &mut Vec::new(),
-            move |_, r| tx.send(r.map(|v| v.clone())).unwrap(),
+            move |_, r: LentReply<'_>| tx.send(r.map(|v| v.clone())).unwrap(),
         );
         assert_eq!(rx.recv().unwrap().unwrap(), b.0.to_le_bytes());
         cache.release();
