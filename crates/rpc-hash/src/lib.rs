@@ -161,11 +161,8 @@ impl EngineSpec for RpcHashSpec {
             rt.register_region(&args.name("buckets"), cfg.bucket_region_bytes() as usize)?;
         let kv = rt.register_region(&args.name("kv"), cfg.kv_region_bytes() as usize)?;
         let table = Arc::new(ClusterTable::new(&buckets, &kv, cfg));
-        rt.register_service(
-            &args.name("op"),
-            Arc::new(Op(table)),
-        )
-        .map_err(|e| KvError::Config(e.to_string()))?;
+        rt.register_service(&args.name("op"), Arc::new(Op(table)))
+            .map_err(|e| KvError::Config(e.to_string()))?;
         Ok(())
     }
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {

@@ -532,12 +532,20 @@ mod tests {
             kv_bytes: 1 << 20,
         };
         let t = table(&rt, cfg);
-        let value = |k: u64| -> Vec<u8> { (0..(k % 203) as usize).map(|i| (i as u64 ^ k) as u8).collect() };
+        let value = |k: u64| -> Vec<u8> {
+            (0..(k % 203) as usize)
+                .map(|i| (i as u64 ^ k) as u8)
+                .collect()
+        };
         for k in 0..700u64 {
             t.put(k, &value(k), PutMode::Insert).unwrap();
         }
-        t.put(MAX_VALUE_LEN as u64, &vec![9; MAX_VALUE_LEN], PutMode::Upsert)
-            .unwrap();
+        t.put(
+            MAX_VALUE_LEN as u64,
+            &vec![9; MAX_VALUE_LEN],
+            PutMode::Upsert,
+        )
+        .unwrap();
         // The reference walk: the old code's reads and bumps.
         let reference = |key: u64| -> (Option<Vec<u8>>, [u64; 3]) {
             let h = hash64(key);
@@ -582,7 +590,11 @@ mod tests {
             if k < 700 {
                 assert_eq!(got, Some(value(k)), "key {k}");
             }
-            let delta = [after[0] - before[0], after[1] - before[1], after[2] - before[2]];
+            let delta = [
+                after[0] - before[0],
+                after[1] - before[1],
+                after[2] - before[2],
+            ];
             assert_eq!(delta, n, "key {k}: counters");
             compared += n[2];
         }

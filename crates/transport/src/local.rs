@@ -1294,7 +1294,12 @@ mod tests {
                     other => panic!("expected the panic's error, got {other:?}"),
                 }
             } else {
-                assert_eq!(r.unwrap(), vec![fill; len as usize], "reply {}", fill as char);
+                assert_eq!(
+                    r.unwrap(),
+                    vec![fill; len as usize],
+                    "reply {}",
+                    fill as char
+                );
             }
         }
         let seen = echo.seen.lock().clone();

@@ -467,7 +467,15 @@ impl ServiceTable {
             })
         };
         if service == ServiceId::DIRECTORY {
-            return self.run(start, ctx, service, Lookup::Directory, request, &mut out, send);
+            return self.run(
+                start,
+                ctx,
+                service,
+                Lookup::Directory,
+                request,
+                &mut out,
+                send,
+            );
         }
         let found = self
             .handlers
@@ -620,12 +628,7 @@ impl ServiceTable {
     /// stopwatch: a send that wakes another thread (the UCX progress thread,
     /// a caller on this core) may be preempted by it, and elapsed time would
     /// charge the woken thread's work to this one.
-    fn finish(
-        &self,
-        start: Option<CpuStopwatch>,
-        result: LentReply<'_>,
-        send: impl ReplySink,
-    ) {
+    fn finish(&self, start: Option<CpuStopwatch>, result: LentReply<'_>, send: impl ReplySink) {
         let Some(start) = start else {
             let server_cpu_ns = crate::charge::before_send();
             self.served.fetch_add(1, Ordering::Relaxed);
@@ -816,9 +819,14 @@ mod tests {
         let call = |t: &ServiceTable, cache: &mut HandlerCache, id| {
             let (tx, rx) = std::sync::mpsc::channel();
             let mut out = Vec::new();
-            t.dispatch_cached(cache, &ctx(), id, b"x", &mut out, move |_, r: LentReply<'_>| {
-                tx.send(r.map(|v| v.clone())).unwrap()
-            });
+            t.dispatch_cached(
+                cache,
+                &ctx(),
+                id,
+                b"x",
+                &mut out,
+                move |_, r: LentReply<'_>| tx.send(r.map(|v| v.clone())).unwrap(),
+            );
             rx.recv().unwrap()
         };
         let state = Arc::new(1u8);

@@ -37,13 +37,13 @@ use crate::server::shard::{Directory, ShardServer, status_reply};
 use crate::server::table::WriteOp;
 use dmkv_api::{KvError, ServeArgs};
 use dmkv_memnode::{NodeRuntime, Region, WorkerPool};
+use dmkv_transport::Service;
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{NodeId, RpcContext, ServiceError, TransportError, WireReader, WireWriter};
-use dmkv_transport::Service;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The name of every node's RPC service.
@@ -178,7 +178,7 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     });
     let handler = server.clone();
     rt.register_service(&args.name(SERVICE), Arc::new(Op(handler)))
-    .map_err(cerr)?;
+        .map_err(cerr)?;
     Ok(server)
 }
 
@@ -279,7 +279,11 @@ impl NodeServer {
     /// a well-formed GET builds its reply there (no allocation); anything
     /// else replaces `out` with its reply.
     #[inline]
-    pub fn handle_into(self: &Arc<Self>, req: &[u8], out: &mut Vec<u8>) -> Result<(), ServiceError> {
+    pub fn handle_into(
+        self: &Arc<Self>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
         if let Some((t, slot)) = proto::decode_get(req) {
             return self.get_into(&t, slot, out);
         }
@@ -453,8 +457,11 @@ impl NodeServer {
             }
             op::STATS => {
                 r.end()?;
-                let served: Vec<Arc<ShardServer>> =
-                    self.shards.iter().filter_map(|s| s.get().cloned()).collect();
+                let served: Vec<Arc<ShardServer>> = self
+                    .shards
+                    .iter()
+                    .filter_map(|s| s.get().cloned())
+                    .collect();
                 // A resize waiting only for its PRE_RESIZE timeout starts
                 // here too, so a quiet store still settles.
                 for s in &served {
