@@ -301,8 +301,7 @@ impl NodeServer {
         self.handle_other(req)
     }
 
-    /// Every request but a well-formed GET.
-    #[cold]
+    /// Every request but a well-formed GET (writes too: not cold).
     fn handle_other(self: &Arc<Self>, req: &[u8]) -> Result<Vec<u8>, ServiceError> {
         let mut r = WireReader::new(req);
         let opcode = r.u8()?;

@@ -286,7 +286,8 @@ impl ShardServer {
     /// The lean path (invariant 18 of docs/outback.md): one read lock of the
     /// table list (no reference counting), one range check per field, the
     /// request counter, the seqlock'd read of the bucket line and the block
-    /// straight into the reply (its only allocation), the epoch and state
+    /// straight into the reply (`get_into`: the handler thread's reply
+    /// buffer, no allocation; `get` allocates it), the epoch and state
     /// checks, and one load of `resize_pending` for both the flag and the
     /// PRE_RESIZE bookkeeping. No session, no hashing, no decoding beyond
     /// the fixed 20 bytes.
