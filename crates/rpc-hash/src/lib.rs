@@ -29,7 +29,7 @@ use dmkv_api::{
 };
 use dmkv_memnode::NodeRuntime;
 use dmkv_transport::exec::block_on;
-use dmkv_transport::{Endpoint, NodeId, RpcContext, ServiceError, ServiceId};
+use dmkv_transport::{Endpoint, NodeId, RpcContext, Service, ServiceError, ServiceId};
 use proto::{Reply, Request};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -78,9 +78,38 @@ fn config_for(args: &ServeArgs) -> Result<TableConfig> {
     Ok(cfg)
 }
 
-fn handle(t: &ClusterTable, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceError> {
+/// The memory node's service: every request decoded and answered into the
+/// handler thread's reply buffer (`Service::handle_into`; a GET's reply is
+/// built in place there, so a GET allocates nothing on the node).
+struct Op(Arc<ClusterTable>);
+
+impl Service for Op {
+    fn handle(&self, ctx: &RpcContext, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceError> {
+        let mut out = Vec::new();
+        self.handle_into(ctx, req, &mut out)?;
+        Ok(out)
+    }
+
+    fn handle_into(
+        &self,
+        _: &RpcContext,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), ServiceError> {
+        handle(&self.0, req, out)
+    }
+}
+
+fn handle(
+    t: &ClusterTable,
+    req: &[u8],
+    out: &mut Vec<u8>,
+) -> std::result::Result<(), ServiceError> {
     let reply = match Request::decode(req)? {
-        Request::Get { key } => return Ok(proto::encode_get(|out| t.get_into(key, out))),
+        Request::Get { key } => {
+            proto::encode_get_into(out, |out| t.get_into(key, out));
+            return Ok(());
+        }
         Request::Put { mode, key, value } => Reply::Existed(
             t.put(key, value, mode)
                 .map_err(|TableError::Exhausted(m)| ServiceError::exhausted(m))?,
@@ -109,7 +138,8 @@ fn handle(t: &ClusterTable, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
             })
         }
     };
-    Ok(reply.encode())
+    *out = reply.encode();
+    Ok(())
 }
 
 impl EngineSpec for RpcHashSpec {
@@ -131,11 +161,8 @@ impl EngineSpec for RpcHashSpec {
             rt.register_region(&args.name("buckets"), cfg.bucket_region_bytes() as usize)?;
         let kv = rt.register_region(&args.name("kv"), cfg.kv_region_bytes() as usize)?;
         let table = Arc::new(ClusterTable::new(&buckets, &kv, cfg));
-        rt.register_service(
-            &args.name("op"),
-            Arc::new(move |_: &RpcContext, req: &[u8]| handle(&table, req)),
-        )
-        .map_err(|e| KvError::Config(e.to_string()))?;
+        rt.register_service(&args.name("op"), Arc::new(Op(table)))
+            .map_err(|e| KvError::Config(e.to_string()))?;
         Ok(())
     }
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {

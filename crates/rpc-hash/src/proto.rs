@@ -247,15 +247,22 @@ impl Reply {
 pub fn encode_get(read: impl FnOnce(&mut Vec<u8>) -> bool) -> Vec<u8> {
     // Room for the header and a typical value; a longer one grows it once.
     let mut out = Vec::with_capacity(5 + 64);
+    encode_get_into(&mut out, read);
+    out
+}
+
+/// [`encode_get`] into `out`, which must be empty (the handler thread's
+/// reply buffer: no allocation once it has grown to a value's size).
+pub fn encode_get_into(out: &mut Vec<u8>, read: impl FnOnce(&mut Vec<u8>) -> bool) {
+    debug_assert!(out.is_empty());
     out.extend_from_slice(&[1, 0, 0, 0, 0]);
-    if !read(&mut out) {
+    if !read(out) {
         out.clear();
         out.push(0);
-        return out;
+        return;
     }
     let len = u32::try_from(out.len() - 5).expect("values are below MAX_VALUE_LEN");
     out[1..5].copy_from_slice(&len.to_le_bytes());
-    out
 }
 
 /// Decodes a GET reply as [`Reply::decode`] does (same checks), taking the

@@ -234,6 +234,9 @@ impl NodeState {
         let mut lanes: Vec<Arc<Lane>> = Vec::new();
         let mut version = u64::MAX;
         let mut buf = Vec::new();
+        // The reply buffer every request's handler writes into (R1-R3,
+        // docs/transport.md "Reply buffers").
+        let mut out = Vec::with_capacity(crate::local_rpc::REPLY_INLINE);
         // This thread's copy of the handler table (`HandlerCache`, G1-G3).
         let mut handlers = HandlerCache::new();
         loop {
@@ -261,7 +264,7 @@ impl NodeState {
                     served += 1;
                     servestats::add_event(Role::Handler, Counter::Requests, 1);
                     clock.busy();
-                    self.handle(req, &buf, &mut handlers);
+                    self.handle(req, &buf, &mut out, &mut handlers);
                 }
             }
             if served > 0 {
@@ -279,7 +282,13 @@ impl NodeState {
 
     /// Runs one request's handler (found in the thread's `handlers` copy)
     /// and sends its reply.
-    fn handle(&self, req: Incoming, inline: &[u8], handlers: &mut HandlerCache) {
+    fn handle(
+        &self,
+        req: Incoming<'_>,
+        inline: &[u8],
+        out: &mut Vec<u8>,
+        handlers: &mut HandlerCache,
+    ) {
         if self.crashed.load(Ordering::Acquire) {
             return; // `req.reply` answers `NodeDown`
         }
@@ -296,9 +305,8 @@ impl NodeState {
             node: self.id,
         };
         let payload = req.big.as_deref().unwrap_or(inline);
-        let reply = req.reply;
         self.services
-            .dispatch_cached(handlers, &ctx, req.service, payload, move |r| reply.send(r));
+            .dispatch_cached(handlers, &ctx, req.service, payload, out, req.reply);
     }
 
     /// Whether a request waits in one of `lanes`, the lane list changed
@@ -1202,6 +1210,113 @@ mod tests {
                 other => panic!("handler_poll {poll:?}: expected unknown service, got {other:?}"),
             }
         }
+    }
+
+    /// R1-R3 (docs/transport.md, "Reply buffers"): a handler writing into
+    /// the thread's reply buffer gets it empty every time, whatever the
+    /// last reply left there (a longer one, one taken by a big reply, one
+    /// a panicking handler half wrote), its replies arrive whole, and once
+    /// the buffer has grown, small replies reuse its allocation.
+    #[test]
+    fn reply_buffers_are_empty_for_every_request_and_reused() {
+        struct Echo {
+            /// Per request: was `out` empty on entry, its address on entry
+            /// and once the reply (or half of it) was written.
+            seen: parking_lot::Mutex<Vec<(bool, usize, usize)>>,
+        }
+        impl crate::service::Service for Echo {
+            fn handle(
+                &self,
+                _: &RpcContext,
+                _: &[u8],
+            ) -> std::result::Result<Vec<u8>, ServiceError> {
+                unreachable!("a local handler thread calls handle_into")
+            }
+            fn handle_into(
+                &self,
+                _: &RpcContext,
+                req: &[u8],
+                out: &mut Vec<u8>,
+            ) -> std::result::Result<(), ServiceError> {
+                let (empty, entry) = (out.is_empty(), out.as_ptr() as usize);
+                // `len` bytes of `fill`; "p" panics half-way through.
+                let len = u32::from_le_bytes(req[1..5].try_into().unwrap()) as usize;
+                out.extend(std::iter::repeat_n(req[0], len / 2));
+                if req[0] == b'p' {
+                    self.seen.lock().push((empty, entry, out.as_ptr() as usize));
+                    panic!("half a reply");
+                }
+                out.extend(std::iter::repeat_n(req[0], len - len / 2));
+                self.seen.lock().push((empty, entry, out.as_ptr() as usize));
+                Ok(())
+            }
+        }
+        let cluster = LocalCluster::new(LocalConfig::default());
+        let server = cluster.add_node(1);
+        let echo = Arc::new(Echo {
+            seen: parking_lot::Mutex::new(Vec::new()),
+        });
+        let id = server.services().register("echo", echo.clone()).unwrap();
+        let me = cluster.add_node(0).id();
+        let ep = cluster.fabric().endpoint(me).unwrap();
+        let call = |fill: u8, len: u32| {
+            let mut req = vec![fill];
+            req.extend_from_slice(&len.to_le_bytes());
+            block_on(ep.call(server.id(), id, req))
+        };
+        let sizes = [
+            (b'a', 40),
+            (b'b', 3),
+            (b'c', 64),
+            (b'd', 0),
+            (b'e', 5000),
+            (b'f', 7),
+            (b'p', 50),
+            (b'g', 65),
+            (b'h', 1),
+            (b'i', 64),
+            (b'j', 2),
+        ];
+        for (fill, len) in sizes {
+            let r = call(fill, len);
+            if fill == b'p' {
+                match r {
+                    Err(TransportError::Remote { error, .. }) => {
+                        assert!(error.message.contains("panicked"), "{error}")
+                    }
+                    other => panic!("expected the panic's error, got {other:?}"),
+                }
+            } else {
+                assert_eq!(
+                    r.unwrap(),
+                    vec![fill; len as usize],
+                    "reply {}",
+                    fill as char
+                );
+            }
+        }
+        let seen = echo.seen.lock().clone();
+        assert_eq!(seen.len(), sizes.len());
+        assert!(
+            seen.iter().all(|&(empty, _, _)| empty),
+            "R1: the buffer is empty on entry: {seen:?}"
+        );
+        // R2: a reply that fits a slot (or an error, the panic's) leaves the
+        // buffer's allocation with the thread: the next request gets it.
+        let mut reused = 0;
+        for (k, &(fill, len)) in sizes[..sizes.len() - 1].iter().enumerate() {
+            if len as usize <= crate::local_rpc::REPLY_INLINE || fill == b'p' {
+                assert_eq!(
+                    seen[k + 1].1,
+                    seen[k].2,
+                    "R2: request {} did not get the buffer reply {} left",
+                    k + 1,
+                    k
+                );
+                reused += 1;
+            }
+        }
+        assert_eq!(reused, 8);
     }
 
     /// H1 through the whole RPC path: a handler that blocks whenever its

@@ -253,14 +253,14 @@ pub(crate) struct Lane {
 }
 
 /// A request as a consumer takes it from a lane.
-pub(crate) struct Incoming {
+pub(crate) struct Incoming<'a> {
     pub(crate) from: NodeId,
     pub(crate) service: ServiceId,
     /// The payload when it was not inline (else it is in the consumer's
     /// buffer).
     pub(crate) big: Option<Vec<u8>>,
     pub(crate) deliver_at: Option<Instant>,
-    pub(crate) reply: ReplyTo,
+    pub(crate) reply: ReplyTo<'a>,
 }
 
 impl Lane {
@@ -322,13 +322,17 @@ impl Lane {
     /// the lane (then `None` too: it is being served). An inline payload is
     /// copied into `buf` (cleared first).
     #[allow(unsafe_code)]
-    pub(crate) fn take(self: &Arc<Self>, buf: &mut Vec<u8>) -> Option<Incoming> {
+    pub(crate) fn take<'a>(self: &'a Arc<Self>, buf: &mut Vec<u8>) -> Option<Incoming<'a>> {
         let mut head = self.consumer.head.try_lock()?;
         self.take_locked(&mut head, buf)
     }
 
     #[allow(unsafe_code)]
-    fn take_locked(self: &Arc<Self>, head: &mut u64, buf: &mut Vec<u8>) -> Option<Incoming> {
+    fn take_locked<'a>(
+        self: &'a Arc<Self>,
+        head: &mut u64,
+        buf: &mut Vec<u8>,
+    ) -> Option<Incoming<'a>> {
         let slot = &self.ring[(*head % RING) as usize];
         if slot.seq.load(Ordering::Acquire) != *head + 1 {
             return None;
@@ -348,8 +352,10 @@ impl Lane {
             service: ServiceId(body.service),
             big,
             deliver_at: body.deliver_at.take(),
+            // Borrowed: no reference count per request (a deferred
+            // handler's answer takes one, `ReplyTo::into_owned`).
             reply: ReplyTo {
-                lane: self.clone(),
+                lane: LaneRef::Borrowed(self),
                 index: body.reply,
                 sent: false,
             },
@@ -387,33 +393,91 @@ impl Lane {
 
 /// The handler's side of one RPC: send the reply through it. Dropping it
 /// unsent answers the caller with `NodeDown` (invariant 6).
-pub(crate) struct ReplyTo {
-    lane: Arc<Lane>,
+pub(crate) struct ReplyTo<'a> {
+    lane: LaneRef<'a>,
     index: u32,
     sent: bool,
 }
 
-impl ReplyTo {
-    #[allow(unsafe_code)]
-    pub(crate) fn send(mut self, reply: Reply) {
+/// The lane a reply goes to: borrowed from the handler thread's lane list
+/// while the request is served, owned once a deferred answer outlives it.
+enum LaneRef<'a> {
+    Borrowed(&'a Arc<Lane>),
+    Owned(Arc<Lane>),
+}
+
+impl LaneRef<'_> {
+    fn get(&self) -> &Lane {
+        match self {
+            LaneRef::Borrowed(l) => l,
+            LaneRef::Owned(l) => l,
+        }
+    }
+}
+
+impl crate::service::ReplySink for ReplyTo<'_> {
+    fn send(self, server_cpu_ns: u64, result: crate::service::LentReply<'_>) {
+        self.send_from(server_cpu_ns, result)
+    }
+    fn into_deferred(self) -> Box<dyn FnOnce(u64, crate::service::LentReply<'_>) + Send> {
+        let owned = self.into_owned();
+        Box::new(move |cpu, result| owned.send_from(cpu, result))
+    }
+}
+
+impl ReplyTo<'_> {
+    /// The same right to answer, holding its own reference to the lane
+    /// (for an answer sent after the request's serving ends).
+    pub(crate) fn into_owned(mut self) -> ReplyTo<'static> {
+        let lane = match &self.lane {
+            LaneRef::Borrowed(l) => Arc::clone(l),
+            LaneRef::Owned(l) => Arc::clone(l),
+        };
+        // This one no longer answers (its drop must not say `NodeDown`).
         self.sent = true;
-        let slot = &self.lane.replies[self.index as usize];
+        ReplyTo {
+            lane: LaneRef::Owned(lane),
+            index: self.index,
+            sent: false,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn send(self, reply: Reply) {
+        match reply.result {
+            Ok(mut v) => self.send_from(reply.server_cpu_ns, Ok(&mut v)),
+            Err(e) => self.send_from(reply.server_cpu_ns, Err(e)),
+        }
+    }
+
+    /// Sends the reply built in the handler thread's buffer `result`
+    /// (R2, docs/transport.md "Reply buffers"): a payload that fits the
+    /// slot is copied in and the buffer stays the thread's, keeping its
+    /// allocation for the next request; a larger one takes the buffer's
+    /// allocation with it (no copy; the thread's next reply allocates).
+    #[allow(unsafe_code)]
+    pub(crate) fn send_from(
+        mut self,
+        server_cpu_ns: u64,
+        result: Result<&mut Vec<u8>, crate::error::ServiceError>,
+    ) {
+        self.sent = true;
+        let slot = &self.lane.get().replies[self.index as usize];
         {
             // SAFETY: S1: the RPC is sent and unanswered, so the body is
             // the answerer's, and only this `ReplyTo` answers it.
             let body = unsafe { &mut *slot.body.get() };
-            body.server_cpu_ns = reply.server_cpu_ns;
-            match reply.result {
+            body.server_cpu_ns = server_cpu_ns;
+            match result {
                 Ok(v) if v.len() <= REPLY_INLINE => {
-                    body.inline[..v.len()].copy_from_slice(&v);
+                    body.inline[..v.len()].copy_from_slice(v);
                     body.len = v.len() as u16;
-                    // `v` is freed here, on the thread that allocated it.
                 }
                 result => {
                     body.len = NOT_INLINE;
                     body.big = Some(Box::new(Reply {
-                        result,
-                        server_cpu_ns: reply.server_cpu_ns,
+                        result: result.map(std::mem::take),
+                        server_cpu_ns,
                     }));
                 }
             }
@@ -437,10 +501,10 @@ impl ReplyTo {
     }
 }
 
-impl Drop for ReplyTo {
+impl Drop for ReplyTo<'_> {
     fn drop(&mut self) {
         if !self.sent {
-            Self::finish(&self.lane.replies[self.index as usize], false);
+            Self::finish(&self.lane.get().replies[self.index as usize], false);
         }
     }
 }

@@ -27,6 +27,25 @@ pub struct RpcContext {
 /// block for long: on a weak memory node every handler thread is precious.
 pub trait Service: Send + Sync {
     fn handle(&self, ctx: &RpcContext, request: &[u8]) -> Result<Vec<u8>, ServiceError>;
+
+    /// [`Service::handle`] writing the reply into `out`, which is empty on
+    /// entry (R1 below): a `local` handler thread passes the same buffer for
+    /// every request it serves, so a handler that appends its reply there
+    /// allocates nothing per request. What `out` holds when this returns
+    /// `Ok` is the reply; after an `Err` it is ignored.
+    ///
+    /// The default calls [`Service::handle`] and takes its `Vec` as the
+    /// buffer (the reply's bytes are not copied; the allocation per reply
+    /// is the handler's, as before).
+    fn handle_into(
+        &self,
+        ctx: &RpcContext,
+        request: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
+        *out = self.handle(ctx, request)?;
+        Ok(())
+    }
 }
 
 impl<F> Service for F
@@ -55,6 +74,34 @@ where
 }
 
 type SendReply = Box<dyn FnOnce(Reply) + Send>;
+
+/// A reply lent to its sender: the payload in the handler thread's buffer
+/// (R2 in docs/transport.md, "Reply buffers") or an error.
+pub type LentReply<'a> = Result<&'a mut Vec<u8>, ServiceError>;
+
+/// Where a reply goes, with its charge (ns): the `local` backend's reply
+/// slot (`local_rpc::ReplyTo`, which borrows its lane for the request, so
+/// no reference count per RPC), or any `FnOnce` closure (`sim`, UCX,
+/// tests).
+pub trait ReplySink: Send {
+    /// Sends the reply; copies what it keeps before returning (R3).
+    fn send(self, server_cpu_ns: u64, result: LentReply<'_>);
+    /// The sink, boxed, for a deferred handler's later answer (it outlives
+    /// the request; the `local` slot takes its own reference to the lane).
+    fn into_deferred(self) -> Box<dyn FnOnce(u64, LentReply<'_>) + Send>;
+}
+
+impl<F> ReplySink for F
+where
+    F: FnOnce(u64, LentReply<'_>) + Send + 'static,
+{
+    fn send(self, server_cpu_ns: u64, result: LentReply<'_>) {
+        self(server_cpu_ns, result)
+    }
+    fn into_deferred(self) -> Box<dyn FnOnce(u64, LentReply<'_>) + Send> {
+        Box::new(self)
+    }
+}
 
 /// Shared between a deferred request's handler run and its responder: the
 /// reply goes out once both the answer and the handler's CPU time are known.
@@ -410,8 +457,25 @@ impl ServiceTable {
         // under `sim` (where the stopwatch reads virtual CPU, a message's
         // fixed cost included, see `CpuStopwatch::start`), the stopwatch.
         let start = (!crate::charge::active()).then(CpuStopwatch::start);
+        // A fresh buffer per request, moved into the reply (no copy): these
+        // callers (`sim`, UCX) keep the reply after `send` returns.
+        let mut out = Vec::new();
+        let send = move |server_cpu_ns: u64, result: LentReply<'_>| {
+            send(Reply {
+                result: result.map(std::mem::take),
+                server_cpu_ns,
+            })
+        };
         if service == ServiceId::DIRECTORY {
-            return self.run(start, ctx, service, Lookup::Directory, request, send);
+            return self.run(
+                start,
+                ctx,
+                service,
+                Lookup::Directory,
+                request,
+                &mut out,
+                send,
+            );
         }
         let found = self
             .handlers
@@ -420,12 +484,20 @@ impl ServiceTable {
             .and_then(|h| h.clone());
         crate::charge::stamp(crate::charge::Stage::Found);
         let lookup = found.as_ref().map_or(Lookup::Missing, Lookup::Found);
-        self.run(start, ctx, service, lookup, request, send);
+        self.run(start, ctx, service, lookup, request, &mut out, send);
     }
 
     /// [`ServiceTable::dispatch`] finding the handler in the calling
     /// thread's `cache` (refreshed first if the table changed, G2): one
     /// atomic load and an index per request, no lock, no reference count.
+    ///
+    /// The reply is built in the calling thread's `out` and lent to `send`
+    /// (with the charge, in ns), which copies what it needs before it
+    /// returns (R1-R3 in docs/transport.md, "Reply buffers"): `out` is
+    /// cleared before the handler runs, and a handler that writes into it
+    /// ([`Service::handle_into`]) allocates nothing per request. `send` may
+    /// take the buffer's allocation (`std::mem::take`) for a reply it must
+    /// keep; the next request then starts with an empty `Vec`.
     #[inline]
     pub fn dispatch_cached(
         &self,
@@ -433,7 +505,8 @@ impl ServiceTable {
         ctx: &RpcContext,
         service: ServiceId,
         request: &[u8],
-        send: impl FnOnce(Reply) + Send + 'static,
+        out: &mut Vec<u8>,
+        send: impl ReplySink,
     ) {
         let start = (!crate::charge::active()).then(CpuStopwatch::start);
         if !cache.is_current(self) {
@@ -448,10 +521,12 @@ impl ServiceTable {
             }
         };
         crate::charge::stamp(crate::charge::Stage::Found);
-        self.run(start, ctx, service, lookup, request, send);
+        self.run(start, ctx, service, lookup, request, out, send);
     }
 
-    /// Runs the handler `lookup` found (see [`ServiceTable::dispatch`]).
+    /// Runs the handler `lookup` found (see [`ServiceTable::dispatch`]),
+    /// its reply built in `out` (cleared first) and lent to `send`.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         start: Option<CpuStopwatch>,
@@ -459,7 +534,8 @@ impl ServiceTable {
         service: ServiceId,
         lookup: Lookup<'_>,
         request: &[u8],
-        send: impl FnOnce(Reply) + Send + 'static,
+        out: &mut Vec<u8>,
+        send: impl ReplySink,
     ) {
         match lookup {
             Lookup::Missing => {
@@ -470,19 +546,41 @@ impl ServiceTable {
                 self.finish(start, Err(error), send);
             }
             Lookup::Directory => {
-                let result = self.directory(ctx.node, request);
+                let result = self.directory(ctx.node, request).map(|v| {
+                    *out = v;
+                    out
+                });
                 crate::charge::stamp(crate::charge::Stage::Handled);
                 self.finish(start, result, send);
             }
             Lookup::Found(Handler::Now(h)) => {
-                let result = std::panic::catch_unwind(AssertUnwindSafe(|| h.handle(ctx, request)))
-                    .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")));
+                // R1: the handler sees an empty buffer, whatever the last
+                // reply (or a handler that panicked half-way) left in it.
+                out.clear();
+                let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    h.handle_into(ctx, request, &mut *out)
+                }))
+                .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")))
+                .map(|()| out);
                 crate::charge::stamp(crate::charge::Stage::Handled);
                 self.finish(start, result, send);
             }
             Lookup::Found(Handler::Deferred(h)) => {
+                // A late answer arrives as an owned `Vec`; it is lent to
+                // `send` like a buffer (R3: nothing outlives the call).
+                let send = send.into_deferred();
+                let send: SendReply = Box::new(move |reply: Reply| {
+                    let Reply {
+                        result,
+                        server_cpu_ns,
+                    } = reply;
+                    match result {
+                        Ok(mut v) => send(server_cpu_ns, Ok(&mut v)),
+                        Err(e) => send(server_cpu_ns, Err(e)),
+                    }
+                });
                 let pending = Arc::new(parking_lot::Mutex::new(Pending {
-                    send: Some(Box::new(send)),
+                    send: Some(send),
                     ..Pending::default()
                 }));
                 let responder = Responder {
@@ -530,21 +628,13 @@ impl ServiceTable {
     /// stopwatch: a send that wakes another thread (the UCX progress thread,
     /// a caller on this core) may be preempted by it, and elapsed time would
     /// charge the woken thread's work to this one.
-    fn finish(
-        &self,
-        start: Option<CpuStopwatch>,
-        result: Result<Vec<u8>, ServiceError>,
-        send: impl FnOnce(Reply),
-    ) {
+    fn finish(&self, start: Option<CpuStopwatch>, result: LentReply<'_>, send: impl ReplySink) {
         let Some(start) = start else {
             let server_cpu_ns = crate::charge::before_send();
             self.served.fetch_add(1, Ordering::Relaxed);
             self.handler_cpu_ns
                 .fetch_add(server_cpu_ns, Ordering::Relaxed);
-            send(Reply {
-                result,
-                server_cpu_ns,
-            });
+            send.send(server_cpu_ns, result);
             crate::charge::after_send();
             return;
         };
@@ -552,10 +642,6 @@ impl ServiceTable {
         self.served.fetch_add(1, Ordering::Relaxed);
         self.handler_cpu_ns
             .fetch_add(server_cpu_ns, Ordering::Relaxed);
-        let reply = Reply {
-            result,
-            server_cpu_ns,
-        };
         if self
             .replies
             .fetch_add(1, Ordering::Relaxed)
@@ -569,14 +655,14 @@ impl ServiceTable {
             // Under `sim` only the virtual CPU counts (as before).
             let before = thread_cpu_ns();
             let watch = crate::sim::cpu_ns().is_none().then(CpuStopwatch::start);
-            send(reply);
+            send.send(server_cpu_ns, result);
             let elapsed = watch.map_or(u64::MAX, |w| w.elapsed_ns());
             let spent = thread_cpu_ns()
                 .saturating_sub(before)
                 .saturating_sub(thread_clock_overhead_ns());
             self.record_reply_send(elapsed.min(spent));
         } else {
-            send(reply);
+            send.send(server_cpu_ns, result);
         }
     }
 
@@ -732,8 +818,16 @@ mod tests {
         let mut cache = HandlerCache::new();
         let call = |t: &ServiceTable, cache: &mut HandlerCache, id| {
             let (tx, rx) = std::sync::mpsc::channel();
-            t.dispatch_cached(cache, &ctx(), id, b"x", move |r| tx.send(r).unwrap());
-            rx.recv().unwrap().result
+            let mut out = Vec::new();
+            t.dispatch_cached(
+                cache,
+                &ctx(),
+                id,
+                b"x",
+                &mut out,
+                move |_, r: LentReply<'_>| tx.send(r.map(|v| v.clone())).unwrap(),
+            );
+            rx.recv().unwrap()
         };
         let state = Arc::new(1u8);
         let weak = Arc::downgrade(&state);
@@ -767,9 +861,10 @@ mod tests {
             &ctx(),
             ServiceId::DIRECTORY,
             &w.finish(),
-            move |r| tx.send(r).unwrap(),
+            &mut Vec::new(),
+            move |_, r: LentReply<'_>| tx.send(r.map(|v| v.clone())).unwrap(),
         );
-        assert_eq!(rx.recv().unwrap().result.unwrap(), b.0.to_le_bytes());
+        assert_eq!(rx.recv().unwrap().unwrap(), b.0.to_le_bytes());
         cache.release();
         assert!(!cache.is_current(&t));
         assert_eq!(call(&t, &mut cache, b).unwrap(), [2]);

@@ -37,12 +37,13 @@ use crate::server::shard::{Directory, ShardServer, status_reply};
 use crate::server::table::WriteOp;
 use dmkv_api::{KvError, ServeArgs};
 use dmkv_memnode::{NodeRuntime, Region, WorkerPool};
+use dmkv_transport::Service;
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{NodeId, RpcContext, ServiceError, TransportError, WireReader, WireWriter};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The name of every node's RPC service.
@@ -80,7 +81,11 @@ pub struct NodeServer {
     /// This node's own shard.
     pub(crate) own: u16,
     pub(crate) layout: HeapLayout,
-    pub(crate) shards: RwLock<Vec<Option<Arc<ShardServer>>>>,
+    /// The shards this node serves, one write-once slot per shard
+    /// (invariant 19 of docs/outback.md): filled at start (its own) or by
+    /// a takeover, never emptied or replaced, so a request finds its shard
+    /// with one acquire load and no lock or reference count.
+    pub(crate) shards: Box<[OnceLock<Arc<ShardServer>>]>,
     pub(crate) mirrors: Mutex<Vec<Option<MirrorImage>>>,
     pub(crate) takeovers: Mutex<HashMap<u16, Takeover>>,
     init: AtomicU8,
@@ -157,25 +162,44 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     if no_mirrors {
         shard.ready.store(true, Ordering::Release);
     }
-    let mut all: Vec<Option<Arc<ShardServer>>> = (0..shards).map(|_| None).collect();
-    all[own as usize] = Some(shard);
+    let all: Box<[OnceLock<Arc<ShardServer>>]> = (0..shards).map(|_| OnceLock::new()).collect();
+    if all[own as usize].set(shard).is_err() {
+        unreachable!("a fresh slot is empty");
+    }
     let server = Arc::new(NodeServer {
         ctx: ctx.clone(),
         _pool: pool,
         own,
         layout,
-        shards: RwLock::new(all),
+        shards: all,
         mirrors: Mutex::new(mirrors),
         takeovers: Mutex::new(HashMap::new()),
         init: AtomicU8::new(if no_mirrors { INIT_READY } else { INIT_NONE }),
     });
     let handler = server.clone();
-    rt.register_service(
-        &args.name(SERVICE),
-        Arc::new(move |_: &RpcContext, req: &[u8]| handler.handle(req)),
-    )
-    .map_err(cerr)?;
+    rt.register_service(&args.name(SERVICE), Arc::new(Op(handler)))
+        .map_err(cerr)?;
     Ok(server)
+}
+
+/// The node's RPC service: [`NodeServer::handle_into`], so a GET's reply is
+/// built in the handler thread's reply buffer.
+struct Op(Arc<NodeServer>);
+
+impl Service for Op {
+    fn handle(&self, _: &RpcContext, req: &[u8]) -> Result<Vec<u8>, ServiceError> {
+        self.0.handle(req)
+    }
+
+    #[inline]
+    fn handle_into(
+        &self,
+        _: &RpcContext,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
+        self.0.handle_into(req, out)
+    }
 }
 
 /// The reply to a data request for shard `p`, which this node does not
@@ -233,14 +257,38 @@ pub(crate) fn new_shard(
 impl NodeServer {
     /// The shard `p` if this node serves it.
     pub fn shard(&self, p: u16) -> Result<Option<Arc<ShardServer>>, ServiceError> {
-        let shards = self.shards.read();
-        match shards.get(p as usize) {
-            Some(s) => Ok(s.clone()),
+        match self.shards.get(p as usize) {
+            Some(s) => Ok(s.get().cloned()),
             None => Err(ServiceError::malformed(format!(
                 "outback: shard {p} out of range ({} shards)",
-                shards.len()
+                self.shards.len()
             ))),
         }
+    }
+
+    /// Serves shard `p` from now on (a takeover's end): fills its empty
+    /// slot (invariant 19). The caller is the one takeover job of `p`,
+    /// which runs only while the slot is empty (`recover::takeover`).
+    pub(crate) fn install_shard(&self, p: u16, shard: Arc<ShardServer>) {
+        if self.shards[p as usize].set(shard).is_err() {
+            panic!("outback: shard {p} installed twice (invariant 19)");
+        }
+    }
+
+    /// [`NodeServer::handle`] into the handler thread's reply buffer `out`:
+    /// a well-formed GET builds its reply there (no allocation); anything
+    /// else replaces `out` with its reply.
+    #[inline]
+    pub fn handle_into(
+        self: &Arc<Self>,
+        req: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
+        if let Some((t, slot)) = proto::decode_get(req) {
+            return self.get_into(&t, slot, out);
+        }
+        *out = self.handle_other(req)?;
+        Ok(())
     }
 
     /// Every request: decode, dispatch, never trust a field.
@@ -250,6 +298,11 @@ impl NodeServer {
         if let Some((t, slot)) = proto::decode_get(req) {
             return self.get(&t, slot);
         }
+        self.handle_other(req)
+    }
+
+    /// Every request but a well-formed GET (writes too: not cold).
+    fn handle_other(self: &Arc<Self>, req: &[u8]) -> Result<Vec<u8>, ServiceError> {
         let mut r = WireReader::new(req);
         let opcode = r.u8()?;
         match opcode {
@@ -261,24 +314,32 @@ impl NodeServer {
     /// A GET (decoded by the fast path or the general decoder): straight to
     /// its shard, without a [`DataReq`].
     fn get(&self, t: &proto::Target, slot: u8) -> Result<Vec<u8>, ServiceError> {
-        // Held for the request (no reference counting on the hot path); a
-        // takeover installs a shard under the write lock.
-        let shards = self.shards.read();
-        match shards.get(t.shard as usize) {
-            Some(Some(s)) => s.get(t, slot),
-            other => no_shard(t.shard, other.is_some(), shards.len()),
+        let mut out = Vec::with_capacity(64);
+        self.get_into(t, slot, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`NodeServer::get`] into `out`: the shard's write-once slot read
+    /// with one acquire load (invariant 19: no lock, no reference count).
+    #[inline]
+    fn get_into(&self, t: &proto::Target, slot: u8, out: &mut Vec<u8>) -> Result<(), ServiceError> {
+        match self.shards.get(t.shard as usize).map(OnceLock::get) {
+            Some(Some(s)) => s.get_into(t, slot, out),
+            other => {
+                *out = no_shard(t.shard, other.is_some(), self.shards.len())?;
+                Ok(())
+            }
         }
     }
 
     /// A data request, decoded.
     fn data(&self, d: DataReq<'_>) -> Result<Vec<u8>, ServiceError> {
         let t = *d.target();
-        // Held for the request (no reference counting on the hot path); a
-        // takeover installs a shard under the write lock.
-        let shards = self.shards.read();
-        let shard = match shards.get(t.shard as usize) {
+        // Invariant 19: a filled slot stays filled; no lock, no reference
+        // count.
+        let shard = match self.shards.get(t.shard as usize).map(OnceLock::get) {
             Some(Some(s)) => s,
-            other => return no_shard(t.shard, other.is_some(), shards.len()),
+            other => return no_shard(t.shard, other.is_some(), self.shards.len()),
         };
         match d {
             DataReq::Get { t, slot } => shard.get(&t, slot),
@@ -395,8 +456,11 @@ impl NodeServer {
             }
             op::STATS => {
                 r.end()?;
-                let served: Vec<Arc<ShardServer>> =
-                    self.shards.read().iter().flatten().cloned().collect();
+                let served: Vec<Arc<ShardServer>> = self
+                    .shards
+                    .iter()
+                    .filter_map(|s| s.get().cloned())
+                    .collect();
                 // A resize waiting only for its PRE_RESIZE timeout starts
                 // here too, so a quiet store still settles.
                 for s in &served {

@@ -44,6 +44,11 @@ pub fn takeover(node: &Arc<NodeServer>, p: u16) -> Status {
         return Status::Refused;
     }
     let mut t = node.takeovers.lock();
+    // Invariant 19: looked at again under the lock a takeover fills the
+    // slot under, so no job starts for a shard that is already served.
+    if let Ok(Some(_)) = node.shard(p) {
+        return Status::Ok;
+    }
     match t.get(&p) {
         Some(Takeover::Running) => return Status::Recovering,
         Some(Takeover::Refused) => {
@@ -69,7 +74,9 @@ pub fn takeover(node: &Arc<NodeServer>, p: u16) -> Status {
                     .stats
                     .takeover_ns
                     .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                me.shards.write()[p as usize] = Some(shard);
+                // Invariant 19: the slot is empty (this job was started
+                // under this lock while it was, and is `p`'s only one).
+                me.install_shard(p, shard);
                 // The mirror is now this node's heap of shard `p`.
                 me.mirrors.lock()[p as usize] = None;
             }

@@ -286,12 +286,28 @@ impl ShardServer {
     /// The lean path (invariant 18 of docs/outback.md): one read lock of the
     /// table list (no reference counting), one range check per field, the
     /// request counter, the seqlock'd read of the bucket line and the block
-    /// straight into the reply (its only allocation), the epoch and state
+    /// straight into the reply (`get_into`: the handler thread's reply
+    /// buffer, no allocation; `get` allocates it), the epoch and state
     /// checks, and one load of `resize_pending` for both the flag and the
     /// PRE_RESIZE bookkeeping. No session, no hashing, no decoding beyond
     /// the fixed 20 bytes.
-    #[inline]
     pub fn get(self: &Arc<Self>, t: &Target, s: u8) -> Result<Vec<u8>, ServiceError> {
+        let mut out = Vec::with_capacity(64);
+        self.get_into(t, s, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`ShardServer::get`] building the reply in `out` (the handler
+    /// thread's reply buffer, `Service::handle_into`: the lean GET
+    /// allocates nothing once the buffer has grown to a reply's size).
+    /// `out`'s contents on entry are replaced.
+    #[inline]
+    pub fn get_into(
+        self: &Arc<Self>,
+        t: &Target,
+        s: u8,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
         if s as usize >= SLOTS {
             return Err(ServiceError::malformed(format!(
                 "outback: slot {s} out of range"
@@ -302,19 +318,20 @@ impl ShardServer {
             Some(Some(table)) if t.bucket < table.buckets => table,
             _ => {
                 drop(tables);
-                return self
+                *out = self
                     .target(t)
-                    .map(|r| r.err().unwrap_or_else(|| self.stale()));
+                    .map(|r| r.err().unwrap_or_else(|| self.stale()))?;
+                return Ok(());
             }
         };
         self.count_request();
-        let mut out = Vec::with_capacity(64);
-        let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, &mut out)?;
+        let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out)?;
         // After the snapshot: a rebuild that moved this bucket's keys bumped
         // the epoch before touching them (invariant 7).
         if table.epoch.load(Ordering::Acquire) != t.epoch {
             drop(tables);
-            return Ok(self.stale());
+            *out = self.stale();
+            return Ok(());
         }
         // A bucket with writes answered during a rebuild is read under its
         // lock with them (invariant 17); the snapshot above is discarded.
@@ -323,7 +340,8 @@ impl ShardServer {
         {
             let table = table.clone();
             drop(tables);
-            return self.get_pending(&table, t, s);
+            *out = self.get_pending(&table, t, s)?;
+            return Ok(());
         }
         drop(tables);
         let pending = self.resize_pending.load(Ordering::Relaxed);
@@ -333,7 +351,7 @@ impl ShardServer {
         if pending {
             self.noticed_pending(t.compute);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// GET of a bucket that has pending writes (a rebuild is under way,

@@ -758,6 +758,7 @@ fn the_lean_get_returns_exactly_what_the_slot_and_block_hold() {
     let tables = shard.live_tables();
     assert_eq!(tables.len(), 1);
     let (mut full, mut cached) = (0, 0);
+    let mut into = vec![0x55; 100];
     for t in &tables {
         for b in 0..t.buckets {
             for sl in 0..crate::ludo::SLOTS {
@@ -774,6 +775,11 @@ fn the_lean_get_returns_exactly_what_the_slot_and_block_hold() {
                 }
                 .encode();
                 let reply = s.handle(&req).unwrap();
+                // Into a reused buffer (the handler thread's, left holding
+                // the last reply and some junk): the same bytes.
+                into.push(0xAA);
+                s.handle_into(&req, &mut into).unwrap();
+                assert_eq!(into, reply, "into a buffer: bucket {b} slot {sl}");
                 // The general decoder's path answers the same.
                 let mut r = WireReader::new(&req);
                 let opcode = r.u8().unwrap();
@@ -856,4 +862,30 @@ fn gets_racing_updates_of_their_key_never_see_a_torn_or_older_value() {
     let gets = reader.join().unwrap();
     assert!(gets >= 1000);
     assert_eq!(client_get(&s, key), Some(value(20_000)));
+}
+
+/// Invariant 19: a shard's slot is filled once (its own shard at start, a
+/// taken-over one by its takeover) and never replaced: a second fill is a
+/// bug and panics instead of swapping the shard under running GETs. A
+/// slot not filled answers NOT_OWNER, one out of range an error.
+#[test]
+fn a_shard_slot_is_filled_once() {
+    let (_c, rts, servers) = three_nodes();
+    let s = &servers[0];
+    assert!(s.shard(0).unwrap().is_some());
+    assert!(s.shard(1).unwrap().is_none());
+    assert!(s.shard(3).is_err());
+    let (mut t, slot) = routed(s, 7);
+    t.shard = 1;
+    let reply = s.handle(&DataReq::Get { t, slot }.encode()).unwrap();
+    assert_eq!(head(&reply).0.status, Status::NotOwner);
+    t.shard = 3;
+    assert!(s.handle(&DataReq::Get { t, slot }.encode()).is_err());
+    let own = s.shard(0).unwrap().unwrap();
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        s.install_shard(0, own.clone())
+    }));
+    assert!(again.is_err(), "a filled slot was filled again");
+    assert!(Arc::ptr_eq(&s.shard(0).unwrap().unwrap(), &own));
+    drop(rts);
 }
