@@ -1,6 +1,8 @@
 //! The distinct cache lines one compute operation touches in its own node's
 //! memory (the simulated compute CPU, docs/simulation.md, "Distinct lines
-//! per operation").
+//! per operation"), and the distinct lines one memory-node job touches
+//! (a handler call, a worker job's slice: docs/simulation.md, "Distinct
+//! lines for memory-node jobs (branch i46)", and `sim::JobLines`).
 //!
 //! A real core pays for the first touch of a line in an operation (it
 //! brings the line into L1, or finds it in L2/L3); further touches of the
@@ -81,16 +83,24 @@ impl LineSet {
         self.insert(addr | OBJECT_BIT);
     }
 
+    /// Line `line` of region memory (`address / 64`); true if the set did
+    /// not hold it yet (its first touch in the scope).
+    #[inline]
+    pub(crate) fn insert_line(&mut self, line: u64) -> bool {
+        self.insert(line)
+    }
+
     /// Number of distinct keys inserted.
     pub(crate) fn distinct(&self) -> u64 {
         self.len
     }
 
+    /// Inserts `key`; true if it was not in the set.
     #[inline]
-    fn insert(&mut self, key: u64) {
+    fn insert(&mut self, key: u64) -> bool {
         let k = key.wrapping_add(1);
         if k == self.last {
-            return;
+            return false;
         }
         self.last = k;
         if self.slots.is_empty() {
@@ -98,9 +108,11 @@ impl LineSet {
         } else if (self.len as usize + 1) * 2 > self.slots.len() {
             self.grow();
         }
-        if place(&mut self.slots, k) {
+        let new = place(&mut self.slots, k);
+        if new {
             self.len += 1;
         }
+        new
     }
 
     fn grow(&mut self) {
@@ -242,6 +254,18 @@ mod tests {
         assert_eq!(s.distinct(), n + 1);
         s.release();
         s.insert_lines(0, 0);
+        assert_eq!(s.distinct(), 1);
+    }
+
+    #[test]
+    fn insert_line_says_whether_the_line_is_new() {
+        let mut s = LineSet::new();
+        assert!(s.insert_line(5));
+        assert!(!s.insert_line(5), "back to back: the fast path");
+        assert!(s.insert_line(6));
+        assert!(!s.insert_line(5), "after another line: the table");
+        s.release();
+        assert!(s.insert_line(5), "a released set starts empty");
         assert_eq!(s.distinct(), 1);
     }
 
