@@ -6,9 +6,9 @@
 //! the same job are free. Each test says what the per-access rule of
 //! earlier versions charged, which it would fail on.
 
-use dmkv_transport::thread_cpu_ns;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
 use dmkv_transport::sim::{Profile, SimConfig, SimCores, Simulation, job_progress};
+use dmkv_transport::thread_cpu_ns;
 use dmkv_transport::{NodeHost, RegionMem, RpcContext};
 use std::cell::Cell;
 use std::rc::Rc;
@@ -206,17 +206,25 @@ fn two_handler_calls_are_charged_independently() {
     assert_eq!(r.count("dependent misses"), 2);
 }
 
-/// The first line of an access that the job has not touched yet is the
-/// one the core waits for: if the access's first line is already the
-/// job's, a miss on its next line is a dependent miss. (Per access: the
-/// second access's first line hits, and its miss would cost `line_ns`.)
+/// A re-touched first line makes no later line of the access a dependent
+/// miss: the further lines' addresses were known with the first's, so
+/// their misses overlap as before (`line_ns` each), and a job is never
+/// charged more than the per-access rule charged it. (Per access: the
+/// span's first line is an LLC hit, one more `line_ns`.)
 #[test]
-fn the_first_new_line_of_an_access_pays_the_dependent_miss() {
+fn a_span_after_its_first_line_pays_line_ns_for_the_rest() {
     let p = small_llc();
     let m = p.memnode.clone();
     let r = rig(p, 1);
     assert_eq!(
         r.charged(&[Step::Word(100), Step::Span(100, 103)]),
+        m.dram_miss_ns + 3 * m.line_ns
+    );
+    assert_eq!(r.count("dependent misses"), 1);
+    // A span whose first line is new still pays the dependent miss, and
+    // lines the job touched before inside it are free.
+    assert_eq!(
+        r.charged(&[Step::Word(502), Step::Span(500, 503)]),
         m.dram_miss_ns + m.dram_miss_ns + 2 * m.line_ns
     );
 }

@@ -242,7 +242,14 @@ pub(crate) fn touch(tag: u64, base: u64, offset: u64, len: u64) {
             // The job's own lines, by real address (region memory is 64-byte
             // aligned: `base / 64 + line` is the line's address / 64).
             let cost = JOB_SET.with(|j| {
-                s.charge_lines(tag, first, last, line_ns, j.borrow_mut().as_mut(), base / 64)
+                s.charge_lines(
+                    tag,
+                    first,
+                    last,
+                    line_ns,
+                    j.borrow_mut().as_mut(),
+                    base / 64,
+                )
             });
             s.sched.cpu_ns.set(s.sched.cpu_ns.get() + cost);
         }
@@ -411,16 +418,21 @@ impl Sim {
     /// set of distinct lines, keyed by `base_line + line`), a line the job
     /// already touched costs nothing and does not go through the cache
     /// model (it is in L1). Every other line goes through the node's LLC
-    /// model; a line that hits costs `line_ns`; the FIRST new line of the
-    /// access, if it misses, costs `dram_miss_ns` (the access cannot start
-    /// before its address is known, so a pointer chase pays the full DRAM
-    /// latency at every step); the further new lines of the same access
-    /// cost `line_ns` whether they hit or miss (their addresses are known
-    /// together, so their misses overlap with the first and with each
-    /// other: `line_ns` is the one-core rate of such independent misses).
-    /// Without an LLC in the profile, or for memory no backend registered,
-    /// every new line costs `line_ns` (the flat model). Outside a job
-    /// (`seen` None) every line of the access is new.
+    /// model; a line that hits costs `line_ns`; the FIRST line of the
+    /// access, if it is new and misses, costs `dram_miss_ns` (the access
+    /// cannot start before its address is known, so a pointer chase pays
+    /// the full DRAM latency at every step); the further new lines of the
+    /// access cost `line_ns` whether they hit or miss (their addresses are
+    /// known together with the first's, so their misses overlap with it and
+    /// with each other: `line_ns` is the one-core rate of such independent
+    /// misses), also when the first line was the job's already (a node's
+    /// header word read, then the node: the rest of the node's address was
+    /// known with the header's). So, from the same cache state, a job is
+    /// never charged more than the per-access rule of earlier versions
+    /// charged it. Without an LLC in
+    /// the profile, or for memory no backend registered, every new line
+    /// costs `line_ns` (the flat model). Outside a job (`seen` None) every
+    /// line of the access is new.
     fn charge_lines(
         &self,
         tag: u64,
@@ -430,7 +442,10 @@ impl Sim {
         mut seen: Option<&mut lines::LineSet>,
         base_line: u64,
     ) -> u64 {
-        let mut is_new = |line: u64| seen.as_mut().is_none_or(|s| s.insert_line(base_line + line));
+        let mut is_new = |line: u64| {
+            seen.as_mut()
+                .is_none_or(|s| s.insert_line(base_line + line))
+        };
         let m = &self.profile.memnode;
         if m.llc_bytes == 0 || tag == UNTAGGED {
             return (first..=last).filter(|&l| is_new(l)).count() as u64 * line_ns;
@@ -444,19 +459,17 @@ impl Sim {
         let llc =
             caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
         let mut cost = 0;
-        let mut first_new = true;
         for line in first..=last {
             if !is_new(line) {
                 continue;
             }
             let hit = llc.access(cache::line_key(region, line));
-            cost += if !hit && first_new {
+            cost += if !hit && line == first {
                 llc.dependent_misses += 1;
                 m.dram_miss_ns
             } else {
                 line_ns
             };
-            first_new = false;
         }
         cost
     }
