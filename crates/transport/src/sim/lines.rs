@@ -26,11 +26,16 @@
 //! 2. A set holds each key at most once; `distinct()` is the number of
 //!    keys inserted since the set was made or cleared, independent of
 //!    insertion order and of the hash.
-//! 3. Steady state allocates nothing: a set's table comes from a per-thread
+//! 3. Steady state allocates nothing for scopes of up to
+//!    `MAX_POOLED_SLOTS / 2` lines: a set's table comes from a per-thread
 //!    pool of spare tables and goes back to it, cleared, when the
 //!    operation ends (`LineSet::release`); a table grows (doubling) only
-//!    when an operation touches more lines than any before it on this
-//!    thread.
+//!    when a scope touches more lines than it holds. A table larger than
+//!    `MAX_POOLED_SLOTS` is freed rather than pooled: clearing costs its
+//!    whole size, and one huge scope (a memory node's bulk load, one job
+//!    touching ~100,000 lines) must not make every later small scope on
+//!    the thread clear its table (it did, in the first version of branch
+//!    i46: memset was 59% of a simulated rpc-btree run's instructions).
 
 use std::cell::RefCell;
 
@@ -40,6 +45,8 @@ const INITIAL_SLOTS: usize = 128;
 /// Spare tables a thread keeps (one per concurrently charged operation is
 /// enough; more are dropped).
 const MAX_SPARE: usize = 64;
+/// The largest table kept in the pool (invariant 3): 8 KiB, 512 lines.
+const MAX_POOLED_SLOTS: usize = 1024;
 /// Marks an object key (invariant 1).
 const OBJECT_BIT: u64 = 1 << 63;
 
@@ -166,8 +173,12 @@ fn take_spare() -> Vec<u64> {
         .unwrap_or_else(|| vec![0u64; INITIAL_SLOTS])
 }
 
-/// Clears `slots` and keeps it for the next operation (invariant 3).
+/// Clears `slots` and keeps it for the next operation, unless it is larger
+/// than `MAX_POOLED_SLOTS` (invariant 3).
 fn give_spare(mut slots: Vec<u64>) {
+    if slots.len() > MAX_POOLED_SLOTS {
+        return;
+    }
     slots.fill(0);
     // `try_with`: a set dropped while the thread's locals are torn down
     // just frees its table.
@@ -267,6 +278,26 @@ mod tests {
         s.release();
         assert!(s.insert_line(5), "a released set starts empty");
         assert_eq!(s.distinct(), 1);
+    }
+
+    #[test]
+    fn a_huge_table_is_not_pooled() {
+        let mut s = LineSet::new();
+        for l in 0..(MAX_POOLED_SLOTS as u64) {
+            s.insert_lines(l, l);
+        }
+        assert!(s.slots.len() > MAX_POOLED_SLOTS);
+        s.release();
+        let pooled = SPARE.with(|p| p.borrow().iter().map(Vec::len).max().unwrap_or(0));
+        assert!(
+            pooled <= MAX_POOLED_SLOTS,
+            "a {pooled}-slot table was pooled"
+        );
+        // The next scope starts small and still counts right.
+        let mut t = LineSet::new();
+        t.insert_lines(1, 3);
+        assert_eq!(t.distinct(), 3);
+        assert!(t.slots.len() <= MAX_POOLED_SLOTS);
     }
 
     #[test]
