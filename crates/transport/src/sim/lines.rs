@@ -45,8 +45,8 @@ const INITIAL_SLOTS: usize = 128;
 /// Spare tables a thread keeps (one per concurrently charged operation is
 /// enough; more are dropped).
 const MAX_SPARE: usize = 64;
-/// The largest table kept in the pool (invariant 3): 8 KiB, 512 lines.
-const MAX_POOLED_SLOTS: usize = 1024;
+/// The largest table kept in the pool (invariant 3): 2 KiB, 128 lines.
+const MAX_POOLED_SLOTS: usize = 256;
 /// Marks an object key (invariant 1).
 const OBJECT_BIT: u64 = 1 << 63;
 
