@@ -2,7 +2,10 @@
 //! (docs/simulation.md, "Memory-node CPU"): a handler's service time is
 //! `rpc_base_ns` plus, per access (one region read or write), `dram_miss_ns`
 //! if the access's first line misses the node's LLC or `line_ns` if it hits,
-//! and `line_ns` for each further line of the access.
+//! and `line_ns` for each further line of the access. Every script here
+//! touches each line once per call, so the distinct-lines rule of branch
+//! i46 (a re-touch in the same call is free: `sim_job_lines.rs`) charges
+//! them exactly as the per-access rule did.
 
 use dmkv_transport::exec::block_on;
 use dmkv_transport::sim::{Profile, SimConfig, Simulation};

@@ -3,7 +3,10 @@
 //! Code on a simulated core (RPC handlers, background jobs) touches region
 //! memory through [`super::touch`]; each 64-byte line it touches goes
 //! through a set-associative LRU model of the last-level cache of the node
-//! the region lives on. The model decides only whether a line hits; what a
+//! the region lives on, at its first touch in the job only (a re-touch in
+//! the same handler call or worker slice hits L1 and is not looked up:
+//! `sim::job_lines`, docs/simulation.md, "Distinct lines for memory-node
+//! jobs (branch i46)"). The model decides only whether a line hits; what a
 //! hit or a miss costs is [`super::touch`]'s rule (docs/simulation.md,
 //! "Memory-node CPU").
 //!

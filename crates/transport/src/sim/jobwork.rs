@@ -22,6 +22,12 @@
 //!    runnable threads on one core take equal turns, as an OS scheduler
 //!    gives them).
 //! 3. Outside a simulation, or outside a job, [`job_progress`] does nothing.
+//! 4. A progress point ends a slice of the job for the distinct-lines rule
+//!    (`sim::job_lines`): a line the job touched before it is charged again
+//!    at its first touch after it (the wait let other work use the core and
+//!    virtual time pass; the line is no longer assumed to be in L1). A
+//!    progress point that passes nothing (no CPU charged since the last)
+//!    returns at once and keeps the set.
 
 use super::{COUNT_LOCAL, METER_LINE_NS, Sim, current, net, sleep_until_ns, with_metering};
 use crate::addr::NodeId;
@@ -136,6 +142,9 @@ pub fn job_progress(share: Option<NodeId>, slice_ns: u64) {
             }
         }
     });
+    // What the job touches from here on is a new slice of work: its lines
+    // are charged again (invariant 4).
+    super::restart_job_lines();
     let after = sim.sched.cpu_ns.get();
     m.excluded += after - before;
     m.mark = after;

@@ -1,6 +1,8 @@
 //! The distinct cache lines one compute operation touches in its own node's
 //! memory (the simulated compute CPU, docs/simulation.md, "Distinct lines
-//! per operation").
+//! per operation"), and the distinct lines one memory-node job touches
+//! (a handler call, a worker job's slice: docs/simulation.md, "Distinct
+//! lines for memory-node jobs (branch i46)", and `sim::JobLines`).
 //!
 //! A real core pays for the first touch of a line in an operation (it
 //! brings the line into L1, or finds it in L2/L3); further touches of the
@@ -24,11 +26,16 @@
 //! 2. A set holds each key at most once; `distinct()` is the number of
 //!    keys inserted since the set was made or cleared, independent of
 //!    insertion order and of the hash.
-//! 3. Steady state allocates nothing: a set's table comes from a per-thread
+//! 3. Steady state allocates nothing for scopes of up to
+//!    `MAX_POOLED_SLOTS / 2` lines: a set's table comes from a per-thread
 //!    pool of spare tables and goes back to it, cleared, when the
 //!    operation ends (`LineSet::release`); a table grows (doubling) only
-//!    when an operation touches more lines than any before it on this
-//!    thread.
+//!    when a scope touches more lines than it holds. A table larger than
+//!    `MAX_POOLED_SLOTS` is freed rather than pooled: clearing costs its
+//!    whole size, and one huge scope (a memory node's bulk load, one job
+//!    touching ~100,000 lines) must not make every later small scope on
+//!    the thread clear its table (it did, in the first version of branch
+//!    i46: memset was 59% of a simulated rpc-btree run's instructions).
 
 use std::cell::RefCell;
 
@@ -38,6 +45,8 @@ const INITIAL_SLOTS: usize = 128;
 /// Spare tables a thread keeps (one per concurrently charged operation is
 /// enough; more are dropped).
 const MAX_SPARE: usize = 64;
+/// The largest table kept in the pool (invariant 3): 2 KiB, 128 lines.
+const MAX_POOLED_SLOTS: usize = 256;
 /// Marks an object key (invariant 1).
 const OBJECT_BIT: u64 = 1 << 63;
 
@@ -81,16 +90,24 @@ impl LineSet {
         self.insert(addr | OBJECT_BIT);
     }
 
+    /// Line `line` of region memory (`address / 64`); true if the set did
+    /// not hold it yet (its first touch in the scope).
+    #[inline]
+    pub(crate) fn insert_line(&mut self, line: u64) -> bool {
+        self.insert(line)
+    }
+
     /// Number of distinct keys inserted.
     pub(crate) fn distinct(&self) -> u64 {
         self.len
     }
 
+    /// Inserts `key`; true if it was not in the set.
     #[inline]
-    fn insert(&mut self, key: u64) {
+    fn insert(&mut self, key: u64) -> bool {
         let k = key.wrapping_add(1);
         if k == self.last {
-            return;
+            return false;
         }
         self.last = k;
         if self.slots.is_empty() {
@@ -98,9 +115,11 @@ impl LineSet {
         } else if (self.len as usize + 1) * 2 > self.slots.len() {
             self.grow();
         }
-        if place(&mut self.slots, k) {
+        let new = place(&mut self.slots, k);
+        if new {
             self.len += 1;
         }
+        new
     }
 
     fn grow(&mut self) {
@@ -154,8 +173,12 @@ fn take_spare() -> Vec<u64> {
         .unwrap_or_else(|| vec![0u64; INITIAL_SLOTS])
 }
 
-/// Clears `slots` and keeps it for the next operation (invariant 3).
+/// Clears `slots` and keeps it for the next operation, unless it is larger
+/// than `MAX_POOLED_SLOTS` (invariant 3).
 fn give_spare(mut slots: Vec<u64>) {
+    if slots.len() > MAX_POOLED_SLOTS {
+        return;
+    }
     slots.fill(0);
     // `try_with`: a set dropped while the thread's locals are torn down
     // just frees its table.
@@ -243,6 +266,38 @@ mod tests {
         s.release();
         s.insert_lines(0, 0);
         assert_eq!(s.distinct(), 1);
+    }
+
+    #[test]
+    fn insert_line_says_whether_the_line_is_new() {
+        let mut s = LineSet::new();
+        assert!(s.insert_line(5));
+        assert!(!s.insert_line(5), "back to back: the fast path");
+        assert!(s.insert_line(6));
+        assert!(!s.insert_line(5), "after another line: the table");
+        s.release();
+        assert!(s.insert_line(5), "a released set starts empty");
+        assert_eq!(s.distinct(), 1);
+    }
+
+    #[test]
+    fn a_huge_table_is_not_pooled() {
+        let mut s = LineSet::new();
+        for l in 0..(MAX_POOLED_SLOTS as u64) {
+            s.insert_lines(l, l);
+        }
+        assert!(s.slots.len() > MAX_POOLED_SLOTS);
+        s.release();
+        let pooled = SPARE.with(|p| p.borrow().iter().map(Vec::len).max().unwrap_or(0));
+        assert!(
+            pooled <= MAX_POOLED_SLOTS,
+            "a {pooled}-slot table was pooled"
+        );
+        // The next scope starts small and still counts right.
+        let mut t = LineSet::new();
+        t.insert_lines(1, 3);
+        assert_eq!(t.distinct(), 3);
+        assert!(t.slots.len() <= MAX_POOLED_SLOTS);
     }
 
     #[test]

@@ -77,6 +77,11 @@ thread_local! {
     /// touched by address, while `METER_LINE_NS` is [`COUNT_LOCAL`]: the
     /// operation's own set, moved in for each poll (see [`CountLocal`]).
     static LOCAL_SET: RefCell<lines::LineSet> = const { RefCell::new(lines::LineSet::new()) };
+    /// The distinct lines the memory-node job running now has touched
+    /// (`Some` inside [`job_lines`]: a handler call or a worker job, see
+    /// `net::on_core`); `None` outside any job, where a metered access is
+    /// charged every line it spans.
+    static JOB_SET: RefCell<Option<lines::LineSet>> = const { RefCell::new(None) };
     /// True while a [`Simulation`] drops its pending events and background
     /// tasks (it is no longer current): state dropped then may still try to
     /// answer an RPC (a handler's parked `Responder` answers on drop), and
@@ -244,8 +249,61 @@ pub(crate) fn touch(tag: u64, base: u64, offset: u64, len: u64) {
     let (first, last) = (offset / 64, (offset + len - 1) / 64);
     CURRENT.with(|c| {
         if let Some(s) = c.borrow().as_ref() {
-            let cost = s.charge_lines(tag, first, last, line_ns);
+            // The job's own lines, by real address (region memory is 64-byte
+            // aligned: `base / 64 + line` is the line's address / 64).
+            let cost = JOB_SET.with(|j| {
+                s.charge_lines(
+                    tag,
+                    first,
+                    last,
+                    line_ns,
+                    j.borrow_mut().as_mut(),
+                    base / 64,
+                )
+            });
             s.sched.cpu_ns.set(s.sched.cpu_ns.get() + cost);
+        }
+    });
+}
+
+/// Runs `f` as one memory-node job for the distinct-lines rule
+/// (docs/simulation.md, "Distinct lines for memory-node jobs (branch
+/// i46)"): the lines of registered memory it touches while metered are
+/// charged at their first touch in `f` only.
+///
+/// Invariants:
+/// 1. A job's set starts empty and holds only lines the job touched while
+///    metered; a re-touch of one of them is free and does not go through
+///    the node's cache model (it hits L1).
+/// 2. Jobs never share a set: a job started inside another (a handler run
+///    by an event in a nested scheduler frame the outer job waits in, a
+///    job's progress wait) gets a fresh one, and the outer job's set is
+///    back in place, unchanged, when the inner one ends (also on a panic).
+/// 3. [`restart_job_lines`] empties the set of the job that runs (a
+///    worker's progress point: the lines it touches after it are charged
+///    again).
+/// 4. Steady state allocates nothing: the set's table comes from the
+///    per-thread pool of `lines` and goes back to it cleared when `f` ends.
+pub(crate) fn job_lines<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<lines::LineSet>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            // The job's own set goes back to the pool (its `Drop`).
+            let _ = JOB_SET.try_with(|j| drop(j.replace(outer)));
+        }
+    }
+    let _restore = Restore(JOB_SET.with(|j| j.replace(Some(lines::LineSet::new()))));
+    f()
+}
+
+/// Empties the set of distinct lines of the memory-node job that runs now
+/// (nothing outside a job): called at a worker's progress point
+/// ([`job_progress`]), after which the job is a new slice of work.
+pub(crate) fn restart_job_lines() {
+    JOB_SET.with(|j| {
+        if let Some(set) = j.borrow_mut().as_mut() {
+            set.release();
         }
     });
 }
@@ -365,20 +423,42 @@ impl Sim {
     /// The CPU cost of one access (one `touch`) to lines `first..=last` of
     /// the region tagged `tag`, and its effect on the node's cache.
     ///
-    /// The rule (docs/simulation.md, "Memory-node CPU"): every line goes
-    /// through the node's LLC model; a line that hits costs `line_ns`; the
-    /// FIRST line of the access, if it misses, costs `dram_miss_ns` (the
-    /// access cannot start before its address is known, so a pointer chase
-    /// pays the full DRAM latency at every step); the further lines of the
-    /// same access cost `line_ns` whether they hit or miss (their addresses
-    /// are known together, so their misses overlap with the first and with
-    /// each other: `line_ns` is the one-core rate of such independent
-    /// misses). Without an LLC in the profile, or for memory no backend
-    /// registered, every line costs `line_ns` (the flat model).
-    fn charge_lines(&self, tag: u64, first: u64, last: u64, line_ns: u64) -> u64 {
+    /// The rule (docs/simulation.md, "Memory-node CPU" and "Distinct lines
+    /// for memory-node jobs (branch i46)"): inside a job (`seen`, the job's
+    /// set of distinct lines, keyed by `base_line + line`), a line the job
+    /// already touched costs nothing and does not go through the cache
+    /// model (it is in L1). Every other line goes through the node's LLC
+    /// model; a line that hits costs `line_ns`; the FIRST line of the
+    /// access, if it is new and misses, costs `dram_miss_ns` (the access
+    /// cannot start before its address is known, so a pointer chase pays
+    /// the full DRAM latency at every step); the further new lines of the
+    /// access cost `line_ns` whether they hit or miss (their addresses are
+    /// known together with the first's, so their misses overlap with it and
+    /// with each other: `line_ns` is the one-core rate of such independent
+    /// misses), also when the first line was the job's already (a node's
+    /// header word read, then the node: the rest of the node's address was
+    /// known with the header's). So, from the same cache state, a job is
+    /// never charged more than the per-access rule of earlier versions
+    /// charged it. Without an LLC in
+    /// the profile, or for memory no backend registered, every new line
+    /// costs `line_ns` (the flat model). Outside a job (`seen` None) every
+    /// line of the access is new.
+    fn charge_lines(
+        &self,
+        tag: u64,
+        first: u64,
+        last: u64,
+        line_ns: u64,
+        mut seen: Option<&mut lines::LineSet>,
+        base_line: u64,
+    ) -> u64 {
+        let mut is_new = |line: u64| {
+            seen.as_mut()
+                .is_none_or(|s| s.insert_line(base_line + line))
+        };
         let m = &self.profile.memnode;
         if m.llc_bytes == 0 || tag == UNTAGGED {
-            return (last - first + 1) * line_ns;
+            return (first..=last).filter(|&l| is_new(l)).count() as u64 * line_ns;
         }
         let (node, region) = cache::split_tag(tag);
         let mut caches = self.llc.borrow_mut();
@@ -390,6 +470,9 @@ impl Sim {
             caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
         let mut cost = 0;
         for line in first..=last {
+            if !is_new(line) {
+                continue;
+            }
             let hit = llc.access(cache::line_key(region, line));
             cost += if !hit && line == first {
                 llc.dependent_misses += 1;

@@ -9,8 +9,8 @@
 //! node's NIC, then a queue in front of the node's handler cores, served in
 //! the order requests are ready (through the NIC); the handler runs at the
 //! instant a core takes it, for a service time from the
-//! cost model (`rpc_base_ns` plus `line_ns` per cache line of registered
-//! memory it touched), and the reply leaves when the service time is over.
+//! cost model (`rpc_base_ns` plus `line_ns` per distinct cache line of
+//! registered memory it touched), and the reply leaves when the service time is over.
 //! When the profile models the NIC's queue-pair context cache, a one-sided
 //! verb whose queue pair (one per compute thread and memory node) is not
 //! cached first holds the memory node's NIC while the context is fetched.
@@ -322,11 +322,12 @@ fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
     });
 }
 
-/// Runs `f` as code on a simulated core: registered memory it touches is
-/// charged per cache line; returns `f`'s result and the CPU it used.
+/// Runs `f` as code on a simulated core, as one job (an RPC handler call,
+/// a worker job): registered memory it touches is charged per DISTINCT
+/// cache line (`sim::job_lines`); returns `f`'s result and the CPU it used.
 pub(crate) fn on_core<R>(sim: &Sim, f: impl FnOnce() -> R) -> (R, u64) {
     let before = sim.sched.cpu_ns.get();
-    let r = with_metering(sim.profile.memnode.line_ns, f);
+    let r = super::job_lines(|| with_metering(sim.profile.memnode.line_ns, f));
     (r, sim.sched.cpu_ns.get() - before)
 }
 
