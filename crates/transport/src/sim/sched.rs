@@ -872,7 +872,11 @@ mod tests {
                     // beyond it (the heap), and a mix of near and far.
                     let spread = [4, 50, 1000, 20_000, 100_000, 0][round % 6];
                     let spread = if spread == 0 {
-                        if rng.gen_range(0..4) == 0 { 50_000 } else { 100 }
+                        if rng.gen_range(0..4) == 0 {
+                            50_000
+                        } else {
+                            100
+                        }
                     } else {
                         spread
                     };
