@@ -870,6 +870,10 @@ impl NodeModel {
     /// The NIC a queue pair of lane `lane` uses on this node.
     fn nic(&mut self, lane: u32) -> &mut Nic {
         let n = self.nics.len();
+        // One NIC (the usual profile): no division.
+        if n == 1 {
+            return &mut self.nics[0];
+        }
         &mut self.nics[lane as usize % n]
     }
 }
@@ -987,7 +991,17 @@ impl EpShared {
         };
         match self.spare.borrow_mut().pop() {
             Some(state) => {
-                *state.borrow_mut() = fresh();
+                // Reset in place (a fresh state written over it is a copy
+                // of the whole inline result array).
+                {
+                    let mut st = state.borrow_mut();
+                    st.results.clear();
+                    st.results.extend((0..n).map(|_| None));
+                    st.left = n;
+                    st.done_at = 0;
+                    st.outcome = None;
+                    st.waker = None;
+                }
                 state
             }
             None => Rc::new(RefCell::new(fresh())),
@@ -1129,24 +1143,25 @@ impl NetEvent {
 
 /// Delivers a batch's results (or its first error) to the waiting task.
 fn finish_batch(state: &RefCell<BatchState>) {
-    let results = std::mem::take(&mut state.borrow_mut().results);
-    let mut out = VerbResults::with_capacity(results.len());
-    let mut err = None;
-    for r in results {
-        match r.expect("every verb answered") {
-            Ok(v) => out.push(v),
-            Err(e) => {
-                err.get_or_insert(e);
+    let outcome = {
+        // Drained in place (the state is reused, see `batch_state`).
+        let mut st = state.borrow_mut();
+        let mut out = VerbResults::with_capacity(st.results.len());
+        let mut err = None;
+        for r in st.results.drain(..) {
+            match r.expect("every verb answered") {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
             }
         }
-    }
-    BatchState::complete(
-        state,
         match err {
             Some(e) => Err(e),
             None => Ok(out),
-        },
-    );
+        }
+    };
+    BatchState::complete(state, outcome);
 }
 
 /// A read of `len` bytes at `addr` acts on memory now (its turn at the
