@@ -203,10 +203,15 @@ impl Calendar {
 /// when one of those is already on its way (its arrival is in an event) and
 /// leaves no instant free: then the later-posted one is overtaken (counted
 /// in `overtaken`) rather than moved. That exception never reorders two
-/// messages of one endpoint (one queue pair): an endpoint posts in
-/// virtual-time order (its core serves it first come first served at the
-/// current instant), so of two of its messages the one posted first is
-/// always reserved first, and the later one is placed strictly after it.
+/// messages of one endpoint (one queue pair): an endpoint posts its
+/// requests in virtual-time order (its core serves it first come first
+/// served at the current instant), and the memory node posts a queue
+/// pair's responses in order (the pair's next verb acts only once the
+/// previous one's response has left, `net` invariant 1), so of two of its
+/// messages the one posted first is always reserved first, and the later
+/// one is placed strictly after it. (Before branch i47 a verb after a
+/// multi-piece one could answer first, which was ~70% of ROLEX's
+/// overtaken messages; see docs/simulation.md, "Reports".)
 #[derive(Debug, Default)]
 pub(crate) struct PairOrder {
     /// The latest arrival of the messages posted at or before the last

@@ -24,7 +24,10 @@
 //!    posted in virtual time (`calendar::PairOrder`: the instant each is
 //!    handed to the sending NIC, not the order the model reserved them),
 //!    and verbs from one node to another act on memory in that order and
-//!    never overlap (a reliable-connection queue pair).
+//!    never overlap (a reliable-connection queue pair): the next verb acts
+//!    once the previous one's last piece is through and its response has
+//!    left, so one queue pair's responses also leave, and arrive, in order
+//!    (branch i47; `a_queue_pairs_responses_arrive_in_order`).
 //! 2. Each NIC direction and each atomics address serves one thing at a
 //!    time in virtual-time order: a message ready at `at` starts at the
 //!    first instant `>= at` at which the server is free for its whole
@@ -1243,9 +1246,18 @@ fn arrive_verb(
     let net = &mut *guard;
     let qp_free = net.qp_busy_until.get_mut(ep.node, dst);
     let mut start = now.max(*qp_free).max(context_ready);
+    // Until the verb's last piece is through: the sum of its pieces' times,
+    // each rounded up, exactly as they are scheduled below (branch i47:
+    // this was the whole length's time rounded once, up to a nanosecond per
+    // piece less, so the queue pair's next verb could act before a write's
+    // last piece landed and answer before a long read had answered).
     let duration = match &verb {
-        Verb::Read { len, .. } => pcie_ns_of(sim, *len),
-        Verb::Write { data, .. } => link_ns(sim, data.len()),
+        Verb::Read { len, .. } => pieces_iter(addr.offset, *len)
+            .map(|(_, n)| pcie_ns_of(sim, n))
+            .sum(),
+        Verb::Write { data, .. } => pieces_iter(addr.offset, data.len())
+            .map(|(_, n)| link_ns(sim, n))
+            .sum(),
         Verb::Cas { .. } | Verb::Faa { .. } => net_profile.atomic_ns,
     };
     if let Verb::Cas { .. } | Verb::Faa { .. } = &verb {
@@ -1254,7 +1266,10 @@ fn arrive_verb(
             .atomic_free
             .start(now, key, start, net_profile.atomic_ns);
     }
-    *qp_free = start + duration;
+    // Invariant 1: the pair's next verb acts once this one is over, which
+    // is when its response leaves (`respond` below is called for exactly
+    // this instant), so a queue pair's responses also leave in order.
+    *qp_free = (start + duration).max(rx_done);
     drop(guard);
     // A read or write outside the region is refused before any piece moves
     // (atomics are checked by the region when they run).
