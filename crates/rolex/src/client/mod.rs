@@ -82,6 +82,9 @@ pub struct ClientStats {
     pub table_refreshes: AtomicU64,
     pub dir_refreshes: AtomicU64,
     pub retired_noticed: AtomicU64,
+    /// Writes that found a RETIRED word in their cached LT (stale tables
+    /// read during a freeze) and retried (invariant 13).
+    pub retired_cached: AtomicU64,
     pub slot_use_changes_noticed: AtomicU64,
     pub splits: AtomicU64,
     pub unlinks: AtomicU64,
@@ -429,6 +432,7 @@ impl Engine for RolexEngine {
             "table_refreshes": l(&s.table_refreshes),
             "directory_refreshes": l(&s.dir_refreshes),
             "retired_models_noticed": l(&s.retired_noticed),
+            "retired_entries_cached": l(&s.retired_cached),
             "slot_use_changes_noticed": l(&s.slot_use_changes_noticed),
             "splits": l(&s.splits),
             "synonym_unlinks": l(&s.unlinks),

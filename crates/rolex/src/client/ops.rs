@@ -242,6 +242,20 @@ impl RolexClient {
                 // §3.4 ①: the fetch phase reads no synonym leaves.
                 chains.iter_mut().for_each(|c| c.truncate(1));
             }
+            // The next group's trained leaf, for its low fence. A RETIRED
+            // word cached by a refresh during a freeze is stale, not
+            // corrupt: refresh (invariant 13).
+            let next = if hi + 1 < n {
+                let Some(e) = Entry::decode(mc.lt(hi + 1)) else {
+                    bump(&sh.stats.retired_cached);
+                    sh.refresh_tables(&self.ep, &mc).await?;
+                    backoff(attempt).await;
+                    continue;
+                };
+                Some(e)
+            } else {
+                None
+            };
             // ① Fetch.
             let mut b = self.ep.batch();
             let mut idx = Vec::new();
@@ -253,18 +267,18 @@ impl RolexClient {
                 idx.push(first);
             }
             let read = b.len();
-            let next_low = if hi + 1 < n {
-                let e = Entry::decode(mc.lt(hi + 1)).ok_or_else(|| corrupt("retired LT entry"))?;
-                let a = self.leaf_addr(e.into())?;
-                Some(b.read(
-                    RemoteAddr {
-                        offset: a.offset + layout.low_offset(),
-                        ..a
-                    },
-                    8,
-                ))
-            } else {
-                None
+            let next_low = match next {
+                Some(e) => {
+                    let a = self.leaf_addr(e.into())?;
+                    Some(b.read(
+                        RemoteAddr {
+                            offset: a.offset + layout.low_offset(),
+                            ..a
+                        },
+                        8,
+                    ))
+                }
+                None => None,
             };
             let si = b.read(self.rec(mc.m, W_STATE)?, 16);
             let fa = match (needs_block && block.is_none(), value) {
@@ -412,6 +426,18 @@ impl RolexClient {
             let mut contended = false;
             let mut tries = 0u32;
             loop {
+                if expected == RETIRED {
+                    // Another local task's table refresh, after this one's
+                    // fetch, cached the entry as RETIRED (a retrain froze
+                    // the group). A CAS from RETIRED to RETIRED | LOCK_BIT
+                    // (the same word) would "succeed" on a frozen entry
+                    // and take no lock: retry as when a CAS finds RETIRED
+                    // (invariant 13).
+                    sh.locks.release(gk, None);
+                    mc.retired.store(true, Ordering::Release);
+                    bump(&sh.stats.retired_cached);
+                    return Ok(Outcome::Retry);
+                }
                 let links = chain(expected, &mc.snapshot().slt).ok();
                 let mut b = self.ep.batch();
                 let ci = b.cas(lt_addr, expected, expected | LOCK_BIT);
