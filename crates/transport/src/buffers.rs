@@ -137,8 +137,8 @@ impl Spares<'_> {
     }
 
     /// A result list for a batch: a pooled one (its entries, the results of
-    /// an earlier batch, hold read buffers the next reads may fill in
-    /// place: [`Spares::reuse_read`]), else a new empty one.
+    /// an earlier batch, hold read buffers the next reads fill in place:
+    /// `LocalEndpoint::run_verbs`), else a new empty one.
     #[inline]
     pub fn take_results(&mut self) -> PooledResults {
         self.0.results.pop().unwrap_or_default()
@@ -164,34 +164,6 @@ impl Spares<'_> {
             }
         }
         self.0.results.push(r);
-    }
-
-    /// The buffer for read `i` of a batch being executed into `out` (a
-    /// pooled list, see [`Spares::take_results`]): entry `i`'s buffer if it
-    /// holds one from an earlier batch, else a spare one. The caller puts
-    /// the filled buffer back with [`put_result`].
-    #[inline]
-    pub fn reuse_read(&mut self, out: &mut VerbResults, i: usize) -> Vec<u8> {
-        match out.get_mut(i) {
-            Some(VerbResult::Read(b)) if b.capacity() > 0 => std::mem::take(b),
-            _ => self.take(),
-        }
-    }
-
-    /// Stores result `r` as entry `i` of `out`, which holds at least `i`
-    /// entries (the batch's results so far, then any left from an earlier
-    /// batch): in place if there is one (a read buffer it still held goes
-    /// to the spares), else pushed.
-    #[inline]
-    pub fn put_result(&mut self, out: &mut VerbResults, i: usize, r: VerbResult) {
-        match out.get_mut(i) {
-            Some(e) => {
-                if let VerbResult::Read(b) = std::mem::replace(e, r) {
-                    self.give(b);
-                }
-            }
-            None => out.push(r),
-        }
     }
 
     /// Gives back the buffers of entries `len..` of `out` (left from an
