@@ -32,6 +32,34 @@ pub const SLOTS_PER_BUCKET: u64 = 7;
 /// Byte offset of the link word in a bucket.
 const LINK_OFFSET: u64 = 56;
 const LOCK_STRIPES: usize = 1024;
+
+/// Work the table declares to `sim`'s instruction term
+/// ([`dmkv_transport::sim::work`]; docs/simulation.md, "An instruction term
+/// for memory-node jobs (branch i49)"): instructions counted with callgrind
+/// on the `local` transport, main's binary a1dce1e, `DMKV=... KEEP=...
+/// scripts/instructions-per-op.sh rpc-hash` (ycsb-c, 50,000 keys, 1 thread
+/// x 8 tasks, differenced over 50,000 GETs), the handler thread's call tree
+/// below `ServiceTable::run`.
+pub(crate) mod cost {
+    /// `find`: a base and a price per slot probed (a bucket's visit and the
+    /// key compare spread over its slots), fitted to two runs: 182.3
+    /// instructions at 2.527 slots probed per lookup (16,384 main buckets)
+    /// and 405.4 at 13.235 (`EXTRA="--set rpc-hash.buckets=2048"`; probes
+    /// per lookup from the sim run's `slots_probed_per_lookup`):
+    /// (405.4 - 182.3) / (13.235 - 2.527) = 20.8 per slot, 182.3 - 2.527 x
+    /// 20.8 = 129.7 base.
+    pub const FIND_BASE: u64 = 130;
+    pub const FIND_PER_SLOT: u64 = 21;
+    /// `get_into`'s own (hashing, the stripe lock, the lookup counter,
+    /// copying the value out): 107.0 per GET.
+    pub const GET: u64 = 107;
+    /// `put`'s own, `find` apart (the stripe lock, the block's allocation
+    /// and write, the slot's store, the old block's free): 352.9 per
+    /// operation on ycsb-a (`scripts/instructions-per-op.sh rpc-hash
+    /// ycsb-a`), 705.8 per update, less its `find`'s 196.6: 509.
+    /// Deletes are priced alike (not measured apart).
+    pub const PUT: u64 = 509;
+}
 /// KV blocks start here so that no slot packs to 0.
 const KV_START: u64 = 64;
 
@@ -271,6 +299,7 @@ impl ClusterTable {
                 next => bucket = next,
             }
         };
+        dmkv_transport::sim::work(cost::FIND_BASE + cost::FIND_PER_SLOT * probed);
         if lookup {
             let c = &self.counters;
             c.buckets_visited.fetch_add(visited, Ordering::Relaxed);
@@ -349,6 +378,7 @@ impl ClusterTable {
         let h = hash64(key);
         let b = self.main_bucket(h);
         let _g = self.locks[b as usize % LOCK_STRIPES].lock();
+        dmkv_transport::sim::work(cost::GET);
         self.counters.lookups.fetch_add(1, Ordering::Relaxed);
         match self.find(b, key, fingerprint(h), true) {
             Some(f) => {
@@ -367,6 +397,7 @@ impl ClusterTable {
         let fp = fingerprint(h);
         let b = self.main_bucket(h);
         let _g = self.locks[b as usize % LOCK_STRIPES].lock();
+        dmkv_transport::sim::work(cost::PUT);
         match self.find(b, key, fp, false) {
             Some(found) => {
                 if mode == PutMode::Insert {
@@ -403,6 +434,7 @@ impl ClusterTable {
         let h = hash64(key);
         let b = self.main_bucket(h);
         let _g = self.locks[b as usize % LOCK_STRIPES].lock();
+        dmkv_transport::sim::work(cost::PUT);
         match self.find(b, key, fingerprint(h), false) {
             Some(found) => {
                 self.store(found.slot_at, 0);

@@ -27,6 +27,42 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
 
+/// Work the tree declares to `sim`'s instruction term when it runs on a
+/// memory node ([`dmkv_transport::sim::work`], a no-op elsewhere;
+/// docs/simulation.md, "An instruction term for memory-node jobs (branch
+/// i49)"). Instructions counted with callgrind on the `local` transport,
+/// main's binary a1dce1e: `DMKV=... KEEP=... scripts/instructions-per-op.sh
+/// rpc-btree` (ycsb-c, 50,000 keys, height 5, 1 thread x 8 tasks,
+/// differenced over 50,000 GETs), the handler thread's call tree.
+pub mod cost {
+    /// One inner node of a descent ([`XTree::walk`]: its meta word, the
+    /// binary search over its keys, the child pointer): `descend_to_leaf`
+    /// 1,069.0 per GET over 4 inner levels (the leaf's meta check spread
+    /// over them).
+    pub const INNER_LEVEL: u64 = 267;
+    /// One attempt at a consistent image of a leaf (`read_consistent`:
+    /// the copy, its check and parse): 1,336.0 per GET.
+    pub const LEAF_READ: u64 = 1_336;
+    /// `XTree::get`'s own part (the lock, the key's search in the parsed
+    /// leaf, resolving the value block, freeing the image): 2,655.3 less
+    /// the two above, 250.
+    pub const GET: u64 = 250;
+    /// A write's attempt on its leaf in place (`leaf_apply`: the leaf's
+    /// lock, its image, the change, the commit) plus `modify`'s own part:
+    /// on ycsb-a (`scripts/instructions-per-op.sh rpc-btree ycsb-a`) per
+    /// update `modify` 3,649, of it `leaf_apply` 2,527 and the descent
+    /// 1,066 (declared per level above): 2,583. A write that must split
+    /// (`apply_exclusive`, about one insert in eight) is not declared
+    /// beyond this: not measured apart.
+    pub const LEAF_WRITE: u64 = 2_583;
+    /// An update's attempt at its hinted leaf (`update_hinted` apart from
+    /// the `modify` it falls back to when the hint is stale: the leaf's
+    /// lock, image, value and commit): XStore's update handler on ycsb-a
+    /// (`scripts/instructions-per-op.sh xstore ycsb-a`), `update_hinted`
+    /// 3,492 per update less its fallback `modify` calls' 1,284: 2,208.
+    pub const HINTED_ATTEMPT: u64 = 2_208;
+}
+
 /// Why a tree operation failed. Expected outcomes (absent, present) are
 /// results, not errors.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -338,6 +374,7 @@ impl XTree {
 
     /// The value of `key`.
     pub fn get(&self, key: u64) -> Result<Option<Vec<u8>>, XTreeError> {
+        dmkv_transport::sim::work(cost::GET);
         let _shared = self.structure.read();
         let leaf = self.descend_to_leaf(key);
         for _ in 0..MAX_READ_RETRIES {
@@ -560,6 +597,7 @@ impl XTree {
         value: &[u8],
         hint: LeafRef,
     ) -> Result<HintedUpdate, XTreeError> {
+        dmkv_transport::sim::work(cost::HINTED_ATTEMPT);
         check_value(key, value)?;
         if hint.node == NO_NODE || hint.node > self.high_node.load(Ordering::Acquire) {
             return Err(XTreeError::BadRequest(format!(
@@ -770,6 +808,7 @@ impl XTree {
     /// Applies `op` to `key` in `leaf` under the leaf's lock, unless it
     /// needs a split. The caller holds `structure` (so `leaf` covers `key`).
     fn leaf_apply(&self, leaf: u32, key: u64, op: WriteOp<'_>) -> Result<LeafOutcome, XTreeError> {
+        dmkv_transport::sim::work(cost::LEAF_WRITE);
         let nm = self.node_mem(leaf);
         let x = lock(&nm);
         let img = match self.read_locked(leaf) {
@@ -1165,6 +1204,7 @@ impl XTree {
     /// A consistent image of a node that writers may be changing.
     fn read_consistent(&self, node: u32) -> Result<NodeView, XTreeError> {
         for attempt in 0..MAX_READ_RETRIES {
+            dmkv_transport::sim::work(cost::LEAF_READ);
             match self.with_snapshot(node, |img| NodeView::parse(&self.geo, img)) {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_transient() => {
@@ -1212,6 +1252,7 @@ impl XTree {
             if meta & 0xFF == 0 {
                 return node;
             }
+            dmkv_transport::sim::work(cost::INNER_LEVEL);
             // One bounds check (and one `sim` charge for the node's lines,
             // as for the copy this replaces) per inner node; then plain loads.
             let words = self

@@ -182,6 +182,27 @@ pub fn serve_node(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> dmkv_api::Result<A
     Ok(server)
 }
 
+/// Work the handlers declare to `sim`'s instruction term
+/// ([`dmkv_transport::sim::work`], a no-op elsewhere; docs/simulation.md,
+/// "An instruction term for memory-node jobs (branch i49)"): instructions
+/// counted with callgrind on the `local` transport, main's binary a1dce1e,
+/// `DMKV=... KEEP=... scripts/instructions-per-op.sh outback [ycsb-a]`
+/// (50,000 keys, 1 thread x 8 tasks, differenced over 50,000 operations),
+/// the handler thread's call tree below `ServiceTable::run`.
+pub(crate) mod cost {
+    /// A GET (O(1): decode, the shard's slot, the table list's read lock,
+    /// the bucket's slot and the block, the reply): `Op::handle_into`
+    /// inclusive, 319.7 per GET on ycsb-c.
+    pub const GET: u64 = 320;
+    /// A write (decode, the shard's write: slot, seqlock, block, log):
+    /// measured for UPDATE on ycsb-a, `Op::handle_into` 2,110.9 per
+    /// operation, less the GETs' half (146.0 in `get_into` and 17 of the
+    /// entry's own 34), over the 0.5 updates per operation: 3,896. Inserts
+    /// and deletes take the same path (`ShardServer::write`) and are
+    /// priced alike, not measured apart.
+    pub const WRITE: u64 = 3_896;
+}
+
 /// The node's RPC service: [`NodeServer::handle_into`], so a GET's reply is
 /// built in the handler thread's reply buffer.
 struct Op(Arc<NodeServer>);
@@ -285,6 +306,7 @@ impl NodeServer {
         out: &mut Vec<u8>,
     ) -> Result<(), ServiceError> {
         if let Some((t, slot)) = proto::decode_get(req) {
+            dmkv_transport::sim::work(cost::GET);
             return self.get_into(&t, slot, out);
         }
         *out = self.handle_other(req)?;
@@ -296,6 +318,7 @@ impl NodeServer {
         // A well-formed GET, decoded in one step; anything else (a malformed
         // GET included) goes through the general decoder.
         if let Some((t, slot)) = proto::decode_get(req) {
+            dmkv_transport::sim::work(cost::GET);
             return self.get(&t, slot);
         }
         self.handle_other(req)
@@ -341,6 +364,14 @@ impl NodeServer {
             Some(Some(s)) => s,
             other => return no_shard(t.shard, other.is_some(), self.shards.len()),
         };
+        // Declared work (`cost`): a write is priced as the update measured
+        // on ycsb-a; the rest as a GET.
+        dmkv_transport::sim::work(match d {
+            DataReq::Insert { .. } | DataReq::Update { .. } | DataReq::Delete { .. } => {
+                cost::WRITE
+            }
+            DataReq::Get { .. } | DataReq::MakeupGet { .. } => cost::GET,
+        });
         match d {
             DataReq::Get { t, slot } => shard.get(&t, slot),
             DataReq::MakeupGet { t, key } => shard.makeup_get(&t, key),

@@ -61,6 +61,12 @@ pub(crate) struct Sim {
     /// distinct lines and objects, and address-less notes; reported as
     /// `compute distinct lines` and `compute line notes`.
     pub(crate) local_lines: Cell<(u64, u64)>,
+    /// The profile's instruction rate, instructions per microsecond (0: no
+    /// instruction term; see [`work`]).
+    pub(crate) instructions_per_us: u64,
+    /// Instructions memory-node jobs declared so far ([`work`]), reported
+    /// as `memnode declared instructions`.
+    pub(crate) work_instructions: Cell<u64>,
 }
 
 thread_local! {
@@ -82,6 +88,12 @@ thread_local! {
     /// `net::on_core`); `None` outside any job, where a metered access is
     /// charged every line it spans.
     static JOB_SET: RefCell<Option<lines::LineSet>> = const { RefCell::new(None) };
+    /// Instructions the memory-node job running now has declared so far
+    /// ([`work`]; reset for each job by [`job_lines`], the outer job's
+    /// count put back when an inner one ends): the job is charged
+    /// `floor(count x 1000 / rate)` ns in all, exactly, however its work is
+    /// split into declarations.
+    static JOB_WORK: Cell<u64> = const { Cell::new(0) };
     /// True while a [`Simulation`] drops its pending events and background
     /// tasks (it is no longer current): state dropped then may still try to
     /// answer an RPC (a handler's parked `Responder` answers on drop), and
@@ -284,17 +296,70 @@ pub(crate) fn touch(tag: u64, base: u64, offset: u64, len: u64) {
 ///    again).
 /// 4. Steady state allocates nothing: the set's table comes from the
 ///    per-thread pool of `lines` and goes back to it cleared when `f` ends.
+///
+/// The job's declared instructions ([`work`]) follow the same nesting: a
+/// job's count starts at 0 and the outer job's count is back in place when
+/// an inner job ends.
 pub(crate) fn job_lines<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<lines::LineSet>);
+    struct Restore(Option<lines::LineSet>, u64);
     impl Drop for Restore {
         fn drop(&mut self) {
             let outer = self.0.take();
             // The job's own set goes back to the pool (its `Drop`).
             let _ = JOB_SET.try_with(|j| drop(j.replace(outer)));
+            let _ = JOB_WORK.try_with(|w| w.set(self.1));
         }
     }
-    let _restore = Restore(JOB_SET.with(|j| j.replace(Some(lines::LineSet::new()))));
+    let _restore = Restore(
+        JOB_SET.with(|j| j.replace(Some(lines::LineSet::new()))),
+        JOB_WORK.with(|w| w.replace(0)),
+    );
     f()
+}
+
+/// Declares `instructions` of work done by the memory-node code that runs
+/// now (an RPC handler, a worker job): under `sim`, on a metered
+/// memory-node core, it costs `instructions / (cpu_ghz x ipc)` ns of that
+/// core's time, on top of the per-message (`rpc_base_ns`) or per-job
+/// (`job_base_ns`) cost and the lines the code touches (docs/simulation.md,
+/// "An instruction term for memory-node jobs (branch i49)").
+///
+/// Invariants:
+/// 1. Off `sim`, outside a metered memory-node core (compute tasks, the
+///    network's events, code waiting in a nested frame that is not the
+///    core's own), inside a compute operation counted by
+///    `Endpoint::charged`, or with a profile without an instruction term
+///    (`cpu_ghz` = `ipc` = 0), it returns at its first check and costs
+///    nothing: the compute side's CPU keeps its own model.
+/// 2. A job declaring `n1, n2, ...` is charged `floor((n1 + n2 + ...) x
+///    1000 / rate)` ns in all (`rate`: the profile's
+///    [`instructions_per_us`](profile::MemnodeProfile::instructions_per_us)),
+///    charged as declared (so a progress point passes what was declared
+///    before it): how the work is split into declarations never changes
+///    the total.
+/// 3. Jobs nest as for lines ([`job_lines`]): an inner job's declarations
+///    are its own and leave the outer job's count as they found it.
+#[inline]
+pub fn work(instructions: u64) {
+    let meter = METER_LINE_NS.with(|m| m.get());
+    if meter == 0 || meter == COUNT_LOCAL || instructions == 0 {
+        return;
+    }
+    CURRENT.with(|c| {
+        let c = c.borrow();
+        let Some(s) = c.as_ref() else { return };
+        let rate = s.instructions_per_us;
+        if rate == 0 {
+            return;
+        }
+        let before = JOB_WORK.with(|w| w.get());
+        let after = before.saturating_add(instructions);
+        JOB_WORK.with(|w| w.set(after));
+        let cost = after.saturating_mul(1000) / rate - before.saturating_mul(1000) / rate;
+        s.sched.cpu_ns.set(s.sched.cpu_ns.get() + cost);
+        s.work_instructions
+            .set(s.work_instructions.get().saturating_add(instructions));
+    });
 }
 
 /// Empties the set of distinct lines of the memory-node job that runs now
@@ -705,6 +770,7 @@ impl Simulation {
     /// If the thread already runs one.
     pub fn new(cfg: SimConfig) -> Simulation {
         let cluster = Cluster::new();
+        let instructions_per_us = cfg.profile.memnode.instructions_per_us();
         let sim = Rc::new(Sim {
             sched: Sched::new(cfg.seed),
             net: RefCell::new(Net::default()),
@@ -716,6 +782,8 @@ impl Simulation {
             llc: RefCell::new(Vec::new()),
             costs: net::Costs::new(),
             local_lines: Cell::new((0, 0)),
+            instructions_per_us,
+            work_instructions: Cell::new(0),
         });
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
@@ -813,6 +881,18 @@ impl Simulation {
                     bytes,
                 });
             }
+        }
+        // Work memory-node code declared (`work`; only with an instruction
+        // term in the profile and engines that declare).
+        let declared = sim.work_instructions.get();
+        if declared > 0 {
+            out.push(ResourceUse {
+                name: "memnode declared instructions".to_string(),
+                servers: 1,
+                busy_ns: 0,
+                count: declared,
+                bytes: 0,
+            });
         }
         // Compute-side lines (only engines that use `Endpoint::charged`
         // have any; the others' reports are unchanged).

@@ -82,6 +82,27 @@ pub struct MemnodeProfile {
     /// latency of the CPU, published measurements).
     #[serde(default)]
     pub dram_miss_ns: u64,
+    /// The memory node CPU's clock, GHz (its data sheet's base clock), for
+    /// the instruction term: work a handler or job declares in
+    /// instructions ([`crate::sim::work`]) costs `instructions / (cpu_ghz x
+    /// ipc)` ns. 0 (with `ipc` 0): no instruction term, declared work is
+    /// free (the model of earlier versions).
+    #[serde(default)]
+    pub cpu_ghz: f64,
+    /// Instructions per cycle of handler code apart from its memory
+    /// accesses (those are charged per line): an assumption, see
+    /// docs/simulation.md ("An instruction term for memory-node jobs").
+    #[serde(default)]
+    pub ipc: f64,
+}
+
+impl MemnodeProfile {
+    /// Instructions per microsecond of the instruction term (`cpu_ghz x ipc
+    /// x 1000`, rounded), 0 when the profile has none: integer, so that
+    /// the charge is exact and the same on every machine.
+    pub fn instructions_per_us(&self) -> u64 {
+        (self.cpu_ghz * self.ipc * 1000.0).round() as u64
+    }
 }
 
 /// A node's SSD (ScaleStore).
@@ -184,6 +205,23 @@ impl Profile {
             return Err(format!(
                 "memnode.llc_bytes {} is less than one set ({} ways of 64 bytes)",
                 m.llc_bytes, m.llc_ways
+            ));
+        }
+        for (what, v) in [("memnode.cpu_ghz", m.cpu_ghz), ("memnode.ipc", m.ipc)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{what} must be a non-negative number, not {v}"));
+            }
+        }
+        if (m.cpu_ghz > 0.0) != (m.ipc > 0.0) {
+            return Err(format!(
+                "memnode.cpu_ghz ({}) and memnode.ipc ({}) go together: set both (the instruction term) or neither",
+                m.cpu_ghz, m.ipc
+            ));
+        }
+        if m.cpu_ghz > 0.0 && m.instructions_per_us() == 0 {
+            return Err(format!(
+                "memnode.cpu_ghz x memnode.ipc = {} instructions per ns is too small to charge",
+                m.cpu_ghz * m.ipc
             ));
         }
         if n.nics == 0 || n.nics > 16 {
