@@ -179,7 +179,11 @@ fn the_same_lines_with_different_work_cost_exactly_the_work_apart() {
     let heavy = r.charged(&with(1_200));
     assert_eq!(light, 3 * line + ns(&p, 300));
     assert_eq!(heavy, 3 * line + ns(&p, 1_200));
-    assert_eq!(heavy - light, 285 - 71, "1,200 and 300 instructions at 4.2 per ns");
+    assert_eq!(
+        heavy - light,
+        285 - 71,
+        "1,200 and 300 instructions at 4.2 per ns"
+    );
     assert_eq!(r.charged(&lines), 3 * line, "no declaration: lines only");
     // The reply leaves when the service time (rpc_base_ns included) is
     // over: the round trips differ by the same amount.

@@ -367,9 +367,7 @@ impl NodeServer {
         // Declared work (`cost`): a write is priced as the update measured
         // on ycsb-a; the rest as a GET.
         dmkv_transport::sim::work(match d {
-            DataReq::Insert { .. } | DataReq::Update { .. } | DataReq::Delete { .. } => {
-                cost::WRITE
-            }
+            DataReq::Insert { .. } | DataReq::Update { .. } | DataReq::Delete { .. } => cost::WRITE,
             DataReq::Get { .. } | DataReq::MakeupGet { .. } => cost::GET,
         });
         match d {

@@ -10,7 +10,8 @@
 //! the order requests are ready (through the NIC); the handler runs at the
 //! instant a core takes it, for a service time from the
 //! cost model (`rpc_base_ns` plus `line_ns` per distinct cache line of
-//! registered memory it touched), and the reply leaves when the service time is over.
+//! registered memory it touched, plus the work it declared, `sim::work`),
+//! and the reply leaves when the service time is over.
 //! When the profile models the NIC's queue-pair context cache, a one-sided
 //! verb whose queue pair (one per compute thread and memory node) is not
 //! cached first holds the memory node's NIC while the context is fetched.
@@ -327,7 +328,8 @@ fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
 
 /// Runs `f` as code on a simulated core, as one job (an RPC handler call,
 /// a worker job): registered memory it touches is charged per DISTINCT
-/// cache line (`sim::job_lines`); returns `f`'s result and the CPU it used.
+/// cache line and the work it declares once per job (`sim::job_lines`,
+/// `sim::work`); returns `f`'s result and the CPU it used.
 pub(crate) fn on_core<R>(sim: &Sim, f: impl FnOnce() -> R) -> (R, u64) {
     let before = sim.sched.cpu_ns.get();
     let r = super::job_lines(|| with_metering(sim.profile.memnode.line_ns, f));
