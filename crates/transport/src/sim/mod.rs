@@ -505,7 +505,7 @@ pub(crate) fn run_tasks<'a, T>(
     tasks: Vec<crate::exec::LocalTask<'a, T>>,
 ) -> Result<Vec<T>, Vec<crate::exec::LocalTask<'a, T>>> {
     match current() {
-        Some(sim) => Ok(sim.sched.run_tasks(tasks)),
+        Some(sim) => Ok(sim.sched.run_tasks(&sim, tasks)),
         None => Err(tasks),
     }
 }
@@ -516,7 +516,7 @@ pub(crate) fn run_alone<'a, T>(
     task: crate::exec::LocalTask<'a, T>,
 ) -> Result<T, crate::exec::LocalTask<'a, T>> {
     match current() {
-        Some(sim) => Ok(sim.sched.run_alone(task)),
+        Some(sim) => Ok(sim.sched.run_alone(&sim, task)),
         None => Err(task),
     }
 }

@@ -17,6 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
@@ -537,8 +538,10 @@ impl Sched {
         drop(tasks);
     }
 
-    /// Runs the next event; false if there is none.
-    fn step(&self) -> bool {
+    /// Runs the next event; false if there is none. `sim` is the
+    /// simulation this scheduler belongs to (the network's events run on
+    /// it: they do not each hold a reference to it).
+    fn step(&self, sim: &Rc<super::Sim>) -> bool {
         let Some(e) = self.queue.borrow_mut().pop() else {
             return false;
         };
@@ -548,7 +551,7 @@ impl Sched {
         let ev = self.slab.borrow_mut().take(e.slot);
         match ev {
             Event::Wake(w) => w.wake(),
-            Event::Net(n) => n.run(),
+            Event::Net(n) => n.run(sim),
             Event::Run(f) => f(),
         }
         true
@@ -626,8 +629,12 @@ impl Sched {
     /// compute task of an outer frame can release what the inner wait is for
     /// (invariant 4: a task is polled by one frame at a time; the one being
     /// polled up the stack is skipped and stays ready for its own frame).
-    pub(crate) fn run_tasks<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
-        self.run_frame(tasks, false)
+    pub(crate) fn run_tasks<'a, T>(
+        &self,
+        sim: &Rc<super::Sim>,
+        tasks: Vec<LocalTask<'a, T>>,
+    ) -> Vec<T> {
+        self.run_frame(sim, tasks, false)
     }
 
     /// [`Sched::run_tasks`] for a wait that only the network and timers can
@@ -637,9 +644,12 @@ impl Sched {
     /// holds a lock across such a wait then cannot meet code that wants the
     /// same lock on this one OS thread, which would never return. The frame
     /// is not registered: nothing else ever polls it.
-    pub(crate) fn run_alone<'a, T>(&self, task: LocalTask<'a, T>) -> T {
+    pub(crate) fn run_alone<'a, T>(&self, sim: &Rc<super::Sim>, task: LocalTask<'a, T>) -> T {
         self.alone.set(self.alone.get() + 1);
-        let out = self.run_frame(vec![task], true).pop().expect("one task");
+        let out = self
+            .run_frame(sim, vec![task], true)
+            .pop()
+            .expect("one task");
         self.alone.set(self.alone.get() - 1);
         if self.alone.get() == 0 {
             let now = self.now.get();
@@ -667,11 +677,21 @@ impl Sched {
         self.held_jobs.borrow_mut().push(job);
     }
 
-    fn run_frame<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
-        super::without_local_count(|| self.run_frame_inner(tasks, alone))
+    fn run_frame<'a, T>(
+        &self,
+        sim: &Rc<super::Sim>,
+        tasks: Vec<LocalTask<'a, T>>,
+        alone: bool,
+    ) -> Vec<T> {
+        super::without_local_count(|| self.run_frame_inner(sim, tasks, alone))
     }
 
-    fn run_frame_inner<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
+    fn run_frame_inner<'a, T>(
+        &self,
+        sim: &Rc<super::Sim>,
+        tasks: Vec<LocalTask<'a, T>>,
+        alone: bool,
+    ) -> Vec<T> {
         let n = tasks.len();
         let ready = ReadyQueue::new(n, true, &self.ready_total);
         let frame = Frame {
@@ -691,7 +711,7 @@ impl Sched {
                 if super::OwnCoreOnly::poll_own(&mut own, || frame.poll_ready()) {
                     continue;
                 }
-                if !self.step() {
+                if !self.step(sim) {
                     panic!(
                         "simulation deadlock at virtual time {} ns: a wait on the network \
                          alone has no event left to end it",
@@ -730,7 +750,7 @@ impl Sched {
                     continue;
                 }
             }
-            if !self.step() {
+            if !self.step(sim) {
                 panic!(
                     "simulation deadlock at virtual time {} ns: {} of {n} tasks wait and no \
                      event is scheduled (a task waits for something nothing will do)",
