@@ -136,6 +136,14 @@ impl Calendar {
                 }
                 at
             }
+            // Within the last interval: no gap after `at` before its end,
+            // so the reservation follows it (what `place_between` finds
+            // for this case, without its search; branch i50).
+            Some(last) if at >= last.0 && len > 0 => {
+                let t = last.1;
+                last.1 = t + len;
+                t
+            }
             Some(_) => self.place_between(at, len),
         }
     }

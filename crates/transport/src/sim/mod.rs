@@ -570,7 +570,7 @@ pub(crate) fn run_tasks<'a, T>(
     tasks: Vec<crate::exec::LocalTask<'a, T>>,
 ) -> Result<Vec<T>, Vec<crate::exec::LocalTask<'a, T>>> {
     match current() {
-        Some(sim) => Ok(sim.sched.run_tasks(tasks)),
+        Some(sim) => Ok(sim.sched.run_tasks(&sim, tasks)),
         None => Err(tasks),
     }
 }
@@ -581,7 +581,7 @@ pub(crate) fn run_alone<'a, T>(
     task: crate::exec::LocalTask<'a, T>,
 ) -> Result<T, crate::exec::LocalTask<'a, T>> {
     match current() {
-        Some(sim) => Ok(sim.sched.run_alone(task)),
+        Some(sim) => Ok(sim.sched.run_alone(&sim, task)),
         None => Err(task),
     }
 }
@@ -589,31 +589,36 @@ pub(crate) fn run_alone<'a, T>(
 /// Completes at virtual time `at`.
 pub(crate) struct SleepUntil {
     at: u64,
-    armed: bool,
 }
 
 pub(crate) fn sleep_until_ns(at: u64) -> SleepUntil {
-    SleepUntil { at, armed: false }
+    SleepUntil { at }
 }
 
 impl Future for SleepUntil {
     type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(sim) = current() else {
-            return Poll::Ready(());
-        };
-        if sim.sched.now() >= self.at {
-            return Poll::Ready(());
-        }
-        if !self.armed {
-            self.armed = true;
-            sim.sched.wake_at(self.at, cx.waker().clone());
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let at = self.at;
+        // The simulation borrowed, not cloned (branch i50).
+        let pending = CURRENT.with(|c| {
+            let c = c.borrow();
+            let Some(sim) = c.as_ref() else {
+                return false;
+            };
+            if sim.sched.now() >= at {
+                return false;
+            }
+            // Armed now, or, if polled early by a spurious wake, armed
+            // again (the first alarm still fires; a second wake is
+            // harmless).
+            sim.sched.wake_at(at, cx.waker().clone());
+            true
+        });
+        if pending {
+            Poll::Pending
         } else {
-            // Polled early by a spurious wake: arm again (the first alarm
-            // still fires; a second wake is harmless).
-            sim.sched.wake_at(self.at, cx.waker().clone());
+            Poll::Ready(())
         }
-        Poll::Pending
     }
 }
 

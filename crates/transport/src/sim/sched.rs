@@ -17,6 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
@@ -31,7 +32,7 @@ pub(crate) enum Event {
 }
 
 /// A pending event's place in the queue: ordered by (time, tie, seq), the
-/// event itself in slot `slot` of the scheduler's slab (so that the heap
+/// event itself in node `slot` of the queue (so that the heap
 /// moves 32 bytes per step, not the event). `seq` is unique, in scheduling
 /// order, and settles equal (time, tie) pairs; the order is exactly what
 /// invariants 1 and 2 require. Time and tie are packed into one `u128`
@@ -143,9 +144,19 @@ const WHEEL_WORDS: usize = WHEEL / 64;
 /// No entry (an empty bucket, the end of a bucket's list).
 const NONE: u32 = u32::MAX;
 
-/// The pending events' entries, popped in (time, tie, seq) order
-/// ([`Entry::before`]): a timing wheel with one bucket per nanosecond for
-/// the entries due within [`WHEEL`] ns of the last pop, and a 4-ary heap
+/// A pending entry of the event queue: its order, its bucket's next link,
+/// and what it carries (the event), in one place (branch i50: the events
+/// were in a slab of their own beside the links).
+struct Node<T> {
+    entry: Entry,
+    next: u32,
+    item: Option<T>,
+}
+
+/// The pending events, popped in (time, tie, seq) order
+/// ([`Entry::before`]), each with its payload `T` (the scheduler's
+/// [`Event`]): a timing wheel with one bucket per nanosecond for the
+/// entries due within [`WHEEL`] ns of the last pop, and a 4-ary heap
 /// ([`FarHeap`]) for those further ahead (branch i47: the heap alone cost
 /// about 235 instructions per event, a third of it in comparisons).
 ///
@@ -165,24 +176,29 @@ const NONE: u32 = u32::MAX;
 ///    that runs first, so the order is exactly (time, tie, seq), whichever
 ///    structure holds what (`the_event_queue_pops_in_time_tie_seq_order`
 ///    checks it against `BinaryHeap`, entries due far ahead included).
-struct EventQueue {
-    /// Per bucket: the slot of its first entry's link, or [`NONE`].
-    heads: Box<[u32]>,
-    bits: Box<[u64]>,
-    /// Per slot (an entry's `slot`, unique among pending entries): the
-    /// entry and the next link of its bucket.
-    links: Vec<(Entry, u32)>,
+/// 4. Every pending entry has a node of its own (`Entry::slot`, unique
+///    among pending entries) holding its payload; a popped entry's node is
+///    free for reuse (`free`), its payload moved out.
+struct EventQueue<T> {
+    /// Per bucket: the slot of its first entry's node, or [`NONE`].
+    heads: Box<[u32; WHEEL]>,
+    bits: Box<[u64; WHEEL_WORDS]>,
+    /// Per slot: a pending entry's node (or a free one, `item` None).
+    nodes: Vec<Node<T>>,
+    /// Free slots.
+    free: Vec<u32>,
     in_wheel: usize,
     cur: u64,
     far: FarHeap,
 }
 
-impl Default for EventQueue {
-    fn default() -> EventQueue {
+impl<T> Default for EventQueue<T> {
+    fn default() -> EventQueue<T> {
         EventQueue {
-            heads: vec![NONE; WHEEL].into_boxed_slice(),
-            bits: vec![0; WHEEL_WORDS].into_boxed_slice(),
-            links: Vec::new(),
+            heads: Box::new([NONE; WHEEL]),
+            bits: Box::new([0; WHEEL_WORDS]),
+            nodes: Vec::new(),
+            free: Vec::new(),
             in_wheel: 0,
             cur: 0,
             far: FarHeap::default(),
@@ -190,21 +206,39 @@ impl Default for EventQueue {
     }
 }
 
-impl EventQueue {
-    fn push(&mut self, e: Entry) {
-        let at = e.at();
+impl<T> EventQueue<T> {
+    /// Queues `item` due at `at` with order (`tie`, `seq`).
+    #[inline]
+    fn push(&mut self, at: u64, tie: u64, seq: u64, item: T) {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = u32::try_from(self.nodes.len())
+                    .ok()
+                    .filter(|&s| s != NONE)
+                    .expect("fewer than 2^32 - 1 pending events");
+                self.nodes.push(Node {
+                    entry: Entry::new(0, 0, 0, slot),
+                    next: NONE,
+                    item: None,
+                });
+                slot
+            }
+        };
+        let e = Entry::new(at, tie, seq, slot);
         // `at < cur` wraps to a large difference: the heap takes it.
-        if at.wrapping_sub(self.cur) >= WHEEL as u64 {
+        let in_wheel = at.wrapping_sub(self.cur) < WHEEL as u64;
+        let b = at as usize & (WHEEL - 1);
+        let node = &mut self.nodes[slot as usize];
+        node.entry = e;
+        node.item = Some(item);
+        if !in_wheel {
+            node.next = NONE;
             self.far.push(e);
             return;
         }
-        let b = at as usize % WHEEL;
-        let slot = e.slot as usize;
-        if self.links.len() <= slot {
-            self.links.resize(slot + 1, (e, NONE));
-        }
-        self.links[slot] = (e, self.heads[b]);
-        self.heads[b] = e.slot;
+        node.next = self.heads[b];
+        self.heads[b] = slot;
         self.bits[b / 64] |= 1 << (b % 64);
         self.in_wheel += 1;
     }
@@ -212,42 +246,58 @@ impl EventQueue {
     /// The first non-empty bucket from `cur` on (there is one).
     #[inline]
     fn first_bucket(&self) -> usize {
-        let start = self.cur as usize % WHEEL;
+        let start = self.cur as usize & (WHEEL - 1);
         let mut w = start / 64;
         let mut word = self.bits[w] & (!0u64 << (start % 64));
         loop {
             if word != 0 {
                 return w * 64 + word.trailing_zeros() as usize;
             }
-            w = (w + 1) % WHEEL_WORDS;
+            w = (w + 1) & (WHEEL_WORDS - 1);
             word = self.bits[w];
         }
     }
 
-    fn pop(&mut self) -> Option<Entry> {
+    /// The first entry in (time, tie, seq) order and its payload.
+    #[inline]
+    fn pop(&mut self) -> Option<(Entry, T)> {
+        let e = self.pop_entry()?;
+        let item = self.nodes[e.slot as usize]
+            .item
+            .take()
+            .expect("a pending entry's node holds its payload");
+        self.free.push(e.slot);
+        Some((e, item))
+    }
+
+    fn pop_entry(&mut self) -> Option<Entry> {
         if self.in_wheel == 0 {
             let e = self.far.pop()?;
             self.cur = e.at();
             return Some(e);
         }
-        let b = self.first_bucket();
+        let b = self.first_bucket() & (WHEEL - 1);
         // The bucket's first entry in (tie, seq) order, and the link before
         // it (NONE: it is the head).
         let head = self.heads[b];
-        let (mut best, mut next) = self.links[head as usize];
+        let node = &self.nodes[head as usize];
+        let (mut best, mut next) = (node.entry, node.next);
         let mut best_prev = NONE;
-        if next != NONE {
+        let after = if next == NONE {
+            NONE
+        } else {
             let mut prev = head;
             while next != NONE {
-                let (e, n) = self.links[next as usize];
-                if e.before(&best) {
-                    best = e;
+                let n = &self.nodes[next as usize];
+                if n.entry.before(&best) {
+                    best = n.entry;
                     best_prev = prev;
                 }
                 prev = next;
-                next = n;
+                next = n.next;
             }
-        }
+            self.nodes[best.slot as usize].next
+        };
         if let Some(f) = self.far.peek()
             && f.before(&best)
         {
@@ -255,55 +305,31 @@ impl EventQueue {
             self.cur = f.at();
             return Some(f);
         }
-        let after = self.links[best.slot as usize].1;
         if best_prev == NONE {
             self.heads[b] = after;
             if after == NONE {
                 self.bits[b / 64] &= !(1 << (b % 64));
             }
         } else {
-            self.links[best_prev as usize].1 = after;
+            self.nodes[best_prev as usize].next = after;
         }
         self.in_wheel -= 1;
         self.cur = best.at();
         Some(best)
     }
 
-    fn clear(&mut self) {
+    /// Drops every pending entry; returns their payloads.
+    fn clear(&mut self) -> Vec<T> {
         self.heads.fill(NONE);
         self.bits.fill(0);
-        self.links.clear();
+        self.free.clear();
         self.in_wheel = 0;
         self.cur = 0;
         self.far.clear();
-    }
-}
-
-/// Pending events' bodies, by slot; freed slots are reused.
-#[derive(Default)]
-struct Slab {
-    events: Vec<Option<Event>>,
-    free: Vec<u32>,
-}
-
-impl Slab {
-    fn insert(&mut self, ev: Event) -> u32 {
-        match self.free.pop() {
-            Some(slot) => {
-                self.events[slot as usize] = Some(ev);
-                slot
-            }
-            None => {
-                self.events.push(Some(ev));
-                u32::try_from(self.events.len() - 1).expect("fewer than 2^32 pending events")
-            }
-        }
-    }
-    fn take(&mut self, slot: u32) -> Event {
-        self.free.push(slot);
-        self.events[slot as usize]
-            .take()
-            .expect("a queued entry's slot holds its event")
+        std::mem::take(&mut self.nodes)
+            .into_iter()
+            .filter_map(|n| n.item)
+            .collect()
     }
 }
 
@@ -428,8 +454,7 @@ struct Background {
 /// The scheduler's state. Owned by one thread (see invariant 3).
 pub(crate) struct Sched {
     now: Cell<u64>,
-    queue: RefCell<EventQueue>,
-    slab: RefCell<Slab>,
+    queue: RefCell<EventQueue<Event>>,
     seq: Cell<u64>,
     rng: RefCell<SmallRng>,
     events: Cell<u64>,
@@ -454,7 +479,6 @@ impl Sched {
         Sched {
             now: Cell::new(0),
             queue: RefCell::new(EventQueue::default()),
-            slab: RefCell::new(Slab::default()),
             seq: Cell::new(0),
             rng: RefCell::new(SmallRng::seed_from_u64(seed ^ 0x5eed_d3c0_de00_0001)),
             events: Cell::new(0),
@@ -519,36 +543,36 @@ impl Sched {
 
     /// Queues `ev` at `at` (not before now) with the next tie and sequence
     /// number; every event draws one tie, in scheduling order.
+    #[inline]
     fn schedule(&self, at: u64, ev: Event) {
         let at = at.max(self.now.get());
         let seq = self.seq.get();
         self.seq.set(seq + 1);
         let tie = self.rng.borrow_mut().r#gen::<u64>();
-        let slot = self.slab.borrow_mut().insert(ev);
-        self.queue.borrow_mut().push(Entry::new(at, tie, seq, slot));
+        self.queue.borrow_mut().push(at, tie, seq, ev);
     }
 
     /// Drops every pending event and background task (the simulation ends).
     pub(crate) fn clear(&self) {
-        self.queue.borrow_mut().clear();
-        let events = std::mem::take(&mut *self.slab.borrow_mut());
+        let events = self.queue.borrow_mut().clear();
         let tasks = std::mem::take(&mut self.bg.borrow_mut().tasks);
         drop(events);
         drop(tasks);
     }
 
-    /// Runs the next event; false if there is none.
-    fn step(&self) -> bool {
-        let Some(e) = self.queue.borrow_mut().pop() else {
+    /// Runs the next event; false if there is none. `sim` is the
+    /// simulation this scheduler belongs to (the network's events run on
+    /// it: they do not each hold a reference to it).
+    fn step(&self, sim: &Rc<super::Sim>) -> bool {
+        let Some((e, ev)) = self.queue.borrow_mut().pop() else {
             return false;
         };
         debug_assert!(e.at() >= self.now.get(), "time went backwards");
         self.now.set(e.at());
         self.events.set(self.events.get() + 1);
-        let ev = self.slab.borrow_mut().take(e.slot);
         match ev {
             Event::Wake(w) => w.wake(),
-            Event::Net(n) => n.run(),
+            Event::Net(n) => n.run(sim),
             Event::Run(f) => f(),
         }
         true
@@ -626,8 +650,12 @@ impl Sched {
     /// compute task of an outer frame can release what the inner wait is for
     /// (invariant 4: a task is polled by one frame at a time; the one being
     /// polled up the stack is skipped and stays ready for its own frame).
-    pub(crate) fn run_tasks<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
-        self.run_frame(tasks, false)
+    pub(crate) fn run_tasks<'a, T>(
+        &self,
+        sim: &Rc<super::Sim>,
+        tasks: Vec<LocalTask<'a, T>>,
+    ) -> Vec<T> {
+        self.run_frame(sim, tasks, false)
     }
 
     /// [`Sched::run_tasks`] for a wait that only the network and timers can
@@ -637,9 +665,12 @@ impl Sched {
     /// holds a lock across such a wait then cannot meet code that wants the
     /// same lock on this one OS thread, which would never return. The frame
     /// is not registered: nothing else ever polls it.
-    pub(crate) fn run_alone<'a, T>(&self, task: LocalTask<'a, T>) -> T {
+    pub(crate) fn run_alone<'a, T>(&self, sim: &Rc<super::Sim>, task: LocalTask<'a, T>) -> T {
         self.alone.set(self.alone.get() + 1);
-        let out = self.run_frame(vec![task], true).pop().expect("one task");
+        let out = self
+            .run_frame(sim, vec![task], true)
+            .pop()
+            .expect("one task");
         self.alone.set(self.alone.get() - 1);
         if self.alone.get() == 0 {
             let now = self.now.get();
@@ -667,11 +698,21 @@ impl Sched {
         self.held_jobs.borrow_mut().push(job);
     }
 
-    fn run_frame<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
-        super::without_local_count(|| self.run_frame_inner(tasks, alone))
+    fn run_frame<'a, T>(
+        &self,
+        sim: &Rc<super::Sim>,
+        tasks: Vec<LocalTask<'a, T>>,
+        alone: bool,
+    ) -> Vec<T> {
+        super::without_local_count(|| self.run_frame_inner(sim, tasks, alone))
     }
 
-    fn run_frame_inner<'a, T>(&self, tasks: Vec<LocalTask<'a, T>>, alone: bool) -> Vec<T> {
+    fn run_frame_inner<'a, T>(
+        &self,
+        sim: &Rc<super::Sim>,
+        tasks: Vec<LocalTask<'a, T>>,
+        alone: bool,
+    ) -> Vec<T> {
         let n = tasks.len();
         let ready = ReadyQueue::new(n, true, &self.ready_total);
         let frame = Frame {
@@ -691,7 +732,7 @@ impl Sched {
                 if super::OwnCoreOnly::poll_own(&mut own, || frame.poll_ready()) {
                     continue;
                 }
-                if !self.step() {
+                if !self.step(sim) {
                     panic!(
                         "simulation deadlock at virtual time {} ns: a wait on the network \
                          alone has no event left to end it",
@@ -730,7 +771,7 @@ impl Sched {
                     continue;
                 }
             }
-            if !self.step() {
+            if !self.step(sim) {
                 panic!(
                     "simulation deadlock at virtual time {} ns: {} of {n} tasks wait and no \
                      event is scheduled (a task waits for something nothing will do)",
@@ -858,14 +899,14 @@ mod tests {
     fn the_event_queue_pops_in_time_tie_seq_order() {
         let mut rng = SmallRng::seed_from_u64(42);
         for round in 0..60 {
-            let mut q = EventQueue::default();
+            let mut q: EventQueue<u32> = EventQueue::default();
             let mut oracle = BinaryHeap::new();
             let mut seq = 0u64;
             let mut now = 0u64;
-            // Slots are unique among pending entries (the slab's), reused
-            // once popped.
-            let mut free: Vec<u32> = Vec::new();
-            let mut next_slot = 0u32;
+            // Each entry carries a unique payload (its id), so that the
+            // oracle also checks that every pop returns the payload pushed
+            // with its entry.
+            let mut next_id = 0u32;
             for _ in 0..2000 {
                 if rng.gen_range(0..3) > 0 || oracle.is_empty() {
                     // Spreads within the wheel, across its end and far
@@ -888,24 +929,21 @@ mod tests {
                     } else {
                         rng.r#gen::<u64>()
                     };
-                    let slot = free.pop().unwrap_or_else(|| {
-                        next_slot += 1;
-                        next_slot - 1
-                    });
-                    q.push(Entry::new(at, tie, seq, slot));
-                    oracle.push(std::cmp::Reverse((at, tie, seq, slot)));
+                    let id = next_id;
+                    next_id += 1;
+                    q.push(at, tie, seq, id);
+                    oracle.push(std::cmp::Reverse((at, tie, seq, id)));
                     seq += 1;
                 } else {
-                    let e = q.pop().expect("not empty");
+                    let (e, id) = q.pop().expect("not empty");
                     let std::cmp::Reverse(o) = oracle.pop().expect("not empty");
-                    assert_eq!((e.at(), e.key as u64, e.seq, e.slot), o);
-                    free.push(e.slot);
+                    assert_eq!((e.at(), e.key as u64, e.seq, id), o);
                     now = e.at();
                 }
             }
             while let Some(std::cmp::Reverse(o)) = oracle.pop() {
-                let e = q.pop().expect("as many entries as the oracle");
-                assert_eq!((e.at(), e.key as u64, e.seq, e.slot), o);
+                let (e, id) = q.pop().expect("as many entries as the oracle");
+                assert_eq!((e.at(), e.key as u64, e.seq, id), o);
             }
             assert!(q.pop().is_none());
         }
