@@ -811,6 +811,7 @@ mod tests {
     /// before (the read is held by the test hook until released, then
     /// reads its page from the file).
     #[test]
+    #[allow(clippy::disallowed_methods)] // a real thread signals, after a real pause
     fn a_wakeup_is_signalled_by_a_completion_and_by_a_hand_off() {
         use std::time::Duration;
         let w = Wakeup::new().unwrap();
