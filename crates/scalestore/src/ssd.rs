@@ -16,8 +16,15 @@
 //! then plain `pwrite`/`pread` (with a one-line note on stderr the first
 //! time a ring cannot be made).
 //!
+//! The node's SSD completer waits for its reads on a [`Wakeup`] (an
+//! eventfd) that every read ring it reads through signals on each
+//! completion ([`PageFile::notify_completions`]) and that a handler
+//! handing it work signals too (`ssdio`), so it sleeps until something
+//! happened rather than polling (branch i52).
+//!
 //! This module holds the crate's only `unsafe`: pushing io_uring
-//! submissions, whose buffers must outlive the kernel's use of them.
+//! submissions, whose buffers must outlive the kernel's use of them, and
+//! the eventfd's system calls.
 
 #![allow(unsafe_code)]
 
@@ -98,6 +105,108 @@ pub struct PageFile {
     /// Test hook: called with the slot before each [`PageFile::read`] (a
     /// slow device, for tests on the real backends).
     read_hook: Mutex<Option<ReadHook>>,
+    /// Whether the read ring signals a [`Wakeup`] on every completion
+    /// ([`PageFile::notify_completions`]).
+    #[cfg(target_os = "linux")]
+    notifies: std::sync::OnceLock<bool>,
+    /// Test hook ([`PageFile::hold_next_ring_read`]).
+    #[cfg(target_os = "linux")]
+    hold: Mutex<RingHold>,
+}
+
+/// A ring read held by a test ([`PageFile::hold_next_ring_read`]): the
+/// pipe end the next read is taken from, and the ends of reads submitted
+/// (kept open while the kernel may still use them).
+#[cfg(target_os = "linux")]
+#[derive(Default)]
+struct RingHold {
+    next: Option<(
+        std::os::fd::OwnedFd,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+    )>,
+    used: Vec<std::os::fd::OwnedFd>,
+}
+
+/// A ring read held until this is released or dropped (test hook, see
+/// [`PageFile::hold_next_ring_read`]).
+#[doc(hidden)]
+pub struct ReadHold {
+    writer: Option<std::io::PipeWriter>,
+    submitted: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReadHold {
+    /// Whether the held read was submitted to the ring (it is in flight
+    /// until [`ReadHold::release`]).
+    pub fn submitted(&self) -> bool {
+        self.submitted.load(Ordering::SeqCst)
+    }
+
+    /// Lets the held read complete (it then reads its page from the file).
+    pub fn release(mut self) {
+        self.writer.take();
+    }
+}
+
+/// An eventfd the SSD completer sleeps on: signalled by the read rings it
+/// reads through (every completion) and by threads handing it work.
+pub struct Wakeup {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Wakeup {
+    /// A fresh eventfd (non-blocking, close-on-exec).
+    pub fn new() -> io::Result<Wakeup> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: eventfd takes no pointer; it returns a new descriptor or
+        // -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and is owned by
+        // nothing else.
+        Ok(Wakeup {
+            fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn raw(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.fd.as_raw_fd()
+    }
+
+    /// Signals the eventfd: a sleeper in [`Wakeup::wait`] returns, or the
+    /// next one returns at once.
+    pub fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: the buffer is 8 valid bytes for the duration of the call
+        // and `fd` is an open eventfd. A full counter (EAGAIN) means it is
+        // signalled already.
+        let _ = unsafe { libc::write(self.raw(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Waits until the eventfd is signalled or `timeout` passes; clears it
+    /// if signalled. Whether it was (an interrupted wait counts as
+    /// signalled: the caller looks again either way).
+    pub fn wait(&self, timeout: std::time::Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `p` is one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n == 0 {
+            return false;
+        }
+        let mut buf = [0u8; 8];
+        // SAFETY: the buffer is 8 writable bytes for the duration of the
+        // call. Non-blocking: EAGAIN if another reader cleared it.
+        let _ = unsafe { libc::read(self.raw(), buf.as_mut_ptr().cast(), buf.len()) };
+        true
+    }
 }
 
 /// See [`PageFile::set_read_hook`].
@@ -216,7 +325,52 @@ impl PageFile {
             writes: AtomicU64::new(0),
             depth: ReadDepth::default(),
             read_hook: Mutex::new(None),
+            #[cfg(target_os = "linux")]
+            notifies: std::sync::OnceLock::new(),
+            #[cfg(target_os = "linux")]
+            hold: Mutex::new(RingHold::default()),
         })
+    }
+
+    /// Has the read ring signal `w` on every completion (the SSD completer's
+    /// [`Wakeup`]; a ring takes one, the first asked for). Whether it does:
+    /// false without a ring or if the kernel refused, and then the
+    /// completer's wait for this file's reads stays bounded
+    /// ([`PageFile::wait_read`]).
+    pub fn notify_completions(&self, w: &Wakeup) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            *self.notifies.get_or_init(|| {
+                self.read_ring
+                    .as_ref()
+                    .is_some_and(|r| r.ring.submitter().register_eventfd(w.raw()).is_ok())
+            })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = w;
+            false
+        }
+    }
+
+    /// Test hook: the next read submitted to the read ring is taken from a
+    /// pipe instead of the file, so it stays in flight until the returned
+    /// [`ReadHold`] is released or dropped; then the pipe reads empty and
+    /// the read's page comes from the file (the short-read path). None
+    /// without a ring. Not used by the engine.
+    #[doc(hidden)]
+    pub fn hold_next_ring_read(&self) -> io::Result<Option<ReadHold>> {
+        #[cfg(target_os = "linux")]
+        if self.read_ring.is_some() {
+            let (reader, writer) = std::io::pipe()?;
+            let submitted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            self.hold.lock().next = Some((reader.into(), submitted.clone()));
+            return Ok(Some(ReadHold {
+                writer: Some(writer),
+                submitted,
+            }));
+        }
+        Ok(None)
     }
 
     pub fn path(&self) -> &Path {
@@ -319,12 +473,24 @@ impl PageFile {
         let id = q.next;
         q.next += 1;
         let mut buf = AlignedPage::default();
+        // A held read (test hook) reads a pipe, at its current position.
+        let (fd, offset, held) = {
+            let mut h = self.hold.lock();
+            match h.next.take() {
+                Some((pipe, submitted)) => {
+                    let fd = pipe.as_raw_fd();
+                    h.used.push(pipe);
+                    (fd, u64::MAX, Some(submitted))
+                }
+                None => (self.file.as_raw_fd(), slot * PAGE_SIZE as u64, None),
+            }
+        };
         let entry = opcode::Read::new(
-            types::Fd(self.file.as_raw_fd()),
+            types::Fd(fd),
             buf.bytes_mut().as_mut_ptr(),
             PAGE_SIZE as u32,
         )
-        .offset(slot * PAGE_SIZE as u64)
+        .offset(offset)
         .build()
         .user_data(id);
         // SAFETY: the queues are only touched under `r.queues`, held
@@ -332,13 +498,17 @@ impl PageFile {
         // is kept in `inflight` (its heap allocation does not move) until
         // the completion is reaped, and the file lives as long as the
         // ring (both fields of `self`; the ring is dropped with it, after
-        // which the kernel no longer writes).
+        // which the kernel no longer writes); so does a held read's pipe
+        // (kept in `hold.used`).
         let pushed = unsafe { r.ring.submission_shared().push(&entry) };
         if pushed.is_err() {
             return Ok(None);
         }
         q.inflight.insert(id, buf);
         self.depth.enter();
+        if let Some(h) = held {
+            h.store(true, Ordering::SeqCst);
+        }
         // Submitted now or by the next enter of any reader (the waits
         // submit what is queued), so an error here is not final.
         let _ = r.ring.submit();
@@ -632,6 +802,57 @@ mod tests {
             assert_eq!(d.max.load(Ordering::Relaxed), 32, "all in flight at once");
             assert_eq!(d.now.load(Ordering::Relaxed), 0, "nothing left in flight");
         }
+    }
+
+    /// `Wakeup` (invariant 23 of docs/scalestore.md): a wait with nothing
+    /// signalled times out; a signal made before the wait is not lost and
+    /// the wait clears it; another thread's `wake` ends a wait; and a read
+    /// ring registered with it signals it when a read completes, not
+    /// before (the read is held by the test hook until released, then
+    /// reads its page from the file).
+    #[test]
+    #[allow(clippy::disallowed_methods)] // a real thread signals, after a real pause
+    fn a_wakeup_is_signalled_by_a_completion_and_by_a_hand_off() {
+        use std::time::Duration;
+        let w = Wakeup::new().unwrap();
+        assert!(!w.wait(Duration::from_millis(1)), "nothing signalled");
+        w.wake();
+        assert!(w.wait(Duration::from_secs(60)), "an earlier signal counts");
+        assert!(!w.wait(Duration::from_millis(1)), "the wait cleared it");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                w.wake();
+            });
+            assert!(w.wait(Duration::from_secs(60)), "another thread's wake");
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let f =
+            PageFile::create(&dir.path().join("shard0.pages"), dmkv_transport::NodeId(0)).unwrap();
+        let mut page = AlignedPage::default();
+        page.bytes_mut().fill(7);
+        f.write_batch(&[(3, &page)]).unwrap();
+        let Some(hold) = f.hold_next_ring_read().unwrap() else {
+            eprintln!("skipped the ring part: no io_uring read ring here");
+            return;
+        };
+        assert!(f.notify_completions(&w), "the ring takes the eventfd");
+        let mut t = f.submit_read(3);
+        assert!(hold.submitted());
+        assert!(
+            !w.wait(Duration::from_millis(20)),
+            "nothing completed while the read is held"
+        );
+        assert!(f.poll_read(&mut t).is_none(), "still in flight");
+        hold.release();
+        assert!(w.wait(Duration::from_secs(60)), "the completion signals");
+        let got = loop {
+            if let Some(r) = f.poll_read(&mut t) {
+                break r.unwrap();
+            }
+            f.wait_read();
+        };
+        assert!(got.bytes().iter().all(|&b| b == 7), "the file's page");
     }
 
     /// Reads from several threads at once through the read ring: every page

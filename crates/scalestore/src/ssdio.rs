@@ -44,7 +44,7 @@
 use crate::msg::Grant;
 use crate::node::{ScaleNode, Shard};
 use crate::pid::Pid;
-use crate::ssd::{AlignedPage, ReadTicket};
+use crate::ssd::{AlignedPage, ReadTicket, Wakeup};
 use dmkv_transport::Responder;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
@@ -367,6 +367,9 @@ struct State {
     net: Vec<NetJob>,
     /// The simulated cluster's completer task, when it waits.
     waker: Option<std::task::Waker>,
+    /// The real backends' completer sleeps on its [`Wakeup`] for its SSD
+    /// reads: work queued now must signal it.
+    reads_wait: bool,
 }
 
 impl State {
@@ -381,6 +384,14 @@ impl State {
 pub struct SsdQueue {
     state: Mutex<State>,
     cv: Condvar,
+    /// What the real backends' completer sleeps on while its SSD reads are
+    /// in flight (made by the completer; `None` inside: no eventfd, and
+    /// then it polls its read rings as before). Never made under the
+    /// simulated cluster.
+    wakeup: std::sync::OnceLock<Option<Wakeup>>,
+    /// Test hook ([`SsdQueue::set_read_wait`]): the longest such sleep in
+    /// ns (0 = [`IDLE`]).
+    read_wait_ns: std::sync::atomic::AtomicU64,
 }
 
 impl SsdQueue {
@@ -400,15 +411,89 @@ impl SsdQueue {
     /// Adds work under the queue's lock with `add`, then wakes the
     /// completer: its thread (real backends) or its task (simulated).
     fn enqueue(&self, add: impl FnOnce(&mut State)) {
-        let w = {
+        let (w, reads_wait) = {
             let mut s = self.state.lock();
             add(&mut s);
-            s.waker.take()
+            (s.waker.take(), s.reads_wait)
         };
         self.cv.notify_one();
         if let Some(w) = w {
             w.wake();
         }
+        if reads_wait && let Some(Some(w)) = self.wakeup.get() {
+            w.wake();
+        }
+    }
+
+    /// Test hook: the real backends' completer sleeps at most `d` at a
+    /// time while its SSD reads are in flight and it has nothing else to
+    /// do (it wakes for every completion and every hand-off; [`IDLE`] by
+    /// default, after which it looks whether its node is still there). Not
+    /// used by the engine.
+    #[doc(hidden)]
+    pub fn set_read_wait(&self, d: Duration) {
+        self.read_wait_ns.store(
+            d.as_nanos().min(u64::MAX as u128) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The completer's [`Wakeup`], made at its first use.
+    fn wakeup(&self) -> Option<&Wakeup> {
+        self.wakeup
+            .get_or_init(|| match Wakeup::new() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        eprintln!(
+                            "note: scalestore: no eventfd ({e}); the SSD completer polls its reads every 100 us"
+                        )
+                    });
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// The completer (real backends) has SSD reads in flight and nothing
+    /// else to do: sleeps until a read completes (on any ring in
+    /// `reading`), work is queued, or the read wait passes; with no
+    /// [`Wakeup`] for all of them, waits briefly on the first one's ring
+    /// as before ([`PageFile::wait_read`](crate::ssd::PageFile::wait_read),
+    /// at most 100 us). Invariant 23 of docs/scalestore.md.
+    fn wait_for_reads(&self, reading: &[(Job, ReadTicket)]) {
+        let Some((first, _)) = reading.first() else {
+            return;
+        };
+        let w = match self.wakeup() {
+            Some(w)
+                if reading
+                    .iter()
+                    .all(|(j, _)| j.shard.file.notify_completions(w)) =>
+            {
+                w
+            }
+            _ => return first.shard.file.wait_read(),
+        };
+        {
+            // Under the queue's lock: work queued after this look sees
+            // `reads_wait` and signals (no lost wake-up); a completion
+            // after the caller's poll has signalled already (the eventfd
+            // counts until a wait clears it).
+            let mut s = self.state.lock();
+            if s.has_work() {
+                return;
+            }
+            s.reads_wait = true;
+        }
+        let ns = self.read_wait_ns.load(std::sync::atomic::Ordering::Relaxed);
+        w.wait(if ns == 0 {
+            IDLE
+        } else {
+            Duration::from_nanos(ns)
+        });
+        self.state.lock().reads_wait = false;
     }
 
     /// The jobs and verbs queued, waiting up to [`IDLE`] for one if `wait`.
@@ -473,10 +558,11 @@ fn poll_net<'a>(
 ///
 /// It waits for nothing another completion could be finished during: a
 /// pull's READ and every delivery's WRITE are posted and polled between
-/// the SSD's completions (invariants 20 and 22); it blocks in the SSD's
-/// `wait_read` only with no verb in flight, and waits for a verb (or a new
-/// job) only when no read completed, at most [`READ_POLL`] while reads are
-/// in flight.
+/// the SSD's completions (invariants 20 and 22); with reads but no verb in
+/// flight it sleeps until a read completes or a job or verb is handed to it
+/// (invariant 23, [`SsdQueue::wait_for_reads`]), and it waits for a verb
+/// (or a new job) only when no read completed, at most [`READ_POLL`] while
+/// reads are in flight.
 pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
     let mut reading: Vec<(Job, ReadTicket)> = Vec::new();
     let mut net: Vec<NetFuture<'_>> = Vec::new();
@@ -548,8 +634,8 @@ pub fn run(node: &ScaleNode, mut keep_going: impl FnMut() -> bool) {
             }
             continue;
         }
-        if !progressed && let Some((job, _)) = reading.first() {
-            job.shard.file.wait_read();
+        if !progressed {
+            node.ssd_jobs.wait_for_reads(&reading);
         }
     }
 }

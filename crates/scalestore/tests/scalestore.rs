@@ -1425,3 +1425,78 @@ fn a_delivery_in_flight_holds_its_page_and_not_the_handler() {
     );
     assert_eq!(read_word(&n0, p), 2);
 }
+
+/// Invariant 23 (branch i52): the real backends' completer, asleep while
+/// an SSD read is in flight, is woken by a delivery a handler hands it and
+/// posts it at once, not when the read completes. Node 0 directs pages P
+/// and Q; Q is only on node 0's SSD. Node 2 reads Q: node 0's completer
+/// submits Q's read to the ring, which a test hook holds (it reads a pipe
+/// until released). The completer's longest sleep is raised to an hour,
+/// so only a wake-up ends it before the read does. Node 1 then asks for P
+/// exclusively: node 0's handler grants it from its own copy and hands the
+/// WRITE to the completer, which must post it while Q's read is still
+/// held: node 1's increment completes and node 2 has no answer for Q yet.
+/// Then the read is released, Q arrives, and P reads back incremented.
+/// Without the eventfd signal in `SsdQueue::enqueue` (checked by taking it
+/// out) node 1's increment did not complete within 5 s. Before this branch
+/// the completer polled its ring every 100 us instead of sleeping, so the
+/// hand-off waited at most that long; there was no long sleep to end.
+#[test]
+fn a_delivery_wakes_the_completer_while_an_ssd_read_is_in_flight() {
+    use dmkv_scalestore::provider::Provider;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let (_d, [n0, n1, n2], pq) = three_nodes_with_pages_on_node0(&[1, 5]);
+    let (p, q) = (pq[0], pq[1]);
+    let ep0 = n0.fabric.endpoint(n0.id).unwrap();
+    let held = block_on(Provider::new().evict_everything(&n0, &ep0, |x| x == q)).unwrap();
+    assert_eq!(held, 0, "node 0 evicted Q");
+    let shard0 = n0.shard(q.shard()).unwrap();
+    let Some(hold) = shard0.file.hold_next_ring_read().unwrap() else {
+        eprintln!("skipped: no io_uring read ring here (the completer reads synchronously)");
+        return;
+    };
+    n0.ssd_jobs.set_read_wait(Duration::from_secs(3600));
+    let out = std::thread::scope(|s| {
+        let (tx_q, rx_q) = mpsc::channel();
+        let n2c = n2.clone();
+        s.spawn(move || {
+            let _ = tx_q.send(read_word(&n2c, q));
+        });
+        let submitted = wait_for(|| hold.submitted());
+        let (tx_p, rx_p) = mpsc::channel();
+        let n1c = n1.clone();
+        s.spawn(move || {
+            let w = worker_on(&n1c);
+            block_on(async {
+                let g = ExclusiveGuard::fix(&w, p).await.unwrap();
+                let pg = g.page();
+                pg.set_word(0, pg.word(0).unwrap() + 1);
+                drop(g);
+                w.settle_acks().await.unwrap();
+            });
+            let _ = tx_p.send(());
+        });
+        let got_p = rx_p.recv_timeout(Duration::from_secs(5));
+        let early_q = rx_q.try_recv().ok();
+        // Let the read complete whatever happened, so that nothing hangs.
+        hold.release();
+        let got_q = rx_q.recv_timeout(Duration::from_secs(60));
+        if got_p.is_err() {
+            let _ = rx_p.recv_timeout(Duration::from_secs(60));
+        }
+        (submitted, got_p, early_q, got_q)
+    });
+    n0.ssd_jobs.set_read_wait(Duration::ZERO);
+    let (submitted, got_p, early_q, got_q) = out;
+    assert!(submitted, "node 0's completer never submitted Q's read");
+    assert_eq!(
+        got_p,
+        Ok(()),
+        "node 0's completer did not post a delivery handed to it while an SSD \
+         read was in flight: it slept until the read completed"
+    );
+    assert_eq!(early_q, None, "Q was answered while its read was held");
+    assert_eq!(got_q, Ok(5), "Q's read, released, delivers Q");
+    assert_eq!(read_word(&n2, p), 2, "P has node 1's increment");
+}

@@ -4,7 +4,8 @@
 //!
 //! - **handler threads** (the node's configured number, 1 by default) each
 //!   own a UCX worker that clients send their RPCs to: the thread drives its
-//!   worker, runs each request's service ([`ServiceTable::dispatch`]) inline
+//!   worker, runs each request's service inline, found in the thread's own
+//!   copy of the handler table ([`ServiceTable::dispatch_cached`]),
 //!   as soon as the worker delivers it, and sends the reply from its own
 //!   worker. An RPC crosses no other thread (a service that defers its reply
 //!   hands it back through the loop's command queue). After its last event a
@@ -42,8 +43,9 @@ use crate::control::{self, HandshakeError};
 use crate::ffi::{self, Context, Ep, MappedMemory, Op, Worker};
 use crossbeam_channel::{Receiver, Sender};
 use dmkv_transport::{
-    AccessKey, Fabric, NodeHost, NodeId, RegionId, RegionMem, RemoteRegion, Result, RpcContext,
-    ServiceId, ServiceTable, TransportError, WireReader, WireWriter,
+    AccessKey, Fabric, HandlerCache, LentReply, NodeHost, NodeId, RegionId, RegionMem,
+    RemoteRegion, Result, RpcContext, ServiceId, ServiceTable, TransportError, WireReader,
+    WireWriter,
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::cell::RefCell;
@@ -722,7 +724,20 @@ fn handler_thread(
         poll: HANDLER_POLL,
         yields: true,
     };
-    serve_loop(&worker, &install, &shared, &cmd_rx, wake_rx, idle, || {
+    // This thread's copy of the node's handler table (invariants G1-G3 of
+    // docs/transport.md, "Handler lookup"): a request finds its handler
+    // with one acquire load and an index, no lock and no reference count.
+    // Refreshed at every poll when the table changed, released before the
+    // thread sleeps (G3). `out` is the buffer replies are built in, lent
+    // to the service and copied into the encoded reply.
+    let mut cache = HandlerCache::new();
+    let mut out = Vec::new();
+    serve_loop(&worker, &install, &shared, &cmd_rx, wake_rx, idle, |turn| {
+        if turn == Turn::Sleep {
+            cache.release();
+            return false;
+        }
+        node.services.refresh(&mut cache);
         let mut served = false;
         loop {
             let Some(job) = jobs.borrow_mut().pop_front() else {
@@ -741,16 +756,21 @@ fn handler_thread(
             // wake-up), or later from another thread (deferred).
             let s = shared.clone();
             let (session, rid) = (job.session, job.rid);
-            node.services
-                .dispatch(&ctx, job.service, &job.payload, move |reply| {
-                    s.charged_ns
-                        .fetch_add(reply.server_cpu_ns, Ordering::Relaxed);
+            node.services.dispatch_cached(
+                &mut cache,
+                &ctx,
+                job.service,
+                &job.payload,
+                &mut out,
+                move |server_cpu_ns: u64, result: LentReply<'_>| {
+                    s.charged_ns.fetch_add(server_cpu_ns, Ordering::Relaxed);
                     s.send_cmd(Cmd::Reply {
                         session,
                         rid,
-                        reply: reply.encode(),
+                        reply: encode_reply(server_cpu_ns, &result),
                     });
-                });
+                },
+            );
         }
         served
     });
@@ -834,7 +854,38 @@ fn progress_thread(
         poll: SPIN_BEFORE_SLEEP,
         yields: false,
     };
-    serve_loop(&worker, &install, &shared, &cmd_rx, wake_rx, idle, || false);
+    serve_loop(&worker, &install, &shared, &cmd_rx, wake_rx, idle, |_| {
+        false
+    });
+}
+
+/// The encoded reply ([`dmkv_transport::Reply::encode`]'s format: `status
+/// u8 | cpu_ns u64 | payload or message`) of a reply lent by
+/// [`ServiceTable::dispatch_cached`]: the bytes are copied out of the
+/// handler thread's buffer here (R3 of docs/transport.md, "Reply buffers").
+fn encode_reply(server_cpu_ns: u64, result: &LentReply<'_>) -> Vec<u8> {
+    let mut w = WireWriter::new();
+    match result {
+        Ok(p) => {
+            w.u8(0).u64(server_cpu_ns).raw(p);
+        }
+        Err(e) => {
+            w.u8(e.code as u8)
+                .u64(server_cpu_ns)
+                .raw(e.message.as_bytes());
+        }
+    }
+    w.finish()
+}
+
+/// Why a serving loop calls its `work` (see [`serve_loop`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Turn {
+    /// After a progress call: serve what the workers delivered.
+    Poll,
+    /// The loop is about to sleep: let go of what must not be kept while
+    /// asleep (a handler thread's copy of the handler table, G3).
+    Sleep,
 }
 
 /// How a serving loop waits when it has nothing to do.
@@ -865,11 +916,12 @@ struct SessionEp {
 
 /// Runs a serving loop on `worker` until [`Cmd::Stop`]: drives UCX (that
 /// worker and the loop's per-client workers, each given the loop's message
-/// handlers by `install`), runs `work` after every progress call (a handler
-/// thread serves there the requests its workers delivered; it says whether
-/// it did anything), and carries out commands (client workers, sessions,
-/// replies). With nothing to do for `idle.poll` it arms every worker's
-/// event fd and sleeps in `poll` until UCX or a command wakes it.
+/// handlers by `install`), runs `work(Turn::Poll)` after every progress
+/// call (a handler thread serves there the requests its workers delivered;
+/// it says whether it did anything), and carries out commands (client
+/// workers, sessions, replies). With nothing to do for `idle.poll` it calls
+/// `work(Turn::Sleep)`, arms every worker's event fd and sleeps in `poll`
+/// until UCX or a command wakes it.
 fn serve_loop(
     worker: &Worker,
     install: &dyn Fn(&Worker) -> bool,
@@ -877,7 +929,7 @@ fn serve_loop(
     cmd_rx: &Receiver<Cmd>,
     mut wake_rx: UnixStream,
     idle: Idle,
-    mut work: impl FnMut() -> bool,
+    mut work: impl FnMut(Turn) -> bool,
 ) {
     let efd = worker.event_fd().ok();
     // Ordered, so that every loop drives them in the same order.
@@ -908,7 +960,7 @@ fn serve_loop(
         for c in clients.values() {
             busy |= c.worker.progress();
         }
-        busy |= work();
+        busy |= work(Turn::Poll);
         while let Ok(cmd) = cmd_rx.try_recv() {
             busy = true;
             match cmd {
@@ -1009,6 +1061,7 @@ fn serve_loop(
             continue;
         }
         // Sleep until UCX or another thread has something for us.
+        work(Turn::Sleep);
         shared
             .cpu_ns
             .store(dmkv_transport::thread_cpu_ns(), Ordering::Relaxed);

@@ -284,6 +284,79 @@ fn large_rpcs_and_replies() {
     }
 }
 
+/// The handler threads' own copies of the handler table (invariants G1-G3
+/// of docs/transport.md, "Handler lookup", on UCX since branch i52): a
+/// service registered after the threads served their first requests is
+/// found; a handler's error reply and the unknown-service error come back
+/// whole; an unregistered handler is dropped once the handler threads have
+/// polled (they poll for 1 ms after their last request, then release
+/// their copies and sleep), and a later call gets the unknown-service
+/// error. Without the release before sleeping (checked by taking it out)
+/// the idle threads keep the unregistered handler alive.
+#[test]
+fn handler_threads_follow_registrations_and_drop_unregistered_handlers() {
+    for config in [UcxConfig::tcp_loopback, UcxConfig::shm_loopback] {
+        let c = UcxCluster::new(config(b"s".to_vec()), NodeId(100)).unwrap();
+        let node = c
+            .serve(NodeId(0), "127.0.0.1:0".parse().unwrap(), 2)
+            .unwrap();
+        let state = Arc::new(7u64);
+        let weak = Arc::downgrade(&state);
+        let tracked = node
+            .services()
+            .register(
+                "tracked",
+                Arc::new(
+                    move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                        Ok(state.to_le_bytes().to_vec())
+                    },
+                ),
+            )
+            .unwrap();
+        let client = UcxCluster::new(config(b"s".to_vec()), NodeId(1)).unwrap();
+        client.connect(node.listen_addr()).unwrap();
+        let ep = client.fabric().endpoint(NodeId(1)).unwrap();
+        // Consecutive requests go to the two handler threads in turn.
+        for _ in 0..4 {
+            assert_eq!(
+                block_on(ep.call(NodeId(0), tracked, vec![])).unwrap(),
+                7u64.to_le_bytes()
+            );
+        }
+        let failing = node
+            .services()
+            .register(
+                "failing",
+                Arc::new(
+                    |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                        Err(ServiceError::failed("no such thing"))
+                    },
+                ),
+            )
+            .unwrap();
+        let echoed = node.services().register("echo", Arc::new(echo)).unwrap();
+        for i in 0..4u8 {
+            let e = block_on(ep.call(NodeId(0), failing, vec![i])).unwrap_err();
+            let error = e.service_error().unwrap_or_else(|| panic!("{e}"));
+            assert_eq!(error.code, dmkv_transport::ErrorCode::Failed);
+            assert_eq!(error.message, "no such thing");
+            assert_eq!(
+                block_on(ep.call(NodeId(0), echoed, vec![i; 100])).unwrap(),
+                vec![i; 100]
+            );
+        }
+        node.services().unregister("tracked");
+        eventually("the handler threads drop the unregistered handler", || {
+            weak.strong_count() == 0
+        });
+        for _ in 0..2 {
+            let e = block_on(ep.call(NodeId(0), tracked, vec![])).unwrap_err();
+            let error = e.service_error().unwrap_or_else(|| panic!("{e}"));
+            assert_eq!(error.code, dmkv_transport::ErrorCode::UnknownService);
+        }
+    }
+}
+
 /// RPCs are served on the handler threads that own the workers they were
 /// sent to, spread over all of them by request id, never on the progress
 /// thread; a deferred reply sent later from another thread reaches the

@@ -173,6 +173,12 @@ impl LockTable {
         wakers.into_iter().for_each(Waker::wake);
     }
 
+    /// Tasks waiting for `key`'s turn now (tests step writers with it).
+    #[cfg(test)]
+    pub fn waiting(&self, key: GroupKey) -> u32 {
+        self.map.lock().get(&key).map_or(0, |e| e.waiters)
+    }
+
     /// A waiter dropped while waiting: no longer counted.
     fn stop_waiting(&self, key: GroupKey) {
         let mut m = self.map.lock();

@@ -4,6 +4,8 @@
 mod cache;
 mod locks;
 mod ops;
+#[cfg(test)]
+mod retired_tests;
 
 use crate::config::{Config, ENGINE, KNOBS, names};
 use crate::io::{corrupt, decode_tables, read_params, tables_span};
