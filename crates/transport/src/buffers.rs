@@ -377,13 +377,23 @@ mod pooled_tests {
         for unaligned in [0u64, 4] {
             clear();
             let r = block_on(ep.read_buf(region.at(unaligned), 40_000)).unwrap();
-            assert_eq!(&r[..], &bytes[unaligned as usize..unaligned as usize + 40_000]);
+            assert_eq!(
+                &r[..],
+                &bytes[unaligned as usize..unaligned as usize + 40_000]
+            );
             drop(r);
             assert_eq!(pooled_lists().0, 1);
             let r = block_on(ep.read_buf(region.at(unaligned), 50_000)).unwrap();
-            assert_eq!(&r[..], &bytes[unaligned as usize..unaligned as usize + 50_000]);
+            assert_eq!(
+                &r[..],
+                &bytes[unaligned as usize..unaligned as usize + 50_000]
+            );
             drop(r);
-            assert!(largest() <= MAX_SPARE_BYTES, "largest pooled buffer {}", largest());
+            assert!(
+                largest() <= MAX_SPARE_BYTES,
+                "largest pooled buffer {}",
+                largest()
+            );
         }
         // Two reads under the bound each, over it together: the list is
         // looked at (and keeps both, each within the bound).
@@ -401,7 +411,11 @@ mod pooled_tests {
         let r = block_on(ep.read_buf(region.at(8), MAX_SPARE_BYTES + 8)).unwrap();
         assert_eq!(&r[..], &bytes[8..MAX_SPARE_BYTES + 16]);
         drop(r);
-        assert!(largest() <= MAX_SPARE_BYTES, "largest pooled buffer {}", largest());
+        assert!(
+            largest() <= MAX_SPARE_BYTES,
+            "largest pooled buffer {}",
+            largest()
+        );
     }
 
     /// A batch shorter than the pooled list it runs in leaves the list's
