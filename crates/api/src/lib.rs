@@ -167,7 +167,7 @@ pub mod sim_deploy;
 mod store;
 
 pub use checked::Checked;
-pub use checksum::checksum64;
+pub use checksum::{checksum64, checksum64_concat};
 pub use dmkv_transport::{FutureSlot, SlotFuture};
 pub use engine::{ConnectArgs, Engine, EngineSpec, ServeArgs, Topology};
 pub use error::{KvError, Result};

@@ -35,7 +35,7 @@ use dmkv_api::payload::make_value;
 use dmkv_api::{Capabilities, FutureSlot, Key, KvStore};
 use dmkv_memnode::NodeStats;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
-use dmkv_transport::time::Instant;
+use dmkv_transport::time::{Instant, Stopwatch};
 use dmkv_transport::{CounterTable, Counters, Endpoint, OpKind, labeled};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::cell::RefCell;
@@ -622,6 +622,8 @@ struct ThreadResult {
 
 fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &KeyStates) -> Phases {
     let name = dep.engine().name();
+    // The latency clock is calibrated now, not inside a measured operation.
+    Stopwatch::warm_up();
     let ctx = Ctx {
         cfg,
         plan,
@@ -1062,8 +1064,13 @@ async fn within<T>(op: impl Future<Output = T>, limit: Duration) -> Option<T> {
 }
 
 /// Issues `fut` labelled `kind`: its output, latency and exact cost.
+///
+/// The latency is measured with a [`Stopwatch`]: virtual time under `sim`
+/// (as [`Instant`] measures it there), else the time-stamp counter where
+/// the kernel trusts it as a clock (two counter reads per operation instead
+/// of two `clock_gettime` calls; docs/performance.md, "Fourteenth pass").
 async fn call<F: Future>(ep: &Endpoint, kind: OpKind, fut: F) -> (F::Output, Duration, Counters) {
-    let start = Instant::now();
+    let start = Stopwatch::start();
     // The simulated thread's core spends its per-operation CPU first.
     ep.begin_op().await;
     let (out, cost) = metered(ep, kind, fut).await;

@@ -12,7 +12,7 @@
 //! - KV block: `key | len:32 tag:8 | checksum | value` padded to 64-byte
 //!   units, written out of place before the slot CAS that publishes it.
 
-use dmkv_api::checksum64;
+use dmkv_api::checksum64_concat;
 
 pub const BUCKET_BYTES: u64 = 64;
 pub const SLOTS_PER_BUCKET: usize = 7;
@@ -253,10 +253,7 @@ pub fn encode_kv(key: u64, tag: u8, value: &[u8]) -> Vec<u8> {
 }
 
 fn kv_checksum(head: &[u8], value: &[u8]) -> u64 {
-    let mut v = Vec::with_capacity(16 + value.len());
-    v.extend_from_slice(head);
-    v.extend_from_slice(value);
-    checksum64(&v)
+    checksum64_concat(head, value)
 }
 
 /// The (key, value) of a block read for `slot`, if it is intact and is the

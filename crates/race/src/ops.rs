@@ -287,6 +287,21 @@ impl Ctx<'_> {
     /// the same batch, e.g. a KV block write), refreshing the directory until
     /// the bucket headers agree with it.
     async fn read_buckets(&self, h: &KeyHash, pre: Option<(GAddr, Vec<u8>)>) -> Result<Buckets> {
+        self.read_buckets_with(h, pre, |b| b).await
+    }
+
+    /// [`Ctx::read_buckets`], handing the buckets to `f` where they were
+    /// parsed and returning what `f` makes of them: a caller that needs a
+    /// few words of the ~280-byte `Buckets` (GET: its candidates) does not
+    /// have them moved through the futures' outputs and states (three
+    /// `memcpy` calls per GET, docs/performance.md, "Fourteenth pass").
+    /// The same reads, retries and counts as `read_buckets`.
+    async fn read_buckets_with<T>(
+        &self,
+        h: &KeyHash,
+        pre: Option<(GAddr, Vec<u8>)>,
+        f: impl FnOnce(Buckets) -> T,
+    ) -> Result<T> {
         let mut pre = pre;
         for _ in 0..MAX_RETRIES {
             let entry = self.t.cache.read().entry(h);
@@ -312,18 +327,22 @@ impl Ctx<'_> {
             let r1 = b.read(base.offset_by(offs[1]), COMBINED_BYTES);
             self.count_rtt(&b);
             let res = b.run().await?;
-            let combined = [
-                Combined::parse(offs[0], res.read(r0)),
-                Combined::parse(offs[1], res.read(r1)),
-            ];
-            drop(res);
-            let ok = combined.iter().all(|c| {
-                c.headers
-                    .iter()
-                    .all(|hd| hd.matches(entry.local_depth(), h.dir))
-            });
-            if ok {
-                return Ok(Buckets { entry, combined });
+            // Not kept across the `refresh_dir` await below: the buckets are
+            // handed to `f` or dropped before it.
+            {
+                let combined = [
+                    Combined::parse(offs[0], res.read(r0)),
+                    Combined::parse(offs[1], res.read(r1)),
+                ];
+                drop(res);
+                let ok = combined.iter().all(|c| {
+                    c.headers
+                        .iter()
+                        .all(|hd| hd.matches(entry.local_depth(), h.dir))
+                });
+                if ok {
+                    return Ok(f(Buckets { entry, combined }));
+                }
             }
             self.t
                 .stats
@@ -413,20 +432,26 @@ impl Ctx<'_> {
     pub async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
         let h = KeyHash::new(key, self.t.groups);
         for _ in 0..MAX_RETRIES {
-            let b = self.read_buckets(&h, None).await?;
-            // Candidates in `Buckets::slots` order, on the stack (a key
-            // rarely has more than one).
-            let mut cands: SmallVec<[(u64, Slot); 4]> = SmallVec::new();
-            b.for_each_slot(|off, s| {
-                if s.is_visible() && s.fp() == h.fp {
-                    cands.push((off, s));
-                }
-            });
+            // What GET uses of the buckets, taken where they were parsed:
+            // candidates in `Buckets::slots` order, on the stack (a key
+            // rarely has more than one), whether any slot is frozen, and
+            // the directory entry.
+            let (cands, any_frozen, entry) = self
+                .read_buckets_with(&h, None, |b| {
+                    let mut cands: SmallVec<[(u64, Slot); 4]> = SmallVec::new();
+                    b.for_each_slot(|off, s| {
+                        if s.is_visible() && s.fp() == h.fp {
+                            cands.push((off, s));
+                        }
+                    });
+                    (cands, b.any_frozen(), b.entry)
+                })
+                .await?;
             let Some(found) = self.find_kv(&cands, key).await? else {
                 // A block changed under its slot. If the slot is frozen, the
                 // subtable may be retired and the block reused since: only a
                 // fresh directory gets us out.
-                if b.any_frozen() {
+                if any_frozen {
                     self.refresh_dir().await?;
                 }
                 continue;
@@ -435,9 +460,9 @@ impl Ctx<'_> {
             // the key to this subtable (writers wait for the new ones).
             let frozen = match &found {
                 Some((i, _)) => cands[*i].1.is_frozen(),
-                None => b.any_frozen(),
+                None => any_frozen,
             };
-            if frozen && self.moved(&h, b.entry).await? {
+            if frozen && self.moved(&h, entry).await? {
                 continue;
             }
             return Ok(found.map(|(_, v)| v));

@@ -17,7 +17,7 @@
 //!   bytes` padded to 8, the checksum covering the first two words and the
 //!   bytes.
 
-use dmkv_api::checksum64;
+use dmkv_api::{checksum64, checksum64_concat};
 
 /// Bytes before the first entry of a node.
 pub const NODE_HEADER_BYTES: usize = 64;
@@ -130,10 +130,7 @@ pub fn encode_block(key: u64, tag: u8, value: &[u8]) -> Vec<u8> {
 }
 
 fn block_checksum(head: &[u8], value: &[u8]) -> u64 {
-    let mut buf = Vec::with_capacity(16 + value.len());
-    buf.extend_from_slice(head);
-    buf.extend_from_slice(value);
-    checksum64(&buf)
+    checksum64_concat(head, value)
 }
 
 /// The value in block image `b` if it is the block `ptr` names for `key`:

@@ -19,7 +19,7 @@ use std::cell::RefCell;
 const MAX_SPARES: usize = 64;
 /// Buffers with more capacity than this are freed when given back, so one
 /// large read (a scan) does not stay pinned to the thread.
-const MAX_SPARE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_SPARE_BYTES: usize = 64 * 1024;
 
 /// Result lists a thread keeps at most (more given back are freed).
 const MAX_RESULT_LISTS: usize = 64;
@@ -41,6 +41,10 @@ struct Pool {
     /// (`BatchResult` keeps the count) and the rest stay in it, buffers and
     /// all, for later batches (nothing is given back and taken again when
     /// batches of two lengths alternate, as an engine's GET makes them).
+    /// B1 is kept where a list is filled: a read grows its buffer to exactly
+    /// its length, so a list is looked at when given back only if its batch
+    /// read more than `MAX_SPARE_BYTES` in all or a backend filled it
+    /// (`Spares::give_results`' `oversized`).
     results: Vec<PooledResults>,
 }
 
@@ -146,8 +150,14 @@ impl Spares<'_> {
 
     /// Gives a result list back with the read buffers still in it (B1:
     /// oversized buffers are freed and a spilled list is dropped).
+    /// `oversized`: whether an entry may hold a buffer of more than
+    /// `MAX_SPARE_BYTES` capacity; when false (the caller knows every
+    /// buffer in it is within the bound: `BatchResult`'s flag) the entries
+    /// are not looked at. A wrong `false` would keep a large buffer pooled
+    /// (memory, never a wrong result); the test
+    /// `no_pooled_list_keeps_a_buffer_beyond_the_bound` checks the flag.
     #[inline]
-    pub fn give_results(&mut self, mut r: PooledResults) {
+    pub fn give_results(&mut self, mut r: PooledResults, oversized: bool) {
         if r.spilled() || self.0.results.len() >= MAX_RESULT_LISTS {
             for e in r.drain(..) {
                 if let VerbResult::Read(b) = e {
@@ -156,11 +166,13 @@ impl Spares<'_> {
             }
             return;
         }
-        for e in r.iter_mut() {
-            if let VerbResult::Read(b) = e
-                && b.capacity() > MAX_SPARE_BYTES
-            {
-                *b = Vec::new();
+        if oversized {
+            for e in r.iter_mut() {
+                if let VerbResult::Read(b) = e
+                    && b.capacity() > MAX_SPARE_BYTES
+                {
+                    *b = Vec::new();
+                }
             }
         }
         self.0.results.push(r);
@@ -337,6 +349,73 @@ mod pooled_tests {
         // An empty batch has no list.
         let r = block_on(ep.batch().run()).unwrap();
         assert!(r.is_empty());
+    }
+
+    /// B1 without a scan of every list given back: a buffer that grows in
+    /// place grows to exactly the read (a doubling would take a 40,000-byte
+    /// buffer to 80,000 for a 50,000-byte read, a batch whose reads total
+    /// under the bound), and a batch reading more than the bound in all
+    /// has its list's entries looked at. (Fails with `reserve` in place of
+    /// `reserve_exact` in `RegionMem::read_into`: largest pooled buffer
+    /// 80000.)
+    #[test]
+    fn no_pooled_list_keeps_a_buffer_beyond_the_bound() {
+        let cluster = LocalCluster::new(LocalConfig::default());
+        let mem = cluster.add_node(0);
+        let (region, _) = mem.register_region(1 << 18).unwrap();
+        let ep = cluster.fabric().endpoint(mem.id()).unwrap();
+        let bytes: Vec<u8> = (0..(1u32 << 17)).map(|i| (i * 31 + 5) as u8).collect();
+        block_on(ep.write(region.at(0), &bytes)).unwrap();
+        let clear = || {
+            SPARES.with(|s| {
+                let mut s = s.borrow_mut();
+                s.results.clear();
+                s.bufs.clear();
+            })
+        };
+        let largest = || pooled_lists().2;
+        for unaligned in [0u64, 4] {
+            clear();
+            let r = block_on(ep.read_buf(region.at(unaligned), 40_000)).unwrap();
+            assert_eq!(
+                &r[..],
+                &bytes[unaligned as usize..unaligned as usize + 40_000]
+            );
+            drop(r);
+            assert_eq!(pooled_lists().0, 1);
+            let r = block_on(ep.read_buf(region.at(unaligned), 50_000)).unwrap();
+            assert_eq!(
+                &r[..],
+                &bytes[unaligned as usize..unaligned as usize + 50_000]
+            );
+            drop(r);
+            assert!(
+                largest() <= MAX_SPARE_BYTES,
+                "largest pooled buffer {}",
+                largest()
+            );
+        }
+        // Two reads under the bound each, over it together: the list is
+        // looked at (and keeps both, each within the bound).
+        clear();
+        let mut b = ep.batch();
+        let a = b.read(region.at(0), 40_000);
+        let c = b.read(region.at(40_000), 40_000);
+        let r = block_on(b.run()).unwrap();
+        assert_eq!(r.read(a), &bytes[..40_000]);
+        assert_eq!(r.read(c), &bytes[40_000..80_000]);
+        drop(r);
+        assert_eq!(pooled_lists().1, 2);
+        assert!(largest() <= MAX_SPARE_BYTES);
+        // One read over the bound, in a list that held small buffers.
+        let r = block_on(ep.read_buf(region.at(8), MAX_SPARE_BYTES + 8)).unwrap();
+        assert_eq!(&r[..], &bytes[8..MAX_SPARE_BYTES + 16]);
+        drop(r);
+        assert!(
+            largest() <= MAX_SPARE_BYTES,
+            "largest pooled buffer {}",
+            largest()
+        );
     }
 
     /// A batch shorter than the pooled list it runs in leaves the list's

@@ -514,6 +514,9 @@ enum RunState<'a> {
     /// The list may hold more entries than the batch had verbs (spare
     /// buffers of earlier batches, [`EndpointBackend::execute_now`]); the
     /// second field is the batch's length.
+    /// The second field also tells whether the list may hold a read buffer
+    /// larger than the pool keeps (B1), i.e. whether giving it back must
+    /// look at every entry: [`BatchResult`]'s `len`, with the same flag bit.
     Executed(Option<Result<PooledResults>>, usize),
     Posted(OpFuture<'a, Result<VerbResults>>),
 }
@@ -558,7 +561,13 @@ impl BatchRun<'_> {
                 }));
             }
             let ep = this.ep;
-            let len = verbs.len();
+            // A read buffer filled in place has the capacity of the read
+            // (`RegionMem::read_into` reserves exactly) or what it had in
+            // the pool (at most `MAX_SPARE_BYTES`, B1): only a batch that
+            // reads more than that in all can leave a larger one in its
+            // list (a conservative bound: the sum of its reads).
+            let oversized = cost.bytes_read > crate::buffers::MAX_SPARE_BYTES as u64;
+            let len = verbs.len() | if oversized { OVERSIZED } else { 0 };
             // Counted as the verbs were added; added to the kind's counters
             // and the meter here, on the first poll, as before.
             ep.add_batch(cost);
@@ -589,8 +598,9 @@ impl BatchRun<'_> {
         }
         match &mut this.state {
             RunState::Posted(op) => match Pin::new(op).poll(cx) {
+                // A backend's own buffers: any capacity.
                 Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult {
-                    len: results.len(),
+                    len: results.len() | OVERSIZED,
                     results: Some(crate::buffers::pooled(results)),
                 })),
                 Poll::Pending => Poll::Pending,
@@ -634,8 +644,20 @@ pub struct BatchResult {
     /// The batch's results are the list's first `len` entries; entries
     /// beyond them are spare read buffers the list keeps for later batches
     /// ([`EndpointBackend::execute_now`]), never results.
+    ///
+    /// Its top bit ([`OVERSIZED`]) tells whether an entry may hold a read
+    /// buffer larger than the thread's pool keeps (B1, [`crate::buffers`]):
+    /// clear for a batch executed in place whose reads total at most
+    /// `MAX_SPARE_BYTES` (every buffer then has at most that capacity), set
+    /// for a backend's results. The list is given back without looking at
+    /// its entries when clear. (A bit of `len`, not a field of its own: a
+    /// larger `BatchResult` made the engines' futures move it with `memcpy`
+    /// calls, +116 instructions per RACE GET.)
     len: usize,
 }
+
+/// [`BatchResult`]'s flag bit in `len`: a batch has far fewer verbs.
+const OVERSIZED: usize = 1 << (usize::BITS - 1);
 
 impl Drop for BatchResult {
     #[inline]
@@ -643,7 +665,7 @@ impl Drop for BatchResult {
         if let Some(r) = self.results.take() {
             crate::buffers::with_spares(|spares| {
                 if let Some(spares) = spares {
-                    spares.give_results(r);
+                    spares.give_results(r, self.len & OVERSIZED != 0);
                 }
             });
         }
@@ -653,13 +675,15 @@ impl Drop for BatchResult {
 impl BatchResult {
     #[inline]
     fn results(&self) -> &[VerbResult] {
-        self.results.as_deref().map_or(&[], |r| &r[..self.len])
+        self.results
+            .as_deref()
+            .map_or(&[], |r| &r[..self.len & !OVERSIZED])
     }
     /// The bytes of read `i` (taken out; a second take panics).
     #[inline]
     pub fn take_read(&mut self, i: usize) -> Vec<u8> {
         let slot = match self.results.as_deref_mut() {
-            Some(r) => &mut r[..self.len][i],
+            Some(r) => &mut r[..self.len & !OVERSIZED][i],
             None => panic!("verb {i} of an empty batch"),
         };
         match std::mem::replace(slot, VerbResult::Write) {

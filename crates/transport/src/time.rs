@@ -116,6 +116,105 @@ impl Sub<Duration> for Instant {
     }
 }
 
+/// Measures one short interval (an operation's latency) at the cost of a
+/// counter read at each end: virtual time inside a simulation, exactly as
+/// [`Instant::now`] measures it there; elsewhere the time-stamp counter
+/// where it is a reliable clock, else the monotonic clock.
+///
+/// [`Instant::now`] reads `CLOCK_MONOTONIC` (the vDSO's `clock_gettime`,
+/// ~40-50 instructions with its call and conversion); the harness measures
+/// every operation, so it reads the clock twice per operation. The
+/// time-stamp counter is read by one instruction and converted to
+/// nanoseconds by one multiplication, at the rate calibrated once per
+/// process against the monotonic clock (the rate [`crate::CpuStopwatch`]
+/// uses; its error is at most 0.04%).
+///
+/// The counter is used only on x86-64 and only when the kernel's own
+/// clocksource is `tsc`
+/// (`/sys/devices/system/clocksource/clocksource0/current_clocksource`,
+/// read once): the kernel picks it only if the counter runs at a constant
+/// rate, does not stop in idle states and is synchronized across CPUs (it
+/// checks at boot and falls back to another clocksource otherwise), so an
+/// interval started on one core and ended on another is as right as
+/// `CLOCK_MONOTONIC`'s. Anywhere else (other architectures, a `kvm-clock`
+/// or `hpet` host) this is [`Instant::now`]'s clock. An interval that
+/// would be negative (it cannot be, with a synchronized counter) is zero.
+///
+/// [`Stopwatch::warm_up`] calibrates before the first interval, so that no
+/// measured interval includes the calibration (a few milliseconds).
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(Start);
+
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// Virtual nanoseconds (a simulation).
+    Virtual(u64),
+    /// Time-stamp counter ticks, with the calibrated nanoseconds per tick
+    /// (32.32 fixed point).
+    Ticks(u64, u64),
+    /// Nanoseconds of the monotonic clock.
+    Monotonic(u64),
+}
+
+impl Stopwatch {
+    /// Starts measuring now.
+    #[inline]
+    pub fn start() -> Stopwatch {
+        if let Some(t) = crate::sim::now_ns() {
+            return Stopwatch(Start::Virtual(t));
+        }
+        match tsc_ns_per_tick_32() {
+            Some(rate) => Stopwatch(Start::Ticks(crate::cputime::ticks(), rate)),
+            None => Stopwatch(Start::Monotonic(monotonic_ns())),
+        }
+    }
+
+    /// Time since [`Stopwatch::start`], on the clock it started on.
+    #[inline]
+    pub fn elapsed(&self) -> Duration {
+        Duration::from_nanos(match self.0 {
+            Start::Virtual(t) => crate::sim::now_ns().unwrap_or(t).saturating_sub(t),
+            Start::Ticks(t, rate) => {
+                let d = crate::cputime::ticks().saturating_sub(t);
+                ((d as u128 * rate as u128) >> 32) as u64
+            }
+            Start::Monotonic(t) => monotonic_ns().saturating_sub(t),
+        })
+    }
+
+    /// Decides which clock this process's stopwatches read and calibrates
+    /// the counter, if not done yet: call before the first interval that
+    /// is measured (the first call takes a few milliseconds).
+    pub fn warm_up() {
+        let _ = tsc_ns_per_tick_32();
+    }
+
+    /// Whether stopwatches outside a simulation read the time-stamp counter
+    /// (see the type's doc).
+    pub fn reads_tsc() -> bool {
+        tsc_ns_per_tick_32().is_some()
+    }
+}
+
+/// The time-stamp counter's calibrated nanoseconds per tick (32.32 fixed
+/// point) if it is a reliable clock here (see [`Stopwatch`]), decided once.
+#[inline]
+fn tsc_ns_per_tick_32() -> Option<u64> {
+    static RATE: OnceLock<Option<u64>> = OnceLock::new();
+    *RATE.get_or_init(|| {
+        if cfg!(target_arch = "x86_64") && kernel_clocksource_is_tsc() {
+            Some(crate::cputime::ns_per_tick_32())
+        } else {
+            None
+        }
+    })
+}
+
+fn kernel_clocksource_is_tsc() -> bool {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .is_ok_and(|s| s.trim() == "tsc")
+}
+
 /// Blocks the calling OS thread for `d` (real backends), or lets `d` pass in
 /// virtual time. Prefer [`crate::exec::sleep`] in async code; this is for the
 /// few synchronous waits of background threads.
@@ -139,6 +238,38 @@ mod tests {
         assert_eq!(b - a, Duration::from_micros(5));
         assert_eq!(a - b, Duration::ZERO);
         assert!(Instant::now() >= a);
+    }
+
+    /// A stopwatch measures what the monotonic clock measures (within the
+    /// calibration's error and the reads' own time), whichever clock it
+    /// reads here.
+    #[test]
+    #[allow(clippy::disallowed_methods)]
+    fn a_stopwatch_measures_what_the_monotonic_clock_measures() {
+        Stopwatch::warm_up();
+        for _ in 0..3 {
+            let s0 = std::time::Instant::now();
+            let w = Stopwatch::start();
+            let a = Instant::now();
+            std::thread::sleep(Duration::from_millis(20));
+            let b = Instant::now();
+            let ours = w.elapsed();
+            let s1 = std::time::Instant::now();
+            // At least the inner interval less 0.1% (the rate's error),
+            // at most the outer one plus 0.1%.
+            let (inner, outer) = (b - a, s1 - s0);
+            assert!(ours >= inner - inner / 1000, "{ours:?} < {inner:?}");
+            assert!(ours <= outer + outer / 1000, "{ours:?} > {outer:?}");
+        }
+        // Intervals never go backwards.
+        let w = Stopwatch::start();
+        let (e1, e2) = (w.elapsed(), w.elapsed());
+        assert!(e2 >= e1, "{e2:?} < {e1:?}");
+        if cfg!(target_arch = "x86_64") && kernel_clocksource_is_tsc() {
+            assert!(Stopwatch::reads_tsc());
+        } else {
+            assert!(!Stopwatch::reads_tsc());
+        }
     }
 
     /// The clock read directly agrees with `std::time::Instant` (the same

@@ -14,7 +14,7 @@ use crate::layout::{
     Span, WORDS_PER_LINE,
 };
 use crate::protocol::{Inconsistent, check_span, word_at};
-use dmkv_api::checksum64;
+use dmkv_api::checksum64_concat;
 use thiserror::Error;
 
 /// Why an image was not accepted.
@@ -436,11 +436,10 @@ pub enum BlockError {
 
 /// The checksum of a block: over key, len and the value bytes.
 pub fn block_checksum(key: u64, value: &[u8]) -> u64 {
-    let mut buf = Vec::with_capacity(16 + value.len());
-    buf.extend_from_slice(&key.to_le_bytes());
-    buf.extend_from_slice(&(value.len() as u64).to_le_bytes());
-    buf.extend_from_slice(value);
-    checksum64(&buf)
+    let mut head = [0u8; 16];
+    head[..8].copy_from_slice(&key.to_le_bytes());
+    head[8..].copy_from_slice(&(value.len() as u64).to_le_bytes());
+    checksum64_concat(&head, value)
 }
 
 /// The bytes of a block holding `value` for `key` (padded to 8).

@@ -8,14 +8,14 @@
 //!  length     offset in 8-byte units   value region (memory node index)
 //! ```
 //! Block: `key u64 | len u64 | checksum u64 | bytes, zero-padded to 8`.
-//! The checksum ([`checksum64`]) covers key, len and the bytes. A block is
+//! The checksum ([`checksum64`](dmkv_api::checksum64)) covers key, len and the bytes. A block is
 //! written before the leaf that points to it (same node, posting order) and
 //! never changed or reused afterwards, so a reader that found the pointer in
 //! a validated leaf reads the value that belonged to the key at that time;
 //! the checksum is a second line of defence against memory scribbled by a
 //! faulty client. An empty value needs no block (length 0, offset 0).
 
-use dmkv_api::{Key, checksum64};
+use dmkv_api::{Key, checksum64_concat};
 
 pub const REGION_BITS: u32 = 7;
 pub const OFFSET_SHIFT: u32 = 7;
@@ -78,11 +78,10 @@ pub fn encode_block(key: Key, value: &[u8]) -> Vec<u8> {
 }
 
 fn block_checksum(key: Key, value: &[u8]) -> u64 {
-    let mut d = Vec::with_capacity(16 + value.len());
-    d.extend_from_slice(&key.to_le_bytes());
-    d.extend_from_slice(&(value.len() as u64).to_le_bytes());
-    d.extend_from_slice(value);
-    checksum64(&d)
+    let mut head = [0u8; 16];
+    head[..8].copy_from_slice(&key.to_le_bytes());
+    head[8..].copy_from_slice(&(value.len() as u64).to_le_bytes());
+    checksum64_concat(&head, value)
 }
 
 /// Checks a block read for `key` through `ptr` and returns its value.
