@@ -6,153 +6,20 @@
 //! model without the term (declared work free) would give, which it fails
 //! on.
 
-use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
-use dmkv_transport::sim::{Profile, SimConfig, SimCores, Simulation, job_progress, work};
+use dmkv_transport::exec::block_on;
+use dmkv_transport::sim::{Profile, SimCores, job_progress, work};
 use dmkv_transport::thread_cpu_ns;
-use dmkv_transport::{NodeHost, RegionMem, RpcContext};
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::Arc;
 
-/// A step of a handler's script: read the word at the start of line `l`,
-/// declare `n` instructions, or wait for one SSD read of the handler's
-/// node in a nested scheduler frame.
-#[derive(Clone, Copy)]
-enum Step {
-    Word(u64),
-    Work(u64),
-    Ssd,
-}
-
-fn encode(steps: &[Step]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for s in steps {
-        let (tag, a) = match *s {
-            Step::Word(l) => (0u64, l),
-            Step::Work(n) => (1, n),
-            Step::Ssd => (2, 0),
-        };
-        for x in [tag, a] {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
-    }
-    out
-}
-
-fn decode(req: &[u8]) -> Vec<Step> {
-    req.chunks_exact(16)
-        .map(|c| {
-            let x = |i: usize| u64::from_le_bytes(c[i * 8..i * 8 + 8].try_into().unwrap());
-            match x(0) {
-                0 => Step::Word(x(1)),
-                1 => Step::Work(x(1)),
-                _ => Step::Ssd,
-            }
-        })
-        .collect()
-}
-
-fn run_steps(mem: &RegionMem, node: dmkv_transport::NodeId, steps: &[Step]) {
-    for s in steps {
-        match *s {
-            Step::Word(l) => {
-                mem.load_u64(l * 64).unwrap();
-            }
-            Step::Work(n) => work(n),
-            Step::Ssd => dmkv_transport::sim::ssd_io_blocking(node, false, 1),
-        }
-    }
-}
-
-/// One memory node (`cores` handler cores, a 1 MiB region) whose service
-/// runs the steps in its request and answers with the CPU its core was
-/// charged for them (so `rpc_base_ns` is not in it).
-struct Rig {
-    sim: Simulation,
-    server: dmkv_transport::NodeId,
-    client: dmkv_transport::NodeId,
-    script: dmkv_transport::ServiceId,
-    mem: Arc<RegionMem>,
-}
-
-fn rig(profile: Profile, cores: usize) -> Rig {
-    let sim = Simulation::new(SimConfig {
-        profile,
-        seed: 1,
-        jitter_ns: 0,
-        delays: Default::default(),
-    });
-    let node = sim.add_node(cores);
-    let server = node.id();
-    let (_region, mem) = node.register_region(1 << 20).unwrap();
-    let m = mem.clone();
-    let script = node
-        .services()
-        .register(
-            "script",
-            Arc::new(move |_: &RpcContext, req: &[u8]| {
-                let t0 = thread_cpu_ns();
-                run_steps(&m, server, &decode(req));
-                Ok((thread_cpu_ns() - t0).to_le_bytes().to_vec())
-            }),
-        )
-        .unwrap();
-    let client = sim.add_node(0).id();
-    Rig {
-        sim,
-        server,
-        client,
-        script,
-        mem,
-    }
-}
+mod script_rig;
+use script_rig::{Rig, Step, flat, rig};
 
 impl Rig {
-    fn charged(&self, steps: &[Step]) -> u64 {
-        self.charged_together(&[steps]).pop().unwrap()
-    }
-
-    /// One call per script at once, one client task each; each call's
-    /// charged CPU.
-    fn charged_together(&self, scripts: &[&[Step]]) -> Vec<u64> {
-        let ep = Rc::new(self.sim.fabric().endpoint(self.client).unwrap());
-        let tasks: Vec<LocalTask<'_, u64>> = scripts
-            .iter()
-            .map(|s| {
-                let (ep, req) = (ep.clone(), encode(s));
-                let (server, svc) = (self.server, self.script);
-                Box::pin(async move {
-                    let r = ep.call(server, svc, req).await.unwrap();
-                    u64::from_le_bytes(r[..8].try_into().unwrap())
-                }) as LocalTask<'_, u64>
-            })
-            .collect();
-        run_tasks(tasks)
-    }
-
-    /// The virtual time one call takes, end to end.
-    fn round_trip(&self, steps: &[Step]) -> u64 {
-        let ep = self.sim.fabric().endpoint(self.client).unwrap();
-        let t0 = self.sim.now_ns();
-        block_on(ep.call(self.server, self.script, encode(steps))).unwrap();
-        self.sim.now_ns() - t0
-    }
-
+    /// Instructions memory-node jobs declared so far (the report's row).
     fn declared(&self) -> u64 {
-        self.sim
-            .resources()
-            .iter()
-            .find(|r| r.name == "memnode declared instructions")
-            .map_or(0, |r| r.count)
+        self.resource_count("memnode declared instructions")
     }
-}
-
-/// The default profile (rolex-cx5: 2.1 GHz, IPC 2, 4,200 instructions per
-/// microsecond) without a cache model: every first touch costs `line_ns`.
-fn flat() -> Profile {
-    let mut p = Profile::default_profile();
-    p.memnode.llc_bytes = 0;
-    p
 }
 
 /// ns the model charges a job that declared `n` instructions in all.
