@@ -811,7 +811,6 @@ mod tests {
     /// before (the read is held by the test hook until released, then
     /// reads its page from the file).
     #[test]
-    #[allow(clippy::disallowed_methods)] // a real thread signals, after a real pause
     fn a_wakeup_is_signalled_by_a_completion_and_by_a_hand_off() {
         use std::time::Duration;
         let w = Wakeup::new().unwrap();
@@ -821,7 +820,8 @@ mod tests {
         assert!(!w.wait(Duration::from_millis(1)), "the wait cleared it");
         std::thread::scope(|s| {
             s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(20));
+                // A real pause (no simulation runs here), from the runtime.
+                dmkv_transport::time::sleep_blocking(Duration::from_millis(20));
                 w.wake();
             });
             assert!(w.wait(Duration::from_secs(60)), "another thread's wake");
