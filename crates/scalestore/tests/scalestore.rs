@@ -1229,6 +1229,19 @@ fn read_word(n: &Arc<ScaleNode>, pid: Pid) -> u64 {
     })
 }
 
+/// Adds 1 to word 0 of `pid`, fixed exclusive by a new worker of `n`, and
+/// waits until the worker's acknowledgements are settled.
+fn increment_word(n: &Arc<ScaleNode>, pid: Pid) {
+    let w = worker_on(n);
+    block_on(async {
+        let g = ExclusiveGuard::fix(&w, pid).await.unwrap();
+        let pg = g.page();
+        pg.set_word(0, pg.word(0).unwrap() + 1);
+        drop(g);
+        w.settle_acks().await.unwrap();
+    })
+}
+
 /// Pages node 0 directs and holds (exclusive, dirty), word 0 = `values`.
 fn pages_on_node0(n0: &Arc<ScaleNode>, values: &[u64]) -> Vec<Pid> {
     let w0 = worker_on(n0);
@@ -1363,16 +1376,7 @@ fn a_delivery_in_flight_holds_its_page_and_not_the_handler() {
     let parked = || n0.stats.parked_directory.load(Ordering::Relaxed);
     let parked_before = parked();
     let out = std::thread::scope(|s| {
-        let a = s.spawn(|| {
-            let w = worker_on(&n1);
-            block_on(async {
-                let g = ExclusiveGuard::fix(&w, p).await.unwrap();
-                let pg = g.page();
-                pg.set_word(0, pg.word(0).unwrap() + 1);
-                drop(g);
-                w.settle_acks().await.unwrap();
-            })
-        });
+        let a = s.spawn(|| increment_word(&n1, p));
         let posted = wait_for(|| gate.held() == 1);
         // Another page of node 0: served while P's write is outstanding.
         let (tx, rx) = mpsc::channel();
@@ -1467,14 +1471,7 @@ fn a_delivery_wakes_the_completer_while_an_ssd_read_is_in_flight() {
         let (tx_p, rx_p) = mpsc::channel();
         let n1c = n1.clone();
         s.spawn(move || {
-            let w = worker_on(&n1c);
-            block_on(async {
-                let g = ExclusiveGuard::fix(&w, p).await.unwrap();
-                let pg = g.page();
-                pg.set_word(0, pg.word(0).unwrap() + 1);
-                drop(g);
-                w.settle_acks().await.unwrap();
-            });
+            increment_word(&n1c, p);
             let _ = tx_p.send(());
         });
         let got_p = rx_p.recv_timeout(Duration::from_secs(5));
