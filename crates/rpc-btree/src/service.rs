@@ -106,14 +106,16 @@ impl Service for Op {
         let key = r.u64()?;
         r.end()?;
         // `bool(true).bytes(v)` or `bool(false)`, as `handle` writes them.
-        match self.0.get(key)? {
-            Some(v) => {
-                let len = u32::try_from(v.len()).expect("values are below MAX_VALUE_LEN");
-                out.push(1);
-                out.extend_from_slice(&len.to_le_bytes());
-                out.extend_from_slice(&v);
-            }
-            None => out.push(0),
+        // The value goes from the leaf (or its block) straight into the
+        // reply, without a copy of its own.
+        let found = self.0.get_with(key, |v| {
+            let len = u32::try_from(v.len()).expect("values are below MAX_VALUE_LEN");
+            out.push(1);
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(v);
+        })?;
+        if found.is_none() {
+            out.push(0);
         }
         Ok(())
     }

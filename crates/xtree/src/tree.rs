@@ -19,7 +19,9 @@ use crate::layout::{
     next_incarnation,
 };
 use crate::protocol::{NodeWords, commit, lock, unlock_unchanged};
-use crate::view::{NodeView, SlotValue, ViewError, encode_block, parse_block};
+use crate::view::{
+    NodeImage, NodeView, SlotValue, ViewError, block_value, check_node_image, encode_block,
+};
 use dmkv_memnode::{AllocError, NodeRuntime, Region, SizeClassAllocator, SlabAllocator};
 use dmkv_transport::{RegionMem, RemoteRegion, ServiceError};
 use parking_lot::RwLock;
@@ -374,16 +376,37 @@ impl XTree {
 
     /// The value of `key`.
     pub fn get(&self, key: u64) -> Result<Option<Vec<u8>>, XTreeError> {
+        self.get_with(key, <[u8]>::to_vec)
+    }
+
+    /// `f` of the value of `key` (the bytes where they lie: an inline value
+    /// on the stack, an out-of-line one in the block read), `None` if the
+    /// key is absent. The lean read path: the leaf is copied into a stack
+    /// buffer, checked by the version protocol exactly as
+    /// [`NodeView::parse`] checks it ([`NodeImage`]) and searched in place;
+    /// nothing is allocated for an inline value.
+    pub fn get_with<R>(
+        &self,
+        key: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, XTreeError> {
         dmkv_transport::sim::work(cost::GET);
         let _shared = self.structure.read();
         let leaf = self.descend_to_leaf(key);
+        let mut buf = [0u8; MAX_NODE_BYTES];
+        let mut block = Vec::new();
         for _ in 0..MAX_READ_RETRIES {
-            let img = self.read_consistent(leaf)?;
-            let Some(j) = img.keys.find(key) else {
+            let img = self.read_consistent_image(leaf, &mut buf)?;
+            let Some(j) = img.find(key) else {
                 return Ok(None);
             };
-            if let Some(v) = self.resolve(key, img.value(j)) {
-                return Ok(Some(v));
+            match img.value(j) {
+                SlotValue::Inline(b) => return Ok(Some(f(&b))),
+                SlotValue::OutOfLine(fat) => {
+                    if let Some(v) = self.read_block(key, fat, &mut block) {
+                        return Ok(Some(f(v)));
+                    }
+                }
             }
             // The block was freed and reused under us: the leaf changed.
         }
@@ -480,7 +503,8 @@ impl XTree {
     pub fn find_leaf(&self, key: u64) -> Result<LeafRef, XTreeError> {
         let _shared = self.structure.read();
         let leaf = self.descend_to_leaf(key);
-        let img = self.read_consistent(leaf)?;
+        let mut buf = [0u8; MAX_NODE_BYTES];
+        let img = self.read_consistent_image(leaf, &mut buf)?;
         Ok(LeafRef {
             node: leaf,
             incarnation: img.header().incarnation,
@@ -616,7 +640,8 @@ impl XTree {
             let _shared = self.structure.read();
             let nm = self.node_mem(hint.node);
             let x = lock(&nm);
-            let img = match self.read_locked(hint.node) {
+            let mut buf = [0u8; MAX_NODE_BYTES];
+            let img = match self.read_locked_image(hint.node, &mut buf) {
                 Ok(img) => img,
                 Err(e) => {
                     unlock_unchanged(&nm, x);
@@ -631,9 +656,9 @@ impl XTree {
                 )));
             }
             if img.header().incarnation == hint.incarnation
-                && let Some(j) = img.keys.find(key)
+                && let Some(j) = img.find(key)
             {
-                self.replace_value(&nm, x, &img, j, key, value)?;
+                self.replace_value(&nm, x, img.meta(), j, img.value(j), key, value)?;
                 self.counters.hinted_used.fetch_add(1, Ordering::Relaxed);
                 return Ok(HintedUpdate {
                     updated: true,
@@ -811,48 +836,55 @@ impl XTree {
         dmkv_transport::sim::work(cost::LEAF_WRITE);
         let nm = self.node_mem(leaf);
         let x = lock(&nm);
-        let img = match self.read_locked(leaf) {
+        // The leaf is ours while locked: copied to the stack, checked as
+        // `NodeView::parse_locked` checks it, searched and changed in place
+        // (only the words that change are written, by the protocol).
+        let mut buf = [0u8; MAX_NODE_BYTES];
+        let img = match self.read_locked_image(leaf, &mut buf) {
             Ok(img) => img,
             Err(e) => {
                 unlock_unchanged(&nm, x);
                 return Err(e);
             }
         };
-        let count = img.keys.keys.len();
-        let meta = img.keys.meta;
+        let count = img.count();
+        let meta = img.meta();
         let hdr = img.header();
-        match (img.keys.find(key), op) {
+        match (img.find(key), op) {
             (Some(_), WriteOp::Insert(_)) | (None, WriteOp::Update(_) | WriteOp::Delete) => {
                 unlock_unchanged(&nm, x);
                 Ok(LeafOutcome::Done(false))
             }
             (Some(j), WriteOp::Update(v) | WriteOp::Upsert(v)) => {
-                self.replace_value(&nm, x, &img, j, key, v)?;
+                self.replace_value(&nm, x, meta, j, img.value(j), key, v)?;
                 Ok(LeafOutcome::Done(matches!(op, WriteOp::Update(_))))
             }
             (Some(j), WriteOp::Delete) => {
                 // Move the last pair into the hole (XStore §5.3.2).
                 let last = count - 1;
                 let mut m = meta;
-                let mut ch = Vec::with_capacity(5);
+                let mut ch = [(0, 0); 4];
+                let mut n = 0;
                 if j != last {
-                    ch.push((self.geo.key(j), img.keys.keys[last]));
-                    ch.push((self.geo.slot(j), img.slots[last]));
+                    ch[0] = (self.geo.key(j), img.key(last));
+                    ch[1] = (self.geo.slot(j), img.slot(last));
+                    n = 2;
                     set_bit(&mut m.out_of_line, j, meta.is_out_of_line(last));
                 }
                 set_bit(&mut m.out_of_line, last, false);
-                ch.push((Geometry::META, m.pack()));
-                ch.push((
+                ch[n] = (Geometry::META, m.pack());
+                ch[n + 1] = (
                     Geometry::HDR,
                     Header {
                         count: last as u8,
                         ..hdr
                     }
                     .pack(),
-                ));
-                commit(&nm, &self.geo, x, &ch);
+                );
+                let old = img.value(j);
+                commit(&nm, &self.geo, x, &ch[..n + 2]);
                 self.counters.keys.fetch_sub(1, Ordering::Relaxed);
-                self.free_value(img.value(j));
+                self.free_value(old);
                 Ok(LeafOutcome::Done(true))
             }
             (None, WriteOp::Insert(v) | WriteOp::Upsert(v)) => {
@@ -891,12 +923,14 @@ impl XTree {
 
     /// Replaces the value in slot `j` of a leaf locked at `x` and unlocks
     /// it; frees the old block after the new one is linked.
+    #[allow(clippy::too_many_arguments)]
     fn replace_value(
         &self,
         nm: &NodeMem<'_>,
         x: u64,
-        img: &NodeView,
+        meta: Meta,
         j: usize,
+        old: SlotValue,
         key: u64,
         value: &[u8],
     ) -> Result<(), XTreeError> {
@@ -907,14 +941,12 @@ impl XTree {
                 return Err(e);
             }
         };
-        let mut m = img.keys.meta;
+        let mut m = meta;
         set_bit(&mut m.out_of_line, j, oob);
-        let mut ch = vec![(self.geo.slot(j), word)];
-        if m != img.keys.meta {
-            ch.push((Geometry::META, m.pack()));
-        }
-        commit(nm, &self.geo, x, &ch);
-        self.free_value(img.value(j));
+        let ch = [(self.geo.slot(j), word), (Geometry::META, m.pack())];
+        let n = if m != meta { 2 } else { 1 };
+        commit(nm, &self.geo, x, &ch[..n]);
+        self.free_value(old);
         Ok(())
     }
 
@@ -1220,6 +1252,53 @@ impl XTree {
         Err(XTreeError::Corrupt(format!("node {node} never settled")))
     }
 
+    /// [`Self::read_locked`] without collecting the node: the copy in
+    /// `buf`, checked as `NodeView::parse_locked` checks it.
+    fn read_locked_image<'b>(
+        &self,
+        node: u32,
+        buf: &'b mut [u8; MAX_NODE_BYTES],
+    ) -> Result<NodeImage<'b>, XTreeError> {
+        let img = &mut buf[..self.geo.node_bytes()];
+        self.nodes
+            .mem
+            .read(self.node_mem(node).base, img)
+            .expect("node numbers are checked against the region");
+        NodeImage::parse_locked(&self.geo, img)
+            .map_err(|e| XTreeError::Corrupt(format!("node {node}: {e}")))
+    }
+
+    /// [`Self::read_consistent`] without collecting the node: a consistent
+    /// copy in `buf`, checked as `NodeView::parse` checks it (the same
+    /// errors, retried alike), per attempt the same `sim` charge.
+    fn read_consistent_image<'b>(
+        &self,
+        node: u32,
+        buf: &'b mut [u8; MAX_NODE_BYTES],
+    ) -> Result<NodeImage<'b>, XTreeError> {
+        let nb = self.geo.node_bytes();
+        let base = self.node_mem(node).base;
+        for attempt in 0..MAX_READ_RETRIES {
+            dmkv_transport::sim::work(cost::LEAF_READ);
+            self.nodes
+                .mem
+                .read(base, &mut buf[..nb])
+                .expect("node numbers are checked against the region");
+            match check_node_image(&self.geo, &buf[..nb], true) {
+                Ok(head) => return Ok(NodeImage::from_checked(&self.geo, &buf[..nb], head)),
+                Err(e) if e.is_transient() => {
+                    if attempt > 64 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(e) => return Err(XTreeError::Corrupt(format!("node {node}: {e}"))),
+            }
+        }
+        Err(XTreeError::Corrupt(format!("node {node} never settled")))
+    }
+
     /// The leaf covering `key` and the path to it (inner node, child index),
     /// root first. The caller holds `structure`, so inner nodes are stable.
     fn descend(&self, key: u64) -> (u32, Vec<(u32, usize)>) {
@@ -1310,6 +1389,24 @@ impl XTree {
         }
     }
 
+    /// What [`XTree::get`] answered before the lean path: the leaf copied
+    /// and parsed into a [`NodeView`], searched, its value resolved; tests
+    /// check both agree.
+    #[cfg(test)]
+    fn get_parsed(&self, key: u64) -> Result<Option<Vec<u8>>, XTreeError> {
+        let _shared = self.structure.read();
+        let leaf = self.descend_to_leaf(key);
+        loop {
+            let img = self.read_consistent(leaf)?;
+            let Some(j) = img.keys.find(key) else {
+                return Ok(None);
+            };
+            if let Some(v) = self.resolve(key, img.value(j)) {
+                return Ok(Some(v));
+            }
+        }
+    }
+
     // ---- values ------------------------------------------------------------
 
     /// The slot word for `value`: the bytes themselves if 8 long, else a fat
@@ -1356,11 +1453,18 @@ impl XTree {
     fn resolve(&self, key: u64, v: SlotValue) -> Option<Vec<u8>> {
         match v {
             SlotValue::Inline(b) => Some(b.to_vec()),
-            SlotValue::OutOfLine(f) => {
-                let bytes = self.values.mem.read_vec(f.offset, f.block_len()).ok()?;
-                parse_block(key, f, &bytes).ok()
-            }
+            SlotValue::OutOfLine(f) => self.read_block(key, f, &mut Vec::new()).map(<[u8]>::to_vec),
         }
+    }
+
+    /// The value of an out-of-line slot, read into `buf` and validated
+    /// there, or `None` as for [`Self::resolve`].
+    fn read_block<'b>(&self, key: u64, f: FatPtr, buf: &'b mut Vec<u8>) -> Option<&'b [u8]> {
+        self.values
+            .mem
+            .read_to_vec(f.offset, f.block_len(), buf)
+            .ok()?;
+        block_value(key, f, buf).ok()
     }
 }
 
@@ -1407,6 +1511,48 @@ mod tests {
     fn the_largest_node_fits_a_snapshot() {
         let geo = Geometry::new(MAX_SLOTS).unwrap();
         assert!(geo.node_bytes() <= MAX_NODE_BYTES, "{}", geo.node_bytes());
+    }
+
+    /// The lean paths (leaf images checked and searched in place, writes
+    /// changing only their words) give what parsing every leaf gives: after
+    /// inserts, updates of every value length (inline and out of line,
+    /// changing between the two), deletes and hinted updates, every key
+    /// stored, deleted or never stored reads the same through `get` and
+    /// the parsing `get_parsed`, and the tree passes its structure check.
+    #[test]
+    fn lean_leaf_paths_answer_as_parsed_leaves() {
+        for slots in [4, 16, MAX_SLOTS] {
+            let c = LocalCluster::new(LocalConfig::default());
+            let rt = NodeRuntime::new(c.add_node(1));
+            let cfg = XTreeConfig::sized_for(2_000, 24, slots).unwrap();
+            let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+            let key = |i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 24) | 1;
+            let val = |i: u64, round: u64| -> Vec<u8> {
+                let len = ((i + round) % 4) as usize * 8 + (round as usize % 2) * 3;
+                (0..len).map(|b| (b as u64 ^ i ^ round) as u8).collect()
+            };
+            for i in 0..1_500u64 {
+                assert!(t.insert(key(i), &val(i, 0)).unwrap());
+            }
+            for i in (0..1_500u64).step_by(3) {
+                assert!(t.update(key(i), &val(i, 1)).unwrap());
+            }
+            for i in (1..1_500u64).step_by(5) {
+                assert!(t.delete(key(i)).unwrap());
+                assert!(!t.delete(key(i)).unwrap());
+            }
+            for i in (2..1_500u64).step_by(7) {
+                let hint = t.find_leaf(key(i)).unwrap();
+                let r = t.update_hinted(key(i), &val(i, 2), hint).unwrap();
+                assert_eq!(r.updated, i % 5 != 1, "key {i}");
+            }
+            for i in 0..1_600u64 {
+                let k = key(i);
+                assert_eq!(t.get(k).unwrap(), t.get_parsed(k).unwrap(), "slots {slots}, key {i}");
+                assert_eq!(t.get(k + 1).unwrap(), t.get_parsed(k + 1).unwrap());
+            }
+            t.check_structure().unwrap();
+        }
     }
 
     /// The in-place walk takes the same path as parsing every inner node,

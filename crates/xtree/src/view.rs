@@ -347,6 +347,162 @@ impl NodeView {
     }
 }
 
+/// What [`NodeImage`] checked of a whole-node image: the version its
+/// version words carried (0 for a locked read) and its header and meta.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeHead {
+    pub version: u64,
+    pub header: Header,
+    pub meta: Meta,
+}
+
+/// A whole-node image checked exactly as [`NodeView::parse`] (or
+/// [`NodeView::parse_locked`]) checks it, same errors in the same order,
+/// but kept as the bytes themselves: keys, slots and values are read where
+/// they lie, nothing is collected (no allocation). The memory node's lean
+/// read and write paths (`XTree::get`, `leaf_apply`, `update_hinted`) look
+/// up and change leaves through it; `view::tests::
+/// node_images_equal_parsed_views` compares it with the parsing view on
+/// generated, torn, locked and damaged images.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeImage<'a> {
+    geo: Geometry,
+    bytes: &'a [u8],
+    head: NodeHead,
+}
+
+impl<'a> NodeImage<'a> {
+    /// Checks a whole-node image (a read of [`Geometry::node_span`]) as
+    /// [`NodeView::parse`] does.
+    pub fn parse(geo: &Geometry, bytes: &'a [u8]) -> Result<NodeImage<'a>, ViewError> {
+        let head = check_node_image(geo, bytes, true)?;
+        Ok(NodeImage::from_checked(geo, bytes, head))
+    }
+
+    /// Checks a node image without its versions, as
+    /// [`NodeView::parse_locked`] does (the caller holds the node's lock,
+    /// or serialises all writers).
+    pub fn parse_locked(geo: &Geometry, bytes: &'a [u8]) -> Result<NodeImage<'a>, ViewError> {
+        let head = check_node_image(geo, bytes, false)?;
+        Ok(NodeImage::from_checked(geo, bytes, head))
+    }
+
+    /// An image `check_node_image` accepted with `head` (a retry loop checks
+    /// its buffer before it borrows it for the image).
+    pub(crate) fn from_checked(geo: &Geometry, bytes: &'a [u8], head: NodeHead) -> NodeImage<'a> {
+        NodeImage {
+            geo: *geo,
+            bytes,
+            head,
+        }
+    }
+
+    pub fn head(&self) -> NodeHead {
+        self.head
+    }
+
+    pub fn version(&self) -> u64 {
+        self.head.version
+    }
+
+    pub fn header(&self) -> Header {
+        self.head.header
+    }
+
+    pub fn meta(&self) -> Meta {
+        self.head.meta
+    }
+
+    pub fn level(&self) -> u8 {
+        self.head.meta.level
+    }
+
+    /// CNT: the keys (and slots) in use.
+    pub fn count(&self) -> usize {
+        self.head.header.count as usize
+    }
+
+    /// `K_j`, `j` below the count.
+    pub fn key(&self, j: usize) -> u64 {
+        assert!(j < self.count(), "key {j} of {}", self.count());
+        word_at(self.bytes, self.geo.payload_offset(self.geo.key(j)))
+    }
+
+    /// `S_j` as stored, `j` below the count.
+    pub fn slot(&self, j: usize) -> u64 {
+        assert!(j < self.count(), "slot {j} of {}", self.count());
+        word_at(self.bytes, self.geo.payload_offset(self.geo.slot(j)))
+    }
+
+    /// The keys in slot order.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        payload_offsets(&self.geo, self.geo.key(0), self.count()).map(|at| word_at(self.bytes, at))
+    }
+
+    /// The slot holding `key` ([`KeysView::find`]: a linear search, in
+    /// place, over the key words).
+    pub fn find(&self, key: u64) -> Option<usize> {
+        self.keys().position(|k| k == key)
+    }
+
+    /// The value stored in leaf slot `j` ([`NodeView::value`]).
+    pub fn value(&self, j: usize) -> SlotValue {
+        SlotValue::decode(&self.head.meta, j, self.slot(j))
+    }
+
+    /// Child pointer `j` of an inner node (validated when checked).
+    pub fn child(&self, j: usize) -> ChildPtr {
+        ChildPtr::unpack(self.slot(j)).expect("validated when checked")
+    }
+
+    /// The same node collected into a [`NodeView`] (for the rare paths that
+    /// keep a node's pairs, and for the tests comparing the two).
+    pub fn to_view(&self) -> NodeView {
+        NodeView {
+            keys: KeysView {
+                version: self.head.version,
+                header: self.head.header,
+                meta: self.head.meta,
+                keys: self.keys().collect(),
+            },
+            slots: (0..self.count()).map(|j| self.slot(j)).collect(),
+        }
+    }
+}
+
+/// The checks of [`NodeView::parse`] (`versions`) or
+/// [`NodeView::parse_locked`] on a whole-node image, in the same order and
+/// through the same helpers, without collecting anything: versions (and
+/// length), head, inner keys ascending, inner child pointers valid.
+pub(crate) fn check_node_image(
+    geo: &Geometry,
+    bytes: &[u8],
+    versions: bool,
+) -> Result<NodeHead, ViewError> {
+    let version = if versions {
+        check_keys_span(geo, geo.node_span(), bytes)?
+    } else {
+        0
+    };
+    let (header, meta) = check_head(geo, bytes)?;
+    if meta.level > 0 {
+        let count = header.count as usize;
+        if !inner_keys_route(geo, bytes, count, 0).0 {
+            return Err(malformed("inner keys are not strictly ascending"));
+        }
+        if payload_offsets(geo, geo.slot(0), count)
+            .any(|at| ChildPtr::unpack(word_at(bytes, at)).is_none())
+        {
+            return Err(malformed("an inner node with an invalid child pointer"));
+        }
+    }
+    Ok(NodeHead {
+        version,
+        header,
+        meta,
+    })
+}
+
 /// A key looked up in a leaf's key read ([`KeysView::find_in_image`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeafFind {
@@ -456,6 +612,11 @@ pub fn encode_block(key: u64, value: &[u8]) -> Vec<u8> {
 /// Validates a block read of `fat.block_len()` bytes for `key` and returns
 /// the value.
 pub fn parse_block(key: u64, fat: FatPtr, bytes: &[u8]) -> Result<Vec<u8>, BlockError> {
+    block_value(key, fat, bytes).map(<[u8]>::to_vec)
+}
+
+/// [`parse_block`]'s checks, returning the value where it lies in `bytes`.
+pub fn block_value(key: u64, fat: FatPtr, bytes: &[u8]) -> Result<&[u8], BlockError> {
     let want = fat.block_len();
     if bytes.len() != want {
         return Err(BlockError::Length {
@@ -481,7 +642,7 @@ pub fn parse_block(key: u64, fat: FatPtr, bytes: &[u8]) -> Result<Vec<u8>, Block
     if word_at(bytes, 16) != block_checksum(key, value) {
         return Err(BlockError::Checksum);
     }
-    Ok(value.to_vec())
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -921,6 +1082,89 @@ mod tests {
             );
         }
 
+        // The lean whole-node image (`NodeImage`, the memory node's read
+        // and write paths) accepts and refuses exactly the images the
+        // parsing view does, with the same errors, versions checked or not;
+        // what it reads in place (head, every key and slot, the probe's
+        // slot and value) is what the parsed view holds: valid leaves and
+        // inner nodes, and the same with one word overwritten (torn or
+        // locked versions, bad heads, unsorted keys, null children,
+        // anything), and cut short.
+        #[test]
+        fn node_images_equal_parsed_views(
+            n in 4usize..=48,
+            level in prop_oneof![Just(0u8), Just(1u8), 2u8..40],
+            keys in prop::collection::vec(0u64..64, 0..50),
+            oob in any::<u64>(),
+            probe in 0u64..70,
+            pokes in prop::collection::vec((0usize..1000, prop_oneof![
+                any::<u64>(), 0u64..64, Just(LOCK_BIT | 1), Just(2u64), Just(0u64)]), 0..3),
+        ) {
+            let g = Geometry::new(n).unwrap();
+            let p = generated(&g, level.min(MAX_LEVEL), &keys, oob);
+            for (w, v) in pokes {
+                let w = w % g.node_words();
+                p.0.borrow_mut()[w] = v;
+            }
+            let b = p.bytes();
+            let lean = |i: NodeImage<'_>| {
+                let j = i.find(probe);
+                let leaf_value = (i.level() == 0).then(|| j.map(|j| i.value(j))).flatten();
+                (i.head(), i.to_view(), j, leaf_value)
+            };
+            let parsed = |v: NodeView| {
+                let j = v.keys.find(probe);
+                let leaf_value = (v.level() == 0).then(|| j.map(|j| v.value(j))).flatten();
+                let head = NodeHead { version: v.keys.version, header: v.header(), meta: v.keys.meta };
+                (head, v, j, leaf_value)
+            };
+            prop_assert_eq!(
+                NodeImage::parse(&g, &b).map(lean),
+                NodeView::parse(&g, &b).map(parsed)
+            );
+            prop_assert_eq!(
+                NodeImage::parse_locked(&g, &b).map(lean),
+                NodeView::parse_locked(&g, &b).map(parsed)
+            );
+            if let Ok(i) = NodeImage::parse(&g, &b) && i.level() > 0 {
+                let v = NodeView::parse(&g, &b).unwrap();
+                for j in 0..i.count() {
+                    prop_assert_eq!(i.child(j), v.child(j));
+                }
+            }
+            // Wrong lengths are refused alike.
+            for cut in [8, 64] {
+                prop_assert_eq!(
+                    NodeImage::parse(&g, &b[..b.len() - cut]).map(lean),
+                    NodeView::parse(&g, &b[..b.len() - cut]).map(parsed)
+                );
+            }
+        }
+
+        // A block's value in place is what `parse_block` copies, and both
+        // refuse the same damaged blocks with the same errors.
+        #[test]
+        fn block_values_in_place_equal_parsed_blocks(
+            key in 0u64..4,
+            value in prop::collection::vec(any::<u8>(), 0..40),
+            want_key in 0u64..4,
+            len_delta in 0u32..3,
+            flip in prop::option::of(0usize..80),
+        ) {
+            let mut b = encode_block(key, &value);
+            if let Some(at) = flip {
+                let at = at % b.len();
+                b[at] ^= 0x10;
+            }
+            let fat = FatPtr { offset: 0, len: value.len() as u32 + len_delta };
+            let want = fat.block_len().min(b.len());
+            let bytes = &b[..want];
+            prop_assert_eq!(
+                block_value(want_key, fat, bytes).map(<[u8]>::to_vec),
+                parse_block(want_key, fat, bytes)
+            );
+        }
+
         // Any bytes at all: parsing returns, never panics.
         #[test]
         fn random_bytes_never_panic(words in prop::collection::vec(any::<u64>(), 40), n in 4usize..=16) {
@@ -929,6 +1173,8 @@ mod tests {
             if b.len() >= g.node_bytes() {
                 let _ = NodeView::parse(&g, &b[..g.node_bytes()]);
                 let _ = NodeView::parse_locked(&g, &b[..g.node_bytes()]);
+                let _ = NodeImage::parse(&g, &b[..g.node_bytes()]).map(|i| i.find(words[1]));
+                let _ = NodeImage::parse_locked(&g, &b[..g.node_bytes()]).map(|i| i.find(words[1]));
                 let ks = g.key_span();
                 let _ = KeysView::parse(&g, ks, &b[..ks.len(&g)]);
                 let _ = NodeView::child_in_image(&g, &b[..g.node_bytes()], words[1]);
