@@ -111,7 +111,9 @@ impl Geometry {
     /// Word index (within the node) of logical payload word `i`.
     pub fn payload_word(&self, i: usize) -> usize {
         debug_assert!(i < self.payload_words());
-        (i / PAYLOAD_WORDS_PER_LINE) * WORDS_PER_LINE + 1 + i % PAYLOAD_WORDS_PER_LINE
+        // = (i / 7) * 8 + 1 + i % 7: one division where that takes two
+        // (the tree walk computes it per key compared).
+        i + i / PAYLOAD_WORDS_PER_LINE + 1
     }
 
     /// Byte offset (within the node) of logical payload word `i`.
@@ -430,11 +432,32 @@ const _: () = {
     assert!(MAX_VALUE_LEN as u64 <= FAT_LEN_MASK);
     assert!(block_bytes(0) == 24 && block_bytes(1) == 32 && block_bytes(8) == 32);
     assert!(LOCK_BIT == 0x8000_0000_0000_0000);
+    assert!(
+        WORDS_PER_LINE == PAYLOAD_WORDS_PER_LINE + 1,
+        "payload_word's one-division form"
+    );
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `payload_word`'s one-division form places every payload word of
+    /// every geometry where the line formula (line `i / 7`, after its
+    /// version word) does.
+    #[test]
+    fn payload_words_follow_the_line_formula() {
+        for n in MIN_SLOTS..=MAX_SLOTS {
+            let g = Geometry::new(n).unwrap();
+            for i in 0..g.payload_words() {
+                let line_formula = (i / PAYLOAD_WORDS_PER_LINE) * WORDS_PER_LINE
+                    + 1
+                    + i % PAYLOAD_WORDS_PER_LINE;
+                assert_eq!(g.payload_word(i), line_formula, "N = {n}, word {i}");
+                assert_eq!(g.line_of(i), g.payload_word(i) / WORDS_PER_LINE);
+            }
+        }
+    }
 
     #[test]
     fn the_documented_n16_layout() {

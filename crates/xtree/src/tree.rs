@@ -1320,26 +1320,30 @@ impl XTree {
     /// inner nodes change only under `structure` held exclusive), and every
     /// inner node was written whole by this code. `walk_parsed` below is the
     /// parsing walk the tests compare it with.
+    ///
+    /// Every node passed, the leaf included, is one bounds check and one
+    /// `sim` touch of all its lines ([`RegionMem::words_in`]); of the leaf
+    /// only the meta word is loaded here (a node's level never changes, so
+    /// it tells a leaf even while another handler writes that leaf, whose
+    /// other words must not be read unvalidated). Every caller copies the
+    /// whole leaf next (`read_consistent*`, `read_locked*` after `lock`),
+    /// touching the same lines in the same order, so a job's distinct lines
+    /// are what the meta word's own load and the copy gave before.
     fn walk(&self, key: u64, mut step: impl FnMut(u32, usize)) -> u32 {
         let geo = &self.geo;
+        let (nb, meta_word) = (geo.node_bytes(), geo.payload_word(Geometry::META));
         let mut node = self.root().node;
         loop {
-            // A node's level never changes, so its meta word tells a leaf
-            // even while another handler is writing that leaf (whose other
-            // words must not be read unvalidated).
-            let meta = self.node_mem(node).load(geo.payload_word(Geometry::META));
-            if meta & 0xFF == 0 {
-                return node;
-            }
-            dmkv_transport::sim::work(cost::INNER_LEVEL);
-            // One bounds check (and one `sim` charge for the node's lines,
-            // as for the copy this replaces) per inner node; then plain loads.
             let words = self
                 .nodes
                 .mem
-                .words_in(self.node_mem(node).base, geo.node_bytes())
+                .words_in(self.node_mem(node).base, nb)
                 .expect("node numbers are checked against the region");
             let load = |i: usize| words[i].load(Ordering::Acquire);
+            if load(meta_word) & 0xFF == 0 {
+                return node;
+            }
+            dmkv_transport::sim::work(cost::INNER_LEVEL);
             let count = Header::unpack(load(geo.payload_word(Geometry::HDR))).count as usize;
             assert!(
                 (1..=geo.slots()).contains(&count),
