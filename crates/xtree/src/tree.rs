@@ -238,6 +238,27 @@ impl NodeWords for NodeMem<'_> {
     }
 }
 
+/// The words of one node in place: one bounds check and one `sim` touch
+/// of all its lines when made ([`XTree::node_slice`]), then plain atomic
+/// loads, stores and CASes with [`NodeMem`]'s orderings. The lean write
+/// paths lock, read and commit a leaf through it (a [`NodeMem`] access is
+/// a bounds-checked call per word).
+struct NodeSlice<'a>(&'a [AtomicU64]);
+
+impl NodeWords for NodeSlice<'_> {
+    fn load(&self, i: usize) -> u64 {
+        self.0[i].load(Ordering::Acquire)
+    }
+    fn store(&self, i: usize, v: u64) {
+        self.0[i].store(v, Ordering::Release)
+    }
+    fn cas(&self, i: usize, expected: u64, new: u64) -> u64 {
+        match self.0[i].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(v) | Err(v) => v,
+        }
+    }
+}
+
 /// An XTree on one memory node.
 pub struct XTree {
     geo: Geometry,
@@ -638,7 +659,7 @@ impl XTree {
         self.counters.hinted.fetch_add(1, Ordering::Relaxed);
         {
             let _shared = self.structure.read();
-            let nm = self.node_mem(hint.node);
+            let nm = self.node_slice(hint.node);
             let x = lock(&nm);
             let mut buf = [0u8; MAX_NODE_BYTES];
             let img = match self.read_locked_image(hint.node, &mut buf) {
@@ -834,7 +855,7 @@ impl XTree {
     /// needs a split. The caller holds `structure` (so `leaf` covers `key`).
     fn leaf_apply(&self, leaf: u32, key: u64, op: WriteOp<'_>) -> Result<LeafOutcome, XTreeError> {
         dmkv_transport::sim::work(cost::LEAF_WRITE);
-        let nm = self.node_mem(leaf);
+        let nm = self.node_slice(leaf);
         let x = lock(&nm);
         // The leaf is ours while locked: copied to the stack, checked as
         // `NodeView::parse_locked` checks it, searched and changed in place
@@ -926,7 +947,7 @@ impl XTree {
     #[allow(clippy::too_many_arguments)]
     fn replace_value(
         &self,
-        nm: &NodeMem<'_>,
+        nm: &NodeSlice<'_>,
         x: u64,
         meta: Meta,
         j: usize,
@@ -1199,6 +1220,20 @@ impl XTree {
     }
 
     // ---- nodes -------------------------------------------------------------
+
+    /// A leaf's words in place, for a write that reads the whole leaf
+    /// next: its lines are touched here first, in the order the copy after
+    /// the lock touched them (the lock's CAS, line 0, then lines 1 on), so
+    /// a job's distinct lines come in the same order as through
+    /// [`NodeMem`].
+    fn node_slice(&self, node: u32) -> NodeSlice<'_> {
+        NodeSlice(
+            self.nodes
+                .mem
+                .words_in(self.node_mem(node).base, self.geo.node_bytes())
+                .expect("node numbers are checked against the region"),
+        )
+    }
 
     fn node_mem(&self, node: u32) -> NodeMem<'_> {
         NodeMem {
