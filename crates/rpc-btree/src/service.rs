@@ -94,13 +94,14 @@ impl Service for Op {
             *out = handle(&self.0, req)?;
             return Ok(());
         }
-        // The handler's own part of a GET (decoding, the reply's encoding,
-        // freeing the value), declared to `sim`'s instruction term: 2,863.4
-        // instructions per GET below `ServiceTable::run` less `XTree::get`'s
-        // 2,655.3 (callgrind, `local`, main's binary a1dce1e,
-        // `scripts/instructions-per-op.sh rpc-btree`, ycsb-c, 50,000 keys;
-        // docs/simulation.md, "An instruction term for memory-node jobs").
-        dmkv_transport::sim::work(208);
+        // The handler's own part of a GET (decoding; the reply's encoding
+        // now runs inside `get_with`, which declares it), declared to
+        // `sim`'s instruction term: `handle_into` 1,645.2 instructions per
+        // GET less `XTree::get_with`'s 1,506.2 (callgrind, `local`, branch
+        // i53's binary b72b7b2, `scripts/instructions-per-op.sh rpc-btree`,
+        // ycsb-c, 50,000 keys; docs/simulation.md, "A lean xtree (branch
+        // i53)"; was 208: main's a1dce1e, 2,863.4 less `get`'s 2,655.3).
+        dmkv_transport::sim::work(139);
         let mut r = WireReader::new(req);
         r.u8()?;
         let key = r.u64()?;
@@ -140,10 +141,12 @@ pub fn handle(tree: &XTree, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
         INSERT | UPDATE | UPSERT => {
             // The handler's own part of a write (decoding with its value,
             // the reply, freeing them), declared to `sim`'s instruction
-            // term: per update on ycsb-a, `handle` 3,998 less
-            // `XTree::update` 3,661, plus ~50 of `handle_into`'s own
-            // (callgrind, as for the GET above, `... rpc-btree ycsb-a`).
-            dmkv_transport::sim::work(387);
+            // term: per update on ycsb-a, `handle` 1,976.2 less
+            // `XTree::update` 1,633.2, plus ~50 of `handle_into`'s own
+            // (i49's estimate, not recounted) (callgrind, as for the GET
+            // above, `... rpc-btree ycsb-a`, b72b7b2; was 387 on a1dce1e:
+            // 3,998 less 3,661, plus ~50).
+            dmkv_transport::sim::work(393);
             let key = r.u64()?;
             let v = value(&mut r)?;
             r.end()?;
@@ -156,7 +159,7 @@ pub fn handle(tree: &XTree, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
         }
         DELETE => {
             // As a write above (not measured apart).
-            dmkv_transport::sim::work(387);
+            dmkv_transport::sim::work(393);
             let key = r.u64()?;
             r.end()?;
             w.bool(tree.delete(key)?);

@@ -32,37 +32,50 @@ use thiserror::Error;
 /// Work the tree declares to `sim`'s instruction term when it runs on a
 /// memory node ([`dmkv_transport::sim::work`], a no-op elsewhere;
 /// docs/simulation.md, "An instruction term for memory-node jobs (branch
-/// i49)"). Instructions counted with callgrind on the `local` transport,
-/// main's binary a1dce1e: `DMKV=... KEEP=... scripts/instructions-per-op.sh
+/// i49)" and "A lean xtree (branch i53)"). Instructions counted with
+/// callgrind on the `local` transport, branch i53's binary b72b7b2 (the
+/// lean paths, these constants not yet changed: the constants do not
+/// change what runs on `local`): `DMKV=/tmp/i53/dmkv-b72b7b2
+/// KEEP=/tmp/i53/cg-b72b7b2-rpc-btree scripts/instructions-per-op.sh
 /// rpc-btree` (ycsb-c, 50,000 keys, height 5, 1 thread x 8 tasks,
-/// differenced over 50,000 GETs), the handler thread's call tree.
+/// differenced over 50,000 GETs), the handler thread's call tree
+/// (inclusive, per operation). The figures they replace (main's a1dce1e,
+/// before the lean paths) are in docs/xtree.md, "Lean memory-node paths
+/// (branch i53)".
 pub mod cost {
-    /// One inner node of a descent ([`XTree::walk`]: its meta word, the
-    /// binary search over its keys, the child pointer): `descend_to_leaf`
-    /// 1,069.0 per GET over 4 inner levels (the leaf's meta check spread
-    /// over them).
-    pub const INNER_LEVEL: u64 = 267;
-    /// One attempt at a consistent image of a leaf (`read_consistent`:
-    /// the copy, its check and parse): 1,336.0 per GET.
-    pub const LEAF_READ: u64 = 1_336;
-    /// `XTree::get`'s own part (the lock, the key's search in the parsed
-    /// leaf, resolving the value block, freeing the image): 2,655.3 less
-    /// the two above, 250.
-    pub const GET: u64 = 250;
+    /// One inner node of a descent ([`XTree::walk`]: the node's words in
+    /// place, its meta word, the binary search over its keys, the child
+    /// pointer): `descend_to_leaf` 678.4 per GET over 4 inner levels (the
+    /// leaf's bounds check, touch and meta word spread over them): 170.
+    /// (Was 267: 1,069.0.)
+    pub const INNER_LEVEL: u64 = 170;
+    /// One attempt at a consistent image of a leaf
+    /// (`read_consistent_image`: the copy into the stack buffer and its
+    /// checks, [`crate::view::NodeImage`]): 513.0 per GET. (Was 1,336: the
+    /// copy, its check and a parse into two `Vec`s.)
+    pub const LEAF_READ: u64 = 513;
+    /// `XTree::get_with`'s own part (the lock, the stack buffer's zeroing,
+    /// the key's search in place, the value, the caller's closure: for
+    /// rpc-btree the reply's encoding): 1,506.2 less the two above, 315.
+    /// (Was 250 for `get`, whose value copy and frees the handler paid.)
+    pub const GET: u64 = 315;
     /// A write's attempt on its leaf in place (`leaf_apply`: the leaf's
-    /// lock, its image, the change, the commit) plus `modify`'s own part:
-    /// on ycsb-a (`scripts/instructions-per-op.sh rpc-btree ycsb-a`) per
-    /// update `modify` 3,649, of it `leaf_apply` 2,527 and the descent
-    /// 1,066 (declared per level above): 2,583. A write that must split
+    /// words, its lock, its copy and checks, the change, the commit of the
+    /// changed words) plus `modify`'s own part: on ycsb-a
+    /// (`scripts/instructions-per-op.sh rpc-btree ycsb-a`, same binary) per
+    /// update `modify` 1,621.2, of it the descent 676.2 (declared per level
+    /// above): 945. (Was 2,583.) A write that must split
     /// (`apply_exclusive`, about one insert in eight) is not declared
     /// beyond this: not measured apart.
-    pub const LEAF_WRITE: u64 = 2_583;
+    pub const LEAF_WRITE: u64 = 945;
     /// An update's attempt at its hinted leaf (`update_hinted` apart from
     /// the `modify` it falls back to when the hint is stale: the leaf's
-    /// lock, image, value and commit): XStore's update handler on ycsb-a
-    /// (`scripts/instructions-per-op.sh xstore ycsb-a`), `update_hinted`
-    /// 3,492 per update less its fallback `modify` calls' 1,284: 2,208.
-    pub const HINTED_ATTEMPT: u64 = 2_208;
+    /// words, lock, copy, value and commit): XStore's update handler on
+    /// ycsb-a (`DMKV=/tmp/i53/dmkv-b72b7b2 KEEP=/tmp/i53/cg-b72b7b2-xstore
+    /// scripts/instructions-per-op.sh xstore ycsb-a`), `update_hinted`
+    /// 1,445.0 per update less its fallback `modify` calls' 565.2: 880.
+    /// (Was 2,208.)
+    pub const HINTED_ATTEMPT: u64 = 880;
 }
 
 /// Why a tree operation failed. Expected outcomes (absent, present) are
