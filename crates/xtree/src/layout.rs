@@ -450,9 +450,8 @@ mod tests {
         for n in MIN_SLOTS..=MAX_SLOTS {
             let g = Geometry::new(n).unwrap();
             for i in 0..g.payload_words() {
-                let line_formula = (i / PAYLOAD_WORDS_PER_LINE) * WORDS_PER_LINE
-                    + 1
-                    + i % PAYLOAD_WORDS_PER_LINE;
+                let line_formula =
+                    (i / PAYLOAD_WORDS_PER_LINE) * WORDS_PER_LINE + 1 + i % PAYLOAD_WORDS_PER_LINE;
                 assert_eq!(g.payload_word(i), line_formula, "N = {n}, word {i}");
                 assert_eq!(g.line_of(i), g.payload_word(i) / WORDS_PER_LINE);
             }

@@ -1600,7 +1600,11 @@ mod tests {
             }
             for i in 0..1_600u64 {
                 let k = key(i);
-                assert_eq!(t.get(k).unwrap(), t.get_parsed(k).unwrap(), "slots {slots}, key {i}");
+                assert_eq!(
+                    t.get(k).unwrap(),
+                    t.get_parsed(k).unwrap(),
+                    "slots {slots}, key {i}"
+                );
                 assert_eq!(t.get(k + 1).unwrap(), t.get_parsed(k + 1).unwrap());
             }
             t.check_structure().unwrap();
