@@ -39,9 +39,9 @@ use thiserror::Error;
 /// KEEP=/tmp/i53/cg-b72b7b2-rpc-btree scripts/instructions-per-op.sh
 /// rpc-btree` (ycsb-c, 50,000 keys, height 5, 1 thread x 8 tasks,
 /// differenced over 50,000 GETs), the handler thread's call tree
-/// (inclusive, per operation). The figures they replace (main's a1dce1e,
-/// before the lean paths) are in docs/xtree.md, "Lean memory-node paths
-/// (branch i53)".
+/// (inclusive, per operation). Each constant gives the figure it replaces
+/// (main's a1dce1e, before the lean paths); the tables are in
+/// docs/rpc-btree.md and docs/simulation.md, "A lean xtree (branch i53)".
 pub mod cost {
     /// One inner node of a descent ([`XTree::walk`]: the node's words in
     /// place, its meta word, the binary search over its keys, the child
