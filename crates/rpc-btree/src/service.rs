@@ -144,13 +144,15 @@ pub fn handle(tree: &XTree, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
         }
         INSERT | UPDATE | UPSERT => {
             // The handler's own part of a write (decoding with its value,
-            // the reply, freeing them), declared to `sim`'s instruction
-            // term: per update on ycsb-a, `handle` 1,976.2 less
-            // `XTree::update` 1,633.2, plus ~50 of `handle_into`'s own
-            // (i49's estimate, not recounted) (callgrind, as for the GET
-            // above, `... rpc-btree ycsb-a`, b72b7b2; was 387 on a1dce1e:
-            // 3,998 less 3,661, plus ~50).
-            dmkv_transport::sim::work(393);
+            // the reply and its copy into the thread's buffer, freeing
+            // them), declared to `sim`'s instruction term: on ycsb-a
+            // `handle_into` 1,862.3 per operation, i.e. 3,724.6 per GET and
+            // update, less a GET's 1,650.2 (ycsb-c's 1,645.2 and 5.0 more
+            // in `get_with`) and `XTree::update`'s 1,633.2: 441 (callgrind,
+            // as for the GET above, `... rpc-btree ycsb-a`, branch i53's
+            // 22743c3; was 387 on a1dce1e: `handle` 3,998 less `update`
+            // 3,661, plus ~50 of `handle_into`'s own).
+            dmkv_transport::sim::work(441);
             let key = r.u64()?;
             let v = value(&mut r)?;
             r.end()?;
@@ -163,7 +165,7 @@ pub fn handle(tree: &XTree, req: &[u8]) -> std::result::Result<Vec<u8>, ServiceE
         }
         DELETE => {
             // As a write above (not measured apart).
-            dmkv_transport::sim::work(393);
+            dmkv_transport::sim::work(441);
             let key = r.u64()?;
             r.end()?;
             w.bool(tree.delete(key)?);
