@@ -99,6 +99,30 @@ struct Computes {
 /// Most compute nodes one shard tracks.
 const MAX_COMPUTES: usize = 4096;
 
+/// Shard identities for [`TABLE_SNAPSHOTS`].
+static NEXT_SHARD_UID: AtomicU64 = AtomicU64::new(1);
+
+/// Most shards' table lists one thread keeps a snapshot of (a thread
+/// serving more shards than this takes a snapshot under the lock more
+/// often; the oldest is dropped first).
+const MAX_TABLE_SNAPSHOTS: usize = 16;
+
+/// One shard's table list as this thread last copied it (invariant 20).
+/// It holds the tables' `Arc`s: a table retired since stays allocated (with
+/// its regions' memory) until the thread's next GET of that shard replaces
+/// the copy, so a GET may read it after `retire`; the generation check
+/// decides whether such a read counts.
+struct TableSnapshot {
+    shard: u64,
+    generation: u64,
+    tables: Vec<Option<Arc<Table>>>,
+}
+
+thread_local! {
+    static TABLE_SNAPSHOTS: std::cell::RefCell<Vec<TableSnapshot>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 pub struct ShardServer {
     pub id: u16,
     pub ctx: Arc<NodeCtx>,
@@ -106,6 +130,14 @@ pub struct ShardServer {
     pub replicas: ReplicaSet,
     pub ctl: Region,
     pub(crate) tables: RwLock<Vec<Option<Arc<Table>>>>,
+    /// The table list's generation: bumped under `tables`' write lock
+    /// before every change of it (invariant 20). A GET reads the list
+    /// from its handler thread's snapshot of that generation and checks
+    /// the generation again after its reads.
+    tables_gen: AtomicU64,
+    /// This shard's identity for the handler threads' snapshots (unique in
+    /// the process, never reused, unlike an address).
+    uid: u64,
     pub(crate) dir: Mutex<Directory>,
     seq: AtomicU64,
     computes: Mutex<Computes>,
@@ -172,6 +204,8 @@ impl ShardServer {
             replicas: ReplicaSet::default(),
             ctl,
             tables: RwLock::new(Vec::new()),
+            tables_gen: AtomicU64::new(0),
+            uid: NEXT_SHARD_UID.fetch_add(1, Ordering::Relaxed),
             dir: Mutex::new(Directory {
                 global_depth: 0,
                 entries: vec![],
@@ -208,6 +242,7 @@ impl ShardServer {
 
     pub(crate) fn install(&self, t: Arc<Table>) {
         let mut v = self.tables.write();
+        self.bump_tables_gen();
         let i = t.id as usize;
         if v.len() <= i {
             v.resize(i + 1, None);
@@ -216,9 +251,21 @@ impl ShardServer {
     }
 
     pub(crate) fn retire(&self, id: u32) {
-        if let Some(slot) = self.tables.write().get_mut(id as usize) {
+        let mut v = self.tables.write();
+        self.bump_tables_gen();
+        if let Some(slot) = v.get_mut(id as usize) {
             *slot = None;
         }
+    }
+
+    /// Invariant 20: called with `tables`' write lock held, before the list
+    /// changes. The SeqCst read-modify-write orders the bump before
+    /// everything this thread does after it (the change, and whatever
+    /// follows `retire`: the full build's block frees, the hand-over of
+    /// the regions to the countdown), so a GET whose reads saw any of that
+    /// sees the new generation when it checks after them.
+    fn bump_tables_gen(&self) {
+        self.tables_gen.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The table a request names, or the reply it gets instead: STALE for a
@@ -313,18 +360,121 @@ impl ShardServer {
                 "outback: slot {s} out of range"
             )));
         }
+        // Invariant 20: the table from this thread's snapshot of the list
+        // at generation `gen` (no lock, no reference count), the reads,
+        // then the generation again: unchanged, the list was not changed
+        // while we read, so nothing `retire` precedes (block frees, the
+        // withdrawal) had started; changed, the GET is redone under the
+        // list's read lock, as before.
+        let generation = self.tables_gen.load(Ordering::Acquire);
+        TABLE_SNAPSHOTS.with(|cell| {
+            let mut snaps = cell.borrow_mut();
+            let (generation, snap) = self.snapshot(&mut snaps, generation);
+            let table = match snap.get(t.table as usize) {
+                Some(Some(table)) if t.bucket < table.buckets => table,
+                _ => return self.get_into_locked(t, s, out, false),
+            };
+            self.count_request();
+            #[cfg(test)]
+            tests_hook::mid_get();
+            let read = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out);
+            let epoch = table.epoch.load(Ordering::Acquire);
+            if self.tables_gen.load(Ordering::Acquire) != generation {
+                return self.get_into_locked(t, s, out, true);
+            }
+            let (seed, w) = read?;
+            // After the snapshot: a rebuild that moved this bucket's keys
+            // bumped the epoch before touching them (invariant 7).
+            if epoch != t.epoch {
+                *out = self.stale();
+                return Ok(());
+            }
+            // A bucket with writes answered during a rebuild is read under
+            // its lock with them (invariant 17); the snapshot above is
+            // discarded. (As under the list's lock before, `get_pending`
+            // reads with its own reference to the table.)
+            if table.state.load(Ordering::Acquire) == state::REBUILDING
+                && table.buffer.lock().has_bucket(t.bucket)
+            {
+                let table = table.clone();
+                drop(snaps);
+                *out = self.get_pending(&table, t, s)?;
+                return Ok(());
+            }
+            let pending = self.resize_pending.load(Ordering::Relaxed);
+            out[0] = Status::Ok as u8;
+            out[1] =
+                if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
+            out[2] = seed;
+            if pending {
+                self.noticed_pending(t.compute);
+            }
+            Ok(())
+        })
+    }
+
+    /// This thread's snapshot of the table list at `generation`, taken
+    /// under the list's read lock if the thread has none of it (the
+    /// generation is read again under the lock: writers bump it under the
+    /// write lock, so the copy is exactly that generation's list).
+    fn snapshot<'s>(
+        &self,
+        snaps: &'s mut Vec<TableSnapshot>,
+        generation: u64,
+    ) -> (u64, &'s [Option<Arc<Table>>]) {
+        let at = match snaps.iter().position(|x| x.shard == self.uid) {
+            Some(at) => at,
+            None => {
+                if snaps.len() >= MAX_TABLE_SNAPSHOTS {
+                    snaps.remove(0);
+                }
+                snaps.push(TableSnapshot {
+                    shard: self.uid,
+                    generation: u64::MAX,
+                    tables: Vec::new(),
+                });
+                snaps.len() - 1
+            }
+        };
+        let snap = &mut snaps[at];
+        if snap.generation != generation {
+            let tables = self.tables.read();
+            snap.generation = self.tables_gen.load(Ordering::Acquire);
+            snap.tables.clone_from(&tables);
+        }
+        (snap.generation, &snap.tables)
+    }
+
+    /// The GET under the table list's read lock: the path before
+    /// invariant 20, taken when this thread's snapshot does not name the
+    /// table or the list changed during the snapshot's read. `counted`:
+    /// the snapshot's read already counted the request.
+    #[cold]
+    #[inline(never)]
+    fn get_into_locked(
+        self: &Arc<Self>,
+        t: &Target,
+        s: u8,
+        out: &mut Vec<u8>,
+        counted: bool,
+    ) -> Result<(), ServiceError> {
         let tables = self.tables.read();
         let table = match tables.get(t.table as usize) {
             Some(Some(table)) if t.bucket < table.buckets => table,
             _ => {
                 drop(tables);
-                *out = self
-                    .target(t)
-                    .map(|r| r.err().unwrap_or_else(|| self.stale()))?;
+                *out = if counted {
+                    self.stale()
+                } else {
+                    self.target(t)
+                        .map(|r| r.err().unwrap_or_else(|| self.stale()))?
+                };
                 return Ok(());
             }
         };
-        self.count_request();
+        if !counted {
+            self.count_request();
+        }
         let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out)?;
         // After the snapshot: a rebuild that moved this bucket's keys bumped
         // the epoch before touching them (invariant 7).
@@ -1357,5 +1507,31 @@ impl ShardServer {
             "busy": self.job_active.load(Ordering::Acquire)
                 || self.resize_pending.load(Ordering::Acquire),
         })
+    }
+}
+
+/// A test's hook inside a GET, between finding the table in the thread's
+/// snapshot and reading it (invariant 20's race test).
+#[cfg(test)]
+pub(crate) mod tests_hook {
+    use std::cell::RefCell;
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+    }
+    /// Runs `f` inside the next GETs of this thread, at the hook.
+    pub(crate) fn set(f: Option<Box<dyn FnMut()>>) {
+        HOOK.with(|h| *h.borrow_mut() = f);
+    }
+    pub(super) fn mid_get() {
+        let f = HOOK.with(|h| h.borrow_mut().take());
+        if let Some(mut f) = f {
+            f();
+            HOOK.with(|h| {
+                let mut h = h.borrow_mut();
+                if h.is_none() {
+                    *h = Some(f);
+                }
+            });
+        }
     }
 }
