@@ -330,10 +330,11 @@ impl ShardServer {
     /// GET (paper §4.3.1): the slot the client computed, and the front of
     /// the block it points at. Nothing is hashed or compared here.
     ///
-    /// The lean path (invariant 18 of docs/outback.md): one read lock of the
-    /// table list (no reference counting), one range check per field, the
-    /// request counter, the seqlock'd read of the bucket line and the block
-    /// straight into the reply (`get_into`: the handler thread's reply
+    /// The lean path (invariant 18 of docs/outback.md): the table from the
+    /// thread's snapshot of the list, no lock (invariant 20), one range
+    /// check per field, the request counter, the seqlock'd read of the
+    /// bucket line and the block straight into the reply (`get_into`: the
+    /// handler thread's reply
     /// buffer, no allocation; `get` allocates it), the epoch and state
     /// checks, and one load of `resize_pending` for both the flag and the
     /// PRE_RESIZE bookkeeping. No session, no hashing, no decoding beyond
