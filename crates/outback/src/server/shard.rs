@@ -114,6 +114,9 @@ const MAX_TABLE_SNAPSHOTS: usize = 16;
 /// decides whether such a read counts.
 struct TableSnapshot {
     shard: u64,
+    /// The shard itself, to drop the snapshots of shards that are gone
+    /// (checked only when a snapshot is added, not per GET).
+    owner: std::sync::Weak<ShardServer>,
     generation: u64,
     tables: Vec<Option<Arc<Table>>>,
 }
@@ -370,67 +373,90 @@ impl ShardServer {
         let generation = self.tables_gen.load(Ordering::Acquire);
         TABLE_SNAPSHOTS.with(|cell| {
             let mut snaps = cell.borrow_mut();
-            let (generation, snap) = self.snapshot(&mut snaps, generation);
-            let table = match snap.get(t.table as usize) {
-                Some(Some(table)) if t.bucket < table.buckets => table,
-                _ => return self.get_into_locked(t, s, out, false),
+            // The common case inline: the thread's latest snapshot is this
+            // shard's, at this generation.
+            let (generation, snap) = match snaps.last() {
+                Some(x) if x.shard == self.uid && x.generation == generation => {
+                    (generation, &x.tables[..])
+                }
+                _ => self.snapshot(&mut snaps, generation),
             };
-            self.count_request();
-            #[cfg(test)]
-            tests_hook::mid_get();
-            let read = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out);
-            let epoch = table.epoch.load(Ordering::Acquire);
-            if self.tables_gen.load(Ordering::Acquire) != generation {
-                return self.get_into_locked(t, s, out, true);
+            match snap.get(t.table as usize) {
+                Some(Some(table)) if t.bucket < table.buckets => {
+                    self.get_from(table, generation, t, s, out)
+                }
+                _ => self.get_into_locked(t, s, out, false),
             }
-            let (seed, w) = read?;
-            // After the snapshot: a rebuild that moved this bucket's keys
-            // bumped the epoch before touching them (invariant 7).
-            if epoch != t.epoch {
-                *out = self.stale();
-                return Ok(());
-            }
-            // A bucket with writes answered during a rebuild is read under
-            // its lock with them (invariant 17); the snapshot above is
-            // discarded. (As under the list's lock before, `get_pending`
-            // reads with its own reference to the table.)
-            if table.state.load(Ordering::Acquire) == state::REBUILDING
-                && table.buffer.lock().has_bucket(t.bucket)
-            {
-                let table = table.clone();
-                drop(snaps);
-                *out = self.get_pending(&table, t, s)?;
-                return Ok(());
-            }
-            let pending = self.resize_pending.load(Ordering::Relaxed);
-            out[0] = Status::Ok as u8;
-            out[1] =
-                if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
-            out[2] = seed;
-            if pending {
-                self.noticed_pending(t.compute);
-            }
-            Ok(())
         })
+    }
+
+    /// The GET's reads of `table`, found in the thread's snapshot at
+    /// `generation` (invariant 20), and the generation checked after them.
+    #[inline(always)]
+    fn get_from(
+        self: &Arc<Self>,
+        table: &Table,
+        generation: u64,
+        t: &Target,
+        s: u8,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
+        self.count_request();
+        #[cfg(test)]
+        tests_hook::mid_get();
+        let read = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out);
+        let epoch = table.epoch.load(Ordering::Acquire);
+        if self.tables_gen.load(Ordering::Acquire) != generation {
+            return self.get_into_locked(t, s, out, true);
+        }
+        let (seed, w) = read?;
+        // After the snapshot: a rebuild that moved this bucket's keys bumped
+        // the epoch before touching them (invariant 7).
+        if epoch != t.epoch {
+            *out = self.stale();
+            return Ok(());
+        }
+        // A bucket with writes answered during a rebuild is read under its
+        // lock with them (invariant 17); the snapshot above is discarded.
+        if table.state.load(Ordering::Acquire) == state::REBUILDING
+            && table.buffer.lock().has_bucket(t.bucket)
+        {
+            *out = self.get_pending(table, t, s)?;
+            return Ok(());
+        }
+        let pending = self.resize_pending.load(Ordering::Relaxed);
+        out[0] = Status::Ok as u8;
+        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
+        out[2] = seed;
+        if pending {
+            self.noticed_pending(t.compute);
+        }
+        Ok(())
     }
 
     /// This thread's snapshot of the table list at `generation`, taken
     /// under the list's read lock if the thread has none of it (the
     /// generation is read again under the lock: writers bump it under the
     /// write lock, so the copy is exactly that generation's list).
+    #[cold]
+    #[inline(never)]
     fn snapshot<'s>(
-        &self,
+        self: &Arc<Self>,
         snaps: &'s mut Vec<TableSnapshot>,
         generation: u64,
     ) -> (u64, &'s [Option<Arc<Table>>]) {
         let at = match snaps.iter().position(|x| x.shard == self.uid) {
             Some(at) => at,
             None => {
+                // Shards that are gone (an earlier run in this process, a
+                // node shut down) keep no tables alive here.
+                snaps.retain(|x| x.owner.strong_count() > 0);
                 if snaps.len() >= MAX_TABLE_SNAPSHOTS {
                     snaps.remove(0);
                 }
                 snaps.push(TableSnapshot {
                     shard: self.uid,
+                    owner: Arc::downgrade(self),
                     generation: u64::MAX,
                     tables: Vec::new(),
                 });
