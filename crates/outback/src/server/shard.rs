@@ -337,11 +337,10 @@ impl ShardServer {
     /// thread's snapshot of the list, no lock (invariant 20), one range
     /// check per field, the request counter, the seqlock'd read of the
     /// bucket line and the block straight into the reply (`get_into`: the
-    /// handler thread's reply
-    /// buffer, no allocation; `get` allocates it), the epoch and state
-    /// checks, and one load of `resize_pending` for both the flag and the
-    /// PRE_RESIZE bookkeeping. No session, no hashing, no decoding beyond
-    /// the fixed 20 bytes.
+    /// handler thread's reply buffer, no allocation; `get` allocates it),
+    /// the epoch and state checks, and one load of `resize_pending` for
+    /// both the flag and the PRE_RESIZE bookkeeping. No session, no
+    /// hashing, no decoding beyond the fixed 20 bytes.
     pub fn get(self: &Arc<Self>, t: &Target, s: u8) -> Result<Vec<u8>, ServiceError> {
         let mut out = Vec::with_capacity(64);
         self.get_into(t, s, &mut out)?;
@@ -446,7 +445,13 @@ impl ShardServer {
         generation: u64,
     ) -> (u64, &'s [Option<Arc<Table>>]) {
         let at = match snaps.iter().position(|x| x.shard == self.uid) {
-            Some(at) => at,
+            // Made the latest, which `get_into` checks inline (a thread
+            // serving two shards alternately pays this search, not a lock).
+            Some(at) => {
+                let latest = snaps.remove(at);
+                snaps.push(latest);
+                snaps.len() - 1
+            }
             None => {
                 // Shards that are gone (an earlier run in this process, a
                 // node shut down) keep no tables alive here.
