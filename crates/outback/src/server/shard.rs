@@ -118,7 +118,10 @@ struct TableSnapshot {
     /// (checked only when a snapshot is added, not per GET).
     owner: std::sync::Weak<ShardServer>,
     generation: u64,
-    tables: Vec<Option<Arc<Table>>>,
+    /// Shared with the GETs using it (an `Rc`: its count is a plain
+    /// increment, no locked operation), so a GET holds its copy outside
+    /// the thread-local's closure and a refresh replaces it whole.
+    tables: std::rc::Rc<Vec<Option<Arc<Table>>>>,
 }
 
 thread_local! {
@@ -370,23 +373,23 @@ impl ShardServer {
         // withdrawal) had started; changed, the GET is redone under the
         // list's read lock, as before.
         let generation = self.tables_gen.load(Ordering::Acquire);
-        TABLE_SNAPSHOTS.with(|cell| {
+        let (generation, snap) = TABLE_SNAPSHOTS.with(|cell| {
             let mut snaps = cell.borrow_mut();
             // The common case inline: the thread's latest snapshot is this
             // shard's, at this generation.
-            let (generation, snap) = match snaps.last() {
+            match snaps.last() {
                 Some(x) if x.shard == self.uid && x.generation == generation => {
-                    (generation, &x.tables[..])
+                    (generation, x.tables.clone())
                 }
                 _ => self.snapshot(&mut snaps, generation),
-            };
-            match snap.get(t.table as usize) {
-                Some(Some(table)) if t.bucket < table.buckets => {
-                    self.get_from(table, generation, t, s, out)
-                }
-                _ => self.get_into_locked(t, s, out, false),
             }
-        })
+        });
+        match snap.get(t.table as usize) {
+            Some(Some(table)) if t.bucket < table.buckets => {
+                self.get_from(table, generation, t, s, out)
+            }
+            _ => self.get_into_locked(t, s, out, false),
+        }
     }
 
     /// The GET's reads of `table`, found in the thread's snapshot at
@@ -439,11 +442,11 @@ impl ShardServer {
     /// write lock, so the copy is exactly that generation's list).
     #[cold]
     #[inline(never)]
-    fn snapshot<'s>(
+    fn snapshot(
         self: &Arc<Self>,
-        snaps: &'s mut Vec<TableSnapshot>,
+        snaps: &mut Vec<TableSnapshot>,
         generation: u64,
-    ) -> (u64, &'s [Option<Arc<Table>>]) {
+    ) -> (u64, std::rc::Rc<Vec<Option<Arc<Table>>>>) {
         let at = match snaps.iter().position(|x| x.shard == self.uid) {
             // Made the latest, which `get_into` checks inline (a thread
             // serving two shards alternately pays this search, not a lock).
@@ -463,7 +466,7 @@ impl ShardServer {
                     shard: self.uid,
                     owner: Arc::downgrade(self),
                     generation: u64::MAX,
-                    tables: Vec::new(),
+                    tables: Default::default(),
                 });
                 snaps.len() - 1
             }
@@ -472,9 +475,9 @@ impl ShardServer {
         if snap.generation != generation {
             let tables = self.tables.read();
             snap.generation = self.tables_gen.load(Ordering::Acquire);
-            snap.tables.clone_from(&tables);
+            snap.tables = std::rc::Rc::new(tables.clone());
         }
-        (snap.generation, &snap.tables)
+        (snap.generation, snap.tables.clone())
     }
 
     /// The GET under the table list's read lock: the path before
