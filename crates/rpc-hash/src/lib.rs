@@ -152,7 +152,11 @@ fn handle(
             })
         }
     };
-    *out = reply.encode();
+    // Into the buffer, not `*out = reply.encode()`: that would replace the
+    // handler thread's reply buffer with a one-byte `Vec` after every write,
+    // and the next GET would regrow it (docs/rpc-hash.md, invariant 6).
+    out.clear();
+    reply.encode_into(out);
     Ok(())
 }
 
@@ -335,5 +339,65 @@ impl KvClient for RpcHashClient {
             engine: NAME,
             what: "ordered scans",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmkv_transport::local::{LocalCluster, LocalConfig};
+
+    /// A handler thread's reply buffer keeps its allocation across write
+    /// replies (docs/rpc-hash.md, invariant 6): `*out = reply.encode()`
+    /// replaced it with a one-byte `Vec`, which the next GET regrew.
+    #[test]
+    fn write_replies_keep_the_reply_buffer() {
+        let c = LocalCluster::new(LocalConfig::default());
+        let rt = NodeRuntime::new(c.add_node(1));
+        let cfg = TableConfig {
+            main_buckets: 4,
+            indirect_buckets: 16,
+            kv_bytes: 1 << 16,
+        };
+        let b = rt
+            .register_region("b", cfg.bucket_region_bytes() as usize)
+            .unwrap();
+        let kv = rt
+            .register_region("kv", cfg.kv_region_bytes() as usize)
+            .unwrap();
+        let t = ClusterTable::new(&b, &kv, cfg);
+        let mut out: Vec<u8> = Vec::with_capacity(256);
+        let at = out.as_ptr();
+        let requests = [
+            proto::Request::Put {
+                mode: PutMode::Insert,
+                key: 5,
+                value: b"hello",
+            },
+            proto::Request::Get { key: 5 },
+            proto::Request::Put {
+                mode: PutMode::Update,
+                key: 5,
+                value: b"world!",
+            },
+            proto::Request::Delete { key: 5 },
+            proto::Request::Get { key: 5 },
+            proto::Request::Delete { key: 5 },
+        ];
+        let expect: [&[u8]; 6] = [
+            &[0],
+            &[1, 5, 0, 0, 0, b'h', b'e', b'l', b'l', b'o'],
+            &[1],
+            &[1],
+            &[0],
+            &[0],
+        ];
+        for (req, want) in requests.iter().zip(expect) {
+            out.clear();
+            handle(&t, &req.encode(), &mut out).unwrap();
+            assert_eq!(out, want, "{req:?}");
+            assert_eq!(out.as_ptr(), at, "{req:?} replaced the reply buffer");
+            assert!(out.capacity() >= 256, "{req:?}");
+        }
     }
 }

@@ -184,6 +184,19 @@ impl Reply {
         }
     }
 
+    /// Appends [`Reply::encode`]'s bytes to `out`. The replies a write gets
+    /// (`Existed`, `Done`) are written straight into it, so a handler
+    /// thread's reply buffer keeps its allocation across write replies (it
+    /// was replaced by `encode`'s one-byte `Vec`, and the next GET regrew
+    /// it); the others go through `encode`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        match self {
+            Reply::Existed(e) => out.push(*e as u8),
+            Reply::Done => {}
+            _ => out.extend_from_slice(&self.encode()),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut w = WireWriter::with_capacity(self.encoded_len());
         match self {
@@ -371,6 +384,27 @@ mod tests {
             stats,
         ] {
             assert_eq!(r.encode().len(), r.encoded_len(), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn replies_encoded_into_a_buffer_are_the_general_encoding() {
+        let stats = Reply::Stats(TableStats {
+            keys: 3,
+            chain_max: 9,
+            ..TableStats::default()
+        });
+        for r in [
+            Reply::Value(None),
+            Reply::Value(Some(vec![1, 2])),
+            Reply::Existed(true),
+            Reply::Existed(false),
+            Reply::Done,
+            stats,
+        ] {
+            let mut out = Vec::with_capacity(64);
+            r.encode_into(&mut out);
+            assert_eq!(out, r.encode(), "{r:?}");
         }
     }
 }

@@ -99,6 +99,36 @@ struct Computes {
 /// Most compute nodes one shard tracks.
 const MAX_COMPUTES: usize = 4096;
 
+/// Shard identities for [`TABLE_SNAPSHOTS`].
+static NEXT_SHARD_UID: AtomicU64 = AtomicU64::new(1);
+
+/// Most shards' table lists one thread keeps a snapshot of (a thread
+/// serving more shards than this takes a snapshot under the lock more
+/// often; the oldest is dropped first).
+const MAX_TABLE_SNAPSHOTS: usize = 16;
+
+/// One shard's table list as this thread last copied it (invariant 20).
+/// It holds the tables' `Arc`s: a table retired since stays allocated (with
+/// its regions' memory) until the thread's next GET of that shard replaces
+/// the copy, so a GET may read it after `retire`; the generation check
+/// decides whether such a read counts.
+struct TableSnapshot {
+    shard: u64,
+    /// The shard itself, to drop the snapshots of shards that are gone
+    /// (checked only when a snapshot is added, not per GET).
+    owner: std::sync::Weak<ShardServer>,
+    generation: u64,
+    /// Shared with the GETs using it (an `Rc`: its count is a plain
+    /// increment, no locked operation), so a GET holds its copy outside
+    /// the thread-local's closure and a refresh replaces it whole.
+    tables: std::rc::Rc<Vec<Option<Arc<Table>>>>,
+}
+
+thread_local! {
+    static TABLE_SNAPSHOTS: std::cell::RefCell<Vec<TableSnapshot>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 pub struct ShardServer {
     pub id: u16,
     pub ctx: Arc<NodeCtx>,
@@ -106,6 +136,14 @@ pub struct ShardServer {
     pub replicas: ReplicaSet,
     pub ctl: Region,
     pub(crate) tables: RwLock<Vec<Option<Arc<Table>>>>,
+    /// The table list's generation: bumped under `tables`' write lock
+    /// before every change of it (invariant 20). A GET reads the list
+    /// from its handler thread's snapshot of that generation and checks
+    /// the generation again after its reads.
+    tables_gen: AtomicU64,
+    /// This shard's identity for the handler threads' snapshots (unique in
+    /// the process, never reused, unlike an address).
+    uid: u64,
     pub(crate) dir: Mutex<Directory>,
     seq: AtomicU64,
     computes: Mutex<Computes>,
@@ -172,6 +210,8 @@ impl ShardServer {
             replicas: ReplicaSet::default(),
             ctl,
             tables: RwLock::new(Vec::new()),
+            tables_gen: AtomicU64::new(0),
+            uid: NEXT_SHARD_UID.fetch_add(1, Ordering::Relaxed),
             dir: Mutex::new(Directory {
                 global_depth: 0,
                 entries: vec![],
@@ -208,6 +248,7 @@ impl ShardServer {
 
     pub(crate) fn install(&self, t: Arc<Table>) {
         let mut v = self.tables.write();
+        self.bump_tables_gen();
         let i = t.id as usize;
         if v.len() <= i {
             v.resize(i + 1, None);
@@ -216,9 +257,21 @@ impl ShardServer {
     }
 
     pub(crate) fn retire(&self, id: u32) {
-        if let Some(slot) = self.tables.write().get_mut(id as usize) {
+        let mut v = self.tables.write();
+        self.bump_tables_gen();
+        if let Some(slot) = v.get_mut(id as usize) {
             *slot = None;
         }
+    }
+
+    /// Invariant 20: called with `tables`' write lock held, before the list
+    /// changes. The SeqCst read-modify-write orders the bump before
+    /// everything this thread does after it (the change, and whatever
+    /// follows `retire`: the full build's block frees, the hand-over of
+    /// the regions to the countdown), so a GET whose reads saw any of that
+    /// sees the new generation when it checks after them.
+    fn bump_tables_gen(&self) {
+        self.tables_gen.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The table a request names, or the reply it gets instead: STALE for a
@@ -283,14 +336,14 @@ impl ShardServer {
     /// GET (paper §4.3.1): the slot the client computed, and the front of
     /// the block it points at. Nothing is hashed or compared here.
     ///
-    /// The lean path (invariant 18 of docs/outback.md): one read lock of the
-    /// table list (no reference counting), one range check per field, the
-    /// request counter, the seqlock'd read of the bucket line and the block
-    /// straight into the reply (`get_into`: the handler thread's reply
-    /// buffer, no allocation; `get` allocates it), the epoch and state
-    /// checks, and one load of `resize_pending` for both the flag and the
-    /// PRE_RESIZE bookkeeping. No session, no hashing, no decoding beyond
-    /// the fixed 20 bytes.
+    /// The lean path (invariant 18 of docs/outback.md): the table from the
+    /// thread's snapshot of the list, no lock (invariant 20), one range
+    /// check per field, the request counter, the seqlock'd read of the
+    /// bucket line and the block straight into the reply (`get_into`: the
+    /// handler thread's reply buffer, no allocation; `get` allocates it),
+    /// the epoch and state checks, and one load of `resize_pending` for
+    /// both the flag and the PRE_RESIZE bookkeeping. No session, no
+    /// hashing, no decoding beyond the fixed 20 bytes.
     pub fn get(self: &Arc<Self>, t: &Target, s: u8) -> Result<Vec<u8>, ServiceError> {
         let mut out = Vec::with_capacity(64);
         self.get_into(t, s, &mut out)?;
@@ -313,18 +366,150 @@ impl ShardServer {
                 "outback: slot {s} out of range"
             )));
         }
+        // Invariant 20: the table from this thread's snapshot of the list
+        // at generation `gen` (no lock, no reference count), the reads,
+        // then the generation again: unchanged, the list was not changed
+        // while we read, so nothing `retire` precedes (block frees, the
+        // withdrawal) had started; changed, the GET is redone under the
+        // list's read lock, as before.
+        let generation = self.tables_gen.load(Ordering::Acquire);
+        let (generation, snap) = TABLE_SNAPSHOTS.with(|cell| {
+            let mut snaps = cell.borrow_mut();
+            // The common case inline: the thread's latest snapshot is this
+            // shard's, at this generation.
+            match snaps.last() {
+                Some(x) if x.shard == self.uid && x.generation == generation => {
+                    (generation, x.tables.clone())
+                }
+                _ => self.snapshot(&mut snaps, generation),
+            }
+        });
+        match snap.get(t.table as usize) {
+            Some(Some(table)) if t.bucket < table.buckets => {
+                self.get_from(table, generation, t, s, out)
+            }
+            _ => self.get_into_locked(t, s, out, false),
+        }
+    }
+
+    /// The GET's reads of `table`, found in the thread's snapshot at
+    /// `generation` (invariant 20), and the generation checked after them.
+    #[inline(always)]
+    fn get_from(
+        self: &Arc<Self>,
+        table: &Table,
+        generation: u64,
+        t: &Target,
+        s: u8,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
+        self.count_request();
+        #[cfg(test)]
+        tests_hook::mid_get();
+        let read = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out);
+        let epoch = table.epoch.load(Ordering::Acquire);
+        if self.tables_gen.load(Ordering::Acquire) != generation {
+            return self.get_into_locked(t, s, out, true);
+        }
+        let (seed, w) = read?;
+        // After the snapshot: a rebuild that moved this bucket's keys bumped
+        // the epoch before touching them (invariant 7).
+        if epoch != t.epoch {
+            *out = self.stale();
+            return Ok(());
+        }
+        // A bucket with writes answered during a rebuild is read under its
+        // lock with them (invariant 17); the snapshot above is discarded.
+        if table.state.load(Ordering::Acquire) == state::REBUILDING
+            && table.buffer.lock().has_bucket(t.bucket)
+        {
+            *out = self.get_pending(table, t, s)?;
+            return Ok(());
+        }
+        let pending = self.resize_pending.load(Ordering::Relaxed);
+        out[0] = Status::Ok as u8;
+        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
+        out[2] = seed;
+        if pending {
+            self.noticed_pending(t.compute);
+        }
+        Ok(())
+    }
+
+    /// This thread's snapshot of the table list at `generation`, taken
+    /// under the list's read lock if the thread has none of it (the
+    /// generation is read again under the lock: writers bump it under the
+    /// write lock, so the copy is exactly that generation's list).
+    #[cold]
+    #[inline(never)]
+    fn snapshot(
+        self: &Arc<Self>,
+        snaps: &mut Vec<TableSnapshot>,
+        generation: u64,
+    ) -> (u64, std::rc::Rc<Vec<Option<Arc<Table>>>>) {
+        let at = match snaps.iter().position(|x| x.shard == self.uid) {
+            // Made the latest, which `get_into` checks inline (a thread
+            // serving two shards alternately pays this search, not a lock).
+            Some(at) => {
+                let latest = snaps.remove(at);
+                snaps.push(latest);
+                snaps.len() - 1
+            }
+            None => {
+                // Shards that are gone (an earlier run in this process, a
+                // node shut down) keep no tables alive here.
+                snaps.retain(|x| x.owner.strong_count() > 0);
+                if snaps.len() >= MAX_TABLE_SNAPSHOTS {
+                    snaps.remove(0);
+                }
+                snaps.push(TableSnapshot {
+                    shard: self.uid,
+                    owner: Arc::downgrade(self),
+                    generation: u64::MAX,
+                    tables: Default::default(),
+                });
+                snaps.len() - 1
+            }
+        };
+        let snap = &mut snaps[at];
+        if snap.generation != generation {
+            let tables = self.tables.read();
+            snap.generation = self.tables_gen.load(Ordering::Acquire);
+            snap.tables = std::rc::Rc::new(tables.clone());
+        }
+        (snap.generation, snap.tables.clone())
+    }
+
+    /// The GET under the table list's read lock: the path before
+    /// invariant 20, taken when this thread's snapshot does not name the
+    /// table or the list changed during the snapshot's read. `counted`:
+    /// the snapshot's read already counted the request.
+    #[cold]
+    #[inline(never)]
+    fn get_into_locked(
+        self: &Arc<Self>,
+        t: &Target,
+        s: u8,
+        out: &mut Vec<u8>,
+        counted: bool,
+    ) -> Result<(), ServiceError> {
         let tables = self.tables.read();
         let table = match tables.get(t.table as usize) {
             Some(Some(table)) if t.bucket < table.buckets => table,
             _ => {
                 drop(tables);
-                *out = self
-                    .target(t)
-                    .map(|r| r.err().unwrap_or_else(|| self.stale()))?;
+                *out = if counted {
+                    self.stale()
+                } else {
+                    self.target(t)
+                        .map(|r| r.err().unwrap_or_else(|| self.stale()))?
+                };
                 return Ok(());
             }
         };
-        self.count_request();
+        if !counted {
+            self.count_request();
+        }
         let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out)?;
         // After the snapshot: a rebuild that moved this bucket's keys bumped
         // the epoch before touching them (invariant 7).
@@ -1357,5 +1542,31 @@ impl ShardServer {
             "busy": self.job_active.load(Ordering::Acquire)
                 || self.resize_pending.load(Ordering::Acquire),
         })
+    }
+}
+
+/// A test's hook inside a GET, between finding the table in the thread's
+/// snapshot and reading it (invariant 20's race test).
+#[cfg(test)]
+pub(crate) mod tests_hook {
+    use std::cell::RefCell;
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+    }
+    /// Runs `f` inside the next GETs of this thread, at the hook.
+    pub(crate) fn set(f: Option<Box<dyn FnMut()>>) {
+        HOOK.with(|h| *h.borrow_mut() = f);
+    }
+    pub(super) fn mid_get() {
+        let f = HOOK.with(|h| h.borrow_mut().take());
+        if let Some(mut f) = f {
+            f();
+            HOOK.with(|h| {
+                let mut h = h.borrow_mut();
+                if h.is_none() {
+                    *h = Some(f);
+                }
+            });
+        }
     }
 }

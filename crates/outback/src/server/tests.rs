@@ -889,3 +889,60 @@ fn a_shard_slot_is_filled_once() {
     assert!(Arc::ptr_eq(&s.shard(0).unwrap().unwrap(), &own));
     drop(rts);
 }
+
+/// Invariant 20: a GET reads the table list from its thread's snapshot
+/// without a lock, so `retire` no longer waits for it. Here the table is
+/// retired and the key's block overwritten (as the full build frees and a
+/// later write reuses it) between the GET's snapshot lookup and its read:
+/// the GET must see the list's generation change and answer as under the
+/// lock (STALE: the table is gone), never the overwritten bytes. Without
+/// the generation check (or without `retire` bumping it) the GET answers
+/// OK with the junk.
+#[test]
+fn a_get_racing_a_retire_and_a_block_reuse_answers_stale() {
+    let (_c, _rt, s) = node();
+    let key = 7u64;
+    let value = b"the value".to_vec();
+    let (h, _) = head(&insert(&s, key, &value));
+    assert_eq!(h.status, Status::Ok);
+    let shard = s.shard(0).unwrap().unwrap();
+    let id = shard.dir.lock().route(key);
+    let (t, sl) = target(&s, id, key);
+    let table = shard.table(id).unwrap();
+    let w = table.slot(t.bucket, sl as usize);
+    assert!(!w.is_empty(), "the key is in its slot");
+    let req = DataReq::Get { t, slot: sl }.encode();
+    // A GET before: OK with the block (and this thread's snapshot taken).
+    let before = s.handle(&req).unwrap();
+    assert_eq!(head(&before).0.status, Status::Ok);
+    assert!(
+        before.windows(value.len()).any(|x| x == value.as_slice()),
+        "the block's front holds the value"
+    );
+    // The race: retire and reuse inside the next GET, after its lookup.
+    let words = w.len_words() - crate::layout::BLOCK_TAIL_WORDS;
+    let junk = vec![0xEE; (words * 8) as usize];
+    {
+        let (shard, junk) = (shard.clone(), junk.clone());
+        let mut fired = false;
+        crate::server::shard::tests_hook::set(Some(Box::new(move || {
+            if !std::mem::replace(&mut fired, true) {
+                shard.retire(id);
+                shard.heap.write(w.addr(), &junk).unwrap();
+            }
+        })));
+    }
+    let raced = s.handle(&req).unwrap();
+    crate::server::shard::tests_hook::set(None);
+    assert_eq!(
+        head(&raced).0.status,
+        Status::Stale,
+        "a GET whose table was retired under it: {raced:?}"
+    );
+    assert!(
+        !raced.windows(8).any(|x| x == &junk[..8]),
+        "the overwritten block leaked into the reply"
+    );
+    // And the next GET, from a refreshed snapshot: STALE too.
+    assert_eq!(head(&s.handle(&req).unwrap()).0.status, Status::Stale);
+}
