@@ -925,6 +925,7 @@ impl NodeModel {
 
 /// When a message sent at `at` from `from` arrives at `to`, through the
 /// sender's NIC of `lane` and the wire (jitter included; invariant 1 kept).
+#[inline]
 fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
@@ -947,6 +948,7 @@ fn receive_message(sim: &Sim, to: NodeId, payload: u64, lane: u32) -> u64 {
 }
 
 /// The receiving NIC of `lane` takes a message arriving at `at`.
+#[inline]
 fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let wire_bytes = payload + sim.profile.network.header_bytes;
@@ -1075,7 +1077,7 @@ impl EpShared {
                     st.verbs.clear();
                     std::mem::swap(&mut st.verbs, verbs);
                     st.slots.clear();
-                    st.slots.extend((0..n).map(|_| VerbSlot::default()));
+                    st.slots.resize_with(n, VerbSlot::default);
                     st.left = n;
                     st.done_at = 0;
                     st.outcome = None;
@@ -1273,11 +1275,17 @@ impl NetEvent {
 
 /// Delivers a batch's results (or its first error) to the waiting task.
 fn finish_batch(state: &RefCell<BatchState>) {
-    let outcome = {
-        // Drained in place (the state is reused, see `batch_state`).
-        let mut st = state.borrow_mut();
-        let mut out = VerbResults::with_capacity(st.slots.len());
+    let waker = {
+        // Drained in place (the state is reused, see `batch_state`), into
+        // the outcome in place (branch i54: the result list was built
+        // aside and moved in).
+        let mut guard = state.borrow_mut();
+        let st = &mut *guard;
         let mut err = None;
+        let out = match st.outcome.insert(Ok(VerbResults::new())) {
+            Ok(out) => out,
+            Err(_) => unreachable!("just set"),
+        };
         for slot in st.slots.iter_mut() {
             match slot.result.take().expect("every verb answered") {
                 Ok(v) => out.push(v),
@@ -1286,12 +1294,14 @@ fn finish_batch(state: &RefCell<BatchState>) {
                 }
             }
         }
-        match err {
-            Some(e) => Err(e),
-            None => Ok(out),
+        if let Some(e) = err {
+            st.outcome = Some(Err(e));
         }
+        st.waker.take()
     };
-    BatchState::complete(state, outcome);
+    if let Some(w) = waker {
+        w.wake();
+    }
 }
 
 /// Read `i` of a batch acts on memory now (its turn at the memory node has

@@ -618,11 +618,13 @@ impl Sched {
     }
 
     /// Wakes `waker` at virtual time `at`.
+    #[inline]
     pub(crate) fn wake_at(&self, at: u64, waker: Waker) {
         self.schedule(at, Event::Wake(waker));
     }
 
     /// Runs the network event `ev` at virtual time `at` (not before now).
+    #[inline]
     pub(crate) fn net_at(&self, at: u64, ev: super::net::NetEvent) {
         self.schedule(at, Event::Net(ev));
     }
@@ -974,6 +976,50 @@ mod tests {
             }
             assert_eq!(sched.rng.borrow_mut().next_u64(), oracle.next_u64());
         }
+    }
+
+    /// A ready queue (no lock, [`ThreadBound`]) is used on its own thread
+    /// only: a wake from another thread panics there before it touches the
+    /// queue, and the queue's last reference dropped on another thread
+    /// leaves its contents alone (leaked) instead of dropping them there.
+    #[test]
+    fn a_ready_queue_is_used_on_its_own_thread_only() {
+        let total = Rc::new(Cell::new(0));
+        let q = ReadyQueue::new(3, false, &total);
+        q.push(2);
+        q.push(2);
+        q.push(0);
+        assert_eq!(total.get(), 2);
+        let waker = Waker::from(Arc::new(TaskWaker {
+            ready: q.clone(),
+            index: 1,
+        }));
+        let woken = std::thread::spawn(move || waker.wake()).join();
+        assert!(woken.is_err(), "a wake from another thread panics");
+        // Nothing was queued by it.
+        assert_eq!(total.get(), 2);
+        assert_eq!((q.pop(), q.pop(), q.pop()), (Some(2), Some(0), None));
+        assert_eq!(total.get(), 0);
+        // The same wake on this thread queues the task.
+        let waker = Waker::from(Arc::new(TaskWaker {
+            ready: q.clone(),
+            index: 1,
+        }));
+        waker.wake_by_ref();
+        assert_eq!((total.get(), q.pop()), (1, Some(1)));
+        // The total's count of references shows whether the queue's
+        // contents were dropped: another thread drops the last reference
+        // to the queue (through the waker) and leaves them alone.
+        q.close();
+        drop(q);
+        assert_eq!(Rc::strong_count(&total), 2);
+        std::thread::spawn(move || drop(waker)).join().expect("no panic on drop");
+        assert_eq!(Rc::strong_count(&total), 2, "leaked, not dropped off its thread");
+        // On its own thread the last reference drops the contents.
+        let q = ReadyQueue::new(1, true, &total);
+        assert_eq!(Rc::strong_count(&total), 3);
+        drop(q);
+        assert_eq!(Rc::strong_count(&total), 2);
     }
 
     /// The event queue (wheel and heap) pops exactly what a standard binary
