@@ -48,7 +48,7 @@ use super::calendar::{Calendar, PairOrder};
 use super::{Sim, current, with_metering};
 use crate::addr::{NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
 use crate::backend::{
-    EndpointBackend, SharedOp, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
+    EndpointBackend, Fabric, NodeHost, OpFuture, SharedOp, Verb, VerbResult, VerbResults, Verbs,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};

@@ -1013,8 +1013,14 @@ mod tests {
         q.close();
         drop(q);
         assert_eq!(Rc::strong_count(&total), 2);
-        std::thread::spawn(move || drop(waker)).join().expect("no panic on drop");
-        assert_eq!(Rc::strong_count(&total), 2, "leaked, not dropped off its thread");
+        std::thread::spawn(move || drop(waker))
+            .join()
+            .expect("no panic on drop");
+        assert_eq!(
+            Rc::strong_count(&total),
+            2,
+            "leaked, not dropped off its thread"
+        );
         // On its own thread the last reference drops the contents.
         let q = ReadyQueue::new(1, true, &total);
         assert_eq!(Rc::strong_count(&total), 3);
