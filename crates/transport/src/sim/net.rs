@@ -1159,8 +1159,11 @@ fn resolve(cluster: &Cluster, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
 pub(crate) struct RegionCache {
     generation: u64,
     /// Per node, per region: its key and memory.
-    nodes: Vec<Vec<Option<(crate::addr::AccessKey, Arc<RegionMem>)>>>,
+    nodes: Vec<Vec<Option<CachedRegion>>>,
 }
+
+/// A region [`RegionCache`] found: its key and memory.
+type CachedRegion = (crate::addr::AccessKey, Arc<RegionMem>);
 
 /// [`resolve`] through the simulation's [`RegionCache`] (for `cluster`, the
 /// simulation's own; another cluster is looked up directly).
