@@ -76,6 +76,21 @@ pub enum OpFuture<'a, T> {
     /// it would while waiting for a real network round trip.
     ReadyAfterYield(Option<T>, bool),
     Pending(Pin<Box<dyn Future<Output = T> + 'a>>),
+    /// The simulated backend's wait until virtual instant `.0` (a CPU
+    /// charge), then `.1`: no allocation (branch i54).
+    SimSleep(u64, Option<T>),
+    /// An operation whose state the backend keeps in a shared allocation
+    /// it made anyway (the simulated backend's batch states, which it
+    /// reuses, and RPC completions): polled through it, without a box per
+    /// operation (branch i54).
+    Shared(std::rc::Rc<dyn SharedOp<T> + 'a>),
+}
+
+/// An operation's state shared by a backend and the task awaiting it
+/// ([`OpFuture::Shared`]).
+pub trait SharedOp<T> {
+    /// [`Future::poll`] of the operation.
+    fn poll_op(&self, cx: &mut Context<'_>) -> Poll<T>;
 }
 
 impl<'a, T> OpFuture<'a, T> {
@@ -109,6 +124,14 @@ impl<T> Future for OpFuture<'_, T> {
                 }
             }
             OpFuture::Pending(f) => f.as_mut().poll(cx),
+            OpFuture::SimSleep(at, v) => {
+                if crate::sim::sleep_pending(*at, cx) {
+                    Poll::Pending
+                } else {
+                    Poll::Ready(v.take().expect("OpFuture polled after completion"))
+                }
+            }
+            OpFuture::Shared(op) => op.poll_op(cx),
         }
     }
 }

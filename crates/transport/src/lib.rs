@@ -66,8 +66,8 @@ pub mod wire;
 
 pub use addr::{AccessKey, NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
 pub use backend::{
-    CallFuture, EndpointBackend, Fabric, NodeHost, OpFuture, PooledResults, Verb, VerbResult,
-    VerbResults, Verbs,
+    CallFuture, EndpointBackend, Fabric, NodeHost, OpFuture, PooledResults, SharedOp, Verb,
+    VerbResult, VerbResults, Verbs,
 };
 pub use counters::{CounterTable, Counters, OpKind, labeled};
 pub use cputime::{BusyClock, thread_cpu_ns, touch_local_at, touch_local_lines};

@@ -57,6 +57,8 @@ pub(crate) struct Sim {
     pub(crate) llc: RefCell<Vec<Option<cache::Llc>>>,
     /// The profile's per-size costs, kept once computed.
     pub(crate) costs: net::Costs,
+    /// Regions the verbs found, while the cluster's generation holds.
+    pub(crate) regions: RefCell<net::RegionCache>,
     /// Compute operations' own lines charged so far (`Endpoint::charged`):
     /// distinct lines and objects, and address-less notes; reported as
     /// `compute distinct lines` and `compute line notes`.
@@ -598,28 +600,34 @@ pub(crate) fn sleep_until_ns(at: u64) -> SleepUntil {
 impl Future for SleepUntil {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let at = self.at;
-        // The simulation borrowed, not cloned (branch i50).
-        let pending = CURRENT.with(|c| {
-            let c = c.borrow();
-            let Some(sim) = c.as_ref() else {
-                return false;
-            };
-            if sim.sched.now() >= at {
-                return false;
-            }
-            // Armed now, or, if polled early by a spurious wake, armed
-            // again (the first alarm still fires; a second wake is
-            // harmless).
-            sim.sched.wake_at(at, cx.waker().clone());
-            true
-        });
-        if pending {
+        if sleep_pending(self.at, cx) {
             Poll::Pending
         } else {
             Poll::Ready(())
         }
     }
+}
+
+/// A poll of a wait until virtual instant `at` ([`SleepUntil`], and the
+/// backend's `OpFuture::SimSleep`): false once `at` has come (or outside a
+/// simulation); else the task's wake is scheduled for `at`, and true.
+#[inline]
+pub(crate) fn sleep_pending(at: u64, cx: &mut Context<'_>) -> bool {
+    // The simulation borrowed, not cloned (branch i50).
+    CURRENT.with(|c| {
+        let c = c.borrow();
+        let Some(sim) = c.as_ref() else {
+            return false;
+        };
+        if sim.sched.now() >= at {
+            return false;
+        }
+        // Armed now, or, if polled early by a spurious wake, armed
+        // again (the first alarm still fires; a second wake is
+        // harmless).
+        sim.sched.wake_at(at, cx.waker().clone());
+        true
+    })
 }
 
 /// Virtual CPU of work done on a simulated background core: `f` runs now,
@@ -786,6 +794,7 @@ impl Simulation {
             delayed: Cell::new(0),
             llc: RefCell::new(Vec::new()),
             costs: net::Costs::new(),
+            regions: RefCell::new(net::RegionCache::default()),
             local_lines: Cell::new((0, 0)),
             instructions_per_us,
             work_instructions: Cell::new(0),

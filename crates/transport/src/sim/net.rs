@@ -48,7 +48,7 @@ use super::calendar::{Calendar, PairOrder};
 use super::{Sim, current, with_metering};
 use crate::addr::{NodeId, RegionId, RemoteAddr, RemoteRegion, ServiceId};
 use crate::backend::{
-    EndpointBackend, Fabric, NodeHost, OpFuture, Verb, VerbResult, VerbResults, Verbs,
+    EndpointBackend, Fabric, NodeHost, OpFuture, SharedOp, Verb, VerbResult, VerbResults, Verbs,
 };
 use crate::endpoint::Endpoint;
 use crate::error::{Result, TransportError};
@@ -62,7 +62,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 /// Reads and writes larger than this move in pieces (at most [`MAX_PIECES`]).
@@ -646,12 +646,17 @@ pub(crate) struct NodeState {
 /// must be used on the simulation's thread.
 pub(crate) struct Cluster {
     nodes: RwLock<Vec<Arc<NodeState>>>,
+    /// Bumped whenever a region is withdrawn or a node crashes (or the
+    /// cluster is cleared): what [`RegionCache`] found before is stale.
+    /// (Registration only adds regions, under ids never used before.)
+    generation: AtomicU64,
 }
 
 impl Cluster {
     pub(crate) fn new() -> Arc<Cluster> {
         Arc::new(Cluster {
             nodes: RwLock::new(Vec::new()),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -706,6 +711,7 @@ impl Cluster {
             n.crashed.store(true, Ordering::Release);
             n.regions.write().clear();
         }
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn clear(&self) {
@@ -713,6 +719,7 @@ impl Cluster {
             n.services.clear();
             n.regions.write().clear();
         }
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -738,6 +745,7 @@ impl NodeHost for SimNode {
         if let Some(slot) = self.state.regions.write().get_mut(id.0 as usize) {
             *slot = None;
         }
+        self.cluster.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     fn services(&self) -> &ServiceTable {
@@ -790,7 +798,8 @@ impl Fabric for SimFabric {
                 node,
                 id,
                 lane,
-                spare: RefCell::new(Vec::new()),
+                pool: RefCell::new(Vec::new()),
+                next: Cell::new(0),
             }),
             cluster: self.cluster.clone(),
             node,
@@ -849,7 +858,15 @@ impl<T> Completion<T> {
 impl<T> Future for Completion<T> {
     type Output = T;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let mut s = self.0.borrow_mut();
+        self.0.poll_op(cx)
+    }
+}
+
+/// A completion awaited as the backend's `OpFuture::Shared` (branch i54:
+/// not boxed once more).
+impl<T> SharedOp<T> for RefCell<Slot<T>> {
+    fn poll_op(&self, cx: &mut Context<'_>) -> Poll<T> {
+        let mut s = self.borrow_mut();
         match s.value.take() {
             Some(v) => Poll::Ready(v),
             None => {
@@ -908,6 +925,7 @@ impl NodeModel {
 
 /// When a message sent at `at` from `from` arrives at `to`, through the
 /// sender's NIC of `lane` and the wire (jitter included; invariant 1 kept).
+#[inline]
 fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
@@ -930,6 +948,7 @@ fn receive_message(sim: &Sim, to: NodeId, payload: u64, lane: u32) -> u64 {
 }
 
 /// The receiving NIC of `lane` takes a message arriving at `at`.
+#[inline]
 fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let wire_bytes = payload + sim.profile.network.header_bytes;
@@ -1005,18 +1024,16 @@ impl BatchState {
 type BatchRef = Rc<RefCell<BatchState>>;
 
 /// Batch states an endpoint keeps for reuse, at most.
-const SPARE_BATCHES: usize = 16;
+const POOLED_BATCHES: usize = 16;
 
-/// What the task that posted a batch awaits.
-struct BatchFuture {
-    state: BatchRef,
-    ep: Rc<EpShared>,
-}
-
-impl Future for BatchFuture {
-    type Output = Result<VerbResults>;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<VerbResults>> {
-        let mut st = self.state.borrow_mut();
+/// What the task that posted a batch awaits: the batch's state itself, as
+/// the backend's `OpFuture::Shared` (branch i54: it was a `BatchFuture`
+/// boxed per batch, which gave the state back to the endpoint when it
+/// dropped; the endpoint now finds its free states itself,
+/// `EpShared::batch_state`).
+impl SharedOp<Result<VerbResults>> for RefCell<BatchState> {
+    fn poll_op(&self, cx: &mut Context<'_>) -> Poll<Result<VerbResults>> {
+        let mut st = self.borrow_mut();
         match st.outcome.take() {
             Some(v) => Poll::Ready(v),
             None => {
@@ -1027,25 +1044,31 @@ impl Future for BatchFuture {
     }
 }
 
-impl Drop for BatchFuture {
-    /// Gives the state back to the endpoint once nothing else holds it (no
-    /// event of the batch is pending: it completed, or never will).
-    fn drop(&mut self) {
-        if Rc::strong_count(&self.state) == 1 {
-            let mut spare = self.ep.spare.borrow_mut();
-            if spare.len() < SPARE_BATCHES {
-                spare.push(self.state.clone());
-            }
-        }
-    }
-}
-
 impl EpShared {
     /// A batch state for `verbs` (taken out of the caller's list, which is
-    /// left empty): a spare one if the endpoint has one.
+    /// left empty): a free one of the endpoint's pool if it has one (one
+    /// nothing else holds: its batch's task dropped its future, and no
+    /// event of the batch is pending, as it completed or never will),
+    /// looked for from the one after the state taken last (batches finish
+    /// about in the order they were posted).
     fn batch_state(&self, verbs: &mut Verbs) -> BatchRef {
         let n = verbs.len();
-        match self.spare.borrow_mut().pop() {
+        let free = {
+            let pool = self.pool.borrow();
+            let len = pool.len();
+            let from = self.next.get();
+            (0..len)
+                .map(|k| {
+                    let j = from + k;
+                    if j >= len { j - len } else { j }
+                })
+                .find(|&j| Rc::strong_count(&pool[j]) == 1)
+                .map(|j| {
+                    self.next.set(if j + 1 == len { 0 } else { j + 1 });
+                    pool[j].clone()
+                })
+        };
+        match free {
             Some(state) => {
                 // Reset in place (a fresh state written over it is a copy
                 // of the whole inline arrays).
@@ -1054,7 +1077,7 @@ impl EpShared {
                     st.verbs.clear();
                     std::mem::swap(&mut st.verbs, verbs);
                     st.slots.clear();
-                    st.slots.extend((0..n).map(|_| VerbSlot::default()));
+                    st.slots.resize_with(n, VerbSlot::default);
                     st.left = n;
                     st.done_at = 0;
                     st.outcome = None;
@@ -1062,18 +1085,25 @@ impl EpShared {
                 }
                 state
             }
-            None => Rc::new(RefCell::new(BatchState {
-                verbs: std::mem::take(verbs),
-                slots: (0..n).map(|_| VerbSlot::default()).collect(),
-                left: n,
-                done_at: 0,
-                outcome: None,
-                waker: None,
-                node: self.node,
-                lane: self.lane,
-                qp: self.id,
-                cluster: self.cluster.clone(),
-            })),
+            None => {
+                let state = Rc::new(RefCell::new(BatchState {
+                    verbs: std::mem::take(verbs),
+                    slots: (0..n).map(|_| VerbSlot::default()).collect(),
+                    left: n,
+                    done_at: 0,
+                    outcome: None,
+                    waker: None,
+                    node: self.node,
+                    lane: self.lane,
+                    qp: self.id,
+                    cluster: self.cluster.clone(),
+                }));
+                let mut pool = self.pool.borrow_mut();
+                if pool.len() < POOLED_BATCHES {
+                    pool.push(state.clone());
+                }
+                state
+            }
         }
     }
 }
@@ -1117,6 +1147,54 @@ fn resolve(cluster: &Cluster, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
             region: addr.region,
         }),
     }
+}
+
+/// What [`resolve`] found for the simulation's verbs, kept while the
+/// cluster's generation stays the same (branch i54: every verb took the
+/// cluster's and its node's read locks and looked the region up). Holds
+/// only successful lookups; anything else (an unknown node or region, a
+/// wrong key, a crashed node) goes to `resolve` every time, so a verb gets
+/// exactly what `resolve` would give it.
+#[derive(Default)]
+pub(crate) struct RegionCache {
+    generation: u64,
+    /// Per node, per region: its key and memory.
+    nodes: Vec<Vec<Option<CachedRegion>>>,
+}
+
+/// A region [`RegionCache`] found: its key and memory.
+type CachedRegion = (crate::addr::AccessKey, Arc<RegionMem>);
+
+/// [`resolve`] through the simulation's [`RegionCache`] (for `cluster`, the
+/// simulation's own; another cluster is looked up directly).
+fn resolve_cached(sim: &Sim, cluster: &Arc<Cluster>, addr: &RemoteAddr) -> Result<Arc<RegionMem>> {
+    if !Arc::ptr_eq(cluster, &sim.cluster) {
+        return resolve(cluster, addr);
+    }
+    let generation = cluster.generation.load(Ordering::Acquire);
+    let mut cache = sim.regions.borrow_mut();
+    if cache.generation != generation {
+        cache.nodes.clear();
+        cache.generation = generation;
+    }
+    let (node, region) = (addr.node.0 as usize, addr.region.0 as usize);
+    if let Some(Some((key, mem))) = cache.nodes.get(node).and_then(|n| n.get(region))
+        && *key == addr.key
+    {
+        return Ok(mem.clone());
+    }
+    let found = resolve(cluster, addr);
+    if let Ok(mem) = &found {
+        if cache.nodes.len() <= node {
+            cache.nodes.resize_with(node + 1, Vec::new);
+        }
+        let regions = &mut cache.nodes[node];
+        if regions.len() <= region {
+            regions.resize_with(region + 1, || None);
+        }
+        regions[region] = Some((addr.key, mem.clone()));
+    }
+    found
 }
 
 /// Word-aligned pieces of `[offset, offset + len)`: at most `MAX_PIECES`,
@@ -1200,11 +1278,17 @@ impl NetEvent {
 
 /// Delivers a batch's results (or its first error) to the waiting task.
 fn finish_batch(state: &RefCell<BatchState>) {
-    let outcome = {
-        // Drained in place (the state is reused, see `batch_state`).
-        let mut st = state.borrow_mut();
-        let mut out = VerbResults::with_capacity(st.slots.len());
+    let waker = {
+        // Drained in place (the state is reused, see `batch_state`), into
+        // the outcome in place (branch i54: the result list was built
+        // aside and moved in).
+        let mut guard = state.borrow_mut();
+        let st = &mut *guard;
         let mut err = None;
+        let out = match st.outcome.insert(Ok(VerbResults::new())) {
+            Ok(out) => out,
+            Err(_) => unreachable!("just set"),
+        };
         for slot in st.slots.iter_mut() {
             match slot.result.take().expect("every verb answered") {
                 Ok(v) => out.push(v),
@@ -1213,12 +1297,14 @@ fn finish_batch(state: &RefCell<BatchState>) {
                 }
             }
         }
-        match err {
-            Some(e) => Err(e),
-            None => Ok(out),
+        if let Some(e) = err {
+            st.outcome = Some(Err(e));
         }
+        st.waker.take()
     };
-    BatchState::complete(state, outcome);
+    if let Some(w) = waker {
+        w.wake();
+    }
 }
 
 /// Read `i` of a batch acts on memory now (its turn at the memory node has
@@ -1290,7 +1376,7 @@ fn arrive_verb(sim: &Rc<Sim>, state: BatchRef, i: usize) {
     let dst = addr.node;
     let mut rx_done = receive_message(sim, dst, out_bytes, lane);
     let now = sim.sched.now();
-    let resolved = resolve(&state.borrow().cluster, &addr);
+    let resolved = resolve_cached(sim, &state.borrow().cluster, &addr);
     let mem = match resolved {
         Ok(m) => m,
         Err(e) => return respond(sim, &state, i, dst, rx_done, 0, Err(e)),
@@ -1586,8 +1672,11 @@ pub(crate) struct EpShared {
     /// Its index among its node's endpoints: which NIC its queue pairs use
     /// at both ends (`NodeModel::nic`).
     lane: u32,
-    /// Batch states of finished batches, for reuse (see [`BatchFuture`]).
-    spare: RefCell<Vec<BatchRef>>,
+    /// Batch states for reuse (`batch_state`): free once nothing else
+    /// holds them.
+    pool: RefCell<Vec<BatchRef>>,
+    /// Where `batch_state` looks first.
+    next: Cell<usize>,
 }
 
 impl EndpointBackend for SimEndpoint {
@@ -1645,10 +1734,7 @@ impl EndpointBackend for SimEndpoint {
                 },
             );
         }
-        OpFuture::boxed(BatchFuture {
-            state,
-            ep: ep.clone(),
-        })
+        OpFuture::Shared(state)
     }
 
     fn call(
@@ -1693,7 +1779,7 @@ impl EndpointBackend for SimEndpoint {
                 Box::new(move || serve_rpc(&s3, target, from, lane, service, payload, done)),
             );
         });
-        OpFuture::boxed(completion)
+        OpFuture::Shared(completion.0)
     }
 
     fn begin_op(&self) -> OpFuture<'_, ()> {
@@ -1701,7 +1787,9 @@ impl EndpointBackend for SimEndpoint {
             return OpFuture::ready(());
         };
         let done = self.charge(&sim, sim.profile.client.cpu_per_op_ns);
-        OpFuture::boxed(super::sleep_until_ns(done))
+        // Waited for in place (branch i54: a boxed `SleepUntil` per
+        // operation).
+        OpFuture::SimSleep(done, Some(()))
     }
 
     fn charge_local_lines(&self, lines: u64) -> OpFuture<'_, ()> {
@@ -1715,7 +1803,7 @@ impl EndpointBackend for SimEndpoint {
         // one CPU generation per testbed), flat: a compute node's own
         // lines do not go through a cache model (docs/simulation.md).
         let done = self.charge(&sim, lines * sim.profile.memnode.line_ns);
-        OpFuture::boxed(super::sleep_until_ns(done))
+        OpFuture::SimSleep(done, Some(()))
     }
 }
 
