@@ -57,8 +57,21 @@ pub(crate) mod cost {
     /// and write, the slot's store, the old block's free): 352.9 per
     /// operation on ycsb-a (`scripts/instructions-per-op.sh rpc-hash
     /// ycsb-a`), 705.8 per update, less its `find`'s 196.6: 509.
-    /// Deletes are priced alike (not measured apart).
+    /// An insert of a new key adds [`INSERT_EXTRA`]; a delete is
+    /// [`DELETE`] instead.
     pub const PUT: u64 = 509;
+    /// Inserts and deletes measured apart (branch i55): `DMKV=/tmp/keep/dmkv-head14
+    /// KINDS="update insert delete" scripts/instructions-per-kind.sh
+    /// rpc-hash` (main's binary 751ec1c; 50,000 keys, 1 thread x 8 tasks),
+    /// differenced inclusive counts per operation: `put` 863.9 per insert
+    /// (732.3 per update) with `find` 199.2 (213.3): its own 664.7 per
+    /// insert against 519.0 per update, 145.7 more (the free slot's
+    /// search, the key count); rounded to the update's 509 + 156.
+    pub const INSERT_EXTRA: u64 = 156;
+    /// A delete's own, `find` apart (the stripe lock, the slot's clear,
+    /// the block's free): `delete` 411.5 per delete less its `find`'s
+    /// 210.8.
+    pub const DELETE: u64 = 201;
 }
 /// KV blocks start here so that no slot packs to 0.
 const KV_START: u64 = 64;
@@ -412,6 +425,7 @@ impl ClusterTable {
                 if mode == PutMode::Update {
                     return Ok(false);
                 }
+                dmkv_transport::sim::work(cost::INSERT_EXTRA);
                 // Allocate the block first so a failure leaves nothing.
                 let kv = self.write_block(key, value)?;
                 let at = match self.free_slot(b) {
@@ -434,7 +448,7 @@ impl ClusterTable {
         let h = hash64(key);
         let b = self.main_bucket(h);
         let _g = self.locks[b as usize % LOCK_STRIPES].lock();
-        dmkv_transport::sim::work(cost::PUT);
+        dmkv_transport::sim::work(cost::DELETE);
         match self.find(b, key, fingerprint(h), false) {
             Some(found) => {
                 self.store(found.slot_at, 0);

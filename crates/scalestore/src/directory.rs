@@ -1010,6 +1010,7 @@ impl ScaleNode {
     /// is answered, and then the grant.
     fn finish_read(&self, work: crate::ssdio::Work, responder: Responder, r: Result<(), KvError>) {
         use crate::ssdio::Work;
+        dmkv_transport::sim::work(crate::handler::cost::FINISH_READ);
         match work {
             Work::Fetch { .. } => {
                 responder.reply(r.map(|()| Reply::Done.encode()).map_err(service_error));
@@ -1213,6 +1214,7 @@ impl ScaleNode {
         read: Result<dmkv_transport::BatchResult, KvError>,
         responder: Responder,
     ) {
+        dmkv_transport::sim::work(crate::handler::cost::PULL);
         match self.finish_pull(p, read) {
             Ok(Evicted::Reply(r)) => responder.reply(Ok(r.encode())),
             Ok(Evicted::Writing(w)) => self.submit_evict_write(w, responder),

@@ -563,6 +563,9 @@ impl ScaleNode {
         // afterwards queues behind it in the NICs (reliable connection).
         if let Some(r) = dmkv_transport::sim::write_posted(self.id, m.region.at(offset), bytes) {
             r?;
+            // What the real backends' completer does after the WRITE
+            // (`finish_delivery`) follows here (a no-op off a metered core).
+            dmkv_transport::sim::work(crate::handler::cost::DELIVERY);
             return Ok(());
         }
         // On the real backends the protocol's deliveries to other nodes

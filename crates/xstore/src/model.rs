@@ -72,6 +72,25 @@ fn fit(points: impl Iterator<Item = (f64, f64)> + Clone) -> (f64, f64) {
     )
 }
 
+/// Work XStore's training declares to `sim`'s instruction term
+/// ([`dmkv_transport::sim::work`], a no-op off a metered memory-node core;
+/// docs/simulation.md, "Declared work for worker jobs and ScaleStore
+/// (branch i55)"), counted with callgrind on the `local` transport, main's
+/// binary 751ec1c (`/tmp/keep/dmkv-head14`): `valgrind --tool=callgrind
+/// dmkv bench --engine xstore --workload insert --keys 50000 --ops 30000
+/// --threads 1 --tasks 8 --seed 1` (698 retrainings and 2 full trainings:
+/// 2,199 sub-models, 278,506 keys trained, 1,199 publications).
+pub mod cost {
+    /// Training a sub-model, per key: `train_submodel` (the fit and the
+    /// error bounds), 47,440,970 over 278,506 keys.
+    pub const TRAIN_KEY: u64 = 170;
+    /// Publishing a retrained sub-model: `ModelStore::publish` 2,358,920
+    /// over 1,199 publications less its region writes (728,932, charged
+    /// by their lines): the TT block's encoding, its allocation, the
+    /// checksum, the swap.
+    pub const PUBLISH: u64 = 1_359;
+}
+
 /// TRAIN_SUBMODEL (Fig. 6, lines 12-22) over `leaves`, the leaves covering
 /// the sub-model's interval `[base, last]` in key order (from
 /// [`dmkv_xtree::XTree::leaves_covering`]). Every key of those leaves is
@@ -100,6 +119,7 @@ pub fn train_submodel(leaves: &[CoveredLeaf], base: u64, last: u64, slots: u32) 
         keys += 1;
         abs += (p as f64 - pos as f64).abs();
     }
+    dmkv_transport::sim::work(cost::TRAIN_KEY * keys);
     if !leaves.is_empty() {
         // §5.2.3 boundary keys: the interval's first key reaches leaf 0 and
         // its last key the last leaf.

@@ -197,10 +197,16 @@ pub(crate) mod cost {
     /// A write (decode, the shard's write: slot, seqlock, block, log):
     /// measured for UPDATE on ycsb-a, `Op::handle_into` 2,110.9 per
     /// operation, less the GETs' half (146.0 in `get_into` and 17 of the
-    /// entry's own 34), over the 0.5 updates per operation: 3,896. Inserts
-    /// and deletes take the same path (`ShardServer::write`) and are
-    /// priced alike, not measured apart.
+    /// entry's own 34), over the 0.5 updates per operation: 3,896.
     pub const WRITE: u64 = 3_896;
+    /// An insert and a delete, measured apart (branch i55):
+    /// `DMKV=/tmp/keep/dmkv-head14 KINDS="update insert delete"
+    /// scripts/instructions-per-kind.sh outback` (main's binary 751ec1c),
+    /// `Op::handle_into` inclusive, differenced: 5,558.2 per insert (new
+    /// keys: the bucket's seed search, overflow inserts), 2,908.3 per
+    /// delete, 3,933.8 per update (1% above `WRITE`).
+    pub const INSERT: u64 = 5_558;
+    pub const DELETE: u64 = 2_908;
 }
 
 /// The node's RPC service: [`NodeServer::handle_into`], so a GET's reply is
@@ -364,10 +370,12 @@ impl NodeServer {
             Some(Some(s)) => s,
             other => return no_shard(t.shard, other.is_some(), self.shards.len()),
         };
-        // Declared work (`cost`): a write is priced as the update measured
-        // on ycsb-a; the rest as a GET.
+        // Declared work (`cost`): each write kind as measured apart; the
+        // rest as a GET.
         dmkv_transport::sim::work(match d {
-            DataReq::Insert { .. } | DataReq::Update { .. } | DataReq::Delete { .. } => cost::WRITE,
+            DataReq::Update { .. } => cost::WRITE,
+            DataReq::Insert { .. } => cost::INSERT,
+            DataReq::Delete { .. } => cost::DELETE,
             DataReq::Get { .. } | DataReq::MakeupGet { .. } => cost::GET,
         });
         match d {

@@ -38,6 +38,54 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+/// Work a rebuild declares to `sim`'s instruction term
+/// ([`dmkv_transport::sim::work`], a no-op off a metered memory-node core;
+/// docs/simulation.md, "Declared work for worker jobs and ScaleStore
+/// (branch i55)"), per step where the work is, so a resize's work passes at
+/// its progress points as it goes.
+///
+/// Counted with callgrind on the `local` transport, main's binary 751ec1c
+/// (`/tmp/keep/dmkv-head14`): `valgrind --tool=callgrind dmkv bench
+/// --engine outback --workload insert --keys 50000 --ops 30000 --threads 1
+/// --tasks 8 --seed 1 --set outback.load_factor=0.95`; inclusive counts of
+/// the worker's functions below `rebuild::execute` (call edges of the
+/// callgrind file), over what they processed in that run: 31 jobs (the
+/// bulk load's full build of 50,000 loaded keys and 30 resizes), 118,488
+/// old buckets and 386,223 keys snapshotted (`take_entry`'s calls),
+/// 436,223 keys built and filled. The counts include the `sim` hooks'
+/// checks that region accesses make on `local`. The rebuild's lines (region
+/// and private, `charge_private_lines`) are charged apart, as before.
+pub mod cost {
+    /// Snapshot, per old bucket: its lock and unlock (183 + 94), the four
+    /// slot words (4 x 60), the overflow cache's lookup (114) and the
+    /// loop's own lines whose counts are multiples of the bucket count
+    /// (66 per bucket): `snapshot` 139,528,013 in all.
+    pub const SNAPSHOT_BUCKET: u64 = 697;
+    /// Snapshot, per key: the rest of `snapshot` over its 386,223 keys
+    /// ((139,528,013 - 697 x 118,488) / 386,223 = 147.4: the block's key
+    /// read, 60, the list's growth, 46, and the loop's own).
+    pub const SNAPSHOT_KEY: u64 = 147;
+    /// The switch, per old bucket: its lock and unlock
+    /// (`Table::lock` 21,720,087 and the guard's drop 11,166,834 over
+    /// 118,689 calls from `execute`).
+    pub const SWITCH_BUCKET: u64 = 277;
+    /// The switch, per key: `take_entry`, 41,681,308 over 386,223 calls.
+    pub const SWITCH_KEY: u64 = 108;
+    /// A new table, per key it holds: `new_table` (the Ludo build, its
+    /// cuckoo inserts and seed search, the Othello build, the table's
+    /// regions and seeds) 378,133,168 over the 436,223 keys built.
+    pub const BUILD_KEY: u64 = 867;
+    /// Filling a new table, per key: `fill`, 38,390,018 over 436,223.
+    pub const FILL_KEY: u64 = 88;
+    /// The job's own, per key placed (partitions, entry lists, the
+    /// arrays' memsets, the pending writes' merge): what `execute`
+    /// spends beside the calls above, 48,304,143 over 436,223.
+    pub const KEY_OWN: u64 = 111;
+    /// A full build, per loaded pair: the map of loaded keys (its
+    /// inserts, 10,751,109, and hashing, 7,100,000, over the 50,000 pairs).
+    pub const LOADED_KEY: u64 = 357;
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Job {
     Full,
@@ -168,6 +216,7 @@ fn new_table(
     // The build's own arrays are not registered memory: charged by the
     // lines it counted (sim only; a no-op elsewhere).
     dmkv_transport::sim::charge_private_lines(build.lines);
+    dmkv_transport::sim::work(cost::BUILD_KEY * keys.len() as u64);
     let placement = LudoBuild {
         othello: crate::othello::Othello::empty(),
         ..build.clone()
@@ -235,6 +284,7 @@ fn snapshot(
             pace(shard);
         }
         let _g = t.lock(b);
+        let listed = out.len();
         for s in 0..ludo::SLOTS {
             let w = t.slot(b, s);
             if !w.is_empty() {
@@ -256,6 +306,9 @@ fn snapshot(
                 addr: 0,
             });
         }
+        dmkv_transport::sim::work(
+            cost::SNAPSHOT_BUCKET + cost::SNAPSHOT_KEY * (out.len() - listed) as u64,
+        );
     }
     Ok(())
 }
@@ -307,6 +360,7 @@ fn take_entry(
 /// Puts `entries` (key, entry) into the freshly built `t` at the placements
 /// of `build` (same order).
 fn fill(t: &Table, build: &LudoBuild, entries: &[(u64, SlotWord)]) {
+    dmkv_transport::sim::work((cost::FILL_KEY + cost::KEY_OWN) * entries.len() as u64);
     let mut overflow = t.overflow.lock();
     let mut cache_buckets = Vec::new();
     for (i, &(key, e)) in entries.iter().enumerate() {
@@ -495,11 +549,13 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     let mut i = 0;
     for b in 0..t.buckets {
         let g = t.lock(b);
+        let first = i;
         while i < snaps.len() && snaps[i].bucket == b {
             current[i] = take_entry(shard, t, &snaps[i], false)?;
             i += 1;
         }
         drop(g);
+        dmkv_transport::sim::work(cost::SWITCH_BUCKET + cost::SWITCH_KEY * (i - first) as u64);
     }
     debug_assert_eq!(i, snaps.len());
     // The writes answered during the resize (invariant 17). After the
@@ -623,6 +679,7 @@ fn full(
         snapshot(shard, t, &mut snaps, paced)?;
     }
     let loaded: Vec<(u64, SlotWord)> = std::mem::take(&mut *shard.loaded.lock());
+    dmkv_transport::sim::work(cost::LOADED_KEY * loaded.len() as u64);
     // Loaded pairs replace stored ones with the same key.
     let loaded_keys: HashMap<u64, usize> = loaded
         .iter()
@@ -705,7 +762,11 @@ fn full(
     for t in old {
         for b in 0..t.buckets {
             let g = t.lock(b);
-            if let Some(items) = by_pos.get(&(t.id, b)) {
+            let items = by_pos.get(&(t.id, b));
+            dmkv_transport::sim::work(
+                cost::SWITCH_BUCKET + cost::SWITCH_KEY * items.map_or(0, |v| v.len() as u64),
+            );
+            if let Some(items) = items {
                 for item in items {
                     match *item {
                         Pos::Kept(i) => current[i] = take_entry(shard, t, &kept[i], false)?,

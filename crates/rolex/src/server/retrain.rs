@@ -33,6 +33,27 @@ use dmkv_transport::time::Instant;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
+/// Work a retraining declares to `sim`'s instruction term
+/// ([`dmkv_transport::sim::work`], a no-op off a metered memory-node core;
+/// docs/simulation.md, "Declared work for worker jobs and ScaleStore
+/// (branch i55)"), counted with callgrind on the `local` transport, main's
+/// binary 751ec1c (`/tmp/keep/dmkv-head14`): `valgrind --tool=callgrind
+/// dmkv bench --engine rolex --workload insert --keys 50000 --ops 30000
+/// --threads 1 --tasks 8 --seed 1` (4 retrainings of 3,659 leaves, 10,948
+/// keys), inclusive counts of the call edges below `retrain_active`.
+pub(crate) mod cost {
+    /// Training, per key: `train_leaves` (the PLR over the leaves' keys),
+    /// 4,210,622 over 10,948 keys.
+    pub const TRAIN_KEY: u64 = 385;
+    /// The rest of a retraining's own work, per trained leaf (snapshot
+    /// parsing, the new models' tables, the swap's chain walk and maps):
+    /// `retrain_active` 12,187,130 less `train_leaves` and the endpoint's
+    /// share (verbs posted, their results and drops, clock reads: 2,228,389
+    /// directly and 835,390 inside `read_leaves`), 4,912,729 over 3,659
+    /// leaves. The verbs themselves are the network's and the lines' cost.
+    pub const RETRAIN_LEAF: u64 = 1_343;
+}
+
 /// Where a leaf hangs in a new model: its LT entry or an SLT slot.
 #[derive(Debug, Clone, Copy)]
 enum Hook {
@@ -189,6 +210,10 @@ impl Server {
         let t0 = Instant::now();
         let segs = train_leaves(&keys, self.cfg.slots(), self.cfg.epsilon);
         let train_ns = t0.elapsed().as_nanos() as u64;
+        dmkv_transport::sim::work(
+            cost::TRAIN_KEY * keys.iter().map(|k| k.keys.len() as u64).sum::<u64>()
+                + cost::RETRAIN_LEAF * kept.len() as u64,
+        );
         let mut models: Vec<NewModel> = segs
             .iter()
             .enumerate()

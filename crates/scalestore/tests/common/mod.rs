@@ -36,6 +36,8 @@ pub struct Cluster<'a> {
     pub knobs: &'a [(&'a str, &'a str)],
     pub seed: u64,
     pub jitter_ns: u64,
+    /// `None`: [`profile`].
+    pub profile: Option<Profile>,
 }
 
 impl Cluster<'_> {
@@ -48,6 +50,7 @@ impl Cluster<'_> {
             knobs: &[],
             seed,
             jitter_ns: 0,
+            profile: None,
         }
     }
 
@@ -67,7 +70,7 @@ impl Cluster<'_> {
         }
         let sim = SimOptions {
             config: SimConfig {
-                profile: profile(),
+                profile: self.profile.clone().unwrap_or_else(profile),
                 seed: self.seed,
                 jitter_ns: self.jitter_ns,
                 delays: Default::default(),

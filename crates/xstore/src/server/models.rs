@@ -305,6 +305,7 @@ impl ModelStore {
         if trained.entries.len() > MAX_TT_LEN as usize {
             return Err(PublishError::TooLarge(trained.entries.len()));
         }
+        dmkv_transport::sim::work(crate::model::cost::PUBLISH);
         let _shared = self.commit_lock.read();
         if committed && !std::ptr::eq(Arc::as_ptr(&self.current.read()), generation) {
             return Err(PublishError::Superseded);
