@@ -426,14 +426,21 @@ impl ShardServer {
             *out = self.get_pending(table, t, s)?;
             return Ok(());
         }
+        self.finish_ok_get(t, seed, w.cache(), out);
+        Ok(())
+    }
+
+    /// The header of a GET answered OK (the value's bytes are already in
+    /// `out` after it), noting a pending resize for the asking client.
+    #[inline(always)]
+    fn finish_ok_get(self: &Arc<Self>, t: &Target, seed: u8, cache: bool, out: &mut [u8]) {
         let pending = self.resize_pending.load(Ordering::Relaxed);
         out[0] = Status::Ok as u8;
-        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
+        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if cache { FLAG_CACHE } else { 0 };
         out[2] = seed;
         if pending {
             self.noticed_pending(t.compute);
         }
-        Ok(())
     }
 
     /// This thread's snapshot of the table list at `generation`, taken
@@ -529,13 +536,7 @@ impl ShardServer {
             return Ok(());
         }
         drop(tables);
-        let pending = self.resize_pending.load(Ordering::Relaxed);
-        out[0] = Status::Ok as u8;
-        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
-        out[2] = seed;
-        if pending {
-            self.noticed_pending(t.compute);
-        }
+        self.finish_ok_get(t, seed, w.cache(), out);
         Ok(())
     }
 
