@@ -219,6 +219,17 @@ enum LeafOutcome {
 /// in a healthy tree.
 const MAX_READ_RETRIES: u32 = 1_000_000;
 
+/// The pause after a torn or locked node image before the next attempt:
+/// spin for the first 64 attempts, then yield the thread.
+#[inline]
+fn back_off(attempt: u32) {
+    if attempt > 64 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
 /// The stack buffer a node is copied into: at least the largest node
 /// (`MAX_SLOTS`; checked by `tests::the_largest_node_fits_a_snapshot`).
 const MAX_NODE_BYTES: usize = 1024;
@@ -1294,13 +1305,7 @@ impl XTree {
             dmkv_transport::sim::work(cost::LEAF_READ_PARSED);
             match self.with_snapshot(node, |img| NodeView::parse(&self.geo, img)) {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_transient() => {
-                    if attempt > 64 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
+                Err(e) if e.is_transient() => back_off(attempt),
                 Err(e) => return Err(XTreeError::Corrupt(format!("node {node}: {e}"))),
             }
         }
@@ -1341,13 +1346,7 @@ impl XTree {
                 .expect("node numbers are checked against the region");
             match check_node_image(&self.geo, &buf[..nb], true) {
                 Ok(head) => return Ok(NodeImage::from_checked(&self.geo, &buf[..nb], head)),
-                Err(e) if e.is_transient() => {
-                    if attempt > 64 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
+                Err(e) if e.is_transient() => back_off(attempt),
                 Err(e) => return Err(XTreeError::Corrupt(format!("node {node}: {e}"))),
             }
         }
