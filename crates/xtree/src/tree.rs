@@ -1252,11 +1252,12 @@ impl XTree {
 
     // ---- nodes -------------------------------------------------------------
 
-    /// A leaf's words in place, for a write that reads the whole leaf
-    /// next: its lines are touched here first, in the order the copy after
-    /// the lock touched them (the lock's CAS, line 0, then lines 1 on), so
-    /// a job's distinct lines come in the same order as through
-    /// [`NodeMem`].
+    /// A node's words in place: one bounds check and one `sim` touch of all
+    /// its lines ([`RegionMem::words_in`]). The walk reads inner nodes
+    /// through it; a write that reads the whole leaf next touches the
+    /// leaf's lines here first, in the order the copy after the lock
+    /// touched them (the lock's CAS, line 0, then lines 1 on), so a job's
+    /// distinct lines come in the same order as through [`NodeMem`].
     fn node_slice(&self, node: u32) -> NodeSlice<'_> {
         NodeSlice(
             self.nodes
@@ -1280,15 +1281,20 @@ impl XTree {
         Ok(node)
     }
 
-    /// Runs `f` on a copy of a node's bytes taken into a stack buffer (no
-    /// allocation per node read).
-    fn with_snapshot<R>(&self, node: u32, f: impl FnOnce(&[u8]) -> R) -> R {
-        let mut buf = [0u8; MAX_NODE_BYTES];
-        let img = &mut buf[..self.geo.node_bytes()];
+    /// Copies a node's bytes into `img` (its first `node_bytes`: the
+    /// caller's stack buffer; no allocation per node read).
+    fn copy_node(&self, node: u32, img: &mut [u8]) {
         self.nodes
             .mem
             .read(self.node_mem(node).base, img)
             .expect("node numbers are checked against the region");
+    }
+
+    /// Runs `f` on a copy of a node's bytes taken into a stack buffer.
+    fn with_snapshot<R>(&self, node: u32, f: impl FnOnce(&[u8]) -> R) -> R {
+        let mut buf = [0u8; MAX_NODE_BYTES];
+        let img = &mut buf[..self.geo.node_bytes()];
+        self.copy_node(node, img);
         f(img)
     }
 
@@ -1320,10 +1326,7 @@ impl XTree {
         buf: &'b mut [u8; MAX_NODE_BYTES],
     ) -> Result<NodeImage<'b>, XTreeError> {
         let img = &mut buf[..self.geo.node_bytes()];
-        self.nodes
-            .mem
-            .read(self.node_mem(node).base, img)
-            .expect("node numbers are checked against the region");
+        self.copy_node(node, img);
         NodeImage::parse_locked(&self.geo, img)
             .map_err(|e| XTreeError::Corrupt(format!("node {node}: {e}")))
     }
@@ -1337,13 +1340,9 @@ impl XTree {
         buf: &'b mut [u8; MAX_NODE_BYTES],
     ) -> Result<NodeImage<'b>, XTreeError> {
         let nb = self.geo.node_bytes();
-        let base = self.node_mem(node).base;
         for attempt in 0..MAX_READ_RETRIES {
             dmkv_transport::sim::work(cost::LEAF_READ);
-            self.nodes
-                .mem
-                .read(base, &mut buf[..nb])
-                .expect("node numbers are checked against the region");
+            self.copy_node(node, &mut buf[..nb]);
             match check_node_image(&self.geo, &buf[..nb], true) {
                 Ok(head) => return Ok(NodeImage::from_checked(&self.geo, &buf[..nb], head)),
                 Err(e) if e.is_transient() => back_off(attempt),
@@ -1385,14 +1384,10 @@ impl XTree {
     /// are what the meta word's own load and the copy gave before.
     fn walk(&self, key: u64, mut step: impl FnMut(u32, usize)) -> u32 {
         let geo = &self.geo;
-        let (nb, meta_word) = (geo.node_bytes(), geo.payload_word(Geometry::META));
+        let meta_word = geo.payload_word(Geometry::META);
         let mut node = self.root().node;
         loop {
-            let words = self
-                .nodes
-                .mem
-                .words_in(self.node_mem(node).base, nb)
-                .expect("node numbers are checked against the region");
+            let words = self.node_slice(node).0;
             let load = |i: usize| words[i].load(Ordering::Acquire);
             if load(meta_word) & 0xFF == 0 {
                 return node;
