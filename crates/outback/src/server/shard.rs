@@ -411,7 +411,23 @@ impl ShardServer {
         if self.tables_gen.load(Ordering::Acquire) != generation {
             return self.get_into_locked(t, s, out, true);
         }
-        let (seed, w) = read?;
+        self.answer_get(table, epoch, read?, t, s, out)
+    }
+
+    /// A GET's answer once its reads of `table` are done (`epoch` loaded
+    /// after them; `out` holds what they read), on either path: STALE if a
+    /// rebuild moved the bucket's keys, the buffered state if the bucket
+    /// has writes answered during a rebuild, else OK with the read.
+    #[inline(always)]
+    fn answer_get(
+        self: &Arc<Self>,
+        table: &Table,
+        epoch: u32,
+        (seed, w): (u8, SlotWord),
+        t: &Target,
+        s: u8,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ServiceError> {
         // After the snapshot: a rebuild that moved this bucket's keys bumped
         // the epoch before touching them (invariant 7).
         if epoch != t.epoch {
@@ -426,21 +442,14 @@ impl ShardServer {
             *out = self.get_pending(table, t, s)?;
             return Ok(());
         }
-        self.finish_ok_get(t, seed, w.cache(), out);
-        Ok(())
-    }
-
-    /// The header of a GET answered OK (the value's bytes are already in
-    /// `out` after it), noting a pending resize for the asking client.
-    #[inline(always)]
-    fn finish_ok_get(self: &Arc<Self>, t: &Target, seed: u8, cache: bool, out: &mut [u8]) {
         let pending = self.resize_pending.load(Ordering::Relaxed);
         out[0] = Status::Ok as u8;
-        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if cache { FLAG_CACHE } else { 0 };
+        out[1] = if pending { FLAG_PRE_RESIZE } else { 0 } | if w.cache() { FLAG_CACHE } else { 0 };
         out[2] = seed;
         if pending {
             self.noticed_pending(t.compute);
         }
+        Ok(())
     }
 
     /// This thread's snapshot of the table list at `generation`, taken
@@ -517,27 +526,14 @@ impl ShardServer {
         if !counted {
             self.count_request();
         }
-        let (seed, w) = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out)?;
-        // After the snapshot: a rebuild that moved this bucket's keys bumped
-        // the epoch before touching them (invariant 7).
-        if table.epoch.load(Ordering::Acquire) != t.epoch {
-            drop(tables);
-            *out = self.stale();
-            return Ok(());
-        }
-        // A bucket with writes answered during a rebuild is read under its
-        // lock with them (invariant 17); the snapshot above is discarded.
-        if table.state.load(Ordering::Acquire) == state::REBUILDING
-            && table.buffer.lock().has_bucket(t.bucket)
-        {
-            let table = table.clone();
-            drop(tables);
-            *out = self.get_pending(&table, t, s)?;
-            return Ok(());
-        }
+        // The reads and the epoch under the list's lock (the table cannot
+        // be retired meanwhile); the answer after it, as the snapshot
+        // path gives it.
+        let read = table.read_slot_and_block(t.bucket, s as usize, &self.heap, out)?;
+        let epoch = table.epoch.load(Ordering::Acquire);
+        let table = table.clone();
         drop(tables);
-        self.finish_ok_get(t, seed, w.cache(), out);
-        Ok(())
+        self.answer_get(&table, epoch, read, t, s, out)
     }
 
     /// GET of a bucket that has pending writes (a rebuild is under way,
