@@ -14,9 +14,9 @@
 
 use crate::config::XTreeConfig;
 use crate::layout::{
-    ChildPtr, FatPtr, Geometry, Header, INCARNATION_MASK, INLINE_VALUE_LEN, MAX_VALUE_LEN, Meta,
-    NO_NODE, RootWord, SUPERBLOCK_FORMAT_OFFSET, SUPERBLOCK_ROOT_OFFSET, block_bytes, format_word,
-    next_incarnation,
+    ChildPtr, FatPtr, Geometry, Header, INCARNATION_MASK, INLINE_VALUE_LEN, LINE_BYTES,
+    MAX_VALUE_LEN, Meta, NO_NODE, RootWord, SUPERBLOCK_FORMAT_OFFSET, SUPERBLOCK_ROOT_OFFSET,
+    WORDS_PER_LINE, block_bytes, format_word, next_incarnation,
 };
 use crate::protocol::{NodeWords, commit, lock, unlock_unchanged};
 use crate::view::{
@@ -287,6 +287,65 @@ impl NodeWords for NodeSlice<'_> {
         match self.0[i].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(v) | Err(v) => v,
         }
+    }
+}
+
+/// Most lines a node has (`MAX_NODE_BYTES` of them, at least the largest
+/// node's: `tests::the_largest_node_fits_a_snapshot`).
+const MAX_NODE_LINES: usize = MAX_NODE_BYTES / LINE_BYTES;
+
+/// A node's words in place, taken one 64-byte line at a time: a line is
+/// bounds-checked and `sim`-touched ([`RegionMem::words_in`] of that line)
+/// at the first load of one of its words, and later loads of its words are
+/// plain atomic loads. So a reader that loads a few words of a node (the
+/// walk: the meta word, the header, the keys its binary search probes, the
+/// child pointer it follows) touches, and is charged, the lines holding
+/// those words and no other (docs/xtree.md, invariant 10), where a
+/// [`NodeSlice`] touches every line of the node when it is made.
+struct NodeLines<'a> {
+    mem: &'a RegionMem,
+    base: u64,
+    lines: [Option<&'a [AtomicU64]>; MAX_NODE_LINES],
+}
+
+impl<'a> NodeLines<'a> {
+    /// The lines of the node at byte `base` of `mem`; none taken yet.
+    fn new(mem: &'a RegionMem, base: u64) -> Self {
+        NodeLines {
+            mem,
+            base,
+            lines: [None; MAX_NODE_LINES],
+        }
+    }
+
+    /// Word `i` of the node (versions included, as [`NodeWords::load`]),
+    /// taking its line first if no word of it was loaded yet.
+    #[inline]
+    fn load(&mut self, i: usize) -> u64 {
+        let l = i / WORDS_PER_LINE;
+        let line = match self.lines[l] {
+            Some(line) => line,
+            None => self.take(l),
+        };
+        line[i % WORDS_PER_LINE].load(Ordering::Acquire)
+    }
+
+    /// Takes line `l`: one bounds check and one `sim` touch of its 64 bytes.
+    fn take(&mut self, l: usize) -> &'a [AtomicU64] {
+        let line = self
+            .mem
+            .words_in(self.base + (l * LINE_BYTES) as u64, LINE_BYTES)
+            .expect("node numbers are checked against the region");
+        self.lines[l] = Some(line);
+        line
+    }
+
+    /// The lines taken so far, as a bitmap (bit `l`: line `l`); for tests.
+    #[cfg(test)]
+    fn taken(&self) -> u64 {
+        (self.lines.iter().enumerate())
+            .filter(|(_, l)| l.is_some())
+            .fold(0, |m, (l, _)| m | 1 << l)
     }
 }
 
@@ -1374,26 +1433,37 @@ impl XTree {
     /// inner node was written whole by this code. `walk_parsed` below is the
     /// parsing walk the tests compare it with.
     ///
-    /// Every node passed, the leaf included, is one bounds check and one
-    /// `sim` touch of all its lines ([`RegionMem::words_in`]); of the leaf
-    /// only the meta word is loaded here (a node's level never changes, so
-    /// it tells a leaf even while another handler writes that leaf, whose
-    /// other words must not be read unvalidated). Every caller copies the
-    /// whole leaf next (`read_consistent*`, `read_locked*` after `lock`),
-    /// touching the same lines in the same order, so a job's distinct lines
-    /// are what the meta word's own load and the copy gave before.
+    /// Each node's words are loaded through [`NodeLines`]: a line is
+    /// bounds-checked and `sim`-touched at the first load of a word of it,
+    /// so the walk touches exactly the lines holding the words it loads
+    /// (docs/xtree.md, invariant 10): of an inner node the meta word and the
+    /// header (line 0), the keys its binary search probes and the child
+    /// pointer it follows (for N = 16 two to four of the five lines); of the
+    /// leaf only the meta word (line 0: a node's level never changes, so it
+    /// tells a leaf even while another handler writes that leaf, whose
+    /// other words must not be read unvalidated). Every caller copies or
+    /// takes the whole leaf next (`read_consistent*`, `node_slice` and
+    /// `read_locked*`), touching line 0 again (free: a job's lines are
+    /// charged once) and then lines 1 on, so the leaf's lines are charged
+    /// as when the walk touched the whole leaf.
     fn walk(&self, key: u64, mut step: impl FnMut(u32, usize)) -> u32 {
+        self.walk_lines(key, |node, j, _| step(node, j))
+    }
+
+    /// [`Self::walk`], also giving `step` the lines it took of each inner
+    /// node passed (a bitmap, bit `l` for line `l`; tests read it).
+    #[inline(always)]
+    fn walk_lines(&self, key: u64, mut step: impl FnMut(u32, usize, &NodeLines<'_>)) -> u32 {
         let geo = &self.geo;
         let meta_word = geo.payload_word(Geometry::META);
         let mut node = self.root().node;
         loop {
-            let words = self.node_slice(node).0;
-            let load = |i: usize| words[i].load(Ordering::Acquire);
-            if load(meta_word) & 0xFF == 0 {
+            let mut words = NodeLines::new(&self.nodes.mem, self.node_mem(node).base);
+            if words.load(meta_word) & 0xFF == 0 {
                 return node;
             }
             dmkv_transport::sim::work(cost::INNER_LEVEL);
-            let count = Header::unpack(load(geo.payload_word(Geometry::HDR))).count as usize;
+            let count = Header::unpack(words.load(geo.payload_word(Geometry::HDR))).count as usize;
             assert!(
                 (1..=geo.slots()).contains(&count),
                 "inner node {node} has count {count}"
@@ -1402,7 +1472,7 @@ impl XTree {
             let (mut lo, mut hi) = (0, count);
             while lo < hi {
                 let mid = (lo + hi) / 2;
-                if load(geo.payload_word(geo.key(mid))) <= key {
+                if words.load(geo.payload_word(geo.key(mid))) <= key {
                     lo = mid + 1;
                 } else {
                     hi = mid;
@@ -1411,9 +1481,9 @@ impl XTree {
             let j = lo
                 .checked_sub(1)
                 .expect("inner nodes on a descent from the root cover the key");
-            let child = ChildPtr::unpack(load(geo.payload_word(geo.slot(j))))
+            let child = ChildPtr::unpack(words.load(geo.payload_word(geo.slot(j))))
                 .expect("inner nodes are valid while the tree lock is held");
-            step(node, j);
+            step(node, j, &words);
             node = child.node;
         }
     }
@@ -1610,6 +1680,128 @@ mod tests {
             }
             t.check_structure().unwrap();
         }
+    }
+
+    /// The lines a walk is to take of an inner node with sorted `keys`
+    /// (invariant 10): the lines of the meta word and the header, of every
+    /// key a binary search for `key` (the first key above it) probes, and of
+    /// the child pointer it follows; a bitmap, bit `l` for line `l`.
+    fn lines_a_search_reads(geo: &Geometry, keys: &[u64], key: u64) -> u64 {
+        let mut lines = 1 << geo.line_of(Geometry::META) | 1 << geo.line_of(Geometry::HDR);
+        let (mut lo, mut hi) = (0, keys.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            lines |= 1 << geo.line_of(geo.key(mid));
+            if keys[mid] <= key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lines | 1 << geo.line_of(geo.slot(lo - 1))
+    }
+
+    fn scrambled(i: u64) -> u64 {
+        (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) | 1
+    }
+
+    /// Invariant 10: the walk takes, of each inner node it passes, exactly
+    /// the lines holding the words it reads (meta, header, the probed keys,
+    /// the child pointer), for N = 4, 5, 16, 48; for N = 16 that is fewer
+    /// than the node's five lines on every descent.
+    #[test]
+    fn the_walk_takes_only_the_lines_it_reads() {
+        for slots in [4, 5, 16, MAX_SLOTS] {
+            let c = LocalCluster::new(LocalConfig::default());
+            let rt = NodeRuntime::new(c.add_node(1));
+            let cfg = XTreeConfig::sized_for(4_000, 8, slots).unwrap();
+            let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+            for i in 0..3_000u64 {
+                let k = scrambled(i);
+                t.insert(k, &k.to_le_bytes()).unwrap();
+            }
+            let geo = t.geometry();
+            let _shared = t.structure.read();
+            for k in (0..1_000u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D)) {
+                let mut taken = Vec::new();
+                t.walk_lines(k, |node, _, lines| taken.push((node, lines.taken())));
+                assert!(!taken.is_empty());
+                for &(node, lines) in &taken {
+                    let img = t.read_locked(node).unwrap();
+                    let want = lines_a_search_reads(&geo, &img.keys.keys, k);
+                    assert_eq!(lines, want, "slots {slots}, node {node}, key {k:#x}");
+                }
+                if slots == 16 {
+                    let all = taken.len() as u32 * geo.lines() as u32;
+                    let read: u32 = taken.iter().map(|(_, l)| l.count_ones()).sum();
+                    assert!(read < all, "key {k:#x}: {read} of {all} lines");
+                }
+            }
+        }
+    }
+
+    /// End to end through `sim`'s line count: a lookup of the leaf
+    /// (`find_leaf`: the root word, the walk, then the leaf's whole image)
+    /// touches the superblock's line, the lines the walk reads of each
+    /// inner node and every line of the leaf, no more. With the walk taking every inner node whole (main before
+    /// branch i58) it touched `lines()` lines per inner node and this fails.
+    #[test]
+    fn a_lookup_is_charged_the_lines_it_reads() {
+        use dmkv_transport::exec::block_on;
+        use dmkv_transport::NodeHost;
+        use dmkv_transport::sim::{Profile, SimConfig, Simulation};
+        let sim = Simulation::new(SimConfig {
+            profile: Profile::default_profile(),
+            seed: 7,
+            jitter_ns: 0,
+            delays: Default::default(),
+        });
+        let line_ns = sim.profile().memnode.line_ns;
+        assert!(line_ns > 0);
+        let memnode = sim.add_node(1);
+        let rt = NodeRuntime::new(memnode);
+        let cfg = XTreeConfig::sized_for(4_000, 8, 16).unwrap();
+        let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+        for i in 0..3_000u64 {
+            let k = scrambled(i);
+            t.insert(k, &k.to_le_bytes()).unwrap();
+        }
+        assert!(t.root().height >= 3, "two inner levels at least");
+        let geo = t.geometry();
+        let compute = sim.add_node(0);
+        let id = compute.id().0;
+        let ep: dmkv_transport::Endpoint = sim.fabric().endpoint(compute.id()).unwrap();
+        let busy = || -> u64 {
+            sim.resources()
+                .iter()
+                .filter(|r| r.name.starts_with(&format!("node{id} client core")))
+                .map(|r| r.busy_ns)
+                .sum()
+        };
+        let (mut fewer, mut probes) = (0, 0);
+        for k in (0..200u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D)) {
+            let (leaf, path) = {
+                let _shared = t.structure.read();
+                t.walk_parsed(k)
+            };
+            let inner: u64 = path
+                .iter()
+                .map(|&(node, _)| {
+                    let img = t.read_locked(node).unwrap();
+                    u64::from(lines_a_search_reads(&geo, &img.keys.keys, k).count_ones())
+                })
+                .sum();
+            // The root word (the superblock's line), the inner nodes' lines
+            // read, the whole leaf.
+            let want = 1 + inner + geo.lines() as u64;
+            let before = busy();
+            let found = block_on(ep.charged(async { t.find_leaf(k).unwrap() }));
+            assert_eq!(found.node, leaf);
+            assert_eq!(busy() - before, want * line_ns, "key {k:#x}");
+            probes += 1;
+            fewer += u64::from(inner < (path.len() * geo.lines()) as u64);
+        }
+        assert_eq!(fewer, probes, "every descent reads fewer lines than its nodes have");
     }
 
     /// The in-place walk takes the same path as parsing every inner node,
