@@ -83,6 +83,27 @@ pub mod cost {
     /// 1,445.0 per update less its fallback `modify` calls' 565.2: 880.
     /// (Was 2,208.)
     pub const HINTED_ATTEMPT: u64 = 880;
+    /// [`XTree::leaves_covering`] (XStore's training and retraining walk),
+    /// per inner node it visits: the node's copy and parse
+    /// (`read_locked`, 1,224.2 per call from `cover`), the loop over its
+    /// children (97.2 in `cover`'s lines, 69.2 in the range, index and
+    /// option code inlined there): 1,391. Branch i58, callgrind on
+    /// `local` with main's binary fac3bce (`/tmp/keep/dmkv-head15`):
+    /// `valgrind --tool=callgrind dmkv bench --engine xstore --workload
+    /// insert --keys 50000 --ops 30000 --threads 1 --tasks 8 --seed 1`
+    /// (2,202 walks, 13,527 inner nodes, 36,725 leaves; per-line counts of
+    /// `cover` for the split between its two branches). Until then the
+    /// walk declared only its leaves' reads (`LEAF_READ_PARSED`).
+    pub const COVER_INNER: u64 = 1_391;
+    /// [`XTree::leaves_covering`], per leaf beyond its read (which declares
+    /// `LEAF_READ_PARSED` per attempt): the meta word's load, the keys'
+    /// clone and sort, the push of the covered leaf, the image's drop; the
+    /// walk's total less its leaf reads (47,577,402) and its inner nodes
+    /// (13,527 x 1,391), over 36,725 leaves: 533 (the same run as
+    /// `COVER_INNER`). Not split per key: the run reports no key count, and
+    /// the key-sized parts (the sort's inlined code 63.7, the copy 13.4 per
+    /// leaf) are a seventh of it.
+    pub const COVER_LEAF: u64 = 533;
 }
 
 /// Why a tree operation failed. Expected outcomes (absent, present) are
@@ -683,6 +704,7 @@ impl XTree {
             .node_mem(node)
             .load(self.geo.payload_word(Geometry::META));
         if meta & 0xFF == 0 {
+            dmkv_transport::sim::work(cost::COVER_LEAF);
             let img = self.read_consistent(node)?;
             let mut keys = img.keys.keys.clone();
             keys.sort_unstable();
@@ -698,6 +720,7 @@ impl XTree {
             });
             return Ok(());
         }
+        dmkv_transport::sim::work(cost::COVER_INNER);
         let img = self.read_locked(node)?;
         let keys = &img.keys.keys;
         for j in 0..keys.len() {
@@ -1802,6 +1825,66 @@ mod tests {
             fewer += u64::from(inner < (path.len() * geo.lines()) as u64);
         }
         assert_eq!(fewer, probes, "every descent reads fewer lines than its nodes have");
+    }
+
+    /// `leaves_covering` declares its work to `sim` per inner node and per
+    /// leaf it visits (`COVER_INNER`; `COVER_LEAF` and the leaf's read,
+    /// `LEAF_READ_PARSED`): run as a memory-node worker job over the whole
+    /// key range, it declares exactly that for every node of the tree.
+    /// Before branch i58 only the leaves' reads declared (this fails:
+    /// leaves x `LEAF_READ_PARSED` alone).
+    #[test]
+    fn the_covering_walk_declares_its_nodes() {
+        use dmkv_transport::exec::block_on;
+        use dmkv_transport::sim::{Profile, SimConfig, SimCores, Simulation};
+        use std::cell::Cell;
+        use std::rc::Rc;
+        let profile = Profile::parse(dmkv_transport::sim::profile::SHIPPED[0].1).unwrap();
+        assert!(profile.memnode.instructions_per_us() > 0, "an instruction term");
+        let sim = Simulation::new(SimConfig {
+            profile,
+            seed: 7,
+            jitter_ns: 0,
+            delays: Default::default(),
+        });
+        let rt = NodeRuntime::new(sim.add_node(1));
+        let cfg = XTreeConfig::sized_for(4_000, 8, 16).unwrap();
+        let t = Arc::new(XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap());
+        for i in 0..3_000u64 {
+            let k = scrambled(i);
+            t.insert(k, &k.to_le_bytes()).unwrap();
+        }
+        let stats = t.stats();
+        assert!(stats.inner_nodes > 1 && stats.leaves > 100);
+        let declared = || -> u64 {
+            sim.resources()
+                .iter()
+                .filter(|r| r.name == "memnode declared instructions")
+                .map(|r| r.count)
+                .sum()
+        };
+        let cores = SimCores::new("worker", 1).unwrap();
+        let before = declared();
+        let found = Rc::new(Cell::new(None));
+        let (f, tree) = (found.clone(), t.clone());
+        cores.submit(
+            Box::new(move || {
+                let leaves = tree.leaves_covering(0, u64::MAX, usize::MAX).unwrap();
+                f.set(Some(leaves.len() as u64));
+            }),
+            Box::new(|_| {}),
+        );
+        block_on(async {
+            while found.get().is_none() {
+                dmkv_transport::exec::sleep(std::time::Duration::from_micros(1)).await;
+            }
+        });
+        assert_eq!(found.get(), Some(stats.leaves));
+        assert_eq!(
+            declared() - before,
+            stats.inner_nodes * cost::COVER_INNER
+                + stats.leaves * (cost::COVER_LEAF + cost::LEAF_READ_PARSED)
+        );
     }
 
     /// The in-place walk takes the same path as parsing every inner node,

@@ -329,12 +329,14 @@ impl Server {
         // The handler's own part of a request (decoding, the reply, the
         // responder), declared to `sim`'s instruction term (the tree
         // declares its own work, `dmkv_xtree::tree::cost`): per update on
-        // ycsb-a, `Server::handle` 4,331 less `Server::write` 3,759
-        // (callgrind on `local`, main's binary a1dce1e,
-        // `scripts/instructions-per-op.sh xstore ycsb-a`; docs/simulation.md,
-        // "An instruction term for memory-node jobs"). Other requests are
+        // ycsb-a, `Server::handle` 2,301.1 less `Server::write` 1,718.0:
+        // 583 (callgrind on `local`, main's binary fac3bce after the lean
+        // xtree, `DMKV=/tmp/keep/dmkv-head15 scripts/instructions-per-op.sh
+        // xstore ycsb-a`, 25,000 updates differenced; branch i58,
+        // docs/simulation.md "Tree rows (branch i58)"). Was 572 (4,331 less
+        // 3,759 on a1dce1e, before the lean xtree). Other requests are
         // priced alike (not measured apart).
-        dmkv_transport::sim::work(572);
+        dmkv_transport::sim::work(583);
         let mut r = WireReader::new(req);
         let op = r.u8()?;
         let mut w = WireWriter::new();
@@ -512,9 +514,10 @@ impl Server {
         key: u64,
         op: Write<'_>,
     ) -> std::result::Result<(bool, bool, Option<Ticket>), ServiceError> {
-        // `write`'s own part (the stripe, the log record, the checks): 3,759
-        // per update less `update_hinted`'s 3,492 (as above).
-        dmkv_transport::sim::work(267);
+        // `write`'s own part (the stripe, the log record, the checks, the
+        // tree's `stats`): 1,718.0 per update less `update_hinted`'s 1,444.9
+        // (the count above): 273. (Was 267: 3,759 less 3,492 on a1dce1e.)
+        dmkv_transport::sim::work(273);
         self.check_key(key)?;
         let logged = self.wal.as_ref();
         let (done, hint_used, ticket) = {
