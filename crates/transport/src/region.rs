@@ -206,6 +206,33 @@ impl RegionMem {
         Ok(&self.words()[first..first + len / 8])
     }
 
+    /// [`RegionMem::words_in`] without the `sim` touch, for code that
+    /// reports what it reads of the span itself, a line at a time
+    /// ([`RegionMem::touch_span`]): xtree's walk, which reads two to four of
+    /// an inner node's five lines (docs/xtree.md, invariant 10).
+    #[inline(always)]
+    pub fn words_in_untouched(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> Result<&[AtomicU64], RegionAccessError> {
+        if !offset.is_multiple_of(8) || !len.is_multiple_of(8) {
+            return Err(RegionAccessError::Misaligned { offset });
+        }
+        self.check(offset, len as u64)?;
+        let first = (offset / 8) as usize;
+        Ok(&self.words()[first..first + len / 8])
+    }
+
+    /// Reports `[offset, offset + len)` as touched, as an access to it
+    /// through [`RegionMem::words_in`] would (one `sim` touch; nothing off
+    /// `sim`). For spans taken by [`RegionMem::words_in_untouched`]: it
+    /// checks no bounds itself.
+    #[inline(always)]
+    pub fn touch_span(&self, offset: u64, len: u64) {
+        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len);
+    }
+
     /// Copies `out.len()` bytes starting at `offset` into `out`, loading words
     /// in increasing address order.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), RegionAccessError> {

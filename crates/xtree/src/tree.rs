@@ -311,13 +311,10 @@ impl NodeWords for NodeSlice<'_> {
     }
 }
 
-/// Most lines a node has (`MAX_NODE_BYTES` of them, at least the largest
-/// node's: `tests::the_largest_node_fits_a_snapshot`).
-const MAX_NODE_LINES: usize = MAX_NODE_BYTES / LINE_BYTES;
-
-/// A node's words in place, taken one 64-byte line at a time: a line is
-/// bounds-checked and `sim`-touched ([`RegionMem::words_in`] of that line)
-/// at the first load of one of its words, and later loads of its words are
+/// A node's words in place, reported one 64-byte line at a time: the
+/// node's words are bounds-checked once ([`RegionMem::words_in_untouched`])
+/// and a line is `sim`-touched ([`RegionMem::touch_span`] of its 64 bytes)
+/// at the first load of one of its words; later loads of its words are
 /// plain atomic loads. So a reader that loads a few words of a node (the
 /// walk: the meta word, the header, the keys its binary search probes, the
 /// child pointer it follows) touches, and is charged, the lines holding
@@ -326,47 +323,43 @@ const MAX_NODE_LINES: usize = MAX_NODE_BYTES / LINE_BYTES;
 struct NodeLines<'a> {
     mem: &'a RegionMem,
     base: u64,
-    lines: [Option<&'a [AtomicU64]>; MAX_NODE_LINES],
+    words: &'a [AtomicU64],
+    /// Bit `l`: line `l` was touched.
+    taken: u64,
 }
 
 impl<'a> NodeLines<'a> {
-    /// The lines of the node at byte `base` of `mem`; none taken yet.
-    fn new(mem: &'a RegionMem, base: u64) -> Self {
+    /// The node of `bytes` bytes at byte `base` of `mem`; no line touched.
+    #[inline(always)]
+    fn new(mem: &'a RegionMem, base: u64, bytes: usize) -> Self {
         NodeLines {
             mem,
             base,
-            lines: [None; MAX_NODE_LINES],
+            words: mem
+                .words_in_untouched(base, bytes)
+                .expect("node numbers are checked against the region"),
+            taken: 0,
         }
     }
 
     /// Word `i` of the node (versions included, as [`NodeWords::load`]),
-    /// taking its line first if no word of it was loaded yet.
-    #[inline]
+    /// touching its line first if no word of it was loaded yet. Always
+    /// inlined: the walk loads about seven words per inner node.
+    #[inline(always)]
     fn load(&mut self, i: usize) -> u64 {
         let l = i / WORDS_PER_LINE;
-        let line = match self.lines[l] {
-            Some(line) => line,
-            None => self.take(l),
-        };
-        line[i % WORDS_PER_LINE].load(Ordering::Acquire)
+        if self.taken & 1 << l == 0 {
+            self.taken |= 1 << l;
+            self.mem
+                .touch_span(self.base + (l * LINE_BYTES) as u64, LINE_BYTES as u64);
+        }
+        self.words[i].load(Ordering::Acquire)
     }
 
-    /// Takes line `l`: one bounds check and one `sim` touch of its 64 bytes.
-    fn take(&mut self, l: usize) -> &'a [AtomicU64] {
-        let line = self
-            .mem
-            .words_in(self.base + (l * LINE_BYTES) as u64, LINE_BYTES)
-            .expect("node numbers are checked against the region");
-        self.lines[l] = Some(line);
-        line
-    }
-
-    /// The lines taken so far, as a bitmap (bit `l`: line `l`); for tests.
+    /// The lines touched so far, as a bitmap (bit `l`: line `l`); for tests.
     #[cfg(test)]
     fn taken(&self) -> u64 {
-        (self.lines.iter().enumerate())
-            .filter(|(_, l)| l.is_some())
-            .fold(0, |m, (l, _)| m | 1 << l)
+        self.taken
     }
 }
 
@@ -1481,7 +1474,8 @@ impl XTree {
         let meta_word = geo.payload_word(Geometry::META);
         let mut node = self.root().node;
         loop {
-            let mut words = NodeLines::new(&self.nodes.mem, self.node_mem(node).base);
+            let mut words =
+                NodeLines::new(&self.nodes.mem, self.node_mem(node).base, geo.node_bytes());
             if words.load(meta_word) & 0xFF == 0 {
                 return node;
             }
