@@ -224,6 +224,16 @@ impl RegionMem {
         Ok(&self.words()[first..first + len / 8])
     }
 
+    /// Whether a touch on the calling thread counts now (under `sim`, on a
+    /// metered memory-node core or in a counted compute operation): code
+    /// that reports a run of touches itself ([`RegionMem::touch_span`]),
+    /// with nothing in between that could switch metering on or off, reads
+    /// it once and skips them while false (always off `sim`).
+    #[inline(always)]
+    pub fn touches_counted() -> bool {
+        crate::sim::lines_metered()
+    }
+
     /// Reports `[offset, offset + len)` as touched, as an access to it
     /// through [`RegionMem::words_in`] would (one `sim` touch; nothing off
     /// `sim`). For spans taken by [`RegionMem::words_in_untouched`]: it

@@ -324,20 +324,25 @@ struct NodeLines<'a> {
     mem: &'a RegionMem,
     base: u64,
     words: &'a [AtomicU64],
+    /// Whether touches count ([`RegionMem::touches_counted`], read once
+    /// per walk): off `sim` no line is reported and no bitmap kept.
+    counted: bool,
     /// Bit `l`: line `l` was touched.
     taken: u64,
 }
 
 impl<'a> NodeLines<'a> {
     /// The node of `bytes` bytes at byte `base` of `mem`; no line touched.
+    /// `counted`: [`RegionMem::touches_counted`], read by the caller once.
     #[inline(always)]
-    fn new(mem: &'a RegionMem, base: u64, bytes: usize) -> Self {
+    fn new(mem: &'a RegionMem, base: u64, bytes: usize, counted: bool) -> Self {
         NodeLines {
             mem,
             base,
             words: mem
                 .words_in_untouched(base, bytes)
                 .expect("node numbers are checked against the region"),
+            counted,
             taken: 0,
         }
     }
@@ -348,7 +353,8 @@ impl<'a> NodeLines<'a> {
     #[inline(always)]
     fn load(&mut self, i: usize) -> u64 {
         let l = i / WORDS_PER_LINE;
-        if self.taken & 1 << l == 0 {
+        // (Tests keep the bitmap off `sim` too: `taken`.)
+        if (self.counted || cfg!(test)) && self.taken & 1 << l == 0 {
             self.taken |= 1 << l;
             self.mem
                 .touch_span(self.base + (l * LINE_BYTES) as u64, LINE_BYTES as u64);
@@ -1473,9 +1479,16 @@ impl XTree {
         let geo = &self.geo;
         let meta_word = geo.payload_word(Geometry::META);
         let mut node = self.root().node;
+        // Nothing in the walk can switch metering on or off (it neither
+        // waits nor yields).
+        let counted = RegionMem::touches_counted();
         loop {
-            let mut words =
-                NodeLines::new(&self.nodes.mem, self.node_mem(node).base, geo.node_bytes());
+            let mut words = NodeLines::new(
+                &self.nodes.mem,
+                self.node_mem(node).base,
+                geo.node_bytes(),
+                counted,
+            );
             if words.load(meta_word) & 0xFF == 0 {
                 return node;
             }
