@@ -45,10 +45,16 @@ use thiserror::Error;
 pub mod cost {
     /// One inner node of a descent ([`XTree::walk`]: the node's words in
     /// place, its meta word, the binary search over its keys, the child
-    /// pointer): `descend_to_leaf` 678.4 per GET over 4 inner levels (the
-    /// leaf's bounds check, touch and meta word spread over them): 170.
-    /// (Was 267: 1,069.0.)
-    pub const INNER_LEVEL: u64 = 170;
+    /// pointer): `descend_to_leaf` 724.8 per GET over 4 inner levels (the
+    /// leaf's bounds check and meta word spread over them): 181. Branch
+    /// i58's walk, which reports the lines it reads one at a time
+    /// (`NodeLines`), counted on `local` (where it reports none: the
+    /// bookkeeping is the simulator's, not the code's) with 0ed65fb,
+    /// `DMKV=/tmp/i58/dmkv-wip4 KEEP=/tmp/i58/cg-wip4-rpc-btree
+    /// scripts/instructions-per-op.sh rpc-btree`. (Was 170: 678.4 on
+    /// b72b7b2 and on main's fac3bce, the whole-node touch; 267 before the
+    /// lean paths.)
+    pub const INNER_LEVEL: u64 = 181;
     /// One attempt at a consistent image of a leaf
     /// (`read_consistent_image`: the copy into the stack buffer and its
     /// checks, [`crate::view::NodeImage`]): 513.0 per GET. (Was 1,336: the
