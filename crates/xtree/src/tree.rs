@@ -1783,8 +1783,8 @@ mod tests {
     /// branch i58) it touched `lines()` lines per inner node and this fails.
     #[test]
     fn a_lookup_is_charged_the_lines_it_reads() {
-        use dmkv_transport::exec::block_on;
         use dmkv_transport::NodeHost;
+        use dmkv_transport::exec::block_on;
         use dmkv_transport::sim::{Profile, SimConfig, Simulation};
         let sim = Simulation::new(SimConfig {
             profile: Profile::default_profile(),
@@ -1837,7 +1837,10 @@ mod tests {
             probes += 1;
             fewer += u64::from(inner < (path.len() * geo.lines()) as u64);
         }
-        assert_eq!(fewer, probes, "every descent reads fewer lines than its nodes have");
+        assert_eq!(
+            fewer, probes,
+            "every descent reads fewer lines than its nodes have"
+        );
     }
 
     /// `leaves_covering` declares its work to `sim` per inner node and per
@@ -1853,7 +1856,10 @@ mod tests {
         use std::cell::Cell;
         use std::rc::Rc;
         let profile = Profile::parse(dmkv_transport::sim::profile::SHIPPED[0].1).unwrap();
-        assert!(profile.memnode.instructions_per_us() > 0, "an instruction term");
+        assert!(
+            profile.memnode.instructions_per_us() > 0,
+            "an instruction term"
+        );
         let sim = Simulation::new(SimConfig {
             profile,
             seed: 7,
