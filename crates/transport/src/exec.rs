@@ -27,7 +27,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// How long an idle executor polls (yielding its core between polls) before
@@ -90,6 +90,9 @@ pub fn run_tasks<'a, T>(tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
             }))
         })
         .collect();
+    // This executor is the innermost one of the thread until it returns
+    // (W1, `wake_self`); the previous one is put back then, also on unwind.
+    let _innermost = wakers.first().map(|w| Innermost::enter(w.vtable(), &shared));
     let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
     let mut remaining = n;
     while remaining > 0 {
@@ -260,6 +263,67 @@ impl Drop for ExecutorDepth {
     }
 }
 
+thread_local! {
+    /// The innermost executor of [`run_tasks`] running on this thread: its
+    /// wakers' vtable and its shared state (null pointers: none). See
+    /// [`wake_self`].
+    static INNERMOST: Cell<(*const RawWakerVTable, *const Shared)> =
+        const { Cell::new((std::ptr::null(), std::ptr::null())) };
+}
+
+/// Marks an executor as the thread's innermost for as long as it lives,
+/// and puts the previous one back when dropped.
+struct Innermost((*const RawWakerVTable, *const Shared));
+
+impl Innermost {
+    fn enter(vtable: &'static RawWakerVTable, shared: &Arc<Shared>) -> Innermost {
+        let me = (vtable as *const RawWakerVTable, Arc::as_ptr(shared));
+        Innermost(INNERMOST.with(|c| c.replace(me)))
+    }
+}
+
+impl Drop for Innermost {
+    fn drop(&mut self) {
+        INNERMOST.with(|c| c.set(self.0));
+    }
+}
+
+/// Wakes `waker`, the waker of the task being polled (what
+/// `waker.wake_by_ref()` does), without its two locked operations and its
+/// dynamic call when it is a waker of the executor polling: a future that
+/// completed at once and yields once before it hands its result out (a
+/// batch executed in place, [`crate::backend::OpFuture::ready_after_yield`],
+/// [`yield_now`]) only needs its task polled again.
+///
+/// Invariant (W1): if `waker` is a task waker of [`run_tasks`] (its vtable
+/// is the innermost executor's) and belongs to the innermost executor
+/// running on this thread (its shared state is that executor's), the task's
+/// ready flag is set with a plain store and the parker is not notified: the
+/// caller is inside that executor's poll of one of its tasks (only a poll
+/// has a waker to pass), after which the executor scans its flags again
+/// before it can idle or park (a round that polled a task never parks), and
+/// the flag is read on this very thread. Any other waker (another
+/// executor's, a simulation's, a foreign one, or this executor's from
+/// another thread) is woken as usual. Call it only from within a poll, with
+/// that poll's waker or a waker of the same executor.
+#[inline]
+#[allow(unsafe_code)]
+pub fn wake_self(waker: &Waker) {
+    let (vtable, shared) = INNERMOST.with(Cell::get);
+    if std::ptr::eq(waker.vtable(), vtable) {
+        // SAFETY: the vtable is the one `run_tasks` built its wakers with
+        // (`Waker::from(Arc<TaskWaker>)`), so the data pointer is the
+        // `TaskWaker` of a live `Arc` that `waker` holds a reference to for
+        // as long as it is borrowed here.
+        let tw = unsafe { &*waker.data().cast::<TaskWaker>() };
+        if std::ptr::eq(Arc::as_ptr(&tw.shared), shared) {
+            tw.shared.ready[tw.index].store(true, Ordering::Relaxed);
+            return;
+        }
+    }
+    waker.wake_by_ref();
+}
+
 /// Adds a short sleep to this thread's list; false if no executor of ours
 /// runs here to wake it.
 fn register_short_sleep(deadline: Instant, waker: &Waker) -> bool {
@@ -390,7 +454,7 @@ impl Future for YieldNow {
             self.sim = Some(s);
             return p;
         }
-        cx.waker().wake_by_ref();
+        wake_self(cx.waker());
         Poll::Pending
     }
 }

@@ -817,6 +817,11 @@ impl EndpointBackend for LocalEndpoint {
         self.node
     }
 
+    /// Nothing to charge at an operation's start: the real CPU does the work.
+    fn begins_ops(&self) -> bool {
+        false
+    }
+
     fn execute_now(
         &self,
         verbs: &mut Verbs,
