@@ -721,11 +721,7 @@ impl Drop for BatchResult {
     #[inline]
     fn drop(&mut self) {
         if let Some(r) = self.results.take() {
-            crate::buffers::with_spares(|spares| {
-                if let Some(spares) = spares {
-                    spares.give_results(r, self.len & OVERSIZED != 0);
-                }
-            });
+            crate::buffers::give_results(r, self.len & OVERSIZED != 0);
         }
     }
 }

@@ -870,4 +870,118 @@ mod tests {
         block_on(sleep(Duration::from_millis(1)));
         assert!(calls.get() > 0);
     }
+
+    /// W1: a task that wakes itself through `wake_self` is polled again
+    /// without its executor's parker being notified (no locked operation),
+    /// also inside a nested `block_on` (the inner executor is the innermost
+    /// one) and again in the outer one after it returned; a waker that is
+    /// not the innermost executor's (the outer executor's while an inner
+    /// one runs, another thread's, a foreign one) is woken as usual.
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_self_wake_repolls_without_notifying_and_other_wakers_are_woken() {
+        /// Whether the innermost executor's parker was notified since its
+        /// round began.
+        fn notified() -> bool {
+            let (_, shared) = INNERMOST.with(Cell::get);
+            assert!(!shared.is_null(), "inside an executor");
+            // SAFETY: the innermost executor is running (this is called
+            // from one of its task's polls), so its `Shared` is alive.
+            unsafe { (*shared).parker.is_notified() }
+        }
+        /// Wakes itself with `wake_self` `n` times, checking each time
+        /// that the parker was not notified.
+        struct SelfWaking(u32);
+        impl Future for SelfWaking {
+            type Output = ();
+            fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                if self.0 == 0 {
+                    return Poll::Ready(());
+                }
+                self.0 -= 1;
+                let before = notified();
+                wake_self(cx.waker());
+                assert_eq!(notified(), before, "a self-wake notified the parker");
+                Poll::Pending
+            }
+        }
+        // Alone, beside a task that yields, and nested.
+        block_on(SelfWaking(5));
+        let tasks: Vec<LocalTask<'_, u32>> = vec![
+            Box::pin(async {
+                SelfWaking(3).await;
+                1
+            }),
+            Box::pin(async {
+                yield_now().await;
+                block_on(SelfWaking(4));
+                SelfWaking(2).await;
+                2
+            }),
+        ];
+        assert_eq!(run_tasks(tasks), vec![1, 2]);
+        assert!(INNERMOST.with(Cell::get).1.is_null(), "no executor left");
+
+        /// A waker counting its wakes.
+        struct Count(std::sync::atomic::AtomicU32);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.wake_by_ref();
+            }
+            fn wake_by_ref(self: &Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(Default::default()));
+        let foreign = Waker::from(count.clone());
+        block_on(async {
+            wake_self(&foreign);
+        });
+        wake_self(&foreign); // outside any executor
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        // The outer executor's waker, used while an inner one runs: woken
+        // as usual (its parker notified).
+        block_on(std::future::poll_fn(|cx| {
+            let outer = cx.waker().clone();
+            block_on(std::future::poll_fn(|_| {
+                wake_self(&outer);
+                Poll::Ready(())
+            }));
+            Poll::Ready(())
+        }));
+        let outer_notified = Rc::new(Cell::new(false));
+        let seen = outer_notified.clone();
+        let mut first = true;
+        block_on(std::future::poll_fn(move |cx| {
+            if !first {
+                return Poll::Ready(());
+            }
+            first = false;
+            let outer = cx.waker().clone();
+            let seen = seen.clone();
+            block_on(std::future::poll_fn(move |_| {
+                wake_self(&outer);
+                Poll::Ready(())
+            }));
+            seen.set(notified());
+            Poll::Pending
+        }));
+        assert!(outer_notified.get(), "the outer executor's waker notifies");
+        // Another thread's executor's waker: woken (through its parker).
+        let (tx, rx) = std::sync::mpsc::channel::<Waker>();
+        let t = std::thread::spawn(move || {
+            let mut sent = false;
+            block_on(std::future::poll_fn(move |cx| {
+                if sent {
+                    return Poll::Ready(());
+                }
+                sent = true;
+                tx.send(cx.waker().clone()).unwrap();
+                Poll::Pending
+            }));
+        });
+        let w = rx.recv().unwrap();
+        block_on(async { wake_self(&w) });
+        t.join().unwrap();
+    }
 }

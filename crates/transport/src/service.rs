@@ -1009,16 +1009,16 @@ mod tests {
                         let mut out = Vec::new();
                         let mut sum = 0u64;
                         for _ in 0..per_thread {
-                            let got = std::cell::Cell::new(None);
+                            let (tx, rx) = std::sync::mpsc::channel();
                             t.dispatch_cached(
                                 &mut cache,
                                 &ctx(),
                                 id,
                                 b"x",
                                 &mut out,
-                                |ns: u64, r: LentReply<'_>| got.set(Some((ns, r.is_ok()))),
+                                move |ns: u64, r: LentReply<'_>| tx.send((ns, r.is_ok())).unwrap(),
                             );
-                            let (ns, ok) = got.get().expect("answered at once");
+                            let (ns, ok) = rx.try_recv().expect("answered at once");
                             assert!(ok);
                             sum += ns;
                         }
