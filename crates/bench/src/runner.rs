@@ -40,13 +40,13 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::task::Poll;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Barrier;
 use std::sync::Mutex;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 /// What a whole invocation produced.
@@ -1127,7 +1127,9 @@ impl<F: Future> Future for Call<'_, F> {
         // Every charge made while `fut` is polled goes to `kind` and to
         // `cost` (what `metered` does).
         let (ep, kind, fut) = (*this.ep, *this.kind, this.fut);
-        match ep.metering(this.cost, || dmkv_transport::counters::with_kind(kind, || fut.poll(cx))) {
+        match ep.metering(this.cost, || {
+            dmkv_transport::counters::with_kind(kind, || fut.poll(cx))
+        }) {
             Poll::Ready(out) => Poll::Ready((out, this.start.elapsed())),
             Poll::Pending => Poll::Pending,
         }
@@ -1177,7 +1179,13 @@ async fn execute(
             let value = make_value(key, states.next_version(i), size);
             let t0 = states.stamp();
             let mut cost = Counters::default();
-            let (r, lat) = call(ep, OpKind::Update, kv.update_in(key, &value, slot), &mut cost).await;
+            let (r, lat) = call(
+                ep,
+                OpKind::Update,
+                kv.update_in(key, &value, slot),
+                &mut cost,
+            )
+            .await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1203,7 +1211,13 @@ async fn execute(
             let mut cost = Counters::default();
             let (r, lat) = if insert {
                 let value = make_value(key, states.next_version(i), size);
-                call(ep, OpKind::Insert, kv.insert_in(key, &value, slot), &mut cost).await
+                call(
+                    ep,
+                    OpKind::Insert,
+                    kv.insert_in(key, &value, slot),
+                    &mut cost,
+                )
+                .await
             } else {
                 call(ep, OpKind::Delete, kv.delete_in(key, slot), &mut cost).await
             };
@@ -1231,7 +1245,13 @@ async fn execute(
             let key = plan.key(i);
             let t0 = states.stamp();
             let mut cost = Counters::default();
-            let (r, lat) = call(ep, OpKind::Scan, kv.scan_in(key, n as usize, slot), &mut cost).await;
+            let (r, lat) = call(
+                ep,
+                OpKind::Scan,
+                kv.scan_in(key, n as usize, slot),
+                &mut cost,
+            )
+            .await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1265,8 +1285,13 @@ async fn execute(
             let value = make_value(key, states.next_version(i), size);
             let t1 = states.stamp();
             let mut write_cost = Counters::default();
-            let (r, write_lat) =
-                call(ep, OpKind::Update, kv.update_in(key, &value, slot), &mut write_cost).await;
+            let (r, write_lat) = call(
+                ep,
+                OpKind::Update,
+                kv.update_in(key, &value, slot),
+                &mut write_cost,
+            )
+            .await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, read_lat + write_lat, read_cost + write_cost);
             match r {

@@ -92,7 +92,9 @@ pub fn run_tasks<'a, T>(tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
         .collect();
     // This executor is the innermost one of the thread until it returns
     // (W1, `wake_self`); the previous one is put back then, also on unwind.
-    let _innermost = wakers.first().map(|w| Innermost::enter(w.vtable(), &shared));
+    let _innermost = wakers
+        .first()
+        .map(|w| Innermost::enter(w.vtable(), &shared));
     let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
     let mut remaining = n;
     while remaining > 0 {

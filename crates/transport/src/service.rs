@@ -257,13 +257,13 @@ const NO_GENERATION: u64 = u64::MAX;
 pub struct HandlerCache {
     generation: u64,
     handlers: Vec<Option<Handler>>,
-    /// This thread's served counters in the table it serves (S1), and that
+    /// This thread's served counters in the table it serves (N1), and that
     /// table's [`ServiceTable`] identity; registered at the first dispatch.
     served: Option<(Arc<ServedCell>, u64)>,
 }
 
 /// One serving thread's RPCs served and handler CPU charged in one
-/// [`ServiceTable`] (S1, docs/transport.md, "Served counters"): written only
+/// [`ServiceTable`] (N1, docs/transport.md, "Self-wakes, the fast result slot, served counters"): written only
 /// by the thread whose [`HandlerCache`] holds it, with a plain load and
 /// store (no locked read-modify-write, no line shared with the node's
 /// other handler threads: one cache line each), and summed by
@@ -281,8 +281,10 @@ impl ServedCell {
     fn add(&self, cpu_ns: u64) {
         self.served
             .store(self.served.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        self.cpu_ns
-            .store(self.cpu_ns.load(Ordering::Relaxed) + cpu_ns, Ordering::Relaxed);
+        self.cpu_ns.store(
+            self.cpu_ns.load(Ordering::Relaxed) + cpu_ns,
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -340,7 +342,7 @@ pub struct ServiceTable {
     regions: RwLock<HashMap<String, RemoteRegion>>,
     next_id: AtomicU32,
     /// RPCs served and their charge where no serving thread's cell counts
-    /// them (`dispatch`: `sim`, UCX); the cells hold the rest (S1).
+    /// them (`dispatch`: `sim`, UCX); the cells hold the rest (N1).
     served: AtomicU64,
     handler_cpu_ns: AtomicU64,
     /// The cells of the [`HandlerCache`]s that dispatched here (one per
@@ -479,7 +481,7 @@ impl ServiceTable {
 
     /// RPCs served and the handler CPU charged for them (with sending their
     /// replies), since the node started: the shared counters and every
-    /// serving thread's cell, summed now (S1). Exact once the replies
+    /// serving thread's cell, summed now (N1). Exact once the replies
     /// counted have been received (each is counted before it is sent).
     pub fn served(&self) -> (u64, u64) {
         let (mut served, mut cpu) = (
@@ -596,7 +598,7 @@ impl ServiceTable {
         if !cache.is_current(self) {
             self.refresh(cache);
         }
-        // The thread's own counters (S1), then the handler.
+        // The thread's own counters (N1), then the handler.
         let cell = self.cell(&mut cache.served);
         let lookup = if service == ServiceId::DIRECTORY {
             Lookup::Directory
@@ -983,7 +985,7 @@ mod tests {
         assert!(Reply::decode(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     }
 
-    /// S1: RPCs dispatched through handler threads' caches are counted in
+    /// N1: RPCs dispatched through handler threads' caches are counted in
     /// each thread's own cell, never in the table's shared counters (no
     /// locked read-modify-write per RPC), and `served` sums the cells and
     /// the shared counters exactly: counts and charges, also for a cache
@@ -994,9 +996,11 @@ mod tests {
         let id = t
             .register(
                 "echo",
-                Arc::new(|_: &RpcContext, req: &[u8]| -> Result<Vec<u8>, ServiceError> {
-                    Ok(req.to_vec())
-                }),
+                Arc::new(
+                    |_: &RpcContext, req: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                        Ok(req.to_vec())
+                    },
+                ),
             )
             .unwrap();
         let (threads, per_thread) = (3u64, 200u64);
@@ -1043,16 +1047,23 @@ mod tests {
         let uid = u
             .register(
                 "echo",
-                Arc::new(|_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
-                    Ok(Vec::new())
-                }),
+                Arc::new(
+                    |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> { Ok(Vec::new()) },
+                ),
             )
             .unwrap();
         let mut cache = HandlerCache::new();
         let mut out = Vec::new();
         for table in [&*t, &u, &*t] {
             let i = if std::ptr::eq(table, &u) { uid } else { id };
-            table.dispatch_cached(&mut cache, &ctx(), i, b"z", &mut out, |_: u64, _: LentReply<'_>| {});
+            table.dispatch_cached(
+                &mut cache,
+                &ctx(),
+                i,
+                b"z",
+                &mut out,
+                |_: u64, _: LentReply<'_>| {},
+            );
         }
         assert_eq!(t.served().0, threads * per_thread + 2 + 2);
         assert_eq!(u.served().0, 1);
