@@ -18,7 +18,6 @@ use crate::check::Checker;
 use crate::config::{BenchConfig, EngineChoice, WorkloadSource};
 use crate::deployment::Deployment;
 use crate::error::BenchError;
-use crate::metered::metered;
 use crate::plan::{Plan, SyntheticParams};
 use crate::report::{
     ChecksReport, CrashReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport,
@@ -47,6 +46,7 @@ use std::sync::Barrier;
 use std::sync::Mutex;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 /// What a whole invocation produced.
@@ -1069,12 +1069,71 @@ async fn within<T>(op: impl Future<Output = T>, limit: Duration) -> Option<T> {
 /// (as [`Instant`] measures it there), else the time-stamp counter where
 /// the kernel trusts it as a clock (two counter reads per operation instead
 /// of two `clock_gettime` calls; docs/performance.md, "Fourteenth pass").
-async fn call<F: Future>(ep: &Endpoint, kind: OpKind, fut: F) -> (F::Output, Duration, Counters) {
+///
+/// The cost is added to `cost` in place, as each charge is made (what
+/// [`crate::metered::metered`] returns, without the future moving its counters out); the
+/// caller passes a zeroed accumulator.
+///
+/// Written out as a future (not an `async fn`): one state, polled in place;
+/// the generated state machine moved the operation's future and its
+/// counters between its states and out through two outputs on every
+/// operation (docs/performance.md, "Sixteenth pass").
+#[inline]
+fn call<'a, F: Future>(
+    ep: &'a Endpoint,
+    kind: OpKind,
+    fut: F,
+    cost: &'a mut Counters,
+) -> Call<'a, F> {
     let start = Stopwatch::start();
-    // The simulated thread's core spends its per-operation CPU first.
-    ep.begin_op().await;
-    let (out, cost) = metered(ep, kind, fut).await;
-    (out, start.elapsed(), cost)
+    // The simulated thread's core spends its per-operation CPU first
+    // (`begin_op`: made now, when the stopwatch starts, as the `async fn`
+    // made it on its first poll; skipped where it never does anything).
+    let begin = ep.begin_op_needed().then(|| ep.begin_op());
+    Call {
+        ep,
+        kind,
+        start,
+        begin,
+        cost,
+        fut,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`call`].
+    struct Call<'a, F> {
+        ep: &'a Endpoint,
+        kind: OpKind,
+        start: Stopwatch,
+        begin: Option<dmkv_transport::OpFuture<'a, ()>>,
+        cost: &'a mut Counters,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Call<'_, F> {
+    type Output = (F::Output, Duration);
+    #[inline]
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Some(begin) = this.begin {
+            if std::pin::Pin::new(begin).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            *this.begin = None;
+        }
+        // Every charge made while `fut` is polled goes to `kind` and to
+        // `cost` (what `metered` does).
+        let (ep, kind, fut) = (*this.ep, *this.kind, this.fut);
+        match ep.metering(this.cost, || {
+            dmkv_transport::counters::with_kind(kind, || fut.poll(cx))
+        }) {
+            Poll::Ready(out) => Poll::Ready((out, this.start.elapsed())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// Runs one operation, checks its answer and records it; true if it
@@ -1103,7 +1162,8 @@ async fn execute(
         Op::Read(i) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let (r, lat, cost) = call(ep, OpKind::Get, kv.get_in(key, slot)).await;
+            let mut cost = Counters::default();
+            let (r, lat) = call(ep, OpKind::Get, kv.get_in(key, slot), &mut cost).await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1118,7 +1178,14 @@ async fn execute(
             let key = plan.key(i);
             let value = make_value(key, states.next_version(i), size);
             let t0 = states.stamp();
-            let (r, lat, cost) = call(ep, OpKind::Update, kv.update_in(key, &value, slot)).await;
+            let mut cost = Counters::default();
+            let (r, lat) = call(
+                ep,
+                OpKind::Update,
+                kv.update_in(key, &value, slot),
+                &mut cost,
+            )
+            .await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1141,11 +1208,18 @@ async fn execute(
             let key = plan.key(i);
             let before = states.settled_existence(i);
             states.begin_change(i);
-            let (r, lat, cost) = if insert {
+            let mut cost = Counters::default();
+            let (r, lat) = if insert {
                 let value = make_value(key, states.next_version(i), size);
-                call(ep, OpKind::Insert, kv.insert_in(key, &value, slot)).await
+                call(
+                    ep,
+                    OpKind::Insert,
+                    kv.insert_in(key, &value, slot),
+                    &mut cost,
+                )
+                .await
             } else {
-                call(ep, OpKind::Delete, kv.delete_in(key, slot)).await
+                call(ep, OpKind::Delete, kv.delete_in(key, slot), &mut cost).await
             };
             // An insert succeeds iff the key was absent; a delete iff present.
             let expected = before.map(|exists| exists != insert);
@@ -1170,7 +1244,14 @@ async fn execute(
         Op::Scan(i, n) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let (r, lat, cost) = call(ep, OpKind::Scan, kv.scan_in(key, n as usize, slot)).await;
+            let mut cost = Counters::default();
+            let (r, lat) = call(
+                ep,
+                OpKind::Scan,
+                kv.scan_in(key, n as usize, slot),
+                &mut cost,
+            )
+            .await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat, cost);
             match r {
@@ -1184,7 +1265,8 @@ async fn execute(
         Op::Rmw(i) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let (r, read_lat, read_cost) = call(ep, OpKind::Get, kv.get_in(key, slot)).await;
+            let mut read_cost = Counters::default();
+            let (r, read_lat) = call(ep, OpKind::Get, kv.get_in(key, slot), &mut read_cost).await;
             match r {
                 Ok(v) => check.get(
                     "rmw",
@@ -1202,8 +1284,14 @@ async fn execute(
             }
             let value = make_value(key, states.next_version(i), size);
             let t1 = states.stamp();
-            let (r, write_lat, write_cost) =
-                call(ep, OpKind::Update, kv.update_in(key, &value, slot)).await;
+            let mut write_cost = Counters::default();
+            let (r, write_lat) = call(
+                ep,
+                OpKind::Update,
+                kv.update_in(key, &value, slot),
+                &mut write_cost,
+            )
+            .await;
             let f = &mut *figures.borrow_mut();
             f.record(ty, read_lat + write_lat, read_cost + write_cost);
             match r {

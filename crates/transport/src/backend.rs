@@ -119,7 +119,7 @@ impl<T> Future for OpFuture<'_, T> {
                     Poll::Ready(v.take().expect("OpFuture polled after completion"))
                 } else {
                     *yielded = true;
-                    cx.waker().wake_by_ref();
+                    crate::exec::wake_self(cx.waker());
                     Poll::Pending
                 }
             }
@@ -211,6 +211,15 @@ pub trait EndpointBackend {
     /// there. Others have nothing to do.
     fn begin_op(&self) -> OpFuture<'_, ()> {
         OpFuture::ready(())
+    }
+    /// Whether [`Self::begin_op`] may do anything (asked once, when the
+    /// endpoint is made): a backend whose `begin_op` is the default
+    /// ready future may say false, and [`Endpoint::begin_op_needed`] then
+    /// lets the harness skip the call and the future's poll on every
+    /// operation. True by default, so a backend that charges there is
+    /// never skipped by mistake.
+    fn begins_ops(&self) -> bool {
+        true
     }
     /// Charges the thread's core for `lines` cache lines its operation
     /// touched in its own node's memory (see [`crate::Endpoint::charged`]):

@@ -13,7 +13,7 @@
 //! [`Endpoint::read_buf`]: crate::Endpoint::read_buf
 
 use crate::backend::{VerbResult, VerbResults};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// Spare buffers a thread keeps at most (more given back are freed).
 const MAX_SPARES: usize = 64;
@@ -55,6 +55,64 @@ thread_local! {
             results: Vec::new(),
         })
     };
+    /// One result list in front of the pool's (B2): the list the thread's
+    /// last batch gave back, or null. A plain cell with no destructor, so
+    /// taking and giving it is a load and a store (the pool's cell has a
+    /// destructor, whose registration every access checks, and a borrow
+    /// flag).
+    static FAST_RESULTS: Cell<*mut VerbResults> = const { Cell::new(std::ptr::null_mut()) };
+    /// Whether this thread's `SPARES` is alive and will free the fast
+    /// list when the thread ends (set when the pool is first used, cleared
+    /// by its destructor): a list is put in the fast slot only then, so
+    /// none is left behind when the thread ends.
+    static FAST_ARMED: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Drop for Pool {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        FAST_ARMED.with(|a| a.set(false));
+        let p = FAST_RESULTS.with(|f| f.replace(std::ptr::null_mut()));
+        if !p.is_null() {
+            // SAFETY: a non-null fast list is a `Box` given up by
+            // `give_fast_results`, owned by the slot alone (B2).
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+/// The result list in the fast slot, if there is one (B2).
+#[inline]
+#[allow(unsafe_code)]
+pub(crate) fn take_fast_results() -> Option<PooledResults> {
+    let p = FAST_RESULTS.with(|f| f.replace(std::ptr::null_mut()));
+    // SAFETY: a non-null pointer in the slot came from `Box::into_raw` in
+    // `give_fast_results` and was replaced by null as it was taken, so this
+    // is its only owner.
+    (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
+}
+
+/// Puts `r` in the fast slot if it is free, the thread's pool is alive and
+/// `r` may go there without being looked at (B1 holds for it: not
+/// `oversized`, not spilled); else gives it back to `r` as
+/// [`Spares::give_results`] does. (B2: the slot holds at most one list,
+/// owned by it alone, with B1's bounds.)
+#[inline]
+#[allow(unsafe_code)]
+pub(crate) fn give_results(r: PooledResults, oversized: bool) {
+    if !oversized
+        && !r.spilled()
+        && FAST_ARMED.with(Cell::get)
+        && FAST_RESULTS.with(|f| f.get().is_null())
+    {
+        FAST_RESULTS.with(|f| f.set(Box::into_raw(r)));
+        return;
+    }
+    with_spares(|spares| {
+        if let Some(spares) = spares {
+            spares.give_results(r, oversized);
+        }
+    });
 }
 
 /// An empty buffer: a spare of this thread if there is one, else a new
@@ -94,7 +152,10 @@ pub fn with_spares<R>(f: impl FnOnce(Option<&mut Spares<'_>>) -> R) -> R {
     let mut f = Some(f);
     let r = SPARES.try_with(|s| {
         let f = f.take().expect("called once");
-        f(Some(&mut Spares(&mut s.borrow_mut())))
+        let mut pool = s.borrow_mut();
+        // The pool is alive and will free the fast list (B2).
+        FAST_ARMED.with(|a| a.set(true));
+        f(Some(&mut Spares(&mut pool)))
     });
     match r {
         Ok(r) => r,
@@ -253,21 +314,24 @@ mod pooled_tests {
     use crate::exec::block_on;
     use crate::local::{LocalCluster, LocalConfig};
 
-    /// What the pool holds now: (lists, read buffers in them, largest
-    /// capacity of those buffers).
+    /// What the pool holds now, its fast slot's list included (B2):
+    /// (lists, read buffers in them, largest capacity of those buffers).
+    #[allow(unsafe_code)]
     fn pooled_lists() -> (usize, usize, usize) {
+        let fast = FAST_RESULTS.with(Cell::get);
         SPARES.with(|s| {
             let s = s.borrow();
-            let bufs = s
-                .results
-                .iter()
-                .flat_map(|r| r.iter())
-                .filter_map(|e| match e {
-                    VerbResult::Read(b) if b.capacity() > 0 => Some(b.capacity()),
-                    _ => None,
-                });
+            // SAFETY: the slot's list is owned by the slot and nothing
+            // takes it while this test thread looks at it.
+            let fast = (!fast.is_null()).then(|| unsafe { &*fast });
+            let lists = s.results.iter().map(|r| &**r).chain(fast);
+            let count = s.results.len() + usize::from(fast.is_some());
+            let bufs = lists.flat_map(|r| r.iter()).filter_map(|e| match e {
+                VerbResult::Read(b) if b.capacity() > 0 => Some(b.capacity()),
+                _ => None,
+            });
             let (n, max) = bufs.fold((0, 0), |(n, m), c| (n + 1, m.max(c)));
-            (s.results.len(), n, max)
+            (count, n, max)
         })
     }
 
@@ -367,6 +431,7 @@ mod pooled_tests {
         let bytes: Vec<u8> = (0..(1u32 << 17)).map(|i| (i * 31 + 5) as u8).collect();
         block_on(ep.write(region.at(0), &bytes)).unwrap();
         let clear = || {
+            drop(take_fast_results());
             SPARES.with(|s| {
                 let mut s = s.borrow_mut();
                 s.results.clear();
@@ -462,5 +527,48 @@ mod pooled_tests {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.read(1).len())).is_err(),
             "an entry beyond the batch is not a result"
         );
+    }
+
+    /// B2: a batch's list given back goes to the thread's fast slot when it
+    /// is free (the pool's lists stay as they are), the next batch takes it
+    /// and fills its read buffer in place; a list given back while the slot
+    /// holds one goes to the pool; a list of a batch that read more than the
+    /// bound in all never goes to the slot.
+    #[test]
+    fn the_fast_slot_holds_one_list_within_the_bound() {
+        let cluster = LocalCluster::new(LocalConfig::default());
+        let mem = cluster.add_node(0);
+        let (region, _) = mem.register_region(1 << 18).unwrap();
+        let ep = cluster.fabric().endpoint(mem.id()).unwrap();
+        let bytes: Vec<u8> = (0..(1u32 << 17)).map(|i| (i * 13 + 1) as u8).collect();
+        block_on(ep.write(region.at(0), &bytes)).unwrap();
+        let fast = || FAST_RESULTS.with(Cell::get);
+        let pool_len = || SPARES.with(|s| s.borrow().results.len());
+        drop(take_fast_results());
+        let r = block_on(ep.read_buf(region.at(0), 64)).unwrap();
+        let buf = r.as_ptr();
+        drop(r);
+        let slot = fast();
+        assert!(!slot.is_null(), "the list went to the fast slot");
+        let r = block_on(ep.read_buf(region.at(64), 64)).unwrap();
+        assert_eq!(&r[..], &bytes[64..128]);
+        assert_eq!(r.as_ptr(), buf, "the slot's list and buffer were reused");
+        assert!(fast().is_null(), "taken out of the slot");
+        // Two lists out at once: the second given back goes to the pool
+        // (it came from the pool, or was new if the pool had none).
+        let before = pool_len();
+        let r2 = block_on(ep.read_buf(region.at(128), 64)).unwrap();
+        drop(r);
+        assert_eq!(fast(), slot);
+        drop(r2);
+        assert_eq!(fast(), slot);
+        assert_eq!(pool_len(), before.max(1));
+        // A batch reading more than the bound in all: never the slot.
+        drop(take_fast_results());
+        let big = block_on(ep.read_buf(region.at(0), MAX_SPARE_BYTES + 8)).unwrap();
+        assert_eq!(&big[..], &bytes[..MAX_SPARE_BYTES + 8]);
+        drop(big);
+        assert!(fast().is_null(), "an oversized list went to the slot");
+        assert!(pooled_lists().2 <= MAX_SPARE_BYTES);
     }
 }

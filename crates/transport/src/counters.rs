@@ -173,15 +173,21 @@ thread_local! {
 }
 
 /// The operation kind of the code running now on this thread.
+#[inline]
 pub fn current_kind() -> OpKind {
     CURRENT_KIND.with(|c| c.get())
 }
 
 /// Runs `f` with the current operation kind set to `kind`.
+// Inlined, with the restore: it runs on every poll of a labelled future
+// (every operation of the workload), and the workspace builds without LTO,
+// so a non-generic `drop` was a call into this crate from every caller's.
+#[inline]
 pub fn with_kind<R>(kind: OpKind, f: impl FnOnce() -> R) -> R {
     let prev = CURRENT_KIND.with(|c| c.replace(kind));
     struct Restore(OpKind);
     impl Drop for Restore {
+        #[inline]
         fn drop(&mut self) {
             CURRENT_KIND.with(|c| c.set(self.0));
         }
@@ -206,6 +212,7 @@ pub fn labeled<F: Future>(kind: OpKind, fut: F) -> Labeled<F> {
 
 impl<F: Future> Future for Labeled<F> {
     type Output = F::Output;
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let kind = *this.kind;

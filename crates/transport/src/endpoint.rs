@@ -34,14 +34,18 @@ pub struct Endpoint {
     /// neither `Send` nor `Sync` (its `RefCell` and this `Cell`), so only
     /// code inside that call can reach the pointer.
     meter: Cell<Option<NonNull<Counters>>>,
+    /// The backend's [`EndpointBackend::begins_ops`], asked once.
+    begins_ops: bool,
 }
 
 impl Endpoint {
     pub fn new(backend: Box<dyn EndpointBackend>) -> Endpoint {
+        let begins_ops = backend.begins_ops();
         Endpoint {
             backend,
             counters: RefCell::new(CounterTable::default()),
             meter: Cell::new(None),
+            begins_ops,
         }
     }
 
@@ -93,20 +97,46 @@ impl Endpoint {
             }
         }
         let outer = self.meter.get();
-        // Only a nested call needs the starting value, to credit the outer
-        // meter with the difference.
-        let start = outer.map(|_| *into);
+        if let Some(outer) = outer {
+            return self.metering_nested(outer, into, f);
+        }
+        // The common case, no meter running: nothing to credit afterwards,
+        // so no starting value is copied (a nested call's is, below).
+        let restore = Restore(&self.meter, None);
+        self.meter.set(Some(NonNull::from(&mut *into)));
+        let r = f();
+        drop(restore);
+        r
+    }
+
+    /// [`Endpoint::metering`] inside another one, whose accumulator is
+    /// `outer`: the outer meter is credited with what `into` gets.
+    #[cold]
+    #[allow(unsafe_code)]
+    fn metering_nested<R>(
+        &self,
+        outer: NonNull<Counters>,
+        into: &mut Counters,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        /// Puts the outer meter back, also when `f` unwinds (M1).
+        struct Restore<'e>(&'e Cell<Option<NonNull<Counters>>>, NonNull<Counters>);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.set(Some(self.1));
+            }
+        }
+        // The starting value, to credit the outer meter with the difference.
+        let start = *into;
         let restore = Restore(&self.meter, outer);
         self.meter.set(Some(NonNull::from(&mut *into)));
         let r = f();
         drop(restore);
-        if let (Some(outer), Some(start)) = (outer, start) {
-            // SAFETY: `outer` was installed by an enclosing `metering` call
-            // on this thread that is still running (it is what `restore`
-            // put back), so it points at that call's exclusively borrowed
-            // accumulator (M1); nothing else refers to it now.
-            unsafe { *outer.as_ptr() += crate::counters::since(into, &start) };
-        }
+        // SAFETY: `outer` was installed by an enclosing `metering` call on
+        // this thread that is still running (it is what `restore` put
+        // back), so it points at that call's exclusively borrowed
+        // accumulator (M1); nothing else refers to it now.
+        unsafe { *outer.as_ptr() += crate::counters::since(into, &start) };
         r
     }
 
@@ -166,6 +196,14 @@ impl Endpoint {
     #[inline]
     pub fn begin_op(&self) -> OpFuture<'_, ()> {
         self.backend.begin_op()
+    }
+
+    /// Whether [`Self::begin_op`] may do anything on this backend (false
+    /// where it is always the default ready future, e.g. `local`): a caller
+    /// may then skip it. Calling it anyway is always right.
+    #[inline]
+    pub fn begin_op_needed(&self) -> bool {
+        self.begins_ops
     }
 
     /// Runs `op`, an operation that works in this compute node's own
@@ -262,7 +300,7 @@ impl Endpoint {
         verbs.push(v);
         BatchRun {
             ep: self,
-            state: RunState::Unposted(verbs, cost),
+            state: std::mem::ManuallyDrop::new(RunState::Unposted(verbs, cost)),
         }
     }
 
@@ -384,7 +422,7 @@ impl<'a> Batch<'a> {
     pub fn run(self) -> BatchRun<'a> {
         BatchRun {
             ep: self.ep,
-            state: RunState::Unposted(self.verbs, self.cost),
+            state: std::mem::ManuallyDrop::new(RunState::Unposted(self.verbs, self.cost)),
         }
     }
 }
@@ -498,7 +536,25 @@ fn batch_counters(verbs: &Verbs) -> Counters {
 #[must_use = "a batch is posted only when its future is polled"]
 pub struct BatchRun<'a> {
     ep: &'a Endpoint,
-    state: RunState<'a>,
+    /// Dropped by `BatchRun`'s own `drop`, which skips the drop glue's call
+    /// for a state with nothing to drop (a batch whose results were handed
+    /// out, the common end of every round trip).
+    state: std::mem::ManuallyDrop<RunState<'a>>,
+}
+
+impl Drop for BatchRun<'_> {
+    /// Inlined into the engines' futures: a batch that handed out its
+    /// results (`Executed(None, _)`) owns nothing, and is done with a
+    /// compare instead of a call into the state's drop glue.
+    #[inline]
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        if !matches!(*self.state, RunState::Executed(None, _)) {
+            // SAFETY: `state` is dropped only here, once, and not used
+            // after (the `BatchRun` is being dropped).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.state) };
+        }
+    }
 }
 
 /// The verbs before the first poll, the backend's operation (or the results
@@ -533,7 +589,7 @@ impl Future for BatchRun<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Every field is `Unpin` (the backend's future is boxed if pending).
         let this = self.get_mut();
-        if let RunState::Executed(r, len) = &mut this.state {
+        if let RunState::Executed(r, len) = &mut *this.state {
             let len = *len;
             let r = r.take().expect("a batch future polled after completion");
             return Poll::Ready(r.map(|results| BatchResult {
@@ -553,7 +609,7 @@ impl BatchRun<'_> {
     #[allow(unsafe_code)]
     fn post(&mut self, cx: &mut Context<'_>) -> Poll<Result<BatchResult>> {
         let this = self;
-        if let RunState::Unposted(verbs, cost) = &mut this.state {
+        if let RunState::Unposted(verbs, cost) = &mut *this.state {
             if verbs.is_empty() {
                 return Poll::Ready(Ok(BatchResult {
                     results: None,
@@ -580,7 +636,7 @@ impl BatchRun<'_> {
                     len,
                 );
                 if verbs.spilled() || !verbs.is_empty() {
-                    this.state = executed;
+                    *this.state = executed;
                 } else {
                     // SAFETY: the state is `Unposted` with inline verbs
                     // (not spilled to the heap) that are empty (as
@@ -588,15 +644,17 @@ impl BatchRun<'_> {
                     // would free and run nothing, so overwriting it without
                     // the drop glue's call leaks nothing. `this.state` is a
                     // valid, aligned, exclusively borrowed place.
-                    unsafe { std::ptr::write(&mut this.state, executed) };
+                    unsafe { std::ptr::write(&mut *this.state, executed) };
                 }
-                cx.waker().wake_by_ref();
+                // Its own task, polled again by the executor without a
+                // wake-up's locked operations (W1, `exec::wake_self`).
+                crate::exec::wake_self(cx.waker());
                 return Poll::Pending;
             }
             let op = ep.backend.execute(verbs);
-            this.state = RunState::Posted(op);
+            *this.state = RunState::Posted(op);
         }
-        match &mut this.state {
+        match &mut *this.state {
             RunState::Posted(op) => match Pin::new(op).poll(cx) {
                 // A backend's own buffers: any capacity.
                 Poll::Ready(r) => Poll::Ready(r.map(|results| BatchResult {
@@ -663,11 +721,7 @@ impl Drop for BatchResult {
     #[inline]
     fn drop(&mut self) {
         if let Some(r) = self.results.take() {
-            crate::buffers::with_spares(|spares| {
-                if let Some(spares) = spares {
-                    spares.give_results(r, self.len & OVERSIZED != 0);
-                }
-            });
+            crate::buffers::give_results(r, self.len & OVERSIZED != 0);
         }
     }
 }

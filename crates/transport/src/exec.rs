@@ -27,7 +27,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// How long an idle executor polls (yielding its core between polls) before
@@ -90,6 +90,11 @@ pub fn run_tasks<'a, T>(tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
             }))
         })
         .collect();
+    // This executor is the innermost one of the thread until it returns
+    // (W1, `wake_self`); the previous one is put back then, also on unwind.
+    let _innermost = wakers
+        .first()
+        .map(|w| Innermost::enter(w.vtable(), &shared));
     let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
     let mut remaining = n;
     while remaining > 0 {
@@ -260,6 +265,67 @@ impl Drop for ExecutorDepth {
     }
 }
 
+thread_local! {
+    /// The innermost executor of [`run_tasks`] running on this thread: its
+    /// wakers' vtable and its shared state (null pointers: none). See
+    /// [`wake_self`].
+    static INNERMOST: Cell<(*const RawWakerVTable, *const Shared)> =
+        const { Cell::new((std::ptr::null(), std::ptr::null())) };
+}
+
+/// Marks an executor as the thread's innermost for as long as it lives,
+/// and puts the previous one back when dropped.
+struct Innermost((*const RawWakerVTable, *const Shared));
+
+impl Innermost {
+    fn enter(vtable: &'static RawWakerVTable, shared: &Arc<Shared>) -> Innermost {
+        let me = (vtable as *const RawWakerVTable, Arc::as_ptr(shared));
+        Innermost(INNERMOST.with(|c| c.replace(me)))
+    }
+}
+
+impl Drop for Innermost {
+    fn drop(&mut self) {
+        INNERMOST.with(|c| c.set(self.0));
+    }
+}
+
+/// Wakes `waker`, the waker of the task being polled (what
+/// `waker.wake_by_ref()` does), without its two locked operations and its
+/// dynamic call when it is a waker of the executor polling: a future that
+/// completed at once and yields once before it hands its result out (a
+/// batch executed in place, [`crate::backend::OpFuture::ready_after_yield`],
+/// [`yield_now`]) only needs its task polled again.
+///
+/// Invariant (W1): if `waker` is a task waker of [`run_tasks`] (its vtable
+/// is the innermost executor's) and belongs to the innermost executor
+/// running on this thread (its shared state is that executor's), the task's
+/// ready flag is set with a plain store and the parker is not notified: the
+/// caller is inside that executor's poll of one of its tasks (only a poll
+/// has a waker to pass), after which the executor scans its flags again
+/// before it can idle or park (a round that polled a task never parks), and
+/// the flag is read on this very thread. Any other waker (another
+/// executor's, a simulation's, a foreign one, or this executor's from
+/// another thread) is woken as usual. Call it only from within a poll, with
+/// that poll's waker or a waker of the same executor.
+#[inline]
+#[allow(unsafe_code)]
+pub fn wake_self(waker: &Waker) {
+    let (vtable, shared) = INNERMOST.with(Cell::get);
+    if std::ptr::eq(waker.vtable(), vtable) {
+        // SAFETY: the vtable is the one `run_tasks` built its wakers with
+        // (`Waker::from(Arc<TaskWaker>)`), so the data pointer is the
+        // `TaskWaker` of a live `Arc` that `waker` holds a reference to for
+        // as long as it is borrowed here.
+        let tw = unsafe { &*waker.data().cast::<TaskWaker>() };
+        if std::ptr::eq(Arc::as_ptr(&tw.shared), shared) {
+            tw.shared.ready[tw.index].store(true, Ordering::Relaxed);
+            return;
+        }
+    }
+    waker.wake_by_ref();
+}
+
 /// Adds a short sleep to this thread's list; false if no executor of ours
 /// runs here to wake it.
 fn register_short_sleep(deadline: Instant, waker: &Waker) -> bool {
@@ -390,7 +456,7 @@ impl Future for YieldNow {
             self.sim = Some(s);
             return p;
         }
-        cx.waker().wake_by_ref();
+        wake_self(cx.waker());
         Poll::Pending
     }
 }
@@ -805,5 +871,119 @@ mod tests {
         let _g = register_idle_hook(Rc::new(move || c.set(c.get() + 1)));
         block_on(sleep(Duration::from_millis(1)));
         assert!(calls.get() > 0);
+    }
+
+    /// W1: a task that wakes itself through `wake_self` is polled again
+    /// without its executor's parker being notified (no locked operation),
+    /// also inside a nested `block_on` (the inner executor is the innermost
+    /// one) and again in the outer one after it returned; a waker that is
+    /// not the innermost executor's (the outer executor's while an inner
+    /// one runs, another thread's, a foreign one) is woken as usual.
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_self_wake_repolls_without_notifying_and_other_wakers_are_woken() {
+        /// Whether the innermost executor's parker was notified since its
+        /// round began.
+        fn notified() -> bool {
+            let (_, shared) = INNERMOST.with(Cell::get);
+            assert!(!shared.is_null(), "inside an executor");
+            // SAFETY: the innermost executor is running (this is called
+            // from one of its task's polls), so its `Shared` is alive.
+            unsafe { (*shared).parker.is_notified() }
+        }
+        /// Wakes itself with `wake_self` `n` times, checking each time
+        /// that the parker was not notified.
+        struct SelfWaking(u32);
+        impl Future for SelfWaking {
+            type Output = ();
+            fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                if self.0 == 0 {
+                    return Poll::Ready(());
+                }
+                self.0 -= 1;
+                let before = notified();
+                wake_self(cx.waker());
+                assert_eq!(notified(), before, "a self-wake notified the parker");
+                Poll::Pending
+            }
+        }
+        // Alone, beside a task that yields, and nested.
+        block_on(SelfWaking(5));
+        let tasks: Vec<LocalTask<'_, u32>> = vec![
+            Box::pin(async {
+                SelfWaking(3).await;
+                1
+            }),
+            Box::pin(async {
+                yield_now().await;
+                block_on(SelfWaking(4));
+                SelfWaking(2).await;
+                2
+            }),
+        ];
+        assert_eq!(run_tasks(tasks), vec![1, 2]);
+        assert!(INNERMOST.with(Cell::get).1.is_null(), "no executor left");
+
+        /// A waker counting its wakes.
+        struct Count(std::sync::atomic::AtomicU32);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.wake_by_ref();
+            }
+            fn wake_by_ref(self: &Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(Default::default()));
+        let foreign = Waker::from(count.clone());
+        block_on(async {
+            wake_self(&foreign);
+        });
+        wake_self(&foreign); // outside any executor
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        // The outer executor's waker, used while an inner one runs: woken
+        // as usual (its parker notified).
+        block_on(std::future::poll_fn(|cx| {
+            let outer = cx.waker().clone();
+            block_on(std::future::poll_fn(|_| {
+                wake_self(&outer);
+                Poll::Ready(())
+            }));
+            Poll::Ready(())
+        }));
+        let outer_notified = Rc::new(Cell::new(false));
+        let seen = outer_notified.clone();
+        let mut first = true;
+        block_on(std::future::poll_fn(move |cx| {
+            if !first {
+                return Poll::Ready(());
+            }
+            first = false;
+            let outer = cx.waker().clone();
+            let seen = seen.clone();
+            block_on(std::future::poll_fn(move |_| {
+                wake_self(&outer);
+                Poll::Ready(())
+            }));
+            seen.set(notified());
+            Poll::Pending
+        }));
+        assert!(outer_notified.get(), "the outer executor's waker notifies");
+        // Another thread's executor's waker: woken (through its parker).
+        let (tx, rx) = std::sync::mpsc::channel::<Waker>();
+        let t = std::thread::spawn(move || {
+            let mut sent = false;
+            block_on(std::future::poll_fn(move |cx| {
+                if sent {
+                    return Poll::Ready(());
+                }
+                sent = true;
+                tx.send(cx.waker().clone()).unwrap();
+                Poll::Pending
+            }));
+        });
+        let w = rx.recv().unwrap();
+        block_on(async { wake_self(&w) });
+        t.join().unwrap();
     }
 }

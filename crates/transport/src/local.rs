@@ -752,10 +752,13 @@ impl LocalEndpoint {
                 drop(cache);
                 let r = self.perform(v);
                 cache = self.regions.borrow();
-                if let VerbResult::Read(b) = std::mem::replace(entry, r?)
-                    && let Some(s) = spares.as_deref_mut()
-                {
-                    s.give(b);
+                if let VerbResult::Read(b) = std::mem::replace(entry, r?) {
+                    match spares.as_deref_mut() {
+                        Some(s) => s.give(b),
+                        // Not borrowed (a list from the fast slot): one
+                        // access of its own (dropped during teardown).
+                        None => crate::buffers::give(b),
+                    }
                 }
                 continue;
             };
@@ -765,7 +768,9 @@ impl LocalEndpoint {
             if !matches!(entry, VerbResult::Read(_)) {
                 *entry = VerbResult::Read(match spares.as_deref_mut() {
                     Some(s) => s.take(),
-                    None => Vec::new(),
+                    // Not borrowed: one access of its own (a new vector
+                    // during teardown).
+                    None => crate::buffers::take(),
                 });
             }
             let VerbResult::Read(buf) = entry else {
@@ -817,6 +822,11 @@ impl EndpointBackend for LocalEndpoint {
         self.node
     }
 
+    /// Nothing to charge at an operation's start: the real CPU does the work.
+    fn begins_ops(&self) -> bool {
+        false
+    }
+
     fn execute_now(
         &self,
         verbs: &mut Verbs,
@@ -826,6 +836,15 @@ impl EndpointBackend for LocalEndpoint {
         // with faults, `execute` decides how the verbs run.
         if self.inner.faults_active.load(Ordering::Acquire) {
             return None;
+        }
+        // The list the thread's last batch gave back, if it is in the fast
+        // slot (B2): its entries' buffers are filled in place, and a
+        // buffer it lacks is taken from the spares on its own.
+        if let Some(mut list) = crate::buffers::take_fast_results() {
+            let done = self.run_verbs(verbs, &mut list, None);
+            *out = Some(list);
+            verbs.clear();
+            return Some(done);
         }
         // One access to the thread's spares for the result list and every
         // read's buffer.

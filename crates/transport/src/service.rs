@@ -257,6 +257,46 @@ const NO_GENERATION: u64 = u64::MAX;
 pub struct HandlerCache {
     generation: u64,
     handlers: Vec<Option<Handler>>,
+    /// This thread's served counters in the table it serves (N1), and that
+    /// table's [`ServiceTable`] identity; registered at the first dispatch.
+    served: Option<(Arc<ServedCell>, u64)>,
+}
+
+/// One serving thread's RPCs served and handler CPU charged in one
+/// [`ServiceTable`] (N1, docs/transport.md, "Self-wakes, the fast result slot, served counters"): written only
+/// by the thread whose [`HandlerCache`] holds it, with a plain load and
+/// store (no locked read-modify-write, no line shared with the node's
+/// other handler threads: one cache line each), and summed by
+/// [`ServiceTable::served`] with the table's shared counters.
+#[derive(Default)]
+#[repr(align(64))]
+struct ServedCell {
+    served: AtomicU64,
+    cpu_ns: AtomicU64,
+}
+
+impl ServedCell {
+    /// Counts one RPC charged `cpu_ns` (the single writer's add).
+    #[inline]
+    fn add(&self, cpu_ns: u64) {
+        self.served
+            .store(self.served.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.cpu_ns.store(
+            self.cpu_ns.load(Ordering::Relaxed) + cpu_ns,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// [`ServiceTable`]'s identity for the cells of [`HandlerCache`]s (an
+/// address could be reused by a later table).
+struct TableUid(u64);
+
+impl Default for TableUid {
+    fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TableUid(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 impl Default for HandlerCache {
@@ -271,6 +311,7 @@ impl HandlerCache {
         HandlerCache {
             generation: NO_GENERATION,
             handlers: Vec::new(),
+            served: None,
         }
     }
 
@@ -300,8 +341,14 @@ pub struct ServiceTable {
     names: RwLock<HashMap<String, ServiceId>>,
     regions: RwLock<HashMap<String, RemoteRegion>>,
     next_id: AtomicU32,
+    /// RPCs served and their charge where no serving thread's cell counts
+    /// them (`dispatch`: `sim`, UCX); the cells hold the rest (N1).
     served: AtomicU64,
     handler_cpu_ns: AtomicU64,
+    /// The cells of the [`HandlerCache`]s that dispatched here (one per
+    /// serving thread; kept after the thread ends, so no count is lost).
+    cells: parking_lot::Mutex<Vec<Arc<ServedCell>>>,
+    uid: TableUid,
     /// Immediate replies sent so far.
     replies: AtomicU64,
     /// Sampled reply sends (one in [`SEND_SAMPLE`]) and the thread CPU time
@@ -433,12 +480,50 @@ impl ServiceTable {
     }
 
     /// RPCs served and the handler CPU charged for them (with sending their
-    /// replies), since the node started.
+    /// replies), since the node started: the shared counters and every
+    /// serving thread's cell, summed now (N1). Exact once the replies
+    /// counted have been received (each is counted before it is sent).
     pub fn served(&self) -> (u64, u64) {
-        (
+        let (mut served, mut cpu) = (
             self.served.load(Ordering::Relaxed),
             self.handler_cpu_ns.load(Ordering::Relaxed),
-        )
+        );
+        for c in self.cells.lock().iter() {
+            served += c.served.load(Ordering::Relaxed);
+            cpu += c.cpu_ns.load(Ordering::Relaxed);
+        }
+        (served, cpu)
+    }
+
+    /// A cache's cell in this table (`served`: the cache's field),
+    /// registered on first use (or when the cache moves to another table).
+    #[inline]
+    fn cell<'c>(&self, served: &'c mut Option<(Arc<ServedCell>, u64)>) -> &'c ServedCell {
+        if !matches!(served, Some((_, uid)) if *uid == self.uid.0) {
+            self.register_cell(served);
+        }
+        &served.as_ref().expect("registered above").0
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn register_cell(&self, served: &mut Option<(Arc<ServedCell>, u64)>) {
+        let cell = Arc::new(ServedCell::default());
+        self.cells.lock().push(cell.clone());
+        *served = Some((cell, self.uid.0));
+    }
+
+    /// Counts one RPC charged `cpu_ns`: in the serving thread's `cell`, or
+    /// in the shared counters (two locked read-modify-writes) without one.
+    #[inline]
+    fn count(&self, cell: Option<&ServedCell>, cpu_ns: u64) {
+        match cell {
+            Some(c) => c.add(cpu_ns),
+            None => {
+                self.served.fetch_add(1, Ordering::Relaxed);
+                self.handler_cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Runs the handler for `service`, measures its CPU time, and hands the
@@ -469,6 +554,7 @@ impl ServiceTable {
         if service == ServiceId::DIRECTORY {
             return self.run(
                 start,
+                None,
                 ctx,
                 service,
                 Lookup::Directory,
@@ -484,7 +570,7 @@ impl ServiceTable {
             .and_then(|h| h.clone());
         crate::charge::stamp(crate::charge::Stage::Found);
         let lookup = found.as_ref().map_or(Lookup::Missing, Lookup::Found);
-        self.run(start, ctx, service, lookup, request, &mut out, send);
+        self.run(start, None, ctx, service, lookup, request, &mut out, send);
     }
 
     /// [`ServiceTable::dispatch`] finding the handler in the calling
@@ -512,6 +598,8 @@ impl ServiceTable {
         if !cache.is_current(self) {
             self.refresh(cache);
         }
+        // The thread's own counters (N1), then the handler.
+        let cell = self.cell(&mut cache.served);
         let lookup = if service == ServiceId::DIRECTORY {
             Lookup::Directory
         } else {
@@ -521,7 +609,7 @@ impl ServiceTable {
             }
         };
         crate::charge::stamp(crate::charge::Stage::Found);
-        self.run(start, ctx, service, lookup, request, out, send);
+        self.run(start, Some(cell), ctx, service, lookup, request, out, send);
     }
 
     /// Runs the handler `lookup` found (see [`ServiceTable::dispatch`]),
@@ -530,6 +618,7 @@ impl ServiceTable {
     fn run(
         &self,
         start: Option<CpuStopwatch>,
+        cell: Option<&ServedCell>,
         ctx: &RpcContext,
         service: ServiceId,
         lookup: Lookup<'_>,
@@ -543,7 +632,7 @@ impl ServiceTable {
                     ErrorCode::UnknownService,
                     format!("no service with id {} on node {}", service.0, ctx.node),
                 );
-                self.finish(start, Err(error), send);
+                self.finish(start, cell, Err(error), send);
             }
             Lookup::Directory => {
                 let result = self.directory(ctx.node, request).map(|v| {
@@ -551,7 +640,7 @@ impl ServiceTable {
                     out
                 });
                 crate::charge::stamp(crate::charge::Stage::Handled);
-                self.finish(start, result, send);
+                self.finish(start, cell, result, send);
             }
             Lookup::Found(Handler::Now(h)) => {
                 // R1: the handler sees an empty buffer, whatever the last
@@ -563,7 +652,7 @@ impl ServiceTable {
                 .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")))
                 .map(|()| out);
                 crate::charge::stamp(crate::charge::Stage::Handled);
-                self.finish(start, result, send);
+                self.finish(start, cell, result, send);
             }
             Lookup::Found(Handler::Deferred(h)) => {
                 // A late answer arrives as an owned `Vec`; it is lent to
@@ -598,8 +687,7 @@ impl ServiceTable {
                     Some(start) => start.elapsed_ns() + self.mean_reply_send_ns(),
                     None => crate::charge::before_send(),
                 };
-                self.served.fetch_add(1, Ordering::Relaxed);
-                self.handler_cpu_ns.fetch_add(cpu, Ordering::Relaxed);
+                self.count(cell, cpu);
                 let mut p = pending.lock();
                 if panicked && p.abandoned {
                     // The responder was dropped while unwinding: say why.
@@ -628,20 +716,22 @@ impl ServiceTable {
     /// stopwatch: a send that wakes another thread (the UCX progress thread,
     /// a caller on this core) may be preempted by it, and elapsed time would
     /// charge the woken thread's work to this one.
-    fn finish(&self, start: Option<CpuStopwatch>, result: LentReply<'_>, send: impl ReplySink) {
+    fn finish(
+        &self,
+        start: Option<CpuStopwatch>,
+        cell: Option<&ServedCell>,
+        result: LentReply<'_>,
+        send: impl ReplySink,
+    ) {
         let Some(start) = start else {
             let server_cpu_ns = crate::charge::before_send();
-            self.served.fetch_add(1, Ordering::Relaxed);
-            self.handler_cpu_ns
-                .fetch_add(server_cpu_ns, Ordering::Relaxed);
+            self.count(cell, server_cpu_ns);
             send.send(server_cpu_ns, result);
             crate::charge::after_send();
             return;
         };
         let server_cpu_ns = start.elapsed_ns() + self.mean_reply_send_ns();
-        self.served.fetch_add(1, Ordering::Relaxed);
-        self.handler_cpu_ns
-            .fetch_add(server_cpu_ns, Ordering::Relaxed);
+        self.count(cell, server_cpu_ns);
         if self
             .replies
             .fetch_add(1, Ordering::Relaxed)
@@ -893,5 +983,89 @@ mod tests {
             assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
         }
         assert!(Reply::decode(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    }
+
+    /// N1: RPCs dispatched through handler threads' caches are counted in
+    /// each thread's own cell, never in the table's shared counters (no
+    /// locked read-modify-write per RPC), and `served` sums the cells and
+    /// the shared counters exactly: counts and charges, also for a cache
+    /// that moved to a second table and for threads that have ended.
+    #[test]
+    fn cached_dispatches_count_in_the_threads_cells_and_sum_exactly() {
+        let t = Arc::new(ServiceTable::new());
+        let id = t
+            .register(
+                "echo",
+                Arc::new(
+                    |_: &RpcContext, req: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                        Ok(req.to_vec())
+                    },
+                ),
+            )
+            .unwrap();
+        let (threads, per_thread) = (3u64, 200u64);
+        let charged: u64 = std::thread::scope(|s| {
+            (0..threads)
+                .map(|_| {
+                    let t = &t;
+                    s.spawn(move || {
+                        let mut cache = HandlerCache::new();
+                        let mut out = Vec::new();
+                        let mut sum = 0u64;
+                        for _ in 0..per_thread {
+                            let (tx, rx) = std::sync::mpsc::channel();
+                            t.dispatch_cached(
+                                &mut cache,
+                                &ctx(),
+                                id,
+                                b"x",
+                                &mut out,
+                                move |ns: u64, r: LentReply<'_>| tx.send((ns, r.is_ok())).unwrap(),
+                            );
+                            let (ns, ok) = rx.try_recv().expect("answered at once");
+                            assert!(ok);
+                            sum += ns;
+                        }
+                        sum
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .sum()
+        });
+        // Two more through the shared path (`dispatch`: sim, UCX).
+        let shared: u64 = (0..2).map(|_| call(&t, id, b"y").server_cpu_ns).sum();
+        assert_eq!(
+            t.served.load(Ordering::Relaxed),
+            2,
+            "cached dispatches must not touch the shared counters"
+        );
+        assert_eq!(t.served(), (threads * per_thread + 2, charged + shared));
+        // A cache moved to another table counts there, not here.
+        let u = ServiceTable::new();
+        let uid = u
+            .register(
+                "echo",
+                Arc::new(
+                    |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> { Ok(Vec::new()) },
+                ),
+            )
+            .unwrap();
+        let mut cache = HandlerCache::new();
+        let mut out = Vec::new();
+        for table in [&*t, &u, &*t] {
+            let i = if std::ptr::eq(table, &u) { uid } else { id };
+            table.dispatch_cached(
+                &mut cache,
+                &ctx(),
+                i,
+                b"z",
+                &mut out,
+                |_: u64, _: LentReply<'_>| {},
+            );
+        }
+        assert_eq!(t.served().0, threads * per_thread + 2 + 2);
+        assert_eq!(u.served().0, 1);
     }
 }

@@ -127,6 +127,21 @@ struct TableSnapshot {
 thread_local! {
     static TABLE_SNAPSHOTS: std::cell::RefCell<Vec<TableSnapshot>> =
         const { std::cell::RefCell::new(Vec::new()) };
+    /// The snapshot this thread's last GET used (one shard's list at one
+    /// generation, shared with that shard's entry in `TABLE_SNAPSHOTS`):
+    /// moved out for a GET and back after it, so the common GET (the same
+    /// shard at the same generation) takes no borrow of the list, searches
+    /// nothing and changes no reference count. Empty after a GET that
+    /// unwound (the next GET takes the list's path).
+    static LATEST_SNAPSHOT: std::cell::Cell<Option<LatestSnapshot>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// See `LATEST_SNAPSHOT`.
+struct LatestSnapshot {
+    shard: u64,
+    generation: u64,
+    tables: std::rc::Rc<Vec<Option<Arc<Table>>>>,
 }
 
 pub struct ShardServer {
@@ -373,22 +388,34 @@ impl ShardServer {
         // withdrawal) had started; changed, the GET is redone under the
         // list's read lock, as before.
         let generation = self.tables_gen.load(Ordering::Acquire);
-        let (generation, snap) = TABLE_SNAPSHOTS.with(|cell| {
-            let mut snaps = cell.borrow_mut();
-            // The common case inline: the thread's latest snapshot is this
-            // shard's, at this generation.
-            match snaps.last() {
-                Some(x) if x.shard == self.uid && x.generation == generation => {
-                    (generation, x.tables.clone())
-                }
-                _ => self.snapshot(&mut snaps, generation),
-            }
-        });
-        match snap.get(t.table as usize) {
+        // The common case inline: the thread's last GET used this shard's
+        // snapshot at this generation (moved out, used, moved back).
+        let latest = match LATEST_SNAPSHOT.take() {
+            Some(l) if l.shard == self.uid && l.generation == generation => l,
+            _ => self.latest_snapshot(generation),
+        };
+        let r = match latest.tables.get(t.table as usize) {
             Some(Some(table)) if t.bucket < table.buckets => {
-                self.get_from(table, generation, t, s, out)
+                self.get_from(table, latest.generation, t, s, out)
             }
             _ => self.get_into_locked(t, s, out, false),
+        };
+        LATEST_SNAPSHOT.set(Some(latest));
+        r
+    }
+
+    /// The thread's snapshot of this shard's list at `generation` from its
+    /// list of snapshots (taken under the lock if it has none of it), for
+    /// `LATEST_SNAPSHOT`.
+    #[cold]
+    #[inline(never)]
+    fn latest_snapshot(self: &Arc<Self>, generation: u64) -> LatestSnapshot {
+        let (generation, tables) =
+            TABLE_SNAPSHOTS.with(|cell| self.snapshot(&mut cell.borrow_mut(), generation));
+        LatestSnapshot {
+            shard: self.uid,
+            generation,
+            tables,
         }
     }
 
@@ -456,8 +483,6 @@ impl ShardServer {
     /// under the list's read lock if the thread has none of it (the
     /// generation is read again under the lock: writers bump it under the
     /// write lock, so the copy is exactly that generation's list).
-    #[cold]
-    #[inline(never)]
     fn snapshot(
         self: &Arc<Self>,
         snaps: &mut Vec<TableSnapshot>,
