@@ -82,8 +82,13 @@ fn a_full_build_declares_its_work_per_key_and_bucket() {
     // (empty) table snapshotted and passed at the switch, bucket by bucket.
     // Load and control RPCs declare nothing.
     let initial_buckets = 256;
+    // Since branch i60 also: the initial table settled in place before
+    // the build (per bucket) and the publication of the new view.
     let expected = KEYS * (cost::LOADED_KEY + cost::BUILD_KEY + cost::FILL_KEY + cost::KEY_OWN)
-        + shards * initial_buckets * (cost::SNAPSHOT_BUCKET + cost::SWITCH_BUCKET);
+        + shards
+            * initial_buckets
+            * (cost::SNAPSHOT_BUCKET + cost::SWITCH_BUCKET + cost::SETTLE_BUCKET)
+        + shards * cost::PUBLISH;
     assert_eq!(declared, expected, "{shards} shards");
     assert_eq!(shards, 1, "one shard on one memory node");
     // The build's CPU grows by about what the term makes of the declared
@@ -195,7 +200,9 @@ fn a_takeover_declares_its_scan_per_block_and_session() {
         + recover::cost::BLOCK * recovered
         + recover::cost::SESSION * SESSIONS;
     // Its full build: per key as a bulk load's (the test above); the new
-    // shard has no table yet, so no bucket is snapshotted or passed.
-    let build = recovered * (cost::LOADED_KEY + cost::BUILD_KEY + cost::FILL_KEY + cost::KEY_OWN);
+    // shard has no table yet, so no bucket is settled, snapshotted or
+    // passed; its view is published.
+    let build = recovered * (cost::LOADED_KEY + cost::BUILD_KEY + cost::FILL_KEY + cost::KEY_OWN)
+        + cost::PUBLISH;
     assert_eq!(declared(&d) - dec0, takeover + build, "{recovered} keys recovered");
 }
