@@ -165,8 +165,8 @@ fn a_takeover_declares_its_scan_per_block_and_session() {
     // Shard 1's primary is memory node 1; its first mirror takes it over.
     let mirror = dmkv_outback::ring::replicas_of(1, 3, 2)[0] as usize;
     let target = d.runtimes[mirror].id();
-    let svc = block_on(ep.lookup_service(target, &d.args.name(dmkv_outback::server::SERVICE)))
-        .unwrap();
+    let svc =
+        block_on(ep.lookup_service(target, &d.args.name(dmkv_outback::server::SERVICE))).unwrap();
     d.sim.crash_at(d.runtimes[1].id(), d.sim.now_ns());
     let dec0 = declared(&d);
     let mut asked = 0;
@@ -182,7 +182,9 @@ fn a_takeover_declares_its_scan_per_block_and_session() {
         }
         asked += 1;
         assert!(asked < 100_000, "the takeover never ended");
-        block_on(dmkv_transport::exec::sleep(std::time::Duration::from_micros(20)));
+        block_on(dmkv_transport::exec::sleep(
+            std::time::Duration::from_micros(20),
+        ));
     }
     // The mirror's shards' stats (the engine's would ask the dead node too).
     let reply = block_on(ep.call(target, svc, vec![op::STATS])).unwrap();
@@ -195,7 +197,10 @@ fn a_takeover_declares_its_scan_per_block_and_session() {
         .iter()
         .map(|s| s["recovered_keys"].as_u64().expect("recovered_keys"))
         .sum();
-    assert!(recovered > LOADED / 5, "shard 1 held a share of the keys: {recovered}");
+    assert!(
+        recovered > LOADED / 5,
+        "shard 1 held a share of the keys: {recovered}"
+    );
     let takeover = recover::cost::TAKEOVER
         + recover::cost::BLOCK * recovered
         + recover::cost::SESSION * SESSIONS;
@@ -204,5 +209,9 @@ fn a_takeover_declares_its_scan_per_block_and_session() {
     // passed; its view is published.
     let build = recovered * (cost::LOADED_KEY + cost::BUILD_KEY + cost::FILL_KEY + cost::KEY_OWN)
         + cost::PUBLISH;
-    assert_eq!(declared(&d) - dec0, takeover + build, "{recovered} keys recovered");
+    assert_eq!(
+        declared(&d) - dec0,
+        takeover + build,
+        "{recovered} keys recovered"
+    );
 }

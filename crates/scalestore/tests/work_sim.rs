@@ -12,8 +12,8 @@ mod common;
 
 use common::{Cluster, allocate, nodes_of, read_shared, worker};
 use dmkv_api::sim_deploy::SimDeployment;
-use dmkv_scalestore::handler::cost;
 use dmkv_scalestore::guard::ExclusiveGuard;
+use dmkv_scalestore::handler::cost;
 use dmkv_transport::exec::block_on;
 use dmkv_transport::sim::Profile;
 use std::sync::atomic::Ordering;
@@ -151,9 +151,11 @@ fn an_eviction_written_to_the_ssd_declares_per_batch_and_page() {
     assert!(f0.latch.try_shared(), "node 0 holds no copy");
     let dec0 = declared(&d);
     let ep1 = nodes[1].fabric.endpoint(nodes[1].id).unwrap();
-    let held = block_on(
-        dmkv_scalestore::provider::Provider::new().evict_everything(&nodes[1], &ep1, |p| p == pid),
-    )
+    let held = block_on(dmkv_scalestore::provider::Provider::new().evict_everything(
+        &nodes[1],
+        &ep1,
+        |p| p == pid,
+    ))
     .unwrap();
     f0.latch.unlock_shared();
     assert_eq!(held, 0, "node 0 accepted the eviction");
@@ -218,7 +220,11 @@ fn a_leave_declares_its_hand_over() {
     .map(|&k| sent(k))
     .collect();
     let n: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-    assert_eq!(n, [1, 1, 1, 1, 1, 0], "adopt, pages, entries, host, depart, evict");
+    assert_eq!(
+        n,
+        [1, 1, 1, 1, 1, 0],
+        "adopt, pages, entries, host, depart, evict"
+    );
     // The page file holds the pages written to node 1's SSD: its own
     // dirty copies, written as it drops them; not the page node 0 caches
     // (its copy stays, dirty in the entry, which goes over instead).
