@@ -338,7 +338,7 @@ fn run(
     dmkv_transport::sim::work(
         cost::TAKEOVER
             + cost::BLOCK * image.live.len() as u64
-            + cost::SESSION * layout.sessions as u64,
+            + cost::SESSION * layout.sessions,
     );
     let heap = Heap::adopt(region, layout, end, &dead);
     let shard = new_shard(ctx, p, heap, max_seq + 1, sessions)?;
