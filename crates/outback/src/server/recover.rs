@@ -336,9 +336,7 @@ fn run(
     // the old primary recorded it with the writes themselves.
     let sessions = Sessions::recover(layout, |at, n| region.mem.read_vec(at, n).ok());
     dmkv_transport::sim::work(
-        cost::TAKEOVER
-            + cost::BLOCK * image.live.len() as u64
-            + cost::SESSION * layout.sessions,
+        cost::TAKEOVER + cost::BLOCK * image.live.len() as u64 + cost::SESSION * layout.sessions,
     );
     let heap = Heap::adopt(region, layout, end, &dead);
     let shard = new_shard(ctx, p, heap, max_seq + 1, sessions)?;
