@@ -840,7 +840,11 @@ impl ScaleNode {
                 let r = delivered(pid, to, offset);
                 self.finish_read(work, responder, r);
             }
-            Work::Write { .. } => {
+            Work::Write { ref pages } => {
+                dmkv_transport::sim::work(
+                    crate::handler::cost::HANDOVER_WRITTEN
+                        + crate::handler::cost::HANDOVER_WRITTEN_PAGE * pages.len() as u64,
+                );
                 let r = match res {
                     Ok(_) => Ok(Reply::Done.encode()),
                     Err(e) => Err(service_error(KvError::Exhausted(format!("SSD write: {e}")))),
@@ -1262,6 +1266,11 @@ impl ScaleNode {
             mut accepted,
             pages,
         } = w;
+        let n: usize = pages.iter().map(|(_, list)| list.len()).sum();
+        dmkv_transport::sim::work(
+            crate::handler::cost::EVICT_WRITTEN
+                + crate::handler::cost::EVICT_WRITTEN_PAGE * n as u64,
+        );
         let mut out = Vec::new();
         for (_, list) in &pages {
             for p in list {

@@ -18,12 +18,24 @@ use std::collections::HashMap;
 /// The one request of the `alloc` service.
 pub const ALLOC_CHUNK: u8 = 1;
 
+/// Instructions a chunk request declares to the simulated cluster's
+/// instruction term ([`dmkv_transport::sim::work`], a no-op off a metered
+/// memory-node core; docs/simulation.md, "Declared work, the rest (branch
+/// i60)"): [`serve_chunk`] inclusive, 1,902 over 6 calls (317 each: the
+/// decoding, the pool's bump, the reply's encoding), counted with
+/// callgrind on the `local` transport, main's binary fac3bce
+/// (`/tmp/keep/dmkv-head15`): `valgrind --tool=callgrind dmkv bench
+/// --engine sherman --workload insert --keys 20000 --ops 30000 --threads 1
+/// --tasks 8 --seed 1`.
+pub const SERVE_CHUNK_WORK: u64 = 317;
+
 /// Serves one chunk request.
 pub fn serve_chunk(
     pool: &GrowingPool,
     chunk: u64,
     req: &[u8],
 ) -> std::result::Result<Vec<u8>, ServiceError> {
+    dmkv_transport::sim::work(SERVE_CHUNK_WORK);
     let mut r = WireReader::new(req);
     let op = r.u8()?;
     r.end()?;

@@ -84,6 +84,25 @@ pub mod cost {
     /// A full build, per loaded pair: the map of loaded keys (its
     /// inserts, 10,751,109, and hashing, 7,100,000, over the 50,000 pairs).
     pub const LOADED_KEY: u64 = 357;
+
+    // Branch i60 (docs/simulation.md, "Declared work, the rest (branch
+    // i60)"): the switch's tail and the settling of a table in place,
+    // counted the same way with main's binary fac3bce
+    // (`/tmp/keep/dmkv-head15`), same command (33 jobs: a full build and
+    // 32 resizes; 34 publications, 209 buffered writes merged).
+
+    /// A publication of the shard's view (`ShardServer::publish`, 4,472.1
+    /// per call from `execute`, less its region writes of the control
+    /// region, 440 per call: charged by their lines).
+    pub const PUBLISH: u64 = 4_032;
+    /// A buffered write merged into a table (`ShardServer::merge_pending`
+    /// from `execute`, 457,880 over 209 writes: its bucket's seed search,
+    /// an overflow insert or a removal).
+    pub const MERGE: u64 = 2_191;
+    /// Settling a table in place before a full build, per bucket: its lock
+    /// and unlock and the buffer's look (`settle_in_place`, 98,089 over
+    /// 256 buckets, no write merged), besides the merges (`MERGE` each).
+    pub const SETTLE_BUCKET: u64 = 383;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -443,9 +462,11 @@ fn execute(shard: &Arc<ShardServer>, job: Job) -> Result<(), ServiceError> {
 /// pending write before its bucket is taken.
 fn settle_in_place(shard: &ShardServer, t: &Table) -> Result<(), ServiceError> {
     t.buffer.lock().drained = true;
+    dmkv_transport::sim::work(cost::SETTLE_BUCKET * u64::from(t.buckets));
     for b in 0..t.buckets {
         let mut g = t.lock(b);
         let items = t.buffer.lock().take_bucket(b);
+        dmkv_transport::sim::work(cost::MERGE * items.len() as u64);
         for (key, p) in items {
             shard.merge_pending(t, b, &mut g, key, p)?;
         }
@@ -577,6 +598,7 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     // a build), deleted ones leave, and the blocks they killed are
     // recycled now that only the retired table points at them (requests
     // naming it get STALE since the epoch bump).
+    dmkv_transport::sim::work(cost::MERGE * pend.len() as u64);
     for ((_, key), p) in pend {
         let nt = &built[side(key)].0;
         let b = candidates(key, nt.bucket_seed, nt.buckets)[nt.othello.lookup(key) as usize];
@@ -609,6 +631,7 @@ fn resize(shard: &Arc<ShardServer>, t: &Arc<Table>, started: Instant) -> Result<
     } else {
         shard.stats.grows.fetch_add(1, Ordering::Relaxed);
     }
+    dmkv_transport::sim::work(cost::PUBLISH);
     shard.publish()?;
     // The switch's work passes here, while the new tables serve and the
     // buffered writes still wait (as they may on a real worker thread).
@@ -819,6 +842,7 @@ fn full(
         }
     }
     shard.stats.full_builds.fetch_add(1, Ordering::Relaxed);
+    dmkv_transport::sim::work(cost::PUBLISH);
     shard.publish()?;
     if paced {
         pace(shard);

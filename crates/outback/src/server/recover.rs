@@ -35,6 +35,41 @@ use std::sync::atomic::Ordering;
 /// Bytes copied per one-sided write during a resync.
 const CHUNK: u64 = 1 << 20;
 
+/// Work a takeover declares to the simulated cluster's instruction term
+/// ([`dmkv_transport::sim::work`], a no-op off a metered memory-node core;
+/// the takeover runs as a worker job; docs/simulation.md, "Declared work,
+/// the rest (branch i60)"), beside the full build it ends in (which
+/// declares its own, `rebuild::cost`). Each excludes region reads and
+/// writes (the mirror's copy, the scan's and the session table's reads,
+/// the resync: charged by their lines and the network's model) and the
+/// fence RPCs and resync writes (messages and verbs).
+///
+/// Counted with callgrind on the `local` transport, main's binary fac3bce
+/// (`/tmp/keep/dmkv-head15`): `valgrind --tool=callgrind dmkv bench
+/// --engine outback --memnodes 3 --crash-memnode 1@0.5 --workload ycsb-a
+/// --keys 50000 --ops 20000 --threads 1 --tasks 8 --seed 1` (one takeover,
+/// 13,647 live blocks recovered, 16,384 session slots): `recover::run`
+/// inclusive 64,988,684, of which the full build (`rebuild::run`,
+/// 28,056,559), the fence's mirror copy (`refence`, 5,501,010), the fence
+/// RPCs and resync writes (`with_endpoint`, 2,455,153), the scan's and
+/// session table's region reads (5,191,955 and 2,634,684) and the probe of
+/// the dead node (`is_down`, 5,128) are left out.
+pub mod cost {
+    /// Per takeover: the new shard (`new_shard`, 205,679: its regions,
+    /// seeds and tables), the heap's adoption (3,574) and the rest of the
+    /// job's calls made once (~2,000).
+    pub const TAKEOVER: u64 = 211_250;
+    /// Per live block scanned: the scan less its reads (3,896,206: headers
+    /// parsed, checksums), the newest-copy map (BTreeMap inserts
+    /// 2,356,774, its drop 322,219, vector growth 259,528), the live-address
+    /// set (3,495,217) and `run`'s own loops (9,431,986: the loaded list's
+    /// fingerprints, the dead-block pass), 19,761,930 over 13,647 blocks.
+    pub const BLOCK: u64 = 1_448;
+    /// Per session slot of the heap's session table (`Sessions::recover`
+    /// less its reads, 1,170,780 over 16,384 slots).
+    pub const SESSION: u64 = 71;
+}
+
 /// TAKEOVER: starts (once) or reports the takeover of shard `p`.
 pub fn takeover(node: &Arc<NodeServer>, p: u16) -> Status {
     if let Ok(Some(_)) = node.shard(p) {
@@ -300,6 +335,9 @@ fn run(
     // The session table: the last applied write of every session, as
     // the old primary recorded it with the writes themselves.
     let sessions = Sessions::recover(layout, |at, n| region.mem.read_vec(at, n).ok());
+    dmkv_transport::sim::work(
+        cost::TAKEOVER + cost::BLOCK * image.live.len() as u64 + cost::SESSION * layout.sessions,
+    );
     let heap = Heap::adopt(region, layout, end, &dead);
     let shard = new_shard(ctx, p, heap, max_seq + 1, sessions)?;
     shard.replicas.set(later);
