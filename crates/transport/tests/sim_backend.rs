@@ -1189,16 +1189,4 @@ fn an_operations_cpu_is_charged_before_its_first_post_without_an_event() {
         second >= expect && second <= expect + 4 + nic,
         "the second read answered after {second} ns, model says about {expect}"
     );
-
-    // A thread whose operations work in its own memory (`charged`, as
-    // ScaleStore's do) waits for its operation's CPU in `begin_op`, as
-    // before i57, so that its engine code runs when that CPU is done.
-    block_on(ep.charged(async {}));
-    let t0 = Instant::now();
-    block_on(ep.begin_op());
-    assert_eq!(
-        (Instant::now() - t0).as_nanos() as u64,
-        op,
-        "begin_op waits for the operation's CPU once the thread did local work"
-    );
 }

@@ -805,7 +805,6 @@ impl Fabric for SimFabric {
             node,
             core,
             known_nodes: Cell::new(0),
-            local_work: Cell::new(false),
         })))
     }
 }
@@ -890,10 +889,6 @@ struct SimEndpoint {
     shared: Rc<EpShared>,
     /// Nodes the cluster had when last looked at (`SimEndpoint::has_node`).
     known_nodes: Cell<usize>,
-    /// Whether an operation of this thread did work in its own memory
-    /// (`charge_local_lines`): then `begin_op` waits for the operation's
-    /// CPU before the engine's code goes on (branch i57).
-    local_work: Cell<bool>,
 }
 
 fn sim_or_err() -> Result<Rc<Sim>> {
@@ -1793,13 +1788,6 @@ impl EndpointBackend for SimEndpoint {
         let Some(sim) = current() else {
             return OpFuture::ready(());
         };
-        let done = self.charge(&sim, sim.profile.client.cpu_per_op_ns);
-        if self.local_work.get() {
-            // An engine that works in its own memory (`Endpoint::charged`:
-            // ScaleStore's page latches and frames) starts that work when
-            // the operation's CPU is done, as before branch i57.
-            return OpFuture::SimSleep(done, Some(()));
-        }
         // The core is reserved for the operation's CPU now, and the task
         // goes on at once (branch i57): its first verb or RPC is charged
         // on the same core behind this reservation (`charge`), so it is
@@ -1811,6 +1799,7 @@ impl EndpointBackend for SimEndpoint {
         // of after it (a real thread runs a task until it yields, so this
         // is the more faithful order). docs/simulation.md, "Ninth pass
         // (branch i57)".
+        self.charge(&sim, sim.profile.client.cpu_per_op_ns);
         OpFuture::ready(())
     }
 
@@ -1818,9 +1807,6 @@ impl EndpointBackend for SimEndpoint {
         let Some(sim) = current() else {
             return OpFuture::ready(());
         };
-        // From now on this thread's operations wait for their CPU before
-        // the engine's code runs (`begin_op`).
-        self.local_work.set(true);
         if lines == 0 {
             return OpFuture::ready(());
         }
