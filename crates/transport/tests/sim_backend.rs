@@ -1127,3 +1127,66 @@ fn a_responder_dropped_with_the_simulation_is_discarded() {
     assert_eq!(served.load(Ordering::Relaxed), 1, "the request was parked");
     drop(sim);
 }
+
+/// An operation's CPU (`begin_op`) costs no event (branch i57): the task
+/// goes on at once and its first verb is posted when that CPU is done, as
+/// if it had slept until then. Two tasks of one thread: the first task's
+/// read is charged on the core right after its operation's CPU, before the
+/// second task's operation (a real thread runs a task until it yields);
+/// before i57 the first task slept, the second task's operation took the
+/// core, and the first read was posted one operation's CPU later (this
+/// test failed then: its first read answered `cpu_per_op_ns` late, and
+/// `begin_op` took an event and time).
+#[test]
+fn an_operations_cpu_is_charged_before_its_first_post_without_an_event() {
+    let sim = Simulation::new(config(1));
+    let p = sim.profile();
+    let (server, client) = one_server(&sim, 1);
+    let (region, _mem) = server.register_region(4096).unwrap();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let nic = (1e3 / p.network.nic_msg_rate_mops).ceil() as u64;
+    let round_trip = 4 * nic + 2 * p.network.one_way_ns;
+    let (op, verb) = (p.client.cpu_per_op_ns, p.client.cpu_per_verb_ns);
+    assert!(op > 0 && verb > 0, "the default profile charges both");
+
+    // One task: no event, no time for the operation's CPU itself.
+    let t0 = Instant::now();
+    let events = sim.events();
+    block_on(ep.begin_op());
+    assert_eq!(Instant::now(), t0, "begin_op returns at once");
+    assert_eq!(sim.events(), events, "begin_op schedules no event");
+    block_on(ep.read(region.at(0), 8)).unwrap();
+    let took = (Instant::now() - t0).as_nanos() as u64;
+    let expect = op + verb + round_trip;
+    assert!(
+        took >= expect && took <= expect + 4,
+        "took {took} ns, model says {expect}"
+    );
+
+    // Two tasks on the thread's one core.
+    let t0 = Instant::now();
+    let done: Vec<Cell<u64>> = (0..2).map(|_| Cell::new(0)).collect();
+    let tasks: Vec<LocalTask<'_, ()>> = (0..2)
+        .map(|i| {
+            let (ep, done) = (&ep, &done[i]);
+            Box::pin(async move {
+                ep.begin_op().await;
+                ep.read(region.at(64 * i as u64), 8).await.unwrap();
+                done.set((Instant::now() - t0).as_nanos() as u64);
+            }) as LocalTask<'_, ()>
+        })
+        .collect();
+    run_tasks(tasks);
+    let first = done[0].get().min(done[1].get());
+    let second = done[0].get().max(done[1].get());
+    let expect = op + verb + round_trip;
+    assert!(
+        first >= expect && first <= expect + 4,
+        "the first read answered after {first} ns, model says {expect}"
+    );
+    let expect = 2 * (op + verb) + round_trip;
+    assert!(
+        second >= expect && second <= expect + 4 + nic,
+        "the second read answered after {second} ns, model says about {expect}"
+    );
+}

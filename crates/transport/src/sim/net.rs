@@ -1788,10 +1788,19 @@ impl EndpointBackend for SimEndpoint {
         let Some(sim) = current() else {
             return OpFuture::ready(());
         };
-        let done = self.charge(&sim, sim.profile.client.cpu_per_op_ns);
-        // Waited for in place (branch i54: a boxed `SleepUntil` per
-        // operation).
-        OpFuture::SimSleep(done, Some(()))
+        // The core is reserved for the operation's CPU now, and the task
+        // goes on at once (branch i57): its first verb or RPC is charged
+        // on the same core behind this reservation (`charge`), so it is
+        // posted when this CPU is done, as when the task slept until then,
+        // without the wake event in between (one event of the 7.35 of a
+        // RACE GET). The engine's code before that first post runs at the
+        // operation's start instead of at the end of its CPU, and the
+        // task's post is charged before the next task's operation instead
+        // of after it (a real thread runs a task until it yields, so this
+        // is the more faithful order). docs/simulation.md, "Ninth pass
+        // (branch i57)".
+        self.charge(&sim, sim.profile.client.cpu_per_op_ns);
+        OpFuture::ready(())
     }
 
     fn charge_local_lines(&self, lines: u64) -> OpFuture<'_, ()> {
