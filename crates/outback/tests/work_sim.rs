@@ -7,44 +7,25 @@
 //! `sim::work` a no-op (the model before i55) nothing is declared and the
 //! job's CPU is the same with and without the term: both assertions fail.
 
-use dmkv_api::deploy::DeployOptions;
 use dmkv_api::payload::make_value;
-use dmkv_api::sim_deploy::{SimDeployment, SimOptions};
 use dmkv_outback::server::rebuild::cost;
+use dmkv_testkit::declared::deploy_on_sim;
 use dmkv_testkit::oracle::spread_key;
 use dmkv_transport::exec::block_on;
-use dmkv_transport::sim::{Profile, SimConfig};
+use dmkv_transport::sim::Profile;
 
 const KEYS: u64 = 20_000;
 
 /// A bulk load of `KEYS` keys on one memory node; returns the instructions
 /// declared, the memory node's worker-job CPU and the shards' count.
 fn load(profile: Profile) -> (u64, u64, u64) {
-    let d = SimDeployment::deploy(
+    // The build on the worker's own core.
+    let d = deploy_on_sim(
         &dmkv_outback::SPEC,
-        &DeployOptions {
-            memnodes: 1,
-            threads: 1,
-            knobs: {
-                let mut k = dmkv_api::Knobs::new();
-                // The build on the worker's own core.
-                k.set("resize_share_handlers", "false");
-                k
-            },
-            ..Default::default()
-        },
-        &SimOptions {
-            config: SimConfig {
-                profile,
-                seed: 1,
-                jitter_ns: 0,
-                delays: Default::default(),
-            },
-            compute_nodes: 1,
-            threads_per_node: 1,
-        },
-    )
-    .unwrap();
+        1,
+        &[("resize_share_handlers", "false")],
+        profile,
+    );
     let ep = d.endpoint(0);
     let pairs: Vec<(u64, Vec<u8>)> = (0..KEYS)
         .map(|i| (spread_key(i), make_value(spread_key(i), 0, 8)))
@@ -53,11 +34,7 @@ fn load(profile: Profile) -> (u64, u64, u64) {
     block_on(d.engine.settle(&ep)).unwrap();
     let stats = block_on(d.engine.stats(&ep)).unwrap();
     let shards = stats["shards"].as_u64().expect("shards");
-    let res = d.sim.resources();
-    let declared = res
-        .iter()
-        .find(|r| r.name == "memnode declared instructions")
-        .map_or(0, |r| r.count);
+    let declared = d.sim.declared_instructions();
     // The memory node's worker jobs' CPU: the build's.
     let busy = d.node_stats()[0].background_cpu_ns;
     (declared, busy, shards)
@@ -125,50 +102,21 @@ fn a_takeover_declares_its_scan_per_block_and_session() {
     const LOADED: u64 = 3_000;
     let mut profile = Profile::load("outback-cx6").unwrap();
     profile.memnode.llc_bytes = 0;
-    let d = SimDeployment::deploy(
-        &dmkv_outback::SPEC,
-        &DeployOptions {
-            memnodes: 3,
-            threads: 1,
-            knobs: {
-                let mut k = dmkv_api::Knobs::new();
-                k.set("sessions", &SESSIONS.to_string());
-                k
-            },
-            ..Default::default()
-        },
-        &SimOptions {
-            config: SimConfig {
-                profile,
-                seed: 1,
-                jitter_ns: 0,
-                delays: Default::default(),
-            },
-            compute_nodes: 1,
-            threads_per_node: 1,
-        },
-    )
-    .unwrap();
+    let sessions = SESSIONS.to_string();
+    let d = deploy_on_sim(&dmkv_outback::SPEC, 3, &[("sessions", &sessions)], profile);
     let ep = d.endpoint(0);
     let pairs: Vec<(u64, Vec<u8>)> = (0..LOADED)
         .map(|i| (spread_key(i), make_value(spread_key(i), 0, 8)))
         .collect();
     block_on(d.engine.load(&ep, &pairs)).unwrap();
     block_on(d.engine.settle(&ep)).unwrap();
-    let declared = |d: &SimDeployment| {
-        d.sim
-            .resources()
-            .iter()
-            .find(|r| r.name == "memnode declared instructions")
-            .map_or(0, |r| r.count)
-    };
     // Shard 1's primary is memory node 1; its first mirror takes it over.
     let mirror = dmkv_outback::ring::replicas_of(1, 3, 2)[0] as usize;
     let target = d.runtimes[mirror].id();
     let svc =
         block_on(ep.lookup_service(target, &d.args.name(dmkv_outback::server::SERVICE))).unwrap();
     d.sim.crash_at(d.runtimes[1].id(), d.sim.now_ns());
-    let dec0 = declared(&d);
+    let dec0 = d.sim.declared_instructions();
     let mut asked = 0;
     loop {
         let mut w = dmkv_transport::WireWriter::new();
@@ -210,7 +158,7 @@ fn a_takeover_declares_its_scan_per_block_and_session() {
     let build = recovered * (cost::LOADED_KEY + cost::BUILD_KEY + cost::FILL_KEY + cost::KEY_OWN)
         + cost::PUBLISH;
     assert_eq!(
-        declared(&d) - dec0,
+        d.sim.declared_instructions() - dec0,
         takeover + build,
         "{recovered} keys recovered"
     );

@@ -19,11 +19,7 @@ use dmkv_transport::sim::Profile;
 use std::sync::atomic::Ordering;
 
 fn declared(d: &SimDeployment) -> u64 {
-    d.sim
-        .resources()
-        .iter()
-        .find(|r| r.name == "memnode declared instructions")
-        .map_or(0, |r| r.count)
+    d.sim.declared_instructions()
 }
 
 fn handler_busy(d: &SimDeployment, node: u16) -> u64 {

@@ -11,6 +11,8 @@
 //!   new keys at once; exactly one insert per key wins, the others see
 //!   "exists", and the key holds the winner's value.
 //! - [`bad_input`]: reserved keys, oversized values, scans where unsupported.
+//! - [`declared`]: what engines declare to the simulated cluster's
+//!   instruction term (a small simulated cluster; allocation RPCs).
 //! - [`reference`]: a trivially correct engine to test the suites and the
 //!   harness themselves.
 //! - [`floor`]: `btree-floor`, a `BTreeMap` in the compute process with no
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bad_input;
+pub mod declared;
 pub mod floor;
 pub mod history;
 pub mod insert_race;

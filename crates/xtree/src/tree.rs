@@ -1875,13 +1875,7 @@ mod tests {
         }
         let stats = t.stats();
         assert!(stats.inner_nodes > 1 && stats.leaves > 100);
-        let declared = || -> u64 {
-            sim.resources()
-                .iter()
-                .filter(|r| r.name == "memnode declared instructions")
-                .map(|r| r.count)
-                .sum()
-        };
+        let declared = || sim.declared_instructions();
         let cores = SimCores::new("worker", 1).unwrap();
         let before = declared();
         let found = Rc::new(Cell::new(None));

@@ -873,6 +873,13 @@ impl Simulation {
         self.sim().sched.background_count()
     }
 
+    /// Instructions memory-node jobs declared so far ([`work`]): the
+    /// `memnode declared instructions` row of [`Self::resources`], 0 when
+    /// nothing declared (the row is then left out).
+    pub fn declared_instructions(&self) -> u64 {
+        self.sim().work_instructions.get()
+    }
+
     /// Every modelled resource's busy time and traffic so far, then each
     /// memory node's cache counts (rows with no busy time: `count` is hits,
     /// misses, or misses charged the DRAM latency; a miss row's `bytes` are
