@@ -189,32 +189,25 @@ fn a_leave_declares_its_hand_over() {
     assert!(pids.iter().all(|p| p.shard() == 1));
     let w0 = worker(&nodes[0]);
     assert_eq!(read_shared(&w0, pids[0]), 100);
-    let sent = |k: Kind| nodes[1].stats.sent[k as usize].load(Ordering::Relaxed);
-    let before: Vec<u64> = [
-        Kind::Adopt,
-        Kind::HandoverPages,
-        Kind::HandoverEntries,
-        Kind::HostShard,
-        Kind::Depart,
-        Kind::Evict,
-    ]
-    .iter()
-    .map(|&k| sent(k))
-    .collect();
+    // Messages node 1 has sent so far of the kinds a leave may send.
+    let sent = || -> Vec<u64> {
+        [
+            Kind::Adopt,
+            Kind::HandoverPages,
+            Kind::HandoverEntries,
+            Kind::HostShard,
+            Kind::Depart,
+            Kind::Evict,
+        ]
+        .iter()
+        .map(|&k| nodes[1].stats.sent[k as usize].load(Ordering::Relaxed))
+        .collect()
+    };
+    let before = sent();
     let dec0 = declared(&d);
     let succ = block_on(nodes[1].leave_async()).unwrap();
     assert_eq!(succ, 0);
-    let after: Vec<u64> = [
-        Kind::Adopt,
-        Kind::HandoverPages,
-        Kind::HandoverEntries,
-        Kind::HostShard,
-        Kind::Depart,
-        Kind::Evict,
-    ]
-    .iter()
-    .map(|&k| sent(k))
-    .collect();
+    let after = sent();
     let n: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     assert_eq!(
         n,

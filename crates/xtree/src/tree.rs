@@ -1741,6 +1741,19 @@ mod tests {
         (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) | 1
     }
 
+    /// A tree of `slots` per node on `rt` holding 3,000 keys inserted in a
+    /// scrambled order, so that splits happen everywhere and there are
+    /// inner levels to walk.
+    fn scrambled_tree(rt: &NodeRuntime, slots: usize) -> Arc<XTree> {
+        let cfg = XTreeConfig::sized_for(4_000, 8, slots).unwrap();
+        let t = XTree::create(rt, "t/nodes", "t/values", cfg).unwrap();
+        for i in 0..3_000u64 {
+            let k = scrambled(i);
+            t.insert(k, &k.to_le_bytes()).unwrap();
+        }
+        t
+    }
+
     /// Invariant 10: the walk takes, of each inner node it passes, exactly
     /// the lines holding the words it reads (meta, header, the probed keys,
     /// the child pointer), for N = 4, 5, 16, 48; for N = 16 that is fewer
@@ -1750,12 +1763,7 @@ mod tests {
         for slots in [4, 5, 16, MAX_SLOTS] {
             let c = LocalCluster::new(LocalConfig::default());
             let rt = NodeRuntime::new(c.add_node(1));
-            let cfg = XTreeConfig::sized_for(4_000, 8, slots).unwrap();
-            let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
-            for i in 0..3_000u64 {
-                let k = scrambled(i);
-                t.insert(k, &k.to_le_bytes()).unwrap();
-            }
+            let t = scrambled_tree(&rt, slots);
             let geo = t.geometry();
             let _shared = t.structure.read();
             for k in (0..1_000u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D)) {
@@ -1796,12 +1804,7 @@ mod tests {
         assert!(line_ns > 0);
         let memnode = sim.add_node(1);
         let rt = NodeRuntime::new(memnode);
-        let cfg = XTreeConfig::sized_for(4_000, 8, 16).unwrap();
-        let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
-        for i in 0..3_000u64 {
-            let k = scrambled(i);
-            t.insert(k, &k.to_le_bytes()).unwrap();
-        }
+        let t = scrambled_tree(&rt, 16);
         assert!(t.root().height >= 3, "two inner levels at least");
         let geo = t.geometry();
         let compute = sim.add_node(0);
@@ -1867,12 +1870,7 @@ mod tests {
             delays: Default::default(),
         });
         let rt = NodeRuntime::new(sim.add_node(1));
-        let cfg = XTreeConfig::sized_for(4_000, 8, 16).unwrap();
-        let t = Arc::new(XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap());
-        for i in 0..3_000u64 {
-            let k = scrambled(i);
-            t.insert(k, &k.to_le_bytes()).unwrap();
-        }
+        let t = scrambled_tree(&rt, 16);
         let stats = t.stats();
         assert!(stats.inner_nodes > 1 && stats.leaves > 100);
         let declared = || sim.declared_instructions();
@@ -1908,17 +1906,11 @@ mod tests {
         for slots in [4, 5, 16, MAX_SLOTS] {
             let c = LocalCluster::new(LocalConfig::default());
             let rt = NodeRuntime::new(c.add_node(1));
-            let cfg = XTreeConfig::sized_for(4_000, 8, slots).unwrap();
-            let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
-            // Inserted in a scrambled order so that splits happen everywhere.
-            for i in 0..3_000u64 {
-                let k = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) | 1;
-                t.insert(k, &k.to_le_bytes()).unwrap();
-            }
+            let t = scrambled_tree(&rt, slots);
             assert!(t.stats().inner_nodes > 0, "slots {slots}: no inner level");
             let mut probes: Vec<u64> = vec![0, 1, u64::MAX - 1];
             probes.extend((0..2_000u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D)));
-            probes.extend((0..500u64).map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) | 1));
+            probes.extend((0..500u64).map(scrambled));
             let _shared = t.structure.read();
             for k in probes {
                 assert_eq!(t.descend(k), t.walk_parsed(k), "slots {slots}, key {k:#x}");
