@@ -417,8 +417,7 @@ struct Published([std::sync::atomic::AtomicU64; SLOTS]);
 /// Each is leaked, once per thread (kept after the thread ends, as the
 /// report sums it), so a thread's `State` holds a plain reference and has
 /// no destructor: its thread-local needs no registration check per access.
-static REGISTRY: parking_lot::Mutex<Vec<&'static Published>> =
-    parking_lot::Mutex::new(Vec::new());
+static REGISTRY: parking_lot::Mutex<Vec<&'static Published>> = parking_lot::Mutex::new(Vec::new());
 
 thread_local! {
     /// The thread's chain. No destructor (`State` owns nothing to drop) and
