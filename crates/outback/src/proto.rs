@@ -168,6 +168,12 @@ pub const GET_LEN: usize = 20;
 /// A GET request, encoded in one fixed-size step (the GET path's encoding;
 /// the same bytes as `DataReq::Get { .. }.encode()`, which calls it).
 pub fn encode_get(t: &Target, slot: u8) -> Vec<u8> {
+    encode_get_into(t, slot, Vec::new())
+}
+
+/// [`encode_get`] appended to `buf` (an endpoint's `request_buffer`: a GET
+/// then allocates nothing on the client).
+pub fn encode_get_into(t: &Target, slot: u8, mut buf: Vec<u8>) -> Vec<u8> {
     let mut b = [0u8; GET_LEN];
     b[0] = op::GET;
     b[1..3].copy_from_slice(&t.shard.to_le_bytes());
@@ -176,7 +182,8 @@ pub fn encode_get(t: &Target, slot: u8) -> Vec<u8> {
     b[11..15].copy_from_slice(&t.bucket.to_le_bytes());
     b[15..19].copy_from_slice(&t.compute.to_le_bytes());
     b[19] = slot;
-    b.to_vec()
+    buf.extend_from_slice(&b);
+    buf
 }
 
 /// A whole request that is a well-formed GET, decoded in one step; `None`

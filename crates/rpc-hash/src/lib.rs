@@ -215,7 +215,9 @@ struct RpcHashEngine {
 }
 
 async fn call(ep: &Endpoint, to: (NodeId, ServiceId), req: Request<'_>) -> Result<Reply> {
-    let bytes = ep.call(to.0, to.1, req.encode()).await?;
+    let bytes = ep
+        .call(to.0, to.1, req.encode_into(ep.request_buffer(0)))
+        .await?;
     Ok(Reply::decode(&bytes, &req).map_err(dmkv_transport::TransportError::from)?)
 }
 
@@ -310,7 +312,11 @@ impl KvClient for RpcHashClient {
         let (node, svc) = shard_of(&self.shards, key);
         let bytes = self
             .ep
-            .call(node, svc, Request::Get { key }.encode())
+            .call(
+                node,
+                svc,
+                Request::Get { key }.encode_into(self.ep.request_buffer(9)),
+            )
             .await?;
         Ok(proto::decode_get(bytes).map_err(dmkv_transport::TransportError::from)?)
     }

@@ -69,7 +69,13 @@ impl<'a> Request<'a> {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = WireWriter::with_capacity(self.encoded_len());
+        self.encode_into(Vec::new())
+    }
+
+    /// [`Request::encode`] appended to `buf` (an endpoint's
+    /// `request_buffer`, so a small request allocates nothing).
+    pub fn encode_into(&self, buf: Vec<u8>) -> Vec<u8> {
+        let mut w = WireWriter::append_to(buf, self.encoded_len());
         match self {
             Request::Get { key } => {
                 w.u8(GET).u64(*key);

@@ -235,6 +235,13 @@ pub trait EndpointBackend {
         service: ServiceId,
         request: Vec<u8>,
     ) -> OpFuture<'_, Result<Reply>>;
+    /// An empty buffer to build the next request in (for
+    /// [`crate::Endpoint::request_buffer`]): the `local` backend hands back
+    /// the allocation of the last request it copied into its slot, so a
+    /// small request allocates nothing; by default a new `Vec`.
+    fn request_buffer(&self) -> Vec<u8> {
+        Vec::new()
+    }
     /// [`Self::call`], as the future [`Endpoint`](crate::Endpoint) awaits:
     /// the `local` backend answers its fault-free RPCs with the reply
     /// slot's wait in place (no box); the default wraps `call`.

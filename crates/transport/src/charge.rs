@@ -48,7 +48,7 @@
 //! per stretch. A serialising `lfence; rdtsc` would cost more than that
 //! error on every reading (the bench `charge parts` measures both).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, UnsafeCell};
 
 /// The time-stamp counter (nanoseconds elsewhere).
 #[inline]
@@ -401,7 +401,7 @@ struct State {
     #[cfg(feature = "charge-breakdown")]
     samples: u64,
     /// This thread's totals as [`summary`] reads them.
-    published: std::sync::Arc<Published>,
+    published: &'static Published,
 }
 
 /// Slots of a thread's published totals: charged ns, work ticks, send
@@ -414,37 +414,56 @@ const SLOTS: usize = 13;
 struct Published([std::sync::atomic::AtomicU64; SLOTS]);
 
 /// Every thread that ever served a stretch.
-static REGISTRY: parking_lot::Mutex<Vec<std::sync::Arc<Published>>> =
-    parking_lot::Mutex::new(Vec::new());
+/// Each is leaked, once per thread (kept after the thread ends, as the
+/// report sums it), so a thread's `State` holds a plain reference and has
+/// no destructor: its thread-local needs no registration check per access.
+static REGISTRY: parking_lot::Mutex<Vec<&'static Published>> = parking_lot::Mutex::new(Vec::new());
 
 thread_local! {
-    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    /// The thread's chain. No destructor (`State` owns nothing to drop) and
+    /// no borrow flag: [`with_state`] is its only access, and no closure
+    /// passed to it calls it again.
+    static STATE: UnsafeCell<Option<State>> = const { UnsafeCell::new(None) };
     /// Whether this thread has a stretch open (kept apart so the check on
     /// every dispatch is one cell read).
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
 }
 
+// Two readings per RPC come through here (before and after the reply's
+// send): a thread-local without a destructor, no `RefCell` borrow.
+#[inline]
+#[allow(unsafe_code)]
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
     STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        let s = s.get_or_insert_with(|| State {
-            chain: Chain::with_overhead(reading_overhead_ticks()),
-            preempt: Preempt::for_this_thread(),
-            poll_mark: None,
-            #[cfg(feature = "charge-breakdown")]
-            stamps: [0; 8],
-            #[cfg(feature = "charge-breakdown")]
-            parts: [0; 7],
-            #[cfg(feature = "charge-breakdown")]
-            samples: 0,
-            published: {
-                let p = std::sync::Arc::new(Published::default());
-                REGISTRY.lock().push(p.clone());
-                p
-            },
-        });
+        // SAFETY: `STATE` is this thread's alone, and the only reference to
+        // its contents is this one: every closure given to `with_state`
+        // (here, in this module) reads clocks, the preemption word and the
+        // chain, and none calls `with_state` again, so this `&mut` is never
+        // aliased.
+        let s = unsafe { &mut *s.get() };
+        let s = s.get_or_insert_with(new_state);
         f(s)
     })
+}
+
+#[cold]
+fn new_state() -> State {
+    State {
+        chain: Chain::with_overhead(reading_overhead_ticks()),
+        preempt: Preempt::for_this_thread(),
+        poll_mark: None,
+        #[cfg(feature = "charge-breakdown")]
+        stamps: [0; 8],
+        #[cfg(feature = "charge-breakdown")]
+        parts: [0; 7],
+        #[cfg(feature = "charge-breakdown")]
+        samples: 0,
+        published: {
+            let p: &'static Published = Box::leak(Box::default());
+            REGISTRY.lock().push(p);
+            p
+        },
+    }
 }
 
 /// Whether the preemption detector works in this process (C2).

@@ -921,6 +921,10 @@ impl EndpointBackend for LocalEndpoint {
         }
     }
 
+    fn request_buffer(&self) -> Vec<u8> {
+        self.rpcs.request_buffer()
+    }
+
     fn call_unboxed(&self, node: NodeId, service: ServiceId, payload: Vec<u8>) -> CallFuture<'_> {
         match self.call_local(node, service, payload) {
             Ok(wait) => CallFuture::slot(wait),

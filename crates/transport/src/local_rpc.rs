@@ -57,13 +57,18 @@
 //!    and then fails with `Timeout`; a crash of the node ends the wait at
 //!    once with `NodeDown` (`send_when_room` in `local` checks the node on
 //!    every try), and its drained lanes free the slots.
+//! 8. A lane added to an endpoint's [`RpcSlots`] stays in it (its `Arc`
+//!    held, never replaced: `add_lane` refuses a second lane to a node)
+//!    until the `RpcSlots` is dropped, so a [`ReplyWait`], which borrows
+//!    the `RpcSlots`, holds a plain reference to its reply slot instead of
+//!    looking its lane up on every poll.
 
 use crate::addr::{NodeId, ServiceId};
 use crate::error::{Result, TransportError};
 use crate::reply_state::{Registered, ReplyState};
 use crate::service::Reply;
 use parking_lot::{Condvar, Mutex};
-use std::cell::{RefCell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
@@ -84,6 +89,9 @@ pub(crate) const REPLIES: usize = 256;
 pub(crate) const REQ_INLINE: usize = 64;
 /// Payload bytes a reply slot carries inline.
 pub(crate) const REPLY_INLINE: usize = 64;
+/// The largest allocation kept for the next request
+/// ([`RpcSlots::request_buffer`]).
+const SPARE_MAX: usize = 4 * REQ_INLINE;
 /// `len` of a slot whose payload is not inline.
 const NOT_INLINE: u16 = u16::MAX;
 
@@ -572,6 +580,10 @@ pub(crate) struct RequestHeader {
 /// An endpoint's lanes, by node id (used on the endpoint's thread only).
 pub(crate) struct RpcSlots {
     lanes: RefCell<Vec<Option<Producer>>>,
+    /// The allocation of the last request copied inline, emptied, for the
+    /// next request to be built in ([`RpcSlots::request_buffer`]; it is
+    /// freed on this thread, which allocated it).
+    spare: Cell<Vec<u8>>,
     watchdog: Arc<Watchdog>,
 }
 
@@ -585,8 +597,16 @@ impl RpcSlots {
         reaper.watch(&watchdog);
         RpcSlots {
             lanes: RefCell::new(Vec::new()),
+            spare: Cell::new(Vec::new()),
             watchdog,
         }
+    }
+
+    /// An empty buffer for the next request: the last inline request's
+    /// allocation if one is kept, else a new (unallocated) `Vec`.
+    #[inline]
+    pub(crate) fn request_buffer(&self) -> Vec<u8> {
+        self.spare.take()
     }
 
     /// The lane to `node`, if this endpoint has one.
@@ -605,13 +625,16 @@ impl RpcSlots {
     }
 
     /// Adds the lane to `node` (the caller registered it with the node).
+    /// A lane, once added, stays until the slots are dropped (invariant 8:
+    /// a [`ReplyWait`] holds a reference into it).
     pub(crate) fn add_lane(&self, node: NodeId, lane: Arc<Lane>) {
-        self.watchdog.lanes.lock().push(lane.clone());
         let mut lanes = self.lanes.borrow_mut();
         let i = node.0 as usize;
         if lanes.len() <= i {
             lanes.resize_with(i + 1, || None);
         }
+        assert!(lanes[i].is_none(), "a lane to {node} exists already");
+        self.watchdog.lanes.lock().push(lane.clone());
         lanes[i] = Some(Producer {
             lane,
             tail: 0,
@@ -666,6 +689,10 @@ impl RpcSlots {
         // SAFETY: S1/S3: the slot is reusable, so its body is the caller's.
         unsafe { (*rslot.body.get()).big = None };
         let seq = rslot.state.begin();
+        // SAFETY: invariant 8: the slot lives in a lane that this
+        // `RpcSlots` keeps (its `Arc` in `lanes`, never replaced or removed
+        // while `self` lives), and the wait borrows `self`.
+        let slot_ref: &ReplySlot = unsafe { &*(rslot as *const ReplySlot) };
         let t = p.tail;
         let slot = &lane.ring[(t % RING) as usize];
         {
@@ -679,7 +706,14 @@ impl RpcSlots {
             if payload.len() <= REQ_INLINE {
                 body.inline[..payload.len()].copy_from_slice(&payload);
                 body.len = payload.len() as u16;
-                // `payload` is freed here, on the thread that allocated it.
+                // `payload` stays on the thread that allocated it: kept
+                // (emptied) for the next request to be built in, unless it
+                // is empty or large (then freed here).
+                let mut payload = payload;
+                if payload.capacity() != 0 && payload.capacity() <= SPARE_MAX {
+                    payload.clear();
+                    self.spare.set(payload);
+                }
             } else {
                 body.len = NOT_INLINE;
                 body.big = Some(payload);
@@ -689,6 +723,7 @@ impl RpcSlots {
         p.tail = t + 1;
         Ok(ReplyWait {
             pool: self,
+            slot: slot_ref,
             node,
             index,
             seq,
@@ -711,6 +746,8 @@ impl Drop for RpcSlots {
 /// discards a later reply (invariant 3).
 pub(crate) struct ReplyWait<'a> {
     pool: &'a RpcSlots,
+    /// The reply slot, in its lane (invariant 8): no lane lookup per poll.
+    slot: &'a ReplySlot,
     node: NodeId,
     index: u32,
     seq: u64,
@@ -747,12 +784,7 @@ impl Future for ReplyWait<'_> {
     #[allow(unsafe_code)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Reply>> {
         let this = self.get_mut();
-        let lanes = this.pool.lanes.borrow();
-        let lane = &lanes[this.node.0 as usize]
-            .as_ref()
-            .expect("the lane outlives its RPCs")
-            .lane;
-        let slot = &lane.replies[this.index as usize];
+        let slot = this.slot;
         debug_assert_eq!(
             slot.state.seq(),
             this.seq,
@@ -798,7 +830,7 @@ impl Drop for ReplyWait<'_> {
             .as_mut()
             .expect("the lane outlives its RPCs");
         // Invariant 3: reused at once only if nobody touches it any more.
-        if self.answered && p.lane.replies[self.index as usize].state.reusable() {
+        if self.answered && self.slot.state.reusable() {
             p.free.push(self.index);
         } else {
             p.aside.push(self.index);
@@ -955,6 +987,52 @@ mod tests {
             }
             None => false,
         }
+    }
+
+    /// Invariant 8 and the kept request allocation: a small request's
+    /// `Vec` is kept (emptied, same allocation) for the next request, once;
+    /// a request too large to travel inline, or whose allocation is larger
+    /// than `SPARE_MAX`, leaves nothing kept; a second lane to a node is
+    /// refused (a wait's reference into the first stays valid). Fails
+    /// without the kept allocation (every `request_buffer` is unallocated)
+    /// and without `add_lane`'s check (the second lane replaces the first).
+    #[test]
+    fn a_small_requests_allocation_is_kept_and_a_lane_is_never_replaced() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        assert_eq!(slots.request_buffer().capacity(), 0, "nothing kept yet");
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(b"hello");
+        let at = v.as_ptr();
+        let wait = slots.send(NODE, header(5), v).ok().unwrap();
+        let kept = slots.request_buffer();
+        assert_eq!((kept.len(), kept.capacity(), kept.as_ptr()), (0, 16, at));
+        assert_eq!(slots.request_buffer().capacity(), 0, "kept once");
+        assert!(echo_one(&lane, &mut buf));
+        assert_eq!(block_on(wait).unwrap(), reply(b"hello"));
+        // Too large to travel inline: it moves to the handler.
+        let wait = slots.send(NODE, header(5), payload(1, REQ_INLINE + 1));
+        assert_eq!(slots.request_buffer().capacity(), 0);
+        assert!(echo_one(&lane, &mut buf));
+        assert_eq!(
+            block_on(wait.ok().unwrap()).unwrap(),
+            reply(&payload(1, REQ_INLINE + 1))
+        );
+        // Inline, but its allocation is too large to keep.
+        let mut big = Vec::with_capacity(SPARE_MAX + 1);
+        big.extend_from_slice(b"abc");
+        let wait = slots.send(NODE, header(5), big).ok().unwrap();
+        assert_eq!(slots.request_buffer().capacity(), 0);
+        // A second lane to the node is refused; the wait still gets its
+        // reply through the first.
+        let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            slots.add_lane(NODE, Lane::new())
+        }));
+        assert!(second.is_err(), "a second lane to a node was added");
+        assert!(echo_one(&lane, &mut buf));
+        assert_eq!(block_on(wait).unwrap(), reply(b"abc"));
+        reaper.shut_down();
+        h.join().unwrap();
     }
 
     #[test]

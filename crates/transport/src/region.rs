@@ -197,13 +197,9 @@ impl RegionMem {
     /// (plain `#[inline]` was measured not to be taken there).
     #[inline(always)]
     pub fn words_in(&self, offset: u64, len: usize) -> Result<&[AtomicU64], RegionAccessError> {
-        if !offset.is_multiple_of(8) || !len.is_multiple_of(8) {
-            return Err(RegionAccessError::Misaligned { offset });
-        }
-        self.check(offset, len as u64)?;
-        crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len as u64);
-        let first = (offset / 8) as usize;
-        Ok(&self.words()[first..first + len / 8])
+        let words = self.words_in_untouched(offset, len)?;
+        self.touch_span(offset, len as u64);
+        Ok(words)
     }
 
     /// [`RegionMem::words_in`] without the `sim` touch, for code that

@@ -30,37 +30,53 @@ pub struct WireWriter {
 }
 
 impl WireWriter {
+    #[inline]
     pub fn new() -> Self {
         WireWriter { buf: Vec::new() }
     }
+    #[inline]
     pub fn with_capacity(n: usize) -> Self {
         WireWriter {
             buf: Vec::with_capacity(n),
         }
     }
+    /// A writer that appends to `buf` (e.g. an endpoint's
+    /// [`crate::Endpoint::request_buffer`]), reserving `n` more bytes.
+    #[inline]
+    pub fn append_to(mut buf: Vec<u8>, n: usize) -> Self {
+        buf.reserve(n);
+        WireWriter { buf }
+    }
+    #[inline]
     pub fn u8(&mut self, v: u8) -> &mut Self {
         self.buf.push(v);
         self
     }
+    #[inline]
     pub fn u16(&mut self, v: u16) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    #[inline]
     pub fn u32(&mut self, v: u32) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    #[inline]
     pub fn u64(&mut self, v: u64) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    #[inline]
     pub fn f64(&mut self, v: f64) -> &mut Self {
         self.u64(v.to_bits())
     }
+    #[inline]
     pub fn bool(&mut self, v: bool) -> &mut Self {
         self.u8(v as u8)
     }
     /// A length-prefixed (u32) byte string.
+    #[inline]
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
         let len = u32::try_from(v.len()).expect("wire byte strings are below 4 GiB");
         self.u32(len);
@@ -68,20 +84,25 @@ impl WireWriter {
         self
     }
     /// A length-prefixed UTF-8 string.
+    #[inline]
     pub fn str(&mut self, v: &str) -> &mut Self {
         self.bytes(v.as_bytes())
     }
     /// Bytes without a length prefix.
+    #[inline]
     pub fn raw(&mut self, v: &[u8]) -> &mut Self {
         self.buf.extend_from_slice(v);
         self
     }
+    #[inline]
     pub fn len(&self) -> usize {
         self.buf.len()
     }
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
+    #[inline]
     pub fn finish(self) -> Vec<u8> {
         self.buf
     }
@@ -95,42 +116,59 @@ pub struct WireReader<'a> {
 }
 
 impl<'a> WireReader<'a> {
+    #[inline]
     pub fn new(buf: &'a [u8]) -> Self {
         WireReader { buf, pos: 0 }
     }
+    // Inlined, with the error's formatting out of line: the workspace
+    // builds without LTO, and every engine's request and reply decoding
+    // called these small readers across crates (~10 calls per RPC, each a
+    // call and a `Result` through memory).
+    #[inline]
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], WireError> {
         if self.buf.len() - self.pos < n {
-            return Err(WireError(format!(
-                "{what}: need {n} bytes at offset {}, payload has {}",
-                self.pos,
-                self.buf.len()
-            )));
+            return Err(self.short(n, what));
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
         Ok(s)
     }
+    #[cold]
+    #[inline(never)]
+    fn short(&self, n: usize, what: &str) -> WireError {
+        WireError(format!(
+            "{what}: need {n} bytes at offset {}, payload has {}",
+            self.pos,
+            self.buf.len()
+        ))
+    }
+    #[inline]
     pub fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.take(1, "u8")?[0])
     }
+    #[inline]
     pub fn u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_le_bytes(
             self.take(2, "u16")?.try_into().expect("2 bytes"),
         ))
     }
+    #[inline]
     pub fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(
             self.take(4, "u32")?.try_into().expect("4 bytes"),
         ))
     }
+    #[inline]
     pub fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(
             self.take(8, "u64")?.try_into().expect("8 bytes"),
         ))
     }
+    #[inline]
     pub fn f64(&mut self) -> Result<f64, WireError> {
         Ok(f64::from_bits(self.u64()?))
     }
+    #[inline]
     pub fn bool(&mut self) -> Result<bool, WireError> {
         match self.u8()? {
             0 => Ok(false),
@@ -138,18 +176,22 @@ impl<'a> WireReader<'a> {
             v => Err(WireError(format!("bool: byte {v} is neither 0 nor 1"))),
         }
     }
+    #[inline]
     pub fn bytes(&mut self) -> Result<&'a [u8], WireError> {
         let n = self.u32()? as usize;
         self.take(n, "byte string")
     }
+    #[inline]
     pub fn str(&mut self) -> Result<&'a str, WireError> {
         std::str::from_utf8(self.bytes()?).map_err(|e| WireError(format!("string: {e}")))
     }
+    #[inline]
     pub fn raw(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         self.take(n, "raw bytes")
     }
     /// A u32 element count, refused if even one-byte elements could not fit
     /// in what is left (so a hostile count cannot cause a huge allocation).
+    #[inline]
     pub fn count(&mut self, min_elem_bytes: usize) -> Result<usize, WireError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_elem_bytes.max(1)) > self.remaining() {
@@ -157,10 +199,12 @@ impl<'a> WireReader<'a> {
         }
         Ok(n)
     }
+    #[inline]
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
     /// Fails if bytes are left over.
+    #[inline]
     pub fn end(&self) -> Result<(), WireError> {
         if self.remaining() != 0 {
             return Err(WireError(format!("{} trailing bytes", self.remaining())));

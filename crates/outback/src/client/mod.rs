@@ -1322,7 +1322,9 @@ impl KvClient for Client {
         let x = self
             .exchange(key, deadline, |v, t| {
                 let (b, s, seed) = t.locate(key);
-                (proto::encode_get(&Self::target(v, t, b), s), b, seed)
+                let buf = self.ep.request_buffer(proto::GET_LEN);
+                let req = proto::encode_get_into(&Self::target(v, t, b), s, buf);
+                (req, b, seed)
             })
             .await?;
         let head = x.reply.head;
