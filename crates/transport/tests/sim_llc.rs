@@ -101,11 +101,14 @@ impl Rig {
     }
 }
 
-/// The default profile with a 64 KiB, 8-way LLC (1024 lines).
+/// The default profile with a 64 KiB, 8-way LLC (1024 lines), without the
+/// pair prefetcher (the tests of the base rule; the prefetcher's are at
+/// the end).
 fn small_llc() -> Profile {
     let mut p = Profile::default_profile();
     p.memnode.llc_bytes = 64 << 10;
     p.memnode.llc_ways = 8;
+    p.memnode.pair_prefetch = false;
     p
 }
 
@@ -191,4 +194,67 @@ fn without_a_cache_in_the_profile_every_line_costs_line_ns() {
         m.rpc_base_ns + 10 * m.line_ns
     );
     assert_eq!(r.count("misses"), 0, "no cache rows without a cache");
+}
+
+#[test]
+fn the_pair_prefetcher_brings_a_missing_lines_buddy() {
+    // The same script with and without `pair_prefetch`: lines 10 and 11
+    // (one 128-byte pair, 10 first), 13 and 12 (one pair, 13 first), 21
+    // and 22 (two pairs), each line its own access (a pointer chase).
+    let script: [&[u64]; 3] = [&[10, 11], &[13, 12], &[21, 22]];
+    let mut p = small_llc();
+    let m = p.memnode.clone();
+    {
+        // One simulation per thread at a time: this one ends here.
+        let r = rig(p.clone());
+        let off: Vec<u64> = script.iter().map(|s| r.service_ns(r.chase, s)).collect();
+        assert_eq!(off, vec![m.rpc_base_ns + 2 * m.dram_miss_ns; 3]);
+        assert!(
+            !r.sim
+                .resources()
+                .iter()
+                .any(|u| u.name.contains("prefetched")),
+            "no prefetch row without the prefetcher"
+        );
+    }
+
+    p.memnode.pair_prefetch = true;
+    let r = rig(p);
+    let on: Vec<u64> = script.iter().map(|s| r.service_ns(r.chase, s)).collect();
+    let one_miss = m.rpc_base_ns + m.dram_miss_ns + m.line_ns;
+    assert_eq!(
+        on,
+        vec![one_miss, one_miss, m.rpc_base_ns + 2 * m.dram_miss_ns],
+        "a miss brings its pair's other line, whichever comes first; other pairs still miss"
+    );
+    // 10, 13, 21, 22 missed and brought 11, 12, 20, 23; 11 and 12 hit.
+    assert_eq!(
+        (
+            r.count("hits"),
+            r.count("misses"),
+            r.count("dependent misses"),
+            r.count("prefetched lines")
+        ),
+        (2, 4, 4, 4)
+    );
+    let row = r
+        .sim
+        .resources()
+        .into_iter()
+        .find(|u| u.name == "node0 llc prefetched lines")
+        .unwrap();
+    assert_eq!(row.bytes, 4 * 64, "prefetched lines come from DRAM");
+    // The prefetched buddies of 21 and 22 are in the cache now.
+    assert_eq!(
+        r.service_ns(r.chase, &[20, 23]),
+        m.rpc_base_ns + 2 * m.line_ns
+    );
+    // A prefetch that finds its line present changes nothing: 11 is
+    // cached, so 10's miss after an eviction would not count it again;
+    // here 10 and 11 both hit, and the count stays.
+    assert_eq!(
+        r.service_ns(r.chase, &[10, 11]),
+        m.rpc_base_ns + 2 * m.line_ns
+    );
+    assert_eq!(r.count("prefetched lines"), 4);
 }

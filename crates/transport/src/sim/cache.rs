@@ -23,6 +23,10 @@
 //! 4. Only code on simulated cores changes the cache: one-sided verbs
 //!    (the NIC's DMA) neither fill nor evict lines (see the design note for
 //!    what that leaves out).
+//! 5. A prefetch ([`Llc::prefetch`], the pair prefetcher of
+//!    `memnode.pair_prefetch`) fills a line that is absent exactly as a
+//!    demand miss does, and leaves a present line and its set's order
+//!    untouched; it counts in `prefetches`, never in `hits` or `misses`.
 
 /// A free way (no line key equals it: a real key's region half is below
 /// 2^32).
@@ -64,6 +68,8 @@ pub(crate) struct Llc {
     pub(crate) misses: u64,
     /// Misses charged the DRAM latency (the first line of an access).
     pub(crate) dependent_misses: u64,
+    /// Lines the pair prefetcher brought in from DRAM (invariant 5).
+    pub(crate) prefetches: u64,
 }
 
 impl Llc {
@@ -78,6 +84,7 @@ impl Llc {
             hits: 0,
             misses: 0,
             dependent_misses: 0,
+            prefetches: 0,
         }
     }
 
@@ -91,13 +98,7 @@ impl Llc {
     /// (filling it on a miss, evicting the set's least recently used line).
     /// True on a hit.
     pub(crate) fn access(&mut self, key: u128) -> bool {
-        // Fibonacci hashing of the key: fixed multiplier, so deterministic
-        // (invariant 1); spreads a region's consecutive lines and different
-        // regions' lines over the sets like a real LLC's slice hash does.
-        let h =
-            ((key >> 64) as u64 ^ (key as u64).rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let set = ((h >> 20) % self.sets) as usize;
-        let ways = &mut self.keys[set * self.ways..(set + 1) * self.ways];
+        let ways = self.set_of(key);
         let hit = match ways.iter().position(|&k| k == key) {
             Some(p) => {
                 ways[..=p].rotate_right(1);
@@ -116,6 +117,33 @@ impl Llc {
             self.misses += 1;
         }
         hit
+    }
+
+    /// Brings `key` in as a demand miss would if it is absent (most
+    /// recently used, evicting its set's least recently used line);
+    /// leaves the set as it is if `key` is there (a prefetch that finds
+    /// its line drops: invariant 5). True if it filled the line.
+    pub(crate) fn prefetch(&mut self, key: u128) -> bool {
+        let ways = self.set_of(key);
+        if ways.contains(&key) {
+            return false;
+        }
+        ways.rotate_right(1);
+        ways[0] = key;
+        self.prefetches += 1;
+        true
+    }
+
+    /// The ways of `key`'s set, most recently used first.
+    #[inline]
+    fn set_of(&mut self, key: u128) -> &mut [u128] {
+        // Fibonacci hashing of the key: fixed multiplier, so deterministic
+        // (invariant 1); spreads a region's consecutive lines and different
+        // regions' lines over the sets like a real LLC's slice hash does.
+        let h =
+            ((key >> 64) as u64 ^ (key as u64).rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let set = ((h >> 20) % self.sets) as usize;
+        &mut self.keys[set * self.ways..(set + 1) * self.ways]
     }
 }
 
@@ -164,6 +192,28 @@ mod tests {
         assert!(!c.access(k(4))); // evicts 1
         assert!(c.access(k(0)) && c.access(k(2)) && c.access(k(3)) && c.access(k(4)));
         assert!(!c.access(k(1)), "line 1 was evicted");
+    }
+
+    #[test]
+    fn a_prefetch_fills_an_absent_line_and_leaves_a_present_one() {
+        // One set of 4 ways: every key lands in it.
+        let mut c = Llc::new(4 * 64, 4);
+        let k = |l| line_key(0, l);
+        for l in 0..3 {
+            c.access(k(l));
+        }
+        // Present: nothing moves (0 stays least recently used).
+        assert!(!c.prefetch(k(0)));
+        assert_eq!(c.prefetches, 0);
+        // Absent: filled into the free way, as a miss would.
+        assert!(c.prefetch(k(3)));
+        assert_eq!((c.hits, c.misses, c.prefetches), (0, 3, 1));
+        assert!(c.access(k(3)), "the prefetched line hits");
+        // The set is full: the next fill evicts the LRU line, 0 (had the
+        // prefetch of 0 refreshed it, 1 would go).
+        assert!(c.prefetch(k(4)));
+        assert!(!c.access(k(0)), "0 was the least recently used");
+        assert!(c.access(k(4)));
     }
 
     #[test]

@@ -541,6 +541,14 @@ impl Sim {
                 continue;
             }
             let hit = llc.access(cache::line_key(region, line));
+            if !hit && m.pair_prefetch {
+                // The L2 adjacent-line prefetcher completes the miss's
+                // 128-byte-aligned pair (by line number within the region:
+                // regions are taken as 128-byte aligned, which the large
+                // ones are, being page aligned). Free for this access; a
+                // later touch of the buddy hits.
+                llc.prefetch(cache::line_key(region, line ^ 1));
+            }
             cost += if !hit && line == first {
                 llc.dependent_misses += 1;
                 m.dram_miss_ns
@@ -882,7 +890,8 @@ impl Simulation {
 
     /// Every modelled resource's busy time and traffic so far, then each
     /// memory node's cache counts (rows with no busy time: `count` is hits,
-    /// misses, or misses charged the DRAM latency; a miss row's `bytes` are
+    /// misses, misses charged the DRAM latency, or lines the pair prefetcher
+    /// brought in (with `pair_prefetch` only); a miss or prefetch row's `bytes` are
     /// the lines fetched from DRAM).
     pub fn resources(&self) -> Vec<ResourceUse> {
         let sim = self.sim();
@@ -893,7 +902,12 @@ impl Simulation {
                 ("llc hits", c.hits, 0),
                 ("llc misses", c.misses, c.misses * 64),
                 ("llc dependent misses", c.dependent_misses, 0),
+                ("llc prefetched lines", c.prefetches, c.prefetches * 64),
             ] {
+                if what == "llc prefetched lines" && !sim.profile.memnode.pair_prefetch {
+                    // No prefetcher in the profile: no row (reports as before).
+                    continue;
+                }
                 out.push(ResourceUse {
                     name: format!("node{i} {what}"),
                     servers: 1,

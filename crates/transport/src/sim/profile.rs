@@ -82,6 +82,16 @@ pub struct MemnodeProfile {
     /// latency of the CPU, published measurements).
     #[serde(default)]
     pub dram_miss_ns: u64,
+    /// The L2 adjacent-line ("spatial") prefetcher: a line that misses the
+    /// modelled cache also brings the other line of its 128-byte-aligned
+    /// pair into it (Intel 64 and IA-32 Architectures Optimization
+    /// Reference Manual, "Data Prefetching": the spatial prefetcher
+    /// "strives to complete every cache line fetched to the L2 cache with
+    /// the pair line that completes it to a 128-byte aligned chunk").
+    /// Needs the cache model (`llc_bytes` > 0). Off (false) when absent;
+    /// docs/simulation.md, "Memory-node CPU".
+    #[serde(default)]
+    pub pair_prefetch: bool,
     /// The memory node CPU's clock, GHz (its data sheet's base clock), for
     /// the instruction term: work a handler or job declares in
     /// instructions ([`crate::sim::work`]) costs `instructions / (cpu_ghz x
@@ -207,6 +217,12 @@ impl Profile {
                 m.llc_bytes, m.llc_ways
             ));
         }
+        if m.pair_prefetch && m.llc_bytes == 0 {
+            return Err(
+                "memnode.pair_prefetch needs the cache model: set memnode.llc_bytes (with llc_ways and dram_miss_ns) or drop pair_prefetch"
+                    .into(),
+            );
+        }
         for (what, v) in [("memnode.cpu_ghz", m.cpu_ghz), ("memnode.ipc", m.ipc)] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{what} must be a non-negative number, not {v}"));
@@ -296,6 +312,9 @@ mod tests {
             let m = Profile::load(name).unwrap().memnode;
             assert!(m.llc_bytes >= 16 << 20, "{name}: {m:?}");
             assert!(m.dram_miss_ns > m.line_ns, "{name}: {m:?}");
+            // Every shipped testbed's CPU is an Intel Xeon with the L2
+            // adjacent-line prefetcher (the profiles say which).
+            assert!(m.pair_prefetch, "{name}: {m:?}");
         }
     }
 
@@ -324,6 +343,13 @@ mod tests {
         assert!(Profile::parse(&text).is_err());
         let no_ways = SHIPPED[0].1.replace("llc_ways = ", "llc_ways = 0 # ");
         assert!(Profile::parse(&no_ways).unwrap_err().contains("llc_ways"));
+        let no_cache = SHIPPED[0].1.replace("llc_bytes = ", "llc_bytes = 0 # ");
+        assert!(no_cache.contains("pair_prefetch = true"));
+        assert!(
+            Profile::parse(&no_cache)
+                .unwrap_err()
+                .contains("pair_prefetch needs the cache model")
+        );
         let no_nics = SHIPPED[1].1.replace("nics = 1", "nics = 0");
         assert!(
             Profile::parse(&no_nics)
