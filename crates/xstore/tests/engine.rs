@@ -358,7 +358,7 @@ fn inserts_split_leaves_and_retraining_catches_up() {
 /// `hinted_updates`), some hints name two leaves or more, and the server
 /// stops at the leaf that held the key (leaves tried below leaves sent).
 /// Checked to fail with the one-leaf hint of the code before (the leaf of
-/// the predicted position only): 3,302 of 6,667 used.
+/// the predicted position only): 4,896 of 6,667 used.
 #[test]
 fn updates_find_their_key_in_the_hinted_leaves() {
     let d = deploy(&[], 1, 20_000);

@@ -83,16 +83,27 @@ pub mod cost {
     pub const LEAF_WRITE: u64 = 945;
     /// An update with a position hint, its own part
     /// ([`XTree::update_hinted_leaves`] less its leaf attempts and its
-    /// fallback `modify`: the hint's checks, the counters, the tree lock).
-    /// MEASURE
-    pub const HINTED_BASE: u64 = 100;
-    /// One leaf of a position hint tried (`try_hinted_leaf`: the leaf's
-    /// words, its lock, its copy and checks, the key's search, the unlock
-    /// when the leaf does not hold the key). MEASURE
-    pub const HINTED_LEAF: u64 = 500;
-    /// The hinted leaf held the key: the value's replacement and the commit
-    /// (`replace_value` from `try_hinted_leaf`). MEASURE
-    pub const HINTED_WRITE: u64 = 280;
+    /// fallback `update`: the hint's checks, the counters, the tree lock):
+    /// 1,269.8 per update less `try_hinted_leaf` 1,138.1 per update
+    /// (34,194 calls for 24,916 updates, 2.01 leaves named per hint),
+    /// 132. Branch i63, callgrind on `local` with its binary 73c8f85:
+    /// `DMKV=/tmp/i63/dmkv-wip1 KEEP=/tmp/i63/cg-wip1-xstore
+    /// scripts/instructions-per-op.sh xstore ycsb-a`, differenced over the
+    /// two runs' 24,916 updates (every one hinted and used), inclusive call
+    /// edges. (These three replace `HINTED_ATTEMPT`, 880 per update
+    /// whatever it tried, measured again with main's binary on the same
+    /// command: `update_hinted` 1,466.2 per update less its fallback
+    /// `modify` 583.5, 882.7.)
+    pub const HINTED_BASE: u64 = 132;
+    /// One leaf of a position hint tried (`try_hinted_leaf` without the
+    /// write: the leaf's words, its lock, its copy and checks, the key's
+    /// search, the unlock when the leaf lacks the key): 829.3 per call
+    /// less the write below per call (24,916 of 34,194 calls wrote), 656
+    /// (same run).
+    pub const HINTED_LEAF: u64 = 656;
+    /// The hinted leaf held the key: `replace_value` (the value and the
+    /// commit) from `try_hinted_leaf`, 238.0 per call (same run).
+    pub const HINTED_WRITE: u64 = 238;
     /// [`XTree::leaves_covering`] (XStore's training and retraining walk),
     /// per inner node it visits: the node's copy and parse
     /// (`read_locked`, 1,224.2 per call from `cover`), the loop over its
