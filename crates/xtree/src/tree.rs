@@ -20,7 +20,8 @@ use crate::layout::{
 };
 use crate::protocol::{NodeWords, commit, lock, unlock_unchanged};
 use crate::view::{
-    NodeImage, NodeView, SlotValue, ViewError, block_value, check_node_image, encode_block,
+    NodeImage, NodeView, SlotValue, ViewError, block_value, check_head_words, check_node_image,
+    encode_block,
 };
 use dmkv_memnode::{AllocError, NodeRuntime, Region, SizeClassAllocator, SlabAllocator};
 use dmkv_transport::{RegionMem, RemoteRegion, ServiceError};
@@ -865,32 +866,59 @@ impl XTree {
     /// true if the leaf showed the hinted incarnation and held `key`, now
     /// updated; false (the leaf unchanged) otherwise. Not inlined, so that
     /// callgrind counts its calls (its declared work, `cost::HINTED_LEAF`).
+    ///
+    /// Under the leaf's lock no other writer changes the leaf (splits hold
+    /// `structure` exclusive), so the leaf is read in place, word by word
+    /// through [`NodeLines`], not copied: the header and meta (checked as
+    /// `NodeImage::parse_locked` checks them), then, if the incarnation is
+    /// the hinted one, the key words in slot order until `key` is found,
+    /// then its slot word. Only the lines holding those words are touched
+    /// (docs/xtree.md, invariant 13): a stale incarnation reads line 0, a
+    /// leaf without the key its key lines; a write touches every line
+    /// first ([`Self::node_slice`]), as its commit stores every line's
+    /// version word. The change itself is the one `replace_value` commits
+    /// for every write (the version protocol unchanged).
     #[inline(never)]
     fn try_hinted_leaf(&self, key: u64, value: &[u8], hint: LeafRef) -> Result<bool, XTreeError> {
         dmkv_transport::sim::work(cost::HINTED_LEAF);
         self.counters.hinted_leaves.fetch_add(1, Ordering::Relaxed);
-        let nm = self.node_slice(hint.node);
+        let geo = &self.geo;
+        let mut words = NodeLines::new(
+            &self.nodes.mem,
+            self.node_mem(hint.node).base,
+            geo.node_bytes(),
+            RegionMem::touches_counted(),
+        );
+        // Line 0 first: the lock's word.
+        words.load(geo.version_word(0));
+        let nm = NodeSlice(words.words);
         let x = lock(&nm);
-        let mut buf = [0u8; MAX_NODE_BYTES];
-        let img = match self.read_locked_image(hint.node, &mut buf) {
-            Ok(img) => img,
+        let head = check_head_words(
+            geo,
+            words.load(geo.payload_word(Geometry::HDR)),
+            words.load(geo.payload_word(Geometry::META)),
+        );
+        let (header, meta) = match head {
+            Ok(h) => h,
             Err(e) => {
                 unlock_unchanged(&nm, x);
-                return Err(e);
+                return Err(XTreeError::Corrupt(format!("node {}: {e}", hint.node)));
             }
         };
-        if img.level() != 0 {
+        if meta.level != 0 {
             unlock_unchanged(&nm, x);
             return Err(XTreeError::BadRequest(format!(
                 "hint names node {}, an inner node",
                 hint.node
             )));
         }
-        if img.header().incarnation == hint.incarnation
-            && let Some(j) = img.find(key)
+        if header.incarnation == hint.incarnation
+            && let Some(j) =
+                (0..header.count as usize).find(|&j| words.load(geo.payload_word(geo.key(j))) == key)
         {
             dmkv_transport::sim::work(cost::HINTED_WRITE);
-            self.replace_value(&nm, x, img.meta(), j, img.value(j), key, value)?;
+            let old = SlotValue::decode(&meta, j, words.load(geo.payload_word(geo.slot(j))));
+            self.replace_value(&self.node_slice(hint.node), x, meta, j, old, key, value)?;
             return Ok(true);
         }
         unlock_unchanged(&nm, x);
@@ -2062,6 +2090,72 @@ mod tests {
             fewer, probes,
             "every descent reads fewer lines than its nodes have"
         );
+    }
+
+    /// Invariant 13: a hinted leaf attempt (`try_hinted_leaf`) is charged
+    /// the lines holding the words it reads under the leaf's lock and no
+    /// more: a stale incarnation line 0 only, a leaf lacking the key line 0
+    /// and its key lines (three of five for N = 16 when the leaf is full
+    /// enough), a write every line (its commit stores every line's version
+    /// word). Checked to fail with the attempt copying the whole leaf
+    /// (`read_locked_image`, before branch i65): every attempt then took
+    /// all five lines.
+    #[test]
+    fn a_hinted_leaf_attempt_is_charged_the_lines_it_reads() {
+        use dmkv_transport::NodeHost;
+        use dmkv_transport::exec::block_on;
+        use dmkv_transport::sim::{Profile, SimConfig, Simulation};
+        let sim = Simulation::new(SimConfig {
+            profile: Profile::default_profile(),
+            seed: 7,
+            jitter_ns: 0,
+            delays: Default::default(),
+        });
+        let line_ns = sim.profile().memnode.line_ns;
+        assert!(line_ns > 0);
+        let rt = NodeRuntime::new(sim.add_node(1));
+        let t = scrambled_tree(&rt, 16);
+        let geo = t.geometry();
+        let compute = sim.add_node(0);
+        let id = compute.id().0;
+        let ep: dmkv_transport::Endpoint = sim.fabric().endpoint(compute.id()).unwrap();
+        let busy = || -> u64 {
+            sim.resources()
+                .iter()
+                .filter(|r| r.name.starts_with(&format!("node{id} client core")))
+                .map(|r| r.busy_ns)
+                .sum()
+        };
+        let lines_of = |hint: LeafRef, key: u64| -> (bool, u64) {
+            let before = busy();
+            let hit = block_on(ep.charged(async {
+                let _shared = t.structure.read();
+                t.try_hinted_leaf(key, &[7; 8], hint).unwrap()
+            }));
+            (hit, (busy() - before) / line_ns)
+        };
+        let leaves = t.leaves().unwrap();
+        let mut fewer = 0;
+        for l in leaves.iter().step_by(7) {
+            let hint = leaf_ref(l);
+            let c = l.keys.len();
+            assert!(c > 0);
+            let key_lines = (geo.line_of(geo.key(c - 1)) + 1) as u64;
+            let stale = LeafRef {
+                incarnation: next_incarnation(hint.incarnation),
+                ..hint
+            };
+            assert_eq!(lines_of(stale, l.keys[0]), (false, 1), "leaf {}", l.node);
+            let absent = (0..).map(|i| l.keys[0] ^ (1 + i)).find(|k| !l.keys.contains(k));
+            let absent = absent.unwrap();
+            assert_eq!(lines_of(hint, absent), (false, key_lines), "leaf {}", l.node);
+            fewer += u64::from(key_lines < geo.lines() as u64);
+            let last = l.keys[c - 1];
+            assert_eq!(lines_of(hint, last), (true, geo.lines() as u64), "leaf {}", l.node);
+            assert_eq!(t.get(last).unwrap(), Some(vec![7; 8]));
+        }
+        assert!(fewer > 0, "some leaf's miss reads fewer lines than it has");
+        t.check_structure().unwrap();
     }
 
     /// `leaves_covering` declares its work to `sim` per inner node and per
