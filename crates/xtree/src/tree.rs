@@ -97,14 +97,25 @@ pub mod cost {
     /// `modify` 583.5, 882.7.)
     pub const HINTED_BASE: u64 = 132;
     /// One leaf of a position hint tried (`try_hinted_leaf` without the
-    /// write: the leaf's words, its lock, its copy and checks, the key's
-    /// search, the unlock when the leaf lacks the key): 829.3 per call
-    /// less the write below per call (24,916 of 34,194 calls wrote), 656
-    /// (same run).
-    pub const HINTED_LEAF: u64 = 656;
+    /// write: the leaf's words bounds-checked, its lock, its header and
+    /// meta read in place and checked, the key words searched in place, the
+    /// unlock when the leaf lacks the key): 509.6 per call less the write
+    /// below per call (24,916 of 34,194 calls wrote), 303. Branch i65,
+    /// callgrind on `local` with its binary 87f62d6:
+    /// `DMKV=/tmp/i65/dmkv-87f62d6 KEEP=/tmp/i65/cg-xstore
+    /// scripts/instructions-per-op.sh xstore ycsb-a`, differenced as for
+    /// `HINTED_BASE` (which the same run gives again: 831.1 less 699.4
+    /// per update, 132). (Was 656 on branch i63 (829.3 per call), when
+    /// the attempt copied the whole leaf into a zeroed stack buffer: the
+    /// copy and its checks 331.0, the memset 77.0 per call.) The slot
+    /// word's load on a hit is in this figure, not split.
+    pub const HINTED_LEAF: u64 = 303;
     /// The hinted leaf held the key: `replace_value` (the value and the
-    /// commit) from `try_hinted_leaf`, 238.0 per call (same run).
-    pub const HINTED_WRITE: u64 = 238;
+    /// commit) 238.0 and `node_slice` (the leaf's every line, which the
+    /// commit writes) 45.0 per write from `try_hinted_leaf`: 283 (branch
+    /// i65's run above; 238 on branch i63, whose `node_slice` came before
+    /// the lock on every leaf tried and counted in `HINTED_LEAF`).
+    pub const HINTED_WRITE: u64 = 283;
     /// [`XTree::leaves_covering`] (XStore's training and retraining walk),
     /// per inner node it visits: the node's copy and parse
     /// (`read_locked`, 1,224.2 per call from `cover`), the loop over its
