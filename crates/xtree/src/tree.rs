@@ -884,7 +884,7 @@ impl XTree {
     /// `NodeImage::parse_locked` checks them), then, if the incarnation is
     /// the hinted one, the key words in slot order until `key` is found,
     /// then its slot word. Only the lines holding those words are touched
-    /// (docs/xtree.md, invariant 13): a stale incarnation reads line 0, a
+    /// (docs/xtree.md, invariant 11): a stale incarnation reads line 0, a
     /// leaf without the key its key lines; a write touches every line
     /// first ([`Self::node_slice`]), as its commit stores every line's
     /// version word. The change itself is the one `replace_value` commits
@@ -924,8 +924,8 @@ impl XTree {
             )));
         }
         if header.incarnation == hint.incarnation
-            && let Some(j) =
-                (0..header.count as usize).find(|&j| words.load(geo.payload_word(geo.key(j))) == key)
+            && let Some(j) = (0..header.count as usize)
+                .find(|&j| words.load(geo.payload_word(geo.key(j))) == key)
         {
             dmkv_transport::sim::work(cost::HINTED_WRITE);
             let old = SlotValue::decode(&meta, j, words.load(geo.payload_word(geo.slot(j))));
@@ -2103,7 +2103,7 @@ mod tests {
         );
     }
 
-    /// Invariant 13: a hinted leaf attempt (`try_hinted_leaf`) is charged
+    /// Invariant 11: a hinted leaf attempt (`try_hinted_leaf`) is charged
     /// the lines holding the words it reads under the leaf's lock and no
     /// more: a stale incarnation line 0 only, a leaf lacking the key line 0
     /// and its key lines (three of five for N = 16 when the leaf is full
@@ -2157,12 +2157,24 @@ mod tests {
                 ..hint
             };
             assert_eq!(lines_of(stale, l.keys[0]), (false, 1), "leaf {}", l.node);
-            let absent = (0..).map(|i| l.keys[0] ^ (1 + i)).find(|k| !l.keys.contains(k));
+            let absent = (0..)
+                .map(|i| l.keys[0] ^ (1 + i))
+                .find(|k| !l.keys.contains(k));
             let absent = absent.unwrap();
-            assert_eq!(lines_of(hint, absent), (false, key_lines), "leaf {}", l.node);
+            assert_eq!(
+                lines_of(hint, absent),
+                (false, key_lines),
+                "leaf {}",
+                l.node
+            );
             fewer += u64::from(key_lines < geo.lines() as u64);
             let last = l.keys[c - 1];
-            assert_eq!(lines_of(hint, last), (true, geo.lines() as u64), "leaf {}", l.node);
+            assert_eq!(
+                lines_of(hint, last),
+                (true, geo.lines() as u64),
+                "leaf {}",
+                l.node
+            );
             assert_eq!(t.get(last).unwrap(), Some(vec![7; 8]));
         }
         assert!(fewer > 0, "some leaf's miss reads fewer lines than it has");
