@@ -32,7 +32,7 @@ use crate::wire::*;
 use dmkv_api::{Key, KvClient, KvError, Result};
 use dmkv_transport::{Endpoint, WireReader, WireWriter};
 use dmkv_xtree::view::{LeafFind, parse_block, parse_slot_line};
-use dmkv_xtree::{FatPtr, KeysView, Meta, NodeView, SlotValue, ViewError};
+use dmkv_xtree::{FatPtr, KeysView, MAX_HINT_LEAVES, Meta, NodeView, SlotValue, ViewError};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -1071,21 +1071,69 @@ impl Client {
         Box::pin(self.fallback_get(p, key, cause)).await
     }
 
-    /// The position hint for UPDATE (§5.3.1): the leaf the cached model
-    /// predicts, when the cache holds its TT entry (no extra round trip).
-    fn hint(&self, p: &PartClient, key: Key) -> Option<TtEntry> {
+    /// The position hint for UPDATE (§5.3.1): the leaves the cached model
+    /// predicts for `key`, `[s, e]` as a GET would read them (step 1 of
+    /// Fig. 7), when the cache holds their TT entries (no extra round
+    /// trip), written into `out` most likely first: the leaf of the
+    /// predicted position, then the others by their distance (in
+    /// positions) from it, nearer first, the lower on a tie. Of a
+    /// prediction wider than [`MAX_HINT_LEAVES`] leaves, the nearest that
+    /// many are looked at. Invalid entries are left out. Returns how many
+    /// were written (0: no hint).
+    fn hint(&self, p: &PartClient, key: Key, out: &mut [TtEntry; MAX_HINT_LEAVES]) -> usize {
         if !self.sh.cfg.hints {
-            return None;
+            return 0;
         }
-        let g = p.cached_gen()?;
-        let s = g.sub(g.header.route(key))?;
-        if s.tt.is_empty() {
-            return None;
+        let Some(g) = p.cached_gen() else {
+            return 0;
+        };
+        let Some(sub) = g.sub(g.header.route(key)) else {
+            return 0;
+        };
+        let slots = g.header.slots;
+        let Some((s, e)) = sub.record.leaf_range(key, slots) else {
+            return 0;
+        };
+        if sub.tt.is_empty() {
+            return 0;
         }
-        let pos = s.record.position(key).max(0);
-        let n = ((pos / g.header.slots as i64) as u32).min(s.record.tt_len - 1);
-        let e = TtEntry::unpack(s.entry(n));
-        e.valid.then_some(e)
+        let pos = sub.record.position(key).max(0);
+        let n = ((pos / slots as i64) as u32).clamp(s, e);
+        let mut len = 0;
+        let mut push = |l: u32| {
+            let t = TtEntry::unpack(sub.entry(l));
+            if t.valid {
+                out[len] = t;
+                len += 1;
+            }
+        };
+        push(n);
+        // Distance from the predicted position to leaf `l`'s positions
+        // `[l N, (l + 1) N - 1]`.
+        let n_ = slots as i64;
+        let below = |l: u32| pos - ((l as i64 + 1) * n_ - 1);
+        let above = |l: u32| l as i64 * n_ - pos;
+        let (mut lo, mut hi) = (
+            n.checked_sub(1).filter(|&l| l >= s),
+            n.checked_add(1).filter(|&l| l <= e),
+        );
+        // At most MAX_HINT_LEAVES leaves looked at (the nearest), so `len`
+        // stays within `out` and a wide prediction costs no more.
+        for _ in 1..MAX_HINT_LEAVES {
+            let l = match (lo, hi) {
+                (None, None) => break,
+                (Some(l), Some(h)) if below(l) <= above(h) => l,
+                (Some(l), None) => l,
+                (_, Some(h)) => h,
+            };
+            if Some(l) == lo {
+                lo = l.checked_sub(1).filter(|&x| x >= s);
+            } else {
+                hi = l.checked_add(1).filter(|&x| x <= e);
+            }
+            push(l);
+        }
+        len
     }
 
     async fn write_rpc(&self, op: u8, key: Key, value: Option<&[u8]>) -> Result<bool> {
@@ -1096,17 +1144,19 @@ impl Client {
             w.bytes(v);
         }
         let hinted = if op == OP_UPDATE {
-            match self.hint(p, key) {
-                Some(e) => {
-                    ClientStats::bump(&self.stats().hints_sent);
-                    w.u8(1).u32(e.leaf).u32(e.incarnation);
-                    true
-                }
-                None => {
-                    w.u8(0);
-                    false
-                }
+            let mut entries = [TtEntry::unpack(0); MAX_HINT_LEAVES];
+            let n = self.hint(p, key, &mut entries);
+            w.u8(n as u8);
+            for e in &entries[..n] {
+                w.u32(e.leaf).u32(e.incarnation);
             }
+            if n > 0 {
+                ClientStats::bump(&self.stats().hints_sent);
+                self.stats()
+                    .hint_leaves
+                    .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            n > 0
         } else {
             false
         };

@@ -74,6 +74,9 @@ pub struct ClientStats {
     pub generations_installed: AtomicU64,
     pub submodels_installed: AtomicU64,
     pub hints_sent: AtomicU64,
+    /// Leaves named by the hints sent (TT entries, at most
+    /// `MAX_HINT_LEAVES` per hint).
+    pub hint_leaves: AtomicU64,
     pub hints_used: AtomicU64,
     pub scan_leaves: AtomicU64,
     pub scan_rounds: AtomicU64,
@@ -161,7 +164,11 @@ impl ClientStats {
                 "generations_installed": ld(&self.generations_installed),
                 "submodels_installed": ld(&self.submodels_installed),
             },
-            "update_hints": {"sent": ld(&self.hints_sent), "used": ld(&self.hints_used)},
+            "update_hints": {
+                "sent": ld(&self.hints_sent),
+                "leaves": ld(&self.hint_leaves),
+                "used": ld(&self.hints_used),
+            },
             "scan_leaves": ld(&self.scan_leaves),
             "scan_rounds": ld(&self.scan_rounds),
             "scan_partition_crossings": ld(&self.scan_partition_crossings),

@@ -26,8 +26,13 @@ pub const OP_GET: u8 = 1;
 pub const OP_SCAN: u8 = 2;
 /// `key u64 | value bytes` -> `done bool`.
 pub const OP_INSERT: u8 = 3;
-/// `key u64 | value bytes | hint u8 [leaf u32 | incarnation u32]` ->
-/// `updated bool | hint_used bool`.
+/// `key u64 | value bytes | count u8 | (leaf u32 | incarnation u32) *
+/// count` -> `updated bool | hint_used bool`. The position hint is `count`
+/// TT entries (0: no hint), most likely leaf first, at most
+/// [`dmkv_xtree::MAX_HINT_LEAVES`]; a longer one is refused as malformed,
+/// as are entries the tree refuses (`XTree::update_hinted_leaves`). A
+/// one-leaf hint has the bytes of the earlier `flag 1 | leaf |
+/// incarnation`.
 pub const OP_UPDATE: u8 = 4;
 pub const OP_UPSERT: u8 = 5;
 /// `key u64` -> `deleted bool`.

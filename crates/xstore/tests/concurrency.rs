@@ -449,3 +449,90 @@ fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
         assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
     }
 }
+
+/// The UPDATE RPC's position hint on the wire (docs/xstore.md, *Layouts*):
+/// `count u8 | (leaf u32 | incarnation u32) * count`. A two-leaf hint with
+/// the key in the second leaf is used (no traversal: the tree counts it
+/// used, two leaves tried); one whose incarnations are stale falls back to
+/// the traversal and still updates; a hint longer than MAX_HINT_LEAVES, a
+/// count with too few entries, and entries the tree refuses are malformed,
+/// and change nothing. Checked to fail on the code before branch i63,
+/// whose server read the count byte as a flag and refused 2 ("hint flag
+/// 2").
+#[test]
+fn a_hint_of_several_leaves_on_the_wire() {
+    use dmkv_transport::{ErrorCode, OpKind, TransportError, WireWriter, labeled};
+    use dmkv_xstore::wire::{OP_UPDATE, SERVICE};
+    use dmkv_xtree::{LeafRef, MAX_HINT_LEAVES};
+    let dir = temp_dir("hint-wire");
+    let o = serve_owned(&[("slots", "4")], 1, &dir);
+    let (ep, kv) = o.client();
+    let keys: Vec<(u64, Vec<u8>)> = (0..400u64)
+        .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 1, 8)))
+        .collect();
+    block_on(labeled(OpKind::Load, o.engine.load(&ep, &keys))).unwrap();
+    let tree = o.server.tree().clone();
+    let leaves = tree.leaves().unwrap();
+    let r = |i: usize| LeafRef {
+        node: leaves[i].node,
+        incarnation: leaves[i].incarnation,
+    };
+    let node = NodeId(o.args.nodes[0]);
+    let svc = block_on(ep.lookup_service(node, &o.args.name(SERVICE))).unwrap();
+    let update = |key: u64, version: u32, hint: &[LeafRef], extra: usize| {
+        let mut w = WireWriter::new();
+        w.u8(OP_UPDATE).u64(key).bytes(&make_value(key, version, 8));
+        w.u8((hint.len() + extra) as u8);
+        for h in hint {
+            w.u32(h.node).u32(h.incarnation);
+        }
+        block_on(ep.call(node, svc, w.finish())).map(|reply| (reply[0] == 1, reply[1] == 1))
+    };
+    let in_second = leaves[6].keys[0];
+    let before = tree.stats();
+    assert_eq!(
+        update(in_second, 2, &[r(5), r(6)], 0).unwrap(),
+        (true, true)
+    );
+    assert_eq!(
+        tree.stats().hinted_updates_used,
+        before.hinted_updates_used + 1
+    );
+    assert_eq!(tree.hinted_leaves_tried(), 2);
+    // Stale incarnations: the traversal, the value still lands.
+    let stale = |i: usize| LeafRef {
+        incarnation: (r(i).incarnation + 1) & 0xFF_FFFF,
+        ..r(i)
+    };
+    assert_eq!(
+        update(in_second, 3, &[stale(5), stale(6)], 0).unwrap(),
+        (true, false)
+    );
+    // Malformed: too long, fewer entries than the count, refused entries.
+    let many: Vec<LeafRef> = (0..=MAX_HINT_LEAVES).map(r).collect();
+    let dup = [r(5), r(5)];
+    let inc = [LeafRef {
+        incarnation: 1 << 24,
+        ..r(5)
+    }];
+    for (hint, extra, what) in [
+        (&many[..], 0, "of 17 leaves (at most 16)"),
+        (&many[..2], 1, ""),
+        (&dup[..], 0, "twice"),
+        (&inc[..], 0, "24 bits"),
+    ] {
+        match update(in_second, 9, hint, extra) {
+            Err(TransportError::Remote { error, .. }) => {
+                assert_eq!(error.code, ErrorCode::Malformed, "{error:?}");
+                assert!(error.message.contains(what), "{error:?}");
+            }
+            other => panic!("{hint:?} + {extra}: {other:?}"),
+        }
+    }
+    block_on(async {
+        let v = kv.get(in_second).await.unwrap().unwrap();
+        assert_eq!(check_value(in_second, &v), Ok(3));
+    });
+    tree.check_structure().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

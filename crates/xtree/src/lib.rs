@@ -32,7 +32,7 @@ pub mod view;
 pub use config::XTreeConfig;
 pub use layout::{ChildPtr, FatPtr, Geometry, Header, MAX_VALUE_LEN, Meta, RootWord, Span};
 pub use tree::{
-    CoveredLeaf, HintedUpdate, LeafInfo, LeafRef, SplitEvent, SplitHook, TreeStats, XTree,
-    XTreeError,
+    CoveredLeaf, HintedUpdate, LeafInfo, LeafRef, MAX_HINT_LEAVES, SplitEvent, SplitHook,
+    TreeStats, XTree, XTreeError,
 };
 pub use view::{BlockError, ChildLookup, KeysView, LeafFind, NodeView, SlotValue, ViewError};

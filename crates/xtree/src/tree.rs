@@ -20,7 +20,8 @@ use crate::layout::{
 };
 use crate::protocol::{NodeWords, commit, lock, unlock_unchanged};
 use crate::view::{
-    NodeImage, NodeView, SlotValue, ViewError, block_value, check_node_image, encode_block,
+    NodeImage, NodeView, SlotValue, ViewError, block_value, check_head_words, check_node_image,
+    encode_block,
 };
 use dmkv_memnode::{AllocError, NodeRuntime, Region, SizeClassAllocator, SlabAllocator};
 use dmkv_transport::{RegionMem, RemoteRegion, ServiceError};
@@ -81,14 +82,40 @@ pub mod cost {
     /// (`apply_exclusive`, about one insert in eight) is not declared
     /// beyond this: not measured apart.
     pub const LEAF_WRITE: u64 = 945;
-    /// An update's attempt at its hinted leaf (`update_hinted` apart from
-    /// the `modify` it falls back to when the hint is stale: the leaf's
-    /// words, lock, copy, value and commit): XStore's update handler on
-    /// ycsb-a (`DMKV=/tmp/i53/dmkv-b72b7b2 KEEP=/tmp/i53/cg-b72b7b2-xstore
-    /// scripts/instructions-per-op.sh xstore ycsb-a`), `update_hinted`
-    /// 1,445.0 per update less its fallback `modify` calls' 565.2: 880.
-    /// (Was 2,208.)
-    pub const HINTED_ATTEMPT: u64 = 880;
+    /// An update with a position hint, its own part
+    /// ([`XTree::update_hinted_leaves`] less its leaf attempts and its
+    /// fallback `update`: the hint's checks, the counters, the tree lock):
+    /// 1,269.8 per update less `try_hinted_leaf` 1,138.1 per update
+    /// (34,194 calls for 24,916 updates, 2.01 leaves named per hint),
+    /// 132. Branch i63, callgrind on `local` with its binary 73c8f85:
+    /// `DMKV=/tmp/i63/dmkv-wip1 KEEP=/tmp/i63/cg-wip1-xstore
+    /// scripts/instructions-per-op.sh xstore ycsb-a`, differenced over the
+    /// two runs' 24,916 updates (every one hinted and used), inclusive call
+    /// edges. (These three replace `HINTED_ATTEMPT`, 880 per update
+    /// whatever it tried, measured again with main's binary on the same
+    /// command: `update_hinted` 1,466.2 per update less its fallback
+    /// `modify` 583.5, 882.7.)
+    pub const HINTED_BASE: u64 = 132;
+    /// One leaf of a position hint tried (`try_hinted_leaf` without the
+    /// write: the leaf's words bounds-checked, its lock, its header and
+    /// meta read in place and checked, the key words searched in place, the
+    /// unlock when the leaf lacks the key): 509.6 per call less the write
+    /// below per call (24,916 of 34,194 calls wrote), 303. Branch i65,
+    /// callgrind on `local` with its binary 87f62d6:
+    /// `DMKV=/tmp/i65/dmkv-87f62d6 KEEP=/tmp/i65/cg-xstore
+    /// scripts/instructions-per-op.sh xstore ycsb-a`, differenced as for
+    /// `HINTED_BASE` (which the same run gives again: 831.1 less 699.4
+    /// per update, 132). (Was 656 on branch i63 (829.3 per call), when
+    /// the attempt copied the whole leaf into a zeroed stack buffer: the
+    /// copy and its checks 331.0, the memset 77.0 per call.) The slot
+    /// word's load on a hit is in this figure, not split.
+    pub const HINTED_LEAF: u64 = 303;
+    /// The hinted leaf held the key: `replace_value` (the value and the
+    /// commit) 238.0 and `node_slice` (the leaf's every line, which the
+    /// commit writes) 45.0 per write from `try_hinted_leaf`: 283 (branch
+    /// i65's run above; 238 on branch i63, whose `node_slice` came before
+    /// the lock on every leaf tried and counted in `HINTED_LEAF`).
+    pub const HINTED_WRITE: u64 = 283;
     /// [`XTree::leaves_covering`] (XStore's training and retraining walk),
     /// per inner node it visits: the node's copy and parse
     /// (`read_locked`, 1,224.2 per call from `cover`), the loop over its
@@ -142,6 +169,11 @@ impl From<XTreeError> for ServiceError {
 fn exhausted(e: AllocError) -> XTreeError {
     XTreeError::Exhausted(e.to_string())
 }
+
+/// Most leaves a position hint may name ([`XTree::update_hinted_leaves`]
+/// refuses more): the width of XStore's default `max_leaves`, beyond which
+/// its GET does not read the predicted leaves either.
+pub const MAX_HINT_LEAVES: usize = 16;
 
 /// A leaf named by number and the incarnation it had (a position hint, a
 /// lookup result).
@@ -270,6 +302,8 @@ struct Counters {
     inner_splits: AtomicU64,
     hinted: AtomicU64,
     hinted_used: AtomicU64,
+    /// Leaves tried by hinted updates (`try_hinted_leaf` calls).
+    hinted_leaves: AtomicU64,
 }
 
 /// The words of one node in the node region.
@@ -507,6 +541,12 @@ impl XTree {
             hinted_updates: c.hinted.load(Ordering::Relaxed),
             hinted_updates_used: c.hinted_used.load(Ordering::Relaxed),
         }
+    }
+
+    /// Leaves tried by hinted updates so far, over all hints (kept apart
+    /// from [`TreeStats`], whose fields rpc-btree's wire carries).
+    pub fn hinted_leaves_tried(&self) -> u64 {
+        self.counters.hinted_leaves.load(Ordering::Relaxed)
     }
 
     // ---- public operations -------------------------------------------------
@@ -750,66 +790,150 @@ impl XTree {
         Ok(())
     }
 
-    /// UPDATE with a position hint (XStore §5.3.1): if `hint` names a leaf
-    /// of that incarnation holding `key`, update it there without a
-    /// traversal; otherwise traverse. A hint that names no leaf at all is a
-    /// bad request.
+    /// UPDATE with a position hint of one leaf (XStore §5.3.1): if `hint`
+    /// names a leaf of that incarnation holding `key`, update it there
+    /// without a traversal; otherwise traverse. A hint that names no leaf at
+    /// all is a bad request. [`Self::update_hinted_leaves`] with one leaf.
     pub fn update_hinted(
         &self,
         key: u64,
         value: &[u8],
         hint: LeafRef,
     ) -> Result<HintedUpdate, XTreeError> {
-        dmkv_transport::sim::work(cost::HINTED_ATTEMPT);
+        self.update_hinted_leaves(key, value, std::slice::from_ref(&hint))
+    }
+
+    /// UPDATE with a position hint of up to [`MAX_HINT_LEAVES`] leaves
+    /// (XStore §5.3.1: the leaves the client's model predicts for `key`,
+    /// most likely first): each hinted leaf is tried in the order given,
+    /// under the tree lock shared and the leaf's own lock, and the first
+    /// whose image shows the hinted incarnation and holds `key` is updated
+    /// in place, without a traversal; when none does (a stale or wrong
+    /// hint), the update traverses as [`Self::update`] does. A leaf whose
+    /// incarnation differs is never written (its range may have changed
+    /// by a split), and a leaf that lacks the key is left unchanged.
+    ///
+    /// Refused as a bad request before any leaf is tried: an empty hint, a
+    /// hint of more than [`MAX_HINT_LEAVES`] leaves, an entry naming no node
+    /// of this tree or an incarnation wider than 24 bits, the same node
+    /// twice. An entry naming an inner node is refused when it is reached
+    /// (its level is read under its lock); entries after the one that held
+    /// the key are not read.
+    pub fn update_hinted_leaves(
+        &self,
+        key: u64,
+        value: &[u8],
+        hints: &[LeafRef],
+    ) -> Result<HintedUpdate, XTreeError> {
+        dmkv_transport::sim::work(cost::HINTED_BASE);
         check_value(key, value)?;
-        if hint.node == NO_NODE || hint.node > self.high_node.load(Ordering::Acquire) {
+        if hints.is_empty() || hints.len() > MAX_HINT_LEAVES {
             return Err(XTreeError::BadRequest(format!(
-                "hint names node {}, which is not a node of this tree",
-                hint.node
+                "a hint of {} leaves (1..={MAX_HINT_LEAVES})",
+                hints.len()
             )));
         }
-        if hint.incarnation > INCARNATION_MASK {
-            return Err(XTreeError::BadRequest(format!(
-                "hint incarnation {} exceeds 24 bits",
-                hint.incarnation
-            )));
+        let high = self.high_node.load(Ordering::Acquire);
+        for (i, hint) in hints.iter().enumerate() {
+            if hint.node == NO_NODE || hint.node > high {
+                return Err(XTreeError::BadRequest(format!(
+                    "hint names node {}, which is not a node of this tree",
+                    hint.node
+                )));
+            }
+            if hint.incarnation > INCARNATION_MASK {
+                return Err(XTreeError::BadRequest(format!(
+                    "hint incarnation {} exceeds 24 bits",
+                    hint.incarnation
+                )));
+            }
+            if hints[..i].iter().any(|h| h.node == hint.node) {
+                return Err(XTreeError::BadRequest(format!(
+                    "hint names node {} twice",
+                    hint.node
+                )));
+            }
         }
         self.counters.hinted.fetch_add(1, Ordering::Relaxed);
         {
             let _shared = self.structure.read();
-            let nm = self.node_slice(hint.node);
-            let x = lock(&nm);
-            let mut buf = [0u8; MAX_NODE_BYTES];
-            let img = match self.read_locked_image(hint.node, &mut buf) {
-                Ok(img) => img,
-                Err(e) => {
-                    unlock_unchanged(&nm, x);
-                    return Err(e);
+            for hint in hints {
+                if self.try_hinted_leaf(key, value, *hint)? {
+                    self.counters.hinted_used.fetch_add(1, Ordering::Relaxed);
+                    return Ok(HintedUpdate {
+                        updated: true,
+                        hint_used: true,
+                    });
                 }
-            };
-            if img.level() != 0 {
-                unlock_unchanged(&nm, x);
-                return Err(XTreeError::BadRequest(format!(
-                    "hint names node {}, an inner node",
-                    hint.node
-                )));
             }
-            if img.header().incarnation == hint.incarnation
-                && let Some(j) = img.find(key)
-            {
-                self.replace_value(&nm, x, img.meta(), j, img.value(j), key, value)?;
-                self.counters.hinted_used.fetch_add(1, Ordering::Relaxed);
-                return Ok(HintedUpdate {
-                    updated: true,
-                    hint_used: true,
-                });
-            }
-            unlock_unchanged(&nm, x);
         }
         Ok(HintedUpdate {
             updated: self.update(key, value)?,
             hint_used: false,
         })
+    }
+
+    /// One leaf of a position hint (the caller holds `structure` shared):
+    /// true if the leaf showed the hinted incarnation and held `key`, now
+    /// updated; false (the leaf unchanged) otherwise. Not inlined, so that
+    /// callgrind counts its calls (its declared work, `cost::HINTED_LEAF`).
+    ///
+    /// Under the leaf's lock no other writer changes the leaf (splits hold
+    /// `structure` exclusive), so the leaf is read in place, word by word
+    /// through [`NodeLines`], not copied: the header and meta (checked as
+    /// `NodeImage::parse_locked` checks them), then, if the incarnation is
+    /// the hinted one, the key words in slot order until `key` is found,
+    /// then its slot word. Only the lines holding those words are touched
+    /// (docs/xtree.md, invariant 11): a stale incarnation reads line 0, a
+    /// leaf without the key its key lines; a write touches every line
+    /// first ([`Self::node_slice`]), as its commit stores every line's
+    /// version word. The change itself is the one `replace_value` commits
+    /// for every write (the version protocol unchanged).
+    #[inline(never)]
+    fn try_hinted_leaf(&self, key: u64, value: &[u8], hint: LeafRef) -> Result<bool, XTreeError> {
+        dmkv_transport::sim::work(cost::HINTED_LEAF);
+        self.counters.hinted_leaves.fetch_add(1, Ordering::Relaxed);
+        let geo = &self.geo;
+        let mut words = NodeLines::new(
+            &self.nodes.mem,
+            self.node_mem(hint.node).base,
+            geo.node_bytes(),
+            RegionMem::touches_counted(),
+        );
+        // Line 0 first: the lock's word.
+        words.load(geo.version_word(0));
+        let nm = NodeSlice(words.words);
+        let x = lock(&nm);
+        let head = check_head_words(
+            geo,
+            words.load(geo.payload_word(Geometry::HDR)),
+            words.load(geo.payload_word(Geometry::META)),
+        );
+        let (header, meta) = match head {
+            Ok(h) => h,
+            Err(e) => {
+                unlock_unchanged(&nm, x);
+                return Err(XTreeError::Corrupt(format!("node {}: {e}", hint.node)));
+            }
+        };
+        if meta.level != 0 {
+            unlock_unchanged(&nm, x);
+            return Err(XTreeError::BadRequest(format!(
+                "hint names node {}, an inner node",
+                hint.node
+            )));
+        }
+        if header.incarnation == hint.incarnation
+            && let Some(j) = (0..header.count as usize)
+                .find(|&j| words.load(geo.payload_word(geo.key(j))) == key)
+        {
+            dmkv_transport::sim::work(cost::HINTED_WRITE);
+            let old = SlotValue::decode(&meta, j, words.load(geo.payload_word(geo.slot(j))));
+            self.replace_value(&self.node_slice(hint.node), x, meta, j, old, key, value)?;
+            return Ok(true);
+        }
+        unlock_unchanged(&nm, x);
+        Ok(false)
     }
 
     /// Checks every structural invariant of docs/xtree.md on a quiescent
@@ -1488,6 +1612,8 @@ impl XTree {
         // Nothing in the walk can switch metering on or off (it neither
         // waits nor yields).
         let counted = RegionMem::touches_counted();
+        #[cfg(test)]
+        tests::DESCENTS.with(|d| d.set(d.get() + 1));
         loop {
             let mut words = NodeLines::new(
                 &self.nodes.mem,
@@ -1665,6 +1791,137 @@ mod tests {
     use super::*;
     use crate::layout::MAX_SLOTS;
     use dmkv_transport::local::{LocalCluster, LocalConfig};
+
+    thread_local! {
+        /// Descents from the root (`walk_lines` calls) on this thread: the
+        /// tests' traversal counter.
+        pub(super) static DESCENTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    fn descents() -> u64 {
+        DESCENTS.with(|d| d.get())
+    }
+
+    fn leaf_ref(l: &LeafInfo) -> LeafRef {
+        LeafRef {
+            node: l.node,
+            incarnation: l.incarnation,
+        }
+    }
+
+    /// A position hint of several leaves (XStore §5.3.1, branch i63): the
+    /// leaves are tried in the order given and the one holding the key is
+    /// written without a descent from the root (counted); a key in none of
+    /// them, or a leaf whose incarnation is stale, costs one descent (the
+    /// fallback) and the stale leaf is not written; malformed hints are
+    /// refused before any leaf is tried (an inner node when it is reached),
+    /// changing nothing. Checked to fail with `update_hinted_leaves` trying
+    /// only the first leaf (the one-leaf hint before this branch): the key
+    /// in the second leaf then took a descent.
+    #[test]
+    fn a_hint_of_several_leaves_is_served_without_a_traversal() {
+        let c = LocalCluster::new(LocalConfig::default());
+        let rt = NodeRuntime::new(c.add_node(1));
+        let cfg = XTreeConfig::sized_for(1_000, 16, 4).unwrap();
+        let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+        for k in 0..40u64 {
+            t.insert(k * 10, &[1; 8]).unwrap();
+        }
+        let leaves = t.leaves().unwrap();
+        assert!(leaves.len() >= 5, "{}", leaves.len());
+        let (a, b) = (leaf_ref(&leaves[1]), leaf_ref(&leaves[2]));
+        let in_b = leaves[2].keys[0];
+        // The key in the second leaf: two leaves tried, no descent.
+        let d0 = descents();
+        let u = t.update_hinted_leaves(in_b, &[2; 8], &[a, b]).unwrap();
+        assert_eq!(
+            (u.updated, u.hint_used, descents() - d0),
+            (true, true, 0),
+            "{u:?}"
+        );
+        assert_eq!(t.hinted_leaves_tried(), 2);
+        assert_eq!(t.get(in_b).unwrap(), Some(vec![2; 8]));
+        // In the first: one leaf tried, the second not read.
+        let in_a = leaves[1].keys[1];
+        let d0 = descents();
+        let u = t.update_hinted_leaves(in_a, &[2; 8], &[a, b]).unwrap();
+        assert_eq!((u.hint_used, descents() - d0), (true, 0));
+        assert_eq!(t.hinted_leaves_tried(), 3);
+        // In neither (present elsewhere, and absent): both tried, then one
+        // descent.
+        for (k, present) in [(leaves[0].keys[0], true), (in_b + 1, false)] {
+            let d0 = descents();
+            let u = t.update_hinted_leaves(k, &[3; 8], &[a, b]).unwrap();
+            assert_eq!((u.updated, u.hint_used), (present, false), "key {k}");
+            assert_eq!(descents() - d0, 1, "key {k}");
+        }
+        assert_eq!(t.get(leaves[0].keys[0]).unwrap(), Some(vec![3; 8]));
+        assert_eq!(t.get(in_b + 1).unwrap(), None);
+        // Split the second leaf: its incarnation moves on, so the hint is
+        // stale; the update traverses and lands in the key's leaf now.
+        let mut k = in_b + 1;
+        while t.find_leaf(in_b).unwrap() == b {
+            t.insert(k, &[1; 8]).unwrap();
+            k += 1;
+        }
+        let d0 = descents();
+        let u = t.update_hinted_leaves(in_b, &[4; 8], &[a, b]).unwrap();
+        assert_eq!((u.updated, u.hint_used, descents() - d0), (true, false, 1));
+        assert_eq!(t.get(in_b).unwrap(), Some(vec![4; 8]));
+        t.check_structure().unwrap();
+        // Malformed hints: refused before any leaf is tried, nothing written.
+        let tried = t.hinted_leaves_tried();
+        let stats = t.stats();
+        let many: Vec<LeafRef> = (1..=MAX_HINT_LEAVES as u32 + 1)
+            .map(|node| LeafRef {
+                node,
+                incarnation: 0,
+            })
+            .collect();
+        let bad: [&[LeafRef]; 6] = [
+            &[],
+            &many,
+            &[a, a],
+            &[
+                a,
+                LeafRef {
+                    node: 0,
+                    incarnation: 0,
+                },
+            ],
+            &[
+                a,
+                LeafRef {
+                    node: 1_000_000,
+                    incarnation: 0,
+                },
+            ],
+            &[
+                a,
+                LeafRef {
+                    node: b.node,
+                    incarnation: 1 << 24,
+                },
+            ],
+        ];
+        for h in bad {
+            let e = t.update_hinted_leaves(in_a, &[9; 8], h);
+            assert!(matches!(e, Err(XTreeError::BadRequest(_))), "{h:?}: {e:?}");
+        }
+        assert_eq!(t.hinted_leaves_tried(), tried);
+        assert_eq!(t.stats(), stats);
+        // An inner node is refused when it is reached (after a leaf that
+        // lacks the key), and nothing is written.
+        let root = LeafRef {
+            node: t.root().node,
+            incarnation: 0,
+        };
+        let e = t.update_hinted_leaves(leaves[0].keys[0], &[9; 8], &[a, root]);
+        assert!(matches!(e, Err(XTreeError::BadRequest(m)) if m.contains("inner node")));
+        assert_eq!(t.get(leaves[0].keys[0]).unwrap(), Some(vec![3; 8]));
+        assert_eq!(t.get(in_a).unwrap(), Some(vec![2; 8]));
+        t.check_structure().unwrap();
+    }
 
     #[test]
     fn the_largest_node_fits_a_snapshot() {
@@ -1846,6 +2103,84 @@ mod tests {
         );
     }
 
+    /// Invariant 11: a hinted leaf attempt (`try_hinted_leaf`) is charged
+    /// the lines holding the words it reads under the leaf's lock and no
+    /// more: a stale incarnation line 0 only, a leaf lacking the key line 0
+    /// and its key lines (three of five for N = 16 when the leaf is full
+    /// enough), a write every line (its commit stores every line's version
+    /// word). Checked to fail with the attempt copying the whole leaf
+    /// (`read_locked_image`, before branch i65): every attempt then took
+    /// all five lines.
+    #[test]
+    fn a_hinted_leaf_attempt_is_charged_the_lines_it_reads() {
+        use dmkv_transport::NodeHost;
+        use dmkv_transport::exec::block_on;
+        use dmkv_transport::sim::{Profile, SimConfig, Simulation};
+        let sim = Simulation::new(SimConfig {
+            profile: Profile::default_profile(),
+            seed: 7,
+            jitter_ns: 0,
+            delays: Default::default(),
+        });
+        let line_ns = sim.profile().memnode.line_ns;
+        assert!(line_ns > 0);
+        let rt = NodeRuntime::new(sim.add_node(1));
+        let t = scrambled_tree(&rt, 16);
+        let geo = t.geometry();
+        let compute = sim.add_node(0);
+        let id = compute.id().0;
+        let ep: dmkv_transport::Endpoint = sim.fabric().endpoint(compute.id()).unwrap();
+        let busy = || -> u64 {
+            sim.resources()
+                .iter()
+                .filter(|r| r.name.starts_with(&format!("node{id} client core")))
+                .map(|r| r.busy_ns)
+                .sum()
+        };
+        let lines_of = |hint: LeafRef, key: u64| -> (bool, u64) {
+            let before = busy();
+            let hit = block_on(ep.charged(async {
+                let _shared = t.structure.read();
+                t.try_hinted_leaf(key, &[7; 8], hint).unwrap()
+            }));
+            (hit, (busy() - before) / line_ns)
+        };
+        let leaves = t.leaves().unwrap();
+        let mut fewer = 0;
+        for l in leaves.iter().step_by(7) {
+            let hint = leaf_ref(l);
+            let c = l.keys.len();
+            assert!(c > 0);
+            let key_lines = (geo.line_of(geo.key(c - 1)) + 1) as u64;
+            let stale = LeafRef {
+                incarnation: next_incarnation(hint.incarnation),
+                ..hint
+            };
+            assert_eq!(lines_of(stale, l.keys[0]), (false, 1), "leaf {}", l.node);
+            let absent = (0..)
+                .map(|i| l.keys[0] ^ (1 + i))
+                .find(|k| !l.keys.contains(k));
+            let absent = absent.unwrap();
+            assert_eq!(
+                lines_of(hint, absent),
+                (false, key_lines),
+                "leaf {}",
+                l.node
+            );
+            fewer += u64::from(key_lines < geo.lines() as u64);
+            let last = l.keys[c - 1];
+            assert_eq!(
+                lines_of(hint, last),
+                (true, geo.lines() as u64),
+                "leaf {}",
+                l.node
+            );
+            assert_eq!(t.get(last).unwrap(), Some(vec![7; 8]));
+        }
+        assert!(fewer > 0, "some leaf's miss reads fewer lines than it has");
+        t.check_structure().unwrap();
+    }
+
     /// `leaves_covering` declares its work to `sim` per inner node and per
     /// leaf it visits (`COVER_INNER`; `COVER_LEAF` and the leaf's read,
     /// `LEAF_READ_PARSED`): run as a memory-node worker job over the whole
@@ -1896,6 +2231,67 @@ mod tests {
             stats.inner_nodes * cost::COVER_INNER
                 + stats.leaves * (cost::COVER_LEAF + cost::LEAF_READ_PARSED)
         );
+    }
+
+    /// A hinted update declares its own part, each leaf it tries and, at
+    /// the leaf that holds the key, the write (`HINTED_BASE`,
+    /// `HINTED_LEAF`, `HINTED_WRITE`); one whose leaves all miss declares
+    /// the leaves tried and then what a plain update declares. Run as
+    /// memory-node worker jobs. Before branch i63 every hinted update
+    /// declared one `HINTED_ATTEMPT` (880) however many leaves it tried:
+    /// this fails on that code.
+    #[test]
+    fn a_hinted_update_declares_each_leaf_it_tries() {
+        use dmkv_transport::exec::block_on;
+        use dmkv_transport::sim::{Profile, SimConfig, SimCores, Simulation};
+        use std::cell::Cell;
+        use std::rc::Rc;
+        let profile = Profile::parse(dmkv_transport::sim::profile::SHIPPED[0].1).unwrap();
+        let sim = Simulation::new(SimConfig {
+            profile,
+            seed: 7,
+            jitter_ns: 0,
+            delays: Default::default(),
+        });
+        let rt = NodeRuntime::new(sim.add_node(1));
+        let t = scrambled_tree(&rt, 16);
+        let leaves = t.leaves().unwrap();
+        let (a, b) = (leaf_ref(&leaves[3]), leaf_ref(&leaves[4]));
+        let (in_b, elsewhere) = (leaves[4].keys[0], leaves[9].keys[0]);
+        let cores = SimCores::new("worker", 1).unwrap();
+        // The instructions one job declares; the job must return true.
+        let job = |f: Box<dyn FnOnce() -> bool>| -> u64 {
+            let before = sim.declared_instructions();
+            let out = Rc::new(Cell::new(None));
+            let o = out.clone();
+            cores.submit(Box::new(move || o.set(Some(f()))), Box::new(|_| {}));
+            block_on(async {
+                while out.get().is_none() {
+                    dmkv_transport::exec::sleep(std::time::Duration::from_micros(1)).await;
+                }
+            });
+            assert_eq!(out.get(), Some(true));
+            sim.declared_instructions() - before
+        };
+        let tr = t.clone();
+        let hit_second = job(Box::new(move || {
+            let u = tr.update_hinted_leaves(in_b, &[2; 8], &[a, b]).unwrap();
+            u.hint_used
+        }));
+        assert_eq!(
+            hit_second,
+            cost::HINTED_BASE + 2 * cost::HINTED_LEAF + cost::HINTED_WRITE
+        );
+        let tr = t.clone();
+        let plain = job(Box::new(move || tr.update(elsewhere, &[3; 8]).unwrap()));
+        let tr = t.clone();
+        let missed = job(Box::new(move || {
+            let u = tr
+                .update_hinted_leaves(elsewhere, &[4; 8], &[a, b])
+                .unwrap();
+            u.updated && !u.hint_used
+        }));
+        assert_eq!(missed, cost::HINTED_BASE + 2 * cost::HINTED_LEAF + plain);
     }
 
     /// The in-place walk takes the same path as parsing every inner node,

@@ -58,9 +58,22 @@ fn malformed(s: impl Into<String>) -> ViewError {
 /// has children and no out-of-line bits. Shared by the parsing views and
 /// the in-place lookups so that both refuse exactly the same images.
 fn check_head(geo: &Geometry, bytes: &[u8]) -> Result<(Header, Meta), ViewError> {
-    let header = Header::unpack(word_at(bytes, geo.payload_offset(Geometry::HDR)));
-    let meta = Meta::unpack(word_at(bytes, geo.payload_offset(Geometry::META)))
-        .ok_or_else(|| malformed("reserved bits set in meta"))?;
+    check_head_words(
+        geo,
+        word_at(bytes, geo.payload_offset(Geometry::HDR)),
+        word_at(bytes, geo.payload_offset(Geometry::META)),
+    )
+}
+
+/// [`check_head`] on the header and meta words themselves (the hinted
+/// update reads them in place, under the leaf's lock).
+pub(crate) fn check_head_words(
+    geo: &Geometry,
+    hdr: u64,
+    meta: u64,
+) -> Result<(Header, Meta), ViewError> {
+    let header = Header::unpack(hdr);
+    let meta = Meta::unpack(meta).ok_or_else(|| malformed("reserved bits set in meta"))?;
     let count = header.count as usize;
     if count > geo.slots() {
         return Err(malformed(format!(
