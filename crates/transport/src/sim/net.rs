@@ -965,14 +965,7 @@ fn send_with(
 /// of the message's NIC time (a verb's response, a reply): when the
 /// receiving NIC of `lane` is through with it.
 #[inline(always)]
-fn send_and_receive(
-    sim: &Sim,
-    from: NodeId,
-    to: NodeId,
-    at: u64,
-    payload: u64,
-    lane: u32,
-) -> u64 {
+fn send_and_receive(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let mut guard = sim.net.borrow_mut();
     let net = &mut *guard;
@@ -1496,13 +1489,8 @@ fn arrive_verb(sim: &Rc<Sim>, state: BatchRef, i: usize) {
                 read_now(sim, state, i, read)
             } else {
                 state.borrow_mut().slots[i].read = Some(read);
-                sim.sched.net_at(
-                    start,
-                    NetEvent::Read {
-                        state,
-                        i: i as u32,
-                    },
-                )
+                sim.sched
+                    .net_at(start, NetEvent::Read { state, i: i as u32 })
             }
         }
         VerbKind::Write(len) => {
@@ -2246,7 +2234,10 @@ mod tests {
     fn send_and_receive_is_send_then_receive() {
         use super::{receive_message_at, resources, send_and_receive, send_message};
         use crate::backend::NodeHost;
-        fn run(fused: bool) -> (Vec<u64>, Vec<(u64, u64, u64)>, u64, u64) {
+        /// Per message its instant; per resource busy time, count and
+        /// bytes; messages overtaken; the generator's next draw.
+        type Outcome = (Vec<u64>, Vec<(u64, u64, u64)>, u64, u64);
+        fn run(fused: bool) -> Outcome {
             let mut profile = Profile::default_profile();
             profile.network.nics = 2;
             let simulation = Simulation::new(SimConfig {
