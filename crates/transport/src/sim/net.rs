@@ -1290,8 +1290,8 @@ fn at_or_now(sim: &Sim, at: u64, f: impl FnOnce() + 'static) {
 /// event).
 pub(crate) enum NetEvent {
     /// Verb `i` of a batch reaches its memory node (`arrive_verb`).
-    /// (The index is a `u32`, branch i61: the event is then 16 bytes and
-    /// the scheduler's `Event` 24, its queue node one cache line.)
+    /// (The index is a `u32`, branch i61: this event is 16 bytes instead
+    /// of 24; the scheduler's `Event` is 24 either way, its queue node 64.)
     Arrive { state: BatchRef, i: u32 },
     /// Read `i` of a batch has its turn at the memory (`read_now`; its
     /// state is the verb's `PendingRead`).

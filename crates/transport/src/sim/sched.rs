@@ -1039,8 +1039,8 @@ mod tests {
     }
 
     /// An event is 24 bytes and its node in the event queue 64, one cache
-    /// line (branch i61: the network events' verb index is a `u32`; with a
-    /// `usize` they were 32 and 80).
+    /// line (branch i61; they were already, through the layout's niches:
+    /// this guards them against a larger event variant).
     #[test]
     fn an_event_and_its_queue_node_fit_a_cache_line() {
         assert!(std::mem::size_of::<Event>() <= 24);
