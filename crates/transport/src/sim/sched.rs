@@ -214,8 +214,9 @@ impl<T> Default for EventQueue<T> {
 }
 
 impl<T> EventQueue<T> {
-    /// Queues `item` due at `at` with order (`tie`, `seq`).
-    #[inline]
+    /// Queues `item` due at `at` with order (`tie`, `seq`). (Always
+    /// inlined into `Sched::schedule`, branch i61.)
+    #[inline(always)]
     fn push(&mut self, at: u64, tie: u64, seq: u64, item: T) {
         let slot = match self.free.pop() {
             Some(slot) => slot,
