@@ -107,19 +107,16 @@ impl Calendar {
 
     /// Reserves `[start, start + len)` for the earliest `start >= at` that
     /// fits (invariant 1) and returns `start`.
-    #[inline(always)]
+    #[inline]
     fn place(&mut self, now: u64, at: u64, len: u64) -> u64 {
         // Invariant 3: nothing can be placed before min(now, at) again.
         let horizon = now.min(at);
-        // The intervals that ended by then, counted over the held slice
-        // (branch i61: one bounds check per interval instead of two, and
-        // the call inlined into the message paths).
-        let dead = self.busy[self.head..]
-            .iter()
-            .take_while(|&&(_, e)| e <= horizon)
-            .count();
-        if dead != 0 {
-            self.head = compact(&mut self.busy, self.head + dead);
+        let mut head = self.head;
+        while head < self.busy.len() && self.busy[head].1 <= horizon {
+            head += 1;
+        }
+        if head != self.head {
+            self.head = compact(&mut self.busy, head);
         }
         // The common case: after everything reserved so far (O(1)).
         match self.busy.last_mut() {
@@ -241,9 +238,8 @@ pub(crate) struct PairOrder {
 
 impl PairOrder {
     /// A message posted at `at` (`>= now`) that would arrive at `arrive`
-    /// on its own: when it arrives in posting order. (Always inlined into
-    /// the message path, branch i61.)
-    #[inline(always)]
+    /// on its own: when it arrives in posting order.
+    #[inline]
     pub(crate) fn place(&mut self, now: u64, at: u64, arrive: u64) -> u64 {
         let horizon = now.min(at);
         let mut head = self.head;

@@ -925,32 +925,13 @@ impl NodeModel {
 
 /// When a message sent at `at` from `from` arrives at `to`, through the
 /// sender's NIC of `lane` and the wire (jitter included; invariant 1 kept).
-/// (Always inlined, branch i61: out of line, its call cost ~25
-/// instructions per message; the same for the two below.)
-#[inline(always)]
+#[inline]
 fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
-    let mut net = sim.net.borrow_mut();
-    send_with(sim, &mut net, from, to, at, payload, service, lane)
-}
-
-/// [`send_message`] with the model borrowed and the message's NIC time
-/// known (`service`, [`nic_ns`] of `payload`).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn send_with(
-    sim: &Sim,
-    net: &mut Net,
-    from: NodeId,
-    to: NodeId,
-    at: u64,
-    payload: u64,
-    service: u64,
-    lane: u32,
-) -> u64 {
     let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
     let now = sim.sched.now();
     debug_assert!(at >= now, "a message posted in the past");
+    let mut net = sim.net.borrow_mut();
     let wire_bytes = payload + sim.profile.network.header_bytes;
     let sent = net.nodes[from.0 as usize]
         .nic(lane)
@@ -960,32 +941,14 @@ fn send_with(
     net.arrivals.get_mut(from, to).place(now, at, arrive)
 }
 
-/// [`send_message`] then [`receive_message_at`] for the instant it
-/// arrives, in that order, with one borrow of the model and one look-up
-/// of the message's NIC time (a verb's response, a reply): when the
-/// receiving NIC of `lane` is through with it.
-#[inline(always)]
-fn send_and_receive(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
-    let service = nic_ns(sim, payload);
-    let mut guard = sim.net.borrow_mut();
-    let net = &mut *guard;
-    let arrive = send_with(sim, net, from, to, at, payload, service, lane);
-    let wire_bytes = payload + sim.profile.network.header_bytes;
-    net.nodes[to.0 as usize]
-        .nic(lane)
-        .rx
-        .occupy(sim.sched.now(), arrive, service, wire_bytes)
-}
-
 /// The receiving NIC of `lane` takes a message that arrived now; returns
-/// when it is through. (Always inlined, branch i61: a verb's arrival.)
-#[inline(always)]
+/// when it is through.
 fn receive_message(sim: &Sim, to: NodeId, payload: u64, lane: u32) -> u64 {
     receive_message_at(sim, to, payload, sim.sched.now(), lane)
 }
 
 /// The receiving NIC of `lane` takes a message arriving at `at`.
-#[inline(always)]
+#[inline]
 fn receive_message_at(sim: &Sim, to: NodeId, payload: u64, at: u64, lane: u32) -> u64 {
     let service = nic_ns(sim, payload);
     let wire_bytes = payload + sim.profile.network.header_bytes;
@@ -1111,10 +1074,6 @@ impl EpShared {
                 // of the whole inline arrays).
                 {
                     let mut st = state.borrow_mut();
-                    // (A swap of the two lists copies both whole inline
-                    // arrays, ~56 instructions per batch; moving the verbs
-                    // one by one with `extend(drain(..))` cost ~160,
-                    // callgrind, branch i61.)
                     st.verbs.clear();
                     std::mem::swap(&mut st.verbs, verbs);
                     st.slots.clear();
@@ -1291,12 +1250,10 @@ fn at_or_now(sim: &Sim, at: u64, f: impl FnOnce() + 'static) {
 /// event).
 pub(crate) enum NetEvent {
     /// Verb `i` of a batch reaches its memory node (`arrive_verb`).
-    /// (The index is a `u32`, branch i61: this event is 16 bytes instead
-    /// of 24; the scheduler's `Event` is 24 either way, its queue node 64.)
-    Arrive { state: BatchRef, i: u32 },
+    Arrive { state: BatchRef, i: usize },
     /// Read `i` of a batch has its turn at the memory (`read_now`; its
     /// state is the verb's `PendingRead`).
-    Read { state: BatchRef, i: u32 },
+    Read { state: BatchRef, i: usize },
     /// A batch's last response is through the client's NIC.
     BatchDone { state: BatchRef },
     /// An RPC's reply is through the caller's NIC (the reply waits in the
@@ -1307,9 +1264,8 @@ pub(crate) enum NetEvent {
 impl NetEvent {
     pub(crate) fn run(self, sim: &Rc<Sim>) {
         match self {
-            NetEvent::Arrive { state, i } => arrive_verb(sim, state, i as usize),
+            NetEvent::Arrive { state, i } => arrive_verb(sim, state, i),
             NetEvent::Read { state, i } => {
-                let i = i as usize;
                 let read = state.borrow_mut().slots[i]
                     .read
                     .take()
@@ -1490,8 +1446,7 @@ fn arrive_verb(sim: &Rc<Sim>, state: BatchRef, i: usize) {
                 read_now(sim, state, i, read)
             } else {
                 state.borrow_mut().slots[i].read = Some(read);
-                sim.sched
-                    .net_at(start, NetEvent::Read { state, i: i as u32 })
+                sim.sched.net_at(start, NetEvent::Read { state, i })
             }
         }
         VerbKind::Write(len) => {
@@ -1668,10 +1623,11 @@ fn respond(
         st.slots[i].result = Some(result);
         (st.node, st.lane)
     };
+    let arrive = send_message(sim, dst, node, at, back_bytes, lane);
     // The client's NIC takes the response when it arrives; it is reserved
     // now, ahead of that instant, which saves an event per verb: its
     // calendar serves it in virtual-time order all the same (invariant 2).
-    let done = send_and_receive(sim, dst, node, at, back_bytes, lane);
+    let done = receive_message_at(sim, node, back_bytes, arrive, lane);
     let finished = {
         let mut st = state.borrow_mut();
         st.left -= 1;
@@ -1702,8 +1658,10 @@ pub(crate) fn write_posted(
     // Not the poster's memory: no cache lines are charged to its core.
     with_metering(0, || mem.write(addr.offset, data)).map_err(|e| e.at(addr))?;
     let len = data.len() as u64;
-    let landed = send_and_receive(sim, from, addr.node, sim.sched.now(), len, 0);
-    Ok(send_and_receive(sim, addr.node, from, landed, 0, 0))
+    let arrive = send_message(sim, from, addr.node, sim.sched.now(), len, 0);
+    let landed = receive_message_at(sim, addr.node, len, arrive, 0);
+    let back = send_message(sim, addr.node, from, landed, 0, 0);
+    Ok(receive_message_at(sim, from, 0, back, 0))
 }
 
 /// What event closures need of an endpoint (it cannot be borrowed by them).
@@ -1741,7 +1699,6 @@ impl EndpointBackend for SimEndpoint {
         // index.
         let state = ep.batch_state(verbs);
         let n = state.borrow().verbs.len();
-        assert!(u32::try_from(n).is_ok(), "a batch of fewer than 2^32 verbs");
         // Posting costs the core; then the verbs leave back to back.
         let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns * n as u64);
         for i in 0..n {
@@ -1775,8 +1732,7 @@ impl EndpointBackend for SimEndpoint {
                 arrive,
                 NetEvent::Arrive {
                     state: state.clone(),
-                    // In range: checked against `n` above.
-                    i: i as u32,
+                    i,
                 },
             );
         }
@@ -1979,8 +1935,9 @@ fn send_reply(sim: &Rc<Sim>, id: u64, reply: Reply, at: u64) {
         return;
     };
     let bytes = reply.result.as_ref().map_or(0, |p| p.len() as u64);
-    let t = send_and_receive(sim, route.from, route.to, at, bytes, route.lane);
+    let arrive = send_message(sim, route.from, route.to, at, bytes, route.lane);
     let done = route.done;
+    let t = receive_message_at(sim, route.to, bytes, arrive, route.lane);
     done.stage(Ok(reply));
     sim.sched.net_at(t, NetEvent::Reply { done });
 }
@@ -2223,61 +2180,6 @@ mod tests {
         }
         drop(sim);
         drop(simulation);
-    }
-
-    /// `send_and_receive` (one borrow of the model, branch i61) gives what
-    /// `send_message` then `receive_message_at` give, message by message,
-    /// and leaves the NICs' calendars, the node pairs' arrival order and
-    /// the seeded generator where they leave them: jittered messages both
-    /// ways on several lanes, posted now and ahead, with virtual time
-    /// moving between them.
-    #[test]
-    fn send_and_receive_is_send_then_receive() {
-        use super::{receive_message_at, resources, send_and_receive, send_message};
-        use crate::backend::NodeHost;
-        /// Per message its instant; per resource busy time, count and
-        /// bytes; messages overtaken; the generator's next draw.
-        type Outcome = (Vec<u64>, Vec<(u64, u64, u64)>, u64, u64);
-        fn run(fused: bool) -> Outcome {
-            let mut profile = Profile::default_profile();
-            profile.network.nics = 2;
-            let simulation = Simulation::new(SimConfig {
-                profile,
-                seed: 7,
-                jitter_ns: 250,
-                delays: Default::default(),
-            });
-            let (a, b) = (simulation.add_node(1).id(), simulation.add_node(1).id());
-            let sim = current().expect("in a simulation");
-            let mut rng = SmallRng::seed_from_u64(3);
-            let mut out = Vec::new();
-            for k in 0..2000 {
-                if k % 40 == 39 {
-                    let t = sim.sched.now() + rng.gen_range(0..3000);
-                    crate::exec::block_on(sleep_until_ns(t));
-                }
-                let (from, to) = if rng.gen_bool(0.5) { (a, b) } else { (b, a) };
-                let at = sim.sched.now() + rng.gen_range(0..2000);
-                let payload = rng.gen_range(0..5000);
-                let lane = rng.gen_range(0..3);
-                out.push(if fused {
-                    send_and_receive(&sim, from, to, at, payload, lane)
-                } else {
-                    let arrive = send_message(&sim, from, to, at, payload, lane);
-                    receive_message_at(&sim, to, payload, arrive, lane)
-                });
-            }
-            let nics = resources(&sim.net.borrow(), 0)
-                .iter()
-                .map(|r| (r.busy_ns, r.count, r.bytes))
-                .collect();
-            let overtaken = super::messages_overtaken(&sim.net.borrow());
-            let next = sim.sched.random(1 << 40);
-            drop(sim);
-            drop(simulation);
-            (out, nics, overtaken, next)
-        }
-        assert_eq!(run(false), run(true));
     }
 
     #[test]

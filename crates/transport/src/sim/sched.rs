@@ -214,9 +214,8 @@ impl<T> Default for EventQueue<T> {
 }
 
 impl<T> EventQueue<T> {
-    /// Queues `item` due at `at` with order (`tie`, `seq`). (Always
-    /// inlined into `Sched::schedule`, branch i61.)
-    #[inline(always)]
+    /// Queues `item` due at `at` with order (`tie`, `seq`).
+    #[inline]
     fn push(&mut self, at: u64, tie: u64, seq: u64, item: T) {
         let slot = match self.free.pop() {
             Some(slot) => slot,
@@ -593,10 +592,7 @@ impl Sched {
         self.events.get()
     }
 
-    /// A seeded random number (jitter, fault choices). Inlined (branch
-    /// i61: every message draws its jitter through here), the general
-    /// case out of line.
-    #[inline]
+    /// A seeded random number (jitter, fault choices).
     pub(crate) fn random(&self, below: u64) -> u64 {
         match below {
             0 => 0,
@@ -612,14 +608,8 @@ impl Sched {
                 while rng.next_u64() >> 63 != 0 {}
                 0
             }
-            _ => self.random_range(below),
+            _ => self.rng.borrow_mut().gen_range(0..below),
         }
-    }
-
-    /// [`Sched::random`] for `below > 1`.
-    #[inline(never)]
-    fn random_range(&self, below: u64) -> u64 {
-        self.rng.borrow_mut().gen_range(0..below)
     }
 
     /// Runs `ev` at virtual time `at` (not before now).
@@ -640,9 +630,8 @@ impl Sched {
     }
 
     /// Queues `ev` at `at` (not before now) with the next tie and sequence
-    /// number; every event draws one tie, in scheduling order. (Always
-    /// inlined into the few callers, branch i61.)
-    #[inline(always)]
+    /// number; every event draws one tie, in scheduling order.
+    #[inline]
     fn schedule(&self, at: u64, ev: Event) {
         let at = at.max(self.now.get());
         let seq = self.seq.get();
@@ -1037,15 +1026,6 @@ mod tests {
         assert_eq!(Rc::strong_count(&total), 3);
         drop(q);
         assert_eq!(Rc::strong_count(&total), 2);
-    }
-
-    /// An event is 24 bytes and its node in the event queue 64, one cache
-    /// line (branch i61; they were already, through the layout's niches:
-    /// this guards them against a larger event variant).
-    #[test]
-    fn an_event_and_its_queue_node_fit_a_cache_line() {
-        assert!(std::mem::size_of::<Event>() <= 24);
-        assert!(std::mem::size_of::<Node<Event>>() <= 64);
     }
 
     /// The event queue (wheel and heap) pops exactly what a standard binary
