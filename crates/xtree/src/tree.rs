@@ -2011,6 +2011,58 @@ mod tests {
         t
     }
 
+    /// A simulation with a scrambled N = 16 tree on a memory node and an
+    /// endpoint of a compute node, for the tests that read `sim`'s line
+    /// charges as that compute node's client-core busy time: work run
+    /// under `ep.charged` is charged there (`line_ns` per line).
+    struct ChargedTree {
+        sim: dmkv_transport::sim::Simulation,
+        _rt: Arc<NodeRuntime>,
+        tree: Arc<XTree>,
+        ep: dmkv_transport::Endpoint,
+        client: u16,
+        line_ns: u64,
+    }
+
+    impl ChargedTree {
+        fn new() -> Self {
+            use dmkv_transport::NodeHost;
+            use dmkv_transport::sim::{Profile, SimConfig, Simulation};
+            let sim = Simulation::new(SimConfig {
+                profile: Profile::default_profile(),
+                seed: 7,
+                jitter_ns: 0,
+                delays: Default::default(),
+            });
+            let line_ns = sim.profile().memnode.line_ns;
+            assert!(line_ns > 0);
+            let rt = NodeRuntime::new(sim.add_node(1));
+            let tree = scrambled_tree(&rt, 16);
+            let compute = sim.add_node(0);
+            let ep = sim.fabric().endpoint(compute.id()).unwrap();
+            let client = compute.id().0;
+            ChargedTree {
+                sim,
+                _rt: rt,
+                tree,
+                ep,
+                client,
+                line_ns,
+            }
+        }
+
+        /// The compute node's client cores' busy time so far, ns.
+        fn client_busy(&self) -> u64 {
+            let prefix = format!("node{} client core", self.client);
+            self.sim
+                .resources()
+                .iter()
+                .filter(|r| r.name.starts_with(&prefix))
+                .map(|r| r.busy_ns)
+                .sum()
+        }
+    }
+
     /// Invariant 10: the walk takes, of each inner node it passes, exactly
     /// the lines holding the words it reads (meta, header, the probed keys,
     /// the child pointer), for N = 4, 5, 16, 48; for N = 16 that is fewer
@@ -2048,32 +2100,12 @@ mod tests {
     /// branch i58) it touched `lines()` lines per inner node and this fails.
     #[test]
     fn a_lookup_is_charged_the_lines_it_reads() {
-        use dmkv_transport::NodeHost;
         use dmkv_transport::exec::block_on;
-        use dmkv_transport::sim::{Profile, SimConfig, Simulation};
-        let sim = Simulation::new(SimConfig {
-            profile: Profile::default_profile(),
-            seed: 7,
-            jitter_ns: 0,
-            delays: Default::default(),
-        });
-        let line_ns = sim.profile().memnode.line_ns;
-        assert!(line_ns > 0);
-        let memnode = sim.add_node(1);
-        let rt = NodeRuntime::new(memnode);
-        let t = scrambled_tree(&rt, 16);
+        let sim = ChargedTree::new();
+        let (t, ep, line_ns) = (&sim.tree, &sim.ep, sim.line_ns);
         assert!(t.root().height >= 3, "two inner levels at least");
         let geo = t.geometry();
-        let compute = sim.add_node(0);
-        let id = compute.id().0;
-        let ep: dmkv_transport::Endpoint = sim.fabric().endpoint(compute.id()).unwrap();
-        let busy = || -> u64 {
-            sim.resources()
-                .iter()
-                .filter(|r| r.name.starts_with(&format!("node{id} client core")))
-                .map(|r| r.busy_ns)
-                .sum()
-        };
+        let busy = || sim.client_busy();
         let (mut fewer, mut probes) = (0, 0);
         for k in (0..200u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D)) {
             let (leaf, path) = {
@@ -2113,30 +2145,11 @@ mod tests {
     /// all five lines.
     #[test]
     fn a_hinted_leaf_attempt_is_charged_the_lines_it_reads() {
-        use dmkv_transport::NodeHost;
         use dmkv_transport::exec::block_on;
-        use dmkv_transport::sim::{Profile, SimConfig, Simulation};
-        let sim = Simulation::new(SimConfig {
-            profile: Profile::default_profile(),
-            seed: 7,
-            jitter_ns: 0,
-            delays: Default::default(),
-        });
-        let line_ns = sim.profile().memnode.line_ns;
-        assert!(line_ns > 0);
-        let rt = NodeRuntime::new(sim.add_node(1));
-        let t = scrambled_tree(&rt, 16);
+        let sim = ChargedTree::new();
+        let (t, ep, line_ns) = (&sim.tree, &sim.ep, sim.line_ns);
         let geo = t.geometry();
-        let compute = sim.add_node(0);
-        let id = compute.id().0;
-        let ep: dmkv_transport::Endpoint = sim.fabric().endpoint(compute.id()).unwrap();
-        let busy = || -> u64 {
-            sim.resources()
-                .iter()
-                .filter(|r| r.name.starts_with(&format!("node{id} client core")))
-                .map(|r| r.busy_ns)
-                .sum()
-        };
+        let busy = || sim.client_busy();
         let lines_of = |hint: LeafRef, key: u64| -> (bool, u64) {
             let before = busy();
             let hit = block_on(ep.charged(async {
