@@ -231,8 +231,20 @@ fn group_commit_acknowledges_a_batch_after_one_sync() {
                 .collect();
             run_tasks(tasks);
         });
-        // Every write is applied and logged, none acknowledged.
-        while wal.counters.write_records.load(Ordering::SeqCst) < WRITERS {
+        // Every write is applied and logged, none acknowledged. A handler
+        // appends its record (`write_records`) before it queues its reply
+        // behind the log (`waiting`), so wait for both; with the log held
+        // nothing leaves the queue, so `waiting` only grows.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while wal.counters.write_records.load(Ordering::SeqCst) < WRITERS
+            || (wal.waiting() as u64) < WRITERS
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "every reply waits for the log: {} records, {} waiting",
+                wal.counters.write_records.load(Ordering::SeqCst),
+                wal.waiting()
+            );
             std::thread::yield_now();
         }
         assert_eq!(
