@@ -22,7 +22,7 @@ use crate::layout::{
 use dmkv_api::{Key, KvError, Result};
 use dmkv_memnode::RemoteSegments;
 use dmkv_transport::exec::yield_now;
-use dmkv_transport::{Batch, BatchResult, Endpoint, RemoteAddr, RemoteRegion};
+use dmkv_transport::{Batch, BatchRun, Endpoint, RemoteAddr, RemoteRegion};
 use parking_lot::RwLock;
 use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
@@ -223,9 +223,16 @@ impl Ctx<'_> {
         Ok(Some(start.offset_by(within)))
     }
 
-    pub async fn run(&self, b: Batch<'_>) -> Result<BatchResult> {
+    /// Counts `b`'s round trip and posts it: the batch's own future (an
+    /// `async fn` here kept a second future around it, whose state the
+    /// caller's future moved in and out: `memcpy` calls on every write
+    /// path's round trip, docs/performance.md, "Eighteenth pass"). Counted
+    /// when called, which is when the `async fn` counted it (every caller
+    /// awaits it at once).
+    #[inline]
+    pub fn run<'b>(&self, b: Batch<'b>) -> BatchRun<'b> {
         self.count_rtt(&b);
-        Ok(b.run().await?)
+        b.run()
     }
 
     /// Counts the round trip `b` will cost (none if it is empty); for the

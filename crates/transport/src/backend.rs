@@ -40,6 +40,17 @@ pub enum Verb {
 }
 
 impl Verb {
+    /// The address the verb accesses.
+    #[inline]
+    pub fn addr(&self) -> &RemoteAddr {
+        match self {
+            Verb::Read { addr, .. }
+            | Verb::Write { addr, .. }
+            | Verb::Cas { addr, .. }
+            | Verb::Faa { addr, .. } => addr,
+        }
+    }
+
     pub fn node(&self) -> crate::addr::NodeId {
         match self {
             Verb::Read { addr, .. }

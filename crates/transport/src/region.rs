@@ -181,11 +181,7 @@ impl RegionMem {
     /// The 8-byte word at `offset`, which must be aligned.
     pub fn word(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
         crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, 8);
-        if !offset.is_multiple_of(8) {
-            return Err(RegionAccessError::Misaligned { offset });
-        }
-        self.check(offset, 8)?;
-        Ok(&self.words()[(offset / 8) as usize])
+        self.word_untouched(offset)
     }
 
     /// The aligned words of `[offset, offset + len)`, for code on the node
@@ -363,6 +359,74 @@ impl RegionMem {
         }
         r
     }
+    /// A write verb's store of `data` at `offset` for a caller that read
+    /// [`crate::sim::lines_metered`] once for a batch (as
+    /// [`RegionMem::read_into`]): the same checks, `sim` touch (skipped
+    /// while `metered` is false, where it would return at its first check)
+    /// and word stores, in the same order, as [`RegionMem::write`], which
+    /// it calls for an unaligned write. Always inlined into the batch's
+    /// loop, so an aligned write is its checks and one release store per
+    /// word (eight at a time, like [`copy_words_to`]'s loads).
+    #[inline(always)]
+    pub(crate) fn write_from(
+        &self,
+        offset: u64,
+        data: &[u8],
+        metered: bool,
+    ) -> Result<(), RegionAccessError> {
+        if !(offset | data.len() as u64).is_multiple_of(8) {
+            return self.write_unaligned(offset, data);
+        }
+        self.check(offset, data.len() as u64)?;
+        if metered {
+            crate::sim::touch(
+                self.sim_tag,
+                self.words.as_ptr() as u64,
+                offset,
+                data.len() as u64,
+            );
+        }
+        let first = (offset / 8) as usize;
+        // In bounds: `check` passed and `offset` and the length are whole
+        // words.
+        store_words(&self.words()[first..first + data.len() / 8], data);
+        Ok(())
+    }
+
+    /// [`RegionMem::write`] out of line, for [`RegionMem::write_from`]'s
+    /// rare unaligned case.
+    #[inline(never)]
+    #[cold]
+    fn write_unaligned(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {
+        self.write(offset, data)
+    }
+
+    /// The word at `offset` for an atomic verb of a batch, with the checks
+    /// and `sim` touch of [`RegionMem::word`] in its order (the touch
+    /// first, skipped while `metered` is false as in
+    /// [`RegionMem::write_from`]). Always inlined into the batch's loop.
+    #[inline(always)]
+    pub(crate) fn word_for_verb(
+        &self,
+        offset: u64,
+        metered: bool,
+    ) -> Result<&AtomicU64, RegionAccessError> {
+        if metered {
+            crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, 8);
+        }
+        self.word_untouched(offset)
+    }
+
+    /// The aligned word at `offset`, checked, without a `sim` touch.
+    #[inline(always)]
+    fn word_untouched(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
+        if !offset.is_multiple_of(8) {
+            return Err(RegionAccessError::Misaligned { offset });
+        }
+        self.check(offset, 8)?;
+        Ok(&self.words()[(offset / 8) as usize])
+    }
+
     /// Stores `data` at `offset`, storing words in increasing address order.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionAccessError> {
         self.check(offset, data.len() as u64)?;
@@ -508,6 +572,28 @@ unsafe fn copy_words_to(src: &[AtomicU64], dst: *mut u8) {
             d.cast::<u64>().write_unaligned(v.to_le());
             d = d.add(8);
         }
+    }
+}
+
+/// Stores `src` (8 bytes per word, `src.len() == 8 * dst.len()`) into the
+/// words of `dst` in increasing address order with release ordering: one
+/// unaligned load from `src` and one atomic store per word, as
+/// [`RegionMem::write`]'s whole-word loop does, in steps of eight words
+/// (then single words), the loop's bookkeeping once per step.
+#[inline(always)]
+fn store_words(dst: &[AtomicU64], src: &[u8]) {
+    assert_eq!(src.len(), dst.len() * 8);
+    let word = |b: &[u8], i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    let mut octs = dst.chunks_exact(8);
+    let mut s = src.chunks_exact(64);
+    for (o, b) in (&mut octs).zip(&mut s) {
+        for (i, w) in o.iter().enumerate() {
+            w.store(word(b, i), Ordering::Release);
+        }
+    }
+    let rest = s.remainder();
+    for (i, w) in octs.remainder().iter().enumerate() {
+        w.store(word(rest, i), Ordering::Release);
     }
 }
 
