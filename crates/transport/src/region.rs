@@ -148,6 +148,7 @@ impl RegionMem {
         }
     }
 
+    #[inline]
     fn words(&self) -> &[AtomicU64] {
         // SAFETY: `words` points to `len_words` initialised 8-byte words that
         // live as long as `self` (see `zeroed` and `from_raw`); `AtomicU64`
@@ -156,6 +157,7 @@ impl RegionMem {
     }
 
     /// Size in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len_words * 8
     }
@@ -170,6 +172,7 @@ impl RegionMem {
     }
 
     /// Checks that `[offset, offset + len)` lies inside the region.
+    #[inline]
     pub fn check(&self, offset: u64, len: u64) -> Result<(), RegionAccessError> {
         let size = self.len() as u64;
         match offset.checked_add(len) {
@@ -179,6 +182,7 @@ impl RegionMem {
     }
 
     /// The 8-byte word at `offset`, which must be aligned.
+    #[inline]
     pub fn word(&self, offset: u64) -> Result<&AtomicU64, RegionAccessError> {
         crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, 8);
         self.word_untouched(offset)
@@ -463,11 +467,13 @@ impl RegionMem {
     }
 
     /// Loads the aligned word at `offset`.
+    #[inline]
     pub fn load_u64(&self, offset: u64) -> Result<u64, RegionAccessError> {
         Ok(self.word(offset)?.load(Ordering::Acquire))
     }
 
     /// Stores the aligned word at `offset`.
+    #[inline]
     pub fn store_u64(&self, offset: u64, v: u64) -> Result<(), RegionAccessError> {
         self.word(offset)?.store(v, Ordering::Release);
         Ok(())
@@ -475,6 +481,7 @@ impl RegionMem {
 
     /// Compare-and-swap on the aligned word at `offset`; returns the value
     /// found (equal to `expected` iff the swap happened), like RDMA CAS.
+    #[inline]
     pub fn cas_u64(&self, offset: u64, expected: u64, new: u64) -> Result<u64, RegionAccessError> {
         let w = self.word(offset)?;
         Ok(
@@ -486,6 +493,7 @@ impl RegionMem {
 
     /// Fetch-and-add (wrapping) on the aligned word at `offset`; returns the
     /// previous value, like RDMA FAA.
+    #[inline]
     pub fn faa_u64(&self, offset: u64, add: u64) -> Result<u64, RegionAccessError> {
         Ok(self.word(offset)?.fetch_add(add, Ordering::AcqRel))
     }

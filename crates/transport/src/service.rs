@@ -73,7 +73,9 @@ where
     }
 }
 
-type SendReply = Box<dyn FnOnce(Reply) + Send>;
+/// A deferred request's sink: [`ReplySink::into_deferred`]'s box, called
+/// with the reply's charge and the answer lent to it.
+type SendReply = Box<dyn FnOnce(u64, LentReply<'_>) + Send>;
 
 /// A reply lent to its sender: the payload in the handler thread's buffer
 /// (R2 in docs/transport.md, "Reply buffers") or an error.
@@ -121,11 +123,12 @@ impl Pending {
             return;
         };
         if let Some(send) = self.send.take() {
-            let result = self.answer.take().expect("checked above");
-            send(Reply {
-                result,
-                server_cpu_ns,
-            });
+            // A late answer arrives as an owned `Vec`; it is lent to
+            // `send` like a buffer (R3: nothing outlives the call).
+            match self.answer.take().expect("checked above") {
+                Ok(mut v) => send(server_cpu_ns, Ok(&mut v)),
+                Err(e) => send(server_cpu_ns, Err(e)),
+            }
         }
     }
 }
@@ -655,19 +658,9 @@ impl ServiceTable {
                 self.finish(start, cell, result, send);
             }
             Lookup::Found(Handler::Deferred(h)) => {
-                // A late answer arrives as an owned `Vec`; it is lent to
-                // `send` like a buffer (R3: nothing outlives the call).
-                let send = send.into_deferred();
-                let send: SendReply = Box::new(move |reply: Reply| {
-                    let Reply {
-                        result,
-                        server_cpu_ns,
-                    } = reply;
-                    match result {
-                        Ok(mut v) => send(server_cpu_ns, Ok(&mut v)),
-                        Err(e) => send(server_cpu_ns, Err(e)),
-                    }
-                });
+                // The sink boxed once (no second box around it to take a
+                // `Reply`: `Pending::try_send` lends the answer itself).
+                let send: SendReply = send.into_deferred();
                 let pending = Arc::new(parking_lot::Mutex::new(Pending {
                     send: Some(send),
                     ..Pending::default()

@@ -173,7 +173,7 @@ impl<'a> WireReader<'a> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
-            v => Err(WireError(format!("bool: byte {v} is neither 0 nor 1"))),
+            v => Err(not_a_bool(v)),
         }
     }
     #[inline]
@@ -207,10 +207,25 @@ impl<'a> WireReader<'a> {
     #[inline]
     pub fn end(&self) -> Result<(), WireError> {
         if self.remaining() != 0 {
-            return Err(WireError(format!("{} trailing bytes", self.remaining())));
+            return Err(trailing(self.remaining()));
         }
         Ok(())
     }
+}
+
+// The readers' errors, formatted out of line so that `bool` and `end`
+// inline into every reply's decoding (with the `format!` inside, `bool`
+// was not inlined: a call per decoded flag, xstore's write replies two).
+#[cold]
+#[inline(never)]
+fn not_a_bool(v: u8) -> WireError {
+    WireError(format!("bool: byte {v} is neither 0 nor 1"))
+}
+
+#[cold]
+#[inline(never)]
+fn trailing(n: usize) -> WireError {
+    WireError(format!("{n} trailing bytes"))
 }
 
 #[cfg(test)]

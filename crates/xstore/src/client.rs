@@ -1138,7 +1138,12 @@ impl Client {
 
     async fn write_rpc(&self, op: u8, key: Key, value: Option<&[u8]>) -> Result<bool> {
         let p = self.sh.part_of(key);
-        let mut w = WireWriter::new();
+        // Built in the endpoint's request buffer (on `local`, the last small
+        // request's allocation, kept), with room for the whole request, so
+        // it neither allocates nor grows: `op u8 | key u64 | value bytes |
+        // hint count u8 | (leaf u32 | incarnation u32) * count`.
+        let room = 1 + 8 + value.map_or(0, |v| 4 + v.len()) + 1 + 8 * MAX_HINT_LEAVES;
+        let mut w = WireWriter::append_to(self.ep.request_buffer(0), room);
         w.u8(op).u64(key);
         if let Some(v) = value {
             w.bytes(v);

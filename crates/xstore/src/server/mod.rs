@@ -344,7 +344,9 @@ impl Server {
         dmkv_transport::sim::work(583);
         let mut r = WireReader::new(req);
         let op = r.u8()?;
-        let mut w = WireWriter::new();
+        // Room for a write's reply (one or two flags) from the start: a
+        // `Vec` grown from nothing pays `grow_one`'s reallocation path.
+        let mut w = WireWriter::with_capacity(8);
         let mut ticket = None;
         let mut answer = Answer::Now;
         match op {
