@@ -2,7 +2,7 @@
 
 use crate::addr::{NodeId, RemoteAddr, RemoteRegion, ServiceId};
 use crate::backend::{
-    EndpointBackend, OpFuture, PooledResults, Verb, VerbResult, VerbResults, Verbs,
+    CallFuture, EndpointBackend, OpFuture, PooledResults, Verb, VerbResult, VerbResults, Verbs,
 };
 use crate::counters::{CounterTable, Counters, current_kind};
 use crate::error::{Result, TransportError};
@@ -327,27 +327,17 @@ impl Endpoint {
 
     /// Sends `request` to `service` on `node` and returns the reply payload.
     /// A refusal by the service comes back as [`TransportError::Remote`].
-    pub async fn call(
-        &self,
-        node: NodeId,
-        service: ServiceId,
-        request: Vec<u8>,
-    ) -> Result<Vec<u8>> {
-        let sent = request.len() as u64;
-        self.charge(|c| {
-            c.round_trips += 1;
-            c.rpcs += 1;
-            c.bytes_written += sent;
-        });
-        let reply = self.backend.call_unboxed(node, service, request).await?;
-        let received = reply.result.as_ref().map_or(0, |p| p.len() as u64);
-        self.charge(|c| {
-            c.bytes_read += received;
-            c.memnode_cpu_ns += reply.server_cpu_ns;
-        });
-        reply
-            .result
-            .map_err(|error| TransportError::Remote { node, error })
+    ///
+    /// The request is counted and sent when the returned future is first
+    /// polled (so the counts go to the operation kind of the task polling
+    /// it, as with a batch), and the reply counted when it arrives.
+    #[inline]
+    pub fn call(&self, node: NodeId, service: ServiceId, request: Vec<u8>) -> RpcCall<'_> {
+        RpcCall {
+            ep: self,
+            node,
+            state: CallState::Unsent(service, request),
+        }
     }
 
     /// Resolves a service name on `node` through its directory.
@@ -368,6 +358,64 @@ impl Endpoint {
         w.u8(directory::RESOLVE_REGION).str(name);
         let reply = self.call(node, ServiceId::DIRECTORY, w.finish()).await?;
         Ok(decode_region(&reply)?)
+    }
+}
+
+/// An RPC in flight; see [`Endpoint::call`]. Written out instead of as an
+/// `async fn` (branch i66): the request and the backend's reply future stay
+/// in place, and a poll is a branch and the reply future's poll, where the
+/// generated state machine moved them between its states.
+pub struct RpcCall<'a> {
+    ep: &'a Endpoint,
+    node: NodeId,
+    state: CallState<'a>,
+}
+
+enum CallState<'a> {
+    /// Not polled yet: nothing counted or sent.
+    Unsent(ServiceId, Vec<u8>),
+    /// Sent (and counted); waiting for the reply.
+    Sent(CallFuture<'a>),
+    /// The reply was handed out (or the send failed).
+    Done,
+}
+
+impl Future for RpcCall<'_> {
+    type Output = Result<Vec<u8>>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
+        // Every field is `Unpin` (`CallFuture` is).
+        let this = self.get_mut();
+        if matches!(this.state, CallState::Unsent(..)) {
+            let CallState::Unsent(service, request) =
+                std::mem::replace(&mut this.state, CallState::Done)
+            else {
+                unreachable!("checked above")
+            };
+            let sent = request.len() as u64;
+            this.ep.charge(|c| {
+                c.round_trips += 1;
+                c.rpcs += 1;
+                c.bytes_written += sent;
+            });
+            this.state = CallState::Sent(this.ep.backend.call_unboxed(this.node, service, request));
+        }
+        let CallState::Sent(reply) = &mut this.state else {
+            panic!("RpcCall polled after completion");
+        };
+        let reply = std::task::ready!(Pin::new(reply).poll(cx));
+        this.state = CallState::Done;
+        let reply = reply?;
+        let received = reply.result.as_ref().map_or(0, |p| p.len() as u64);
+        this.ep.charge(|c| {
+            c.bytes_read += received;
+            c.memnode_cpu_ns += reply.server_cpu_ns;
+        });
+        let node = this.node;
+        Poll::Ready(
+            reply
+                .result
+                .map_err(|error| TransportError::Remote { node, error }),
+        )
     }
 }
 

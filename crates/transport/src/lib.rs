@@ -71,7 +71,7 @@ pub use backend::{
 };
 pub use counters::{CounterTable, Counters, OpKind, labeled};
 pub use cputime::{BusyClock, thread_cpu_ns, touch_local_at, touch_local_lines};
-pub use endpoint::{Batch, BatchResult, BatchRun, Endpoint, OneVerb, ReadBuf};
+pub use endpoint::{Batch, BatchResult, BatchRun, Endpoint, OneVerb, ReadBuf, RpcCall};
 pub use error::{ErrorCode, Result, ServiceError, TransportError};
 pub use region::RegionMem;
 pub use service::{

@@ -591,7 +591,8 @@ unsafe fn copy_words_to(src: &[AtomicU64], dst: *mut u8) {
 #[inline(always)]
 fn store_words(dst: &[AtomicU64], src: &[u8]) {
     assert_eq!(src.len(), dst.len() * 8);
-    let word = |b: &[u8], i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    let word =
+        |b: &[u8], i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
     let mut octs = dst.chunks_exact(8);
     let mut s = src.chunks_exact(64);
     for (o, b) in (&mut octs).zip(&mut s) {
@@ -691,6 +692,43 @@ mod tests {
             let mut buf = Vec::new();
             r.read_into(8, words * 8, &mut buf, false).unwrap();
             assert_eq!(buf, bytes[8..8 + words * 8], "{words} words, read_into");
+        }
+    }
+
+    /// A write verb's store (`write_from`: aligned words in steps of eight,
+    /// the unaligned case through `write`) leaves the region as `write`
+    /// does, for every offset and length around the word and step
+    /// boundaries, and refuses what `write` refuses with the same error;
+    /// the atomic verbs' word (`word_for_verb`) is `word`'s.
+    #[test]
+    fn a_write_verbs_store_is_write() {
+        let data: Vec<u8> = (0..200u32).map(|i| (i * 37 + 5) as u8).collect();
+        for off in [0u64, 3, 8, 16, 61, 64, 120] {
+            for len in [0usize, 1, 7, 8, 9, 16, 56, 64, 72, 120, 128, 136] {
+                let (a, b) = (
+                    RegionMem::zeroed(256).unwrap(),
+                    RegionMem::zeroed(256).unwrap(),
+                );
+                a.write(0, &[0xA5; 256]).unwrap();
+                b.write(0, &[0xA5; 256]).unwrap();
+                let ra = a.write(off, &data[..len]);
+                let rb = b.write_from(off, &data[..len], false);
+                assert_eq!(ra, rb, "offset {off}, {len} bytes");
+                assert_eq!(
+                    a.read_vec(0, 256).unwrap(),
+                    b.read_vec(0, 256).unwrap(),
+                    "offset {off}, {len} bytes"
+                );
+            }
+        }
+        let r = RegionMem::zeroed(64).unwrap();
+        for off in [0u64, 3, 56, 60, 64, u64::MAX - 7] {
+            assert_eq!(
+                r.word(off).map(|w| w as *const AtomicU64),
+                r.word_for_verb(off, false).map(|w| w as *const AtomicU64),
+                "offset {off}"
+            );
+            assert_eq!(r.write(off, &[1; 8]), r.write_from(off, &[1; 8], false));
         }
     }
 

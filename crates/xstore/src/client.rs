@@ -1165,7 +1165,9 @@ impl Client {
         } else {
             false
         };
-        let reply = self.call(p, w.finish()).await?;
+        // The endpoint's call future itself (`Client::call`'s `async fn`
+        // around it was one more state machine per write).
+        let reply = self.ep.call(p.node, p.service, w.finish()).await?;
         let mut r = WireReader::new(&reply);
         let done = wire(r.bool())?;
         if op == OP_UPDATE && wire(r.bool())? && hinted {
