@@ -54,8 +54,15 @@ pub mod cost {
     /// `DMKV=/tmp/i58/dmkv-wip4 KEEP=/tmp/i58/cg-wip4-rpc-btree
     /// scripts/instructions-per-op.sh rpc-btree`. (Was 170: 678.4 on
     /// b72b7b2 and on main's fac3bce, the whole-node touch; 267 before the
-    /// lean paths.)
-    pub const INNER_LEVEL: u64 = 181;
+    /// lean paths.) Branch i68's walk, the artifact's linear scan with its
+    /// key lines touched as one access: `descend_to_leaf` 742.3 per GET
+    /// (head17's binary search: 724.8 on the same command), over 4 inner
+    /// levels 185.6: 186. Counted on `local` with fba3b49,
+    /// `DMKV=/tmp/i68/dmkv-fba3b49 KEEP=/tmp/i68/cg-fba3b49-rpc-btree
+    /// scripts/instructions-per-op.sh rpc-btree`, differenced over the two
+    /// runs' 50,000 GETs (inclusive call edge `get_with` ->
+    /// `descend_to_leaf`).
+    pub const INNER_LEVEL: u64 = 186;
     /// One attempt at a consistent image of a leaf
     /// (`read_consistent_image`: the copy into the stack buffer and its
     /// checks, [`crate::view::NodeImage`]): 513.0 per GET. (Was 1,336: the
@@ -108,8 +115,15 @@ pub mod cost {
     /// per update, 132). (Was 656 on branch i63 (829.3 per call), when
     /// the attempt copied the whole leaf into a zeroed stack buffer: the
     /// copy and its checks 331.0, the memset 77.0 per call.) The slot
-    /// word's load on a hit is in this figure, not split.
-    pub const HINTED_LEAF: u64 = 303;
+    /// word's load on a hit is in this figure, not split. Branch i68 (the
+    /// key words' scan stepping over version words, its lines touched as
+    /// one access): `try_hinted_leaf` 477.0 per call (head17: 510.4 on the
+    /// same command) less the write per call (`replace_value` 238.0 +
+    /// `node_slice` 46.0 per write, 24,916 of 34,194 calls), 270;
+    /// `DMKV=/tmp/i68/dmkv-fba3b49 KEEP=/tmp/i68/cg-fba3b49-xstore
+    /// scripts/instructions-per-op.sh xstore ycsb-a`, differenced as above
+    /// (`HINTED_BASE` again 786.4 less 654.6 per update, 132).
+    pub const HINTED_LEAF: u64 = 270;
     /// The hinted leaf held the key: `replace_value` (the value and the
     /// commit) 238.0 and `node_slice` (the leaf's every line, which the
     /// commit writes) 45.0 per write from `try_hinted_leaf`: 283 (branch
