@@ -45,7 +45,8 @@ use thiserror::Error;
 /// docs/rpc-btree.md and docs/simulation.md, "A lean xtree (branch i53)".
 pub mod cost {
     /// One inner node of a descent ([`XTree::walk`]: the node's words in
-    /// place, its meta word, the binary search over its keys, the child
+    /// place, its meta word, the search over its keys (a linear scan since
+    /// branch i68, a binary search before), the child
     /// pointer): `descend_to_leaf` 724.8 per GET over 4 inner levels (the
     /// leaf's bounds check and meta word spread over them): 181. Branch
     /// i58's walk, which reports the lines it reads one at a time
@@ -370,7 +371,7 @@ impl NodeWords for NodeSlice<'_> {
 /// and a line is `sim`-touched ([`RegionMem::touch_span`] of its 64 bytes)
 /// at the first load of one of its words; later loads of its words are
 /// plain atomic loads. So a reader that loads a few words of a node (the
-/// walk: the meta word, the header, the keys its binary search probes, the
+/// walk: the meta word, the header, the keys its linear scan reads, the
 /// child pointer it follows) touches, and is charged, the lines holding
 /// those words and no other (docs/xtree.md, invariant 10), where a
 /// [`NodeSlice`] touches every line of the node when it is made.
@@ -1655,7 +1656,8 @@ impl XTree {
 
     /// Walks from the root to the leaf covering `key`, calling `step` with
     /// each inner node passed and the child index taken. Inner nodes are read
-    /// in place, word by word (a binary search over their key words), not
+    /// in place, word by word (the XStore artifact's linear scan over their
+    /// key words, since branch i68; a binary search before), not
     /// copied and parsed: the caller holds `structure`, under which inner
     /// nodes do not change (docs/xtree.md, "Concurrency on the memory node":
     /// inner nodes change only under `structure` held exclusive), and every
@@ -1666,8 +1668,9 @@ impl XTree {
     /// bounds-checked and `sim`-touched at the first load of a word of it,
     /// so the walk touches exactly the lines holding the words it loads
     /// (docs/xtree.md, invariant 10): of an inner node the meta word and the
-    /// header (line 0), the keys its binary search probes and the child
-    /// pointer it follows (for N = 16 two to four of the five lines); of the
+    /// header (line 0), the keys its linear scan reads (one access, from
+    /// `K_0`'s line: [`NodeLines::touch_words`]) and the child pointer it
+    /// follows (for N = 16 two to four of the five lines); of the
     /// leaf only the meta word (line 0: a node's level never changes, so it
     /// tells a leaf even while another handler writes that leaf, whose
     /// other words must not be read unvalidated). Every caller copies or
