@@ -133,20 +133,24 @@ fn payload_offsets(geo: &Geometry, first: usize, n: usize) -> impl Iterator<Item
 }
 
 /// In an inner node's image: whether its `count` keys ascend strictly (the
-/// check [`KeysView::parse`] makes on its collected keys) and how many of
-/// them are at most `key` (where `child_for` routes it, when they ascend).
+/// check [`KeysView::parse`] makes on its collected keys) and the index of
+/// the first key above `key` (`count` if none is): where the linear scan of
+/// `child_for` and the memory node's walk stops, the child before it
+/// covering `key` (when the keys ascend). Every key is read, for the check.
 fn inner_keys_route(geo: &Geometry, bytes: &[u8], count: usize, key: u64) -> (bool, usize) {
     let mut prev = None;
-    let mut below = 0;
-    for at in payload_offsets(geo, geo.key(0), count) {
+    let mut above = None;
+    for (j, at) in payload_offsets(geo, geo.key(0), count).enumerate() {
         let k = word_at(bytes, at);
         if prev.is_some_and(|p| p >= k) {
-            return (false, below);
+            return (false, above.unwrap_or(j));
         }
         prev = Some(k);
-        below += usize::from(k <= key);
+        if above.is_none() && key < k {
+            above = Some(j);
+        }
     }
-    (true, below)
+    (true, above.unwrap_or(count))
 }
 
 /// The header, meta and keys of a node, from a read of at least its key
@@ -300,9 +304,10 @@ impl NodeView {
         if !ascend {
             return Err(malformed("inner keys are not strictly ascending"));
         }
-        // Keys ascend, so the `below` keys at most `key` come first: the
-        // child is the last of them, as `child_for` finds it. Every child
-        // pointer is checked, as `parse` does.
+        // Keys ascend, so `below`, the first key above `key`, follows the
+        // keys at most `key`: the child is the one before it, as
+        // `child_for`'s scan finds it. Every child pointer is checked, as
+        // `parse` does.
         let mut child = None;
         for (j, at) in payload_offsets(geo, geo.slot(0), count).enumerate() {
             let Some(c) = ChildPtr::unpack(word_at(bytes, at)) else {
@@ -330,12 +335,16 @@ impl NodeView {
     /// In an inner node: the child whose range holds `key` (the last `K_j`
     /// not above it), or `None` if `key` is below the node's lower bound
     /// (which a current image never shows: the reader's copy is stale).
+    /// Found by the XStore artifact's linear scan (`NaiveTree`: the first
+    /// key above `key`, the child before it), as the memory node's walk
+    /// finds it.
     pub fn child_for(&self, key: u64) -> Option<(usize, ChildPtr)> {
         debug_assert!(!self.keys.is_leaf());
-        let j = self
-            .keys
-            .keys
-            .partition_point(|&k| k <= key)
+        let keys = &self.keys.keys;
+        let j = keys
+            .iter()
+            .position(|&k| key < k)
+            .unwrap_or(keys.len())
             .checked_sub(1)?;
         Some((j, self.child(j)))
     }
