@@ -59,9 +59,7 @@ fn script(on: bool) -> (Vec<Vec<u64>>, Vec<dmkv_transport::sim::ResourceUse>) {
     steps.push(sorted(r.charged_together(&[&CHAIN, &CHAIN])));
     // 3: both cores have them now; one reads them all while the other
     // stores to line 17 (the read runs first: it arrived first).
-    steps.push(sorted(
-        r.charged_together(&[&CHAIN, &[Step::Store(17)]]),
-    ));
+    steps.push(sorted(r.charged_together(&[&CHAIN, &[Step::Store(17)]])));
     // 4: the writer's copy of 17 is valid, the reader's is gone.
     steps.push(sorted(r.charged_together(&[&CHAIN, &CHAIN])));
     // 5: the NIC writes line 900 (a one-sided WRITE from the client):
@@ -182,8 +180,15 @@ fn shipped_profiles_give_each_core_its_l2() {
         ("scalestore-cx5", 1 << 20, 16),
     ] {
         let m = Profile::load(name).unwrap().memnode;
-        assert_eq!((m.core_cache_bytes, m.core_cache_ways), (bytes, ways), "{name}");
-        assert!(m.core_cache_hit_ns > 0 && m.core_cache_hit_ns < m.line_ns, "{name}");
+        assert_eq!(
+            (m.core_cache_bytes, m.core_cache_ways),
+            (bytes, ways),
+            "{name}"
+        );
+        assert!(
+            m.core_cache_hit_ns > 0 && m.core_cache_hit_ns < m.line_ns,
+            "{name}"
+        );
     }
     // --llc-keys scales the private caches with the LLC.
     let mut p = Profile::load("xstore-cx4").unwrap();
