@@ -50,18 +50,19 @@ fn sorted(mut v: Vec<u64>) -> Vec<u64> {
 /// them takes which core is the core set's business), and the report.
 fn script(on: bool) -> (Vec<Vec<u64>>, Vec<dmkv_transport::sim::ResourceUse>) {
     let r: Rig = rig(profile(on), 2);
-    let mut steps = Vec::new();
-    // 0: cold, on one core: every line misses everything.
-    steps.push(vec![r.charged(&CHAIN)]);
-    // 1: the same core again (a core freed last is taken first).
-    steps.push(vec![r.charged(&CHAIN)]);
-    // 2: two calls at once, so both cores: one has the lines, one not.
-    steps.push(sorted(r.charged_together(&[&CHAIN, &CHAIN])));
-    // 3: both cores have them now; one reads them all while the other
-    // stores to line 17 (the read runs first: it arrived first).
-    steps.push(sorted(r.charged_together(&[&CHAIN, &[Step::Store(17)]])));
-    // 4: the writer's copy of 17 is valid, the reader's is gone.
-    steps.push(sorted(r.charged_together(&[&CHAIN, &CHAIN])));
+    let mut steps = vec![
+        // 0: cold, on one core: every line misses everything.
+        vec![r.charged(&CHAIN)],
+        // 1: the same core again (a core freed last is taken first).
+        vec![r.charged(&CHAIN)],
+        // 2: two calls at once, so both cores: one has the lines, one not.
+        sorted(r.charged_together(&[&CHAIN, &CHAIN])),
+        // 3: both cores have them now; one reads them all while the other
+        // stores to line 17 (the read runs first: it arrived first).
+        sorted(r.charged_together(&[&CHAIN, &[Step::Store(17)]])),
+        // 4: the writer's copy of 17 is valid, the reader's is gone.
+        sorted(r.charged_together(&[&CHAIN, &CHAIN])),
+    ];
     // 5: the NIC writes line 900 (a one-sided WRITE from the client):
     // neither core's copy survives.
     let ep = r.sim.fabric().endpoint(r.client).unwrap();

@@ -605,8 +605,12 @@ impl Sim {
         let llc =
             caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
         // The running core's private cache, if the profile models one.
-        let core = RUNNING_CORE.with(|c| c.get());
-        let mut cores = (m.core_cache_bytes > 0 && core != NO_CORE).then(|| {
+        let core = if m.core_cache_bytes > 0 {
+            RUNNING_CORE.with(|c| c.get())
+        } else {
+            NO_CORE
+        };
+        let mut cores = (core != NO_CORE).then(|| {
             self.note_sharer(node, core);
             self.core_caches.borrow_mut()
         });
