@@ -440,6 +440,7 @@ impl RegionMem {
             offset,
             data.len() as u64,
         );
+        crate::sim::touch_write(self.sim_tag, offset, data.len() as u64);
         let words = self.words();
         let mut pos = offset as usize;
         let mut data = data;
@@ -476,6 +477,7 @@ impl RegionMem {
     #[inline]
     pub fn store_u64(&self, offset: u64, v: u64) -> Result<(), RegionAccessError> {
         self.word(offset)?.store(v, Ordering::Release);
+        crate::sim::touch_write(self.sim_tag, offset, 8);
         Ok(())
     }
 
@@ -484,6 +486,9 @@ impl RegionMem {
     #[inline]
     pub fn cas_u64(&self, offset: u64, expected: u64, new: u64) -> Result<u64, RegionAccessError> {
         let w = self.word(offset)?;
+        // Also when it fails: a locked compare-exchange takes the line
+        // exclusively either way.
+        crate::sim::touch_write(self.sim_tag, offset, 8);
         Ok(
             match w.compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(v) | Err(v) => v,
@@ -495,7 +500,9 @@ impl RegionMem {
     /// previous value, like RDMA FAA.
     #[inline]
     pub fn faa_u64(&self, offset: u64, add: u64) -> Result<u64, RegionAccessError> {
-        Ok(self.word(offset)?.fetch_add(add, Ordering::AcqRel))
+        let w = self.word(offset)?;
+        crate::sim::touch_write(self.sim_tag, offset, 8);
+        Ok(w.fetch_add(add, Ordering::AcqRel))
     }
 }
 

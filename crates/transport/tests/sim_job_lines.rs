@@ -27,6 +27,10 @@ fn small_llc() -> Profile {
     let mut p = Profile::default_profile();
     p.memnode.llc_bytes = 64 << 10;
     p.memnode.llc_ways = 8;
+    // The LLC rule alone (private caches: sim_core_cache.rs).
+    p.memnode.core_cache_bytes = 0;
+    p.memnode.core_cache_ways = 0;
+    p.memnode.core_cache_hit_ns = 0;
     p
 }
 

@@ -109,6 +109,10 @@ fn small_llc() -> Profile {
     p.memnode.llc_bytes = 64 << 10;
     p.memnode.llc_ways = 8;
     p.memnode.pair_prefetch = false;
+    // The LLC rule alone (private caches: sim_core_cache.rs).
+    p.memnode.core_cache_bytes = 0;
+    p.memnode.core_cache_ways = 0;
+    p.memnode.core_cache_hit_ns = 0;
     p
 }
 

@@ -27,6 +27,14 @@
 //!    `memnode.pair_prefetch`) fills a line that is absent exactly as a
 //!    demand miss does, and leaves a present line and its set's order
 //!    untouched; it counts in `prefetches`, never in `hits` or `misses`.
+//!
+//! The same structure models each memory-node core's private cache (branch
+//! i69, `memnode.core_cache_bytes`), keyed by [`core_line_key`] (the node
+//! too: a core set's cores are not tied to one node's memory). There:
+//! 6. [`Llc::invalidate`] removes a line (a write by another core or by the
+//!    NIC, `Sim::invalidate_lines`) and keeps the order of the rest of its
+//!    set; the freed way becomes the set's last, so the next fill of the
+//!    set takes it before evicting anything.
 
 /// A free way (no line key equals it: a real key's region half is below
 /// 2^32).
@@ -37,6 +45,14 @@ const EMPTY: u128 = u128::MAX;
 #[inline]
 pub(crate) fn line_key(region: u32, line: u64) -> u128 {
     ((region as u128) << 64) | line as u128
+}
+
+/// The key of line `line` of the region tagged `tag` in a core's private
+/// cache: unique for every (node, region, line) (a tag is below 2^48, so no
+/// key equals [`EMPTY`]).
+#[inline]
+pub(crate) fn core_line_key(tag: u64, line: u64) -> u128 {
+    ((tag as u128) << 64) | line as u128
 }
 
 /// What a region's memory carries so its lines reach the right cache: the
@@ -70,6 +86,8 @@ pub(crate) struct Llc {
     pub(crate) dependent_misses: u64,
     /// Lines the pair prefetcher brought in from DRAM (invariant 5).
     pub(crate) prefetches: u64,
+    /// Lines [`Llc::invalidate`] removed (invariant 6).
+    pub(crate) invalidations: u64,
 }
 
 impl Llc {
@@ -85,6 +103,7 @@ impl Llc {
             misses: 0,
             dependent_misses: 0,
             prefetches: 0,
+            invalidations: 0,
         }
     }
 
@@ -131,6 +150,18 @@ impl Llc {
         ways.rotate_right(1);
         ways[0] = key;
         self.prefetches += 1;
+        true
+    }
+
+    /// Removes `key` if present (invariant 6); true if it was.
+    pub(crate) fn invalidate(&mut self, key: u128) -> bool {
+        let ways = self.set_of(key);
+        let Some(p) = ways.iter().position(|&k| k == key) else {
+            return false;
+        };
+        ways[p..].rotate_left(1);
+        *ways.last_mut().expect("a set has a way") = EMPTY;
+        self.invalidations += 1;
         true
     }
 
@@ -214,6 +245,24 @@ mod tests {
         assert!(c.prefetch(k(4)));
         assert!(!c.access(k(0)), "0 was the least recently used");
         assert!(c.access(k(4)));
+    }
+
+    #[test]
+    fn an_invalidated_line_misses_and_its_way_is_filled_first() {
+        // One set of 4 ways: every key lands in it.
+        let mut c = Llc::new(4 * 64, 4);
+        let k = |l| core_line_key(region_tag(1, 2), l);
+        for l in 0..4 {
+            c.access(k(l));
+        }
+        assert!(c.invalidate(k(2)));
+        assert!(!c.invalidate(k(2)), "gone already");
+        assert_eq!(c.invalidations, 1);
+        // The free way takes the next fill: 0, the LRU line, stays.
+        assert!(!c.access(k(2)), "an invalidated line misses");
+        assert!(c.access(k(0)) && c.access(k(1)) && c.access(k(3)));
+        // Another node's same region and line is another key.
+        assert_ne!(k(1), core_line_key(region_tag(0, 2), 1));
     }
 
     #[test]

@@ -69,6 +69,14 @@ pub(crate) struct Sim {
     /// Instructions memory-node jobs declared so far ([`work`]), reported
     /// as `memnode declared instructions`.
     pub(crate) work_instructions: Cell<u64>,
+    /// Each core's private cache (index: the core's number, `CoreSet`
+    /// invariant 7), made at its first metered touch; empty when the
+    /// profile has none (`core_cache_bytes` 0).
+    pub(crate) core_caches: RefCell<Vec<Option<cache::Llc>>>,
+    /// Per node: the cores whose private caches took lines of its memory
+    /// (the only caches a write to it must look in), and a flag per core
+    /// number for the check.
+    pub(crate) core_sharers: RefCell<Vec<(Vec<u32>, Vec<bool>)>>,
 }
 
 thread_local! {
@@ -96,11 +104,65 @@ thread_local! {
     /// `floor(count x 1000 / rate)` ns in all, exactly, however its work is
     /// split into declarations.
     static JOB_WORK: Cell<u64> = const { Cell::new(0) };
+    /// The number of the simulated core whose job runs now (`CoreSet`
+    /// invariant 7; [`NO_CORE`] outside any job), for its private cache.
+    /// It counts only while a memory-node meter is on: code that runs in a
+    /// nested frame a job waits in, other than the job's own tasks, runs
+    /// unmetered (`OwnCoreOnly`), and is no core's.
+    static RUNNING_CORE: Cell<u32> = const { Cell::new(NO_CORE) };
+    /// Whether the simulation of this thread models private caches
+    /// (`memnode.core_cache_bytes` > 0 with the cache model on): writes
+    /// then invalidate ([`touch_write`]); when false that check is all a
+    /// write costs.
+    static CORE_CACHES_ON: Cell<bool> = const { Cell::new(false) };
     /// True while a [`Simulation`] drops its pending events and background
     /// tasks (it is no longer current): state dropped then may still try to
     /// answer an RPC (a handler's parked `Responder` answers on drop), and
     /// such a reply has no caller left to reach (see `net::reply_ready`).
     static TEARING_DOWN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`RUNNING_CORE`] outside any job.
+const NO_CORE: u32 = u32::MAX;
+
+/// Runs `f`, a job that took core `core` (`net::run_job`), with `core` as
+/// the running core; the previous one is back when it returns (jobs nest
+/// in scheduler frames), also on a panic.
+pub(crate) fn on_numbered_core<R>(core: u32, f: impl FnOnce() -> R) -> R {
+    struct Restore(u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = RUNNING_CORE.try_with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(RUNNING_CORE.with(|c| c.replace(core)));
+    f()
+}
+
+/// Region memory `[offset, offset + len)` of the region tagged `tag` was
+/// written (after its [`touch`]): by the NIC (a one-sided WRITE, CAS or
+/// FAA, which run unmetered in the network's events), by a compute
+/// operation, or by code on a memory-node core. Every private cache but
+/// the writing core's loses the lines, so none of them prices a stale copy
+/// as a private hit (docs/simulation.md, "A private cache per core (branch
+/// i69)"). Without private caches in the profile it returns at its first
+/// check.
+#[inline]
+pub(crate) fn touch_write(tag: u64, offset: u64, len: u64) {
+    if !CORE_CACHES_ON.with(|c| c.get()) || len == 0 || tag == UNTAGGED {
+        return;
+    }
+    let meter = METER_LINE_NS.with(|m| m.get());
+    let writer = if meter == 0 || meter == COUNT_LOCAL {
+        NO_CORE
+    } else {
+        RUNNING_CORE.with(|c| c.get())
+    };
+    CURRENT.with(|c| {
+        if let Some(s) = c.borrow().as_ref() {
+            s.invalidate_lines(tag, offset / 64, (offset + len - 1) / 64, writer);
+        }
+    });
 }
 
 /// Whether the calling thread is dropping a simulation's remaining state.
@@ -510,6 +572,13 @@ impl Sim {
     /// the profile, or for memory no backend registered, every new line
     /// costs `line_ns` (the flat model). Outside a job (`seen` None) every
     /// line of the access is new.
+    ///
+    /// With private caches (`core_cache_bytes`, branch i69) and a running
+    /// core, a new line is looked up in that core's cache first: a hit
+    /// costs `core_cache_hit_ns` and goes no further; a miss fills the
+    /// core's cache (with the pair prefetcher's buddy, if on) and then goes
+    /// through the LLC as above, the dependent-miss rule unchanged. Writes
+    /// keep the private caches coherent ([`touch_write`]).
     fn charge_lines(
         &self,
         tag: u64,
@@ -535,10 +604,42 @@ impl Sim {
         }
         let llc =
             caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
+        // The running core's private cache, if the profile models one.
+        let core = if m.core_cache_bytes > 0 {
+            RUNNING_CORE.with(|c| c.get())
+        } else {
+            NO_CORE
+        };
+        let mut cores = (core != NO_CORE).then(|| {
+            self.note_sharer(node, core);
+            self.core_caches.borrow_mut()
+        });
+        let mut private = cores.as_mut().map(|v| {
+            let i = core as usize;
+            if v.len() <= i {
+                v.resize_with(i + 1, || None);
+            }
+            v[i].get_or_insert_with(|| {
+                cache::Llc::new(m.core_cache_bytes, m.core_cache_ways as usize)
+            })
+        });
         let mut cost = 0;
         for line in first..=last {
             if !is_new(line) {
                 continue;
+            }
+            if let Some(p) = private.as_mut() {
+                // Core cache first: a hit costs its latency and the LLC
+                // never sees it (it does not refresh the line's LRU
+                // place there, as on the hardware).
+                if p.access(cache::core_line_key(tag, line)) {
+                    cost += m.core_cache_hit_ns;
+                    continue;
+                }
+                if m.pair_prefetch {
+                    // The L2 spatial prefetcher completes the pair in L2.
+                    p.prefetch(cache::core_line_key(tag, line ^ 1));
+                }
             }
             let hit = llc.access(cache::line_key(region, line));
             if !hit && m.pair_prefetch {
@@ -557,6 +658,47 @@ impl Sim {
             };
         }
         cost
+    }
+}
+
+impl Sim {
+    /// Records that core `core`'s private cache takes lines of node
+    /// `node`'s memory (so writes to it look there).
+    fn note_sharer(&self, node: usize, core: u32) {
+        let mut sharers = self.core_sharers.borrow_mut();
+        if sharers.len() <= node {
+            sharers.resize_with(node + 1, Default::default);
+        }
+        let (list, flag) = &mut sharers[node];
+        let i = core as usize;
+        if flag.len() <= i {
+            flag.resize(i + 1, false);
+        }
+        if !flag[i] {
+            flag[i] = true;
+            list.push(core);
+        }
+    }
+
+    /// Removes lines `first..=last` of the region tagged `tag` from every
+    /// private cache that may hold them but `writer`'s ([`touch_write`]).
+    fn invalidate_lines(&self, tag: u64, first: u64, last: u64, writer: u32) {
+        let (node, _) = cache::split_tag(tag);
+        let sharers = self.core_sharers.borrow();
+        let Some((list, _)) = sharers.get(node as usize) else {
+            return;
+        };
+        let mut caches = self.core_caches.borrow_mut();
+        for &core in list {
+            if core == writer {
+                continue;
+            }
+            if let Some(Some(c)) = caches.get_mut(core as usize) {
+                for line in first..=last {
+                    c.invalidate(cache::core_line_key(tag, line));
+                }
+            }
+        }
     }
 }
 
@@ -806,12 +948,17 @@ impl Simulation {
             local_lines: Cell::new((0, 0)),
             instructions_per_us,
             work_instructions: Cell::new(0),
+            core_caches: RefCell::new(Vec::new()),
+            core_sharers: RefCell::new(Vec::new()),
         });
+        let m = &sim.profile.memnode;
+        let core_caches = m.core_cache_bytes > 0 && m.llc_bytes > 0;
         CURRENT.with(|c| {
             let mut c = c.borrow_mut();
             assert!(c.is_none(), "this thread already runs a simulation");
             *c = Some(sim);
         });
+        CORE_CACHES_ON.with(|c| c.set(core_caches));
         Simulation {
             cluster,
             thread: std::thread::current().id(),
@@ -917,6 +1064,37 @@ impl Simulation {
                 });
             }
         }
+        // The cores' private caches (only with `core_cache_bytes`; reports
+        // without them are as before): per core set, summed over its cores.
+        if sim.profile.memnode.core_cache_bytes > 0 {
+            let caches = sim.core_caches.borrow();
+            for (name, cores) in sim.net.borrow().coreset_cores() {
+                let (mut hits, mut misses, mut inval) = (0, 0, 0);
+                for c in cores {
+                    if let Some(Some(c)) = caches.get(c as usize) {
+                        hits += c.hits;
+                        misses += c.misses;
+                        inval += c.invalidations;
+                    }
+                }
+                if hits + misses + inval == 0 {
+                    continue;
+                }
+                for (what, count) in [
+                    ("private hits", hits),
+                    ("private misses", misses),
+                    ("private invalidations", inval),
+                ] {
+                    out.push(ResourceUse {
+                        name: format!("{name} {what}"),
+                        servers: 1,
+                        busy_ns: 0,
+                        count,
+                        bytes: 0,
+                    });
+                }
+            }
+        }
         // Work memory-node code declared (`work`; only with an instruction
         // term in the profile and engines that declare).
         let declared = sim.work_instructions.get();
@@ -956,6 +1134,7 @@ impl Drop for Simulation {
         self.cluster.clear();
         if std::thread::current().id() == self.thread {
             // Background tasks and pending events go with the state.
+            let _ = CORE_CACHES_ON.try_with(|c| c.set(false));
             if let Ok(Some(sim)) = CURRENT.try_with(|c| c.borrow_mut().take()) {
                 // Pending events hold the state: break the cycle. What they
                 // drop may answer RPCs whose callers are gone with them.

@@ -160,6 +160,14 @@ type Job = Box<dyn FnOnce() -> u64>;
 /// 6. The DST hold (`Sched::holding_jobs`): a job due to start during a
 ///    wait on the network alone keeps the core it took and starts when
 ///    that wait ends, as before: the one exception to 1 and 2.
+/// 7. Cores have identities (branch i69, for their private caches): each
+///    core set's cores are numbered `first_core..first_core + cores` in a
+///    numbering shared by all sets; a job takes the idle core that became
+///    idle last (the free cores are a stack, core `first_core` on top at
+///    the start), holds it until its service time is over, and the code
+///    it runs sees that core as the running core (`sim::on_numbered_core`).
+///    Which core a job gets never changes when or in what order jobs run:
+///    only what their lines cost, through the private caches.
 ///
 /// Checked by `core_set_serves_in_ready_order_like_a_reference` (unit test
 /// below: random submissions against a reference simulation) and
@@ -177,11 +185,15 @@ pub(crate) struct CoreSet {
     busy_ns: u64,
     jobs: u64,
     cores: usize,
+    /// The idle cores' numbers (invariant 7): `idle` of them, the next to
+    /// be taken last.
+    free: Vec<u32>,
 }
 
 impl CoreSet {
-    fn new(cores: usize) -> CoreSet {
+    fn new(cores: usize, first_core: u32) -> CoreSet {
         CoreSet {
+            free: (first_core..first_core + cores as u32).rev().collect(),
             idle: cores,
             queue: VecDeque::new(),
             submitted: 0,
@@ -193,13 +205,15 @@ impl CoreSet {
     }
 
     /// Takes an idle core for the first job of the queue if it is ready at
-    /// `now` (invariants 1 and 3).
-    fn take_ready(&mut self, now: u64) -> Option<Job> {
+    /// `now` (invariants 1 and 3); the job and the core's number
+    /// (invariant 7).
+    fn take_ready(&mut self, now: u64) -> Option<(Job, u32)> {
         if self.idle == 0 || self.queue.front().is_none_or(|&(r, _, _)| r > now) {
             return None;
         }
         self.idle -= 1;
-        self.queue.pop_front().map(|(_, _, job)| job)
+        let core = self.free.pop().expect("an idle core has a number");
+        self.queue.pop_front().map(|(_, _, job)| (job, core))
     }
 
     /// Notes a wake event at `at` (the caller schedules it).
@@ -264,8 +278,8 @@ fn schedule_wake(sim: &Rc<Sim>, id: usize, at: u64) {
         if let Some(at) = wake {
             schedule_wake(&s, id, at);
         }
-        if let Some(job) = job {
-            run_job(&s, id, job);
+        if let Some((job, core)) = job {
+            run_job(&s, id, job, core);
         }
     });
 }
@@ -289,15 +303,17 @@ pub(crate) fn coreset_queued(net: &Net, id: usize, now: u64) -> usize {
         .partition_point(|&(r, _, _)| r <= now)
 }
 
-/// Runs `job` on a core of set `id` now (the core is taken), then frees the
-/// core when its service time is over and starts the first ready job.
-fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
+/// Runs `job` on core `core` of set `id` now (the core is taken), then
+/// frees the core when its service time is over and starts the first ready
+/// job.
+fn run_job(sim: &Rc<Sim>, id: usize, job: Job, core: u32) {
     if sim.sched.holding_jobs() {
         let s = sim.clone();
-        sim.sched.hold_job(Box::new(move || run_job(&s, id, job)));
+        sim.sched
+            .hold_job(Box::new(move || run_job(&s, id, job, core)));
         return;
     }
-    let cost = job();
+    let cost = super::on_numbered_core(core, job);
     {
         let mut net = sim.net.borrow_mut();
         let cs = &mut net.coresets[id];
@@ -311,14 +327,15 @@ fn run_job(sim: &Rc<Sim>, id: usize, job: Job) {
             let mut net = s.net.borrow_mut();
             let cs = &mut net.coresets[id];
             cs.idle += 1;
+            cs.free.push(core);
             let next = cs.take_ready(now);
             (next, cs.wake_for_first())
         };
         // The next job starts in an event of its own at this instant, as
         // it did before invariant 1.
-        if let Some(job) = next {
+        if let Some((job, core)) = next {
             let s2 = s.clone();
-            s.sched.at(now, move || run_job(&s2, id, job));
+            s.sched.at(now, move || run_job(&s2, id, job, core));
         }
         if let Some(at) = wake {
             schedule_wake(&s, id, at);
@@ -412,6 +429,9 @@ pub(crate) struct Net {
     pub(crate) nodes: Vec<NodeModel>,
     pub(crate) coresets: Vec<CoreSet>,
     coreset_names: Vec<String>,
+    /// Cores of all core sets so far (the next set's first core number,
+    /// `CoreSet` invariant 7).
+    cores_total: u32,
     /// Client cores (one per endpoint): name and server.
     clients: Vec<(String, Rc<RefCell<Server>>)>,
     /// Per ordered node pair: the arrivals of messages posted ahead, so
@@ -537,9 +557,23 @@ fn nic_ns(sim: &Sim, payload: u64) -> u64 {
 
 impl Net {
     pub(crate) fn add_coreset(&mut self, name: String, cores: usize) -> usize {
-        self.coresets.push(CoreSet::new(cores));
+        self.coresets.push(CoreSet::new(cores, self.cores_total));
+        self.cores_total += cores as u32;
         self.coreset_names.push(name);
         self.coresets.len() - 1
+    }
+
+    /// Each core set's name and its cores' numbers (`CoreSet` invariant 7).
+    pub(crate) fn coreset_cores(&self) -> impl Iterator<Item = (&str, std::ops::Range<u32>)> {
+        let mut first = 0;
+        self.coresets
+            .iter()
+            .zip(&self.coreset_names)
+            .map(move |(cs, name)| {
+                let r = first..first + cs.cores as u32;
+                first = r.end;
+                (name.as_str(), r)
+            })
     }
 }
 

@@ -104,6 +104,22 @@ pub struct MemnodeProfile {
     /// docs/simulation.md ("An instruction term for memory-node jobs").
     #[serde(default)]
     pub ipc: f64,
+    /// Each memory-node core's private cache (its L2, with L1 folded in),
+    /// bytes: a line the core touched in an earlier job and that nothing
+    /// wrote since costs `core_cache_hit_ns` instead of going to the
+    /// last-level cache (docs/simulation.md, "Memory-node CPU" and "A
+    /// private cache per core (branch i69)"). 0 (the default): no private
+    /// cache, every line goes to the last-level cache model as before.
+    /// Needs the cache model (`llc_bytes` > 0).
+    #[serde(default)]
+    pub core_cache_bytes: u64,
+    /// Its associativity (lines per set).
+    #[serde(default)]
+    pub core_cache_ways: u64,
+    /// Per line that hits a core's private cache: its load-to-use latency
+    /// (the CPU's L2 latency in cycles at its base clock, rounded to ns).
+    #[serde(default)]
+    pub core_cache_hit_ns: u64,
 }
 
 impl MemnodeProfile {
@@ -223,6 +239,37 @@ impl Profile {
                     .into(),
             );
         }
+        if m.core_cache_bytes > 0 {
+            if m.llc_bytes == 0 {
+                return Err(
+                    "memnode.core_cache_bytes needs the cache model: set memnode.llc_bytes (with llc_ways and dram_miss_ns) or drop core_cache_bytes"
+                        .into(),
+                );
+            }
+            if m.core_cache_ways == 0 || m.core_cache_hit_ns == 0 {
+                return Err(
+                    "memnode.core_cache_bytes is set, so memnode.core_cache_ways and memnode.core_cache_hit_ns must be positive"
+                        .into(),
+                );
+            }
+            if m.core_cache_bytes < 64 * m.core_cache_ways {
+                return Err(format!(
+                    "memnode.core_cache_bytes {} is less than one set ({} ways of 64 bytes)",
+                    m.core_cache_bytes, m.core_cache_ways
+                ));
+            }
+            if m.core_cache_hit_ns > m.line_ns {
+                return Err(format!(
+                    "memnode.core_cache_hit_ns ({}) is more than memnode.line_ns ({}): a core's private cache cannot be slower than the last-level cache behind it",
+                    m.core_cache_hit_ns, m.line_ns
+                ));
+            }
+        } else if m.core_cache_ways != 0 || m.core_cache_hit_ns != 0 {
+            return Err(format!(
+                "memnode.core_cache_ways ({}) and memnode.core_cache_hit_ns ({}) are set but memnode.core_cache_bytes is 0 (no private cache): set core_cache_bytes or drop them",
+                m.core_cache_ways, m.core_cache_hit_ns
+            ));
+        }
         for (what, v) in [("memnode.cpu_ghz", m.cpu_ghz), ("memnode.ipc", m.ipc)] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{what} must be a non-negative number, not {v}"));
@@ -254,10 +301,11 @@ impl Profile {
         Ok(())
     }
 
-    /// Scales the memory node's last-level cache by `keys / paper_keys`, so
-    /// that a run with fewer keys than the paper's keeps the paper's ratio of
-    /// index bytes to cache bytes (docs/simulation.md, "Key-set size and the
-    /// cache"); at least one set remains.
+    /// Scales the memory node's last-level cache (and its cores' private
+    /// caches, if modelled) by `keys / paper_keys`, so that a run with fewer
+    /// keys than the paper's keeps the paper's ratio of index bytes to cache
+    /// bytes (docs/simulation.md, "Key-set size and the cache"); at least
+    /// one set of each remains.
     pub fn scale_llc(&mut self, keys: u64, paper_keys: u64) -> Result<(), String> {
         let m = &mut self.memnode;
         if paper_keys == 0 {
@@ -271,6 +319,12 @@ impl Profile {
         }
         let scaled = (m.llc_bytes as u128 * keys as u128 / paper_keys as u128) as u64;
         m.llc_bytes = scaled.max(64 * m.llc_ways);
+        // The cores' private caches hold the same share of the index as on
+        // the testbed, too (at least one set).
+        if m.core_cache_bytes > 0 {
+            let scaled = (m.core_cache_bytes as u128 * keys as u128 / paper_keys as u128) as u64;
+            m.core_cache_bytes = scaled.max(64 * m.core_cache_ways);
+        }
         Ok(())
     }
 

@@ -15,14 +15,16 @@ use std::sync::Arc;
 
 /// A step of a handler's script: read the word at the start of line `l`
 /// (`Word`), read lines `a..=b` in one access (`Span`), declare `n`
-/// instructions of work (`Work`), or wait for one SSD read of the
-/// handler's node in a nested scheduler frame (`Ssd`).
+/// instructions of work (`Work`), wait for one SSD read of the
+/// handler's node in a nested scheduler frame (`Ssd`), or store to the
+/// word at the start of line `l` (`Store`).
 #[derive(Clone, Copy)]
 pub enum Step {
     Word(u64),
     Span(u64, u64),
     Work(u64),
     Ssd,
+    Store(u64),
 }
 
 pub fn encode(steps: &[Step]) -> Vec<u8> {
@@ -33,6 +35,7 @@ pub fn encode(steps: &[Step]) -> Vec<u8> {
             Step::Span(a, b) => (1, a, b),
             Step::Work(n) => (2, n, 0),
             Step::Ssd => (3, 0, 0),
+            Step::Store(l) => (4, l, 0),
         };
         for x in [tag, a, b] {
             out.extend_from_slice(&x.to_le_bytes());
@@ -49,6 +52,7 @@ fn decode(req: &[u8]) -> Vec<Step> {
                 0 => Step::Word(x(1)),
                 1 => Step::Span(x(1), x(2)),
                 2 => Step::Work(x(1)),
+                4 => Step::Store(x(1)),
                 _ => Step::Ssd,
             }
         })
@@ -67,6 +71,7 @@ fn run_steps(mem: &RegionMem, node: NodeId, steps: &[Step]) {
             }
             Step::Work(n) => work(n),
             Step::Ssd => dmkv_transport::sim::ssd_io_blocking(node, false, 1),
+            Step::Store(l) => mem.store_u64(l * 64, 1).unwrap(),
         }
     }
 }
@@ -81,6 +86,8 @@ pub struct Rig {
     pub client: NodeId,
     pub script: ServiceId,
     pub mem: Arc<RegionMem>,
+    /// The region, for one-sided verbs on it.
+    pub region: dmkv_transport::RemoteRegion,
 }
 
 pub fn rig(profile: Profile, cores: usize) -> Rig {
@@ -92,7 +99,7 @@ pub fn rig(profile: Profile, cores: usize) -> Rig {
     });
     let node = sim.add_node(cores);
     let server = node.id();
-    let (_region, mem) = node.register_region(1 << 20).unwrap();
+    let (region, mem) = node.register_region(1 << 20).unwrap();
     let m = mem.clone();
     let script = node
         .services()
@@ -112,6 +119,7 @@ pub fn rig(profile: Profile, cores: usize) -> Rig {
         client,
         script,
         mem,
+        region,
     }
 }
 
