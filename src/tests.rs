@@ -899,6 +899,58 @@ fn outback_fails_over_a_crashed_memory_node_in_the_simulation() {
     }
 }
 
+/// xtree's in-place writes (`NodeSlice`'s stores and CASes, which the
+/// region cannot see) are reported to `sim` (docs/xtree.md invariant 12),
+/// so with private core caches a line one handler core wrote leaves the
+/// other cores' caches. rpc-btree's updates write only through them: before
+/// the report, a run with two handler cores showed no invalidations at all
+/// and priced the written lines as private hits on the other core.
+#[test]
+fn xtree_writes_invalidate_other_cores_private_copies() {
+    let dir = std::env::temp_dir().join(format!("dmkv-core-cache-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("inv.json");
+    let o = dmkv(&[
+        "bench",
+        "--transport",
+        "sim",
+        "--engine",
+        "rpc-btree",
+        "--workload",
+        "ycsb-a",
+        "--keys",
+        "5000",
+        "--ops",
+        "5000",
+        "--memnode-threads",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let per_s = |row: &str| -> f64 {
+        r["sim"]["utilisation"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == row)
+            .map_or(0.0, |u| u["per_s"].as_f64().unwrap())
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        per_s("node0 handler cores private hits") > 0.0,
+        "the shipped default profile has private caches"
+    );
+    // Half the operations are updates, each committing a leaf (every
+    // line's version word) on one of two cores that both read the tree.
+    assert!(
+        per_s("node0 handler cores private invalidations") > 0.0,
+        "no private copy was dropped by an xtree write"
+    );
+}
+
 #[test]
 fn llc_keys_scales_the_simulated_memory_node_cache() {
     assert_usage_error(&["bench", "--llc-keys", "1000000"], "--llc-keys");

@@ -473,6 +473,17 @@ impl RegionMem {
         Ok(self.word(offset)?.load(Ordering::Acquire))
     }
 
+    /// Reports `len` bytes at `offset` as stored through references taken
+    /// with [`RegionMem::word`] or [`RegionMem::words_in`] (whose stores
+    /// the region cannot see): under `sim` with private core caches, the
+    /// other cores' copies of those lines are dropped, as a store through
+    /// [`RegionMem::store_u64`] drops them. Does nothing else, and nothing
+    /// off `sim` or with the private caches off.
+    #[inline]
+    pub fn note_stored(&self, offset: u64, len: u64) {
+        crate::sim::touch_write(self.sim_tag, offset, len);
+    }
+
     /// Stores the aligned word at `offset`.
     #[inline]
     pub fn store_u64(&self, offset: u64, v: u64) -> Result<(), RegionAccessError> {

@@ -350,19 +350,39 @@ impl NodeWords for NodeMem<'_> {
 /// loads, stores and CASes with [`NodeMem`]'s orderings. The lean write
 /// paths lock, read and commit a leaf through it (a [`NodeMem`] access is
 /// a bounds-checked call per word).
-struct NodeSlice<'a>(&'a [AtomicU64]);
+///
+/// Its stores and CASes are reported to the region
+/// ([`RegionMem::note_stored`]), so `sim`'s private core caches drop other
+/// cores' copies of a line this one wrote, as they do for
+/// [`NodeMem`]'s stores (docs/xtree.md, invariant 12).
+struct NodeSlice<'a> {
+    words: &'a [AtomicU64],
+    mem: &'a RegionMem,
+    /// The node's byte offset in `mem`.
+    base: u64,
+}
 
 impl NodeWords for NodeSlice<'_> {
     fn load(&self, i: usize) -> u64 {
-        self.0[i].load(Ordering::Acquire)
+        self.words[i].load(Ordering::Acquire)
     }
     fn store(&self, i: usize, v: u64) {
-        self.0[i].store(v, Ordering::Release)
+        self.words[i].store(v, Ordering::Release);
+        self.mem.note_stored(self.base + 8 * i as u64, 8);
     }
     fn cas(&self, i: usize, expected: u64, new: u64) -> u64 {
-        match self.0[i].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
+        let found = match self.words[i].compare_exchange(
+            expected,
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(v) | Err(v) => v,
-        }
+        };
+        // Also when it fails, as `RegionMem::cas_u64`: a locked
+        // compare-exchange takes the line exclusively either way.
+        self.mem.note_stored(self.base + 8 * i as u64, 8);
+        found
     }
 }
 
@@ -981,7 +1001,11 @@ impl XTree {
         );
         // Line 0 first: the lock's word.
         words.load(geo.version_word(0));
-        let nm = NodeSlice(words.words);
+        let nm = NodeSlice {
+            words: words.words,
+            mem: words.mem,
+            base: words.base,
+        };
         let x = lock(&nm);
         let head = check_head_words(
             geo,
@@ -1548,12 +1572,16 @@ impl XTree {
     /// touched them (the lock's CAS, line 0, then lines 1 on), so a job's
     /// distinct lines come in the same order as through [`NodeMem`].
     fn node_slice(&self, node: u32) -> NodeSlice<'_> {
-        NodeSlice(
-            self.nodes
+        let base = self.node_mem(node).base;
+        NodeSlice {
+            words: self
+                .nodes
                 .mem
-                .words_in(self.node_mem(node).base, self.geo.node_bytes())
+                .words_in(base, self.geo.node_bytes())
                 .expect("node numbers are checked against the region"),
-        )
+            mem: &self.nodes.mem,
+            base,
+        }
     }
 
     fn node_mem(&self, node: u32) -> NodeMem<'_> {
