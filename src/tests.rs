@@ -991,8 +991,13 @@ fn llc_keys_scales_the_simulated_memory_node_cache() {
     let full = run(&[]);
     let scaled = run(&["--llc-keys", "2000000000"]);
     let cpu = |r: &serde_json::Value| r["per_op"]["memnode_cpu_ns"].as_f64().unwrap();
+    // Hits anywhere: with the shipped profile's private core caches (i69)
+    // a warm table's lines hit the core's cache before the LLC is asked.
+    let hits = |r: &serde_json::Value| {
+        per_s(r, "node0 llc hits") + per_s(r, "node0 handler cores private hits")
+    };
     assert!(
-        per_s(&full, "node0 llc misses") < 0.01 * per_s(&full, "node0 llc hits"),
+        per_s(&full, "node0 llc misses") < 0.01 * hits(&full),
         "the table fits the full cache"
     );
     // A GET reads a bucket, then the KV block it points to: two dependent
