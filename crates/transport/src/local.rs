@@ -678,26 +678,12 @@ impl LocalEndpoint {
     fn perform(&self, verb: &Verb) -> Result<VerbResult> {
         match verb {
             Verb::Read { addr, len } => self.read_now(addr, *len),
-            Verb::Write { addr, data } => {
-                self.with_region(addr, |mem| mem.write(addr.offset, data))?
-                    .map_err(|e| e.at(addr))?;
-                Ok(VerbResult::Write)
-            }
-            Verb::Cas {
-                addr,
-                expected,
-                new,
-            } => {
-                let v = self
-                    .with_region(addr, |mem| mem.cas_u64(addr.offset, *expected, *new))?
-                    .map_err(|e| e.at(addr))?;
-                Ok(VerbResult::Cas(v))
-            }
-            Verb::Faa { addr, add } => {
-                let v = self
-                    .with_region(addr, |mem| mem.faa_u64(addr.offset, *add))?
-                    .map_err(|e| e.at(addr))?;
-                Ok(VerbResult::Faa(v))
+            // The batch loop's execution of a write or an atomic, after
+            // this path's region look-up (`local` never meters lines, so
+            // `metered` only keeps the `sim` touch as `RegionMem::write`
+            // and `cas_u64` made it).
+            Verb::Write { addr, .. } | Verb::Cas { addr, .. } | Verb::Faa { addr, .. } => {
+                self.with_region(addr, |mem| Self::perform_on(mem, verb, true))?
             }
         }
     }
