@@ -7,7 +7,7 @@ use dmkv_api::Knobs;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::make_value;
 use dmkv_sherman::SPEC;
-use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
+use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs, check_knobs_refused};
 use dmkv_testkit::history::{RaceConfig, race};
 use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
 use dmkv_transport::exec::block_on;
@@ -107,28 +107,22 @@ fn bad_input_is_refused() {
 
 #[test]
 fn bad_knobs_are_config_errors() {
-    for (k, v) in [
-        ("node_bytes", "100"),
-        ("node_bytes", "2048"),
-        ("chunk_kb", "1"),
-        ("load_fill", "0"),
-        ("load_fill", "101"),
-        ("chunk_kb", "1000000"),
-        ("pool_mb", "5000"),
-        ("pool_max_mb", "99999999"),
-        ("cache_mb", "99999999"),
-    ] {
-        let mut knobs = Knobs::new();
-        knobs.set(k, v);
-        let r = LocalDeployment::deploy(
-            &SPEC,
-            &DeployOptions {
-                knobs,
-                ..Default::default()
-            },
-        );
-        assert!(r.is_err(), "{k}={v} accepted");
-    }
+    check_knobs_refused(
+        &SPEC,
+        &DeployOptions::default(),
+        &[
+            ("node_bytes", "100"),
+            ("node_bytes", "2048"),
+            ("chunk_kb", "1"),
+            ("load_fill", "0"),
+            ("load_fill", "101"),
+            ("chunk_kb", "1000000"),
+            ("pool_mb", "5000"),
+            ("pool_max_mb", "99999999"),
+            ("cache_mb", "99999999"),
+        ],
+    )
+    .unwrap();
 }
 
 /// A pool whose limit is too small for the data (1 MiB first segment, one

@@ -1,11 +1,38 @@
 //! Bad input must get a clear error and harm nothing.
 
-use dmkv_api::deploy::LocalDeployment;
-use dmkv_api::{KvError, KvStore};
+use dmkv_api::deploy::{DeployOptions, LocalDeployment};
+use dmkv_api::{EngineSpec, KvError, KvStore};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{ErrorCode, TransportError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+
+/// Each `(knob, value)` of `bad`, set alone on top of `base`'s knobs, must
+/// be refused at deployment with a configuration error that names the
+/// knob; a deployment that succeeds, or fails for another reason, is an
+/// error naming the pair.
+pub fn check_knobs_refused(
+    spec: &dyn EngineSpec,
+    base: &DeployOptions,
+    bad: &[(&str, &str)],
+) -> Result<(), String> {
+    for &(knob, value) in bad {
+        let mut opts = base.clone();
+        opts.knobs.set(knob, value);
+        match LocalDeployment::deploy(spec, &opts) {
+            Ok(_) => return Err(format!("{}.{knob}={value} was accepted", spec.name())),
+            Err(KvError::Config(msg)) if msg.contains(knob) => {}
+            Err(e) => {
+                return Err(format!(
+                    "{}.{knob}={value} was refused, but not with a configuration \
+                     error naming the knob: {e}",
+                    spec.name()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Reserved keys, oversized values, empty and maximal values, scans where
 /// unsupported, and the expected outcomes that are not errors.
