@@ -431,19 +431,24 @@ thread_local! {
 
 // Two readings per RPC come through here (before and after the reply's
 // send): a thread-local without a destructor, no `RefCell` borrow.
-#[inline]
+// The thread-local's address is taken with a closure small enough to be
+// inlined, and `f` runs outside `LocalKey::with` (branch i71: with `f`
+// inside it, the reply's reading before its send was an out-of-line
+// `LocalKey::with` call per RPC).
+#[inline(always)]
 #[allow(unsafe_code)]
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    STATE.with(|s| {
-        // SAFETY: `STATE` is this thread's alone, and the only reference to
-        // its contents is this one: every closure given to `with_state`
-        // (here, in this module) reads clocks, the preemption word and the
-        // chain, and none calls `with_state` again, so this `&mut` is never
-        // aliased.
-        let s = unsafe { &mut *s.get() };
-        let s = s.get_or_insert_with(new_state);
-        f(s)
-    })
+    let s: *mut Option<State> = STATE.with(UnsafeCell::get);
+    // SAFETY: `STATE` is this thread's alone (the pointer is used on this
+    // thread, within this call, and a const-initialised thread-local
+    // without destructor lives as long as its thread), and the only
+    // reference to its contents is this one: every closure given to
+    // `with_state` (here, in this module) reads clocks, the preemption
+    // word and the chain, and none calls `with_state` again, so this
+    // `&mut` is never aliased.
+    let s = unsafe { &mut *s };
+    let s = s.get_or_insert_with(new_state);
+    f(s)
 }
 
 #[cold]

@@ -956,6 +956,10 @@ impl EndpointBackend for LocalEndpoint {
         self.rpcs.request_buffer()
     }
 
+    // Inlined here, with the fast path of `call_local` and `RpcSlots::send`
+    // (branch i71): the reply slot's wait is built once, in the future this
+    // returns, instead of being moved out of three nested calls.
+    #[inline]
     fn call_unboxed(&self, node: NodeId, service: ServiceId, payload: Vec<u8>) -> CallFuture<'_> {
         match self.call_local(node, service, payload) {
             Ok(wait) => CallFuture::slot(wait),
@@ -967,6 +971,9 @@ impl EndpointBackend for LocalEndpoint {
 impl LocalEndpoint {
     /// Sends an RPC: on the fault-free path the reply slot's wait (`Ok`),
     /// else the operation that answers it (an error, or the faulty path).
+    /// Always inlined (with `send_fault_free` and `RpcSlots::send`, branch
+    /// i71): `#[inline]` alone left three calls, each moving the wait out.
+    #[inline(always)]
     fn call_local(
         &self,
         node: NodeId,
@@ -974,22 +981,33 @@ impl LocalEndpoint {
         payload: Vec<u8>,
     ) -> std::result::Result<ReplyWait<'_>, OpFuture<'_, Result<Reply>>> {
         // The common case borrows the node from this endpoint's table (no
-        // reference count changes hands per RPC); the same checks as below.
-        let payload = {
+        // reference count changes hands per RPC); the same checks as
+        // `call_slow`, in the same order.
+        {
             let targets = self.targets.borrow();
-            match targets.get(node.0 as usize) {
-                Some(Some(target))
-                    if target.handler_threads > 0
-                        && !self.inner.faults_active.load(Ordering::Acquire) =>
-                {
-                    if let Err(e) = target.check_up() {
-                        return Err(OpFuture::ready(Err(e)));
-                    }
-                    return self.send_fault_free(target, node, service, payload);
+            if let Some(Some(target)) = targets.get(node.0 as usize)
+                && target.handler_threads > 0
+                && !self.inner.faults_active.load(Ordering::Acquire)
+            {
+                if target.crashed.load(Ordering::Acquire) {
+                    return Err(OpFuture::ready(Err(TransportError::NodeDown(target.id))));
                 }
-                _ => payload,
+                return self.send_fault_free(target, node, service, payload);
             }
-        };
+        }
+        self.call_slow(node, service, payload)
+    }
+
+    /// [`LocalEndpoint::call_local`] for a node not in this endpoint's table
+    /// yet, a node without handler threads, or with faults injected.
+    #[cold]
+    #[inline(never)]
+    fn call_slow(
+        &self,
+        node: NodeId,
+        service: ServiceId,
+        payload: Vec<u8>,
+    ) -> std::result::Result<ReplyWait<'_>, OpFuture<'_, Result<Reply>>> {
         let target = match self.target(node) {
             Ok(n) => n,
             Err(e) => return Err(OpFuture::ready(Err(e))),
@@ -1008,7 +1026,7 @@ impl LocalEndpoint {
     /// The fault-free path: no timer, no clock read, no allocation per RPC;
     /// the request goes into this endpoint's lane to the node (the node is
     /// cloned only when the lane is full and the call must wait for room).
-    #[inline]
+    #[inline(always)]
     fn send_fault_free(
         &self,
         target: &Arc<NodeState>,
@@ -1026,14 +1044,22 @@ impl LocalEndpoint {
                 self.sent(target, node);
                 Ok(wait)
             }
-            Err(payload) => Err(OpFuture::boxed(self.send_when_room(
-                target.clone(),
-                node,
-                service,
-                payload,
-                None,
-            ))),
+            Err(payload) => Err(self.wait_for_room(target, node, service, payload)),
         }
+    }
+
+    /// The lane to `target` was full: the RPC waits for room
+    /// ([`LocalEndpoint::send_when_room`]), boxed.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_room(
+        &self,
+        target: &Arc<NodeState>,
+        node: NodeId,
+        service: ServiceId,
+        payload: Vec<u8>,
+    ) -> OpFuture<'_, Result<Reply>> {
+        OpFuture::boxed(self.send_when_room(target.clone(), node, service, payload, None))
     }
 
     /// After a request went into the lane to `target`: wake a sleeping
@@ -1042,9 +1068,16 @@ impl LocalEndpoint {
     #[inline]
     fn sent(&self, target: &NodeState, node: NodeId) {
         target.bell.ring();
-        if target.crashed.load(Ordering::Acquire)
-            && let Some(lane) = self.rpcs.lane(node)
-        {
+        if target.crashed.load(Ordering::Acquire) {
+            self.drain_after_crash(node);
+        }
+    }
+
+    /// The node went down while a request was being queued to it.
+    #[cold]
+    #[inline(never)]
+    fn drain_after_crash(&self, node: NodeId) {
+        if let Some(lane) = self.rpcs.lane(node) {
             lane.drain();
         }
     }

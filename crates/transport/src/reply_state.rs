@@ -87,7 +87,8 @@ impl ReplyState {
         seq
     }
 
-    /// The sequence number of the RPC now on the slot.
+    /// The sequence number of the RPC now on the slot (a debug check's).
+    #[cfg(any(debug_assertions, test))]
     pub(crate) fn seq(&self) -> u64 {
         self.0.load(Ordering::Relaxed) >> SEQ_SHIFT
     }
