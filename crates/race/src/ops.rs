@@ -278,6 +278,14 @@ impl Ctx<'_> {
         }
     }
 
+    /// [`Ctx::count_rtt`] for a batch built in its future
+    /// ([`Endpoint::batch_run`]), before it is awaited.
+    fn count_run(&self, b: &BatchRun<'_>) {
+        if !b.is_unposted_empty() {
+            self.rtts.set(self.rtts.get() + 1);
+        }
+    }
+
     /// Charges this operation to `kind` in the process's counters.
     pub fn finish(&self, kind: Kind) {
         self.t.stats.ops[kind as usize].fetch_add(1, Ordering::Relaxed);
@@ -342,7 +350,9 @@ impl Ctx<'_> {
         for _ in 0..MAX_RETRIES {
             let entry = self.t.cache.read().entry(h);
             let st = entry.subtable();
-            let mut b = self.ep.batch();
+            // Built in its future, awaited by reference (no move of the
+            // verbs or of the future, `Endpoint::batch_run`).
+            let mut b = self.ep.batch_run();
             if let Some((at, data)) = pre.take() {
                 // Awaited only for a segment not looked up yet.
                 let at = match self.known_pool_at(at)? {
@@ -366,8 +376,8 @@ impl Ctx<'_> {
             };
             let r0 = b.read(base.offset_by(offs[0]), COMBINED_BYTES);
             let r1 = b.read(base.offset_by(offs[1]), COMBINED_BYTES);
-            self.count_rtt(&b);
-            let res = b.run().await?;
+            self.count_run(&b);
+            let res = (&mut b).await?;
             // Not kept across the `refresh_dir` await below: the buckets are
             // handed to `f` or dropped before it.
             {
@@ -430,7 +440,8 @@ impl Ctx<'_> {
         key: Key,
         keep: impl FnOnce(&[u8]) -> T,
     ) -> Result<Option<Option<(usize, T)>>> {
-        let mut b = self.ep.batch();
+        // As in `read_buckets_with`: built in place, awaited by reference.
+        let mut b = self.ep.batch_run();
         for (i, (_, s)) in slots.iter().enumerate() {
             let at = match self.known_pool_at(s.kv())? {
                 Some(at) => at,
@@ -439,8 +450,8 @@ impl Ctx<'_> {
             let r = b.read(at, usize::from(s.units()) * 64);
             debug_assert_eq!(r, i, "read i of a fresh batch has index i");
         }
-        self.count_rtt(&b);
-        let res = b.run().await?;
+        self.count_run(&b);
+        let res = (&mut b).await?;
         let mut found = None;
         let mut keep = Some(keep);
         for (i, (_, s)) in slots.iter().enumerate() {
@@ -607,13 +618,14 @@ impl Ctx<'_> {
                     return Ok(existing.is_some());
                 }
                 (PutMode::Update | PutMode::Upsert, Some((off, old))) => {
-                    let mut cas = self.ep.batch();
                     let at = match self.known_addr_in(b.entry, off)? {
                         Some(at) => at,
                         None => self.addr_in(b.entry, off).await?,
                     };
+                    let mut cas = self.ep.batch_run();
                     let c = cas.cas(at, old.0, mine.0);
-                    if self.run(cas).await?.word(c) != old.0 {
+                    self.count_run(&cas);
+                    if (&mut cas).await?.word(c) != old.0 {
                         self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
@@ -776,13 +788,14 @@ impl Ctx<'_> {
                 return Ok(false);
             };
             let (off, old) = b.cands[i];
-            let mut cas = self.ep.batch();
             let at = match self.known_addr_in(b.entry, off)? {
                 Some(at) => at,
                 None => self.addr_in(b.entry, off).await?,
             };
+            let mut cas = self.ep.batch_run();
             let c = cas.cas(at, old.0, 0);
-            if self.run(cas).await?.word(c) != old.0 {
+            self.count_run(&cas);
+            if (&mut cas).await?.word(c) != old.0 {
                 self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
