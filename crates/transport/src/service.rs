@@ -1028,11 +1028,14 @@ mod tests {
         }
     }
 
-    /// A sink that logs every answer it sends (request id, payload or
-    /// error message) and counts the times it is boxed for a later answer.
+    /// Every answer sent: request id, payload or error message.
+    type AnswerLog = Arc<parking_lot::Mutex<Vec<(usize, Result<Vec<u8>, String>)>>>;
+
+    /// A sink that logs every answer it sends and counts the times it is
+    /// boxed for a later answer.
     struct LoggingSink {
         id: usize,
-        log: Arc<parking_lot::Mutex<Vec<(usize, Result<Vec<u8>, String>)>>>,
+        log: AnswerLog,
         boxed: Arc<AtomicU32>,
     }
 
@@ -1058,7 +1061,7 @@ mod tests {
             parked: parking_lot::Mutex::new(Vec::new()),
         });
         let id = t.register_deferred("mixed", svc.clone()).unwrap();
-        let log: Arc<parking_lot::Mutex<Vec<(usize, Result<Vec<u8>, String>)>>> = Arc::default();
+        let log: AnswerLog = Arc::default();
         let boxed = Arc::new(AtomicU32::new(0));
         let reqs: [&[u8]; 8] = [
             b"now",
