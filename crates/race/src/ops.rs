@@ -149,6 +149,40 @@ impl Buckets {
     }
 }
 
+/// What GET, update, upsert, insert and delete use of a key's buckets,
+/// taken where they were read ([`Ctx::read_buckets_with`]) instead of the
+/// whole ~280-byte [`Buckets`].
+pub struct BucketView {
+    pub entry: DirEntry,
+    /// Whether any slot is frozen ([`Buckets::any_frozen`]).
+    pub frozen: bool,
+    /// The visible slots with the key's fingerprint, in
+    /// [`Buckets::slots`] order, on the stack (a key rarely has more than
+    /// one).
+    pub cands: SmallVec<[(u64, Slot); 4]>,
+    /// Where an insert would claim a slot ([`pick_empty`]); `None` also
+    /// when not asked for.
+    pub empty: Option<u64>,
+}
+
+impl BucketView {
+    /// The view of `b` for key hash `h`; `empty` only if `want_empty`.
+    pub fn of(b: &Buckets, h: &KeyHash, want_empty: bool) -> BucketView {
+        let mut cands = SmallVec::new();
+        b.for_each_slot(|off, s| {
+            if s.is_visible() && s.fp() == h.fp {
+                cands.push((off, s));
+            }
+        });
+        BucketView {
+            entry: b.entry,
+            frozen: b.any_frozen(),
+            cands,
+            empty: if want_empty { pick_empty(b) } else { None },
+        }
+    }
+}
+
 enum Resolved {
     Won,
     Lost,
@@ -244,6 +278,14 @@ impl Ctx<'_> {
         }
     }
 
+    /// [`Ctx::count_rtt`] for a batch built in its future
+    /// ([`Endpoint::batch_run`]), before it is awaited.
+    fn count_run(&self, b: &BatchRun<'_>) {
+        if !b.is_unposted_empty() {
+            self.rtts.set(self.rtts.get() + 1);
+        }
+    }
+
     /// Charges this operation to `kind` in the process's counters.
     pub fn finish(&self, kind: Kind) {
         self.t.stats.ops[kind as usize].fetch_add(1, Ordering::Relaxed);
@@ -292,17 +334,12 @@ impl Ctx<'_> {
 
     /// Reads the two combined buckets of `h` (after `pre`, verbs posted in
     /// the same batch, e.g. a KV block write), refreshing the directory until
-    /// the bucket headers agree with it.
-    async fn read_buckets(&self, h: &KeyHash, pre: Option<(GAddr, Vec<u8>)>) -> Result<Buckets> {
-        self.read_buckets_with(h, pre, |b| b).await
-    }
-
-    /// [`Ctx::read_buckets`], handing the buckets to `f` where they were
-    /// parsed and returning what `f` makes of them: a caller that needs a
-    /// few words of the ~280-byte `Buckets` (GET: its candidates) does not
-    /// have them moved through the futures' outputs and states (three
-    /// `memcpy` calls per GET, docs/performance.md, "Fourteenth pass").
-    /// The same reads, retries and counts as `read_buckets`.
+    /// the bucket headers agree with it, and hands them to `f` where they
+    /// were parsed, returning what `f` makes of them: a caller needs a few
+    /// words of the ~280-byte `Buckets` (its candidates, [`BucketView`]),
+    /// which are not moved through the futures' outputs and states (three
+    /// `memcpy` calls per GET, docs/performance.md, "Fourteenth pass"; the
+    /// write paths too since the nineteenth).
     async fn read_buckets_with<T>(
         &self,
         h: &KeyHash,
@@ -313,9 +350,16 @@ impl Ctx<'_> {
         for _ in 0..MAX_RETRIES {
             let entry = self.t.cache.read().entry(h);
             let st = entry.subtable();
-            let mut b = self.ep.batch();
+            // Built in its future, awaited by reference (no move of the
+            // verbs or of the future, `Endpoint::batch_run`).
+            let mut b = self.ep.batch_run();
             if let Some((at, data)) = pre.take() {
-                b.write(self.pool_at(at).await?, data);
+                // Awaited only for a segment not looked up yet.
+                let at = match self.known_pool_at(at)? {
+                    Some(at) => at,
+                    None => self.pool_at(at).await?,
+                };
+                b.write(at, data);
             }
             let offs = [combined_offset(h.b1), combined_offset(h.b2)];
             // Both combined buckets lie in the subtable, which lies in one
@@ -332,8 +376,8 @@ impl Ctx<'_> {
             };
             let r0 = b.read(base.offset_by(offs[0]), COMBINED_BYTES);
             let r1 = b.read(base.offset_by(offs[1]), COMBINED_BYTES);
-            self.count_rtt(&b);
-            let res = b.run().await?;
+            self.count_run(&b);
+            let res = (&mut b).await?;
             // Not kept across the `refresh_dir` await below: the buckets are
             // handed to `f` or dropped before it.
             {
@@ -384,16 +428,20 @@ impl Ctx<'_> {
         Ok(Some(out))
     }
 
-    /// GET's [`Ctx::read_kvs`]: reads the KV blocks of `slots` in one batch
-    /// and finds the first that holds `key`, copying out only its value.
-    /// `None` (counted as `read_kvs` counts it) if any block is not what its
-    /// slot names any more, whichever comes first, as `read_kvs` decides.
-    async fn find_kv(
+    /// [`Ctx::read_kvs`] for one key: reads the KV blocks of `slots` in one
+    /// batch and finds the first that holds `key`, keeping what `keep`
+    /// makes of its value (GET: a copy; a write: nothing, so no block is
+    /// copied out). `None` (counted as `read_kvs` counts it) if any block is
+    /// not what its slot names any more, whichever comes first, as
+    /// `read_kvs` decides.
+    async fn find_kv<T>(
         &self,
         slots: &[(u64, Slot)],
         key: Key,
-    ) -> Result<Option<Option<(usize, Vec<u8>)>>> {
-        let mut b = self.ep.batch();
+        keep: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<Option<(usize, T)>>> {
+        // As in `read_buckets_with`: built in place, awaited by reference.
+        let mut b = self.ep.batch_run();
         for (i, (_, s)) in slots.iter().enumerate() {
             let at = match self.known_pool_at(s.kv())? {
                 Some(at) => at,
@@ -402,14 +450,17 @@ impl Ctx<'_> {
             let r = b.read(at, usize::from(s.units()) * 64);
             debug_assert_eq!(r, i, "read i of a fresh batch has index i");
         }
-        self.count_rtt(&b);
-        let res = b.run().await?;
+        self.count_run(&b);
+        let res = (&mut b).await?;
         let mut found = None;
+        let mut keep = Some(keep);
         for (i, (_, s)) in slots.iter().enumerate() {
             match decode_kv_ref(res.read(i), *s) {
                 Some((k, v)) => {
-                    if found.is_none() && k == key {
-                        found = Some((i, v.to_vec()));
+                    if k == key
+                        && let Some(keep) = keep.take()
+                    {
+                        found = Some((i, keep(v)));
                     }
                 }
                 None => {
@@ -445,16 +496,11 @@ impl Ctx<'_> {
             // the directory entry.
             let (cands, any_frozen, entry) = self
                 .read_buckets_with(&h, None, |b| {
-                    let mut cands: SmallVec<[(u64, Slot); 4]> = SmallVec::new();
-                    b.for_each_slot(|off, s| {
-                        if s.is_visible() && s.fp() == h.fp {
-                            cands.push((off, s));
-                        }
-                    });
-                    (cands, b.any_frozen(), b.entry)
+                    let v = BucketView::of(&b, &h, false);
+                    (v.cands, v.frozen, v.entry)
                 })
                 .await?;
-            let Some(found) = self.find_kv(&cands, key).await? else {
+            let Some(found) = self.find_kv(&cands, key, <[u8]>::to_vec).await? else {
                 // A block changed under its slot. If the slot is frozen, the
                 // subtable may be retired and the block reused since: only a
                 // fresh directory gets us out.
@@ -512,6 +558,27 @@ impl Ctx<'_> {
         }
     }
 
+    /// [`Ctx::new_block`]'s answer when this thread's allocator has a
+    /// block at hand (the usual case), without a future; `None` (nothing
+    /// changed) when a chunk must be fetched first.
+    fn block_now(&self, mn: usize, h: &KeyHash, key: Key, value: &[u8]) -> Option<(Slot, Vec<u8>)> {
+        let units = kv_units(value.len());
+        let (off, tag) = self.local.alloc.borrow_mut()[mn].block(units)?;
+        let at = GAddr { mn, offset: off };
+        Some((Slot::new(h.fp, at, units, tag), encode_kv(key, tag, value)))
+    }
+
+    /// [`Ctx::addr_in`]'s answer if its pool segment has been looked up
+    /// already (the usual case), without a future (as
+    /// [`Ctx::known_pool_at`] for [`Ctx::pool_at`]).
+    fn known_addr_in(&self, entry: DirEntry, off: u64) -> Result<Option<RemoteAddr>> {
+        let st = entry.subtable();
+        self.known_pool_at(GAddr {
+            mn: st.mn,
+            offset: st.offset + off,
+        })
+    }
+
     fn free_block(&self, s: Slot) {
         let at = s.kv();
         self.local.alloc.borrow_mut()[at.mn].free(at.offset, s.units(), s.tag());
@@ -521,40 +588,44 @@ impl Ctx<'_> {
     pub async fn put(&self, key: Key, value: &[u8], mode: PutMode) -> Result<bool> {
         let h = KeyHash::new(key, self.t.groups);
         let mn = self.t.cache.read().entry(&h).subtable().mn;
-        let (mine, block) = self.new_block(mn, &h, key, value).await?;
+        // A write path's sub-futures are awaited only when they must wait
+        // (a chunk to fetch, a segment to look up): each awaited future is
+        // moved into this one's state (a `memcpy` call per await).
+        let (mine, block) = match self.block_now(mn, &h, key, value) {
+            Some(b) => b,
+            None => self.new_block(mn, &h, key, value).await?,
+        };
         let mut pre = Some((mine.kv(), block));
+        let may_insert = mode != PutMode::Update;
         for _ in 0..MAX_RETRIES {
-            let b = self.read_buckets(&h, pre.take()).await?;
-            if b.any_frozen() {
+            let b = self
+                .read_buckets_with(&h, pre.take(), |b| BucketView::of(&b, &h, may_insert))
+                .await?;
+            if b.frozen {
                 // A split of this subtable is under way: wait for it.
                 self.t.stats.frozen_waits.fetch_add(1, Ordering::Relaxed);
                 yield_now().await;
                 self.refresh_dir().await?;
                 continue;
             }
-            let slots = b.slots();
-            let cands: Vec<(u64, Slot)> = slots
-                .iter()
-                .copied()
-                .filter(|(_, s)| s.is_visible() && s.fp() == h.fp)
-                .collect();
-            let Some(kvs) = self.read_kvs(&cands).await? else {
+            let Some(found) = self.find_kv(&b.cands, key, |_| ()).await? else {
                 continue;
             };
-            let existing = cands
-                .iter()
-                .zip(kvs)
-                .find(|(_, kv)| kv.0 == key)
-                .map(|(c, _)| *c);
+            let existing = found.map(|(i, ())| b.cands[i]);
             match (mode, existing) {
                 (PutMode::Insert, Some(_)) | (PutMode::Update, None) => {
                     self.free_block(mine);
                     return Ok(existing.is_some());
                 }
                 (PutMode::Update | PutMode::Upsert, Some((off, old))) => {
-                    let mut cas = self.ep.batch();
-                    let c = cas.cas(self.addr_in(b.entry, off).await?, old.0, mine.0);
-                    if self.run(cas).await?.word(c) != old.0 {
+                    let at = match self.known_addr_in(b.entry, off)? {
+                        Some(at) => at,
+                        None => self.addr_in(b.entry, off).await?,
+                    };
+                    let mut cas = self.ep.batch_run();
+                    let c = cas.cas(at, old.0, mine.0);
+                    self.count_run(&cas);
+                    if (&mut cas).await?.word(c) != old.0 {
                         self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
@@ -562,7 +633,7 @@ impl Ctx<'_> {
                     return Ok(true);
                 }
                 (PutMode::Insert | PutMode::Upsert, None) => {
-                    let Some(off) = pick_empty(&b) else {
+                    let Some(off) = b.empty else {
                         self.resize(&h, b.entry).await?;
                         continue;
                     };
@@ -701,31 +772,34 @@ impl Ctx<'_> {
     pub async fn delete(&self, key: Key) -> Result<bool> {
         let h = KeyHash::new(key, self.t.groups);
         for _ in 0..MAX_RETRIES {
-            let b = self.read_buckets(&h, None).await?;
-            if b.any_frozen() {
+            let b = self
+                .read_buckets_with(&h, None, |b| BucketView::of(&b, &h, false))
+                .await?;
+            if b.frozen {
                 self.t.stats.frozen_waits.fetch_add(1, Ordering::Relaxed);
                 yield_now().await;
                 self.refresh_dir().await?;
                 continue;
             }
-            let cands: Vec<(u64, Slot)> = b
-                .slots()
-                .into_iter()
-                .filter(|(_, s)| s.is_visible() && s.fp() == h.fp)
-                .collect();
-            let Some(kvs) = self.read_kvs(&cands).await? else {
+            let Some(found) = self.find_kv(&b.cands, key, |_| ()).await? else {
                 continue;
             };
-            let Some(((off, old), _)) = cands.iter().zip(kvs).find(|(_, kv)| kv.0 == key) else {
+            let Some((i, ())) = found else {
                 return Ok(false);
             };
-            let mut cas = self.ep.batch();
-            let c = cas.cas(self.addr_in(b.entry, *off).await?, old.0, 0);
-            if self.run(cas).await?.word(c) != old.0 {
+            let (off, old) = b.cands[i];
+            let at = match self.known_addr_in(b.entry, off)? {
+                Some(at) => at,
+                None => self.addr_in(b.entry, off).await?,
+            };
+            let mut cas = self.ep.batch_run();
+            let c = cas.cas(at, old.0, 0);
+            self.count_run(&cas);
+            if (&mut cas).await?.word(c) != old.0 {
                 self.t.stats.cas_retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            self.free_block(*old);
+            self.free_block(old);
             return Ok(true);
         }
         Err(KvError::Corrupt(format!(
@@ -834,5 +908,63 @@ mod tests {
             }
         }
         assert!(shared > 0, "some pairs share a bucket");
+    }
+
+    /// The writes' view of the buckets (taken where they are read) holds
+    /// what put and delete computed from the whole `Buckets` before: the
+    /// visible slots with the key's fingerprint in `slots()` order, whether
+    /// any slot is frozen, and `pick_empty`'s slot (only when asked for).
+    #[test]
+    fn a_bucket_view_holds_what_the_writes_read_from_buckets() {
+        let at = GAddr { mn: 0, offset: 64 };
+        let mut seen_cands = 0;
+        let mut seen_empty = 0;
+        for seed in 0..400u64 {
+            let (b1, b2) = (seed % 5, (seed / 5) % 5);
+            let mut b = Buckets {
+                entry: DirEntry(seed),
+                combined: [combined(b1), combined(b2)],
+            };
+            // A deterministic mix of empty, visible, tentative and frozen
+            // slots with fingerprints 1..=3.
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for c in &mut b.combined {
+                for s in &mut c.slots {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let fp = (x % 3) as u8 + 1;
+                    let slot = Slot::new(fp, at, 1, 0);
+                    *s = match (x >> 8) % 8 {
+                        0..=2 => Slot::EMPTY,
+                        3 => slot.tentative(),
+                        4 if seed % 7 == 0 => slot.frozen(),
+                        _ => slot,
+                    };
+                }
+            }
+            let h = KeyHash {
+                dir: 0,
+                fp: (seed % 3) as u8 + 1,
+                b1,
+                b2,
+            };
+            for want_empty in [false, true] {
+                let v = BucketView::of(&b, &h, want_empty);
+                let cands: Vec<(u64, Slot)> = b
+                    .slots()
+                    .into_iter()
+                    .filter(|(_, s)| s.is_visible() && s.fp() == h.fp)
+                    .collect();
+                assert_eq!(v.cands.to_vec(), cands, "seed {seed}");
+                assert_eq!(v.frozen, b.any_frozen(), "seed {seed}");
+                assert_eq!(v.entry, b.entry);
+                let empty = if want_empty { pick_empty(&b) } else { None };
+                assert_eq!(v.empty, empty, "seed {seed}");
+                seen_cands += usize::from(!cands.is_empty());
+                seen_empty += usize::from(empty.is_some());
+            }
+        }
+        assert!(seen_cands > 0 && seen_empty > 0);
     }
 }

@@ -42,10 +42,17 @@ impl RpcTreeClient {
             .await?)
     }
 
+    /// INSERT, UPDATE or UPSERT: built in the endpoint's request buffer
+    /// (on `local` the last small request's allocation, kept) with room
+    /// for the whole request, and awaited on the endpoint's call future
+    /// itself (no `async fn` around it), as xstore's writes are.
     async fn write(&self, op: u8, key: Key, value: &[u8]) -> Result<bool> {
-        let mut w = WireWriter::with_capacity(13 + value.len());
+        let mut w = WireWriter::append_to(self.ep.request_buffer(0), 13 + value.len());
         w.u8(op).u64(key).bytes(value);
-        let reply = self.call(w).await?;
+        let reply = self
+            .ep
+            .call(self.svc.node, self.svc.service, w.finish())
+            .await?;
         parse(&reply, |r| r.bool())
     }
 
@@ -136,9 +143,13 @@ impl KvClient for RpcTreeClient {
         self.write(UPSERT, key, value).await
     }
     async fn delete(&self, key: Key) -> Result<bool> {
-        let mut w = WireWriter::new();
+        // As `write`.
+        let mut w = WireWriter::append_to(self.ep.request_buffer(0), 9);
         w.u8(DELETE).u64(key);
-        let reply = self.call(w).await?;
+        let reply = self
+            .ep
+            .call(self.svc.node, self.svc.service, w.finish())
+            .await?;
         parse(&reply, |r| r.bool())
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {

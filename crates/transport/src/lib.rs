@@ -75,8 +75,8 @@ pub use endpoint::{Batch, BatchResult, BatchRun, Endpoint, OneVerb, ReadBuf, Rpc
 pub use error::{ErrorCode, Result, ServiceError, TransportError};
 pub use region::RegionMem;
 pub use service::{
-    DeferredService, HandlerCache, LentReply, Reply, ReplySink, Responder, RpcContext, Service,
-    ServiceTable,
+    Answered, DeferredService, HandlerCache, Later, LentReply, Reply, ReplySink, Responder,
+    RpcContext, Service, ServiceTable,
 };
 pub use slot::{FutureSlot, SlotFuture};
 pub use wire::{WireError, WireReader, WireWriter};

@@ -62,6 +62,61 @@ where
 /// example a directory that queues a request until a page is free).
 pub trait DeferredService: Send + Sync {
     fn handle(&self, ctx: &RpcContext, request: &[u8], responder: Responder);
+
+    /// [`DeferredService::handle`] that may answer at once, into `out`
+    /// (empty on entry, as for [`Service::handle_into`]): it returns
+    /// [`Answered::Now`] with the reply in `out` (or an error), and no
+    /// responder, shared state or boxed sink is made for the request
+    /// (invariant D1 below). A request that must wait takes its
+    /// [`Responder`] from `later` (at most once: [`Later::responder`] takes
+    /// it by value), answers through it, and returns [`Answered::Later`];
+    /// `out` is then ignored (a reply kept for later is moved out of it).
+    ///
+    /// D1: every request gets exactly one answer. With no responder taken,
+    /// the answer is what this returns: `Now`'s result, or an error for
+    /// `Later` (nothing can answer it: "dropped without replying") or a
+    /// panic. With a responder taken, the answer is the responder's
+    /// (its reply, or its drop's error), and what this returns is not sent.
+    ///
+    /// The charge is a deferred request's either way: the CPU time of this
+    /// call (an answer given at once is sent after it, as the responder's
+    /// was), so the same request is charged the same on either path.
+    ///
+    /// The default takes the responder and calls [`DeferredService::handle`].
+    fn handle_into(
+        &self,
+        ctx: &RpcContext,
+        request: &[u8],
+        out: &mut Vec<u8>,
+        later: Later<'_>,
+    ) -> Answered {
+        let _ = out;
+        self.handle(ctx, request, later.responder());
+        Answered::Later
+    }
+}
+
+/// How [`DeferredService::handle_into`] answered.
+#[derive(Debug)]
+pub enum Answered {
+    /// At once: `Ok` with the reply in `out`, or the error.
+    Now(Result<(), ServiceError>),
+    /// Through the [`Responder`] taken from [`Later`].
+    Later,
+}
+
+/// The means to answer a request later: [`Later::responder`] makes the
+/// request's [`Responder`] (its shared state and boxed sink), only when a
+/// [`DeferredService::handle_into`] asks for it.
+pub struct Later<'a> {
+    make: &'a mut dyn FnMut() -> Responder,
+}
+
+impl Later<'_> {
+    /// The request's responder (one per request: this takes `self`).
+    pub fn responder(self) -> Responder {
+        (self.make)()
+    }
 }
 
 impl<F> DeferredService for F
@@ -658,37 +713,68 @@ impl ServiceTable {
                 self.finish(start, cell, result, send);
             }
             Lookup::Found(Handler::Deferred(h)) => {
-                // The sink boxed once (no second box around it to take a
-                // `Reply`: `Pending::try_send` lends the answer itself).
-                let send: SendReply = send.into_deferred();
-                let pending = Arc::new(parking_lot::Mutex::new(Pending {
-                    send: Some(send),
-                    ..Pending::default()
-                }));
-                let responder = Responder {
-                    pending: pending.clone(),
-                    replied: false,
+                // The sink stays here unless the handler takes a responder
+                // (D1): then it is boxed once (no second box around it to
+                // take a `Reply`: `Pending::try_send` lends the answer).
+                let mut sink = Some(send);
+                let mut pending: Option<Arc<parking_lot::Mutex<Pending>>> = None;
+                out.clear();
+                let answered = {
+                    let mut make = || {
+                        let send: SendReply = sink
+                            .take()
+                            .expect("one responder per request (`Later` is taken by value)")
+                            .into_deferred();
+                        let p = Arc::new(parking_lot::Mutex::new(Pending {
+                            send: Some(send),
+                            ..Pending::default()
+                        }));
+                        pending = Some(p.clone());
+                        Responder {
+                            pending: p,
+                            replied: false,
+                        }
+                    };
+                    let later = Later { make: &mut make };
+                    std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        h.handle_into(ctx, request, &mut *out, later)
+                    }))
                 };
-                let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    h.handle(ctx, request, responder)
-                }))
-                .is_err();
-                // Chained: the `handle` call (and the reply's send, when it
-                // answered at once) is measured like an immediate reply's;
-                // a later answer's send is charged where it runs.
+                // Chained: the `handle_into` call is measured like an
+                // immediate reply's, and its answer, when given at once,
+                // sent after it (a responder's `reply` inside the call only
+                // stores the answer until `handler_cpu_ns` is known); a
+                // later answer's send is charged where it runs.
                 let cpu = match start {
                     Some(start) => start.elapsed_ns() + self.mean_reply_send_ns(),
                     None => crate::charge::before_send(),
                 };
                 self.count(cell, cpu);
-                let mut p = pending.lock();
-                if panicked && p.abandoned {
-                    // The responder was dropped while unwinding: say why.
-                    p.answer = Some(Err(ServiceError::failed("the handler panicked")));
+                match pending {
+                    Some(pending) => {
+                        let mut p = pending.lock();
+                        if answered.is_err() && p.abandoned {
+                            // The responder was dropped while unwinding:
+                            // say why.
+                            p.answer = Some(Err(ServiceError::failed("the handler panicked")));
+                        }
+                        p.handler_cpu_ns = Some(cpu);
+                        p.try_send();
+                    }
+                    None => {
+                        crate::charge::stamp(crate::charge::Stage::Handled);
+                        let result = match answered {
+                            Ok(Answered::Now(result)) => result.map(|()| out),
+                            Ok(Answered::Later) => Err(ServiceError::failed(
+                                "the service dropped the request without replying",
+                            )),
+                            Err(_) => Err(ServiceError::failed("the handler panicked")),
+                        };
+                        sink.take()
+                            .expect("no responder took the sink")
+                            .send(cpu, result);
+                    }
                 }
-                p.handler_cpu_ns = Some(cpu);
-                p.try_send();
-                drop(p);
                 if start.is_none() {
                     crate::charge::after_send();
                 }
@@ -889,6 +975,152 @@ mod tests {
             .unwrap();
         assert_eq!(rx.recv().unwrap().result.unwrap(), b"late");
         assert_eq!(t.served().0, 4);
+    }
+
+    /// A deferred service that answers some requests at once
+    /// (`DeferredService::handle_into`) and others through a responder.
+    struct AtOnceOrLater {
+        parked: parking_lot::Mutex<Vec<Responder>>,
+    }
+
+    impl DeferredService for AtOnceOrLater {
+        fn handle(&self, _: &RpcContext, _: &[u8], _: Responder) {
+            unreachable!("handle_into serves every request");
+        }
+
+        fn handle_into(
+            &self,
+            _: &RpcContext,
+            req: &[u8],
+            out: &mut Vec<u8>,
+            later: Later<'_>,
+        ) -> Answered {
+            assert!(out.is_empty(), "R1: the buffer is empty on entry");
+            match req {
+                b"now" => {
+                    out.extend_from_slice(b"at once");
+                    Answered::Now(Ok(()))
+                }
+                b"err" => Answered::Now(Err(ServiceError::failed("refused at once"))),
+                b"reply-inside" => {
+                    later.responder().reply(Ok(b"replied inside".to_vec()));
+                    Answered::Later
+                }
+                b"park" => {
+                    self.parked.lock().push(later.responder());
+                    Answered::Later
+                }
+                b"both" => {
+                    // D1: with a responder taken, its answer is the one
+                    // sent; `Now` is not sent as well.
+                    later.responder().reply(Ok(b"the responder's".to_vec()));
+                    out.extend_from_slice(b"not sent");
+                    Answered::Now(Ok(()))
+                }
+                b"later-without-responder" => Answered::Later,
+                b"boom" => panic!("boom"),
+                b"boom-after-taking" => {
+                    let _r = later.responder();
+                    panic!("boom")
+                }
+                _ => unreachable!(),
+            }
+        }
+    }
+
+    /// Every answer sent: request id, payload or error message.
+    type AnswerLog = Arc<parking_lot::Mutex<Vec<(usize, Result<Vec<u8>, String>)>>>;
+
+    /// A sink that logs every answer it sends and counts the times it is
+    /// boxed for a later answer.
+    struct LoggingSink {
+        id: usize,
+        log: AnswerLog,
+        boxed: Arc<AtomicU32>,
+    }
+
+    impl ReplySink for LoggingSink {
+        fn send(self, _: u64, result: LentReply<'_>) {
+            let r = result.map(|v| v.clone()).map_err(|e| e.message);
+            self.log.lock().push((self.id, r));
+        }
+        fn into_deferred(self) -> Box<dyn FnOnce(u64, LentReply<'_>) + Send> {
+            self.boxed.fetch_add(1, Ordering::Relaxed);
+            Box::new(move |cpu, r| self.send(cpu, r))
+        }
+    }
+
+    /// D1: every request to a deferred service gets exactly one answer,
+    /// at once (no responder made, the sink never boxed) or later (the
+    /// sink boxed once), through the cached dispatch (a thread's reusable,
+    /// dirty buffer) and the plain one; each counted once.
+    #[test]
+    fn a_deferred_service_answers_at_once_or_later_exactly_once() {
+        let t = ServiceTable::new();
+        let svc = Arc::new(AtOnceOrLater {
+            parked: parking_lot::Mutex::new(Vec::new()),
+        });
+        let id = t.register_deferred("mixed", svc.clone()).unwrap();
+        let log: AnswerLog = Arc::default();
+        let boxed = Arc::new(AtomicU32::new(0));
+        let reqs: [&[u8]; 8] = [
+            b"now",
+            b"err",
+            b"reply-inside",
+            b"park",
+            b"both",
+            b"later-without-responder",
+            b"boom",
+            b"boom-after-taking",
+        ];
+        let mut cache = HandlerCache::new();
+        let mut out = b"left over from the last reply".to_vec();
+        for (i, req) in reqs.iter().enumerate() {
+            let sink = LoggingSink {
+                id: i,
+                log: log.clone(),
+                boxed: boxed.clone(),
+            };
+            t.dispatch_cached(&mut cache, &ctx(), id, req, &mut out, sink);
+            out.extend_from_slice(b"dirty");
+        }
+        // Boxed only for the requests that took a responder.
+        assert_eq!(boxed.load(Ordering::Relaxed), 4);
+        assert_eq!(log.lock().len(), 7, "all answered but the parked one");
+        let parked = svc.parked.lock().pop().unwrap();
+        std::thread::spawn(move || parked.reply(Ok(b"late".to_vec())))
+            .join()
+            .unwrap();
+        let mut got = log.lock().clone();
+        got.sort_by_key(|(i, _)| *i);
+        let ok = |s: &[u8]| Ok(s.to_vec());
+        let err = |i: usize| got[i].1.clone().unwrap_err();
+        assert_eq!(got.len(), reqs.len(), "one answer per request: {got:?}");
+        assert!(got.iter().enumerate().all(|(i, (id, _))| *id == i));
+        assert_eq!(got[0].1, ok(b"at once"));
+        assert_eq!(err(1), "refused at once");
+        assert_eq!(got[2].1, ok(b"replied inside"));
+        assert_eq!(got[3].1, ok(b"late"));
+        assert_eq!(got[4].1, ok(b"the responder's"));
+        assert!(err(5).contains("without replying"), "{}", err(5));
+        assert!(err(6).contains("panicked"), "{}", err(6));
+        assert!(err(7).contains("panicked"), "{}", err(7));
+        assert_eq!(t.served().0, reqs.len() as u64);
+        // The plain dispatch (`sim`, UCX): the same answers.
+        assert_eq!(call(&t, id, b"now").result.unwrap(), b"at once");
+        assert_eq!(
+            call(&t, id, b"err").result.unwrap_err().message,
+            "refused at once"
+        );
+        assert_eq!(call(&t, id, b"both").result.unwrap(), b"the responder's");
+        assert!(
+            call(&t, id, b"boom")
+                .result
+                .unwrap_err()
+                .message
+                .contains("panicked")
+        );
+        assert_eq!(t.served().0, reqs.len() as u64 + 4);
     }
 
     /// G1/G2: a cache follows the table: a handler registered after the

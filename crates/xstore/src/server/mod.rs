@@ -31,7 +31,8 @@ use dmkv_api::{KvError, Result, ServeArgs};
 use dmkv_memnode::{NodeRuntime, WorkerPool};
 use dmkv_transport::time::Instant;
 use dmkv_transport::{
-    RegionMem, Responder, RpcContext, ServiceError, WireReader, WireWriter, thread_cpu_ns,
+    Answered, DeferredService, Later, RegionMem, Responder, RpcContext, ServiceError, WireReader,
+    WireWriter, thread_cpu_ns,
 };
 use dmkv_xtree::{Geometry, Header, LeafRef, MAX_HINT_LEAVES, MAX_VALUE_LEN, SplitEvent, XTree};
 pub use models::{Generation, ModelStore, PublishError, Published};
@@ -233,13 +234,47 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
             s.on_split(ev);
         }
     })));
-    let s = server.clone();
-    rt.register_deferred_service(
-        &args.name(SERVICE),
-        Arc::new(move |_: &RpcContext, req: &[u8], r: Responder| s.handle(req, r)),
-    )
-    .map_err(config_err)?;
+    rt.register_deferred_service(&args.name(SERVICE), Arc::new(Served(server.clone())))
+        .map_err(config_err)?;
     Ok(server)
+}
+
+/// The node's service: a request answered at once (every request without
+/// durability, except PREPARE and SETTLE) is encoded straight into the
+/// handler thread's reply buffer and sent from there
+/// ([`DeferredService::handle_into`]: no responder, no shared state, no
+/// boxed sink); one that waits for the log or for training takes its
+/// responder and its reply with it.
+struct Served(Arc<Server>);
+
+impl DeferredService for Served {
+    fn handle(&self, _: &RpcContext, req: &[u8], responder: Responder) {
+        self.0.handle(req, responder)
+    }
+
+    fn handle_into(
+        &self,
+        _: &RpcContext,
+        req: &[u8],
+        out: &mut Vec<u8>,
+        later: Later<'_>,
+    ) -> Answered {
+        // Room for a write's reply (one or two flags): the thread's buffer
+        // keeps its capacity across requests, so this reserves nothing
+        // after the first.
+        let mut w = WireWriter::append_to(std::mem::take(out), 8);
+        let served = self.0.serve_request(req, &mut w);
+        *out = w.finish();
+        match served {
+            Ok(Answer::Now) => Answered::Now(Ok(())),
+            Ok(answer) => {
+                self.0
+                    .answer_later(std::mem::take(out), answer, later.responder());
+                Answered::Later
+            }
+            Err(e) => Answered::Now(Err(e)),
+        }
+    }
 }
 
 /// When a request's reply may leave.
@@ -293,9 +328,20 @@ impl Server {
     /// logger thread once its batch is synced (group commit); everything
     /// else is answered at once.
     pub fn handle(&self, req: &[u8], responder: Responder) {
-        match self.serve_request(req) {
-            Ok((reply, Answer::Now)) => responder.reply(Ok(reply)),
-            Ok((reply, Answer::AfterTraining { settle })) => {
+        // Room for a write's reply (one or two flags) from the start: a
+        // `Vec` grown from nothing pays `grow_one`'s reallocation path.
+        let mut w = WireWriter::with_capacity(8);
+        match self.serve_request(req, &mut w) {
+            Ok(answer) => self.answer_later(w.finish(), answer, responder),
+            Err(e) => responder.reply(Err(e)),
+        }
+    }
+
+    /// Sends `reply` through `responder` when `answer` says it may leave.
+    fn answer_later(&self, reply: Vec<u8>, answer: Answer, responder: Responder) {
+        match answer {
+            Answer::Now => responder.reply(Ok(reply)),
+            Answer::AfterTraining { settle } => {
                 // Training (and settling) may take seconds: wait on a
                 // thread of its own, not on a handler thread.
                 let Some(me) = self.me.upgrade() else {
@@ -312,7 +358,7 @@ impl Server {
                         responder.reply(Ok(reply));
                     });
             }
-            Ok((reply, Answer::AfterLog(ticket))) => {
+            Answer::AfterLog(ticket) => {
                 let wal = self.wal.as_ref().expect("tickets come from the log");
                 wal.when_durable(
                     &ticket,
@@ -325,12 +371,16 @@ impl Server {
                     }),
                 );
             }
-            Err(e) => responder.reply(Err(e)),
         }
     }
 
-    /// Performs one request: the reply, and when it may be sent.
-    fn serve_request(&self, req: &[u8]) -> std::result::Result<(Vec<u8>, Answer), ServiceError> {
+    /// Performs one request, its reply appended to `w`: when the reply
+    /// may be sent. (After an error, what `w` holds is not a reply.)
+    fn serve_request(
+        &self,
+        req: &[u8],
+        w: &mut WireWriter,
+    ) -> std::result::Result<Answer, ServiceError> {
         // The handler's own part of a request (decoding, the reply, the
         // responder), declared to `sim`'s instruction term (the tree
         // declares its own work, `dmkv_xtree::tree::cost`): per update on
@@ -344,9 +394,6 @@ impl Server {
         dmkv_transport::sim::work(583);
         let mut r = WireReader::new(req);
         let op = r.u8()?;
-        // Room for a write's reply (one or two flags) from the start: a
-        // `Vec` grown from nothing pays `grow_one`'s reallocation path.
-        let mut w = WireWriter::with_capacity(8);
         let mut ticket = None;
         let mut answer = Answer::Now;
         match op {
@@ -363,7 +410,7 @@ impl Server {
                 if let Some(v) = v {
                     w.bytes(&v);
                 }
-                self.model_update(generation, key, want).encode(&mut w);
+                self.model_update(generation, key, want).encode(w);
             }
             OP_SCAN => {
                 let start = r.u64()?;
@@ -385,7 +432,7 @@ impl Server {
                     w.u64(*k).bytes(v);
                 }
                 w.bool(complete);
-                self.model_update(generation, start, want).encode(&mut w);
+                self.model_update(generation, start, want).encode(w);
             }
             OP_INSERT | OP_UPSERT => {
                 let key = r.u64()?;
@@ -473,7 +520,7 @@ impl Server {
         if let Some(t) = ticket {
             answer = Answer::AfterLog(t);
         }
-        Ok((w.finish(), answer))
+        Ok(answer)
     }
 
     fn check_key(&self, key: u64) -> std::result::Result<(), ServiceError> {
