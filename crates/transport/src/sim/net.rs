@@ -961,15 +961,46 @@ impl NodeModel {
 /// sender's NIC of `lane` and the wire (jitter included; invariant 1 kept).
 #[inline]
 fn send_message(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
-    let service = nic_ns(sim, payload);
-    let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
-    let now = sim.sched.now();
-    debug_assert!(at >= now, "a message posted in the past");
+    let m = MessageCost::draw(sim, at, payload);
     let mut net = sim.net.borrow_mut();
-    let wire_bytes = payload + sim.profile.network.header_bytes;
     transmit(
-        sim, &mut net, from, to, at, service, wire_bytes, jitter, lane,
+        sim,
+        &mut net,
+        from,
+        to,
+        at,
+        m.service,
+        m.wire_bytes,
+        m.jitter,
+        lane,
     )
+}
+
+/// What a message posted at `at` costs, drawn once per message by both
+/// senders ([`send_message`], [`send_and_receive`]) in the same order (the
+/// NIC time, then the jitter draw: the seed's sequence of draws is the
+/// same whichever sender a message takes).
+struct MessageCost {
+    /// Each NIC's time for the payload (both directions use the same).
+    service: u64,
+    /// Wire jitter plus any injected delay.
+    jitter: u64,
+    /// Payload and headers.
+    wire_bytes: u64,
+}
+
+impl MessageCost {
+    #[inline(always)]
+    fn draw(sim: &Sim, at: u64, payload: u64) -> MessageCost {
+        let service = nic_ns(sim, payload);
+        let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
+        debug_assert!(at >= sim.sched.now(), "a message posted in the past");
+        MessageCost {
+            service,
+            jitter,
+            wire_bytes: payload + sim.profile.network.header_bytes,
+        }
+    }
 }
 
 /// The sending half of a message, on a borrowed model: the sender's NIC
@@ -1005,18 +1036,24 @@ fn transmit(
 /// occupy a NIC for the same payload). Returns when the receiving NIC is
 /// through with it.
 fn send_and_receive(sim: &Sim, from: NodeId, to: NodeId, at: u64, payload: u64, lane: u32) -> u64 {
-    let service = nic_ns(sim, payload);
-    let jitter = sim.sched.random(sim.jitter_ns + 1) + super::faults::extra_delay(sim);
-    let now = sim.sched.now();
-    debug_assert!(at >= now, "a message posted in the past");
+    let m = MessageCost::draw(sim, at, payload);
     let mut guard = sim.net.borrow_mut();
     let net = &mut *guard;
-    let wire_bytes = payload + sim.profile.network.header_bytes;
-    let arrive = transmit(sim, net, from, to, at, service, wire_bytes, jitter, lane);
+    let arrive = transmit(
+        sim,
+        net,
+        from,
+        to,
+        at,
+        m.service,
+        m.wire_bytes,
+        m.jitter,
+        lane,
+    );
     net.nodes[to.0 as usize]
         .nic(lane)
         .rx
-        .occupy(now, arrive, service, wire_bytes)
+        .occupy(sim.sched.now(), arrive, m.service, m.wire_bytes)
 }
 
 /// The receiving NIC of `lane` takes a message that arrived now; returns
