@@ -453,6 +453,17 @@ pub struct Batch<'a> {
     cost: BatchCost,
 }
 
+/// Adds a verb to a batch being built, its cost counted as it is added
+/// (the invariant on [`Batch`]'s `cost`); returns its index in the
+/// results. Shared by [`Batch`] and [`BatchRun`]; always inlined so that
+/// `note`'s match folds away for the variant the caller built.
+#[inline(always)]
+fn add_verb(verbs: &mut Verbs, cost: &mut BatchCost, v: Verb) -> usize {
+    cost.note(&v);
+    verbs.push(v);
+    verbs.len() - 1
+}
+
 impl<'a> Batch<'a> {
     /// Adds a read; returns its index in the results.
     #[inline]
@@ -480,9 +491,7 @@ impl<'a> Batch<'a> {
     // the caller built.
     #[inline(always)]
     fn push(&mut self, v: Verb) -> usize {
-        self.cost.note(&v);
-        self.verbs.push(v);
-        self.verbs.len() - 1
+        add_verb(&mut self.verbs, &mut self.cost, v)
     }
     #[inline]
     pub fn len(&self) -> usize {
@@ -717,11 +726,7 @@ impl BatchRun<'_> {
     #[inline(always)]
     fn push(&mut self, v: Verb) -> usize {
         match &mut *self.state {
-            RunState::Unposted(verbs, cost) => {
-                cost.note(&v);
-                verbs.push(v);
-                verbs.len() - 1
-            }
+            RunState::Unposted(verbs, cost) => add_verb(verbs, cost, v),
             _ => panic!("a verb added to a batch already posted"),
         }
     }
