@@ -907,46 +907,31 @@ fn outback_fails_over_a_crashed_memory_node_in_the_simulation() {
 /// and priced the written lines as private hits on the other core.
 #[test]
 fn xtree_writes_invalidate_other_cores_private_copies() {
-    let dir = std::env::temp_dir().join(format!("dmkv-core-cache-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("inv.json");
-    let o = dmkv(&[
-        "bench",
-        "--transport",
-        "sim",
-        "--engine",
-        "rpc-btree",
-        "--workload",
-        "ycsb-a",
-        "--keys",
-        "5000",
-        "--ops",
-        "5000",
-        "--memnode-threads",
-        "2",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let per_s = |row: &str| -> f64 {
-        r["sim"]["utilisation"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|u| u["name"] == row)
-            .map_or(0.0, |u| u["per_s"].as_f64().unwrap())
-    };
-    let _ = std::fs::remove_dir_all(&dir);
+    let r = bench_json(
+        &[
+            "--transport",
+            "sim",
+            "--engine",
+            "rpc-btree",
+            "--workload",
+            "ycsb-a",
+            "--keys",
+            "5000",
+            "--ops",
+            "5000",
+            "--memnode-threads",
+            "2",
+        ],
+        "core-cache-inv",
+    );
     assert!(
-        per_s("node0 handler cores private hits") > 0.0,
+        utilisation_per_s(&r, "node0 handler cores private hits") > 0.0,
         "the shipped default profile has private caches"
     );
     // Half the operations are updates, each committing a leaf (every
     // line's version word) on one of two cores that both read the tree.
     assert!(
-        per_s("node0 handler cores private invalidations") > 0.0,
+        utilisation_per_s(&r, "node0 handler cores private invalidations") > 0.0,
         "no private copy was dropped by an xtree write"
     );
 }
@@ -956,12 +941,8 @@ fn llc_keys_scales_the_simulated_memory_node_cache() {
     assert_usage_error(&["bench", "--llc-keys", "1000000"], "--llc-keys");
     // rpc-hash, 20,000 keys: its table fits the full 35.75 MiB cache; with
     // the cache scaled as for 2e9 keys (one set) nearly every access misses.
-    let dir = std::env::temp_dir().join(format!("dmkv-llc-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let run = |extra: &[&str]| -> serde_json::Value {
-        let json = dir.join("llc.json");
+    let run = |extra: &[&str], name: &str| -> serde_json::Value {
         let mut args = vec![
-            "bench",
             "--transport",
             "sim",
             "--engine",
@@ -972,24 +953,13 @@ fn llc_keys_scales_the_simulated_memory_node_cache() {
             "20000",
             "--ops",
             "20000",
-            "--json",
-            json.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        let o = dmkv(&args);
-        assert_eq!(o.code, EXIT_OK, "{}\n{}", o.out, o.err);
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+        bench_json(&args, name)
     };
-    let per_s = |r: &serde_json::Value, row: &str| -> f64 {
-        r["sim"]["utilisation"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|u| u["name"] == row)
-            .map_or(0.0, |u| u["per_s"].as_f64().unwrap())
-    };
-    let full = run(&[]);
-    let scaled = run(&["--llc-keys", "2000000000"]);
+    let per_s = utilisation_per_s;
+    let full = run(&[], "llc-full");
+    let scaled = run(&["--llc-keys", "2000000000"], "llc-scaled");
     let cpu = |r: &serde_json::Value| r["per_op"]["memnode_cpu_ns"].as_f64().unwrap();
     // Hits anywhere: with the shipped profile's private core caches (i69)
     // a warm table's lines hit the core's cache before the LLC is asked.
@@ -1014,7 +984,6 @@ fn llc_keys_scales_the_simulated_memory_node_cache() {
         cpu(&scaled),
         cpu(&full)
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Several ScaleStore leaves in one simulated run, overlapping (a leave
@@ -1158,6 +1127,17 @@ fn bench_json(args: &[&str], name: &str) -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("the report is JSON");
     let _ = std::fs::remove_file(&path);
     v
+}
+
+/// A `sim` report's utilisation row `row`, per second (0 when the report
+/// has no such row).
+fn utilisation_per_s(report: &serde_json::Value, row: &str) -> f64 {
+    report["sim"]["utilisation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == row)
+        .map_or(0.0, |u| u["per_s"].as_f64().unwrap())
 }
 
 /// The keys each node actually named, per phase, lie in the partition it
