@@ -162,7 +162,7 @@ impl<T: KvClient> KvStore for T {
     where
         Self: 'a,
     {
-        slot.put(KvClient::get(self, key))
+        slot.put_with(|| KvClient::get(self, key))
     }
     #[inline]
     fn insert_in<'a>(
@@ -174,7 +174,7 @@ impl<T: KvClient> KvStore for T {
     where
         Self: 'a,
     {
-        slot.put(KvClient::insert(self, key, value))
+        slot.put_with(|| KvClient::insert(self, key, value))
     }
     #[inline]
     fn update_in<'a>(
@@ -186,7 +186,7 @@ impl<T: KvClient> KvStore for T {
     where
         Self: 'a,
     {
-        slot.put(KvClient::update(self, key, value))
+        slot.put_with(|| KvClient::update(self, key, value))
     }
     #[inline]
     fn upsert_in<'a>(
@@ -198,14 +198,14 @@ impl<T: KvClient> KvStore for T {
     where
         Self: 'a,
     {
-        slot.put(KvClient::upsert(self, key, value))
+        slot.put_with(|| KvClient::upsert(self, key, value))
     }
     #[inline]
     fn delete_in<'a>(&'a self, key: Key, slot: &'a mut FutureSlot) -> SlotFuture<'a, Result<bool>>
     where
         Self: 'a,
     {
-        slot.put(KvClient::delete(self, key))
+        slot.put_with(|| KvClient::delete(self, key))
     }
     #[inline]
     fn scan_in<'a>(
@@ -217,6 +217,6 @@ impl<T: KvClient> KvStore for T {
     where
         Self: 'a,
     {
-        slot.put(KvClient::scan(self, start, n))
+        slot.put_with(|| KvClient::scan(self, start, n))
     }
 }
