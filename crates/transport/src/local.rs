@@ -239,6 +239,8 @@ impl NodeState {
         let mut out = Vec::with_capacity(crate::local_rpc::REPLY_INLINE);
         // This thread's copy of the handler table (`HandlerCache`, G1-G3).
         let mut handlers = HandlerCache::new();
+        // The thread's `requests` counter, bumped once per request.
+        let mut requests = servestats::Tally::for_this_thread(Role::Handler, Counter::Requests);
         loop {
             if self.bell.stopping() {
                 return;
@@ -262,7 +264,7 @@ impl NodeState {
                 while let Some(req) = lane.take(&mut buf) {
                     crate::charge::stamp(crate::charge::Stage::Taken);
                     served += 1;
-                    servestats::add_event(Role::Handler, Counter::Requests, 1);
+                    requests.bump();
                     clock.busy();
                     self.handle(req, &buf, &mut out, &mut handlers);
                 }

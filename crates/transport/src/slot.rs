@@ -290,6 +290,47 @@ mod tests {
         assert_eq!(Pin::new(&mut f).poll(&mut cx), Poll::Ready(3));
     }
 
+    /// `put_with` makes the future only once the block has room for it,
+    /// runs and drops it in place like `put`'s, reuses the block, and a
+    /// `make` that panics leaves the slot free (nothing written, `busy`
+    /// not set): the next future goes into the same block. Fails if
+    /// `busy` is set before `make` runs (the block is then abandoned) or
+    /// if the future is made before the room (a grown block's first
+    /// future would be written into the old one).
+    #[test]
+    fn a_future_made_in_its_slot_runs_there_once_and_a_panicking_make_leaves_it_free() {
+        let drops = Rc::new(Cell::new(0));
+        let mut slot = FutureSlot::new();
+        for i in 0..4u64 {
+            let d = Dropped(drops.clone());
+            let out = crate::exec::block_on(slot.put_with(|| async move {
+                let _d = d;
+                crate::exec::yield_now().await;
+                i + 1
+            }));
+            assert_eq!(out, i + 1);
+            assert_eq!(drops.get(), i as u32 + 1, "dropped once, in place");
+        }
+        let block = slot.block.as_ptr() as usize;
+        // A larger future grows the block before it is made.
+        let big = [3u8; 2000];
+        let n = crate::exec::block_on(
+            slot.put_with(|| async move { big.iter().map(|&b| b as u32).sum::<u32>() }),
+        );
+        assert_eq!(n, 3 * 2000);
+        assert!(slot.capacity() >= 2000);
+        let grown = slot.block.as_ptr() as usize;
+        assert_ne!(grown, block);
+        // A panicking `make`: nothing is written and the block stays free.
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _f = slot.put_with(|| -> std::future::Ready<u32> { panic!("in make") });
+        }));
+        assert!(caught.is_err());
+        assert!(!slot.busy, "a panicking make leaves the slot free");
+        assert_eq!(crate::exec::block_on(slot.put_with(|| async { 9 })), 9);
+        assert_eq!(slot.block.as_ptr() as usize, grown, "the same block, reused");
+    }
+
     #[test]
     fn a_future_dropped_unfinished_is_dropped_and_a_leaked_one_keeps_its_block() {
         let drops = Rc::new(Cell::new(0));
