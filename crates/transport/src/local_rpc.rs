@@ -96,6 +96,18 @@ const SPARE_MAX: usize = 4 * REQ_INLINE;
 const NOT_INLINE: u16 = u16::MAX;
 
 /// One request in flight from producer to consumer.
+///
+/// Layout (branch i75): everything the producer writes for every request
+/// (the word, the header, `deliver_at` and the first
+/// [`LINE0_INLINE`] payload bytes) is in the slot's first 64-byte line, so
+/// a small request moves one line from the caller's core to the
+/// handler's. The second line (the payload's tail, `big`) changes only for
+/// a longer request, so the handler's fixed-size copy of the whole inline
+/// array finds it in its own cache; and the handler only reads the slot
+/// (`deliver_at` is copied, not taken), so the producer's next write to it
+/// does not pull the line back from the handler's core first. Before,
+/// `deliver_at` sat in the second line and the handler cleared it: two
+/// lines crossed per request, one of them twice.
 #[repr(C, align(128))]
 struct ReqSlot {
     /// `t + 1` once request `t` is in the slot (invariant 1).
@@ -112,18 +124,33 @@ struct ReqBody {
     /// The reply slot's index.
     reply: u32,
     _pad: u32,
+    /// Written for every request (before the payload: first line).
+    deliver_at: Option<Instant>,
     inline: [u8; REQ_INLINE],
     big: Option<Vec<u8>>,
-    deliver_at: Option<Instant>,
 }
 
+/// Payload bytes of a request or reply slot that share the slot's first
+/// cache line with its word and header (the layout notes on [`ReqSlot`]
+/// and [`ReplySlot`]; checked by a test).
+#[cfg(test)]
+const LINE0_INLINE: usize = 24;
+
 /// One RPC's reply, on its way back.
+///
+/// Layout (branch i75): the state word, the waker and the body's header
+/// and first [`LINE0_INLINE`] payload bytes share the first 64-byte line:
+/// the answerer writes the body, sets the word and reads the waker there,
+/// one line taken from the caller's core (which wrote the word and the
+/// waker when it registered) instead of two (the waker sat in the second
+/// line, after the body). The caller writes the second line only when a
+/// discarded large reply left a box in `big`.
 #[repr(C, align(128))]
 struct ReplySlot {
     state: ReplyState,
-    body: UnsafeCell<ReplyBody>,
     /// The caller's task waker (S2 in `reply_state`).
     waker: UnsafeCell<Option<Waker>>,
+    body: UnsafeCell<ReplyBody>,
 }
 
 #[repr(C)]
@@ -369,7 +396,9 @@ impl Lane {
             from: NodeId(body.from),
             service: ServiceId(body.service),
             big,
-            deliver_at: body.deliver_at.take(),
+            // Copied, not taken: the handler only reads the slot (its
+            // line stays the producer's to write; see `ReqSlot`).
+            deliver_at: body.deliver_at,
             // Borrowed: no reference count per request (a deferred
             // handler's answer takes one, `ReplyTo::into_owned`).
             reply: ReplyTo {
@@ -722,7 +751,14 @@ impl RpcSlots {
         let lane = &p.lane;
         let rslot = &lane.replies[index as usize];
         // SAFETY: S1/S3: the slot is reusable, so its body is the caller's.
-        unsafe { (*rslot.body.get()).big = None };
+        // Written only if a box is there (a discarded large reply): the
+        // line holding `big` stays clean otherwise (see `ReplySlot`).
+        unsafe {
+            let body = &mut *rslot.body.get();
+            if body.big.is_some() {
+                body.big = None;
+            }
+        }
         let _seq = rslot.state.begin();
         // SAFETY: invariant 8: the slot lives in a lane that this
         // `RpcSlots` keeps (its `Arc` in `lanes`, never replaced or removed
@@ -1083,6 +1119,31 @@ mod tests {
         assert_eq!(block_on(wait).unwrap(), reply(b"abc"));
         reaper.shut_down();
         h.join().unwrap();
+    }
+
+    /// What the producer writes for every small request (the word, the
+    /// header, `deliver_at`, the payload's first `LINE0_INLINE` bytes) and
+    /// what the answerer touches for every reply (the word, the waker, the
+    /// body's header and first bytes) are in their slot's first 64-byte
+    /// line; `big` and the payload's tail are in the second (see
+    /// `ReqSlot` and `ReplySlot`). Fails with the layout before branch
+    /// i75 (`deliver_at` after the payload, the waker after the body).
+    #[test]
+    fn what_every_rpc_writes_is_in_its_slots_first_line() {
+        use std::mem::{offset_of, size_of};
+        const LINE: usize = 64;
+        let req = offset_of!(ReqSlot, body);
+        let req_inline = req + offset_of!(ReqBody, inline);
+        assert!(req + offset_of!(ReqBody, deliver_at) + size_of::<Option<Instant>>() <= req_inline);
+        assert_eq!(req_inline + LINE0_INLINE, LINE);
+        assert!(req + offset_of!(ReqBody, big) >= LINE);
+        let rep = offset_of!(ReplySlot, body);
+        let rep_inline = rep + offset_of!(ReplyBody, inline);
+        assert!(offset_of!(ReplySlot, waker) + size_of::<Option<Waker>>() <= rep);
+        assert_eq!(offset_of!(ReplySlot, state), 0);
+        assert_eq!(rep_inline + LINE0_INLINE, LINE);
+        assert!(rep + offset_of!(ReplyBody, big) >= LINE);
+        assert!(size_of::<ReqSlot>() <= 2 * LINE && size_of::<ReplySlot>() <= 2 * LINE);
     }
 
     /// The request take's fixed-size copy (`copy_inline`, branch i71): a
