@@ -328,7 +328,11 @@ mod tests {
         assert!(caught.is_err());
         assert!(!slot.busy, "a panicking make leaves the slot free");
         assert_eq!(crate::exec::block_on(slot.put_with(|| async { 9 })), 9);
-        assert_eq!(slot.block.as_ptr() as usize, grown, "the same block, reused");
+        assert_eq!(
+            slot.block.as_ptr() as usize,
+            grown,
+            "the same block, reused"
+        );
     }
 
     #[test]
