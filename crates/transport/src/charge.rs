@@ -134,6 +134,8 @@ pub(crate) struct Totals {
     /// Replies charged, and intervals dropped (C2).
     pub replies: u64,
     pub dropped: u64,
+    /// Ticks left out by [`Chain::skip`] (the loop's own measurement).
+    pub skipped_ticks: u64,
 }
 
 impl Chain {
@@ -164,6 +166,19 @@ impl Chain {
     pub(crate) fn restart(&mut self, now: u64) {
         if self.active {
             self.mark = now;
+        }
+    }
+
+    /// Leaves `ticks` spent since the last reading out of the current
+    /// request's interval (the serving loop's own measurement, such as
+    /// [`crate::BusyClock`]'s sampled thread-CPU read, is not the
+    /// handler's work). No-op outside a stretch. The caller measured them
+    /// between the last reading and the next, so the interval stays
+    /// non-negative (it saturates at 0 regardless).
+    pub(crate) fn skip(&mut self, ticks: u64) {
+        if self.active {
+            self.mark = self.mark.saturating_add(ticks);
+            self.totals.skipped_ticks += ticks;
         }
     }
 
@@ -549,6 +564,17 @@ pub fn end_stretch() {
     });
 }
 
+/// `ticks`, measured by the caller since the last reading of the stretch,
+/// were the serving loop's own measurement, not the request's work: left
+/// out of its interval (no-op outside a stretch; see [`Chain::skip`]).
+#[inline]
+pub(crate) fn skip(ticks: u64) {
+    if !ACTIVE.with(Cell::get) {
+        return;
+    }
+    with_state(|s| s.chain.skip(ticks))
+}
+
 /// The current request's interval restarts now (an injected delivery delay
 /// was slept through; it is not the handler's work).
 pub fn restart() {
@@ -722,6 +748,27 @@ mod tests {
         assert_eq!(c.totals.work_ticks, 380);
         assert_eq!(c.totals.send_ticks, 180);
         assert_eq!(c.totals.dropped, 0);
+    }
+
+    /// Skipped ticks leave the current request's work, not its send nor
+    /// the next request's, and do nothing outside a stretch. Fails if
+    /// `skip` is a no-op (the first reply would carry 300).
+    #[test]
+    fn skipped_ticks_are_left_out_of_the_current_interval_only() {
+        let mut c = Chain::default();
+        c.skip(50); // no stretch open: nothing
+        c.begin(1_000);
+        // Request 1: 1_000..1_300, of which 120 were the loop's sample.
+        c.skip(120);
+        assert_eq!(c.before_send(1_300, false, 1 << 32), 180);
+        c.after_send(1_340, false);
+        // Request 2: its own 60 and request 1's whole send (40).
+        assert_eq!(c.before_send(1_400, false, 1 << 32), 100);
+        assert_eq!(c.totals.work_ticks, 180 + 60);
+        assert_eq!(c.totals.skipped_ticks, 120);
+        c.end();
+        c.skip(70);
+        assert_eq!(c.totals.skipped_ticks, 120, "outside a stretch");
     }
 
     #[test]
