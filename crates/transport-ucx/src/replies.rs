@@ -13,8 +13,10 @@
 //!
 //! Invariant D (with `serve_loop`): a thread queues a reply here only for
 //! the loop it runs ([`adopt`] names it, once, before the loop starts), and
-//! that loop drains the queue after every call of its work and before it
-//! sleeps, so a queued reply waits for no event. Every other reply (another
+//! only while a service runs on it, which happens only inside the loop's
+//! work; the loop drains the queue after every call of its work that ran a
+//! service, and checks it before it sleeps, so a queued reply waits for no
+//! event. Every other reply (another
 //! thread's, or a thread that runs no loop) goes through the command queue.
 
 use dmkv_transport::LentReply;
@@ -90,28 +92,23 @@ pub(crate) fn pending() -> bool {
 
 /// Hands every queued reply to `send` (in the order they were queued) and
 /// keeps their buffers for the next ones; returns whether there were any.
-/// `send` may not queue replies itself (it sends them).
+/// `send` must not queue replies itself (it sends them: a UCX send, or the
+/// command queue): this thread's queue is borrowed meanwhile, and a reply
+/// queued from `send` would panic rather than be lost.
 pub(crate) fn drain(mut send: impl FnMut(&Queued)) -> bool {
-    let mut queued = DIRECT.with(|d| std::mem::take(&mut d.borrow_mut().queued));
-    if queued.is_empty() {
-        return false;
-    }
-    for q in &queued {
-        send(q);
-    }
     DIRECT.with(|d| {
-        let mut d = d.borrow_mut();
+        let Direct { queued, free, .. } = &mut *d.borrow_mut();
+        if queued.is_empty() {
+            return false;
+        }
         for q in queued.drain(..) {
-            if d.free.len() < KEEP {
-                d.free.push(q.message);
+            send(&q);
+            if free.len() < KEEP {
+                free.push(q.message);
             }
         }
-        // Keep the queue's own allocation too.
-        if d.queued.is_empty() {
-            d.queued = queued;
-        }
-    });
-    true
+        true
+    })
 }
 
 /// Appends a reply in [`dmkv_transport::Reply::encode`]'s format (`status

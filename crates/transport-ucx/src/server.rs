@@ -196,8 +196,8 @@ impl LoopShared {
     /// system call) only if it sleeps. Invariant (with the loop's sleep): it
     /// sets `sleeping`, then checks the queue; this sends, then checks
     /// `sleeping`, each with a `SeqCst` fence in between, so either it sees
-    /// the command or this sees it sleeping. A reply sent by a handler
-    /// running on the loop's own thread therefore costs no system call.
+    /// the command or this sees it sleeping. (A reply a service sends on
+    /// the loop's own thread does not come here: `crate::replies`.)
     fn send_cmd(&self, cmd: Cmd) {
         if self.cmd_tx.send(cmd).is_ok() {
             std::sync::atomic::fence(Ordering::SeqCst);
@@ -962,8 +962,9 @@ struct SessionEp {
 /// worker and the loop's per-client workers, each given the loop's message
 /// handlers by `install`), runs `work(Turn::Poll)` after every progress
 /// call (a handler thread serves there the requests its workers delivered;
-/// it says whether it did anything), and carries out commands (client
-/// workers, sessions, replies). With nothing to do for `idle.poll` it calls
+/// it says whether it ran any), carries out commands (client workers,
+/// sessions, replies from other threads), then sends the replies the
+/// services it ran queued on this thread (`crate::replies`). With nothing to do for `idle.poll` it calls
 /// `work(Turn::Sleep)`, arms every worker's event fd and sleeps in `poll`
 /// until UCX or a command wakes it.
 fn serve_loop(
@@ -1007,7 +1008,10 @@ fn serve_loop(
         for c in clients.values() {
             busy |= c.worker.progress();
         }
-        busy |= work(Turn::Poll);
+        // Whether work ran services: only a service (run there, on this
+        // thread) queues replies in `crate::replies`.
+        let served = work(Turn::Poll);
+        busy |= served;
         // (`is_empty` first: cheaper than `try_recv` on an empty queue.)
         while !cmd_rx.is_empty()
             && let Ok(cmd) = cmd_rx.try_recv()
@@ -1089,19 +1093,22 @@ fn serve_loop(
         // before its client could send a request, so it is here by now. A
         // reply to a session this loop does not know (yet) goes through the
         // command queue instead, behind every command queued before it.
-        busy |= crate::replies::drain(|q| {
-            let (header, data) = q.message.split_at(crate::replies::HEADER);
-            if sessions.contains_key(&q.session) {
-                send_reply(&sessions, &mut inflight, q.session, header, data);
-            } else {
-                let rid = u64::from_le_bytes(header.try_into().expect("an 8-byte header"));
-                shared.send_cmd(Cmd::Reply {
-                    session: q.session,
-                    rid,
-                    reply: data.to_vec(),
-                });
-            }
-        });
+        // (An iteration that ran no service has none: no thread-local
+        // access then.)
+        busy |= served
+            && crate::replies::drain(|q| {
+                let (header, data) = q.message.split_at(crate::replies::HEADER);
+                if sessions.contains_key(&q.session) {
+                    send_reply(&sessions, &mut inflight, q.session, header, data);
+                } else {
+                    let rid = u64::from_le_bytes(header.try_into().expect("an 8-byte header"));
+                    shared.send_cmd(Cmd::Reply {
+                        session: q.session,
+                        rid,
+                        reply: data.to_vec(),
+                    });
+                }
+            });
         if !inflight.is_empty() {
             inflight.retain(|(_, op)| op.poll().is_none());
         }
