@@ -200,10 +200,7 @@ impl State {
         if self.worker.progress() {
             self.idle_since.set(None);
             self.empty_polls.set(0);
-            self.wake_waiters();
-            if self.last_wake.get().elapsed() >= RECHECK {
-                self.wake_all();
-            }
+            self.after_progress();
             return;
         }
         let polls = self.empty_polls.get().saturating_add(1);
@@ -235,6 +232,15 @@ impl State {
         if request.capacity() > spare.capacity() {
             request.clear();
             *spare = request;
+        }
+    }
+
+    /// Who is woken after a progress call that did something (see
+    /// [`State::idle`]).
+    fn after_progress(&self) {
+        self.wake_waiters();
+        if self.last_wake.get().elapsed() >= RECHECK {
+            self.wake_all();
         }
     }
 
@@ -974,4 +980,63 @@ struct SentVerbs {
 async fn finish_err(posted: Vec<Posted>, e: TransportError) -> Result<VerbResults> {
     drop(posted);
     Err(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    /// Branch i76: a progress call that did something wakes the batches
+    /// waiting for verbs (no callback tells them), not the callers waiting
+    /// for a reply that has not come (the reply handler wakes its own);
+    /// those are woken only when `RECHECK` is due. (Before, every progress
+    /// call that did anything woke every waiting caller: with 8 RPCs in
+    /// flight, 8 polls per reply.)
+    #[test]
+    fn progress_wakes_waiting_batches_but_not_callers_whose_reply_has_not_come() {
+        let c =
+            crate::UcxCluster::new(crate::UcxConfig::shm_loopback(b"wakes".to_vec()), NodeId(1))
+                .unwrap();
+        let ep = UcxEndpoint::new(c.inner.clone(), NodeId(1)).unwrap();
+        let s = &ep.state;
+        let (caller, batch) = (Arc::new(Wakes::default()), Arc::new(Wakes::default()));
+        s.rpcs.borrow_mut().insert(
+            1,
+            Slot {
+                is_rpc: true,
+                waker: Some(Waker::from(caller.clone())),
+                ..Slot::default()
+            },
+        );
+        s.waiters.borrow_mut().push(Waker::from(batch.clone()));
+        // No re-check due.
+        s.last_wake.set(Instant::now() + Duration::from_secs(3600));
+        s.after_progress();
+        assert_eq!(batch.count(), 1, "the batch is woken");
+        assert_eq!(caller.count(), 0, "the caller waits for its reply");
+        assert!(s.rpcs.borrow()[&1].waker.is_some());
+        // A re-check is due: everyone looks again.
+        s.waiters.borrow_mut().push(Waker::from(batch.clone()));
+        s.last_wake.set(Instant::now() - RECHECK);
+        s.after_progress();
+        assert_eq!((batch.count(), caller.count()), (2, 1));
+        assert!(s.rpcs.borrow()[&1].waker.is_none());
+    }
 }
