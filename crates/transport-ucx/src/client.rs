@@ -928,7 +928,13 @@ impl EndpointBackend for UcxEndpoint {
                 }
             }
             let _forget = Forget(&state, rid);
-            dmkv_transport::exec::yield_now().await;
+            // Every round trip yields at least once. The reply is normally
+            // not there at the first poll (UCX delivers it while the
+            // executor idles), and that poll waits for it; only if it is
+            // (another task drove the worker meanwhile) does the call yield
+            // explicitly. (Branch i76: an unconditional `yield_now` first
+            // cost one more poll of the whole call chain per RPC.)
+            let mut yielded = false;
             std::future::poll_fn(|cx| {
                 let mut rpcs = state.rpcs.borrow_mut();
                 let Some(slot) = rpcs.get_mut(&rid) else {
@@ -937,6 +943,12 @@ impl EndpointBackend for UcxEndpoint {
                         "RPC {rid} to node {node}: its reply slot is gone"
                     ))));
                 };
+                if slot.rpc.is_some() && !yielded {
+                    yielded = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                yielded = true;
                 if let Some(reply) = slot.rpc.take() {
                     return Poll::Ready(reply);
                 }
@@ -1038,5 +1050,63 @@ mod tests {
         s.after_progress();
         assert_eq!((batch.count(), caller.count()), (2, 1));
         assert!(s.rpcs.borrow()[&1].waker.is_none());
+    }
+
+    /// Every round trip yields at least once: a call whose reply came
+    /// before its first poll (another task drove the worker) returns
+    /// `Pending` once (waking itself) before it is ready; one whose reply
+    /// has not come waits at its first poll (branch i76: no unconditional
+    /// `yield_now` first).
+    #[test]
+    fn a_call_yields_once_even_when_its_reply_came_before_its_first_poll() {
+        use dmkv_transport::{NodeHost, RpcContext, ServiceError};
+        let config = || crate::UcxConfig::shm_loopback(b"yield-once".to_vec());
+        let sc = crate::UcxCluster::new(config(), NodeId(100)).unwrap();
+        let node = sc
+            .serve(NodeId(0), "127.0.0.1:0".parse().unwrap(), 1)
+            .unwrap();
+        let echo = node
+            .services()
+            .register(
+                "echo",
+                Arc::new(|_: &RpcContext, r: &[u8]| Ok::<_, ServiceError>(r.to_vec())),
+            )
+            .unwrap();
+        let cc = crate::UcxCluster::new(config(), NodeId(60)).unwrap();
+        cc.connect(node.listen_addr()).unwrap();
+        let ep = UcxEndpoint::new(cc.inner.clone(), NodeId(60)).unwrap();
+        let s = ep.state.clone();
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for early in [false, true, false, true] {
+            let mut call = ep.call(NodeId(0), echo, vec![7]);
+            let rid = s.next_rid.get() - 1;
+            if early {
+                while s.rpcs.borrow()[&rid].rpc.is_none() {
+                    assert!(Instant::now() < deadline, "no reply");
+                    s.worker.progress();
+                }
+            }
+            let woken = wakes.count();
+            assert!(
+                std::pin::Pin::new(&mut call).poll(&mut cx).is_pending(),
+                "the first poll never completes the call (reply there: {early})"
+            );
+            assert_eq!(
+                wakes.count() - woken,
+                usize::from(early),
+                "woken at once iff the reply is there"
+            );
+            let reply = loop {
+                assert!(Instant::now() < deadline, "no reply");
+                s.worker.progress();
+                if let Poll::Ready(r) = std::pin::Pin::new(&mut call).poll(&mut cx) {
+                    break r.unwrap();
+                }
+            };
+            assert_eq!(reply.result.unwrap(), vec![7]);
+        }
     }
 }
