@@ -25,6 +25,7 @@ use dmkv_transport::{
     EndpointBackend, NodeId, OpFuture, RemoteAddr, Reply, Result, ServiceId, TransportError, Verb,
     VerbResult, VerbResults, Verbs, WireReader, WireWriter,
 };
+use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -51,13 +52,21 @@ const SPINS: u32 = 0;
 /// seen while sleeping).
 const SLEEP: i32 = 1;
 
+/// A request waiting for its reply (an RPC's or a verbs message's).
 #[derive(Default)]
 struct Slot {
+    /// Whether the request is an RPC (else a verbs message).
+    is_rpc: bool,
+    /// An RPC's reply, decoded as it arrives (one copy of its payload).
+    rpc: Option<Result<Reply>>,
+    /// A verbs message's reply, as it arrived.
     reply: Option<Vec<u8>>,
     waker: Option<Waker>,
 }
 
-type Rpcs = Rc<RefCell<HashMap<u64, Slot>>>;
+/// Waiting requests by request id (looked up several times per RPC; the ids
+/// are a counter, so FxHash instead of SipHash, branch i76).
+type Rpcs = Rc<RefCell<FxHashMap<u64, Slot>>>;
 
 /// How a node's verbs travel in a batch (a node takes the lowest path any
 /// of its verbs has, so that they keep their order).
@@ -128,8 +137,13 @@ impl Drop for Conn {
 struct State {
     cluster: Arc<ClusterInner>,
     node: NodeId,
-    conns: RefCell<HashMap<NodeId, Rc<Conn>>>,
+    conns: RefCell<FxHashMap<NodeId, Rc<Conn>>>,
     rpcs: Rpcs,
+    /// The buffer of the last request sent, handed back by
+    /// `request_buffer` for the next one (UCX copied the request out).
+    spare_request: RefCell<Vec<u8>>,
+    /// Wakers being woken by `wake_all` (kept to reuse the allocation).
+    scratch: RefCell<Vec<Waker>>,
     next_rid: Cell<u64>,
     waiters: RefCell<Vec<Waker>>,
     last_wake: Cell<Instant>,
@@ -143,31 +157,50 @@ struct State {
 }
 
 impl State {
+    /// Wakes the batches waiting for verbs to complete (their ops complete
+    /// inside UCX's progress, with no callback of ours).
+    fn wake_waiters(&self) {
+        let mut ws = self.scratch.take();
+        ws.append(&mut self.waiters.borrow_mut());
+        for w in ws.drain(..) {
+            w.wake();
+        }
+        *self.scratch.borrow_mut() = ws;
+    }
+
+    /// Wakes every waiting task, so that each looks at its timeout and its
+    /// node's health again.
     fn wake_all(&self) {
-        let ws: Vec<Waker> = self.waiters.borrow_mut().drain(..).collect();
-        for w in ws {
+        self.wake_waiters();
+        let mut ws = self.scratch.take();
+        ws.extend(
+            self.rpcs
+                .borrow_mut()
+                .values_mut()
+                .filter_map(|s| s.waker.take()),
+        );
+        for w in ws.drain(..) {
             w.wake();
         }
-        let slot_wakers: Vec<Waker> = self
-            .rpcs
-            .borrow_mut()
-            .values_mut()
-            .filter_map(|s| s.waker.take())
-            .collect();
-        for w in slot_wakers {
-            w.wake();
-        }
+        *self.scratch.borrow_mut() = ws;
         self.last_wake.set(Instant::now());
     }
 
     /// The idle hook: drive UCX, then let waiting tasks look again. With
     /// operations in flight and nothing happening for a while, sleep until
     /// UCX has an event (or briefly); with none, give the CPU away.
+    ///
+    /// After a progress call that did something only the batches waiting
+    /// for verbs are woken: a reply wakes its own caller (the message
+    /// handler), so the other callers, still waiting, are not polled for
+    /// nothing (branch i76: with 8 RPCs in flight every reply woke all 8).
+    /// Everyone is woken every [`RECHECK`] (timeouts, failed sends, nodes
+    /// gone).
     fn idle(&self) {
         if self.worker.progress() {
             self.idle_since.set(None);
             self.empty_polls.set(0);
-            self.wake_all();
+            self.after_progress();
             return;
         }
         let polls = self.empty_polls.get().saturating_add(1);
@@ -187,6 +220,25 @@ impl State {
         } else if polls > SPINS {
             std::thread::yield_now();
         }
+        if self.last_wake.get().elapsed() >= RECHECK {
+            self.wake_all();
+        }
+    }
+
+    /// Keeps a sent request's allocation for the next request (see
+    /// [`EndpointBackend::request_buffer`]), emptied.
+    fn keep_request_buffer(&self, mut request: Vec<u8>) {
+        let mut spare = self.spare_request.borrow_mut();
+        if request.capacity() > spare.capacity() {
+            request.clear();
+            *spare = request;
+        }
+    }
+
+    /// Who is woken after a progress call that did something (see
+    /// [`State::idle`]).
+    fn after_progress(&self) {
+        self.wake_waiters();
         if self.last_wake.get().elapsed() >= RECHECK {
             self.wake_all();
         }
@@ -483,7 +535,11 @@ impl UcxEndpoint {
                                 // Its caller gave up (timeout): drop it.
                                 return;
                             };
-                            slot.reply = Some(data.to_vec());
+                            if slot.is_rpc {
+                                slot.rpc = Some(Reply::decode(data).map_err(Into::into));
+                            } else {
+                                slot.reply = Some(data.to_vec());
+                            }
                             slot.waker.take()
                         };
                         if let Some(w) = waker {
@@ -500,8 +556,10 @@ impl UcxEndpoint {
             event_fd,
             cluster,
             node,
-            conns: RefCell::new(HashMap::new()),
+            conns: RefCell::default(),
             rpcs,
+            spare_request: RefCell::default(),
+            scratch: RefCell::default(),
             next_rid: Cell::new(1),
             waiters: RefCell::new(Vec::new()),
             last_wake: Cell::new(Instant::now()),
@@ -833,21 +891,32 @@ impl EndpointBackend for UcxEndpoint {
         };
         let rid = state.next_rid.get();
         state.next_rid.set(rid + 1);
-        let mut h = WireWriter::with_capacity(crate::server::REQUEST_HEADER);
-        h.u32(conn.session)
-            .u64(conn.token)
-            .u64(rid)
-            .u32(service.0)
-            .u16(state.node.0);
-        state.rpcs.borrow_mut().insert(rid, Slot::default());
+        // `session u32 | token u64 | rid u64 | service u32 | caller u16`
+        // (`server::REQUEST_HEADER`), on the stack.
+        let mut h = [0u8; crate::server::REQUEST_HEADER];
+        h[0..4].copy_from_slice(&conn.session.to_le_bytes());
+        h[4..12].copy_from_slice(&conn.token.to_le_bytes());
+        h[12..20].copy_from_slice(&rid.to_le_bytes());
+        h[20..24].copy_from_slice(&service.0.to_le_bytes());
+        h[24..26].copy_from_slice(&state.node.0.to_le_bytes());
+        state.rpcs.borrow_mut().insert(
+            rid,
+            Slot {
+                is_rpc: true,
+                ..Slot::default()
+            },
+        );
         let ep = conn.rpc_ep(rid).clone();
-        let send = match ep.am_send(AM_REQUEST, h.finish(), request) {
+        // Sent from `request` where UCX sends at once (no copy); its
+        // allocation is then kept for the next request (`request_buffer`).
+        let send = match ep.am_send_from(AM_REQUEST, &h, &request) {
             Ok(op) => op,
             Err(e) => {
                 state.rpcs.borrow_mut().remove(&rid);
                 return OpFuture::ready(Err(state.ucx_error(node, e)));
             }
         };
+        state.keep_request_buffer(request);
         let deadline = Instant::now() + state.cluster.config.rpc_timeout;
         let state = self.state.clone();
         OpFuture::boxed(async move {
@@ -859,17 +928,35 @@ impl EndpointBackend for UcxEndpoint {
                 }
             }
             let _forget = Forget(&state, rid);
-            dmkv_transport::exec::yield_now().await;
-            let bytes = std::future::poll_fn(|cx| {
-                if let Some(reply) = state
-                    .rpcs
-                    .borrow_mut()
-                    .get_mut(&rid)
-                    .and_then(|s| s.reply.take())
-                {
-                    return Poll::Ready(Ok(reply));
+            // Every round trip yields at least once. The reply is normally
+            // not there at the first poll (UCX delivers it while the
+            // executor idles), and that poll waits for it; only if it is
+            // (another task drove the worker meanwhile) does the call yield
+            // explicitly. (Branch i76: an unconditional `yield_now` first
+            // cost one more poll of the whole call chain per RPC.)
+            let mut yielded = false;
+            std::future::poll_fn(|cx| {
+                let mut rpcs = state.rpcs.borrow_mut();
+                let Some(slot) = rpcs.get_mut(&rid) else {
+                    // Removed only when the call ends (`Forget`).
+                    return Poll::Ready(Err(TransportError::Backend(format!(
+                        "RPC {rid} to node {node}: its reply slot is gone"
+                    ))));
+                };
+                if slot.rpc.is_some() && !yielded {
+                    yielded = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
-                if let Some(Err(e)) = op_status(node, &send) {
+                yielded = true;
+                if let Some(reply) = slot.rpc.take() {
+                    return Poll::Ready(reply);
+                }
+                // Checked on every wake-up that was not the reply: at least
+                // every `RECHECK`.
+                if let Some(op) = &send
+                    && let Some(Err(e)) = op_status(node, op)
+                {
                     return Poll::Ready(Err(e));
                 }
                 if conn.peer.is_down() || ep.failed().is_some() {
@@ -879,14 +966,15 @@ impl EndpointBackend for UcxEndpoint {
                 if Instant::now() >= deadline {
                     return Poll::Ready(Err(TransportError::Timeout { node }));
                 }
-                if let Some(s) = state.rpcs.borrow_mut().get_mut(&rid) {
-                    s.waker = Some(cx.waker().clone());
-                }
+                slot.waker = Some(cx.waker().clone());
                 Poll::Pending
             })
-            .await?;
-            Ok(Reply::decode(&bytes)?)
+            .await
         })
+    }
+
+    fn request_buffer(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.state.spare_request.borrow_mut())
     }
 }
 
@@ -904,4 +992,121 @@ struct SentVerbs {
 async fn finish_err(posted: Vec<Posted>, e: TransportError) -> Result<VerbResults> {
     drop(posted);
     Err(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    /// Branch i76: a progress call that did something wakes the batches
+    /// waiting for verbs (no callback tells them), not the callers waiting
+    /// for a reply that has not come (the reply handler wakes its own);
+    /// those are woken only when `RECHECK` is due. (Before, every progress
+    /// call that did anything woke every waiting caller: with 8 RPCs in
+    /// flight, 8 polls per reply.)
+    #[test]
+    fn progress_wakes_waiting_batches_but_not_callers_whose_reply_has_not_come() {
+        let c =
+            crate::UcxCluster::new(crate::UcxConfig::shm_loopback(b"wakes".to_vec()), NodeId(1))
+                .unwrap();
+        let ep = UcxEndpoint::new(c.inner.clone(), NodeId(1)).unwrap();
+        let s = &ep.state;
+        let (caller, batch) = (Arc::new(Wakes::default()), Arc::new(Wakes::default()));
+        s.rpcs.borrow_mut().insert(
+            1,
+            Slot {
+                is_rpc: true,
+                waker: Some(Waker::from(caller.clone())),
+                ..Slot::default()
+            },
+        );
+        s.waiters.borrow_mut().push(Waker::from(batch.clone()));
+        // No re-check due.
+        s.last_wake.set(Instant::now() + Duration::from_secs(3600));
+        s.after_progress();
+        assert_eq!(batch.count(), 1, "the batch is woken");
+        assert_eq!(caller.count(), 0, "the caller waits for its reply");
+        assert!(s.rpcs.borrow()[&1].waker.is_some());
+        // A re-check is due: everyone looks again.
+        s.waiters.borrow_mut().push(Waker::from(batch.clone()));
+        s.last_wake.set(Instant::now() - RECHECK);
+        s.after_progress();
+        assert_eq!((batch.count(), caller.count()), (2, 1));
+        assert!(s.rpcs.borrow()[&1].waker.is_none());
+    }
+
+    /// Every round trip yields at least once: a call whose reply came
+    /// before its first poll (another task drove the worker) returns
+    /// `Pending` once (waking itself) before it is ready; one whose reply
+    /// has not come waits at its first poll (branch i76: no unconditional
+    /// `yield_now` first).
+    #[test]
+    fn a_call_yields_once_even_when_its_reply_came_before_its_first_poll() {
+        use dmkv_transport::{NodeHost, RpcContext, ServiceError};
+        let config = || crate::UcxConfig::shm_loopback(b"yield-once".to_vec());
+        let sc = crate::UcxCluster::new(config(), NodeId(100)).unwrap();
+        let node = sc
+            .serve(NodeId(0), "127.0.0.1:0".parse().unwrap(), 1)
+            .unwrap();
+        let echo = node
+            .services()
+            .register(
+                "echo",
+                Arc::new(|_: &RpcContext, r: &[u8]| Ok::<_, ServiceError>(r.to_vec())),
+            )
+            .unwrap();
+        let cc = crate::UcxCluster::new(config(), NodeId(60)).unwrap();
+        cc.connect(node.listen_addr()).unwrap();
+        let ep = UcxEndpoint::new(cc.inner.clone(), NodeId(60)).unwrap();
+        let s = ep.state.clone();
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for early in [false, true, false, true] {
+            let mut call = ep.call(NodeId(0), echo, vec![7]);
+            let rid = s.next_rid.get() - 1;
+            if early {
+                while s.rpcs.borrow()[&rid].rpc.is_none() {
+                    assert!(Instant::now() < deadline, "no reply");
+                    s.worker.progress();
+                }
+            }
+            let woken = wakes.count();
+            assert!(
+                std::pin::Pin::new(&mut call).poll(&mut cx).is_pending(),
+                "the first poll never completes the call (reply there: {early})"
+            );
+            assert_eq!(
+                wakes.count() - woken,
+                usize::from(early),
+                "woken at once iff the reply is there"
+            );
+            let reply = loop {
+                assert!(Instant::now() < deadline, "no reply");
+                s.worker.progress();
+                if let Poll::Ready(r) = std::pin::Pin::new(&mut call).poll(&mut cx) {
+                    break r.unwrap();
+                }
+            };
+            assert_eq!(reply.result.unwrap(), vec![7]);
+        }
+    }
 }

@@ -996,6 +996,12 @@ impl Ep {
     /// Sends an active message `id` with `header` and `data`, eagerly (the
     /// receiver gets the whole message in its handler).
     pub fn am_send(&self, id: u32, header: Vec<u8>, data: Vec<u8>) -> Result<Op, UcxError> {
+        self.am_send_owned(id, header, &data)
+    }
+
+    /// [`Ep::am_send`] with `header` extended by `data` into the buffer the
+    /// op owns.
+    fn am_send_owned(&self, id: u32, header: Vec<u8>, data: &[u8]) -> Result<Op, UcxError> {
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
             flags: sys::UCP_AM_SEND_FLAG_EAGER,
@@ -1004,7 +1010,7 @@ impl Ep {
         // Both buffers travel in one allocation owned by the Op.
         let hlen = header.len();
         let mut both = header;
-        both.extend_from_slice(&data);
+        both.extend_from_slice(data);
         // SAFETY: the ep is live; header and data point into `both`, owned by
         // the Op until the request completes.
         let p = unsafe {
@@ -1019,6 +1025,64 @@ impl Ep {
             )
         };
         Op::start(self, p, Buffers::Bytes(both), "ucp_am_send_nbx")
+    }
+
+    /// Sends an active message `id` with `header` and `data` like
+    /// [`Ep::am_send`], without copying them first where UCP can send them
+    /// at once: `Ok(None)` when the message went out within this call (UCP
+    /// copied it into the transport, the small messages of RPCs over shared
+    /// memory and TCP); `Ok(Some(op))` when UCP could not, and the message
+    /// was then copied into an op of [`Ep::am_send`] (to be kept until it
+    /// completes). Invariant 6 (`docs/ucx.md`, branch i76): UCP sees the
+    /// borrowed buffers only in a call with `UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL`,
+    /// which either completes before it returns or fails making no request
+    /// (`UCS_ERR_NO_RESOURCE`), so no pointer into them outlives the call.
+    pub fn am_send_from(
+        &self,
+        id: u32,
+        header: &[u8],
+        data: &[u8],
+    ) -> Result<Option<Op>, UcxError> {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS | sys::UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL,
+            flags: sys::UCP_AM_SEND_FLAG_EAGER,
+            ..Default::default()
+        };
+        // SAFETY: the ep is live; header and data are valid for the call,
+        // and (invariant 6) UCP keeps no pointer into them after it.
+        let p = unsafe {
+            sys::ucp_am_send_nbx(
+                self.inner.h,
+                id,
+                header.as_ptr().cast(),
+                header.len(),
+                data.as_ptr().cast(),
+                data.len(),
+                &param,
+            )
+        };
+        match status_ptr(p) {
+            StatusPtr::Done => Ok(None),
+            StatusPtr::Failed(s) if s == ucs_status_t::UCS_ERR_NO_RESOURCE.0 => {
+                let mut both = Vec::with_capacity(header.len() + data.len());
+                both.extend_from_slice(header);
+                self.am_send_owned(id, both, data).map(Some)
+            }
+            StatusPtr::Failed(s) => Err(UcxError {
+                status: s,
+                what: "ucp_am_send_nbx",
+            }),
+            // UCP's contract rules this out; should a request come back
+            // anyway, it may point into the borrowed buffers, so it is
+            // awaited here, while they live.
+            StatusPtr::Pending(req) => match wait_request(&self.inner.worker, req) {
+                0 => Ok(None),
+                s => Err(UcxError {
+                    status: s,
+                    what: "ucp_am_send_nbx",
+                }),
+            },
+        }
     }
 
     /// Tests only: sends active message `id` with `header` and `len` bytes
@@ -1233,5 +1297,65 @@ mod tests {
                     #                 lane[1]:  3:posix/memory.0 md[3]          -> md[3]/posix/sysdev[255] amo#1\n\
                     #                 lane[2]:  4:cma/memory.0 md[4]            -> md[4]/cma/sysdev[255] rma_bw#0\n";
         assert_eq!(lane_transports(none), ["sysv", "posix", "cma"]);
+    }
+
+    /// Invariant 6 and its fallback: messages sent from buffers freed right
+    /// after the call all arrive intact, both those UCP sent at once and
+    /// those it could not (the receiver's shared-memory FIFO full), which
+    /// `am_send_from` copied into an op.
+    #[test]
+    fn messages_sent_from_borrowed_buffers_arrive_when_the_receiver_lags() {
+        let c = crate::UcxCluster::new(
+            crate::UcxConfig::shm_loopback(b"send-from".to_vec()),
+            dmkv_transport::NodeId(1),
+        )
+        .unwrap();
+        let ctx = c.inner.ctx.clone();
+        let (tx, rx) = (Worker::new(&ctx).unwrap(), Worker::new(&ctx).unwrap());
+        // What arrived: (id, data).
+        type Arrived = Vec<(u64, Vec<u8>)>;
+        let got: std::rc::Rc<RefCell<Arrived>> = Default::default();
+        {
+            let got = got.clone();
+            rx.set_am_handler(
+                7,
+                Box::new(move |h: &[u8], d: &[u8]| {
+                    let id = u64::from_le_bytes(h.try_into().expect("an 8-byte header"));
+                    got.borrow_mut().push((id, d.to_vec()));
+                }),
+            )
+            .unwrap();
+        }
+        let (ep, shm) =
+            crate::shm::connect(&tx, &rx.address().unwrap(), crate::shm::host_id()).unwrap();
+        assert!(shm, "one host: the endpoint goes over shared memory");
+        let message = |i: u64| vec![i as u8; 64 + (i % 100) as usize];
+        let n = 2_000u64;
+        let (mut at_once, mut ops) = (0, Vec::new());
+        for i in 0..n {
+            // Freed as soon as the call returns.
+            let data = message(i);
+            match ep.am_send_from(7, &i.to_le_bytes(), &data).unwrap() {
+                None => at_once += 1,
+                Some(op) => ops.push(op),
+            }
+            tx.progress();
+        }
+        assert!(at_once > 0, "UCP sent none at once");
+        assert!(!ops.is_empty(), "the receiver's FIFO never filled");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while got.borrow().len() < n as usize || ops.iter().any(|op| op.poll().is_none()) {
+            assert!(std::time::Instant::now() < deadline, "messages lost");
+            rx.progress();
+            tx.progress();
+        }
+        assert!(ops.iter().all(|op| op.poll() == Some(0)));
+        let mut got = got.take();
+        got.sort();
+        assert_eq!(got.len(), n as usize);
+        for (i, (id, data)) in got.into_iter().enumerate() {
+            assert_eq!(id, i as u64);
+            assert_eq!(data, message(id), "message {id} arrived changed");
+        }
     }
 }

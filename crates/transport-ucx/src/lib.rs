@@ -46,6 +46,7 @@ mod dead_client;
 mod dead_peer;
 pub mod deploy;
 mod ffi;
+mod replies;
 mod server;
 mod shm;
 mod verbs;

@@ -97,7 +97,7 @@ type Regions = Arc<RwLock<HashMap<u32, RegionEntry>>>;
 /// Every open session's token, shared by the node's serving loops. The
 /// control thread enters a session's token before it answers the client,
 /// so a request never reaches a loop before its session's token does.
-type Tokens = Arc<RwLock<HashMap<u32, u64>>>;
+type Tokens = Arc<RwLock<rustc_hash::FxHashMap<u32, u64>>>;
 
 enum Cmd {
     /// Give the loop's spare worker (whose address the sender took from
@@ -196,8 +196,8 @@ impl LoopShared {
     /// system call) only if it sleeps. Invariant (with the loop's sleep): it
     /// sets `sleeping`, then checks the queue; this sends, then checks
     /// `sleeping`, each with a `SeqCst` fence in between, so either it sees
-    /// the command or this sees it sleeping. A reply sent by a handler
-    /// running on the loop's own thread therefore costs no system call.
+    /// the command or this sees it sleeping. (A reply a service sends on
+    /// the loop's own thread does not come here: `crate::replies`.)
     fn send_cmd(&self, cmd: Cmd) {
         if self.cmd_tx.send(cmd).is_ok() {
             std::sync::atomic::fence(Ordering::SeqCst);
@@ -697,7 +697,7 @@ fn handler_thread(
     // active-message callback only queues them: services run outside UCX's
     // progress, so that a reply they send at once goes out on a worker that
     // is not inside a callback.
-    let jobs: Rc<RefCell<VecDeque<Job>>> = Rc::default();
+    let jobs: Rc<RefCell<Jobs>> = Rc::default();
     // Every worker of this loop (its shared one and each client process's)
     // queues requests for the same loop.
     let install = |w: &Worker| {
@@ -707,12 +707,18 @@ fn handler_thread(
             let Some((session, rid, service, caller)) = parse_request(header, &tokens) else {
                 return;
             };
-            jobs.borrow_mut().push_back(Job {
+            let mut jobs = jobs.borrow_mut();
+            // The request is copied (UCX's buffer is gone after the
+            // callback) into the buffer of a request already served.
+            let mut payload = jobs.free.pop().unwrap_or_default();
+            payload.clear();
+            payload.extend_from_slice(data);
+            jobs.queue.push_back(Job {
                 session,
                 rid,
                 service: ServiceId(service),
                 caller: NodeId(caller),
-                payload: data.to_vec(),
+                payload,
             });
         };
         w.set_am_handler(AM_REQUEST, Box::new(handler)).is_ok()
@@ -732,6 +738,10 @@ fn handler_thread(
     // to the service and copied into the encoded reply.
     let mut cache = HandlerCache::new();
     let mut out = Vec::new();
+    // Replies this thread's services send at once go to its own queue
+    // (invariant D, `crate::replies`), not through the command queue.
+    let owner = Arc::as_ptr(&shared) as usize;
+    crate::replies::adopt(owner);
     serve_loop(&worker, &install, &shared, &cmd_rx, wake_rx, idle, |turn| {
         if turn == Turn::Sleep {
             cache.release();
@@ -740,40 +750,70 @@ fn handler_thread(
         node.services.refresh(&mut cache);
         let mut served = false;
         loop {
-            let Some(job) = jobs.borrow_mut().pop_front() else {
+            let Some(job) = jobs.borrow_mut().queue.pop_front() else {
                 break;
             };
             served = true;
-            if node.is_stopped() {
-                continue;
+            if !node.is_stopped() {
+                serve_job(&node, &shared, owner, &mut cache, &mut out, &job);
             }
-            let ctx = RpcContext {
-                caller: job.caller,
-                node: node.id,
-            };
-            // The reply goes out whenever the service produces it: at once
-            // (on this thread: queued, then sent by this loop without a
-            // wake-up), or later from another thread (deferred).
-            let s = shared.clone();
-            let (session, rid) = (job.session, job.rid);
-            node.services.dispatch_cached(
-                &mut cache,
-                &ctx,
-                job.service,
-                &job.payload,
-                &mut out,
-                move |server_cpu_ns: u64, result: LentReply<'_>| {
-                    s.charged_ns.fetch_add(server_cpu_ns, Ordering::Relaxed);
-                    s.send_cmd(Cmd::Reply {
-                        session,
-                        rid,
-                        reply: encode_reply(server_cpu_ns, &result),
-                    });
-                },
-            );
+            let mut jobs = jobs.borrow_mut();
+            if jobs.free.len() < KEEP_REQUEST_BUFFERS {
+                jobs.free.push(job.payload);
+            }
         }
         served
     });
+}
+
+/// What a handler loop's message callback queued: the requests, and the
+/// buffers of requests already served, to copy the next ones into.
+#[derive(Default)]
+struct Jobs {
+    queue: VecDeque<Job>,
+    free: Vec<Vec<u8>>,
+}
+
+/// Request buffers a handler loop keeps for later requests at most.
+const KEEP_REQUEST_BUFFERS: usize = 64;
+
+/// Runs one request's service on its handler loop's thread. The reply goes
+/// out whenever the service produces it: at once (queued on this thread,
+/// `crate::replies`, and sent by this loop after the service returns), or
+/// later from another thread (deferred: through the loop's command queue).
+fn serve_job(
+    node: &NodeInner,
+    shared: &Arc<LoopShared>,
+    owner: usize,
+    cache: &mut HandlerCache,
+    out: &mut Vec<u8>,
+    job: &Job,
+) {
+    let ctx = RpcContext {
+        caller: job.caller,
+        node: node.id,
+    };
+    let s = shared.clone();
+    let (session, rid) = (job.session, job.rid);
+    node.services.dispatch_cached(
+        cache,
+        &ctx,
+        job.service,
+        &job.payload,
+        out,
+        move |server_cpu_ns: u64, result: LentReply<'_>| {
+            s.charged_ns.fetch_add(server_cpu_ns, Ordering::Relaxed);
+            if !crate::replies::offer(owner, session, rid, server_cpu_ns, &result) {
+                let mut reply = Vec::new();
+                crate::replies::encode_reply(&mut reply, server_cpu_ns, &result);
+                s.send_cmd(Cmd::Reply {
+                    session,
+                    rid,
+                    reply,
+                });
+            }
+        },
+    );
 }
 
 /// The progress thread: verbs carried as messages (the TCP path), and an
@@ -859,25 +899,6 @@ fn progress_thread(
     });
 }
 
-/// The encoded reply ([`dmkv_transport::Reply::encode`]'s format: `status
-/// u8 | cpu_ns u64 | payload or message`) of a reply lent by
-/// [`ServiceTable::dispatch_cached`]: the bytes are copied out of the
-/// handler thread's buffer here (R3 of docs/transport.md, "Reply buffers").
-fn encode_reply(server_cpu_ns: u64, result: &LentReply<'_>) -> Vec<u8> {
-    let mut w = WireWriter::new();
-    match result {
-        Ok(p) => {
-            w.u8(0).u64(server_cpu_ns).raw(p);
-        }
-        Err(e) => {
-            w.u8(e.code as u8)
-                .u64(server_cpu_ns)
-                .raw(e.message.as_bytes());
-        }
-    }
-    w.finish()
-}
-
 /// Why a serving loop calls its `work` (see [`serve_loop`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Turn {
@@ -901,6 +922,29 @@ struct Idle {
 /// none (see the client's `SPINS` for what was measured).
 const IDLE_SPINS: u32 = 0;
 
+/// A loop's sessions: each one's endpoint back to its client, by session id
+/// (looked up per reply; sessions are numbered by the node, so FxHash).
+type Sessions = rustc_hash::FxHashMap<u32, SessionEp>;
+
+/// Sends a reply (`AM_REPLY`, `header` the request id) to `session`'s
+/// client, without copying it where UCX sends it at once; one UCX could not
+/// send at once is kept in `inflight` until it completes. A reply to an
+/// unknown session or a failed endpoint is dropped (its client is gone).
+fn send_reply(
+    sessions: &Sessions,
+    inflight: &mut Vec<(u32, Op)>,
+    session: u32,
+    header: &[u8],
+    data: &[u8],
+) {
+    if let Some(s) = sessions.get(&session)
+        && s.ep.failed().is_none()
+        && let Ok(Some(op)) = s.ep.am_send_from(AM_REPLY, header, data)
+    {
+        inflight.push((session, op));
+    }
+}
+
 /// A worker a loop made for one client process (invariant 4).
 struct ClientWorker {
     worker: Worker,
@@ -918,8 +962,9 @@ struct SessionEp {
 /// worker and the loop's per-client workers, each given the loop's message
 /// handlers by `install`), runs `work(Turn::Poll)` after every progress
 /// call (a handler thread serves there the requests its workers delivered;
-/// it says whether it did anything), and carries out commands (client
-/// workers, sessions, replies). With nothing to do for `idle.poll` it calls
+/// it says whether it ran any), carries out commands (client workers,
+/// sessions, replies from other threads), then sends the replies the
+/// services it ran queued on this thread (`crate::replies`). With nothing to do for `idle.poll` it calls
 /// `work(Turn::Sleep)`, arms every worker's event fd and sleeps in `poll`
 /// until UCX or a command wakes it.
 fn serve_loop(
@@ -934,10 +979,13 @@ fn serve_loop(
     let efd = worker.event_fd().ok();
     // Ordered, so that every loop drives them in the same order.
     let mut clients: BTreeMap<u64, ClientWorker> = BTreeMap::new();
-    let mut sessions: HashMap<u32, SessionEp> = HashMap::new();
+    let mut sessions: Sessions = Sessions::default();
     // Replies being sent, with their session.
     let mut inflight: Vec<(u32, Op)> = Vec::new();
     let mut last_event = Instant::now();
+    // When a busy iteration ended: the next one starts then (one clock
+    // read per busy iteration instead of two).
+    let mut busy_until: Option<Instant> = None;
     let mut empty_polls: u32 = 0;
     let mut iterations: u64 = 0;
     // The worker the next client process on this host gets (see
@@ -955,13 +1003,19 @@ fn serve_loop(
                 *shared.spare.lock() = Some(a);
             }
         }
-        let start = Instant::now();
+        let start = busy_until.take().unwrap_or_else(Instant::now);
         let mut busy = worker.progress();
         for c in clients.values() {
             busy |= c.worker.progress();
         }
-        busy |= work(Turn::Poll);
-        while let Ok(cmd) = cmd_rx.try_recv() {
+        // Whether work ran services: only a service (run there, on this
+        // thread) queues replies in `crate::replies`.
+        let served = work(Turn::Poll);
+        busy |= served;
+        // (`is_empty` first: cheaper than `try_recv` on an empty queue.)
+        while !cmd_rx.is_empty()
+            && let Ok(cmd) = cmd_rx.try_recv()
+        {
             busy = true;
             match cmd {
                 Cmd::AddClient(client) => {
@@ -1023,17 +1077,41 @@ fn serve_loop(
                     rid,
                     reply,
                 } => {
-                    if let Some(s) = sessions.get(&session)
-                        && s.ep.failed().is_none()
-                        && let Ok(op) = s.ep.am_send(AM_REPLY, rid.to_le_bytes().to_vec(), reply)
-                    {
-                        inflight.push((session, op));
-                    }
+                    send_reply(
+                        &sessions,
+                        &mut inflight,
+                        session,
+                        &rid.to_le_bytes(),
+                        &reply,
+                    );
                 }
                 Cmd::Stop => stop = true,
             }
         }
-        inflight.retain(|(_, op)| op.poll().is_none());
+        // Replies the services run above sent at once (invariant D), after
+        // the commands: a session's endpoint is opened by a command queued
+        // before its client could send a request, so it is here by now. A
+        // reply to a session this loop does not know (yet) goes through the
+        // command queue instead, behind every command queued before it.
+        // (An iteration that ran no service has none: no thread-local
+        // access then.)
+        busy |= served
+            && crate::replies::drain(|q| {
+                let (header, data) = q.message.split_at(crate::replies::HEADER);
+                if sessions.contains_key(&q.session) {
+                    send_reply(&sessions, &mut inflight, q.session, header, data);
+                } else {
+                    let rid = u64::from_le_bytes(header.try_into().expect("an 8-byte header"));
+                    shared.send_cmd(Cmd::Reply {
+                        session: q.session,
+                        rid,
+                        reply: data.to_vec(),
+                    });
+                }
+            });
+        if !inflight.is_empty() {
+            inflight.retain(|(_, op)| op.poll().is_none());
+        }
         iterations += 1;
         if iterations.is_multiple_of(4096) {
             shared
@@ -1045,6 +1123,7 @@ fn serve_loop(
         }
         if busy {
             last_event = Instant::now();
+            busy_until = Some(last_event);
             shared.busy_ns.fetch_add(
                 last_event.duration_since(start).as_nanos() as u64,
                 Ordering::Relaxed,
@@ -1070,7 +1149,7 @@ fn serve_loop(
         std::sync::atomic::fence(Ordering::SeqCst);
         let mut sink = [0u8; 64];
         while matches!(wake_rx.read(&mut sink), Ok(n) if n > 0) {}
-        if !cmd_rx.is_empty() {
+        if !cmd_rx.is_empty() || crate::replies::pending() {
             shared.sleeping.store(false, Ordering::SeqCst);
             continue;
         }
