@@ -431,14 +431,14 @@ impl ScaleNode {
                                 OwnCopy::Drop
                             }
                         };
-                        later(d, self.page(l.slot).to_bytes(), undo, own);
+                        later(d, self.frame_bytes(l.slot, r), undo, own);
                         return Ok(Grant {
                             epoch: d.epoch,
                             source: Source::Written,
                             invalidate,
                         });
                     }
-                    if let Err(e) = self.deliver_copy(r, q.offset, &self.page(l.slot).to_bytes()) {
+                    if let Err(e) = self.deliver_copy(r, q.offset, &self.frame_bytes(l.slot, r)) {
                         f.latch.unlock_exclusive();
                         return Err(e);
                     }
@@ -469,7 +469,7 @@ impl ScaleNode {
                 if set & (1 << r) != 0 {
                     Source::Kept
                 } else if set & (1 << me) != 0 && my_copy && f.latch.try_shared() {
-                    let bytes = self.page(l.slot).to_bytes();
+                    let bytes = self.frame_bytes(l.slot, r);
                     f.latch.unlock_shared();
                     if posting {
                         d.owners = Owners::Shared(set | 1 << r);
@@ -514,7 +514,7 @@ impl ScaleNode {
                         if posting {
                             // Our copy stays latched until the write ends.
                             d.owners = Owners::Exclusive(r);
-                            let bytes = self.page(l.slot).to_bytes();
+                            let bytes = self.frame_bytes(l.slot, r);
                             later(d, bytes, Owners::Shared(set), OwnCopy::Drop);
                             return Ok(Grant {
                                 epoch: d.epoch,
@@ -522,7 +522,7 @@ impl ScaleNode {
                                 invalidate: others & !(1 << me),
                             });
                         }
-                        let res = self.deliver_copy(r, q.offset, &self.page(l.slot).to_bytes());
+                        let res = self.deliver_copy(r, q.offset, &self.frame_bytes(l.slot, r));
                         if res.is_ok() {
                             self.drop_copy(fi, true);
                             d.owners = Owners::Exclusive(r);

@@ -45,16 +45,31 @@ pub mod cost {
     /// An ownership request (`Kind::Request`): its decoding (233), offset
     /// check (12), route (216) and `own_request` (1,790.1 per call from
     /// `handle`: the translation-table lookup, the entry's mutex, the
-    /// directory's decision).
-    pub const OWN: u64 = 2_251;
+    /// directory's decision), less the page copies it made for inline
+    /// deliveries (below): 1,392.
+    ///
+    /// Branch i77: a page leaves by the NIC's DMA read of its frame, as the
+    /// artifact posts its WRITE (`MessageHandler::writePageAndMsg`), so no
+    /// core copies it ([`crate::node::ScaleNode::frame_bytes`]) and the
+    /// copy's instructions are no handler's work. Counted with callgrind on
+    /// the `local` transport (where the copy is real), main's binary
+    /// 7212f49 (`/tmp/keep/dmkv-head21`), the command above:
+    /// `PageRef::to_bytes` is 1,557.7 per call (16,830,517 over 10,805:
+    /// `RegionMem::read_vec`'s allocation and 512 word copies); below
+    /// `grant` (from `own_request`, only for a remote requester) 8,271,119
+    /// over 5,304 copies, i.e. 859 per ownership request (9,628 from
+    /// `handle`); below `holder_decide` (from `serve_holder`) 8,559,398
+    /// over 5,501 copies, i.e. 1,047 per move or copy (8,179).
+    pub const OWN: u64 = 2_251 - 859;
     /// A move or copy to the holder: decoding and offset check (245) and
     /// `serve_holder` (1,876.8 per call: the lookup, the latch, the
     /// decision, an invalidation's drop, the reply's encoding where
     /// answered at once) less its hand-over of deliveries to the
     /// completer (`push_net`, 153 per message: under the simulated cluster
     /// the page is written where it is decided, [`DELIVERY`]) and its
-    /// replies' sends (16 per message): 1,708.
-    pub const HOLDER: u64 = 1_953;
+    /// replies' sends (16 per message): 1,953; less its page copies
+    /// (branch i77, above: 1,047 per message): 906.
+    pub const HOLDER: u64 = 1_953 - 1_047;
     /// An allocation: decoding (233), `allocates` (198), `alloc_here`
     /// (692.7: the shard, a frame) and the reply's encoding (252).
     pub const ALLOC: u64 = 1_375;

@@ -194,12 +194,12 @@ impl ScaleNode {
                     if need_page && posting {
                         // The bytes are taken now: our worker's page may
                         // land in the slot before the write is made.
-                        let bytes = self.page(l.slot).to_bytes();
+                        let bytes = self.frame_bytes(l.slot, from);
                         self.drop_copy(fi, false);
                         return Ok(later(crate::ssdio::Then::Done, offset, bytes));
                     }
                     if need_page {
-                        self.deliver_copy(from, offset, &self.page(l.slot).to_bytes())?;
+                        self.deliver_copy(from, offset, &self.frame_bytes(l.slot, from))?;
                     }
                     // Keep the slot: our worker receives its page there.
                     self.drop_copy(fi, false);
@@ -219,11 +219,11 @@ impl ScaleNode {
                     // Latched until the write ends (`finish_delivery`):
                     // whatever else wants the page parks meanwhile.
                     let pid = f.pid();
-                    let bytes = self.page(l.slot).to_bytes();
+                    let bytes = self.frame_bytes(l.slot, from);
                     return Ok(later(crate::ssdio::Then::Moved { pid, fi }, offset, bytes));
                 }
                 let res = if need_page {
-                    self.deliver_copy(from, offset, &self.page(l.slot).to_bytes())
+                    self.deliver_copy(from, offset, &self.frame_bytes(l.slot, from))
                 } else {
                     Ok(())
                 };
@@ -238,10 +238,10 @@ impl ScaleNode {
                 if old {
                     // Our newer grant (an upgrade) has not changed the page.
                     if posting {
-                        let bytes = self.page(l.slot).to_bytes();
+                        let bytes = self.frame_bytes(l.slot, from);
                         return Ok(later(crate::ssdio::Then::Done, offset, bytes));
                     }
-                    self.deliver_copy(from, offset, &self.page(l.slot).to_bytes())?;
+                    self.deliver_copy(from, offset, &self.frame_bytes(l.slot, from))?;
                     return Ok(HolderAnswer::Reply(Reply::Done));
                 }
                 if l.mode == Possession::Exclusive || epoch < m.epoch {
@@ -252,7 +252,7 @@ impl ScaleNode {
                 if !try_latch(|| f.latch.try_shared()) {
                     return Ok(HolderAnswer::Park);
                 }
-                let bytes = self.page(l.slot).to_bytes();
+                let bytes = self.frame_bytes(l.slot, from);
                 f.latch.unlock_shared();
                 if posting {
                     // Counted as served now (the bytes are taken): an

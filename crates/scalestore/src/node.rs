@@ -614,6 +614,22 @@ impl ScaleNode {
         *self.net_gate.lock() = gate;
     }
 
+    /// The page in `slot` as it leaves for member `to`: for another node the
+    /// NIC's DMA read of the frame ([`PageRef::dma_bytes`], no core's lines
+    /// under `sim`), for this node a core's copy ([`PageRef::to_bytes`]).
+    /// Taken while the frame is latched (exclusively for a move, shared for
+    /// a copy) or, for a move of an older copy, while its waiting worker
+    /// does not touch it (invariant 4): no store races it. Under `sim` the
+    /// bytes are placed by `sim::write_posted` at the same virtual instant
+    /// (nothing runs in between), so they are the frame's at the post.
+    pub fn frame_bytes(&self, slot: u32, to: u8) -> Vec<u8> {
+        if to == self.index {
+            self.page(slot).to_bytes()
+        } else {
+            self.page(slot).dma_bytes()
+        }
+    }
+
     /// [`Self::deliver`] of a copy from this node's memory, counted as a page
     /// served from remote memory when it goes to another node.
     pub fn deliver_copy(&self, to: u8, offset: u64, bytes: &[u8]) -> Result<(), KvError> {
