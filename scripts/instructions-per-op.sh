@@ -34,7 +34,12 @@
 # OPS_SMALL (10000), OPS_LARGE (60000), THREADS (1), TASKS (8), SEED (1),
 # TOP (15 functions listed), EXTRA (more `dmkv bench` arguments),
 # KEEP (directory to keep the callgrind files in), REUSE (1: re-count the
-# files already in KEEP).
+# files already in KEEP), EVENT (what to count: Ir, the default, counts
+# instructions; a callgrind cache-simulation event or a sum of them, e.g.
+# EVENT=DLmr+DLmw for last-level data misses or EVENT=D1mr+D1mw for L1 data
+# misses, runs callgrind with --cache-sim=yes and counts those per operation
+# instead), CACHE (the simulated caches for such an EVENT, default
+# "--D1=32768,8,64 --LL=33554432,16,64": a 32 KiB L1 and a 32 MiB last level).
 set -euo pipefail
 ENGINE=${1:?usage: $0 ENGINE [WORKLOAD]}
 WORKLOAD=${2:-ycsb-c}
@@ -47,26 +52,34 @@ THREADS=${THREADS:-1}
 TASKS=${TASKS:-8}
 SEED=${SEED:-1}
 TOP=${TOP:-15}
+EVENT=${EVENT:-Ir}
+SIM=""
+TAG=""
+if [ "$EVENT" != Ir ]; then
+  SIM="--cache-sim=yes ${CACHE:---D1=32768,8,64 --LL=33554432,16,64}"
+  TAG="-cache"
+fi
 [ -x "$DMKV" ] || { echo "no binary at $DMKV (cargo build --release)" >&2; exit 1; }
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
 DIR=${KEEP:-$(mktemp -d)}
 mkdir -p "$DIR"
 for ops in "$OPS_SMALL" "$OPS_LARGE"; do
   # REUSE=1 with KEEP: re-count existing callgrind files without running.
-  [ -n "${REUSE:-}" ] && [ -s "$DIR/$ENGINE-$WORKLOAD-$ops.out" ] && continue
+  [ -n "${REUSE:-}" ] && [ -s "$DIR/$ENGINE-$WORKLOAD-$ops$TAG.out" ] && continue
   # shellcheck disable=SC2086
-  valgrind --tool=callgrind --callgrind-out-file="$DIR/$ENGINE-$WORKLOAD-$ops.out" \
+  valgrind --tool=callgrind $SIM --callgrind-out-file="$DIR/$ENGINE-$WORKLOAD-$ops$TAG.out" \
     "$DMKV" bench --engine "$ENGINE" --workload "$WORKLOAD" --keys "$KEYS" --ops "$ops" \
     --threads "$THREADS" --tasks "$TASKS" --seed "$SEED" ${EXTRA:-} \
     >"$DIR/$ENGINE-$WORKLOAD-$ops.log" 2>&1 ||
     { echo "run with $ops ops failed, see $DIR/$ENGINE-$WORKLOAD-$ops.log" >&2; exit 1; }
 done
-python3 - "$DIR/$ENGINE-$WORKLOAD-$OPS_SMALL.out" "$DIR/$ENGINE-$WORKLOAD-$OPS_LARGE.out" \
-  "$((OPS_LARGE - OPS_SMALL))" "$ENGINE" "$WORKLOAD" "$TOP" <<'PY'
+python3 - "$DIR/$ENGINE-$WORKLOAD-$OPS_SMALL$TAG.out" "$DIR/$ENGINE-$WORKLOAD-$OPS_LARGE$TAG.out" \
+  "$((OPS_LARGE - OPS_SMALL))" "$ENGINE" "$WORKLOAD" "$TOP" "$EVENT" <<'PY'
 import re, sys
 from collections import defaultdict
 
-small, large, dops, engine, workload, top = sys.argv[1:7]
+small, large, dops, engine, workload, top, event = sys.argv[1:8]
+WANTED = event.split("+")
 dops, top = int(dops), int(top)
 ENGINES = {"xstore", "rolex", "outback", "race", "sherman", "rpc_hash", "rpc_btree",
            "cell", "xtree", "scalestore"}
@@ -79,6 +92,10 @@ def parse(path):
     skip_next = False
     callee = ""
     edges = defaultdict(int)
+    cols = [0]  # the columns of the wanted events on a cost line (after the position)
+    def value(parts):
+        # Trailing zero costs are left off a cost line.
+        return sum(int(parts[1 + c]) for c in cols if 1 + c < len(parts))
     def name(kind, rest):
         m = re.match(r"\((\d+)\)(?: (.*))?", rest)
         if not m:
@@ -92,17 +109,21 @@ def parse(path):
             if not line:
                 continue
             c = line[0]
+            if line.startswith("events:"):
+                names_ = line.split()[1:]
+                cols = [names_.index(w) for w in WANTED]
+                continue
             if c.isdigit() or c in "+-*":
                 if skip_next:
                     # The inclusive cost of a call (caller, callee).
                     skip_next = False
                     parts = line.split()
                     if len(parts) > 1:
-                        edges[(fn, callee)] += int(parts[1])
+                        edges[(fn, callee)] += value(parts)
                     continue
                 parts = line.split()
                 if len(parts) > 1:
-                    cost[(fi or fl, fn, ob)] += int(parts[1])
+                    cost[(fi or fl, fn, ob)] += value(parts)
                 continue
             key, _, rest = line.partition("=")
             if key == "ob":
@@ -287,13 +308,15 @@ for k in set(a) | set(b):
     for cat, share in alt_category(*k, cats).items():
         by_alt[cat] += d * share
 total = sum(v for c, v in by_cat.items() if c != "idle")
-print(f"{engine} {workload}: instructions per operation (callgrind, differenced over {dops} ops)")
+prec = 0 if event == "Ir" else 3
+what = "instructions" if event == "Ir" else event
+print(f"{engine} {workload}: {what} per operation (callgrind, differenced over {dops} ops)")
 for cat in ("harness", "framework", "engine"):
-    print(f"  {cat:<10} {by_cat.get(cat, 0):>9.0f}")
-print(f"  {'total':<10} {total:>9.0f}   (idle polling, not counted: {by_cat.get('idle', 0):.0f}; of it called from idle loops: {idle_moved:.0f})")
+    print(f"  {cat:<10} {by_cat.get(cat, 0):>9.{prec}f}")
+print(f"  {'total':<10} {total:>9.{prec}f}   (idle polling, not counted: {by_cat.get('idle', 0):.0f}; of it called from idle loops: {idle_moved:.0f})")
 print(f"  std/dependency code inlined into harness and engine functions counted as theirs: "
       f"harness {by_alt.get('harness', 0):.0f} / framework {by_alt.get('framework', 0):.0f} / engine {by_alt.get('engine', 0):.0f}")
 print(f"  top {top} functions (self cost per op):")
 for (cat, f), v in sorted(per_fn.items(), key=lambda kv: -kv[1])[:top]:
-    print(f"    {v:>8.0f}  {cat:<9} {f[:150]}")
+    print(f"    {v:>8.{prec}f}  {cat:<9} {f[:150]}")
 PY

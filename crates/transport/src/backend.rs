@@ -195,6 +195,17 @@ pub trait EndpointBackend {
     /// out of `verbs` (passed by reference so that the inline batch is not
     /// copied on every call).
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>>;
+    /// Whether the batch's execution may wait for its next poll: the backend
+    /// would run `verbs` at once ([`Self::execute_now`]) and has started
+    /// loading the lines they access (prefetch hints), so the caller yields
+    /// first and executes them when the task is polled again, the one yield
+    /// a round trip costs. A posted RDMA verb works so: the NIC fetches the
+    /// memory while the CPU runs other tasks, and the read still happens
+    /// between the post and the completion. Nothing is executed or checked
+    /// here. False (the default): the batch is executed on its first poll.
+    fn prefetch(&self, _verbs: &Verbs) -> bool {
+        false
+    }
     /// The same batch executed at once, when the backend has nothing to
     /// model in between (the `local` backend without injected faults): the
     /// results go into `out` (`None` on entry; the backend puts a result

@@ -310,6 +310,7 @@ impl Endpoint {
         verbs.push(v);
         BatchRun {
             ep: self,
+            deferred: false,
             state: std::mem::ManuallyDrop::new(RunState::Unposted(verbs, cost)),
         }
     }
@@ -337,6 +338,7 @@ impl Endpoint {
     pub fn batch_run(&self) -> BatchRun<'_> {
         BatchRun {
             ep: self,
+            deferred: false,
             state: std::mem::ManuallyDrop::new(RunState::Unposted(
                 Verbs::new(),
                 BatchCost::default(),
@@ -516,6 +518,7 @@ impl<'a> Batch<'a> {
     pub fn run(self) -> BatchRun<'a> {
         BatchRun {
             ep: self.ep,
+            deferred: false,
             state: std::mem::ManuallyDrop::new(RunState::Unposted(self.verbs, self.cost)),
         }
     }
@@ -630,6 +633,9 @@ fn batch_counters(verbs: &Verbs) -> Counters {
 #[must_use = "a batch is posted only when its future is polled"]
 pub struct BatchRun<'a> {
     ep: &'a Endpoint,
+    /// Posted and counted, its execution deferred to the next poll
+    /// ([`EndpointBackend::prefetch`]); the verbs are still in `state`.
+    deferred: bool,
     /// Dropped by `BatchRun`'s own `drop`, which skips the drop glue's call
     /// for a state with nothing to drop (a batch whose results were handed
     /// out, the common end of every round trip).
@@ -753,17 +759,30 @@ impl BatchRun<'_> {
             // list (a conservative bound: the sum of its reads).
             let oversized = cost.bytes_read > crate::buffers::MAX_SPARE_BYTES as u64;
             let len = verbs.len() | if oversized { OVERSIZED } else { 0 };
-            // Counted as the verbs were added; added to the kind's counters
-            // and the meter here, on the first poll, as before.
-            ep.add_batch(cost);
+            if !this.deferred {
+                // Counted as the verbs were added; added to the kind's
+                // counters and the meter here, on the first poll, as before.
+                ep.add_batch(cost);
+                // The round trip's one yield before the execution, if the
+                // backend has started loading the verbs' lines: the task's
+                // next poll executes them (the verbs stay in the state).
+                if ep.backend.prefetch(verbs) {
+                    this.deferred = true;
+                    crate::exec::wake_self(cx.waker());
+                    return Poll::Pending;
+                }
+            }
             // Executed at once if the backend can: the results wait in the
-            // state for the poll after the one yield a round trip costs.
+            // state for the poll after the one yield a round trip costs, or,
+            // deferred, the yield is behind them and they are handed out.
             let mut out = None;
             if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
-                let executed = RunState::Executed(
-                    Some(done.map(|()| out.expect("execute_now gives a result list"))),
-                    len,
-                );
+                let done = done.map(|()| out.expect("execute_now gives a result list"));
+                let (executed, ready) = if this.deferred {
+                    (RunState::Executed(None, len), Some(done))
+                } else {
+                    (RunState::Executed(Some(done), len), None)
+                };
                 if verbs.spilled() || !verbs.is_empty() {
                     *this.state = executed;
                 } else {
@@ -774,6 +793,12 @@ impl BatchRun<'_> {
                     // the drop glue's call leaks nothing. `this.state` is a
                     // valid, aligned, exclusively borrowed place.
                     unsafe { std::ptr::write(&mut *this.state, executed) };
+                }
+                if let Some(done) = ready {
+                    return Poll::Ready(done.map(|results| BatchResult {
+                        results: Some(results),
+                        len,
+                    }));
                 }
                 // Its own task, polled again by the executor without a
                 // wake-up's locked operations (W1, `exec::wake_self`).
@@ -935,8 +960,9 @@ mod tests {
         // The verbs travel with their cost (`BatchCost`, 24 bytes).
         let larger = (size_of::<Verbs>() + size_of::<BatchCost>())
             .max(size_of::<OpFuture<'static, Result<VerbResults>>>());
-        assert!(size_of::<BatchRun<'static>>() <= larger + 16);
-        assert!(size_of::<OneVerb<'static, Vec<u8>>>() <= larger + 24);
+        // Plus the endpoint, the state's tag and the `deferred` flag.
+        assert!(size_of::<BatchRun<'static>>() <= larger + 24);
+        assert!(size_of::<OneVerb<'static, Vec<u8>>>() <= larger + 32);
     }
 
     /// A backend that completes every verb at once with a default result.

@@ -860,6 +860,42 @@ impl EndpointBackend for LocalEndpoint {
         false
     }
 
+    /// Hints the lines of every verb whose region the cache holds (a region
+    /// not cached yet is resolved when the verbs execute) and defers the
+    /// batch to its next poll, so that the 8 tasks' misses overlap as a
+    /// NIC's DMA reads would (L1 below). Only when `execute_now` will run
+    /// the verbs (no injected faults: the flag, as there).
+    ///
+    /// L1: a deferred batch executes on the poll after its post, before its
+    /// results are handed out, with the same checks, order and results as
+    /// if it ran at the post: what another task or thread did in between
+    /// may be seen, which the transport allows (a verb happens somewhere
+    /// between its post and its completion). Within a batch the verbs still
+    /// run in posting order, and a task's next batch is posted only after
+    /// this one completed.
+    fn prefetch(&self, verbs: &Verbs) -> bool {
+        if self.inner.faults_active.load(Ordering::Acquire) {
+            return false;
+        }
+        // Only the cached memory, unchecked: a hint to a region since
+        // dropped, or under another key, is harmless (the cache's `Arc`
+        // keeps the memory alive, nothing is read), and the verb's
+        // execution checks all of it.
+        let cache = self.regions.borrow();
+        for v in verbs.as_slice() {
+            let (addr, len) = match v {
+                Verb::Read { addr, len } => (addr, *len as u64),
+                Verb::Write { addr, data } => (addr, data.len() as u64),
+                Verb::Cas { addr, .. } | Verb::Faa { addr, .. } => (addr, 8),
+            };
+            let (n, i) = (addr.node.0 as usize, addr.region.0 as usize);
+            if let Some(Some(r)) = cache.get(n).and_then(|regions| regions.get(i)) {
+                r.mem.prefetch(addr.offset, len);
+            }
+        }
+        true
+    }
+
     fn execute_now(
         &self,
         verbs: &mut Verbs,

@@ -115,13 +115,23 @@ unsafe impl Sync for RegionMem {}
 impl RegionMem {
     /// Allocates `len` bytes (rounded up to a cache line), zeroed. Large
     /// regions are mapped lazily by the OS, so reserving generously is cheap.
+    /// A region of at least [`HUGE_PAGE`] bytes is aligned to it and asks
+    /// for transparent huge pages ([`advise_huge_pages`]), as the papers'
+    /// artifacts register huge-page memory with their NICs.
     pub fn zeroed(len: usize) -> Option<RegionMem> {
         let len = len.max(REGION_ALIGN).div_ceil(REGION_ALIGN) * REGION_ALIGN;
-        let align = if len >= 1 << 21 { 4096 } else { REGION_ALIGN };
+        let align = if len >= HUGE_PAGE {
+            HUGE_PAGE
+        } else {
+            REGION_ALIGN
+        };
         let layout = Layout::from_size_align(len, align).ok()?;
         // SAFETY: `layout` has non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let words = NonNull::new(ptr.cast::<AtomicU64>())?;
+        if len >= HUGE_PAGE {
+            advise_huge_pages(ptr, len);
+        }
         Some(RegionMem {
             words,
             len_words: len / 8,
@@ -237,6 +247,28 @@ impl RegionMem {
     #[inline(always)]
     pub fn touch_span(&self, offset: u64, len: u64) {
         crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len);
+    }
+
+    /// Hints the CPU to start loading the lines of `[offset, offset + len)`
+    /// into its caches (at most the first [`PREFETCH_MAX_LINES`]), the way a
+    /// posted RDMA verb starts its DMA while the CPU goes on: nothing is
+    /// read, no byte changes, and lines outside the region are not hinted
+    /// (the verb's own execution refuses such a span). A hint only: the verb later loads
+    /// the words as every access does. A no-op off x86_64.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, offset: u64, len: u64) {
+        let first = offset & !(REGION_ALIGN as u64 - 1);
+        // Clipped to the region: every hinted line starts inside it.
+        let end = offset
+            .saturating_add(len)
+            .min(first.saturating_add((PREFETCH_MAX_LINES * REGION_ALIGN) as u64))
+            .min(self.len() as u64);
+        let base = self.words.as_ptr().cast::<u8>();
+        let mut at = first;
+        while at < end {
+            prefetch_line(base.wrapping_add(at as usize));
+            at += REGION_ALIGN as u64;
+        }
     }
 
     /// Copies `out.len()` bytes starting at `offset` into `out`, loading words
@@ -517,6 +549,48 @@ impl RegionMem {
     }
 }
 
+/// The size of a transparent huge page on x86_64 and most aarch64 kernels.
+pub const HUGE_PAGE: usize = 1 << 21;
+
+/// Asks the kernel to back `[ptr, ptr + len)` with transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)`; Linux only): at 1M keys a one-sided read's
+/// line is also a TLB miss on 4 KiB pages. Advice only: the bytes do not
+/// change, and a kernel without THP (or with it off, or a refusal) leaves
+/// the region on normal pages; the result is ignored.
+#[allow(unsafe_code)]
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `[ptr, ptr + len)` is one live allocation of ours, aligned
+    // to a huge page (so to a page, as madvise needs); MADV_HUGEPAGE only
+    // sets a flag on the mapping and never changes or frees its contents.
+    unsafe {
+        libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, len);
+}
+
+/// How many lines of a verb [`RegionMem::prefetch`] hints at most (a
+/// larger read's later lines are streamed by the hardware prefetcher once
+/// the copy walks them in order).
+pub(crate) const PREFETCH_MAX_LINES: usize = 8;
+
+/// A prefetch hint for the line holding `p` (into every cache level).
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it reads nothing the program sees,
+    // writes nothing and never faults, whatever the address (the caller
+    // passes addresses inside a live region anyway). SSE, which the
+    // intrinsic needs, is part of the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Copies `src` into `dst` (8 bytes per word, `dst.len() == 8 * src.len()`),
 /// loading the words in increasing address order with acquire ordering.
 #[inline]
@@ -757,6 +831,49 @@ mod tests {
         assert!(r.read(60, &mut b).is_err());
         assert!(r.read(u64::MAX - 2, &mut b).is_err());
         assert!(r.write(57, &b).is_err());
+    }
+
+    #[test]
+    fn a_huge_region_is_aligned_zeroed_and_whole() {
+        let len = 3 * HUGE_PAGE + 64;
+        let r = RegionMem::zeroed(len).unwrap();
+        assert_eq!(r.base_ptr() as usize % HUGE_PAGE, 0);
+        assert_eq!(r.len(), len);
+        assert!(r.read_vec(0, len).unwrap().iter().all(|&b| b == 0));
+        for offset in [
+            0,
+            HUGE_PAGE as u64 - 8,
+            2 * HUGE_PAGE as u64,
+            len as u64 - 8,
+        ] {
+            r.store_u64(offset, offset + 1).unwrap();
+        }
+        for offset in [
+            0,
+            HUGE_PAGE as u64 - 8,
+            2 * HUGE_PAGE as u64,
+            len as u64 - 8,
+        ] {
+            assert_eq!(r.load_u64(offset).unwrap(), offset + 1);
+        }
+    }
+
+    #[test]
+    fn a_prefetch_changes_nothing_and_ignores_bad_spans() {
+        let r = RegionMem::zeroed(4096).unwrap();
+        let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        r.write(0, &bytes).unwrap();
+        for (offset, len) in [
+            (0, 4096),
+            (3, 13),
+            (4000, 96),
+            (4090, 16),
+            (u64::MAX - 2, 8),
+            (0, u64::MAX),
+        ] {
+            r.prefetch(offset, len);
+        }
+        assert_eq!(r.read_vec(0, 4096).unwrap(), bytes);
     }
 
     proptest! {

@@ -263,3 +263,50 @@ fn a_batch_executed_at_once_answers_as_the_posted_path_does() {
     assert!(err.contains("out of bounds"), "{err}");
     assert_eq!(after, vec![7; 16]);
 }
+
+#[test]
+fn a_batch_executes_on_the_poll_after_its_post() {
+    // L1 (`LocalEndpoint::prefetch`): without injected faults a batch is
+    // counted and its lines hinted when first polled, and executed on the
+    // next poll, before its results are handed out: a store between the two
+    // polls is seen by a read of the batch, and the batch's write is not
+    // visible before its second poll. (Executed at its first poll, the read
+    // would return the old bytes and the write would be visible at once.)
+    use std::task::{Context, Poll, Waker};
+    let (cluster, server, client) = one_server(LocalConfig::default());
+    let (region, mem) = server.register_region(4096).unwrap();
+    let ep = cluster.fabric().endpoint(client).unwrap();
+    mem.write(0, &[1; 64]).unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut b = ep.batch();
+    let read = b.read(region.at(0), 64);
+    b.write(region.at(2048), vec![5; 8]);
+    let mut run = std::pin::pin!(b.run());
+    assert!(
+        run.as_mut().poll(&mut cx).is_pending(),
+        "one yield per round trip"
+    );
+    let counted = ep.total_counters();
+    assert_eq!(
+        (counted.round_trips, counted.reads, counted.writes),
+        (1, 1, 1),
+        "counted at the post"
+    );
+    assert_eq!(
+        mem.read_vec(2048, 8).unwrap(),
+        vec![0; 8],
+        "the write waits for the next poll"
+    );
+    mem.write(0, &[2; 64]).unwrap();
+    let Poll::Ready(r) = run.as_mut().poll(&mut cx) else {
+        panic!("a batch executed at its second poll is complete");
+    };
+    let mut r = r.unwrap();
+    assert_eq!(
+        r.take_read(read),
+        vec![2; 64],
+        "the read ran after the store"
+    );
+    assert_eq!(mem.read_vec(2048, 8).unwrap(), vec![5; 8]);
+    assert_eq!(ep.total_counters(), counted, "nothing counted twice");
+}
