@@ -69,23 +69,14 @@ impl FutureSlot {
     }
 
     /// Moves `fut` into the slot and returns the future that polls it in
-    /// place and drops it when itself dropped.
+    /// place and drops it when itself dropped ([`FutureSlot::put_with`] of
+    /// a future already made: it is moved into the block once).
     #[inline]
     pub fn put<'a, F>(&'a mut self, fut: F) -> SlotFuture<'a, F::Output>
     where
         F: Future + 'a,
     {
-        let need = Layout::new::<F>();
-        if self.busy || need.size() > self.layout.size() || need.align() > self.layout.align() {
-            // Not generic and out of line: `fut` itself is not passed to a
-            // cold path, which would make the compiler build it on the
-            // stack and copy it into the block (measured: +88 instructions
-            // per ROLEX GET).
-            self.make_room(need);
-        }
-        // SAFETY: the block fits `F` and holds no live future (made so
-        // just above).
-        unsafe { self.write(fut) }
+        self.put_with(move || fut)
     }
 
     /// [`FutureSlot::put`] for the future `make` returns, made where it
@@ -104,6 +95,10 @@ impl FutureSlot {
     {
         let need = Layout::new::<F>();
         if self.busy || need.size() > self.layout.size() || need.align() > self.layout.align() {
+            // Not generic and out of line: the future is not passed to a
+            // cold path, which would make the compiler build it on the
+            // stack and copy it into the block (measured: +88 instructions
+            // per ROLEX GET).
             self.make_room(need);
         }
         let at = self.block.as_ptr().cast::<F>();
@@ -138,32 +133,8 @@ impl FutureSlot {
         }
     }
 
-    /// Writes `fut` into the block.
-    ///
-    /// # Safety
-    /// The block must be allocated with at least `F`'s size and alignment
-    /// and hold no live future (`busy` false: the previous one was dropped
-    /// in place, S2).
-    #[inline]
-    unsafe fn write<'a, F>(&'a mut self, fut: F) -> SlotFuture<'a, F::Output>
-    where
-        F: Future + 'a,
-    {
-        let at = self.block.as_ptr().cast::<F>();
-        // SAFETY: by the caller's guarantee; nothing else refers to the
-        // block while `self` is mutably borrowed (S1).
-        unsafe { at.write(fut) };
-        self.busy = true;
-        let fut: *mut (dyn Future<Output = F::Output> + 'a) = at;
-        SlotFuture {
-            // SAFETY: `at` is non-null (it points into the block).
-            fut: unsafe { NonNull::new_unchecked(fut) },
-            busy: &mut self.busy,
-        }
-    }
-
     /// Replaces the block by one that fits `need` (the old one holds no
-    /// live future: `put` checked `busy`).
+    /// live future: `put_with` checked `busy`).
     #[cold]
     fn grow(&mut self, need: Layout) {
         self.free();
