@@ -109,22 +109,16 @@ impl<'a> PageRef<'a> {
     /// of the frame that the artifact's handler posts its RDMA WRITE from
     /// (`MessageHandler::writePageAndMsg`, `RDMABatchElement{.memAddr =
     /// page, ...}`), so no core reads its lines: the same bytes as
-    /// [`Self::to_bytes`] (each word an atomic 8-byte load, in increasing
-    /// address order), but reported to no `sim` cache (the NIC's bytes and
+    /// [`Self::to_bytes`] (the same read, `RegionMem::read_vec_untouched`),
+    /// but reported to no `sim` cache (the NIC's bytes and
     /// message are `sim::write_posted`'s). For deliveries to other nodes
     /// only ([`crate::node::ScaleNode::frame_bytes`]); off `sim` the two are
     /// the same copy (on `local` the CPU is the NIC, on `ucx` the WRITE is
     /// posted from this copy).
     pub fn dma_bytes(&self) -> Vec<u8> {
-        let words = self
-            .mem
-            .words_in_untouched(self.base, PAGE_SIZE)
-            .expect("checked page");
-        let mut out = Vec::with_capacity(PAGE_SIZE);
-        for w in words {
-            out.extend_from_slice(&w.load(std::sync::atomic::Ordering::Acquire).to_le_bytes());
-        }
-        out
+        self.mem
+            .read_vec_untouched(self.base, PAGE_SIZE)
+            .expect("checked page")
     }
 
     /// Overwrites the page with `bytes` (exactly one page).

@@ -315,6 +315,20 @@ impl RegionMem {
         Ok(v)
     }
 
+    /// [`RegionMem::read_vec`] reported to no `sim` cache: a read that no
+    /// core makes, such as a NIC's DMA read of registered memory
+    /// (ScaleStore's page delivery, `PageRef::dma_bytes`). The same checks,
+    /// word loads and bytes as `read_vec`.
+    pub fn read_vec_untouched(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, RegionAccessError> {
+        let mut v = Vec::new();
+        self.read_into(offset, len, &mut v, false)?;
+        Ok(v)
+    }
+
     /// Replaces the contents of `out` with the `len` bytes at `offset`
     /// (keeping its capacity, so a reused buffer allocates nothing). Loads
     /// words in increasing address order, like [`RegionMem::read`]; on an
