@@ -623,25 +623,33 @@ impl LocalEndpoint {
     }
 
     /// `addr`'s region in `cache` if it is there and still current (its
-    /// node's generation unchanged), checked as [`Self::checked`] checks it;
-    /// `None` if the cache cannot answer.
-    #[inline]
-    fn cached<'r>(
+    /// node's generation unchanged), unchecked; `None` if the cache cannot
+    /// answer. [`Self::run_region`] checks it as [`Self::checked`] does.
+    #[inline(always)]
+    fn cached_entry<'r>(
         cache: &'r [Vec<Option<ResolvedRegion>>],
         addr: &RemoteAddr,
-    ) -> Option<Result<&'r RegionMem>> {
+    ) -> Option<&'r ResolvedRegion> {
         let (n, i) = (addr.node.0 as usize, addr.region.0 as usize);
         match cache.get(n).and_then(|regions| regions.get(i)) {
             Some(Some(r)) if r.node.region_generation.load(Ordering::Acquire) == r.generation => {
-                Some(Self::checked(r, addr))
+                Some(r)
             }
             _ => None,
         }
     }
 
     /// The region's memory if its node is up and `addr` carries its key.
+    #[inline(always)]
     fn checked<'r>(r: &'r ResolvedRegion, addr: &RemoteAddr) -> Result<&'r RegionMem> {
         r.node.check_up()?;
+        Self::key_checked(r, addr)
+    }
+
+    /// The region's memory if `addr` carries its key (its node checked
+    /// already: [`Self::checked`], or the start of a run, R1).
+    #[inline(always)]
+    fn key_checked<'r>(r: &'r ResolvedRegion, addr: &RemoteAddr) -> Result<&'r RegionMem> {
         if r.key != addr.key {
             return Err(TransportError::AccessDenied {
                 node: addr.node,
@@ -741,21 +749,30 @@ impl LocalEndpoint {
     /// Executes `verbs` at once, in order, into `out`; stops at the first
     /// refused verb. The fault-free path of [`EndpointBackend::execute_now`]
     /// and [`EndpointBackend::execute`]:
-    /// the region cache is borrowed once for the batch (re-borrowed only
-    /// after resolving a region it did not hold), the thread's spare read
-    /// buffers are taken in one access (`spares`), and whether `sim`
-    /// meters lines is read once (`sim::lines_metered`: nothing in the
-    /// loop can change it), so a read verb costs its checks and its copy.
-    /// Every verb still checks its region's generation, its node and its
-    /// key, as [`Self::with_region`] does. Always inlined into its two
-    /// callers: one call less per batch.
+    /// the region cache is borrowed once for a stretch of verbs (let go
+    /// only to resolve a region it does not hold, then borrowed again for
+    /// the rest), the thread's spare read buffers are taken in one access
+    /// (`spares`), and whether `sim` meters lines is read once
+    /// (`sim::lines_metered`: nothing in the loop can change it), so a read
+    /// verb costs its checks and its copy.
+    ///
+    /// R1: consecutive verbs on one region share its resolution (a run,
+    /// [`Self::run_region`]): the first verb of a run looks the region up
+    /// and checks its generation and its node, as [`Self::with_region`]
+    /// does; the run's later verbs check only their key and their bounds.
+    /// A region dropped or re-registered, or a node crashed, before the run
+    /// began refuses its verbs exactly as before; one that happens while a
+    /// run executes may let the run's later verbs complete, as verbs
+    /// already handed to a NIC would (the cache's `Arc` keeps the memory
+    /// alive). Always inlined into its callers: one call less per batch.
+    /// `Ok` tells whether a verb was a write ([`Self::clear_verbs`]).
     #[inline(always)]
     fn run_verbs(
         &self,
         verbs: &Verbs,
         out: &mut VerbResults,
         mut spares: Option<&mut crate::buffers::Spares<'_>>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         // `out` may hold an earlier batch's results (a pooled list, see
         // `buffers::Spares::take_results`): entry `i` becomes verb `i`'s
         // result, a read filling in place the buffer entry `i` holds.
@@ -770,58 +787,126 @@ impl LocalEndpoint {
             out.resize_with(n, || VerbResult::Write);
         }
         let metered = crate::sim::lines_metered();
-        let mut cache = self.regions.borrow();
-        for (v, entry) in verbs.iter().zip(out.iter_mut()) {
-            let Verb::Read { addr, len } = v else {
-                // Writes and atomics: against the cached region like a read
-                // (`perform_on`), else through the general path (which may
-                // fill the cache, so the borrow is let go meanwhile).
-                let r = match Self::cached(&cache, v.addr()) {
-                    Some(mem) => Self::perform_on(mem?, v, metered),
-                    None => {
-                        drop(cache);
-                        let r = self.perform(v);
-                        cache = self.regions.borrow();
-                        r
-                    }
+        // Whether a verb is a write (whose data the list of verbs owns).
+        let mut writes = false;
+        let mut next = 0;
+        while next < n {
+            // A stretch of verbs whose regions the cache holds: `run`
+            // borrows from it, so both end before a region is resolved.
+            let cache = self.regions.borrow();
+            let mut run = None;
+            for (v, entry) in verbs[next..].iter().zip(out[next..].iter_mut()) {
+                let Some(mem) = Self::run_region(&cache, &mut run, v.addr()) else {
+                    break;
                 };
-                if let VerbResult::Read(b) = std::mem::replace(entry, r?) {
-                    match spares.as_deref_mut() {
-                        Some(s) => s.give(b),
-                        // Not borrowed (a list from the fast slot): one
-                        // access of its own (dropped during teardown).
-                        None => crate::buffers::give(b),
-                    }
-                }
-                continue;
-            };
-            // The buffer to fill: the entry's own if it is a read's, else a
-            // spare one put there first (an atomic's, a write's or a
-            // placeholder's entry holds nothing to free).
-            if !matches!(entry, VerbResult::Read(_)) {
-                *entry = VerbResult::Read(match spares.as_deref_mut() {
-                    Some(s) => s.take(),
-                    // Not borrowed: one access of its own (a new vector
-                    // during teardown).
-                    None => crate::buffers::take(),
-                });
+                writes |= matches!(v, Verb::Write { .. });
+                Self::execute_on(mem?, v, entry, spares.as_deref_mut(), metered)?;
+                next += 1;
             }
-            let VerbResult::Read(buf) = entry else {
-                unreachable!("a read's entry was just stored")
-            };
-            let done = match Self::cached(&cache, addr) {
-                Some(mem) => mem?.read_into(addr.offset, *len, buf, metered),
-                None => {
-                    drop(cache);
-                    let r = self
-                        .with_region(addr, |mem| mem.read_into(addr.offset, *len, buf, metered));
-                    cache = self.regions.borrow();
-                    r?
-                }
-            };
-            done.map_err(|e| e.at(addr))?;
+            drop(cache);
+            if next < n {
+                // A region the cache does not hold (or holds stale): the
+                // general path resolves it (filling the cache) and checks
+                // it, then the verb executes there.
+                let v = &verbs[next];
+                let entry = &mut out[next];
+                writes |= matches!(v, Verb::Write { .. });
+                self.with_region(v.addr(), |mem| {
+                    Self::execute_on(mem, v, entry, spares.as_deref_mut(), metered)
+                })??;
+                next += 1;
+            }
         }
-        Ok(())
+        Ok(writes)
+    }
+
+    /// Empties `verbs` after [`Self::run_verbs`] gave `done`: a batch that
+    /// executed in full without a write holds nothing to free (a read's
+    /// and an atomic's fields are plain integers), so its verbs are
+    /// forgotten at once instead of walked by the drop loop (~7
+    /// instructions a verb); otherwise they are dropped.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn clear_verbs(verbs: &mut Verbs, done: &Result<bool>) {
+        if let Ok(false) = done {
+            // SAFETY: `run_verbs` looked at every verb (it returned `Ok`)
+            // and none was a `Write`, so each is a `Read`, `Cas` or `Faa`,
+            // whose fields (`RemoteAddr`, lengths, words) own nothing and
+            // have no drop glue: setting the length to zero skips no drop
+            // that does anything. The list's own storage is untouched.
+            unsafe { verbs.set_len(0) };
+        } else {
+            verbs.clear();
+        }
+    }
+
+    /// `addr`'s region for a verb of a batch (R1 on [`Self::run_verbs`]):
+    /// `run`'s if `addr` is in it (only its key checked: node and
+    /// generation were checked when the run began), else the cache's
+    /// ([`Self::cached_entry`], all checks), which then starts a new run; `None`
+    /// if the cache cannot answer.
+    #[inline(always)]
+    fn run_region<'r>(
+        cache: &'r [Vec<Option<ResolvedRegion>>],
+        run: &mut Option<(NodeId, RegionId, &'r ResolvedRegion)>,
+        addr: &RemoteAddr,
+    ) -> Option<Result<&'r RegionMem>> {
+        if let Some((node, region, r)) = *run
+            && node == addr.node
+            && region == addr.region
+        {
+            return Some(Self::key_checked(r, addr));
+        }
+        let r = Self::cached_entry(cache, addr)?;
+        let mem = Self::checked(r, addr);
+        if mem.is_ok() {
+            *run = Some((addr.node, addr.region, r));
+        }
+        Some(mem)
+    }
+
+    /// Executes `v` against `mem`, its region (resolved and checked for
+    /// node and key), into `entry`: a read fills the buffer the entry holds
+    /// (a spare one put there first if it holds none), anything else
+    /// replaces the entry ([`Self::perform_on`]), whose buffer, if any, goes
+    /// back to the spares.
+    #[inline(always)]
+    fn execute_on(
+        mem: &RegionMem,
+        v: &Verb,
+        entry: &mut VerbResult,
+        spares: Option<&mut crate::buffers::Spares<'_>>,
+        metered: bool,
+    ) -> Result<()> {
+        let Verb::Read { addr, len } = v else {
+            if let VerbResult::Read(b) =
+                std::mem::replace(entry, Self::perform_on(mem, v, metered)?)
+            {
+                match spares {
+                    Some(s) => s.give(b),
+                    // Not borrowed (a list from the fast slot): one
+                    // access of its own (dropped during teardown).
+                    None => crate::buffers::give(b),
+                }
+            }
+            return Ok(());
+        };
+        // The buffer to fill: the entry's own if it is a read's, else a
+        // spare one put there first (an atomic's, a write's or a
+        // placeholder's entry holds nothing to free).
+        if !matches!(entry, VerbResult::Read(_)) {
+            *entry = VerbResult::Read(match spares {
+                Some(s) => s.take(),
+                // Not borrowed: one access of its own (a new vector
+                // during teardown).
+                None => crate::buffers::take(),
+            });
+        }
+        let VerbResult::Read(buf) = entry else {
+            unreachable!("a read's entry was just stored")
+        };
+        mem.read_into(addr.offset, *len, buf, metered)
+            .map_err(|e| e.at(addr))
     }
 }
 
@@ -912,8 +997,8 @@ impl EndpointBackend for LocalEndpoint {
         if let Some(mut list) = crate::buffers::take_fast_results() {
             let done = self.run_verbs(verbs, &mut list, None);
             *out = Some(list);
-            verbs.clear();
-            return Some(done);
+            Self::clear_verbs(verbs, &done);
+            return Some(done.map(drop));
         }
         // One access to the thread's spares for the result list and every
         // read's buffer.
@@ -926,8 +1011,8 @@ impl EndpointBackend for LocalEndpoint {
             *out = Some(list);
             done
         });
-        verbs.clear();
-        Some(done)
+        Self::clear_verbs(verbs, &done);
+        Some(done.map(drop))
     }
 
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
@@ -952,8 +1037,8 @@ impl EndpointBackend for LocalEndpoint {
             let mut out = VerbResults::new();
             let done =
                 crate::buffers::with_spares(|spares| self.run_verbs(verbs, &mut out, spares));
-            verbs.clear();
-            return OpFuture::ready_after_yield(done.map(|()| out));
+            Self::clear_verbs(verbs, &done);
+            return OpFuture::ready_after_yield(done.map(|_| out));
         }
         let faults = faults.expect("the fault-free path returned above");
         let verbs = std::mem::take(verbs);

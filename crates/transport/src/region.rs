@@ -166,6 +166,20 @@ impl RegionMem {
         unsafe { std::slice::from_raw_parts(self.words.as_ptr(), self.len_words) }
     }
 
+    /// The `n` words from word `first` on, which the caller has checked
+    /// lie inside the region (`check` passed for `8 * first` and `8 * n`):
+    /// the slice without a second bounds check (debug builds assert it).
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn words_checked(&self, first: usize, n: usize) -> &[AtomicU64] {
+        debug_assert!(first.checked_add(n).is_some_and(|e| e <= self.len_words));
+        // SAFETY: the caller guarantees `first + n <= len_words` (its
+        // `check` of the byte span passed), so the `n` words from `first`
+        // lie in the `len_words` initialised words `words` points to, which
+        // live as long as `self` (as in `words`).
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().add(first), n) }
+    }
+
     /// Size in bytes.
     #[inline]
     pub fn len(&self) -> usize {
@@ -367,8 +381,9 @@ impl RegionMem {
             crate::sim::touch(self.sim_tag, self.words.as_ptr() as u64, offset, len as u64);
         }
         let first = (offset / 8) as usize;
-        // In bounds: `check` passed and `offset` and `len` are whole words.
-        let src = &self.words()[first..first + len / 8];
+        // In bounds: `check` passed and `offset` and `len` are whole words
+        // (so the slice is taken without checking it again).
+        let src = self.words_checked(first, len / 8);
         // No zero-filling first: the words are stored straight into the
         // vector's spare capacity.
         // Exactly: a buffer's capacity is then the largest read it served
@@ -619,16 +634,16 @@ fn copy_words(src: &[AtomicU64], dst: &mut [u8]) {
 /// one by one in increasing address order with acquire ordering, exactly as
 /// a word-by-word copy would (each load is single-copy atomic; a concurrent
 /// writer can tear the read between words, never inside one, which is what
-/// the layouts' torn-read checks rely on). Unrolled by eight, then one
-/// step of four: a load and a store per word, the loop's bookkeeping once
-/// per eight words (a ROLEX GET copies 116 words in one read; eight-word
-/// steps took its copy from ~2.9 to ~2.4 instructions a word), and at most
-/// three single words at the end.
+/// the layouts' torn-read checks rely on). Unrolled by eight, then steps
+/// of four, two and one word as the count's low bits say: a load and a
+/// store per word, the loop's bookkeeping once per eight words (a ROLEX GET
+/// copies 116 words in one read; eight-word steps took its copy from ~2.9
+/// to ~2.4 instructions a word).
 ///
 /// # Safety
 /// `dst` must be valid for writes of `8 * src.len()` bytes (any alignment)
 /// and must not overlap the region's memory.
-#[inline]
+#[inline(always)]
 unsafe fn copy_words_to(src: &[AtomicU64], dst: *mut u8) {
     let mut d = dst;
     let mut octs = src.chunks_exact(8);
@@ -660,13 +675,18 @@ unsafe fn copy_words_to(src: &[AtomicU64], dst: *mut u8) {
             d = d.add(64);
         }
     }
-    let mut quads = octs.remainder().chunks_exact(4);
-    for q in &mut quads {
+    // The last zero to seven words: a step of four, one of two and a
+    // single word, each taken if that many words are left, in that order
+    // (increasing addresses). Straight-line code: a loop over the last
+    // words cost ~17 instructions of set-up per read (a ROLEX GET's 16-byte
+    // state read is nothing but this tail).
+    let mut rest = octs.remainder();
+    if let [a, b, c, e, more @ ..] = rest {
         let (a, b, c, e) = (
-            q[0].load(Ordering::Acquire),
-            q[1].load(Ordering::Acquire),
-            q[2].load(Ordering::Acquire),
-            q[3].load(Ordering::Acquire),
+            a.load(Ordering::Acquire),
+            b.load(Ordering::Acquire),
+            c.load(Ordering::Acquire),
+            e.load(Ordering::Acquire),
         );
         // SAFETY: the caller guarantees room for all of `src`'s words; these
         // four are the next 32 bytes of it. Unaligned stores: `dst` is a
@@ -678,14 +698,22 @@ unsafe fn copy_words_to(src: &[AtomicU64], dst: *mut u8) {
             d.add(24).cast::<u64>().write_unaligned(e.to_le());
             d = d.add(32);
         }
+        rest = more;
     }
-    for w in quads.remainder() {
+    if let [a, b, more @ ..] = rest {
+        let (a, b) = (a.load(Ordering::Acquire), b.load(Ordering::Acquire));
+        // SAFETY: as above, the next 16 bytes of the destination.
+        unsafe {
+            d.cast::<u64>().write_unaligned(a.to_le());
+            d.add(8).cast::<u64>().write_unaligned(b.to_le());
+            d = d.add(16);
+        }
+        rest = more;
+    }
+    if let [w] = rest {
         let v = w.load(Ordering::Acquire);
         // SAFETY: as above, the next 8 bytes of the destination.
-        unsafe {
-            d.cast::<u64>().write_unaligned(v.to_le());
-            d = d.add(8);
-        }
+        unsafe { d.cast::<u64>().write_unaligned(v.to_le()) };
     }
 }
 
@@ -782,8 +810,8 @@ mod tests {
         assert_eq!(r.load_u64(8).unwrap(), 7);
     }
 
-    /// The word copy (eight-word steps, a four-word step, single words)
-    /// stores every word in place for every count of words, and an aligned
+    /// The word copy (eight-word steps, then steps of four, two and one
+    /// word) stores every word in place for every count of words, and an aligned
     /// read of any whole-word length through the batch path gives the
     /// region's bytes.
     #[test]

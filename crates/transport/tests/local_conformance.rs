@@ -310,3 +310,155 @@ fn a_batch_executes_on_the_poll_after_its_post() {
     assert_eq!(mem.read_vec(2048, 8).unwrap(), vec![5; 8]);
     assert_eq!(ep.total_counters(), counted, "nothing counted twice");
 }
+
+/// Polls `f` once with a waker that does nothing.
+fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(f).poll(&mut cx)
+}
+
+#[test]
+fn what_happens_between_a_post_and_its_execution_is_checked_at_the_execution() {
+    // L1 and R1 (`LocalEndpoint::run_verbs`): a batch deferred at its post
+    // (its regions already in the endpoint's cache) is checked when it
+    // executes. A region withdrawn in between, a region withdrawn and
+    // another registered, and a crashed node refuse the batch with the
+    // error the same read gets afterwards; a withdrawal elsewhere on the
+    // node (a new generation) only makes the batch resolve its regions
+    // again, verb after verb, and it completes.
+    use dmkv_transport::TransportError;
+    let (cluster, server, client) = one_server(LocalConfig::default());
+    let ep = cluster.fabric().endpoint(client).unwrap();
+    let mut regions = Vec::new();
+    for i in 0..4u8 {
+        let (r, mem) = server.register_region(4096).unwrap();
+        mem.write(0, &[i + 1; 256]).unwrap();
+        // Cached by the endpoint, so the post hints it.
+        assert_eq!(poll_ready(ep.read(r.at(0), 8)).unwrap(), vec![i + 1; 8]);
+        regions.push(r);
+    }
+    let (a, b, c, d) = (regions[0], regions[1], regions[2], regions[3]);
+    fn batch(
+        ep: &dmkv_transport::Endpoint,
+        x: dmkv_transport::RemoteRegion,
+    ) -> dmkv_transport::Batch<'_> {
+        let mut run = ep.batch();
+        run.read(x.at(0), 64);
+        run.read(x.at(64), 64);
+        run.read(x.at(128), 8);
+        run
+    }
+
+    // Another region of the node withdrawn: every region resolved again
+    // (the stale cache's path, then the fresh one's), in posting order.
+    let mut run = ep.batch();
+    let first = run.read(a.at(0), 64);
+    let second = run.read(a.at(64), 64);
+    let third = run.read(c.at(0), 16);
+    let fourth = run.read(a.at(128), 8);
+    let mut run = run.run();
+    assert!(poll_once(&mut run).is_pending());
+    server.deregister_region(b.id);
+    let std::task::Poll::Ready(r) = poll_once(&mut run) else {
+        panic!("executed at the second poll");
+    };
+    let r = r.unwrap();
+    assert_eq!(
+        (r.read(first), r.read(second), r.read(third), r.read(fourth)),
+        (&[1; 64][..], &[1; 64][..], &[3; 16][..], &[1; 8][..])
+    );
+
+    // The batch's own region withdrawn.
+    let mut run = batch(&ep, c).run();
+    assert!(poll_once(&mut run).is_pending());
+    server.deregister_region(c.id);
+    let std::task::Poll::Ready(r) = poll_once(&mut run) else {
+        panic!("executed at the second poll");
+    };
+    let e = r.unwrap_err();
+    assert!(matches!(e, TransportError::NoSuchRegion { .. }), "{e}");
+    let again = poll_ready(ep.read(c.at(0), 8)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        again.to_string(),
+        "the error a read gets now"
+    );
+
+    // Withdrawn and another registered (ids are not reused).
+    let mut run = batch(&ep, d).run();
+    assert!(poll_once(&mut run).is_pending());
+    server.deregister_region(d.id);
+    let (fresh, _) = server.register_region(4096).unwrap();
+    let std::task::Poll::Ready(r) = poll_once(&mut run) else {
+        panic!("executed at the second poll");
+    };
+    let e = r.unwrap_err();
+    assert!(matches!(e, TransportError::NoSuchRegion { .. }), "{e}");
+    assert_eq!(poll_ready(ep.read(fresh.at(0), 8)).unwrap(), vec![0; 8]);
+
+    // A verb of a run under another key than the run's first: refused,
+    // though its region's resolution is shared.
+    let mut bad = a;
+    bad.key = dmkv_transport::AccessKey(a.key.0 ^ 1);
+    let mut run = ep.batch();
+    run.read(a.at(0), 8);
+    run.read(bad.at(8), 8);
+    let e = poll_ready(run.run()).unwrap_err();
+    assert!(matches!(e, TransportError::AccessDenied { .. }), "{e}");
+
+    // The node crashed.
+    let mut run = batch(&ep, a).run();
+    assert!(poll_once(&mut run).is_pending());
+    cluster.crash(server.id());
+    let std::task::Poll::Ready(r) = poll_once(&mut run) else {
+        panic!("executed at the second poll");
+    };
+    let e = r.unwrap_err();
+    assert!(matches!(e, TransportError::NodeDown(_)), "{e}");
+}
+
+#[test]
+fn a_batch_deferred_before_faults_were_injected_runs_through_the_fault_path() {
+    // `BatchRun::execute_deferred` declines when faults were injected
+    // between the post and the execution (`execute_now` answers `None`):
+    // the batch then goes through `execute`, counted once, and completes.
+    let (cluster, server, client) = one_server(LocalConfig::default());
+    let (region, mem) = server.register_region(4096).unwrap();
+    let ep = cluster.fabric().endpoint(client).unwrap();
+    mem.write(0, &[4; 64]).unwrap();
+    poll_ready(ep.read(region.at(0), 8)).unwrap();
+    let before = ep.total_counters();
+    let mut run = ep.batch();
+    let read = run.read(region.at(0), 64);
+    run.write(region.at(64), vec![6; 8]);
+    let mut run = run.run();
+    assert!(poll_once(&mut run).is_pending());
+    cluster.set_faults(Faults {
+        rpc_delay: Duration::from_micros(1),
+        ..Faults::default()
+    });
+    let r = poll_ready(run).unwrap();
+    assert_eq!(r.read(read), &[4; 64][..]);
+    assert_eq!(mem.read_vec(64, 8).unwrap(), vec![6; 8]);
+    let after = ep.total_counters();
+    assert_eq!(
+        (
+            after.round_trips - before.round_trips,
+            after.verbs - before.verbs
+        ),
+        (1, 2),
+        "counted once"
+    );
+}
+
+/// Polls `f` until it is ready (at most 9 times).
+fn poll_ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for _ in 0..9 {
+        if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
+    panic!("not ready after 9 polls");
+}
