@@ -1181,7 +1181,10 @@ async fn execute(
         }
         Op::Update(i) => {
             let key = plan.key(i);
-            let value = values.make(ep, key, states.next_version(i), size).await;
+            let value = values.make(key, states.next_version(i), size);
+            if let Some(n) = values.declared(size) {
+                ep.charge_instructions(n).await;
+            }
             let t0 = states.stamp();
             let mut cost = Counters::default();
             let (r, lat) = call(
@@ -1215,7 +1218,10 @@ async fn execute(
             states.begin_change(i);
             let mut cost = Counters::default();
             let (r, lat) = if insert {
-                let value = values.make(ep, key, states.next_version(i), size).await;
+                let value = values.make(key, states.next_version(i), size);
+                if let Some(n) = values.declared(size) {
+                    ep.charge_instructions(n).await;
+                }
                 call(
                     ep,
                     OpKind::Insert,
@@ -1287,7 +1293,10 @@ async fn execute(
                     return true;
                 }
             }
-            let value = values.make(ep, key, states.next_version(i), size).await;
+            let value = values.make(key, states.next_version(i), size);
+            if let Some(n) = values.declared(size) {
+                ep.charge_instructions(n).await;
+            }
             let t1 = states.stamp();
             let mut write_cost = Counters::default();
             let (r, write_lat) = call(

@@ -14,7 +14,8 @@
 //!   and a tag over the string in its first 8 bytes), so `--verify` and
 //!   every read's check still know the value. On `local` and `ucx` the
 //!   generation costs what it costs; on `sim` the thread's core is charged
-//!   [`string_instructions`] (measured, see there) at the profile's
+//!   [`string_instructions`] (measured, see there;
+//!   `dmkv_transport::Endpoint::charge_instructions`) at the profile's
 //!   instruction term, and the task waits for it before the operation's
 //!   stopwatch starts (the artifact's latency timer starts after the
 //!   generation too; its throughput includes it).
@@ -22,7 +23,6 @@
 use crate::error::BenchError;
 use crate::mt64::Mt64;
 use dmkv_api::payload::{make_value, seal_value};
-use dmkv_transport::Endpoint;
 
 /// `--value-gen`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -120,20 +120,29 @@ impl TaskValues {
         TaskValues { mt }
     }
 
-    /// The value of `key` at `version`, `len` bytes; under `RandomString`
-    /// its generation is charged to `ep`'s core on `sim`.
+    /// The value of `key` at `version`, `len` bytes. Under `RandomString`
+    /// the caller then charges [`Self::declared`] to its core (kept out of
+    /// this function so that the default path has no future to build:
+    /// an `async` maker cost every update ~64 instructions with derived
+    /// values, `scripts/instructions-per-op.sh btree-floor ycsb-a`).
     #[inline]
-    pub async fn make(&mut self, ep: &Endpoint, key: u64, version: u32, len: usize) -> Vec<u8> {
+    pub fn make(&mut self, key: u64, version: u32, len: usize) -> Vec<u8> {
         match &mut self.mt {
             None => make_value(key, version, len),
             Some(mt) => {
                 let mut v = vec![0u8; len];
                 random_string(mt, &mut v);
                 seal_value(key, version, &mut v);
-                ep.charge_instructions(string_instructions(len)).await;
                 v
             }
         }
+    }
+
+    /// The work to declare for a value of `len` bytes just made: `None`
+    /// for derived values (nothing to charge).
+    #[inline]
+    pub fn declared(&self, len: usize) -> Option<u64> {
+        self.mt.as_ref().map(|_| string_instructions(len))
     }
 }
 
