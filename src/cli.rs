@@ -158,6 +158,12 @@ pub struct BenchArgs {
     /// Value size in bytes (at least 8: values check themselves).
     #[arg(long, value_name = "BYTES", default_value_t = defaults::VALUE_SIZE)]
     pub value_size: usize,
+    /// How updates and inserts make their values: derived (from key and
+    /// version; the default) or random-string (as ScaleStore's YCSB driver:
+    /// one MT19937-64 draw and a modulo per byte, charged to the client core
+    /// on --transport sim at the profile's instruction term).
+    #[arg(long, value_name = "GEN", default_value = "derived")]
+    pub value_gen: dmkv_bench::valuegen::ValueGen,
     /// Compute threads [default: 1; with --nodes K > 1, K: one per node].
     #[arg(long, value_name = "T")]
     pub threads: Option<usize>,
@@ -623,6 +629,11 @@ pub(crate) fn report_json(r: &dmkv_bench::EngineReport, argv: &[String]) -> serd
                 "dmkv_version": env!("CARGO_PKG_VERSION"),
             }),
         );
+        // `--value-gen` only when not the default, so default reports are
+        // as before.
+        if let (Some(g), Some(serde_json::Value::Object(run))) = (&r.value_gen, m.get_mut("run")) {
+            run.insert("value_gen".into(), g.clone().into());
+        }
     }
     v
 }
@@ -765,6 +776,7 @@ pub(crate) fn bench_config(
     cfg.keys = a.keys;
     cfg.ops = a.ops;
     cfg.value_size = a.value_size;
+    cfg.value_gen = a.value_gen;
     cfg.threads = threads;
     cfg.tasks = a.tasks;
     cfg.memnode_threads = a.memnode_threads;

@@ -523,6 +523,11 @@ fn scalestore_fig7_runs_the_papers_workers_and_partitions_only_where_asked() {
                 if is_part {
                     assert!(nodes >= 2, "{argv:?}");
                 }
+                // Update-heavy series generate each value as the artifact's
+                // driver does (branch i81); read-only ones write nothing.
+                let updates = flag(&argv, "--workload") == Some("mixed:5,95,0,0,0");
+                let value_gen = flag(&argv, "--value-gen");
+                assert_eq!(value_gen, updates.then_some("random-string"), "{argv:?}");
                 runs += 1;
             }
         }

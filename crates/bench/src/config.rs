@@ -144,6 +144,9 @@ pub struct BenchConfig {
     /// takes partition (i + k) mod N after the k-th shift) every this many
     /// nanoseconds of the run (0: never).
     pub shift_every_ns: u64,
+    /// `--value-gen`: how updates and inserts make their values
+    /// ([`crate::valuegen`]).
+    pub value_gen: crate::valuegen::ValueGen,
 }
 
 impl BenchConfig {
@@ -177,6 +180,7 @@ impl BenchConfig {
             op_limit: None,
             partitioned: false,
             shift_every_ns: 0,
+            value_gen: Default::default(),
         }
     }
 

@@ -19,6 +19,8 @@
 //!   operation; [`stats`]: per-thread figures; [`schedstat`]: how long the
 //!   compute threads ran and waited for a core.
 //! - [`report`]: the table, the ratios and the JSON.
+//! - [`valuegen`]: how updates make their values (`--value-gen`; ScaleStore's
+//!   driver's random strings, from [`mt64`]).
 
 #![forbid(unsafe_code)]
 
@@ -29,6 +31,7 @@ pub mod dist;
 pub mod error;
 pub mod keyset;
 pub mod metered;
+pub mod mt64;
 pub mod partition;
 pub mod plan;
 pub mod report;
@@ -40,6 +43,7 @@ pub mod schedstat;
 pub mod state;
 pub mod stats;
 pub mod trace;
+pub mod valuegen;
 pub mod workload;
 
 pub use config::{BenchConfig, CrashPlan, EngineChoice, WorkloadSource, defaults};

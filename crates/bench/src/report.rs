@@ -322,6 +322,11 @@ pub struct EngineReport {
     /// Workload operations run.
     pub ops: u64,
     pub value_size: usize,
+    /// `--value-gen` when not the default (`random-string`): the JSON
+    /// gives it in the run's description (`run.value_gen`, `dmkv bench
+    /// --json`), with the command line.
+    #[serde(skip)]
+    pub value_gen: Option<String>,
     pub threads: usize,
     pub tasks_per_thread: usize,
     pub memnode_threads: usize,

@@ -29,6 +29,7 @@ use crate::schedstat::{ComputeSchedReport, Sched};
 use crate::state::{KeyStates, LOAD_VERSION};
 use crate::stats::{RunFigures, VerifyFigures};
 use crate::trace::{TraceOpKind, read_load_trace, read_trace};
+use crate::valuegen::TaskValues;
 use crate::workload::{Op, OpType};
 use dmkv_api::payload::make_value;
 use dmkv_api::{Capabilities, FutureSlot, Key, KvStore};
@@ -273,6 +274,7 @@ fn run_engine(
         &cfg.deploy_options(&placed, plan.keys().len() as u64),
     )?;
     let dep = &*dep;
+    crate::valuegen::check_applies(cfg.value_gen, dep.sim())?;
     let main_ep = dep.endpoint(0);
     let (load_seconds, load_cost) = load(cfg, plan, dep, &main_ep)?;
     let states = KeyStates::new(plan.keys().len(), plan.loaded());
@@ -317,6 +319,7 @@ fn run_engine(
         keys: loaded,
         ops,
         value_size: cfg.value_size,
+        value_gen: (cfg.value_gen != Default::default()).then(|| cfg.value_gen.to_string()),
         threads: cfg.threads,
         tasks_per_thread: cfg.tasks,
         memnode_threads: cfg.memnode_threads,
@@ -971,6 +974,7 @@ async fn run_task(
     let mut next = if lookahead { stream.next() } else { None };
     // Where each operation's future runs (allocated once, reused).
     let mut slot = FutureSlot::new();
+    let mut values = TaskValues::new(ctx.cfg.value_gen, ctx.cfg.seed, thread, task);
     loop {
         if ctx.op_limit.is_some() && ctx.stuck.lock().expect("stuck").is_some() {
             break;
@@ -1004,7 +1008,7 @@ async fn run_task(
         // The clock only where something needs it (the plain loop reads
         // none per operation).
         let start = (ctx.crash.is_some() || ctx.op_limit.is_some()).then(Instant::now);
-        let run = execute(ctx, ep, kv, op, figures, &mut slot);
+        let run = execute(ctx, ep, kv, op, figures, &mut slot, &mut values);
         let failed = match ctx.op_limit {
             None => run.await,
             Some(limit) => match within(run, limit).await {
@@ -1149,6 +1153,7 @@ async fn execute(
     op: Op,
     figures: &RefCell<RunFigures>,
     slot: &mut FutureSlot,
+    values: &mut TaskValues,
 ) -> bool {
     let mut errored = false;
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
@@ -1176,7 +1181,10 @@ async fn execute(
         }
         Op::Update(i) => {
             let key = plan.key(i);
-            let value = make_value(key, states.next_version(i), size);
+            let value = values.make(key, states.next_version(i), size);
+            if let Some(n) = values.declared(size) {
+                ep.charge_instructions(n).await;
+            }
             let t0 = states.stamp();
             let mut cost = Counters::default();
             let (r, lat) = call(
@@ -1210,7 +1218,10 @@ async fn execute(
             states.begin_change(i);
             let mut cost = Counters::default();
             let (r, lat) = if insert {
-                let value = make_value(key, states.next_version(i), size);
+                let value = values.make(key, states.next_version(i), size);
+                if let Some(n) = values.declared(size) {
+                    ep.charge_instructions(n).await;
+                }
                 call(
                     ep,
                     OpKind::Insert,
@@ -1282,7 +1293,10 @@ async fn execute(
                     return true;
                 }
             }
-            let value = make_value(key, states.next_version(i), size);
+            let value = values.make(key, states.next_version(i), size);
+            if let Some(n) = values.declared(size) {
+                ep.charge_instructions(n).await;
+            }
             let t1 = states.stamp();
             let mut write_cost = Counters::default();
             let (r, write_lat) = call(

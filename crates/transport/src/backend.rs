@@ -250,6 +250,14 @@ pub trait EndpointBackend {
     fn charge_local_lines(&self, _lines: u64) -> OpFuture<'_, ()> {
         OpFuture::ready(())
     }
+    /// Charges the thread's core for `instructions` of work the caller
+    /// declares (the benchmark driver's own work, e.g. generating an
+    /// update's value; see [`crate::Endpoint::charge_instructions`]): the
+    /// simulated backend, at the profile's instruction term; others have
+    /// nothing to do (the real CPU did it).
+    fn charge_instructions(&self, _instructions: u64) -> OpFuture<'_, ()> {
+        OpFuture::ready(())
+    }
     /// Sends a request to `service` on `node` and awaits the reply.
     fn call(
         &self,

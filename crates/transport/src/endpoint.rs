@@ -241,6 +241,21 @@ impl Endpoint {
         out
     }
 
+    /// Charges this thread's core for `instructions` of work the caller
+    /// did outside any engine (the benchmark driver's, e.g. generating an
+    /// update's value as ScaleStore's YCSB driver does): on `sim` they cost
+    /// `instructions / (cpu_ghz x ipc)` ns of the core (the profile's
+    /// instruction term, `MemnodeProfile::instructions_per_us`; the
+    /// profiles describe one CPU generation per testbed, as for
+    /// [`Self::charged`]'s lines), and the task waits until the core has
+    /// done it; nothing with a profile without an instruction term. On
+    /// `local` and `ucx` the real CPU did the work: nothing to charge.
+    pub async fn charge_instructions(&self, instructions: u64) {
+        if instructions > 0 {
+            self.backend.charge_instructions(instructions).await;
+        }
+    }
+
     // The single-verb helpers below build their one-verb batch when called
     // and return a future holding only its `BatchRun` (an `async fn` or
     // block would keep a second copy of the batch in its state). The verb is

@@ -1933,6 +1933,24 @@ impl EndpointBackend for SimEndpoint {
         OpFuture::ready(())
     }
 
+    fn charge_instructions(&self, instructions: u64) -> OpFuture<'_, ()> {
+        let Some(sim) = current() else {
+            return OpFuture::ready(());
+        };
+        // The instruction term of memory-node work (`crate::sim::work`),
+        // floor-rounded as there; no term, no charge.
+        let rate = sim.profile.memnode.instructions_per_us();
+        let ns = instructions
+            .saturating_mul(1000)
+            .checked_div(rate)
+            .unwrap_or(0);
+        if ns == 0 {
+            return OpFuture::ready(());
+        }
+        let done = self.charge(&sim, ns);
+        OpFuture::SimSleep(done, Some(()))
+    }
+
     fn charge_local_lines(&self, lines: u64) -> OpFuture<'_, ()> {
         let Some(sim) = current() else {
             return OpFuture::ready(());
