@@ -11,7 +11,7 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::local::{LocalCluster, LocalConfig};
-use dmkv_transport::{NodeHost, RpcContext, ServiceError, ServiceId, charge};
+use dmkv_transport::{NodeHost, RpcContext, ServiceError, ServiceId, charge, placement};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,8 +43,43 @@ fn one_sided(c: &mut Criterion) {
     });
 }
 
+/// Where the RPC benches' handler thread and calling thread run, from
+/// `DMKV_BENCH_PIN`: `distinct` (each on a CPU of its own, what `dmkv bench
+/// --pin-threads auto` picks when the CPUs suffice), `shared` (both on one
+/// CPU) or `none` (the OS decides; the default, as before). Left to the OS,
+/// the two threads share a CPU in some runs and not in others, and an
+/// empty handler is charged several times more when its lines cross cores;
+/// `distinct` and `shared` measure each case on its own. On a loaded host
+/// `distinct` is the slow one: a pinned thread cannot move off a CPU that
+/// other processes keep busy (docs/performance.md, "Twenty-first pass
+/// (branch i80)").
+fn rpc_placement() -> (&'static str, Option<placement::Plan>) {
+    let asked = std::env::var("DMKV_BENCH_PIN").unwrap_or_default();
+    match asked.as_str() {
+        "none" | "" => ("none", None),
+        "shared" => (
+            "shared",
+            Some(placement::Plan::shared().expect("DMKV_BENCH_PIN=shared")),
+        ),
+        "distinct" => (
+            "distinct",
+            Some(placement::Plan::distinct(1, 1).expect("DMKV_BENCH_PIN=distinct")),
+        ),
+        other => panic!("DMKV_BENCH_PIN={other}: expected distinct, shared or none"),
+    }
+}
+
 fn rpc(c: &mut Criterion) {
-    let cluster = LocalCluster::new(LocalConfig::default());
+    // The cluster puts its plan in force before the handler thread starts
+    // (it pins itself as it starts serving); this thread is the compute
+    // thread.
+    let (placed, plan) = rpc_placement();
+    let cluster = LocalCluster::new(LocalConfig {
+        placement: plan,
+        ..LocalConfig::default()
+    });
+    let pinned = placement::pin_compute(0);
+    eprintln!("rpc benches: threads placed {placed} (calling thread on CPU {pinned:?})");
     let server = cluster.add_node(1);
     let echo = server
         .services()

@@ -505,10 +505,19 @@ pub fn note_poll() {
 /// on, `ServiceTable` charges its replies through the chain. The stretch
 /// starts at the last [`note_poll`] unless the thread was switched out
 /// since (then now).
+///
+/// Called on every pass of the serving loop: the check for an open stretch
+/// is inlined there, the start out of line.
+#[inline]
 pub fn begin_stretch() {
-    if ACTIVE.with(Cell::get) {
-        return;
+    if !ACTIVE.with(Cell::get) {
+        open_stretch();
     }
+}
+
+/// [`begin_stretch`] when no stretch is open.
+#[inline(never)]
+fn open_stretch() {
     with_state(|s| {
         let start = match s.poll_mark.take() {
             Some(t) if !s.preempt.fired() => t,

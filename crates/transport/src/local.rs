@@ -257,10 +257,16 @@ impl NodeState {
             // Charging (docs/transport.md): a stretch's readings start at
             // the poll that found a request (no-op while one is open).
             crate::charge::begin_stretch();
-            // Handler `index` starts at its own share of the lanes.
-            let n = lanes.len();
-            for k in 0..n {
-                let lane = &lanes[(k + index) % n];
+            // Handler `index` starts at its own share of the lanes: the
+            // lanes from `first` on, then those before it (one division per
+            // pass, not one per lane).
+            let first = if lanes.is_empty() {
+                0
+            } else {
+                index % lanes.len()
+            };
+            let (before, from) = lanes.split_at(first);
+            for lane in from.iter().chain(before) {
                 while let Some(req) = lane.take(&mut buf) {
                     crate::charge::stamp(crate::charge::Stage::Taken);
                     served += 1;

@@ -499,10 +499,19 @@ impl ServiceTable {
 
     /// Brings `cache` up to the table's generation if it is behind (G1).
     /// The handlers it held are dropped outside the table's lock.
+    ///
+    /// A serving loop calls this on every pass: the check is inlined there
+    /// (one load and a compare), the copy is out of line.
+    #[inline]
     pub fn refresh(&self, cache: &mut HandlerCache) {
-        if cache.is_current(self) {
-            return;
+        if !cache.is_current(self) {
+            self.refresh_slow(cache);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refresh_slow(&self, cache: &mut HandlerCache) {
         let fresh = {
             let handlers = self.handlers.read();
             // Under the read lock the generation cannot move (G1).
