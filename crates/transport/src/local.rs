@@ -834,6 +834,9 @@ impl LocalEndpoint {
     #[inline(always)]
     #[allow(unsafe_code)]
     fn clear_verbs(verbs: &mut Verbs, done: &Result<bool>) {
+        // What the SAFETY comment below relies on, checked by the compiler:
+        // a verb without a `Write`'s buffer has nothing to drop.
+        const _: () = assert!(!std::mem::needs_drop::<RemoteAddr>());
         if let Ok(false) = done {
             // SAFETY: `run_verbs` looked at every verb (it returned `Ok`)
             // and none was a `Write`, so each is a `Read`, `Cas` or `Faa`,
