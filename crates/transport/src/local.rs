@@ -607,15 +607,13 @@ impl LocalEndpoint {
     /// Runs `f` on the memory behind `addr` after checking node, region and
     /// key.
     fn with_region<R>(&self, addr: &RemoteAddr, f: impl FnOnce(&RegionMem) -> R) -> Result<R> {
-        let (n, i) = (addr.node.0 as usize, addr.region.0 as usize);
         {
             let cache = self.regions.borrow();
-            if let Some(Some(r)) = cache.get(n).and_then(|regions| regions.get(i))
-                && r.node.region_generation.load(Ordering::Acquire) == r.generation
-            {
+            if let Some(r) = Self::cached_entry(&cache, addr) {
                 return Self::checked(r, addr).map(f);
             }
         }
+        let (n, i) = (addr.node.0 as usize, addr.region.0 as usize);
         let r = self.resolve_slow(addr)?;
         let mut cache = self.regions.borrow_mut();
         if cache.len() <= n {
