@@ -35,7 +35,7 @@ use dmkv_api::payload::make_value;
 use dmkv_api::{Capabilities, FutureSlot, Key, KvStore};
 use dmkv_memnode::NodeStats;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
-use dmkv_transport::time::{Instant, Stopwatch};
+use dmkv_transport::time::{Instant, LatencyClock, Stopwatch};
 use dmkv_transport::{CounterTable, Counters, Endpoint, OpKind, labeled};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::cell::RefCell;
@@ -972,9 +972,18 @@ async fn run_task(
     // (With shifts an operation is drawn in the phase it starts in.)
     let lookahead = shift_ns.is_none();
     let mut next = if lookahead { stream.next() } else { None };
-    // Where each operation's future runs (allocated once, reused).
-    let mut slot = FutureSlot::new();
-    let mut values = TaskValues::new(ctx.cfg.value_gen, ctx.cfg.seed, thread, task);
+    let mut io = TaskIo {
+        ctx,
+        ep,
+        // Chosen once: this task runs on one thread, inside a simulation
+        // or not, for its whole life.
+        clock: LatencyClock::here(),
+        kv,
+        figures,
+        slot: FutureSlot::new(),
+        values: TaskValues::new(ctx.cfg.value_gen, ctx.cfg.seed, thread, task),
+        costs: Default::default(),
+    };
     loop {
         if ctx.op_limit.is_some() && ctx.stuck.lock().expect("stuck").is_some() {
             break;
@@ -1008,7 +1017,7 @@ async fn run_task(
         // The clock only where something needs it (the plain loop reads
         // none per operation).
         let start = (ctx.crash.is_some() || ctx.op_limit.is_some()).then(Instant::now);
-        let run = execute(ctx, ep, kv, op, figures, &mut slot, &mut values);
+        let run = execute(&mut io, op);
         let failed = match ctx.op_limit {
             None => run.await,
             Some(limit) => match within(run, limit).await {
@@ -1041,6 +1050,7 @@ async fn run_task(
         }
     }
     ctx.run_bar.inc(unreported);
+    figures.borrow_mut().add_costs(&io.costs);
     if let Some(node) = node {
         let mut all = ctx.touched.lock().unwrap_or_else(|p| p.into_inner());
         for (phase, t) in touched.iter().enumerate() {
@@ -1067,12 +1077,17 @@ async fn within<T>(op: impl Future<Output = T>, limit: Duration) -> Option<T> {
     .await
 }
 
-/// Issues `fut` labelled `kind`: its output, latency and exact cost.
+/// Issues `fut` labelled `kind`: its output, latency (nanoseconds) and
+/// exact cost.
 ///
-/// The latency is measured with a [`Stopwatch`]: virtual time under `sim`
-/// (as [`Instant`] measures it there), else the time-stamp counter where
-/// the kernel trusts it as a clock (two counter reads per operation instead
-/// of two `clock_gettime` calls; docs/performance.md, "Fourteenth pass").
+/// The latency is measured on `clock`, the task's [`LatencyClock`] (the
+/// clock a [`Stopwatch`] reads): virtual time under `sim` (as [`Instant`]
+/// measures it there), else the time-stamp counter where the kernel trusts
+/// it as a clock (two counter reads per operation instead of two
+/// `clock_gettime` calls; docs/performance.md, "Fourteenth pass"),
+/// converted to nanoseconds per operation (one multiplication). The clock
+/// is chosen once per task, not per operation (docs/performance.md,
+/// "Twenty-second pass").
 ///
 /// The cost is added to `cost` in place, as each charge is made (what
 /// [`crate::metered::metered`] returns, without the future moving its counters out); the
@@ -1085,11 +1100,12 @@ async fn within<T>(op: impl Future<Output = T>, limit: Duration) -> Option<T> {
 #[inline]
 fn call<'a, F: Future>(
     ep: &'a Endpoint,
+    clock: LatencyClock,
     kind: OpKind,
     fut: F,
     cost: &'a mut Counters,
 ) -> Call<'a, F> {
-    let start = Stopwatch::start();
+    let start = clock.read();
     // The simulated thread's core spends its per-operation CPU first
     // (`begin_op`: made now, when the stopwatch starts, as the `async fn`
     // made it on its first poll; skipped where it never does anything).
@@ -1097,6 +1113,7 @@ fn call<'a, F: Future>(
     Call {
         ep,
         kind,
+        clock,
         start,
         begin,
         cost,
@@ -1109,7 +1126,9 @@ pin_project_lite::pin_project! {
     struct Call<'a, F> {
         ep: &'a Endpoint,
         kind: OpKind,
-        start: Stopwatch,
+        clock: LatencyClock,
+        // `clock`'s reading when the operation was issued.
+        start: u64,
         begin: Option<dmkv_transport::OpFuture<'a, ()>>,
         cost: &'a mut Counters,
         #[pin]
@@ -1118,7 +1137,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<F: Future> Future for Call<'_, F> {
-    type Output = (F::Output, Duration);
+    type Output = (F::Output, u64);
     #[inline]
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -1134,10 +1153,35 @@ impl<F: Future> Future for Call<'_, F> {
         match ep.metering(this.cost, || {
             dmkv_transport::counters::with_kind(kind, || fut.poll(cx))
         }) {
-            Poll::Ready(out) => Poll::Ready((out, this.start.elapsed())),
+            Poll::Ready(out) => Poll::Ready((out, this.clock.ns_since(*this.start))),
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+/// What a task's operations share, borrowed by each [`execute`]: making an
+/// operation's future then stores two words (this and the operation), not
+/// the eight its parts took as arguments.
+struct TaskIo<'c, 'e> {
+    ctx: &'c Ctx<'e>,
+    ep: &'c Endpoint,
+    /// The task's latency clock.
+    clock: LatencyClock,
+    kv: &'c dyn KvStore,
+    figures: &'c RefCell<RunFigures>,
+    /// Where each operation's future runs (allocated once, reused).
+    slot: FutureSlot,
+    values: TaskValues,
+    /// The task's costs per operation type ([`OpType::index`]): each
+    /// operation's charges are added to its type's entry in place, as they
+    /// are made ([`Endpoint::metering`]), and the task adds these to its
+    /// thread's figures when it ends. (Metered into a zeroed accumulator
+    /// per operation and added to the figures with its latency, they cost
+    /// a zeroing and a ten-field sum per operation, and the accumulator
+    /// lived in the operation's future across its await.) An operation
+    /// dropped unfinished (`--op-limit`'s stop) keeps what it was charged
+    /// so far here; it used to be left out.
+    costs: [Counters; OpType::COUNT],
 }
 
 /// Runs one operation, checks its answer and records it; true if it
@@ -1146,19 +1190,16 @@ impl<F: Future> Future for Call<'_, F> {
 /// The engine's future runs in `slot`, the task's [`FutureSlot`], reused by
 /// each of its operations: no allocation per operation for engines that
 /// implement [`dmkv_api::KvClient`] (docs/performance.md, "Eleventh pass").
-async fn execute(
-    ctx: &Ctx<'_>,
-    ep: &Endpoint,
-    kv: &dyn KvStore,
-    op: Op,
-    figures: &RefCell<RunFigures>,
-    slot: &mut FutureSlot,
-    values: &mut TaskValues,
-) -> bool {
+async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
     let mut errored = false;
+    let (ctx, ep, clock, kv, figures) = (io.ctx, io.ep, io.clock, io.kv, io.figures);
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
     let size = ctx.cfg.value_size;
     let ty = op.op_type();
+    let (slot, values) = (&mut io.slot, &mut io.values);
+    // What this operation costs is metered straight into its type's total
+    // (see `TaskIo::costs`).
+    let cost = &mut io.costs[ty.index()];
     // The key's state is read only after the operation, but fetched now,
     // with the key: two overlapping misses instead of one before and one
     // after the operation (at 1M keys both tables are far beyond the LLC).
@@ -1167,10 +1208,9 @@ async fn execute(
         Op::Read(i) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let mut cost = Counters::default();
-            let (r, lat) = call(ep, OpKind::Get, kv.get_in(key, slot), &mut cost).await;
+            let (r, lat) = call(ep, clock, OpKind::Get, kv.get_in(key, slot), cost).await;
             let f = &mut *figures.borrow_mut();
-            f.record(ty, lat, cost);
+            f.record(ty, lat);
             match r {
                 Ok(v) => check.get("get", i, t0, v.as_deref(), &mut f.findings),
                 Err(e) => {
@@ -1186,16 +1226,15 @@ async fn execute(
                 ep.charge_instructions(n).await;
             }
             let t0 = states.stamp();
-            let mut cost = Counters::default();
             let (r, lat) = call(
-                ep,
+                ep, clock,
                 OpKind::Update,
                 kv.update_in(key, &value, slot),
-                &mut cost,
+                cost,
             )
             .await;
             let f = &mut *figures.borrow_mut();
-            f.record(ty, lat, cost);
+            f.record(ty, lat);
             match r {
                 Ok(b) => check.outcome(
                     "update",
@@ -1216,21 +1255,20 @@ async fn execute(
             let key = plan.key(i);
             let before = states.settled_existence(i);
             states.begin_change(i);
-            let mut cost = Counters::default();
             let (r, lat) = if insert {
                 let value = values.make(key, states.next_version(i), size);
                 if let Some(n) = values.declared(size) {
                     ep.charge_instructions(n).await;
                 }
                 call(
-                    ep,
+                    ep, clock,
                     OpKind::Insert,
                     kv.insert_in(key, &value, slot),
-                    &mut cost,
+                    cost,
                 )
                 .await
             } else {
-                call(ep, OpKind::Delete, kv.delete_in(key, slot), &mut cost).await
+                call(ep, clock, OpKind::Delete, kv.delete_in(key, slot), cost).await
             };
             // An insert succeeds iff the key was absent; a delete iff present.
             let expected = before.map(|exists| exists != insert);
@@ -1243,7 +1281,7 @@ async fn execute(
             };
             states.end_change(i, after);
             let f = &mut *figures.borrow_mut();
-            f.record(ty, lat, cost);
+            f.record(ty, lat);
             match r {
                 Ok(got) => check.outcome(ty.name(), i, expected, got, &mut f.findings),
                 Err(e) => {
@@ -1255,16 +1293,15 @@ async fn execute(
         Op::Scan(i, n) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let mut cost = Counters::default();
             let (r, lat) = call(
-                ep,
+                ep, clock,
                 OpKind::Scan,
                 kv.scan_in(key, n as usize, slot),
-                &mut cost,
+                cost,
             )
             .await;
             let f = &mut *figures.borrow_mut();
-            f.record(ty, lat, cost);
+            f.record(ty, lat);
             match r {
                 Ok(items) => check.scan(key, n as usize, t0, &items, &mut f.findings),
                 Err(e) => {
@@ -1276,8 +1313,7 @@ async fn execute(
         Op::Rmw(i) => {
             let key = plan.key(i);
             let t0 = states.stamp();
-            let mut read_cost = Counters::default();
-            let (r, read_lat) = call(ep, OpKind::Get, kv.get_in(key, slot), &mut read_cost).await;
+            let (r, read_lat) = call(ep, clock, OpKind::Get, kv.get_in(key, slot), cost).await;
             match r {
                 Ok(v) => check.get(
                     "rmw",
@@ -1288,7 +1324,7 @@ async fn execute(
                 ),
                 Err(e) => {
                     let f = &mut *figures.borrow_mut();
-                    f.record(ty, read_lat, read_cost);
+                    f.record(ty, read_lat);
                     f.errors.push(ty, key, &e);
                     return true;
                 }
@@ -1298,16 +1334,15 @@ async fn execute(
                 ep.charge_instructions(n).await;
             }
             let t1 = states.stamp();
-            let mut write_cost = Counters::default();
             let (r, write_lat) = call(
-                ep,
+                ep, clock,
                 OpKind::Update,
                 kv.update_in(key, &value, slot),
-                &mut write_cost,
+                cost,
             )
             .await;
             let f = &mut *figures.borrow_mut();
-            f.record(ty, read_lat + write_lat, read_cost + write_cost);
+            f.record(ty, read_lat + write_lat);
             match r {
                 Ok(b) => check.outcome(
                     "rmw update",

@@ -5,7 +5,6 @@ use crate::check::{Findings, MAX_SAMPLES};
 use crate::workload::OpType;
 use dmkv_transport::Counters;
 use hdrhistogram::Histogram;
-use std::time::Duration;
 
 /// Latencies are recorded in nanoseconds, from 1 ns to an hour, with three
 /// significant digits.
@@ -147,16 +146,18 @@ impl RunFigures {
         }
     }
 
-    /// Records one completed operation.
-    pub fn record(&mut self, op: OpType, latency: Duration, cost: Counters) {
+    /// Records one completed operation, its latency in nanoseconds (taken
+    /// as 1 if 0: the histogram's lowest value).
+    /// (Its cost is added apart, [`RunFigures::add_costs`].)
+    #[inline]
+    pub fn record(&mut self, op: OpType, latency_ns: u64) {
         if self.timeline.interval_ns > 0 {
             self.timeline
                 .note(dmkv_transport::time::Instant::now().as_nanos());
         }
-        let ns = latency.as_nanos().clamp(1, u64::MAX as u128) as u64;
+        let ns = latency_ns.max(1);
         let f = &mut self.by_op[op.index()];
         f.count += 1;
-        f.cost += cost;
         f.latency.saturating_record(ns);
     }
 
@@ -167,6 +168,13 @@ impl RunFigures {
             all.add(&f.latency).expect("histograms share bounds");
         }
         all
+    }
+
+    /// Adds costs per operation type ([`OpType::index`]) to the figures'.
+    pub fn add_costs(&mut self, costs: &[Counters; OpType::COUNT]) {
+        for (f, c) in self.by_op.iter_mut().zip(costs) {
+            f.cost += *c;
+        }
     }
 
     pub fn ops(&self) -> u64 {
@@ -253,7 +261,7 @@ mod tests {
             .map(|(i, (n, ty))| (n * 1000 + i as u64, ty))
         {
             let target = if n % 2 == 0 { &mut f } else { &mut g };
-            target.record(ty, Duration::from_nanos(n), Counters::default());
+            target.record(ty, n);
             reference.record(n).unwrap();
         }
         f.merge(&g);

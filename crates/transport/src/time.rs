@@ -174,10 +174,7 @@ impl Stopwatch {
     pub fn elapsed(&self) -> Duration {
         Duration::from_nanos(match self.0 {
             Start::Virtual(t) => crate::sim::now_ns().unwrap_or(t).saturating_sub(t),
-            Start::Ticks(t, rate) => {
-                let d = crate::cputime::ticks().saturating_sub(t);
-                ((d as u128 * rate as u128) >> 32) as u64
-            }
+            Start::Ticks(t, rate) => ticks_to_ns(crate::cputime::ticks().saturating_sub(t), rate),
             Start::Monotonic(t) => monotonic_ns().saturating_sub(t),
         })
     }
@@ -194,6 +191,70 @@ impl Stopwatch {
     pub fn reads_tsc() -> bool {
         tsc_ns_per_tick_32().is_some()
     }
+}
+
+/// The clock a [`Stopwatch`] would read on this thread, chosen once by a
+/// caller that measures many intervals on one thread (the harness: once per
+/// task), so that each interval costs only its two raw readings and, on the
+/// time-stamp counter, one multiplication: no test for a running simulation
+/// (a thread-local look-up) and no check of the calibration per reading.
+///
+/// Readings ([`LatencyClock::read`]) are raw: virtual nanoseconds, counter
+/// ticks or monotonic nanoseconds; [`LatencyClock::ns_since`] converts an
+/// interval to nanoseconds, exactly as [`Stopwatch::elapsed`] does on the
+/// same clock. Use a clock only on the thread, and inside or outside the
+/// simulation, where [`LatencyClock::here`] chose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyClock {
+    /// Virtual nanoseconds (the calling thread runs a simulation).
+    Virtual,
+    /// Time-stamp counter ticks, at this many nanoseconds per tick (32.32
+    /// fixed point, the calibrated rate).
+    Ticks(u64),
+    /// Nanoseconds of the monotonic clock.
+    Monotonic,
+}
+
+impl LatencyClock {
+    /// The clock [`Stopwatch::start`] would read here and now (calibrating
+    /// the counter if not done yet).
+    pub fn here() -> LatencyClock {
+        if crate::sim::active() {
+            return LatencyClock::Virtual;
+        }
+        match tsc_ns_per_tick_32() {
+            Some(rate) => LatencyClock::Ticks(rate),
+            None => LatencyClock::Monotonic,
+        }
+    }
+
+    /// A raw reading (see the type's doc).
+    #[inline]
+    pub fn read(self) -> u64 {
+        match self {
+            LatencyClock::Virtual => crate::sim::now_ns().unwrap_or(0),
+            LatencyClock::Ticks(_) => crate::cputime::ticks(),
+            LatencyClock::Monotonic => monotonic_ns(),
+        }
+    }
+
+    /// Nanoseconds since `start`, a [`LatencyClock::read`] of this clock
+    /// (zero if the clock reads less now).
+    #[inline]
+    pub fn ns_since(self, start: u64) -> u64 {
+        let now = self.read();
+        match self {
+            LatencyClock::Ticks(rate) => ticks_to_ns(now.saturating_sub(start), rate),
+            LatencyClock::Virtual | LatencyClock::Monotonic => now.saturating_sub(start),
+        }
+    }
+}
+
+/// `ticks` of the time-stamp counter in nanoseconds at `rate` (nanoseconds
+/// per tick, 32.32 fixed point), rounded down.
+#[inline]
+fn ticks_to_ns(ticks: u64, rate: u64) -> u64 {
+    ((ticks as u128 * rate as u128) >> 32) as u64
 }
 
 /// The time-stamp counter's calibrated nanoseconds per tick (32.32 fixed
@@ -270,6 +331,46 @@ mod tests {
         } else {
             assert!(!Stopwatch::reads_tsc());
         }
+    }
+
+    /// Ticks convert to nanoseconds at the calibrated rate: a known 32.32
+    /// rate (a 2.5 GHz counter: 0.4 ns per tick) gives known nanoseconds.
+    #[test]
+    fn ticks_convert_at_the_rate() {
+        let rate = (4u64 << 32) / 10; // 0.4 ns per tick, rounded down
+        assert_eq!(ticks_to_ns(0, rate), 0);
+        assert_eq!(ticks_to_ns(2_500_000_000, rate), 999_999_999);
+        assert_eq!(ticks_to_ns(1 << 40, 1 << 32), 1 << 40);
+        assert_eq!(ticks_to_ns(3, 3 << 31), 4); // 1.5 ns per tick
+        // No overflow for a day of ticks at a high rate.
+        assert_eq!(ticks_to_ns(86_400 << 32, 1 << 32), 86_400 << 32);
+    }
+
+    /// A latency clock measures what a stopwatch on the same clock
+    /// measures, and is the clock a stopwatch would read here.
+    #[test]
+    #[allow(clippy::disallowed_methods)]
+    fn a_latency_clock_measures_what_a_stopwatch_measures() {
+        Stopwatch::warm_up();
+        let clock = LatencyClock::here();
+        assert_eq!(
+            matches!(clock, LatencyClock::Ticks(_)),
+            Stopwatch::reads_tsc()
+        );
+        assert_ne!(clock, LatencyClock::Virtual, "no simulation runs here");
+        for _ in 0..3 {
+            let outer = Stopwatch::start();
+            let start = clock.read();
+            let inner = Stopwatch::start();
+            std::thread::sleep(Duration::from_millis(20));
+            let i = inner.elapsed();
+            let ours = Duration::from_nanos(clock.ns_since(start));
+            let o = outer.elapsed();
+            assert!(ours >= i && ours <= o, "{i:?} <= {ours:?} <= {o:?}");
+            assert!(ours >= Duration::from_millis(20), "{ours:?}");
+        }
+        // An end read before the start (cannot happen on one clock) is zero.
+        assert_eq!(clock.ns_since(u64::MAX), 0);
     }
 
     /// The clock read directly agrees with `std::time::Instant` (the same
