@@ -101,14 +101,19 @@ pub fn run_tasks<'a, T>(tasks: Vec<LocalTask<'a, T>>) -> Vec<T> {
         shared.parker.take();
         wake_due_short_sleeps();
         let mut polled = false;
-        for i in 0..n {
-            if results[i].is_some() || !shared.ready[i].swap(false, Ordering::SeqCst) {
+        // Zipped, not indexed: no bounds check per task and round.
+        let each = tasks
+            .iter_mut()
+            .zip(results.iter_mut())
+            .zip(wakers.iter().zip(shared.ready.iter()));
+        for ((task, result), (waker, ready)) in each {
+            if result.is_some() || !ready.swap(false, Ordering::SeqCst) {
                 continue;
             }
             polled = true;
-            let mut cx = Context::from_waker(&wakers[i]);
-            if let Poll::Ready(v) = tasks[i].as_mut().poll(&mut cx) {
-                results[i] = Some(v);
+            let mut cx = Context::from_waker(waker);
+            if let Poll::Ready(v) = task.as_mut().poll(&mut cx) {
+                *result = Some(v);
                 remaining -= 1;
             }
         }
