@@ -1227,7 +1227,8 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
             }
             let t0 = states.stamp();
             let (r, lat) = call(
-                ep, clock,
+                ep,
+                clock,
                 OpKind::Update,
                 kv.update_in(key, &value, slot),
                 cost,
@@ -1261,7 +1262,8 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
                     ep.charge_instructions(n).await;
                 }
                 call(
-                    ep, clock,
+                    ep,
+                    clock,
                     OpKind::Insert,
                     kv.insert_in(key, &value, slot),
                     cost,
@@ -1294,7 +1296,8 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
             let key = plan.key(i);
             let t0 = states.stamp();
             let (r, lat) = call(
-                ep, clock,
+                ep,
+                clock,
                 OpKind::Scan,
                 kv.scan_in(key, n as usize, slot),
                 cost,
@@ -1335,7 +1338,8 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
             }
             let t1 = states.stamp();
             let (r, write_lat) = call(
-                ep, clock,
+                ep,
+                clock,
                 OpKind::Update,
                 kv.update_in(key, &value, slot),
                 cost,
