@@ -194,6 +194,17 @@ impl Endpoint {
         v
     }
 
+    /// Gives a reply's buffer back to the endpoint once its caller has
+    /// read it (a write's acknowledgement, a reply whose value was copied
+    /// out): on the `local` backend its allocation is kept for the next
+    /// request or reply ([`Endpoint::request_buffer`]), so a small RPC
+    /// whose reply comes back here allocates and frees nothing. Optional:
+    /// dropping the buffer instead is always correct.
+    #[inline]
+    pub fn recycle(&self, buf: Vec<u8>) {
+        self.backend.recycle(buf)
+    }
+
     pub fn charge_pushed(&self, bytes: u64) {
         self.charge(|c| c.bytes_read += bytes);
     }
@@ -372,7 +383,7 @@ impl Endpoint {
         RpcCall {
             ep: self,
             node,
-            state: CallState::Unsent(service, request),
+            state: std::mem::ManuallyDrop::new(CallState::Unsent(service, request)),
         }
     }
 
@@ -404,7 +415,31 @@ impl Endpoint {
 pub struct RpcCall<'a> {
     ep: &'a Endpoint,
     node: NodeId,
-    state: CallState<'a>,
+    /// Dropped by `RpcCall`'s own `Drop` only when it is not `Done` (branch
+    /// i83): a finished call's drop is then one inlined check instead of
+    /// an out-of-line call of `CallState`'s drop glue.
+    state: std::mem::ManuallyDrop<CallState<'a>>,
+}
+
+impl Drop for RpcCall<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if !matches!(*self.state, CallState::Done) {
+            self.drop_state();
+        }
+    }
+}
+
+impl RpcCall<'_> {
+    /// Drops an unfinished call's state (its request, or its wait for the
+    /// reply: a call given up).
+    #[cold]
+    #[inline(never)]
+    #[allow(unsafe_code)]
+    fn drop_state(&mut self) {
+        // SAFETY: called once, from `drop`; the state is not used again.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.state) }
+    }
 }
 
 enum CallState<'a> {
@@ -422,9 +457,9 @@ impl Future for RpcCall<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
         // Every field is `Unpin` (`CallFuture` is).
         let this = self.get_mut();
-        if matches!(this.state, CallState::Unsent(..)) {
+        if matches!(*this.state, CallState::Unsent(..)) {
             let CallState::Unsent(service, request) =
-                std::mem::replace(&mut this.state, CallState::Done)
+                std::mem::replace(&mut *this.state, CallState::Done)
             else {
                 unreachable!("checked above")
             };
@@ -439,13 +474,21 @@ impl Future for RpcCall<'_> {
             // reach this future), which owns nothing: overwriting it without
             // running its drop glue (an out-of-line call per RPC, branch
             // i71) leaks nothing.
-            unsafe { std::ptr::write(&mut this.state, CallState::Sent(reply)) };
+            unsafe { std::ptr::write(&mut *this.state, CallState::Sent(reply)) };
         }
-        let CallState::Sent(reply) = &mut this.state else {
+        let CallState::Sent(wait) = &mut *this.state else {
             panic!("RpcCall polled after completion");
         };
-        let reply = std::task::ready!(Pin::new(reply).poll(cx));
-        this.state = CallState::Done;
+        let reply = std::task::ready!(Pin::new(&mut *wait).poll(cx));
+        if wait.is_spent() {
+            // SAFETY: a spent wait owns nothing and its drop does nothing
+            // (`CallFuture::is_spent`), so overwriting it without running
+            // its drop glue (an out-of-line call per RPC, branch i83)
+            // leaks nothing.
+            unsafe { std::ptr::write(&mut *this.state, CallState::Done) };
+        } else {
+            *this.state = CallState::Done;
+        }
         let reply = reply?;
         let received = reply.result.as_ref().map_or(0, |p| p.len() as u64);
         this.ep.charge(|c| {

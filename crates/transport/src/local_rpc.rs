@@ -92,6 +92,14 @@ pub(crate) const REPLY_INLINE: usize = 64;
 /// The largest allocation kept for the next request
 /// ([`RpcSlots::request_buffer`]).
 const SPARE_MAX: usize = 4 * REQ_INLINE;
+/// The smallest allocation kept (and what a new request or reply buffer
+/// is given): room for any inline request or reply, so a kept buffer
+/// takes a small reply with the fixed-size copy of [`ReplyWait::take`].
+const SPARE_MIN: usize = if REQ_INLINE > REPLY_INLINE {
+    REQ_INLINE
+} else {
+    REPLY_INLINE
+};
 /// `len` of a slot whose payload is not inline.
 const NOT_INLINE: u16 = u16::MAX;
 
@@ -641,9 +649,12 @@ pub(crate) struct RequestHeader {
 /// An endpoint's lanes, by node id (used on the endpoint's thread only).
 pub(crate) struct RpcSlots {
     lanes: RefCell<Vec<Option<Producer>>>,
-    /// The allocation of the last request copied inline, emptied, for the
-    /// next request to be built in ([`RpcSlots::request_buffer`]; it is
-    /// freed on this thread, which allocated it).
+    /// The allocation of the last request copied inline (or of a recycled
+    /// reply), emptied, for the next request to be built in
+    /// ([`RpcSlots::request_buffer`]) or the next small reply to be taken
+    /// into ([`ReplyWait::take`]); it is freed on this thread, which
+    /// allocated it. K1: it is unallocated or empty with a capacity
+    /// between [`SPARE_MIN`] and [`SPARE_MAX`] ([`keepable`]).
     spare: Cell<Vec<u8>>,
     watchdog: Arc<Watchdog>,
 }
@@ -663,11 +674,29 @@ impl RpcSlots {
         }
     }
 
-    /// An empty buffer for the next request: the last inline request's
-    /// allocation if one is kept, else a new (unallocated) `Vec`.
+    /// An empty buffer for the next request: the kept allocation (the last
+    /// inline request's, or a recycled reply's) if there is one, else a new
+    /// one with room for any inline request ([`SPARE_MIN`]), so that it
+    /// can be kept after the send.
     #[inline]
     pub(crate) fn request_buffer(&self) -> Vec<u8> {
-        self.spare.take()
+        spare_or_new(self.spare.take())
+    }
+
+    /// Keeps `buf`'s allocation for the next request or reply if none is
+    /// kept and its size is one the spare takes (K1 on `spare`); else
+    /// drops it.
+    #[inline]
+    pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
+        if keepable(&buf) {
+            let kept = self.spare.take();
+            if kept.capacity() == 0 {
+                buf.clear();
+                self.spare.set(buf);
+            } else {
+                self.spare.set(kept);
+            }
+        }
     }
 
     /// The lane to `node`, if this endpoint has one.
@@ -781,7 +810,7 @@ impl RpcSlots {
                 // (emptied) for the next request to be built in, unless it
                 // is empty or large (then freed here).
                 let mut payload = payload;
-                if payload.capacity() != 0 && payload.capacity() <= SPARE_MAX {
+                if keepable(&payload) {
                     payload.clear();
                     self.spare.set(payload);
                 }
@@ -805,6 +834,26 @@ impl RpcSlots {
     }
 }
 
+/// `spare` (an endpoint's spare, taken: empty by K1) if it has room for
+/// any inline request or reply, else a new buffer with that room
+/// ([`SPARE_MIN`]; one allocation, not `reserve`'s growth path).
+#[inline(always)]
+fn spare_or_new(spare: Vec<u8>) -> Vec<u8> {
+    debug_assert!(spare.is_empty());
+    if spare.capacity() >= SPARE_MIN {
+        spare
+    } else {
+        Vec::with_capacity(SPARE_MIN)
+    }
+}
+
+/// Whether `buf`'s allocation may be kept as an endpoint's spare (K1):
+/// room for any inline request or reply, and not a large one held on to.
+#[inline]
+fn keepable(buf: &Vec<u8>) -> bool {
+    (SPARE_MIN..=SPARE_MAX).contains(&buf.capacity())
+}
+
 impl Drop for RpcSlots {
     fn drop(&mut self) {
         for p in self.lanes.borrow().iter().flatten() {
@@ -826,19 +875,54 @@ pub(crate) struct ReplyWait<'a> {
     #[cfg(any(debug_assertions, test))]
     seq: u64,
     sent_at_tick: u64,
-    /// The reply (or drop notice) was taken.
+    /// The reply (or drop notice) was taken and the slot given back
+    /// ([`ReplyWait::give_back`]): dropping the wait then does nothing.
     answered: bool,
 }
 
 impl ReplyWait<'_> {
-    /// Takes the answer out of the slot (S1: it is the caller's now).
+    /// Takes the answer out of the slot (S1: it is the caller's now) and
+    /// gives the slot back, so that the wait's drop has nothing left to do
+    /// (branch i83: `RpcCall` then skips the drop's out-of-line glue, see
+    /// [`ReplyWait::is_spent`]).
+    #[inline]
+    fn take(&mut self, replied: bool) -> Result<Reply> {
+        let answer = if replied {
+            self.take_reply()
+        } else {
+            Err(TransportError::NodeDown(self.node))
+        };
+        self.give_back();
+        answer
+    }
+
+    /// Whether the answer was taken and the slot given back: the wait owns
+    /// nothing any more, and dropping it does nothing.
+    #[inline]
+    pub(crate) fn is_spent(&self) -> bool {
+        self.answered
+    }
+
+    /// Gives the answered slot back to the lane (invariant 3): reused at
+    /// once only if nobody touches it any more, else set aside.
+    #[inline]
+    fn give_back(&mut self) {
+        self.answered = true;
+        let mut lanes = self.pool.lanes.borrow_mut();
+        let p = lanes[self.node.0 as usize]
+            .as_mut()
+            .expect("the lane outlives its RPCs");
+        if self.slot.state.reusable() {
+            p.free.push(self.index);
+        } else {
+            p.aside.push(self.index);
+        }
+    }
+
+    /// The reply in the answered slot's body (S1: the caller's now).
     #[inline]
     #[allow(unsafe_code)]
-    fn take(&mut self, replied: bool) -> Result<Reply> {
-        self.answered = true;
-        if !replied {
-            return Err(TransportError::NodeDown(self.node));
-        }
+    fn take_reply(&mut self) -> Result<Reply> {
         // SAFETY: S1: the slot is answered, so its body is the caller's.
         let body = unsafe { &mut *self.slot.body.get() };
         if body.len == NOT_INLINE {
@@ -847,8 +931,25 @@ impl ReplyWait<'_> {
                 .take()
                 .expect("a reply that is not inline is boxed"));
         }
+        let len = body.len as usize;
+        assert!(len <= REPLY_INLINE);
+        // The endpoint's spare allocation (K1: unallocated, or room for
+        // `REPLY_INLINE` bytes; a new one gets that room), so that a reply
+        // given back by `Endpoint::recycle` is taken into again, and the
+        // whole inline array copied with one fixed-size copy (no `memcpy`
+        // call), of which the first `len` bytes become the reply.
+        let mut v = spare_or_new(self.pool.spare.take());
+        // SAFETY: `v` is empty (K1) with room for `REPLY_INLINE` bytes
+        // (`spare_or_new`), so its spare room does not overlap the slot and
+        // takes the whole array, which is initialised (zeroed when the lane
+        // was made, and written since only with reply bytes); its first
+        // `len` (at most `REPLY_INLINE`, asserted) bytes are then the reply.
+        unsafe {
+            std::ptr::copy_nonoverlapping(body.inline.as_ptr(), v.as_mut_ptr(), REPLY_INLINE);
+            v.set_len(len);
+        }
         Ok(Reply {
-            result: Ok(body.inline[..body.len as usize].to_vec()),
+            result: Ok(v),
             server_cpu_ns: body.server_cpu_ns,
         })
     }
@@ -911,16 +1012,24 @@ impl Future for ReplyWait<'_> {
 impl Drop for ReplyWait<'_> {
     #[inline]
     fn drop(&mut self) {
+        if !self.answered {
+            self.abandon();
+        }
+    }
+}
+
+impl ReplyWait<'_> {
+    /// Dropped before its answer was taken (a timeout, a caller giving
+    /// up): the slot is set aside until the answerer is done with it
+    /// (invariant 3), so a late reply never reaches a later RPC.
+    #[cold]
+    #[inline(never)]
+    fn abandon(&mut self) {
         let mut lanes = self.pool.lanes.borrow_mut();
         let p = lanes[self.node.0 as usize]
             .as_mut()
             .expect("the lane outlives its RPCs");
-        // Invariant 3: reused at once only if nobody touches it any more.
-        if self.answered && self.slot.state.reusable() {
-            p.free.push(self.index);
-        } else {
-            p.aside.push(self.index);
-        }
+        p.aside.push(self.index);
     }
 }
 
