@@ -490,6 +490,7 @@ impl LaneRef<'_> {
 }
 
 impl crate::service::ReplySink for ReplyTo<'_> {
+    #[inline(always)]
     fn send(self, server_cpu_ns: u64, result: crate::service::LentReply<'_>) {
         self.send_from(server_cpu_ns, result)
     }
@@ -529,14 +530,26 @@ impl ReplyTo<'_> {
     /// slot is copied in and the buffer stays the thread's, keeping its
     /// allocation for the next request; a larger one takes the buffer's
     /// allocation with it (no copy; the thread's next reply allocates).
+    ///
+    /// Inlined into the serving loop, and consuming the `ReplyTo` without
+    /// its drop glue (branch i83: the glue's out-of-line call after every
+    /// send only found `sent` set); an owned lane's reference is released
+    /// here instead.
+    #[inline(always)]
     #[allow(unsafe_code)]
     pub(crate) fn send_from(
-        mut self,
+        self,
         server_cpu_ns: u64,
         result: Result<&mut Vec<u8>, crate::error::ServiceError>,
     ) {
-        self.sent = true;
-        let slot = &self.lane.get().replies[self.index as usize];
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; `lane` is read out
+        // once and dropped at the end of this call (a borrowed lane drops
+        // nothing, an owned one its reference), which is what `ReplyTo`'s
+        // drop glue would do after a send (its `Drop` does nothing once the
+        // reply is sent).
+        let lane = unsafe { std::ptr::read(&this.lane) };
+        let slot = &lane.get().replies[this.index as usize];
         {
             // SAFETY: S1: the RPC is sent and unanswered, so the body is
             // the answerer's, and only this `ReplyTo` answers it.
@@ -547,17 +560,27 @@ impl ReplyTo<'_> {
                     body.inline[..v.len()].copy_from_slice(v);
                     body.len = v.len() as u16;
                 }
-                result => {
-                    body.len = NOT_INLINE;
-                    body.big = Some(Box::new(Reply {
-                        result: result.map(std::mem::take),
-                        server_cpu_ns,
-                    }));
-                }
+                result => Self::put_big(body, server_cpu_ns, result),
             }
         }
         crate::charge::stamp(crate::charge::Stage::Written);
         Self::finish(slot, true);
+        drop(lane);
+    }
+
+    /// A reply that does not fit the slot (or an error), boxed into it.
+    #[cold]
+    #[inline(never)]
+    fn put_big(
+        body: &mut ReplyBody,
+        server_cpu_ns: u64,
+        result: Result<&mut Vec<u8>, crate::error::ServiceError>,
+    ) {
+        body.len = NOT_INLINE;
+        body.big = Some(Box::new(Reply {
+            result: result.map(std::mem::take),
+            server_cpu_ns,
+        }));
     }
 
     #[allow(unsafe_code)]
