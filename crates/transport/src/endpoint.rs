@@ -1246,4 +1246,80 @@ mod tests {
                 .fold(Counters::default(), |a, l| a + read(l))
         );
     }
+
+    /// A backend whose every RPC is a boxed operation holding a guard that
+    /// counts its drops, and answers `answer` (or never, with `None`).
+    struct Guarded {
+        drops: std::rc::Rc<std::cell::Cell<u32>>,
+        answer: Option<Vec<u8>>,
+    }
+    struct Guard(std::rc::Rc<std::cell::Cell<u32>>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.set(self.0.get() + 1);
+        }
+    }
+    impl EndpointBackend for Guarded {
+        fn local_node(&self) -> NodeId {
+            NodeId(0)
+        }
+        fn execute(&self, _: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
+            unreachable!("no verbs here")
+        }
+        fn call(
+            &self,
+            _: NodeId,
+            _: ServiceId,
+            _: Vec<u8>,
+        ) -> OpFuture<'_, Result<crate::service::Reply>> {
+            let guard = Guard(self.drops.clone());
+            let answer = self.answer.clone();
+            OpFuture::boxed(async move {
+                let _guard = guard;
+                match answer {
+                    Some(bytes) => Ok(crate::service::Reply {
+                        result: Ok(bytes),
+                        server_cpu_ns: 0,
+                    }),
+                    None => std::future::pending().await,
+                }
+            })
+        }
+    }
+
+    /// `RpcCall` drops its state itself (branch i83: `ManuallyDrop`, so a
+    /// finished call's drop is one check): a call given up while waiting
+    /// drops the backend's operation once, a finished call dropped its
+    /// operation when it finished (and not again), an unpolled call sends
+    /// nothing. Fails with the state never dropped (the guard's count stays
+    /// 0 for the call given up) or dropped twice.
+    #[test]
+    fn an_rpc_call_drops_its_operation_once_whether_finished_or_given_up() {
+        use std::task::{Context, Poll, Waker};
+        let drops = std::rc::Rc::new(std::cell::Cell::new(0));
+        let waiting = Endpoint::new(Box::new(Guarded {
+            drops: drops.clone(),
+            answer: None,
+        }));
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut call = waiting.call(NodeId(1), ServiceId(3), vec![1, 2, 3]);
+        assert!(Pin::new(&mut call).poll(&mut cx).is_pending());
+        assert_eq!(drops.get(), 0);
+        drop(call);
+        assert_eq!(drops.get(), 1, "given up: dropped once");
+        drop(waiting.call(NodeId(1), ServiceId(3), vec![4]));
+        assert_eq!(drops.get(), 1, "never sent: no operation");
+        let answering = Endpoint::new(Box::new(Guarded {
+            drops: drops.clone(),
+            answer: Some(vec![9, 9]),
+        }));
+        let mut call = answering.call(NodeId(1), ServiceId(3), vec![5]);
+        match Pin::new(&mut call).poll(&mut cx) {
+            Poll::Ready(Ok(bytes)) => assert_eq!(bytes, vec![9, 9]),
+            _ => panic!("answered at once"),
+        }
+        assert_eq!(drops.get(), 2, "finished: dropped when it finished");
+        drop(call);
+        assert_eq!(drops.get(), 2, "and not again");
+    }
 }

@@ -1207,40 +1207,55 @@ mod tests {
         }
     }
 
-    /// Invariant 8 and the kept request allocation: a small request's
+    /// Invariant 8 and the kept request allocation (K1): a small request's
     /// `Vec` is kept (emptied, same allocation) for the next request, once;
-    /// a request too large to travel inline, or whose allocation is larger
-    /// than `SPARE_MAX`, leaves nothing kept; a second lane to a node is
-    /// refused (a wait's reference into the first stays valid). Fails
-    /// without the kept allocation (every `request_buffer` is unallocated)
-    /// and without `add_lane`'s check (the second lane replaces the first).
+    /// with nothing kept, a new buffer has room for any inline request or
+    /// reply; a request too large to travel inline, or whose allocation is
+    /// smaller than `SPARE_MIN` or larger than `SPARE_MAX`, leaves nothing
+    /// kept; a second lane to a node is refused (a wait's reference into
+    /// the first stays valid). Fails without the kept allocation (every
+    /// `request_buffer` a new one) and without `add_lane`'s check (the
+    /// second lane replaces the first).
     #[test]
     fn a_small_requests_allocation_is_kept_and_a_lane_is_never_replaced() {
         let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
         let mut buf = Vec::new();
-        assert_eq!(slots.request_buffer().capacity(), 0, "nothing kept yet");
-        let mut v = Vec::with_capacity(16);
+        let first = slots.request_buffer();
+        assert_eq!((first.len(), first.capacity()), (0, SPARE_MIN), "a new one");
+        let mut v = first;
         v.extend_from_slice(b"hello");
         let at = v.as_ptr();
         let wait = slots.send(NODE, header(5), v).ok().unwrap();
         let kept = slots.request_buffer();
-        assert_eq!((kept.len(), kept.capacity(), kept.as_ptr()), (0, 16, at));
-        assert_eq!(slots.request_buffer().capacity(), 0, "kept once");
+        assert_eq!(
+            (kept.len(), kept.capacity(), kept.as_ptr()),
+            (0, SPARE_MIN, at)
+        );
+        let again = slots.request_buffer();
+        assert_ne!(again.as_ptr(), at, "kept once");
         assert!(echo_one(&lane, &mut buf));
         assert_eq!(block_on(wait).unwrap(), reply(b"hello"));
         // Too large to travel inline: it moves to the handler.
         let wait = slots.send(NODE, header(5), payload(1, REQ_INLINE + 1));
-        assert_eq!(slots.request_buffer().capacity(), 0);
+        assert!(slots.spare.take().capacity() == 0, "nothing kept");
         assert!(echo_one(&lane, &mut buf));
         assert_eq!(
             block_on(wait.ok().unwrap()).unwrap(),
             reply(&payload(1, REQ_INLINE + 1))
         );
-        // Inline, but its allocation is too large to keep.
+        // Inline, but its allocation too small to take a reply, or too
+        // large to keep.
+        for cap in [SPARE_MIN - 1, SPARE_MAX + 1] {
+            let mut odd = Vec::with_capacity(cap);
+            odd.extend_from_slice(b"xyz");
+            let wait = slots.send(NODE, header(5), odd).ok().unwrap();
+            assert!(slots.spare.take().capacity() == 0, "nothing kept");
+            assert!(echo_one(&lane, &mut buf));
+            assert_eq!(block_on(wait).unwrap(), reply(b"xyz"));
+        }
         let mut big = Vec::with_capacity(SPARE_MAX + 1);
         big.extend_from_slice(b"abc");
         let wait = slots.send(NODE, header(5), big).ok().unwrap();
-        assert_eq!(slots.request_buffer().capacity(), 0);
         // A second lane to the node is refused; the wait still gets its
         // reply through the first.
         let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1249,6 +1264,126 @@ mod tests {
         assert!(second.is_err(), "a second lane to a node was added");
         assert!(echo_one(&lane, &mut buf));
         assert_eq!(block_on(wait).unwrap(), reply(b"abc"));
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// A small reply is taken into the endpoint's kept allocation (the
+    /// request's, kept at its send), and a buffer given back by `recycle`
+    /// is kept for the next request or reply (K1: once, and only of a size
+    /// the spare takes); a reply's bytes are exactly its own for every
+    /// inline length (the fixed-size copy takes the whole slot). Fails
+    /// with the reply copied into a new allocation (`to_vec`, before
+    /// branch i83) and with `recycle` dropping what it is given.
+    #[test]
+    fn a_small_reply_is_taken_into_the_kept_allocation_and_recycled() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        for len in 0..=REPLY_INLINE {
+            let mut v = slots.request_buffer();
+            v.extend_from_slice(&payload(len as u64, len));
+            let at = v.as_ptr();
+            let wait = slots.send(NODE, header(5), v).ok().unwrap();
+            assert!(echo_one(&lane, &mut buf));
+            let got = block_on(wait).unwrap().result.unwrap();
+            assert_eq!(got, payload(len as u64, len), "length {len}");
+            assert_eq!(got.as_ptr(), at, "taken into the request's allocation");
+            // Given back: kept (emptied), for the next request to be
+            // built in (looked at in place: a dropped buffer's address
+            // could be handed out again).
+            slots.recycle(got);
+            let next = slots.spare.take();
+            assert_eq!(
+                (next.len(), next.capacity(), next.as_ptr()),
+                (0, SPARE_MIN, at)
+            );
+            slots.spare.set(next);
+        }
+        // One kept at a time; sizes the spare does not take are dropped.
+        let kept = slots.spare.take();
+        let at = kept.as_ptr();
+        slots.recycle(kept);
+        let other = Vec::with_capacity(SPARE_MIN);
+        let other_at = other.as_ptr();
+        slots.recycle(other);
+        slots.recycle(Vec::with_capacity(SPARE_MIN - 1));
+        slots.recycle(Vec::with_capacity(SPARE_MAX + 1));
+        let kept = slots.spare.take();
+        assert_eq!(kept.as_ptr(), at);
+        assert_ne!(kept.as_ptr(), other_at);
+        assert_eq!(slots.spare.take().capacity(), 0);
+        slots.recycle(Vec::with_capacity(SPARE_MIN - 1));
+        assert_eq!(slots.spare.take().capacity(), 0, "too small");
+        slots.recycle(Vec::with_capacity(SPARE_MAX + 1));
+        assert_eq!(slots.spare.take().capacity(), 0, "too large");
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// A wait gives its reply slot back when its answer is taken (so that
+    /// `RpcCall` may skip its drop): spent, with the slot free for the next
+    /// RPC before the wait is dropped; a wait dropped unanswered sets its
+    /// slot aside. Fails with the slot given back only by the drop (before
+    /// branch i83): the free list is empty until then.
+    #[test]
+    fn a_wait_gives_its_slot_back_when_its_answer_is_taken() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        let mut wait = slots.send(NODE, header(5), payload(1, 8)).ok().unwrap();
+        assert!(!wait.is_spent());
+        assert!(echo_one(&lane, &mut buf));
+        let index = wait.index;
+        let got = block_on(&mut wait).unwrap();
+        assert_eq!(got, reply(&payload(1, 8)));
+        assert!(wait.is_spent());
+        let free = |slots: &RpcSlots| {
+            slots.lanes.borrow()[NODE.0 as usize]
+                .as_ref()
+                .unwrap()
+                .free
+                .clone()
+        };
+        let aside = |slots: &RpcSlots| {
+            slots.lanes.borrow()[NODE.0 as usize]
+                .as_ref()
+                .unwrap()
+                .aside
+                .clone()
+        };
+        assert_eq!(free(&slots), vec![index], "given back before the drop");
+        drop(wait);
+        assert_eq!(free(&slots), vec![index], "once");
+        // Unanswered, dropped: set aside, not freed.
+        let wait = slots.send(NODE, header(5), payload(2, 8)).ok().unwrap();
+        let index = wait.index;
+        drop(wait);
+        assert_eq!(aside(&slots), vec![index]);
+        assert!(free(&slots).is_empty());
+        assert!(echo_one(&lane, &mut buf));
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// A reply sent through a `ReplyTo` that owns its lane reference (a
+    /// deferred answer) releases that reference (the send consumes the
+    /// `ReplyTo` without its drop glue since branch i83, and drops the lane
+    /// itself); a borrowed one takes none. Fails with the lane forgotten
+    /// with the `ReplyTo` (the count stays one higher).
+    #[test]
+    fn a_sent_reply_releases_an_owned_lane_reference() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        let before = Arc::strong_count(&lane);
+        let wait = slots.send(NODE, header(5), payload(3, 8)).ok().unwrap();
+        let owned = lane.take(&mut buf).unwrap().reply.into_owned();
+        assert_eq!(Arc::strong_count(&lane), before + 1);
+        owned.send(reply(b"late"));
+        assert_eq!(Arc::strong_count(&lane), before, "released by the send");
+        assert_eq!(block_on(wait).unwrap(), reply(b"late"));
+        let wait = slots.send(NODE, header(5), payload(4, 8)).ok().unwrap();
+        assert!(echo_one(&lane, &mut buf));
+        assert_eq!(Arc::strong_count(&lane), before);
+        assert_eq!(block_on(wait).unwrap(), reply(&payload(4, 8)));
         reaper.shut_down();
         h.join().unwrap();
     }

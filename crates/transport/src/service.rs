@@ -707,11 +707,10 @@ impl ServiceTable {
         send: impl ReplySink,
     ) {
         out.clear();
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            h.handle_into(ctx, request, &mut *out)
-        }))
-        .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")))
-        .map(|()| out);
+        let result =
+            std::panic::catch_unwind(AssertUnwindSafe(|| h.handle_into(ctx, request, &mut *out)))
+                .unwrap_or_else(|_| Err(ServiceError::failed("the handler panicked")))
+                .map(|()| out);
         crate::charge::stamp(crate::charge::Stage::Handled);
         let server_cpu_ns = crate::charge::before_send();
         cell.add(server_cpu_ns);
