@@ -53,7 +53,19 @@ impl RpcTreeClient {
             .ep
             .call(self.svc.node, self.svc.service, w.finish())
             .await?;
-        parse(&reply, |r| r.bool())
+        self.parse_and_recycle(reply, |r| r.bool())
+    }
+
+    /// [`parse`], then the reply's buffer goes back to the endpoint (to
+    /// take the next request or reply without an allocation, branch i83).
+    fn parse_and_recycle<T>(
+        &self,
+        reply: Vec<u8>,
+        f: impl FnOnce(&mut WireReader<'_>) -> std::result::Result<T, dmkv_transport::WireError>,
+    ) -> Result<T> {
+        let v = parse(&reply, f);
+        self.ep.recycle(reply);
+        v
     }
 
     /// UPDATE with a position hint (XStore §5.3.1).
@@ -125,7 +137,7 @@ impl KvClient for RpcTreeClient {
         let mut w = WireWriter::new();
         w.u8(GET).u64(key);
         let reply = self.call(w).await?;
-        parse(&reply, |r| {
+        self.parse_and_recycle(reply, |r| {
             Ok(if r.bool()? {
                 Some(r.bytes()?.to_vec())
             } else {
@@ -150,7 +162,7 @@ impl KvClient for RpcTreeClient {
             .ep
             .call(self.svc.node, self.svc.service, w.finish())
             .await?;
-        parse(&reply, |r| r.bool())
+        self.parse_and_recycle(reply, |r| r.bool())
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         let mut out: Vec<(Key, Vec<u8>)> = Vec::new();

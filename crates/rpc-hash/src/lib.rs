@@ -218,7 +218,11 @@ async fn call(ep: &Endpoint, to: (NodeId, ServiceId), req: Request<'_>) -> Resul
     let bytes = ep
         .call(to.0, to.1, req.encode_into(ep.request_buffer(0)))
         .await?;
-    Ok(Reply::decode(&bytes, &req).map_err(dmkv_transport::TransportError::from)?)
+    let reply = Reply::decode(&bytes, &req).map_err(dmkv_transport::TransportError::from);
+    // Decoded (owned): the buffer goes back to the endpoint, to take the
+    // next request or reply without an allocation (branch i83).
+    ep.recycle(bytes);
+    Ok(reply?)
 }
 
 #[async_trait(?Send)]

@@ -169,6 +169,14 @@ impl<'a> CallFuture<'a> {
     pub(crate) fn slot(wait: crate::local_rpc::ReplyWait<'a>) -> Self {
         CallFuture(CallInner::Slot(wait))
     }
+    /// Whether dropping this future would do nothing: a `local` reply
+    /// slot's wait whose answer was taken and its slot given back
+    /// (`ReplyWait::is_spent`; branch i83). [`crate::endpoint::RpcCall`]
+    /// then overwrites it without calling its drop glue.
+    #[inline]
+    pub(crate) fn is_spent(&self) -> bool {
+        matches!(&self.0, CallInner::Slot(wait) if wait.is_spent())
+    }
 }
 
 impl Future for CallFuture<'_> {
@@ -272,6 +280,10 @@ pub trait EndpointBackend {
     fn request_buffer(&self) -> Vec<u8> {
         Vec::new()
     }
+    /// Takes back a reply's buffer its caller is done with (for
+    /// [`crate::Endpoint::recycle`]): the `local` backend keeps it for the
+    /// next request or reply (branch i83); by default it is dropped.
+    fn recycle(&self, _buf: Vec<u8>) {}
     /// [`Self::call`], as the future [`Endpoint`](crate::Endpoint) awaits:
     /// the `local` backend answers its fault-free RPCs with the reply
     /// slot's wait in place (no box); the default wraps `call`.

@@ -1086,6 +1086,10 @@ impl EndpointBackend for LocalEndpoint {
         self.rpcs.request_buffer()
     }
 
+    fn recycle(&self, buf: Vec<u8>) {
+        self.rpcs.recycle(buf)
+    }
+
     // Inlined here, with the fast path of `call_local` and `RpcSlots::send`
     // (branch i71): the reply slot's wait is built once, in the future this
     // returns, instead of being moved out of three nested calls.

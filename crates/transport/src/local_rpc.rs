@@ -92,6 +92,14 @@ pub(crate) const REPLY_INLINE: usize = 64;
 /// The largest allocation kept for the next request
 /// ([`RpcSlots::request_buffer`]).
 const SPARE_MAX: usize = 4 * REQ_INLINE;
+/// The smallest allocation kept (and what a new request or reply buffer
+/// is given): room for any inline request or reply, so a kept buffer
+/// takes a small reply with the fixed-size copy of [`ReplyWait::take`].
+const SPARE_MIN: usize = if REQ_INLINE > REPLY_INLINE {
+    REQ_INLINE
+} else {
+    REPLY_INLINE
+};
 /// `len` of a slot whose payload is not inline.
 const NOT_INLINE: u16 = u16::MAX;
 
@@ -482,6 +490,7 @@ impl LaneRef<'_> {
 }
 
 impl crate::service::ReplySink for ReplyTo<'_> {
+    #[inline(always)]
     fn send(self, server_cpu_ns: u64, result: crate::service::LentReply<'_>) {
         self.send_from(server_cpu_ns, result)
     }
@@ -521,14 +530,26 @@ impl ReplyTo<'_> {
     /// slot is copied in and the buffer stays the thread's, keeping its
     /// allocation for the next request; a larger one takes the buffer's
     /// allocation with it (no copy; the thread's next reply allocates).
+    ///
+    /// Inlined into the serving loop, and consuming the `ReplyTo` without
+    /// its drop glue (branch i83: the glue's out-of-line call after every
+    /// send only found `sent` set); an owned lane's reference is released
+    /// here instead.
+    #[inline(always)]
     #[allow(unsafe_code)]
     pub(crate) fn send_from(
-        mut self,
+        self,
         server_cpu_ns: u64,
         result: Result<&mut Vec<u8>, crate::error::ServiceError>,
     ) {
-        self.sent = true;
-        let slot = &self.lane.get().replies[self.index as usize];
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; `lane` is read out
+        // once and dropped at the end of this call (a borrowed lane drops
+        // nothing, an owned one its reference), which is what `ReplyTo`'s
+        // drop glue would do after a send (its `Drop` does nothing once the
+        // reply is sent).
+        let lane = unsafe { std::ptr::read(&this.lane) };
+        let slot = &lane.get().replies[this.index as usize];
         {
             // SAFETY: S1: the RPC is sent and unanswered, so the body is
             // the answerer's, and only this `ReplyTo` answers it.
@@ -539,17 +560,27 @@ impl ReplyTo<'_> {
                     body.inline[..v.len()].copy_from_slice(v);
                     body.len = v.len() as u16;
                 }
-                result => {
-                    body.len = NOT_INLINE;
-                    body.big = Some(Box::new(Reply {
-                        result: result.map(std::mem::take),
-                        server_cpu_ns,
-                    }));
-                }
+                result => Self::put_big(body, server_cpu_ns, result),
             }
         }
         crate::charge::stamp(crate::charge::Stage::Written);
         Self::finish(slot, true);
+        drop(lane);
+    }
+
+    /// A reply that does not fit the slot (or an error), boxed into it.
+    #[cold]
+    #[inline(never)]
+    fn put_big(
+        body: &mut ReplyBody,
+        server_cpu_ns: u64,
+        result: Result<&mut Vec<u8>, crate::error::ServiceError>,
+    ) {
+        body.len = NOT_INLINE;
+        body.big = Some(Box::new(Reply {
+            result: result.map(std::mem::take),
+            server_cpu_ns,
+        }));
     }
 
     #[allow(unsafe_code)]
@@ -641,9 +672,12 @@ pub(crate) struct RequestHeader {
 /// An endpoint's lanes, by node id (used on the endpoint's thread only).
 pub(crate) struct RpcSlots {
     lanes: RefCell<Vec<Option<Producer>>>,
-    /// The allocation of the last request copied inline, emptied, for the
-    /// next request to be built in ([`RpcSlots::request_buffer`]; it is
-    /// freed on this thread, which allocated it).
+    /// The allocation of the last request copied inline (or of a recycled
+    /// reply), emptied, for the next request to be built in
+    /// ([`RpcSlots::request_buffer`]) or the next small reply to be taken
+    /// into ([`ReplyWait::take`]); it is freed on this thread, which
+    /// allocated it. K1: it is unallocated or empty with a capacity
+    /// between [`SPARE_MIN`] and [`SPARE_MAX`] ([`keepable`]).
     spare: Cell<Vec<u8>>,
     watchdog: Arc<Watchdog>,
 }
@@ -663,11 +697,29 @@ impl RpcSlots {
         }
     }
 
-    /// An empty buffer for the next request: the last inline request's
-    /// allocation if one is kept, else a new (unallocated) `Vec`.
+    /// An empty buffer for the next request: the kept allocation (the last
+    /// inline request's, or a recycled reply's) if there is one, else a new
+    /// one with room for any inline request ([`SPARE_MIN`]), so that it
+    /// can be kept after the send.
     #[inline]
     pub(crate) fn request_buffer(&self) -> Vec<u8> {
-        self.spare.take()
+        spare_or_new(self.spare.take())
+    }
+
+    /// Keeps `buf`'s allocation for the next request or reply if none is
+    /// kept and its size is one the spare takes (K1 on `spare`); else
+    /// drops it.
+    #[inline]
+    pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
+        if keepable(&buf) {
+            let kept = self.spare.take();
+            if kept.capacity() == 0 {
+                buf.clear();
+                self.spare.set(buf);
+            } else {
+                self.spare.set(kept);
+            }
+        }
     }
 
     /// The lane to `node`, if this endpoint has one.
@@ -781,7 +833,7 @@ impl RpcSlots {
                 // (emptied) for the next request to be built in, unless it
                 // is empty or large (then freed here).
                 let mut payload = payload;
-                if payload.capacity() != 0 && payload.capacity() <= SPARE_MAX {
+                if keepable(&payload) {
                     payload.clear();
                     self.spare.set(payload);
                 }
@@ -805,6 +857,26 @@ impl RpcSlots {
     }
 }
 
+/// `spare` (an endpoint's spare, taken: empty by K1) if it has room for
+/// any inline request or reply, else a new buffer with that room
+/// ([`SPARE_MIN`]; one allocation, not `reserve`'s growth path).
+#[inline(always)]
+fn spare_or_new(spare: Vec<u8>) -> Vec<u8> {
+    debug_assert!(spare.is_empty());
+    if spare.capacity() >= SPARE_MIN {
+        spare
+    } else {
+        Vec::with_capacity(SPARE_MIN)
+    }
+}
+
+/// Whether `buf`'s allocation may be kept as an endpoint's spare (K1):
+/// room for any inline request or reply, and not a large one held on to.
+#[inline]
+fn keepable(buf: &Vec<u8>) -> bool {
+    (SPARE_MIN..=SPARE_MAX).contains(&buf.capacity())
+}
+
 impl Drop for RpcSlots {
     fn drop(&mut self) {
         for p in self.lanes.borrow().iter().flatten() {
@@ -826,19 +898,54 @@ pub(crate) struct ReplyWait<'a> {
     #[cfg(any(debug_assertions, test))]
     seq: u64,
     sent_at_tick: u64,
-    /// The reply (or drop notice) was taken.
+    /// The reply (or drop notice) was taken and the slot given back
+    /// ([`ReplyWait::give_back`]): dropping the wait then does nothing.
     answered: bool,
 }
 
 impl ReplyWait<'_> {
-    /// Takes the answer out of the slot (S1: it is the caller's now).
+    /// Takes the answer out of the slot (S1: it is the caller's now) and
+    /// gives the slot back, so that the wait's drop has nothing left to do
+    /// (branch i83: `RpcCall` then skips the drop's out-of-line glue, see
+    /// [`ReplyWait::is_spent`]).
+    #[inline]
+    fn take(&mut self, replied: bool) -> Result<Reply> {
+        let answer = if replied {
+            self.take_reply()
+        } else {
+            Err(TransportError::NodeDown(self.node))
+        };
+        self.give_back();
+        answer
+    }
+
+    /// Whether the answer was taken and the slot given back: the wait owns
+    /// nothing any more, and dropping it does nothing.
+    #[inline]
+    pub(crate) fn is_spent(&self) -> bool {
+        self.answered
+    }
+
+    /// Gives the answered slot back to the lane (invariant 3): reused at
+    /// once only if nobody touches it any more, else set aside.
+    #[inline]
+    fn give_back(&mut self) {
+        self.answered = true;
+        let mut lanes = self.pool.lanes.borrow_mut();
+        let p = lanes[self.node.0 as usize]
+            .as_mut()
+            .expect("the lane outlives its RPCs");
+        if self.slot.state.reusable() {
+            p.free.push(self.index);
+        } else {
+            p.aside.push(self.index);
+        }
+    }
+
+    /// The reply in the answered slot's body (S1: the caller's now).
     #[inline]
     #[allow(unsafe_code)]
-    fn take(&mut self, replied: bool) -> Result<Reply> {
-        self.answered = true;
-        if !replied {
-            return Err(TransportError::NodeDown(self.node));
-        }
+    fn take_reply(&mut self) -> Result<Reply> {
         // SAFETY: S1: the slot is answered, so its body is the caller's.
         let body = unsafe { &mut *self.slot.body.get() };
         if body.len == NOT_INLINE {
@@ -847,8 +954,25 @@ impl ReplyWait<'_> {
                 .take()
                 .expect("a reply that is not inline is boxed"));
         }
+        let len = body.len as usize;
+        assert!(len <= REPLY_INLINE);
+        // The endpoint's spare allocation (K1: unallocated, or room for
+        // `REPLY_INLINE` bytes; a new one gets that room), so that a reply
+        // given back by `Endpoint::recycle` is taken into again, and the
+        // whole inline array copied with one fixed-size copy (no `memcpy`
+        // call), of which the first `len` bytes become the reply.
+        let mut v = spare_or_new(self.pool.spare.take());
+        // SAFETY: `v` is empty (K1) with room for `REPLY_INLINE` bytes
+        // (`spare_or_new`), so its spare room does not overlap the slot and
+        // takes the whole array, which is initialised (zeroed when the lane
+        // was made, and written since only with reply bytes); its first
+        // `len` (at most `REPLY_INLINE`, asserted) bytes are then the reply.
+        unsafe {
+            std::ptr::copy_nonoverlapping(body.inline.as_ptr(), v.as_mut_ptr(), REPLY_INLINE);
+            v.set_len(len);
+        }
         Ok(Reply {
-            result: Ok(body.inline[..body.len as usize].to_vec()),
+            result: Ok(v),
             server_cpu_ns: body.server_cpu_ns,
         })
     }
@@ -911,16 +1035,24 @@ impl Future for ReplyWait<'_> {
 impl Drop for ReplyWait<'_> {
     #[inline]
     fn drop(&mut self) {
+        if !self.answered {
+            self.abandon();
+        }
+    }
+}
+
+impl ReplyWait<'_> {
+    /// Dropped before its answer was taken (a timeout, a caller giving
+    /// up): the slot is set aside until the answerer is done with it
+    /// (invariant 3), so a late reply never reaches a later RPC.
+    #[cold]
+    #[inline(never)]
+    fn abandon(&mut self) {
         let mut lanes = self.pool.lanes.borrow_mut();
         let p = lanes[self.node.0 as usize]
             .as_mut()
             .expect("the lane outlives its RPCs");
-        // Invariant 3: reused at once only if nobody touches it any more.
-        if self.answered && self.slot.state.reusable() {
-            p.free.push(self.index);
-        } else {
-            p.aside.push(self.index);
-        }
+        p.aside.push(self.index);
     }
 }
 
@@ -1075,40 +1207,55 @@ mod tests {
         }
     }
 
-    /// Invariant 8 and the kept request allocation: a small request's
+    /// Invariant 8 and the kept request allocation (K1): a small request's
     /// `Vec` is kept (emptied, same allocation) for the next request, once;
-    /// a request too large to travel inline, or whose allocation is larger
-    /// than `SPARE_MAX`, leaves nothing kept; a second lane to a node is
-    /// refused (a wait's reference into the first stays valid). Fails
-    /// without the kept allocation (every `request_buffer` is unallocated)
-    /// and without `add_lane`'s check (the second lane replaces the first).
+    /// with nothing kept, a new buffer has room for any inline request or
+    /// reply; a request too large to travel inline, or whose allocation is
+    /// smaller than `SPARE_MIN` or larger than `SPARE_MAX`, leaves nothing
+    /// kept; a second lane to a node is refused (a wait's reference into
+    /// the first stays valid). Fails without the kept allocation (every
+    /// `request_buffer` a new one) and without `add_lane`'s check (the
+    /// second lane replaces the first).
     #[test]
     fn a_small_requests_allocation_is_kept_and_a_lane_is_never_replaced() {
         let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
         let mut buf = Vec::new();
-        assert_eq!(slots.request_buffer().capacity(), 0, "nothing kept yet");
-        let mut v = Vec::with_capacity(16);
+        let first = slots.request_buffer();
+        assert_eq!((first.len(), first.capacity()), (0, SPARE_MIN), "a new one");
+        let mut v = first;
         v.extend_from_slice(b"hello");
         let at = v.as_ptr();
         let wait = slots.send(NODE, header(5), v).ok().unwrap();
         let kept = slots.request_buffer();
-        assert_eq!((kept.len(), kept.capacity(), kept.as_ptr()), (0, 16, at));
-        assert_eq!(slots.request_buffer().capacity(), 0, "kept once");
+        assert_eq!(
+            (kept.len(), kept.capacity(), kept.as_ptr()),
+            (0, SPARE_MIN, at)
+        );
+        let again = slots.request_buffer();
+        assert_ne!(again.as_ptr(), at, "kept once");
         assert!(echo_one(&lane, &mut buf));
         assert_eq!(block_on(wait).unwrap(), reply(b"hello"));
         // Too large to travel inline: it moves to the handler.
         let wait = slots.send(NODE, header(5), payload(1, REQ_INLINE + 1));
-        assert_eq!(slots.request_buffer().capacity(), 0);
+        assert!(slots.spare.take().capacity() == 0, "nothing kept");
         assert!(echo_one(&lane, &mut buf));
         assert_eq!(
             block_on(wait.ok().unwrap()).unwrap(),
             reply(&payload(1, REQ_INLINE + 1))
         );
-        // Inline, but its allocation is too large to keep.
+        // Inline, but its allocation too small to take a reply, or too
+        // large to keep.
+        for cap in [SPARE_MIN - 1, SPARE_MAX + 1] {
+            let mut odd = Vec::with_capacity(cap);
+            odd.extend_from_slice(b"xyz");
+            let wait = slots.send(NODE, header(5), odd).ok().unwrap();
+            assert!(slots.spare.take().capacity() == 0, "nothing kept");
+            assert!(echo_one(&lane, &mut buf));
+            assert_eq!(block_on(wait).unwrap(), reply(b"xyz"));
+        }
         let mut big = Vec::with_capacity(SPARE_MAX + 1);
         big.extend_from_slice(b"abc");
         let wait = slots.send(NODE, header(5), big).ok().unwrap();
-        assert_eq!(slots.request_buffer().capacity(), 0);
         // A second lane to the node is refused; the wait still gets its
         // reply through the first.
         let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1117,6 +1264,126 @@ mod tests {
         assert!(second.is_err(), "a second lane to a node was added");
         assert!(echo_one(&lane, &mut buf));
         assert_eq!(block_on(wait).unwrap(), reply(b"abc"));
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// A small reply is taken into the endpoint's kept allocation (the
+    /// request's, kept at its send), and a buffer given back by `recycle`
+    /// is kept for the next request or reply (K1: once, and only of a size
+    /// the spare takes); a reply's bytes are exactly its own for every
+    /// inline length (the fixed-size copy takes the whole slot). Fails
+    /// with the reply copied into a new allocation (`to_vec`, before
+    /// branch i83) and with `recycle` dropping what it is given.
+    #[test]
+    fn a_small_reply_is_taken_into_the_kept_allocation_and_recycled() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        for len in 0..=REPLY_INLINE {
+            let mut v = slots.request_buffer();
+            v.extend_from_slice(&payload(len as u64, len));
+            let at = v.as_ptr();
+            let wait = slots.send(NODE, header(5), v).ok().unwrap();
+            assert!(echo_one(&lane, &mut buf));
+            let got = block_on(wait).unwrap().result.unwrap();
+            assert_eq!(got, payload(len as u64, len), "length {len}");
+            assert_eq!(got.as_ptr(), at, "taken into the request's allocation");
+            // Given back: kept (emptied), for the next request to be
+            // built in (looked at in place: a dropped buffer's address
+            // could be handed out again).
+            slots.recycle(got);
+            let next = slots.spare.take();
+            assert_eq!(
+                (next.len(), next.capacity(), next.as_ptr()),
+                (0, SPARE_MIN, at)
+            );
+            slots.spare.set(next);
+        }
+        // One kept at a time; sizes the spare does not take are dropped.
+        let kept = slots.spare.take();
+        let at = kept.as_ptr();
+        slots.recycle(kept);
+        let other = Vec::with_capacity(SPARE_MIN);
+        let other_at = other.as_ptr();
+        slots.recycle(other);
+        slots.recycle(Vec::with_capacity(SPARE_MIN - 1));
+        slots.recycle(Vec::with_capacity(SPARE_MAX + 1));
+        let kept = slots.spare.take();
+        assert_eq!(kept.as_ptr(), at);
+        assert_ne!(kept.as_ptr(), other_at);
+        assert_eq!(slots.spare.take().capacity(), 0);
+        slots.recycle(Vec::with_capacity(SPARE_MIN - 1));
+        assert_eq!(slots.spare.take().capacity(), 0, "too small");
+        slots.recycle(Vec::with_capacity(SPARE_MAX + 1));
+        assert_eq!(slots.spare.take().capacity(), 0, "too large");
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// A wait gives its reply slot back when its answer is taken (so that
+    /// `RpcCall` may skip its drop): spent, with the slot free for the next
+    /// RPC before the wait is dropped; a wait dropped unanswered sets its
+    /// slot aside. Fails with the slot given back only by the drop (before
+    /// branch i83): the free list is empty until then.
+    #[test]
+    fn a_wait_gives_its_slot_back_when_its_answer_is_taken() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        let mut wait = slots.send(NODE, header(5), payload(1, 8)).ok().unwrap();
+        assert!(!wait.is_spent());
+        assert!(echo_one(&lane, &mut buf));
+        let index = wait.index;
+        let got = block_on(&mut wait).unwrap();
+        assert_eq!(got, reply(&payload(1, 8)));
+        assert!(wait.is_spent());
+        let free = |slots: &RpcSlots| {
+            slots.lanes.borrow()[NODE.0 as usize]
+                .as_ref()
+                .unwrap()
+                .free
+                .clone()
+        };
+        let aside = |slots: &RpcSlots| {
+            slots.lanes.borrow()[NODE.0 as usize]
+                .as_ref()
+                .unwrap()
+                .aside
+                .clone()
+        };
+        assert_eq!(free(&slots), vec![index], "given back before the drop");
+        drop(wait);
+        assert_eq!(free(&slots), vec![index], "once");
+        // Unanswered, dropped: set aside, not freed.
+        let wait = slots.send(NODE, header(5), payload(2, 8)).ok().unwrap();
+        let index = wait.index;
+        drop(wait);
+        assert_eq!(aside(&slots), vec![index]);
+        assert!(free(&slots).is_empty());
+        assert!(echo_one(&lane, &mut buf));
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
+    /// A reply sent through a `ReplyTo` that owns its lane reference (a
+    /// deferred answer) releases that reference (the send consumes the
+    /// `ReplyTo` without its drop glue since branch i83, and drops the lane
+    /// itself); a borrowed one takes none. Fails with the lane forgotten
+    /// with the `ReplyTo` (the count stays one higher).
+    #[test]
+    fn a_sent_reply_releases_an_owned_lane_reference() {
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        let before = Arc::strong_count(&lane);
+        let wait = slots.send(NODE, header(5), payload(3, 8)).ok().unwrap();
+        let owned = lane.take(&mut buf).unwrap().reply.into_owned();
+        assert_eq!(Arc::strong_count(&lane), before + 1);
+        owned.send(reply(b"late"));
+        assert_eq!(Arc::strong_count(&lane), before, "released by the send");
+        assert_eq!(block_on(wait).unwrap(), reply(b"late"));
+        let wait = slots.send(NODE, header(5), payload(4, 8)).ok().unwrap();
+        assert!(echo_one(&lane, &mut buf));
+        assert_eq!(Arc::strong_count(&lane), before);
+        assert_eq!(block_on(wait).unwrap(), reply(&payload(4, 8)));
         reaper.shut_down();
         h.join().unwrap();
     }
