@@ -402,6 +402,21 @@ pub struct TimelineReport {
     /// recovers to between dips, such as the baseline a workload shift
     /// returns to (ScaleStore Fig. 9).
     pub p90_ops_per_s: f64,
+    /// The window in which every client thread was running (branch i84),
+    /// in ms from the run's start: from the latest first completion of a
+    /// thread to the earliest last one. Absent if no thread completed an
+    /// operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_running_ms: Option<[f64; 2]>,
+    /// Throughput while every client thread was running: the operations
+    /// of the whole intervals inside `all_running_ms`, per second of those
+    /// intervals (null if no whole interval fits). With a fixed quota of
+    /// operations per thread, the run's `throughput_ops_per_s` also counts
+    /// the start, before every thread has completed one, and the end,
+    /// where the slowest threads run alone; a steady state measured for a
+    /// fixed time (ScaleStore's 90 s, §6.1) has neither.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_ops_per_s: Option<f64>,
     /// The engine's client counters (`Engine::client_counters`), counted
     /// per interval (sampled at interval boundaries, see
     /// `dmkv_bench::sampler`); absent for engines that export none.
@@ -460,16 +475,39 @@ impl TimelineReport {
                 .collect(),
             None => BTreeMap::new(),
         };
+        let (all_running_ms, steady_ops_per_s) = match all_running(t) {
+            Some((window, steady)) => (Some(window), steady),
+            None => (None, None),
+        };
         Some(TimelineReport {
             interval_ms: t.interval_ns as f64 / 1e6,
             ops: t.counts.clone(),
             ops_per_s,
             median_ops_per_s,
             p90_ops_per_s,
+            all_running_ms,
+            steady_ops_per_s,
             engine: counters,
             engine_per_get,
         })
     }
+}
+
+/// The timeline's all-running window in ms from its start, and the
+/// throughput of the whole intervals inside it (None if none fits).
+fn all_running(t: &crate::stats::Timeline) -> Option<([f64; 2], Option<f64>)> {
+    let (from, to) = t.all_running?;
+    let ms = |ns: u64| ns.saturating_sub(t.start_ns) as f64 / 1e6;
+    // Whole intervals inside [from, to]: the first starting at or after
+    // `from`, up to the last ending at or before `to`.
+    let first = (from.saturating_sub(t.start_ns)).div_ceil(t.interval_ns) as usize;
+    let end = (to.saturating_sub(t.start_ns) / t.interval_ns) as usize;
+    let end = end.min(t.counts.len());
+    let steady = (to > from && end > first).then(|| {
+        let ops: u64 = t.counts[first..end].iter().sum();
+        ops as f64 / ((end - first) as f64 * t.interval_ns as f64 / 1e9)
+    });
+    Some(([ms(from), ms(to)], steady))
 }
 
 /// `--partitioned`: how the run was partitioned and what it touched.
@@ -964,4 +1002,52 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TimelineReport;
+    use crate::stats::Timeline;
+
+    /// One thread's timeline of 1 us intervals from 0 with completions at
+    /// `at` (ns).
+    fn thread(at: &[u64]) -> Timeline {
+        let mut t = Timeline::new(0, 1000);
+        for &ns in at {
+            t.note(ns);
+        }
+        t
+    }
+
+    /// The steady-state window is the latest first completion to the
+    /// earliest last one, and its throughput counts the whole intervals
+    /// inside it only: a thread that starts late and one that ends late
+    /// leave out the ramp and the tail (branch i84).
+    #[test]
+    fn steady_throughput_counts_the_window_every_thread_runs() {
+        // Thread a: one completion per 250 ns from 100 to 6,100 ns; b:
+        // from 1,500 (a late start) to 9,900 (a late end), every 500 ns.
+        let a: Vec<u64> = (0..=24).map(|i| 100 + 250 * i).collect();
+        let b: Vec<u64> = (0..=16).map(|i| 1500 + 500 * i).collect();
+        let mut all = Timeline::default();
+        all.merge(&thread(&a));
+        all.merge(&thread(&b));
+        assert_eq!(all.all_running, Some((1500, 6100)));
+        let r = TimelineReport::new(&all, None).unwrap();
+        assert_eq!(r.all_running_ms, Some([0.0015, 0.0061]));
+        // Whole intervals in [1.5, 6.1] us: [2, 3) .. [5, 6): 4 us, with
+        // 4 completions of a and 2 of b in each.
+        let steady = r.steady_ops_per_s.unwrap();
+        assert!((steady - 6e6).abs() < 1e-3, "{steady}");
+        // Threads that never ran together: a window but no steady figure.
+        let mut apart = Timeline::default();
+        apart.merge(&thread(&[100, 900]));
+        apart.merge(&thread(&[5000, 5100]));
+        let r = TimelineReport::new(&apart, None).unwrap();
+        assert_eq!(r.all_running_ms, Some([0.005, 0.0009]));
+        assert_eq!(r.steady_ops_per_s, None);
+        // No completion: no window.
+        let r = TimelineReport::new(&Timeline::new(0, 1000), None).unwrap();
+        assert_eq!((r.all_running_ms, r.steady_ops_per_s), (None, None));
+    }
 }

@@ -93,6 +93,12 @@ pub struct Timeline {
     pub start_ns: u64,
     pub interval_ns: u64,
     pub counts: Vec<u64>,
+    /// The window in which every thread merged in was running (branch
+    /// i84): for one thread, its first and its last completion; merged,
+    /// the latest first completion and the earliest last one (`from >
+    /// to`: the threads never all ran at once). `None` before any
+    /// completion.
+    pub all_running: Option<(u64, u64)>,
 }
 
 impl Timeline {
@@ -101,6 +107,7 @@ impl Timeline {
             start_ns,
             interval_ns,
             counts: Vec::new(),
+            all_running: None,
         }
     }
 
@@ -115,6 +122,8 @@ impl Timeline {
             self.counts.resize(i + 1, 0);
         }
         self.counts[i] += 1;
+        let first = self.all_running.map_or(now_ns, |(first, _)| first);
+        self.all_running = Some((first, now_ns));
     }
 
     /// Adds another thread's counts, interval by interval (threads of one
@@ -133,6 +142,10 @@ impl Timeline {
         for (a, b) in self.counts.iter_mut().zip(&o.counts) {
             *a += b;
         }
+        self.all_running = match (self.all_running, o.all_running) {
+            (Some((f1, l1)), Some((f2, l2))) => Some((f1.max(f2), l1.min(l2))),
+            (a, b) => a.or(b),
+        };
     }
 }
 

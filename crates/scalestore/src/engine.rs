@@ -375,6 +375,20 @@ impl EngineSpec for ScaleStoreSpec {
                 }),
             )
             .map_err(config_error)?;
+        // Under the simulated cluster, requests to the handler are posted
+        // as the artifact's workers post them: the message, then its
+        // mailbox's flag, two RDMA WRITEs (invariant 26). Replies are one
+        // WRITE, a page's reply two (the page, then the message:
+        // `ScaleNode::deliver`'s posted write and the reply), as the
+        // artifact's `writeMsg` and `writePageAndMsg`.
+        if dmkv_transport::sim::active()
+            && !dmkv_transport::sim::set_mailbox_requests(rt.id(), service)
+        {
+            return Err(config_error(format!(
+                "the simulated cluster has no node {}",
+                rt.id()
+            )));
+        }
         let state = if join.is_some_and(|j| j.node == index) {
             NodeState::Dormant
         } else {

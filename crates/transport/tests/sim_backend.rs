@@ -1194,3 +1194,86 @@ fn an_operations_cpu_is_charged_before_its_first_post_without_an_event() {
         "the second read answered after {second} ns, model says about {expect}"
     );
 }
+
+/// Counts of the named resource (`busy_ns`, `count`, `bytes`) now.
+fn resource(sim: &Simulation, name: &str) -> (u64, u64, u64) {
+    sim.resources()
+        .iter()
+        .find(|r| r.name == name)
+        .map_or((0, 0, 0), |r| (r.busy_ns, r.count, r.bytes))
+}
+
+/// A request to a service declared with `sim::set_mailbox_requests` is two
+/// messages at both NICs (the payload, then a one-byte flag, each with its
+/// headers), two posts on the caller's core, and the handler runs when the
+/// flag is in; its reply is one message. Another service of the same node
+/// keeps one message per request. (ScaleStore's artifact's workers post a
+/// request as two RDMA WRITEs, `Worker::writeMsg`; docs/scalestore.md,
+/// "i84".)
+#[test]
+fn a_mailbox_request_is_two_messages_and_two_posts() {
+    let sim = Simulation::new(config(1));
+    let p = sim.profile();
+    let (server, client) = one_server(&sim, 1);
+    let handler = || Arc::new(|_: &RpcContext, _: &[u8]| Ok(vec![0u8; 20]));
+    let plain = server.services().register("plain", handler()).unwrap();
+    let mailbox = server.services().register("mailbox", handler()).unwrap();
+    assert!(dmkv_transport::sim::set_mailbox_requests(
+        server.id(),
+        mailbox
+    ));
+    assert!(
+        !dmkv_transport::sim::set_mailbox_requests(NodeId(99), mailbox),
+        "no such node"
+    );
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let (s, c) = (server.id().0, client.0);
+    let names = [
+        format!("node{c} nic tx"),
+        format!("node{s} nic rx"),
+        format!("node{s} nic tx"),
+        format!("node{c} nic rx"),
+    ];
+    let snapshot = || names.each_ref().map(|n| resource(&sim, n));
+    let call = |svc| {
+        let before = snapshot();
+        let t0 = Instant::now().as_nanos();
+        block_on(ep.call(server.id(), svc, vec![1u8; 24])).unwrap();
+        let took = Instant::now().as_nanos() - t0;
+        let after = snapshot();
+        let diff: Vec<(u64, u64)> = (0..4)
+            .map(|i| (after[i].1 - before[i].1, after[i].2 - before[i].2))
+            .collect();
+        (took, diff)
+    };
+    let h = p.network.header_bytes;
+    let (plain_ns, plain_use) = call(plain);
+    assert_eq!(
+        plain_use,
+        vec![(1, 24 + h), (1, 24 + h), (1, 20 + h), (1, 20 + h)],
+        "(messages, bytes) at client tx, server rx, server tx, client rx"
+    );
+    let (mailbox_ns, mailbox_use) = call(mailbox);
+    assert_eq!(
+        mailbox_use,
+        vec![
+            (2, 24 + 1 + 2 * h),
+            (2, 24 + 1 + 2 * h),
+            (1, 20 + h),
+            (1, 20 + h)
+        ],
+        "the request is the payload and the flag; the reply one message"
+    );
+    // The flag leaves after the second post and is the last thing the
+    // handler waits for: one post more, and the flag's NIC passes instead
+    // of the payload's (both the message rate's 5 ns at these sizes).
+    let nic = |b: u64| {
+        ((1e3 / p.network.nic_msg_rate_mops).max(((b + h) * 8) as f64 / p.network.link_gbps)).ceil()
+            as u64
+    };
+    assert_eq!(
+        mailbox_ns,
+        plain_ns + p.client.cpu_per_verb_ns + 2 * nic(1) - 2 * nic(24),
+        "plain {plain_ns} ns"
+    );
+}

@@ -905,6 +905,27 @@ pub fn write_posted(
     Some(net::write_posted(&sim, from, &addr, data))
 }
 
+/// Declares that requests to `service` on `node` are written into
+/// mailboxes, as ScaleStore's artifact's workers write them
+/// (`backend/scalestore/threads/Worker.hpp`, `Worker::writeMsg`: an RDMA
+/// WRITE of the message into the handler's payload slot, then a second
+/// RDMA WRITE of a one-byte flag into its mailbox, each its own
+/// `ibv_post_send`): from now on every RPC to it is two messages through
+/// the NICs and the wire, each with its headers and its NIC message time,
+/// the payload first and then the flag, and two posted verbs on the
+/// caller's core; the handler takes the request when the flag is through
+/// its NIC. Replies are unchanged (one message: the artifact's handler
+/// answers with one WRITE whose flag is in its payload). Returns false
+/// outside a simulation or for a node the simulation does not have. On
+/// the real backends there is nothing to declare (their RPCs are what
+/// they are).
+pub fn set_mailbox_requests(node: NodeId, service: crate::addr::ServiceId) -> bool {
+    let Some(sim) = current() else {
+        return false;
+    };
+    net::set_mailbox_requests(&mut sim.net.borrow_mut(), node, service)
+}
+
 /// How to build a simulation.
 #[derive(Debug, Clone)]
 pub struct SimConfig {

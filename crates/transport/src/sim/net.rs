@@ -404,6 +404,28 @@ pub(crate) struct NodeModel {
     /// has not: while there are none, a read cannot tear and is done in one
     /// event (see `arrive_verb`).
     writes_landing: u32,
+    /// Services whose requests are written into mailboxes
+    /// ([`super::set_mailbox_requests`]): each request is two messages,
+    /// its payload and then a flag of [`MAILBOX_FLAG_BYTES`]. Usually
+    /// empty (one engine registers one service).
+    mailbox_services: Vec<ServiceId>,
+}
+
+/// The mailbox flag's size: ScaleStore's artifact writes one byte
+/// (`uint8_t flag = 1`, `threads/Worker.hpp` `Worker::writeMsg`).
+pub(crate) const MAILBOX_FLAG_BYTES: u64 = 1;
+
+/// Marks `service` on `node` as one whose requests are written into
+/// mailboxes (see [`super::set_mailbox_requests`]); false if the node is
+/// not in the model.
+pub(crate) fn set_mailbox_requests(net: &mut Net, node: NodeId, service: ServiceId) -> bool {
+    let Some(n) = net.nodes.get_mut(node.0 as usize) else {
+        return false;
+    };
+    if !n.mailbox_services.contains(&service) {
+        n.mailbox_services.push(service);
+    }
+    true
 }
 
 /// Takes one I/O on `node`'s SSD now; returns when it completes.
@@ -732,6 +754,7 @@ impl Cluster {
             handlers,
             ssd: Server::default(),
             writes_landing: 0,
+            mailbox_services: Vec::new(),
         });
         Arc::new(SimNode {
             state,
@@ -1894,12 +1917,31 @@ impl EndpointBackend for SimEndpoint {
         let completion: Completion<Result<Reply>> = Completion::new();
         let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns);
         let lane = self.shared.lane;
-        let arrive = send_message(&sim, self.node, node, posted, payload.len() as u64, lane);
+        let len = payload.len() as u64;
+        // A mailbox service's request is two posted WRITEs, as ScaleStore's
+        // artifact's workers post them (`Worker::writeMsg`: `postWrite` of
+        // the message, then `postWrite` of the one-byte flag, two
+        // `ibv_post_send`s): the payload, its NICs reserved now (the
+        // receiving one ahead of its arrival), then the flag, posted when
+        // the core has posted the payload (a second verb's posting cost).
+        // The handler sees the request when the flag is through its NIC.
+        // Any other service: one message.
+        let (arrive, payload_in) = if mailbox(&sim, node, service) {
+            let landed = send_and_receive(&sim, self.node, node, posted, len, lane);
+            let flag_posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns);
+            let flag = send_message(&sim, self.node, node, flag_posted, MAILBOX_FLAG_BYTES, lane);
+            (flag, Some(landed))
+        } else {
+            (send_message(&sim, self.node, node, posted, len, lane), None)
+        };
         let from = self.node;
         let done = completion.handle();
         let s2 = sim.clone();
         sim.sched.at(arrive, move || {
-            let ready = receive_message(&s2, node, payload.len() as u64, lane);
+            let ready = match payload_in {
+                None => receive_message(&s2, node, len, lane),
+                Some(landed) => receive_message(&s2, node, MAILBOX_FLAG_BYTES, lane).max(landed),
+            };
             let coreset = s2.net.borrow().nodes[node.0 as usize]
                 .handlers
                 .expect("a node with handler threads has handler cores");
@@ -1964,6 +2006,17 @@ impl EndpointBackend for SimEndpoint {
         let done = self.charge(&sim, lines * sim.profile.memnode.line_ns);
         OpFuture::SimSleep(done, Some(()))
     }
+}
+
+/// Whether requests to `service` on `node` are written into mailboxes
+/// (payload, then flag: [`super::set_mailbox_requests`]).
+#[inline]
+fn mailbox(sim: &Sim, node: NodeId, service: ServiceId) -> bool {
+    sim.net
+        .borrow()
+        .nodes
+        .get(node.0 as usize)
+        .is_some_and(|n| n.mailbox_services.contains(&service))
 }
 
 /// Where a reply goes once the handler produced it.
