@@ -247,21 +247,16 @@ pub fn kv_units(len: usize) -> u8 {
 /// thread's spare transport buffers (`dmkv_transport::buffers::take`; the
 /// local transport gives a write's data back there once executed), so an
 /// update's image reuses the last write's allocation instead of a new
-/// zeroed one; every byte is written (appended), none depends on what the
-/// buffer held.
+/// zeroed one; `take` gives it empty and it is zeroed to the block's length
+/// first, so no byte depends on what the buffer held.
 pub fn encode_kv(key: u64, tag: u8, value: &[u8]) -> Vec<u8> {
-    let n = kv_units(value.len()) as usize * KV_UNIT;
-    let head = value.len() as u64 | (u64::from(tag) << 32);
-    let mut h = [0u8; 16];
-    h[0..8].copy_from_slice(&key.to_le_bytes());
-    h[8..16].copy_from_slice(&head.to_le_bytes());
-    let sum = kv_checksum(&h, value);
     let mut b = dmkv_transport::buffers::take();
-    b.reserve_exact(n);
-    b.extend_from_slice(&h);
-    b.extend_from_slice(&sum.to_le_bytes());
-    b.extend_from_slice(value);
-    b.resize(n, 0);
+    b.resize(kv_units(value.len()) as usize * KV_UNIT, 0);
+    b[0..8].copy_from_slice(&key.to_le_bytes());
+    b[8..16].copy_from_slice(&(value.len() as u64 | (u64::from(tag) << 32)).to_le_bytes());
+    b[24..24 + value.len()].copy_from_slice(value);
+    let sum = kv_checksum(&b[0..16], value);
+    b[16..24].copy_from_slice(&sum.to_le_bytes());
     b
 }
 

@@ -143,29 +143,6 @@ pub fn give(mut buf: Vec<u8>) {
     });
 }
 
-/// Gives back an executed verb's buffers at once (W2 in `local`): the
-/// result entry's read buffer `old` replaced, if any, and a write's data
-/// `data` (empty for another verb), with one access to the spares for both
-/// and none when neither holds an allocation.
-#[inline]
-pub(crate) fn give_two(old: VerbResult, data: Vec<u8>) {
-    let old = match old {
-        VerbResult::Read(b) if b.capacity() != 0 => Some(b),
-        _ => None,
-    };
-    if old.is_none() && data.capacity() == 0 {
-        return;
-    }
-    with_spares(|spares| {
-        if let Some(s) = spares {
-            if let Some(b) = old {
-                s.give(b);
-            }
-            s.give(data);
-        }
-    });
-}
-
 /// Runs `f` with this thread's spare buffers borrowed once, for code that
 /// takes or gives several buffers in a row (a batch's reads, a batch
 /// result's drop): one thread-local access instead of one per buffer. `f`

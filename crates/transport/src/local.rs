@@ -903,9 +903,15 @@ impl LocalEndpoint {
                     }
                     s.give(data);
                 }
-                // Not borrowed (a list from the fast slot): one access of
-                // its own for both (dropped during teardown).
-                None => crate::buffers::give_two(old, data),
+                // Not borrowed (a list from the fast slot): an access of
+                // its own for each buffer there is (none for an empty
+                // vector; dropped during teardown).
+                None => {
+                    if let VerbResult::Read(b) = old {
+                        crate::buffers::give(b);
+                    }
+                    crate::buffers::give(data);
+                }
             }
             return Ok(());
         };
