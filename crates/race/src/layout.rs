@@ -242,8 +242,16 @@ pub fn kv_units(len: usize) -> u8 {
     u8::try_from((KV_HEADER_BYTES + len).div_ceil(KV_UNIT)).expect("bounded by MAX_VALUE_LEN")
 }
 
+/// The KV block of `key`'s `value` under `tag`: header (key, length and
+/// tag, checksum), value, zeroes to the unit's end. Built in one of the
+/// thread's spare transport buffers (`dmkv_transport::buffers::take`; the
+/// local transport gives a write's data back there once executed), so an
+/// update's image reuses the last write's allocation instead of a new
+/// zeroed one; `take` gives it empty and it is zeroed to the block's length
+/// first, so no byte depends on what the buffer held.
 pub fn encode_kv(key: u64, tag: u8, value: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8; kv_units(value.len()) as usize * KV_UNIT];
+    let mut b = dmkv_transport::buffers::take();
+    b.resize(kv_units(value.len()) as usize * KV_UNIT, 0);
     b[0..8].copy_from_slice(&key.to_le_bytes());
     b[8..16].copy_from_slice(&(value.len() as u64 | (u64::from(tag) << 32)).to_le_bytes());
     b[24..24 + value.len()].copy_from_slice(value);
@@ -356,6 +364,34 @@ mod tests {
         let h = BucketHeader::new(3, 5);
         assert!(h.matches(3, 0b1101) && !h.matches(3, 0b1100) && !h.matches(2, 0b1101));
         assert!(!BucketHeader(0).matches(0, 0), "zeroed memory is no header");
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // a thread of its own: its spares are this test's
+    fn a_kv_block_is_built_in_a_spare_buffer_whatever_it_held() {
+        // `encode_kv` takes the thread's spare transport buffer (the last
+        // write's data on `local`) and writes every byte of the block: the
+        // same block as in a new zeroed vector, in the spare's allocation.
+        std::thread::spawn(|| {
+            let value = [7u8; 50];
+            let fresh = {
+                let mut b = vec![0u8; kv_units(value.len()) as usize * KV_UNIT];
+                b[0..8].copy_from_slice(&9u64.to_le_bytes());
+                b[8..16].copy_from_slice(&(50u64 | (5u64 << 32)).to_le_bytes());
+                b[24..74].copy_from_slice(&value);
+                let sum = kv_checksum(&b[0..16], &value);
+                b[16..24].copy_from_slice(&sum.to_le_bytes());
+                b
+            };
+            let dirty = vec![0xffu8; 256];
+            let at = dirty.as_ptr();
+            dmkv_transport::buffers::give(dirty);
+            let b = encode_kv(9, 5, &value);
+            assert_eq!(b.as_ptr(), at, "the spare's allocation");
+            assert_eq!(b, fresh);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -812,38 +812,24 @@ impl BatchRun<'_> {
     /// deferred path did, without its first poll's branches and state
     /// moves (~85 instructions per round trip for the call before).
     #[inline(never)]
-    #[allow(unsafe_code)]
     fn execute_deferred(&mut self) -> Option<Result<BatchResult>> {
         let RunState::Unposted(verbs, cost) = &mut *self.state else {
             unreachable!("a deferred batch keeps its verbs until it executes")
         };
-        // As in `post`: the bound on the list's read buffers (B1).
-        let oversized = cost.bytes_read > crate::buffers::MAX_SPARE_BYTES as u64;
-        let len = verbs.len() | if oversized { OVERSIZED } else { 0 };
+        let len = results_len(verbs, cost);
         let mut out = None;
         let done = self.ep.backend.execute_now(verbs, &mut out)?;
-        let executed = RunState::Executed(None, len);
-        if verbs.spilled() || !verbs.is_empty() {
-            *self.state = executed;
-        } else {
-            // SAFETY: as in `post`: the state is `Unposted` with inline
-            // verbs that are empty (as `execute_now` leaves them) and a
-            // `BatchCost` of plain integers, so overwriting it without the
-            // drop glue's call leaks nothing; `self.state` is a valid,
-            // aligned, exclusively borrowed place.
-            unsafe { std::ptr::write(&mut *self.state, executed) };
-        }
+        leave_unposted(&mut self.state, RunState::Executed(None, len));
         Some(done.map(|()| BatchResult {
             results: Some(out.expect("execute_now gives a result list")),
             len,
         }))
     }
 
-    /// Every poll but the one handing out a batch executed at once: the
-    /// first poll counts and posts the verbs, later ones poll the backend's
-    /// operation.
+    /// Every poll but the one handing out a batch executed at once (and the
+    /// deferred execution, [`Self::execute_deferred`]): the first poll
+    /// counts and posts the verbs, later ones poll the backend's operation.
     #[inline(never)]
-    #[allow(unsafe_code)]
     fn post(&mut self, cx: &mut Context<'_>) -> Poll<Result<BatchResult>> {
         let this = self;
         if let RunState::Unposted(verbs, cost) = &mut *this.state {
@@ -854,7 +840,18 @@ impl BatchRun<'_> {
                 }));
             }
             let ep = this.ep;
-            if !this.deferred {
+            if this.deferred {
+                // Reached only when `execute_deferred` declined (faults
+                // injected between the post and its execution, the
+                // fault-flip race): counted and hinted already, the verbs
+                // go straight to `execute`, which decides how they run
+                // under the faults. (Before, `execute_now` was asked a
+                // second time first, and declined for the same flag.)
+                let op = ep.backend.execute(verbs);
+                // No longer deferred: later polls poll the backend's operation.
+                this.deferred = false;
+                *this.state = RunState::Posted(op);
+            } else {
                 // Counted as the verbs were added; added to the kind's
                 // counters and the meter here, on the first poll, as before.
                 ep.add_batch(cost);
@@ -866,51 +863,22 @@ impl BatchRun<'_> {
                     crate::exec::wake_self(cx.waker());
                     return Poll::Pending;
                 }
-            }
-            // A read buffer filled in place has the capacity of the read
-            // (`RegionMem::read_into` reserves exactly) or what it had in
-            // the pool (at most `MAX_SPARE_BYTES`, B1): only a batch that
-            // reads more than that in all can leave a larger one in its
-            // list (a conservative bound: the sum of its reads).
-            let oversized = cost.bytes_read > crate::buffers::MAX_SPARE_BYTES as u64;
-            let len = verbs.len() | if oversized { OVERSIZED } else { 0 };
-            // Executed at once if the backend can: the results wait in the
-            // state for the poll after the one yield a round trip costs, or,
-            // deferred, the yield is behind them and they are handed out.
-            let mut out = None;
-            if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
-                let done = done.map(|()| out.expect("execute_now gives a result list"));
-                let (executed, ready) = if this.deferred {
-                    (RunState::Executed(None, len), Some(done))
-                } else {
-                    (RunState::Executed(Some(done), len), None)
-                };
-                if verbs.spilled() || !verbs.is_empty() {
-                    *this.state = executed;
-                } else {
-                    // SAFETY: the state is `Unposted` with inline verbs
-                    // (not spilled to the heap) that are empty (as
-                    // `execute_now` leaves them), and a `BatchCost` (plain integers): dropping it
-                    // would free and run nothing, so overwriting it without
-                    // the drop glue's call leaks nothing. `this.state` is a
-                    // valid, aligned, exclusively borrowed place.
-                    unsafe { std::ptr::write(&mut *this.state, executed) };
+                let len = results_len(verbs, cost);
+                // Executed at once if the backend can: the results wait in
+                // the state for the poll after the one yield a round trip
+                // costs.
+                let mut out = None;
+                if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
+                    let done = done.map(|()| out.expect("execute_now gives a result list"));
+                    leave_unposted(&mut this.state, RunState::Executed(Some(done), len));
+                    // Its own task, polled again by the executor without a
+                    // wake-up's locked operations (W1, `exec::wake_self`).
+                    crate::exec::wake_self(cx.waker());
+                    return Poll::Pending;
                 }
-                if let Some(done) = ready {
-                    return Poll::Ready(done.map(|results| BatchResult {
-                        results: Some(results),
-                        len,
-                    }));
-                }
-                // Its own task, polled again by the executor without a
-                // wake-up's locked operations (W1, `exec::wake_self`).
-                crate::exec::wake_self(cx.waker());
-                return Poll::Pending;
+                let op = ep.backend.execute(verbs);
+                *this.state = RunState::Posted(op);
             }
-            let op = ep.backend.execute(verbs);
-            // No longer deferred: later polls poll the backend's operation.
-            this.deferred = false;
-            *this.state = RunState::Posted(op);
         }
         match &mut *this.state {
             RunState::Posted(op) => match Pin::new(op).poll(cx) {
@@ -924,6 +892,38 @@ impl BatchRun<'_> {
             RunState::Executed(..) => unreachable!("handed out by `poll`"),
             RunState::Unposted(..) => unreachable!("posted above"),
         }
+    }
+}
+
+/// The length a batch's [`BatchResult`] records: its verb count, with the
+/// [`OVERSIZED`] bit if its list may hold a read buffer larger than the
+/// thread's pool keeps (B1). A read buffer filled in place has the capacity
+/// of the read (`RegionMem::read_into` reserves exactly) or what it had in
+/// the pool (at most `MAX_SPARE_BYTES`): only a batch that reads more than
+/// that in all can leave a larger one in its list (a conservative bound:
+/// the sum of its reads).
+#[inline(always)]
+fn results_len(verbs: &Verbs, cost: &BatchCost) -> usize {
+    let oversized = cost.bytes_read > crate::buffers::MAX_SPARE_BYTES as u64;
+    verbs.len() | if oversized { OVERSIZED } else { 0 }
+}
+
+/// Replaces a batch's `Unposted` state after its verbs executed at once
+/// ([`EndpointBackend::execute_now`] empties them) by `executed`: without
+/// the old state's drop glue when it owns nothing (inline verbs, empty;
+/// the cost is plain integers), with it otherwise.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn leave_unposted<'a>(state: &mut RunState<'a>, executed: RunState<'a>) {
+    if matches!(state, RunState::Unposted(verbs, _) if !verbs.spilled() && verbs.is_empty()) {
+        // SAFETY: the state is `Unposted` with inline verbs (not spilled to
+        // the heap) that are empty and a `BatchCost` (plain integers):
+        // dropping it would free and run nothing, so overwriting it without
+        // the drop glue's call leaks nothing. `state` is a valid, aligned,
+        // exclusively borrowed place.
+        unsafe { std::ptr::write(state, executed) };
+    } else {
+        *state = executed;
     }
 }
 

@@ -773,10 +773,10 @@ impl LocalEndpoint {
     #[inline(always)]
     fn run_verbs(
         &self,
-        verbs: &Verbs,
+        verbs: &mut Verbs,
         out: &mut VerbResults,
         mut spares: Option<&mut crate::buffers::Spares<'_>>,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         // `out` may hold an earlier batch's results (a pooled list, see
         // `buffers::Spares::take_results`): entry `i` becomes verb `i`'s
         // result, a read filling in place the buffer entry `i` holds.
@@ -785,25 +785,22 @@ impl LocalEndpoint {
         // side; entries beyond the batch stay, with their buffers, for
         // later batches (`execute_now`'s contract: the batch's results are
         // the list's first `verbs.len()` entries).
-        let verbs = verbs.as_slice();
+        let verbs = verbs.as_mut_slice();
         let n = verbs.len();
         if out.len() < n {
             out.resize_with(n, || VerbResult::Write);
         }
         let metered = crate::sim::lines_metered();
-        // Whether a verb is a write (whose data the list of verbs owns).
-        let mut writes = false;
         let mut next = 0;
         while next < n {
             // A stretch of verbs whose regions the cache holds: `run`
             // borrows from it, so both end before a region is resolved.
             let cache = self.regions.borrow();
             let mut run = None;
-            for (v, entry) in verbs[next..].iter().zip(out[next..].iter_mut()) {
+            for (v, entry) in verbs[next..].iter_mut().zip(out[next..].iter_mut()) {
                 let Some(mem) = Self::run_region(&cache, &mut run, v.addr()) else {
                     break;
                 };
-                writes |= matches!(v, Verb::Write { .. });
                 Self::execute_on(mem?, v, entry, spares.as_deref_mut(), metered)?;
                 next += 1;
             }
@@ -812,34 +809,36 @@ impl LocalEndpoint {
                 // A region the cache does not hold (or holds stale): the
                 // general path resolves it (filling the cache) and checks
                 // it, then the verb executes there.
-                let v = &verbs[next];
+                let v = &mut verbs[next];
                 let entry = &mut out[next];
-                writes |= matches!(v, Verb::Write { .. });
-                self.with_region(v.addr(), |mem| {
+                let addr = *v.addr();
+                self.with_region(&addr, |mem| {
                     Self::execute_on(mem, v, entry, spares.as_deref_mut(), metered)
                 })??;
                 next += 1;
             }
         }
-        Ok(writes)
+        Ok(())
     }
 
     /// Empties `verbs` after [`Self::run_verbs`] gave `done`: a batch that
-    /// executed in full without a write holds nothing to free (a read's
-    /// and an atomic's fields are plain integers), so its verbs are
+    /// executed in full holds nothing to free (a read's and an atomic's
+    /// fields are plain integers, and every write's data went back to the
+    /// spares as it executed, W2 on [`Self::execute_on`]), so its verbs are
     /// forgotten at once instead of walked by the drop loop (~7
-    /// instructions a verb); otherwise they are dropped.
+    /// instructions a verb); a refused batch's verbs are dropped.
     #[inline(always)]
     #[allow(unsafe_code)]
-    fn clear_verbs(verbs: &mut Verbs, done: &Result<bool>) {
+    fn clear_verbs(verbs: &mut Verbs, done: &Result<()>) {
         // What the SAFETY comment below relies on, checked by the compiler:
         // a verb without a `Write`'s buffer has nothing to drop.
         const _: () = assert!(!std::mem::needs_drop::<RemoteAddr>());
-        if let Ok(false) = done {
-            // SAFETY: `run_verbs` looked at every verb (it returned `Ok`)
-            // and none was a `Write`, so each is a `Read`, `Cas` or `Faa`,
-            // whose fields (`RemoteAddr`, lengths, words) own nothing and
-            // have no drop glue: setting the length to zero skips no drop
+        if done.is_ok() {
+            // SAFETY: `run_verbs` executed every verb (it returned `Ok`):
+            // each is a `Read`, `Cas` or `Faa`, whose fields (`RemoteAddr`,
+            // lengths, words) own nothing and have no drop glue, or a
+            // `Write` whose data `execute_on` replaced by an empty vector
+            // (no allocation, W2): setting the length to zero skips no drop
             // that does anything. The list's own storage is untouched.
             unsafe { verbs.set_len(0) };
         } else {
@@ -877,23 +876,41 @@ impl LocalEndpoint {
     /// (a spare one put there first if it holds none), anything else
     /// replaces the entry ([`Self::perform_on`]), whose buffer, if any, goes
     /// back to the spares.
+    ///
+    /// W2: a write's data, once copied into the region, goes to the spares
+    /// too (the verb is left with an empty vector), so the thread's next
+    /// buffer ([`crate::buffers::take`]: a read's, or an engine's image of
+    /// what it writes next) reuses its allocation instead of a free here
+    /// and an allocation there. [`Self::clear_verbs`] relies on it.
     #[inline(always)]
     fn execute_on(
         mem: &RegionMem,
-        v: &Verb,
+        v: &mut Verb,
         entry: &mut VerbResult,
         spares: Option<&mut crate::buffers::Spares<'_>>,
         metered: bool,
     ) -> Result<()> {
         let Verb::Read { addr, len } = v else {
-            if let VerbResult::Read(b) =
-                std::mem::replace(entry, Self::perform_on(mem, v, metered)?)
-            {
-                match spares {
-                    Some(s) => s.give(b),
-                    // Not borrowed (a list from the fast slot): one
-                    // access of its own (dropped during teardown).
-                    None => crate::buffers::give(b),
+            let old = std::mem::replace(entry, Self::perform_on(mem, v, metered)?);
+            let data = match v {
+                Verb::Write { data, .. } => std::mem::take(data),
+                _ => Vec::new(),
+            };
+            match spares {
+                Some(s) => {
+                    if let VerbResult::Read(b) = old {
+                        s.give(b);
+                    }
+                    s.give(data);
+                }
+                // Not borrowed (a list from the fast slot): an access of
+                // its own for each buffer there is (none for an empty
+                // vector; dropped during teardown).
+                None => {
+                    if let VerbResult::Read(b) = old {
+                        crate::buffers::give(b);
+                    }
+                    crate::buffers::give(data);
                 }
             }
             return Ok(());
@@ -1005,7 +1022,7 @@ impl EndpointBackend for LocalEndpoint {
             let done = self.run_verbs(verbs, &mut list, None);
             *out = Some(list);
             Self::clear_verbs(verbs, &done);
-            return Some(done.map(drop));
+            return Some(done);
         }
         // One access to the thread's spares for the result list and every
         // read's buffer.
@@ -1019,7 +1036,7 @@ impl EndpointBackend for LocalEndpoint {
             done
         });
         Self::clear_verbs(verbs, &done);
-        Some(done.map(drop))
+        Some(done)
     }
 
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {

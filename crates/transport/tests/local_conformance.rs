@@ -462,3 +462,46 @@ fn poll_ready<F: std::future::Future>(f: F) -> F::Output {
     }
     panic!("not ready after 9 polls");
 }
+
+#[test]
+fn an_executed_writes_data_goes_back_to_the_threads_spares() {
+    // W2 (`LocalEndpoint::execute_on`): once a write's bytes are in the
+    // region, its data vector's allocation joins the thread's spare
+    // buffers, and the thread's next buffer reuses it. Run on a thread of
+    // its own, so no other test's buffers are among its spares.
+    std::thread::spawn(|| {
+        let (cluster, server, client) = one_server(LocalConfig::default());
+        let (region, mem) = server.register_region(4096).unwrap();
+        let ep = cluster.fabric().endpoint(client).unwrap();
+        for deferred_first in [false, true] {
+            // A read first: the batch's result list, and the thread's
+            // pool, exist before the write (its list from the fast slot or
+            // the pool, either way).
+            if deferred_first {
+                poll_ready(ep.read(region.at(0), 8)).unwrap();
+            }
+            let data = vec![9u8; 100];
+            let at = data.as_ptr();
+            let mut b = ep.batch();
+            b.write(region.at(512), data);
+            b.cas(region.at(1024), 0, 1);
+            drop(poll_ready(b.run()).unwrap());
+            assert_eq!(mem.read_vec(512, 100).unwrap(), vec![9; 100]);
+            let next = dmkv_transport::buffers::take();
+            assert_eq!(next.as_ptr(), at, "the write's allocation is reused");
+            assert!(next.is_empty() && next.capacity() >= 100);
+            mem.write(1024, &[0; 8]).unwrap();
+        }
+        // A refused batch still frees its write's data (no leak, no
+        // double free: the drop loop runs on a verb list partly executed).
+        let mut b = ep.batch();
+        b.write(region.at(0), vec![1; 16]);
+        b.read(region.at(4090), 16);
+        b.write(region.at(16), vec![2; 16]);
+        assert!(poll_ready(b.run()).is_err());
+        assert_eq!(mem.read_vec(0, 16).unwrap(), vec![1; 16]);
+        assert_eq!(mem.read_vec(16, 16).unwrap(), vec![0; 16]);
+    })
+    .join()
+    .unwrap();
+}
