@@ -931,11 +931,18 @@ impl ReplyWait<'_> {
     #[inline]
     fn give_back(&mut self) {
         self.answered = true;
+        self.return_slot(self.slot.state.reusable());
+    }
+
+    /// Puts the slot on its lane's free list (`reuse`) or sets it aside
+    /// until the answerer is done with it (invariant 3).
+    #[inline]
+    fn return_slot(&self, reuse: bool) {
         let mut lanes = self.pool.lanes.borrow_mut();
         let p = lanes[self.node.0 as usize]
             .as_mut()
             .expect("the lane outlives its RPCs");
-        if self.slot.state.reusable() {
+        if reuse {
             p.free.push(self.index);
         } else {
             p.aside.push(self.index);
@@ -1048,11 +1055,7 @@ impl ReplyWait<'_> {
     #[cold]
     #[inline(never)]
     fn abandon(&mut self) {
-        let mut lanes = self.pool.lanes.borrow_mut();
-        let p = lanes[self.node.0 as usize]
-            .as_mut()
-            .expect("the lane outlives its RPCs");
-        p.aside.push(self.index);
+        self.return_slot(false);
     }
 }
 
