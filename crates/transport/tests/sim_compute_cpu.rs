@@ -293,3 +293,81 @@ fn private_lines_inside_a_charged_operation_are_charged_to_it() {
     dmkv_transport::sim::charge_private_lines(5);
     assert_eq!(client_busy(&sim, node.id().0), 5 * line_ns);
 }
+
+/// A node declared with `sim::set_compute_llc` (ScaleStore's
+/// `worker_lines=llc`, invariant 27 of docs/scalestore.md) prices a charged
+/// operation's lines of its memory through its LLC model: a cold line that
+/// an access starts with costs `dram_miss_ns`, the access's further lines
+/// `line_ns`, a line the LLC holds `line_ns`; address-less notes and the
+/// lines of an undeclared node stay flat.
+#[test]
+fn a_node_declared_with_compute_llc_prices_its_lines_through_its_llc() {
+    let mut p = profile();
+    p.memnode.pair_prefetch = false;
+    p.memnode.core_cache_bytes = 0;
+    let sim = Simulation::new(SimConfig {
+        profile: p,
+        seed: 7,
+        jitter_ns: 0,
+        delays: Default::default(),
+    });
+    let (line_ns, miss_ns) = (
+        sim.profile().memnode.line_ns,
+        sim.profile().memnode.dram_miss_ns,
+    );
+    let node = sim.add_node(0);
+    let flat_node = sim.add_node(0);
+    assert!(dmkv_transport::sim::set_compute_llc(node.id()));
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    let (_f, flat_mem) = flat_node.register_region(1 << 16).unwrap();
+    let ep: Endpoint = sim.fabric().endpoint(node.id()).unwrap();
+    let fep: Endpoint = sim.fabric().endpoint(flat_node.id()).unwrap();
+    let id = node.id().0;
+    let words = |m: &RegionMem| {
+        // Three dependent probes on three lines, one line twice.
+        for off in [0u64, 640, 1280, 8] {
+            m.load_u64(off).unwrap();
+        }
+    };
+    // Cold: three misses, each the first line of its access.
+    block_on(ep.charged(async { words(&mem) }));
+    assert_eq!(client_busy(&sim, id), 3 * miss_ns, "3 dependent misses");
+    // Warm: the LLC holds them.
+    block_on(ep.charged(async { words(&mem) }));
+    assert_eq!(client_busy(&sim, id), 3 * miss_ns + 3 * line_ns);
+    // One access of four cold lines: its first line's miss, then three
+    // overlapped lines; two notes, flat.
+    block_on(ep.charged(async {
+        let mut b = [0u8; 256];
+        mem.read(4096, &mut b).unwrap();
+        touch_local_lines(2);
+    }));
+    assert_eq!(
+        client_busy(&sim, id),
+        3 * miss_ns + 3 * line_ns + miss_ns + 3 * line_ns + 2 * line_ns
+    );
+    // An undeclared node's lines: flat, cold as they are.
+    block_on(fep.charged(async { words(&flat_mem) }));
+    assert_eq!(client_busy(&sim, flat_node.id().0), 3 * line_ns);
+}
+
+/// Without an LLC in the profile there is nothing to price through:
+/// `set_compute_llc` says so and the lines stay flat.
+#[test]
+fn set_compute_llc_without_an_llc_changes_nothing() {
+    let mut p = profile();
+    p.memnode.llc_bytes = 0;
+    let sim = Simulation::new(SimConfig {
+        profile: p,
+        seed: 7,
+        jitter_ns: 0,
+        delays: Default::default(),
+    });
+    let line_ns = sim.profile().memnode.line_ns;
+    let node = sim.add_node(0);
+    assert!(!dmkv_transport::sim::set_compute_llc(node.id()));
+    let (_r, mem) = node.register_region(1 << 16).unwrap();
+    let ep: Endpoint = sim.fabric().endpoint(node.id()).unwrap();
+    block_on(ep.charged(async { work(&mem) }));
+    assert_eq!(client_busy(&sim, node.id().0), 8 * line_ns);
+}

@@ -77,6 +77,9 @@ pub(crate) struct Sim {
     /// (the only caches a write to it must look in), and a flag per core
     /// number for the check.
     pub(crate) core_sharers: RefCell<Vec<(Vec<u32>, Vec<bool>)>>,
+    /// Per node: whether compute operations' lines of its memory go
+    /// through its cache model ([`set_compute_llc`]); flat otherwise.
+    pub(crate) compute_llc: RefCell<Vec<bool>>,
 }
 
 thread_local! {
@@ -93,6 +96,15 @@ thread_local! {
     /// touched by address, while `METER_LINE_NS` is [`COUNT_LOCAL`]: the
     /// operation's own set, moved in for each poll (see [`CountLocal`]).
     static LOCAL_SET: RefCell<lines::LineSet> = const { RefCell::new(lines::LineSet::new()) };
+    /// Of the compute operation being polled (while `METER_LINE_NS` is
+    /// [`COUNT_LOCAL`]): its distinct lines of registered memory, and what
+    /// they cost through their node's cache model ([`Sim::charge_lines`];
+    /// see [`CountLocal`]).
+    static LOCAL_PRICED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// The last compute operation that ended on this thread: (its lines,
+    /// of them the lines priced through a cache model, their ns), for the
+    /// charge that follows it at once ([`local_lines_ns`]).
+    static LOCAL_DONE: Cell<Option<(u64, u64, u64)>> = const { Cell::new(None) };
     /// The distinct lines the memory-node job running now has touched
     /// (`Some` inside [`job_lines`]: a handler call or a worker job, see
     /// `net::on_core`); `None` outside any job, where a metered access is
@@ -317,9 +329,35 @@ pub(crate) fn touch(tag: u64, base: u64, offset: u64, len: u64) {
     if line_ns == COUNT_LOCAL {
         // A compute operation's own memory: the lines of the access, by
         // their real address, into the operation's set of distinct lines
-        // (docs/simulation.md, "Distinct lines per operation").
-        let (first, last) = ((base + offset) / 64, (base + offset + len - 1) / 64);
-        LOCAL_SET.with(|s| s.borrow_mut().insert_lines(first, last));
+        // (docs/simulation.md, "Distinct lines per operation"). On a node
+        // declared with `set_compute_llc`, each new line is also priced
+        // through the cache model of the node the region lives on (its
+        // LLC, which its handler cores' lines go through too).
+        let (first, last) = (offset / 64, (offset + len - 1) / 64);
+        let priced = CURRENT.with(|c| {
+            let c = c.borrow();
+            let s = c.as_ref()?;
+            if tag == UNTAGGED || !s.compute_llc(cache::split_tag(tag).0) {
+                return None;
+            }
+            LOCAL_SET.with(|set| {
+                let mut set = set.borrow_mut();
+                let before = set.distinct();
+                let flat = s.profile.memnode.line_ns;
+                let cost = s.charge_lines(tag, first, last, flat, Some(&mut set), base / 64, false);
+                Some((set.distinct() - before, cost))
+            })
+        });
+        match priced {
+            Some((new, cost)) => LOCAL_PRICED.with(|p| {
+                let (l, ns) = p.get();
+                p.set((l + new, ns + cost));
+            }),
+            None => LOCAL_SET.with(|s| {
+                s.borrow_mut()
+                    .insert_lines(base / 64 + first, base / 64 + last)
+            }),
+        }
         return;
     }
     let (first, last) = (offset / 64, (offset + len - 1) / 64);
@@ -335,6 +373,7 @@ pub(crate) fn touch(tag: u64, base: u64, offset: u64, len: u64) {
                     line_ns,
                     j.borrow_mut().as_mut(),
                     base / 64,
+                    true,
                 )
             });
             s.sched.cpu_ns.set(s.sched.cpu_ns.get() + cost);
@@ -490,7 +529,25 @@ pub(crate) struct CountLocal<F> {
     fut: F,
     /// Lines reported without an address.
     notes: u64,
+    /// Of its distinct lines, those of registered memory, and their cost
+    /// through their node's cache model (`touch`).
+    priced: (u64, u64),
     set: lines::LineSet,
+}
+
+/// What the compute operation that just ended on this thread costs, if it
+/// reported `lines` lines: `lines x line_ns`, except that its lines of
+/// registered memory cost what their node's cache model priced them at
+/// (`touch`, [`Sim::charge_lines`]: a hit `line_ns`, a miss on an
+/// access's first line `dram_miss_ns`). Invariant: [`CountLocal`] records
+/// an operation's prices when it ends, and the endpoint's `charged` charges
+/// them at once, on the same thread with no await in between; a record
+/// whose line count does not match is not this charge's and prices flat.
+pub(crate) fn local_lines_ns(lines: u64, line_ns: u64) -> u64 {
+    match LOCAL_DONE.with(|d| d.take()) {
+        Some((n, priced, ns)) if n == lines && priced <= n => (n - priced) * line_ns + ns,
+        _ => lines * line_ns,
+    }
 }
 
 impl<F> CountLocal<F> {
@@ -498,6 +555,7 @@ impl<F> CountLocal<F> {
         CountLocal {
             fut,
             notes: 0,
+            priced: (0, 0),
             set: lines::LineSet::new(),
         }
     }
@@ -511,12 +569,14 @@ impl<F: Future + Unpin> Future for CountLocal<F> {
         struct Restore {
             meter: u64,
             lines: u64,
+            priced: (u64, u64),
             set: lines::LineSet,
         }
         impl Drop for Restore {
             fn drop(&mut self) {
                 METER_LINE_NS.with(|m| m.set(self.meter));
                 LOCAL_LINES.with(|l| l.set(self.lines));
+                LOCAL_PRICED.with(|p| p.set(self.priced));
                 let outer = std::mem::take(&mut self.set);
                 // (If a poll panicked, the operation's set is still in
                 // the slot: dropping it returns its table to the pool.)
@@ -527,10 +587,12 @@ impl<F: Future + Unpin> Future for CountLocal<F> {
         let restore = Restore {
             meter: METER_LINE_NS.with(|m| m.replace(COUNT_LOCAL)),
             lines: LOCAL_LINES.with(|l| l.replace(0)),
+            priced: LOCAL_PRICED.with(|p| p.replace(self.priced)),
             set: LOCAL_SET.with(|s| s.replace(own)),
         };
         let r = Pin::new(&mut self.fut).poll(cx);
         self.notes += LOCAL_LINES.with(|l| l.get());
+        self.priced = LOCAL_PRICED.with(|p| p.get());
         self.set = LOCAL_SET.with(|s| s.take());
         drop(restore);
         match r {
@@ -541,6 +603,8 @@ impl<F: Future + Unpin> Future for CountLocal<F> {
                     let (d, n) = sim.local_lines.get();
                     sim.local_lines.set((d + distinct, n + self.notes));
                 }
+                let (priced, ns) = self.priced;
+                LOCAL_DONE.with(|d| d.set(Some((distinct + self.notes, priced, ns))));
                 Poll::Ready((out, distinct + self.notes))
             }
             Poll::Pending => Poll::Pending,
@@ -579,6 +643,10 @@ impl Sim {
     /// core's cache (with the pair prefetcher's buddy, if on) and then goes
     /// through the LLC as above, the dependent-miss rule unchanged. Writes
     /// keep the private caches coherent ([`touch_write`]).
+    ///
+    /// A compute operation's lines (`core_cache` false: the compute
+    /// threads' private caches are not modelled) go through the LLC only.
+    #[allow(clippy::too_many_arguments)]
     fn charge_lines(
         &self,
         tag: u64,
@@ -587,6 +655,7 @@ impl Sim {
         line_ns: u64,
         mut seen: Option<&mut lines::LineSet>,
         base_line: u64,
+        core_cache: bool,
     ) -> u64 {
         let mut is_new = |line: u64| {
             seen.as_mut()
@@ -605,7 +674,7 @@ impl Sim {
         let llc =
             caches[node].get_or_insert_with(|| cache::Llc::new(m.llc_bytes, m.llc_ways as usize));
         // The running core's private cache, if the profile models one.
-        let core = if m.core_cache_bytes > 0 {
+        let core = if m.core_cache_bytes > 0 && core_cache {
             RUNNING_CORE.with(|c| c.get())
         } else {
             NO_CORE
@@ -662,6 +731,17 @@ impl Sim {
 }
 
 impl Sim {
+    /// Whether compute operations' lines of node `node`'s memory go
+    /// through its cache model ([`set_compute_llc`]).
+    #[inline]
+    fn compute_llc(&self, node: u16) -> bool {
+        self.compute_llc
+            .borrow()
+            .get(node as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
     /// Records that core `core`'s private cache takes lines of node
     /// `node`'s memory (so writes to it look there).
     fn note_sharer(&self, node: usize, core: u32) {
@@ -926,6 +1006,37 @@ pub fn set_mailbox_requests(node: NodeId, service: crate::addr::ServiceId) -> bo
     net::set_mailbox_requests(&mut sim.net.borrow_mut(), node, service)
 }
 
+/// Declares that compute operations (`Endpoint::charged`) touching node
+/// `node`'s registered memory are priced through that node's cache model,
+/// as its memory-node handlers' accesses are ([`Sim::charge_lines`]): each
+/// distinct line of the operation is looked up in the node's LLC (no
+/// private cache is modelled for compute threads); a hit costs `line_ns`,
+/// a miss on the first line of an access `dram_miss_ns` (a B-tree walk's
+/// probes are dependent), a further line of the same access `line_ns`; the
+/// lines fill the LLC (with the pair prefetcher's buddy, if on) that the
+/// node's handler cores share. Without it (the default) such lines cost
+/// `line_ns` each, flat. For a design whose workers walk a structure in
+/// the same machine's memory as its handlers (ScaleStore's symmetric
+/// nodes), so that a working set beyond the LLC (the paper's, with
+/// `--llc-keys`) misses it. Returns false outside a simulation, or
+/// without an LLC in the profile (then nothing changes). Nothing to do on
+/// the real backends.
+pub fn set_compute_llc(node: NodeId) -> bool {
+    let Some(sim) = current() else {
+        return false;
+    };
+    if sim.profile.memnode.llc_bytes == 0 {
+        return false;
+    }
+    let mut v = sim.compute_llc.borrow_mut();
+    let i = node.0 as usize;
+    if v.len() <= i {
+        v.resize(i + 1, false);
+    }
+    v[i] = true;
+    true
+}
+
 /// How to build a simulation.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -971,6 +1082,7 @@ impl Simulation {
             work_instructions: Cell::new(0),
             core_caches: RefCell::new(Vec::new()),
             core_sharers: RefCell::new(Vec::new()),
+            compute_llc: RefCell::new(Vec::new()),
         });
         let m = &sim.profile.memnode;
         let core_caches = m.core_cache_bytes > 0 && m.llc_bytes > 0;

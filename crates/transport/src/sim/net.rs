@@ -2001,9 +2001,11 @@ impl EndpointBackend for SimEndpoint {
             return OpFuture::ready(());
         }
         // The memory-node handlers' per-line price (the profiles describe
-        // one CPU generation per testbed), flat: a compute node's own
-        // lines do not go through a cache model (docs/simulation.md).
-        let done = self.charge(&sim, lines * sim.profile.memnode.line_ns);
+        // one CPU generation per testbed); lines of registered memory at
+        // what their node's cache model priced them (`sim::touch`, branch
+        // i88), the rest flat (docs/simulation.md).
+        let ns = super::local_lines_ns(lines, sim.profile.memnode.line_ns);
+        let done = self.charge(&sim, ns);
         OpFuture::SimSleep(done, Some(()))
     }
 }
