@@ -58,6 +58,14 @@ const KNOBS: &[KnobSpec] = &[
                ranges with its own worker, so its pages start cached there)",
     },
     KnobSpec {
+        name: "worker_lines",
+        default: "flat",
+        help: "simulated cluster only: what a worker's lines in its own node's memory cost: flat \
+               (each the profile's line_ns, an LLC hit) or llc (through the node's LLC model, \
+               shared with its handler cores: a miss costs dram_miss_ns; with --llc-keys the \
+               paper's data size)",
+    },
+    KnobSpec {
         name: "free_percent",
         default: "10",
         help: "free cache slots the page provider keeps, percent of the cache",
@@ -193,6 +201,9 @@ fn range_loader(i: u64, total: u64, loaders: usize) -> usize {
 /// Everything the knobs say.
 struct Settings {
     node: NodeConfig,
+    /// `scalestore.worker_lines=llc`: the workers' lines go through their
+    /// node's LLC model on the simulated cluster (invariant 27).
+    worker_llc: bool,
     load: LoadPlacement,
     join: Option<ChurnEvent>,
     leave: Vec<ChurnEvent>,
@@ -234,6 +245,18 @@ impl ScaleStoreSpec {
             o => {
                 return Err(KvError::Config(format!(
                     "scalestore.load={o}: use one or ranges"
+                )));
+            }
+        };
+        let worker_llc = match k
+            .get::<String>("scalestore", KNOBS, "worker_lines")?
+            .as_str()
+        {
+            "flat" => false,
+            "llc" => true,
+            o => {
+                return Err(KvError::Config(format!(
+                    "scalestore.worker_lines={o}: use flat or llc"
                 )));
             }
         };
@@ -289,6 +312,7 @@ impl ScaleStoreSpec {
                 evict_percent,
                 slot_wait: std::time::Duration::from_millis(slot_wait_ms),
             },
+            worker_llc,
             load,
             join,
             leave,
@@ -317,6 +341,7 @@ impl EngineSpec for ScaleStoreSpec {
         let Settings {
             node: mut cfg,
             join,
+            worker_llc,
             ..
         } = self.settings(args)?;
         let index = u8::try_from(args.node_index)
@@ -388,6 +413,14 @@ impl EngineSpec for ScaleStoreSpec {
                 "the simulated cluster has no node {}",
                 rt.id()
             )));
+        }
+        // With `worker_lines=llc`, the workers' lines in this node's memory
+        // (its frames and pages) go through this node's LLC model, as its
+        // handler cores' do (invariant 27): the artifact's workers and
+        // handlers share one socket's LLC (§6.1: all threads "pinned to
+        // NUMA 0"). A profile without an LLC leaves them flat.
+        if worker_llc && dmkv_transport::sim::active() {
+            dmkv_transport::sim::set_compute_llc(rt.id());
         }
         let state = if join.is_some_and(|j| j.node == index) {
             NodeState::Dormant
