@@ -78,7 +78,12 @@ fn a_remote_fix_declares_the_request_and_delivery_work() {
     assert_eq!(msgs_without, 1);
     // The request's handler: the message, the directory's decision, and the
     // page written into node 1's frame from node 0's copy.
-    assert_eq!(declared, cost::MESSAGE + cost::OWN + cost::DELIVERY);
+    // (Each message also costs the artifact's mailbox scan that found it,
+    // branch i88.)
+    assert_eq!(
+        declared,
+        cost::MESSAGE + cost::MAILBOX_SCAN + cost::OWN + cost::DELIVERY
+    );
     assert_eq!(
         busy - busy_without,
         declared * 1000 / rate,
@@ -119,7 +124,7 @@ fn an_acknowledgement_declares_its_work() {
     assert_eq!(acks(&nodes[1]) - acks0, 1, "one acknowledgement sent");
     assert_eq!(
         declared(&d) - dec0,
-        2 * cost::MESSAGE + cost::OWN + cost::DELIVERY + cost::ACK
+        2 * (cost::MESSAGE + cost::MAILBOX_SCAN) + cost::OWN + cost::DELIVERY + cost::ACK
     );
     assert_eq!(read_shared(&w0, pid), 42);
 }
@@ -158,6 +163,7 @@ fn an_eviction_written_to_the_ssd_declares_per_batch_and_page() {
     assert_eq!(
         declared(&d) - dec0,
         cost::MESSAGE
+            + cost::MAILBOX_SCAN
             + cost::EVICT
             + cost::EVICT_PAGE
             + cost::PULL
@@ -220,7 +226,7 @@ fn a_leave_declares_its_hand_over() {
     let pages_sent = PAGES - 1;
     let entries_sent = 1;
     let frames = u64::from(nodes[0].frames.high_water());
-    let expected = 5 * cost::MESSAGE
+    let expected = 5 * (cost::MESSAGE + cost::MAILBOX_SCAN)
         + cost::ADOPT
         + cost::HANDOVER_PAGES
         + cost::HANDOVER_PAGE * pages_sent
