@@ -67,6 +67,11 @@ pub struct ReproArgs {
     /// Where to write; each figure gets DIR/NAME/NAME.{json,svg,png,md}.
     #[arg(long, value_name = "DIR", default_value = "repro-out")]
     pub out: PathBuf,
+    /// A knob for every point, applied after the figure's own (it wins):
+    /// e.g. `--set scalestore.load=one` runs Fig. 7 with the harness's
+    /// single-node load. Repeatable.
+    #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
+    pub set: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -608,8 +613,16 @@ fn repro_command(registry: &Registry, a: ReproArgs, io: &mut Io<'_>) -> Result<i
             "dmkv repro needs --list, a figure name, `all`, or a figure file",
         ));
     }
-    let ok = crate::repro::command(registry, a.list, a.figure.as_deref(), a.quick, &a.out, io)
-        .map_err(usage)?;
+    let ok = crate::repro::command(
+        registry,
+        a.list,
+        a.figure.as_deref(),
+        a.quick,
+        &a.out,
+        &a.set,
+        io,
+    )
+    .map_err(usage)?;
     Ok(if ok { EXIT_OK } else { EXIT_FAILED })
 }
 

@@ -329,6 +329,11 @@ pub struct Figure {
     pub series: Vec<Series>,
     #[serde(default)]
     pub paper: Vec<PaperValue>,
+    /// `dmkv repro --set` knobs (not in the file): appended to every
+    /// point's `set` after the figure's own layers, so they win (e.g.
+    /// `scalestore.load=one` reruns Fig. 7 with the harness's old load).
+    #[serde(skip)]
+    pub overrides: Vec<String>,
 }
 
 impl Value {
@@ -392,6 +397,30 @@ impl Figure {
         fig.check(registry)
             .map_err(|e| format!("figure {origin}: {e}"))?;
         Ok(fig)
+    }
+
+    /// The figure with `sets` (each `ENGINE.KNOB=VALUE`, ENGINE a
+    /// registered engine) applied after its own knobs at every point.
+    pub fn with_overrides(
+        mut self,
+        sets: &[String],
+        registry: &Registry,
+    ) -> Result<Figure, String> {
+        for s in sets {
+            let engine = s
+                .split_once('=')
+                .and_then(|(n, _)| n.split_once('.'))
+                .map(|(e, _)| e);
+            match engine {
+                Some(e) if registry.find(e).is_some() => self.overrides.push(s.clone()),
+                _ => {
+                    return Err(format!(
+                        "--set {s:?}: use ENGINE.KNOB=VALUE with a known engine"
+                    ));
+                }
+            }
+        }
+        Ok(self)
     }
 
     fn normalise(&mut self) {
@@ -616,7 +645,7 @@ impl Figure {
 
     /// The `dmkv bench` command line of one point of one series: figure
     /// parameters, then `--quick`'s, then the point's, then the series'
-    /// (later wins; `set` lists accumulate).
+    /// (later wins; `set` lists accumulate, then `dmkv repro --set`'s).
     pub fn argv(&self, point: &Point, series: &Series, quick: bool) -> Vec<String> {
         let mut merged: BTreeMap<String, Value> = BTreeMap::new();
         let mut sets: Vec<String> = Vec::new();
@@ -642,6 +671,7 @@ impl Figure {
                 }
             }
         }
+        sets.extend(self.overrides.iter().cloned());
         let mut argv = vec![
             "dmkv".to_string(),
             "bench".into(),

@@ -260,13 +260,15 @@ pub fn write_outputs(fig: &Figure, run: &FigureRun, dir: &Path) -> Result<Vec<Pa
     Ok(["json", "svg", "png", "md"].map(path).to_vec())
 }
 
-/// `dmkv repro --list | FIGURE|all [--quick] [--out DIR]`.
+/// `dmkv repro --list | FIGURE|all [--quick] [--out DIR] [--set K=V ...]`.
+#[allow(clippy::too_many_arguments)]
 pub fn command(
     registry: &Registry,
     list: bool,
     figure: Option<&str>,
     quick: bool,
     out_dir: &Path,
+    sets: &[String],
     io: &mut Io<'_>,
 ) -> Result<bool, String> {
     if list {
@@ -287,6 +289,10 @@ pub fn command(
     } else {
         vec![figure::load(which, registry)?]
     };
+    let figures = figures
+        .into_iter()
+        .map(|f| f.with_overrides(sets, registry))
+        .collect::<Result<Vec<_>, _>>()?;
     std::fs::create_dir_all(out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let mut all_ok = true;

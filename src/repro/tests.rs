@@ -528,6 +528,18 @@ fn scalestore_fig7_runs_the_papers_workers_and_partitions_only_where_asked() {
                 let updates = flag(&argv, "--workload") == Some("mixed:5,95,0,0,0");
                 let value_gen = flag(&argv, "--value-gen");
                 assert_eq!(value_gen, updates.then_some("random-string"), "{argv:?}");
+                // The artifact's load (branch i88): each node inserts its
+                // own key range, its pages allocated where inserted.
+                assert_eq!(
+                    knobs(&argv),
+                    [
+                        "scalestore.load=ranges",
+                        "scalestore.alloc=local",
+                        "scalestore.worker_lines=llc"
+                    ]
+                );
+                // The caches scaled to the paper's 280 GB (933 M records).
+                assert_eq!(flag(&argv, "--llc-keys"), Some("933333333"), "{argv:?}");
                 runs += 1;
             }
         }
@@ -543,6 +555,56 @@ fn scalestore_fig7_runs_the_papers_workers_and_partitions_only_where_asked() {
             s.label
         );
     }
+}
+
+/// The `--set` values of a command line, in order.
+fn knobs(argv: &[String]) -> Vec<&str> {
+    argv.windows(2)
+        .filter(|w| w[0] == "--set")
+        .map(|w| w[1].as_str())
+        .collect()
+}
+
+/// `dmkv repro --set` knobs come after the figure's own at every point, so
+/// they win (Fig. 7 with the harness's old single-node load), and only the
+/// series' engine's knobs reach its command; an unknown engine is refused.
+#[test]
+fn repro_set_overrides_the_figures_knobs() {
+    let old = ["scalestore.load=one", "scalestore.alloc=round-robin"].map(String::from);
+    // The figure's own `worker_lines` stays; the overridden two come last.
+    let fig = figure::load("scalestore-fig7", &REGISTRY)
+        .unwrap()
+        .with_overrides(&old, &REGISTRY)
+        .unwrap();
+    let (point, series) = (&fig.points[4], &fig.series[0]);
+    let argv = fig.argv(point, series, true);
+    // `argv` passes each knob once, its last setting.
+    assert_eq!(
+        knobs(&argv),
+        [
+            "scalestore.worker_lines=llc",
+            "scalestore.load=one",
+            "scalestore.alloc=round-robin"
+        ],
+        "{argv:?}"
+    );
+    let other = figure::load("scalestore-fig7", &REGISTRY)
+        .unwrap()
+        .with_overrides(&["rolex.anything=1".to_string()], &REGISTRY)
+        .unwrap();
+    let argv = other.argv(point, series, true);
+    assert!(
+        !argv.iter().any(|a| a.starts_with("rolex.")),
+        "another engine's knob is not passed to scalestore: {argv:?}"
+    );
+    let bad = figure::load("scalestore-fig7", &REGISTRY)
+        .unwrap()
+        .with_overrides(&["nosuch.knob=1".to_string()], &REGISTRY);
+    assert!(bad.is_err());
+    let bad = figure::load("scalestore-fig7", &REGISTRY)
+        .unwrap()
+        .with_overrides(&["load=one".to_string()], &REGISTRY);
+    assert!(bad.is_err());
 }
 
 /// The figure's own partitioned command, shrunk to a tiny key set, runs on
