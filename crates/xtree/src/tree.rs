@@ -2763,7 +2763,10 @@ mod tests {
             .filter(|k| !leaf.keys.contains(k))
             .take(room + 1)
             .collect();
-        assert!(fresh.iter().all(|&k| k < next), "the leaf's range is too narrow");
+        assert!(
+            fresh.iter().all(|&k| k < next),
+            "the leaf's range is too narrow"
+        );
         let job = |k: u64| -> u64 {
             let (ok, charge) = shape.job(move |t| t.insert(k, &[1; 8]).unwrap());
             assert!(ok);
@@ -2771,7 +2774,10 @@ mod tests {
         };
         let plain: Vec<u64> = fresh[..room].iter().map(|&k| job(k)).collect();
         assert!(plain.iter().all(|&d| d == plain[0]), "{plain:?}");
-        assert_eq!(plain[0], (height - 1) * cost::INNER_LEVEL + cost::LEAF_WRITE);
+        assert_eq!(
+            plain[0],
+            (height - 1) * cost::INNER_LEVEL + cost::LEAF_WRITE
+        );
         let split = job(fresh[room]);
         assert_eq!(shape.tree.root().height as u64, height, "no new level");
         assert_eq!(
