@@ -408,6 +408,10 @@ fn model_expansion_doubles_and_shrinks_without_losing_reads() {
     let s = stats(&d);
     assert!(s["expansions"].as_u64().unwrap() >= 1, "{s}");
     assert!(s["submodels"].as_u64().unwrap() > m0, "{s}");
+    // The expansion check reads the committed count without the generation
+    // (branch i89): it follows every commit.
+    let p = &s["partitions"][0];
+    assert_eq!(p["expansion_check_submodels"], p["submodels"], "{s}");
     block_on(async {
         for i in 0..3000u64 {
             let k = key(i * 16 + 5);
@@ -420,6 +424,8 @@ fn model_expansion_doubles_and_shrinks_without_losing_reads() {
     block_on(d.engine.settle(&ep)).unwrap();
     let s = stats(&d);
     assert!(s["shrinks"].as_u64().unwrap() >= 1, "{s}");
+    let p = &s["partitions"][0];
+    assert_eq!(p["expansion_check_submodels"], p["submodels"], "{s}");
     block_on(async {
         for i in 480..500u64 {
             assert!(kv.get(key(i * 16)).await.unwrap().is_some());

@@ -289,9 +289,17 @@ enum Answer {
     },
 }
 
+/// Declared instructions per request for the handler's own part
+/// (`Server::serve_request`, the counts beside its use).
+const HANDLER: u64 = 335;
+
+/// Declared instructions per write for `Server::write`'s own part (the
+/// counts beside its use).
+const WRITE: u64 = 116;
+
 /// Declared instructions per position-hint entry beyond the first (the
 /// UPDATE arm of `serve_request` says how it was counted).
-const HINT_ENTRY: u64 = 110;
+const HINT_ENTRY: u64 = 10;
 
 /// One write operation.
 enum Write<'a> {
@@ -390,8 +398,17 @@ impl Server {
         // xstore ycsb-a`, 25,000 updates differenced; branch i58,
         // docs/simulation.md "Tree rows (branch i58)"). Was 572 (4,331 less
         // 3,759 on a1dce1e, before the lean xtree). Other requests are
-        // priced alike (not measured apart).
-        dmkv_transport::sim::work(583);
+        // priced alike (not measured apart). Branch i89: per update
+        // `Served::handle_into` 1,367.1 less `Server::write` 1,022.2, 344.9
+        // (callgrind on `local` with its binary, `DMKV=/tmp/i89/dmkv-lean2
+        // KEEP=/tmp/i89/cg-lean2-a scripts/instructions-per-op.sh xstore
+        // ycsb-a`, 24,916 updates differenced, inclusive call edges), of it
+        // 1.03 hint entries beyond the first (`HINT_ENTRY` each): 335 for a
+        // request with a one-entry hint or none. Main's head 57a2337 gives
+        // 343.8 on that command (1,788.0 less 1,444.2): the handler's own
+        // code had become leaner with the deferred service's
+        // answer-at-once path (450608c), which kept the 583.
+        dmkv_transport::sim::work(HANDLER);
         let mut r = WireReader::new(req);
         let op = r.u8()?;
         let mut ticket = None;
@@ -477,7 +494,12 @@ impl Server {
                 // xstore ycsb-a` with /tmp/keep/dmkv-head16 and with
                 // 73c8f85, per update, `handle` less `write`): 110 per
                 // further entry. A fit of two points, not a count of these
-                // lines; the 583 above stays the one-entry figure.
+                // lines; the 583 above stayed the one-entry figure. Branch
+                // i89 counted these lines (the loop over the entries,
+                // `callgrind_annotate --auto=yes` on the two runs of
+                // `KEEP=/tmp/i89/cg-lean1-a`, the same command with the
+                // same handler code as `HANDLER`'s): 498,320 instructions
+                // for 50,580 entries (2.03 per update), 9.9 per entry: 10.
                 dmkv_transport::sim::work(HINT_ENTRY * n.saturating_sub(1) as u64);
                 let (done, used, t) = self.write(key, Write::Update(v, &hint[..n]))?;
                 ticket = t;
@@ -591,7 +613,12 @@ impl Server {
         // `write`'s own part (the stripe, the log record, the checks, the
         // tree's `stats`): 1,718.0 per update less `update_hinted`'s 1,444.9
         // (the count above): 273. (Was 267: 3,759 less 3,492 on a1dce1e.)
-        dmkv_transport::sim::work(273);
+        // Branch i89: 116, per update 1,022.2 less `update_hinted_leaves`
+        // 906.2 (the run beside `HANDLER`), after the expansion check
+        // stopped calling `XTree::stats` (its root word's load) and
+        // cloning the committed generation's `Arc` (233.0 on main's head
+        // 57a2337: 1,444.2 less 1,211.2).
+        dmkv_transport::sim::work(WRITE);
         self.check_key(key)?;
         let logged = self.wal.as_ref();
         let (done, hint_used, ticket) = {
@@ -833,9 +860,8 @@ impl Server {
         {
             return;
         }
-        let g = self.models.current();
-        let m = g.submodels() as u64;
-        let keys = self.tree.stats().keys;
+        let m = self.models.committed_submodels() as u64;
+        let keys = self.tree.key_count();
         let kpm = self.kpm_effective.load(Ordering::Relaxed);
         if keys > m * kpm && m * 2 <= crate::layout::MAX_SUBMODELS as u64 {
             self.request_full(Some((m * 2) as u32), FullReason::Expansion, false);
@@ -1133,6 +1159,9 @@ impl Server {
             "key_range": [self.lo, self.hi],
             "generation": g.generation(),
             "submodels": m,
+            // What the write path's expansion check reads (`maybe_resize`):
+            // the committed generation's count, kept beside it.
+            "expansion_check_submodels": self.models.committed_submodels(),
             "submodels_reachable": live,
             "submodels_stale": stale,
             "keys": t.keys,

@@ -26,7 +26,7 @@ use crate::model::TrainedSub;
 use dmkv_memnode::{NodeRuntime, Region, SizeClassAllocator};
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// An allocation in the model region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +133,10 @@ pub struct ModelStore {
     leaf_capacity: usize,
     next_tag: AtomicU64,
     current: RwLock<Arc<Generation>>,
+    /// `current`'s sub-model count, stored with it under its write lock:
+    /// read on every write (the expansion check) without the lock and the
+    /// `Arc`'s two reference-count updates.
+    submodels: AtomicU32,
     /// Publications into the committed generation hold it shared; a commit
     /// holds it exclusively, so nothing is published into a generation
     /// whose blocks are being freed.
@@ -202,6 +206,7 @@ impl ModelStore {
             hi,
             leaf_capacity,
             next_tag: AtomicU64::new(1),
+            submodels: AtomicU32::new(placeholder.submodels()),
             current: RwLock::new(placeholder),
             commit_lock: RwLock::new(()),
             full_events: AtomicU64::new(0),
@@ -214,6 +219,12 @@ impl ModelStore {
 
     pub fn current(&self) -> Arc<Generation> {
         self.current.read().clone()
+    }
+
+    /// The committed generation's sub-model count
+    /// (`current().submodels()`).
+    pub fn committed_submodels(&self) -> u32 {
+        self.submodels.load(Ordering::Relaxed)
     }
 
     pub fn partition(&self) -> (u64, u64) {
@@ -360,7 +371,12 @@ impl ModelStore {
             .mem
             .write(HEADER_OFFSET, &generation.header.encode())
             .expect("the header lies inside the region");
-        let old = std::mem::replace(&mut *self.current.write(), generation);
+        let old = {
+            let mut current = self.current.write();
+            self.submodels
+                .store(generation.submodels(), Ordering::Relaxed);
+            std::mem::replace(&mut *current, generation)
+        };
         for s in &old.subs {
             if let Some(b) = s.read().block {
                 self.free(b);
