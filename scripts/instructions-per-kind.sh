@@ -22,7 +22,11 @@
 # TASKS, SEED, EXTRA as for instructions-per-op.sh; KEEP (directory: the
 # callgrind files and each kind's full output go to KEEP/<kind>/), REUSE.
 # Prints one line per kind, with the second attribution of
-# instructions-per-op.sh in parentheses; a kind the engine refuses (no
+# instructions-per-op.sh in parentheses and the `yield_now` and `sleep`
+# polls per operation after it (a task waiting for another task or thread
+# polls them; under callgrind such a wait spins until valgrind switches
+# threads, so a row with many polls carries spin, not code: count it again
+# with TASKS=1, where the wait is the executor's idle); a kind the engine refuses (no
 # ordered scans) is reported as such, any other failure stops the script.
 set -euo pipefail
 ENGINE=${1:?usage: $0 ENGINE}
@@ -32,7 +36,7 @@ DIR=${KEEP:-$(mktemp -d)}
 mkdir -p "$DIR"
 printf '%s: instructions per operation by kind (callgrind, single-kind workloads differenced)\n' "$ENGINE"
 printf '  %-7s %-20s %9s %9s %9s %9s %9s   %s\n' kind workload harness framework engine total fw-engine \
-  '(second attribution: harness / framework / engine, fw-engine)'
+  '(second attribution: harness / framework / engine, fw-engine)   polls yield_now / sleep per op'
 for kind in $KINDS; do
   case $kind in
     get) wl=ycsb-c; small=10000; large=60000 ;;
@@ -61,6 +65,7 @@ import re, sys
 path, kind, wl = sys.argv[1:4]
 v = {}
 alt = ""
+spin = {}
 for line in open(path):
     m = re.match(r"\s+(harness|framework|engine|total)\s+(-?\d+)", line)
     if m:
@@ -69,7 +74,11 @@ for line in open(path):
     if m:
         h, f, e = (int(x) for x in m.groups())
         alt = f"   ({h:,} / {f:,} / {e:,}, {f - e:,})"
-print(f"  {kind:<7} {wl:<20} {v['harness']:>9,} {v['framework']:>9,} {v['engine']:>9,} {v['total']:>9,} {v['framework'] - v['engine']:>9,}{alt}")
+    m = re.match(r"\s+(yield_now|sleep) polls per op: (-?[\d.]+)", line)
+    if m:
+        spin[m.group(1)] = float(m.group(2))
+polls = f"   polls {spin.get('yield_now', 0):.2f} / {spin.get('sleep', 0):.2f}" if spin else ""
+print(f"  {kind:<7} {wl:<20} {v['harness']:>9,} {v['framework']:>9,} {v['engine']:>9,} {v['total']:>9,} {v['framework'] - v['engine']:>9,}{alt}{polls}")
 PY
 done
 echo "  (each kind's top functions: $DIR/<kind>/split.txt)"

@@ -32,7 +32,9 @@
 #
 # Environment: DMKV (binary, default target/release/dmkv), KEYS (50000),
 # OPS_SMALL (10000), OPS_LARGE (60000), THREADS (1), TASKS (8), SEED (1),
-# TOP (15 functions listed), EXTRA (more `dmkv bench` arguments),
+# TOP (15 functions listed), TOP_BY (first, the default: the list's
+# categories are the first attribution's; second: the second line's, so a
+# row's framework pieces by that line can be read off), EXTRA (more `dmkv bench` arguments),
 # KEEP (directory to keep the callgrind files in), REUSE (1: re-count the
 # files already in KEEP), EVENT (what to count: Ir, the default, counts
 # instructions; a callgrind cache-simulation event or a sum of them, e.g.
@@ -74,11 +76,11 @@ for ops in "$OPS_SMALL" "$OPS_LARGE"; do
     { echo "run with $ops ops failed, see $DIR/$ENGINE-$WORKLOAD-$ops.log" >&2; exit 1; }
 done
 python3 - "$DIR/$ENGINE-$WORKLOAD-$OPS_SMALL$TAG.out" "$DIR/$ENGINE-$WORKLOAD-$OPS_LARGE$TAG.out" \
-  "$((OPS_LARGE - OPS_SMALL))" "$ENGINE" "$WORKLOAD" "$TOP" "$EVENT" <<'PY'
+  "$((OPS_LARGE - OPS_SMALL))" "$ENGINE" "$WORKLOAD" "$TOP" "$EVENT" "${TOP_BY:-first}" <<'PY'
 import re, sys
 from collections import defaultdict
 
-small, large, dops, engine, workload, top, event = sys.argv[1:8]
+small, large, dops, engine, workload, top, event, by = sys.argv[1:9]
 WANTED = event.split("+")
 dops, top = int(dops), int(top)
 ENGINES = {"xstore", "rolex", "outback", "race", "sherman", "rpc_hash", "rpc_btree",
@@ -92,6 +94,7 @@ def parse(path):
     skip_next = False
     callee = ""
     edges = defaultdict(int)
+    ncalls = defaultdict(int)  # calls per (caller, callee)
     cols = [0]  # the columns of the wanted events on a cost line (after the position)
     def value(parts):
         # Trailing zero costs are left off a cost line.
@@ -142,7 +145,8 @@ def parse(path):
                 callee = name("fn", rest)
             elif key == "calls":
                 skip_next = True
-    return cost, edges
+                ncalls[(fn, callee)] += int(rest.split()[0])
+    return cost, edges, ncalls
 
 def crate_of_symbol(fn):
     m = re.search(r"dmkv_(\w+?)::", fn)
@@ -180,7 +184,7 @@ def classify(file, fn, ob):
         return "harness"
     return "framework"
 
-(a, edges_a), (b, edges) = parse(small), parse(large)
+(a, edges_a, calls_a), (b, edges, calls_b) = parse(small), parse(large)
 callers = defaultdict(list)
 for (caller, callee), w in edges.items():
     if caller != callee:
@@ -254,6 +258,7 @@ def alt_category(file, fn, ob, cats):
     return cats
 
 per_fn = defaultdict(float)
+per_fn_alt = defaultdict(float)
 by_cat = defaultdict(float)
 by_alt = defaultdict(float)
 # What idle loops call (clock reads, parking) is idle too. A std or
@@ -307,6 +312,7 @@ for k in set(a) | set(b):
         per_fn[(cat, short)] += d * share
     for cat, share in alt_category(*k, cats).items():
         by_alt[cat] += d * share
+        per_fn_alt[(cat, short)] += d * share
 total = sum(v for c, v in by_cat.items() if c != "idle")
 prec = 0 if event == "Ir" else 3
 what = "instructions" if event == "Ir" else event
@@ -316,7 +322,21 @@ for cat in ("harness", "framework", "engine"):
 print(f"  {'total':<10} {total:>9.{prec}f}   (idle polling, not counted: {by_cat.get('idle', 0):.0f}; of it called from idle loops: {idle_moved:.0f})")
 print(f"  std/dependency code inlined into harness and engine functions counted as theirs: "
       f"harness {by_alt.get('harness', 0):.0f} / framework {by_alt.get('framework', 0):.0f} / engine {by_alt.get('engine', 0):.0f}")
-print(f"  top {top} functions (self cost per op):")
-for (cat, f), v in sorted(per_fn.items(), key=lambda kv: -kv[1])[:top]:
+# Tasks waiting for another task or thread by polling `yield_now` (RACE's
+# chunk wait, a split's frozen slots, a lower insert claim) or a timer
+# (`sleep`, a split lock's backoff): under callgrind such a wait spins until
+# valgrind switches threads, so a row with many polls per operation counts
+# spin as work and is not a measurement of the code (count it with TASKS=1,
+# where the wait is the executor's idle). An operation that never waits
+# polls neither.
+def polls(calls, pat):
+    return sum(n for (_, callee), n in calls.items() if re.search(pat, callee))
+for what_, pat in (("yield_now", r"YieldNow as core::future::future::Future>::poll"),
+                   ("sleep", r"exec::Sleep as core::future::future::Future>::poll")):
+    print(f"  {what_} polls per op: {(polls(calls_b, pat) - polls(calls_a, pat)) / dops:.3f}"
+          f" ({polls(calls_a, pat)} and {polls(calls_b, pat)} in the two runs)")
+listed = per_fn_alt if by == "second" else per_fn
+print(f"  top {top} functions (self cost per op{', second attribution' if by == 'second' else ''}):")
+for (cat, f), v in sorted(listed.items(), key=lambda kv: -kv[1])[:top]:
     print(f"    {v:>8.{prec}f}  {cat:<9} {f[:150]}")
 PY
