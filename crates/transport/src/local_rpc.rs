@@ -1474,7 +1474,8 @@ mod tests {
     /// without room is copied exactly. The payload's bytes are always the
     /// array's first bytes. Fails with the exact copy for every payload
     /// (checked: "spare room copied, length 0") and with the whole array
-    /// copied for a short one (checked: "second line untouched, length 0").
+    /// copied for a short one (checked: "second line untouched, length 0
+    /// room 64").
     #[test]
     #[allow(unsafe_code)]
     fn a_payload_is_put_inline_with_a_fixed_size_copy_that_spares_the_second_line() {
@@ -1485,7 +1486,7 @@ mod tests {
             a.iter().map(|b| unsafe { b.assume_init() }).collect()
         };
         for len in 0..=REQ_INLINE {
-            for room in [len, LINE0_INLINE.max(len), REQ_INLINE] {
+            for room in [REQ_INLINE, LINE0_INLINE.max(len), len] {
                 // A buffer whose spare room holds known bytes.
                 let mut src: Vec<u8> = Vec::with_capacity(room);
                 src.extend((0..room).map(|i| 100 + i as u8));
