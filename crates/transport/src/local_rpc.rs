@@ -70,6 +70,7 @@ use crate::service::Reply;
 use parking_lot::{Condvar, Mutex};
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::future::Future;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Weak};
@@ -134,14 +135,15 @@ struct ReqBody {
     _pad: u32,
     /// Written for every request (before the payload: first line).
     deliver_at: Option<Instant>,
-    inline: [u8; REQ_INLINE],
+    /// The payload's first `len` bytes; the rest may be uninitialised
+    /// (P1, [`put_inline`]).
+    inline: [MaybeUninit<u8>; REQ_INLINE],
     big: Option<Vec<u8>>,
 }
 
 /// Payload bytes of a request or reply slot that share the slot's first
 /// cache line with its word and header (the layout notes on [`ReqSlot`]
 /// and [`ReplySlot`]; checked by a test).
-#[cfg(test)]
 const LINE0_INLINE: usize = 24;
 
 /// One RPC's reply, on its way back.
@@ -167,7 +169,9 @@ struct ReplyBody {
     /// Inline payload length, or [`NOT_INLINE`].
     len: u16,
     _pad: [u8; 6],
-    inline: [u8; REPLY_INLINE],
+    /// The reply's first `len` bytes; the rest may be uninitialised (P1,
+    /// [`put_inline`]).
+    inline: [MaybeUninit<u8>; REPLY_INLINE],
     big: Option<Box<Reply>>,
 }
 
@@ -322,7 +326,7 @@ impl Lane {
                         len: 0,
                         reply: 0,
                         _pad: 0,
-                        inline: [0; REQ_INLINE],
+                        inline: [MaybeUninit::new(0); REQ_INLINE],
                         big: None,
                         deliver_at: None,
                     }),
@@ -335,7 +339,7 @@ impl Lane {
                         server_cpu_ns: 0,
                         len: 0,
                         _pad: [0; 6],
-                        inline: [0; REPLY_INLINE],
+                        inline: [MaybeUninit::new(0); REPLY_INLINE],
                         big: None,
                     }),
                     waker: UnsafeCell::new(None),
@@ -452,16 +456,59 @@ impl Lane {
 /// become its contents (the rest stays spare capacity).
 #[inline(always)]
 #[allow(unsafe_code)]
-fn copy_inline(inline: &[u8; REQ_INLINE], len: usize, buf: &mut Vec<u8>) {
+fn copy_inline(inline: &[MaybeUninit<u8>; REQ_INLINE], len: usize, buf: &mut Vec<u8>) {
     assert!(len <= REQ_INLINE && buf.is_empty());
     buf.reserve(REQ_INLINE);
     // SAFETY: `buf` is empty with room for `REQ_INLINE` bytes (reserved
     // above), so its spare room does not overlap `inline` and takes all of
-    // it; its first `len` (at most `REQ_INLINE`) bytes are then
-    // initialised, copied from `inline`.
+    // it (the copy is untyped: bytes past the payload may be uninitialised,
+    // P1, and land in spare room); its first `len` (at most `REQ_INLINE`)
+    // bytes are then initialised, copied from the payload's (P1).
     unsafe {
-        std::ptr::copy_nonoverlapping(inline.as_ptr(), buf.as_mut_ptr(), REQ_INLINE);
+        std::ptr::copy_nonoverlapping(inline.as_ptr().cast::<u8>(), buf.as_mut_ptr(), REQ_INLINE);
         buf.set_len(len);
+    }
+}
+
+/// Puts `src` (at most `N` bytes) into a slot's inline array with a
+/// fixed-size copy where its allocation allows (branch i86: no `memcpy`
+/// call per request or reply), read from `src`'s allocation past its
+/// length: [`LINE0_INLINE`] bytes for a payload that fits the slot's first
+/// line, so the second line is not written (the layout notes on
+/// [`ReqSlot`] and [`ReplySlot`]); the whole array for a longer one (the
+/// second line is written anyway); an exact copy only for a buffer with
+/// less room than that.
+///
+/// P1: afterwards the array's first `src.len()` bytes are `src`'s; the
+/// bytes after them are whatever `src`'s spare room held, possibly
+/// uninitialised, and are only ever copied untyped into another buffer's
+/// spare room ([`copy_inline`], [`ReplyWait::take_reply`]), never read as
+/// bytes.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn put_inline<const N: usize>(dst: &mut [MaybeUninit<u8>; N], src: &Vec<u8>) {
+    let len = src.len();
+    assert!(len <= N && LINE0_INLINE <= N);
+    let (from, to) = (src.as_ptr(), dst.as_mut_ptr().cast::<u8>());
+    // SAFETY: every copy reads from `src`'s pointer no more bytes than its
+    // capacity (`len <= capacity` in the last case), all within its
+    // allocation, as `MaybeUninit` bytes (its spare room may be
+    // uninitialised); `dst` takes `N` bytes and is a different object (a
+    // slot), so the two do not overlap. The fixed sizes are typed array
+    // copies, so that they stay fixed (a copy of a size chosen at run
+    // time is a `memcpy` call).
+    unsafe {
+        // One branch, not two (`&`, not `&&`).
+        if (len <= LINE0_INLINE) & (src.capacity() >= LINE0_INLINE) {
+            type Line0 = [MaybeUninit<u8>; LINE0_INLINE];
+            to.cast::<Line0>()
+                .write_unaligned(from.cast::<Line0>().read_unaligned());
+        } else if src.capacity() >= N {
+            to.cast::<[MaybeUninit<u8>; N]>()
+                .write_unaligned(from.cast::<[MaybeUninit<u8>; N]>().read_unaligned());
+        } else {
+            std::ptr::copy_nonoverlapping(from, to, len);
+        }
     }
 }
 
@@ -557,7 +604,7 @@ impl ReplyTo<'_> {
             body.server_cpu_ns = server_cpu_ns;
             match result {
                 Ok(v) if v.len() <= REPLY_INLINE => {
-                    body.inline[..v.len()].copy_from_slice(v);
+                    put_inline(&mut body.inline, v);
                     body.len = v.len() as u16;
                 }
                 result => Self::put_big(body, server_cpu_ns, result),
@@ -827,7 +874,7 @@ impl RpcSlots {
             body.reply = index;
             body.deliver_at = header.deliver_at;
             if payload.len() <= REQ_INLINE {
-                body.inline[..payload.len()].copy_from_slice(&payload);
+                put_inline(&mut body.inline, &payload);
                 body.len = payload.len() as u16;
                 // `payload` stays on the thread that allocated it: kept
                 // (emptied) for the next request to be built in, unless it
@@ -971,11 +1018,15 @@ impl ReplyWait<'_> {
         let mut v = spare_or_new(self.pool.spare.take());
         // SAFETY: `v` is empty (K1) with room for `REPLY_INLINE` bytes
         // (`spare_or_new`), so its spare room does not overlap the slot and
-        // takes the whole array, which is initialised (zeroed when the lane
-        // was made, and written since only with reply bytes); its first
-        // `len` (at most `REPLY_INLINE`, asserted) bytes are then the reply.
+        // takes the whole array (an untyped copy: bytes past the reply may
+        // be uninitialised, P1, and land in spare room); its first `len`
+        // (at most `REPLY_INLINE`, asserted) bytes are then the reply's (P1).
         unsafe {
-            std::ptr::copy_nonoverlapping(body.inline.as_ptr(), v.as_mut_ptr(), REPLY_INLINE);
+            std::ptr::copy_nonoverlapping(
+                body.inline.as_ptr().cast::<u8>(),
+                v.as_mut_ptr(),
+                REPLY_INLINE,
+            );
             v.set_len(len);
         }
         Ok(Reply {
@@ -1414,6 +1465,58 @@ mod tests {
         assert_eq!(rep_inline + LINE0_INLINE, LINE);
         assert!(rep + offset_of!(ReplyBody, big) >= LINE);
         assert!(size_of::<ReqSlot>() <= 2 * LINE && size_of::<ReplySlot>() <= 2 * LINE);
+    }
+
+    /// `put_inline` (branch i86) copies a short payload from a buffer with
+    /// room with one fixed-size copy of the slot's first-line bytes (the
+    /// buffer's spare room comes along) and leaves the second line as it
+    /// was; a longer payload with room copies the whole array; a buffer
+    /// without room is copied exactly. The payload's bytes are always the
+    /// array's first bytes. Fails with the exact copy for every payload
+    /// (checked: "spare room copied, length 0") and with the whole array
+    /// copied for a short one (checked: "second line untouched, length 0
+    /// room 64").
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_payload_is_put_inline_with_a_fixed_size_copy_that_spares_the_second_line() {
+        const MARK: u8 = 0xA5;
+        let bytes = |a: &[MaybeUninit<u8>; REQ_INLINE]| -> Vec<u8> {
+            // SAFETY: every byte of `a` is initialised in this test (MARK,
+            // then bytes of buffers whose whole room was written).
+            a.iter().map(|b| unsafe { b.assume_init() }).collect()
+        };
+        for len in 0..=REQ_INLINE {
+            for room in [REQ_INLINE, LINE0_INLINE.max(len), len] {
+                // A buffer whose spare room holds known bytes.
+                let mut src: Vec<u8> = Vec::with_capacity(room);
+                src.extend((0..room).map(|i| 100 + i as u8));
+                src.truncate(len);
+                if src.capacity() != room {
+                    continue; // the allocator gave more room than asked
+                }
+                let mut dst = [MaybeUninit::new(MARK); REQ_INLINE];
+                put_inline(&mut dst, &src);
+                let got = bytes(&dst);
+                assert_eq!(&got[..len], &src[..], "payload, length {len} room {room}");
+                let copied = if len <= LINE0_INLINE && room >= LINE0_INLINE {
+                    LINE0_INLINE
+                } else if room >= REQ_INLINE {
+                    REQ_INLINE
+                } else {
+                    len
+                };
+                let spare: Vec<u8> = (len..copied).map(|i| 100 + i as u8).collect();
+                assert_eq!(
+                    &got[len..copied],
+                    &spare[..],
+                    "spare room copied, length {len}"
+                );
+                assert!(
+                    got[copied..].iter().all(|&b| b == MARK),
+                    "second line untouched, length {len} room {room}"
+                );
+            }
+        }
     }
 
     /// The request take's fixed-size copy (`copy_inline`, branch i71): a
