@@ -395,23 +395,17 @@ struct NodeSlice<'a> {
     base: u64,
 }
 
+/// The atomics are [`QuietWords`]'s; a store or CAS is then reported.
 impl NodeWords for NodeSlice<'_> {
     fn load(&self, i: usize) -> u64 {
-        self.words[i].load(Ordering::Acquire)
+        QuietWords(self.words).load(i)
     }
     fn store(&self, i: usize, v: u64) {
-        self.words[i].store(v, Ordering::Release);
+        QuietWords(self.words).store(i, v);
         self.mem.note_stored(self.base + 8 * i as u64, 8);
     }
     fn cas(&self, i: usize, expected: u64, new: u64) -> u64 {
-        let found = match self.words[i].compare_exchange(
-            expected,
-            new,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(v) | Err(v) => v,
-        };
+        let found = QuietWords(self.words).cas(i, expected, new);
         // Also when it fails, as `RegionMem::cas_u64`: a locked
         // compare-exchange takes the line exclusively either way.
         self.mem.note_stored(self.base + 8 * i as u64, 8);
@@ -442,9 +436,9 @@ fn commit_span(geo: &Geometry) -> u64 {
     geo.node_bytes() as u64
 }
 
-/// A node's words with [`NodeSlice`]'s orderings and no write report:
-/// only [`NodeSlice::commit`] stores through it, and reports the node's
-/// lines itself.
+/// A node's words with [`NodeMem`]'s orderings and no write report:
+/// [`NodeSlice`]'s atomics, and what [`NodeSlice::commit`] stores
+/// through (it reports the node's lines itself).
 struct QuietWords<'a>(&'a [AtomicU64]);
 
 impl NodeWords for QuietWords<'_> {
