@@ -1459,8 +1459,9 @@ mod tests {
     fn reply_buffers_are_empty_for_every_request_and_reused() {
         struct Echo {
             /// Per request: was `out` empty on entry, its address on entry
-            /// and once the reply (or half of it) was written.
-            seen: parking_lot::Mutex<Vec<(bool, usize, usize)>>,
+            /// and once the reply (or half of it) was written, its capacity
+            /// on entry.
+            seen: parking_lot::Mutex<Vec<(bool, usize, usize, usize)>>,
         }
         impl crate::service::Service for Echo {
             fn handle(
@@ -1476,16 +1477,20 @@ mod tests {
                 req: &[u8],
                 out: &mut Vec<u8>,
             ) -> std::result::Result<(), ServiceError> {
-                let (empty, entry) = (out.is_empty(), out.as_ptr() as usize);
+                let (empty, entry, room) = (out.is_empty(), out.as_ptr() as usize, out.capacity());
                 // `len` bytes of `fill`; "p" panics half-way through.
                 let len = u32::from_le_bytes(req[1..5].try_into().unwrap()) as usize;
                 out.extend(std::iter::repeat_n(req[0], len / 2));
                 if req[0] == b'p' {
-                    self.seen.lock().push((empty, entry, out.as_ptr() as usize));
+                    self.seen
+                        .lock()
+                        .push((empty, entry, out.as_ptr() as usize, room));
                     panic!("half a reply");
                 }
                 out.extend(std::iter::repeat_n(req[0], len - len / 2));
-                self.seen.lock().push((empty, entry, out.as_ptr() as usize));
+                self.seen
+                    .lock()
+                    .push((empty, entry, out.as_ptr() as usize, room));
                 Ok(())
             }
         }
@@ -1495,9 +1500,26 @@ mod tests {
             seen: parking_lot::Mutex::new(Vec::new()),
         });
         let id = server.services().register("echo", echo.clone()).unwrap();
+        // A service with `handle_into`'s default, replying with a `Vec` of
+        // three bytes' capacity (as the directory's service ids had four).
+        let tiny = server
+            .services()
+            .register(
+                "tiny",
+                Arc::new(|_: &RpcContext, _: &[u8]| Ok(vec![7u8; 3])),
+            )
+            .unwrap();
         let me = cluster.add_node(0).id();
         let ep = cluster.fabric().endpoint(me).unwrap();
         let call = |fill: u8, len: u32| {
+            // R4 after a default handler's short reply and the
+            // directory's (a four-byte service id) too.
+            let short = block_on(ep.call(server.id(), tiny, Vec::new())).unwrap();
+            assert_eq!(short, vec![7u8; 3]);
+            assert_eq!(
+                block_on(ep.lookup_service(server.id(), "echo")).unwrap(),
+                id
+            );
             let mut req = vec![fill];
             req.extend_from_slice(&len.to_le_bytes());
             block_on(ep.call(server.id(), id, req))
@@ -1536,8 +1558,16 @@ mod tests {
         let seen = echo.seen.lock().clone();
         assert_eq!(seen.len(), sizes.len());
         assert!(
-            seen.iter().all(|&(empty, _, _)| empty),
+            seen.iter().all(|&(empty, _, _, _)| empty),
             "R1: the buffer is empty on entry: {seen:?}"
+        );
+        // R4: it always has room for any inline reply, also after a large
+        // reply took its allocation ('e', 'g'), so a small reply is put in
+        // its slot with a fixed-size copy.
+        assert!(
+            seen.iter()
+                .all(|&(_, _, _, room)| room >= crate::local_rpc::REPLY_INLINE),
+            "R4: the buffer has room for an inline reply on entry: {seen:?}"
         );
         // R2: a reply that fits a slot (or an error, the panic's) leaves the
         // buffer's allocation with the thread: the next request gets it.

@@ -539,11 +539,13 @@ impl LaneRef<'_> {
 impl crate::service::ReplySink for ReplyTo<'_> {
     #[inline(always)]
     fn send(self, server_cpu_ns: u64, result: crate::service::LentReply<'_>) {
-        self.send_from(server_cpu_ns, result)
+        // Lent from the handler thread's reply buffer (R2, R4).
+        self.send_from(server_cpu_ns, result, true)
     }
     fn into_deferred(self) -> Box<dyn FnOnce(u64, crate::service::LentReply<'_>) + Send> {
         let owned = self.into_owned();
-        Box::new(move |cpu, result| owned.send_from(cpu, result))
+        // Lent from the deferred answer's own `Vec`, dropped after the send.
+        Box::new(move |cpu, result| owned.send_from(cpu, result, false))
     }
 }
 
@@ -567,8 +569,8 @@ impl ReplyTo<'_> {
     #[cfg(test)]
     pub(crate) fn send(self, reply: Reply) {
         match reply.result {
-            Ok(mut v) => self.send_from(reply.server_cpu_ns, Ok(&mut v)),
-            Err(e) => self.send_from(reply.server_cpu_ns, Err(e)),
+            Ok(mut v) => self.send_from(reply.server_cpu_ns, Ok(&mut v), false),
+            Err(e) => self.send_from(reply.server_cpu_ns, Err(e), false),
         }
     }
 
@@ -577,6 +579,10 @@ impl ReplyTo<'_> {
     /// slot is copied in and the buffer stays the thread's, keeping its
     /// allocation for the next request; a larger one takes the buffer's
     /// allocation with it (no copy; the thread's next reply allocates).
+    ///
+    /// `thread_buffer`: `result` is the handler thread's reply buffer, so a
+    /// reply that takes its allocation leaves it a new one with room for
+    /// any inline reply (R4, branch i91; [`ReplyTo::put_big`]).
     ///
     /// Inlined into the serving loop, and consuming the `ReplyTo` without
     /// its drop glue (branch i83: the glue's out-of-line call after every
@@ -588,6 +594,7 @@ impl ReplyTo<'_> {
         self,
         server_cpu_ns: u64,
         result: Result<&mut Vec<u8>, crate::error::ServiceError>,
+        thread_buffer: bool,
     ) {
         let this = std::mem::ManuallyDrop::new(self);
         // SAFETY: `this` is never used or dropped again; `lane` is read out
@@ -607,7 +614,7 @@ impl ReplyTo<'_> {
                     put_inline(&mut body.inline, v);
                     body.len = v.len() as u16;
                 }
-                result => Self::put_big(body, server_cpu_ns, result),
+                result => Self::put_big(body, server_cpu_ns, result, thread_buffer),
             }
         }
         crate::charge::stamp(crate::charge::Stage::Written);
@@ -616,16 +623,28 @@ impl ReplyTo<'_> {
     }
 
     /// A reply that does not fit the slot (or an error), boxed into it.
+    /// The reply takes `result`'s allocation; the handler thread's buffer
+    /// (`thread_buffer`) gets a new one with [`REPLY_INLINE`] bytes of room
+    /// (R4, branch i91): left empty, the next reply regrew it in steps to
+    /// less than the fixed-size copies of [`put_inline`] need, and every
+    /// small reply after a large one was copied with a `memcpy` call.
     #[cold]
     #[inline(never)]
     fn put_big(
         body: &mut ReplyBody,
         server_cpu_ns: u64,
         result: Result<&mut Vec<u8>, crate::error::ServiceError>,
+        thread_buffer: bool,
     ) {
         body.len = NOT_INLINE;
         body.big = Some(Box::new(Reply {
-            result: result.map(std::mem::take),
+            result: result.map(|v| {
+                if thread_buffer {
+                    std::mem::replace(v, Vec::with_capacity(REPLY_INLINE))
+                } else {
+                    std::mem::take(v)
+                }
+            }),
             server_cpu_ns,
         }));
     }

@@ -34,17 +34,35 @@ pub trait Service: Send + Sync {
     /// allocates nothing per request. What `out` holds when this returns
     /// `Ok` is the reply; after an `Err` it is ignored.
     ///
-    /// The default calls [`Service::handle`] and takes its `Vec` as the
-    /// buffer (the reply's bytes are not copied; the allocation per reply
-    /// is the handler's, as before).
+    /// The default calls [`Service::handle`]; a reply that fits the room
+    /// `out` has (a `local` handler thread's buffer, R4) is copied into
+    /// it, so the thread keeps its buffer; a longer one (or any, into
+    /// `sim`'s and UCX's empty buffers) is taken as the buffer, not
+    /// copied. Before (branch i91), the `Vec` was always taken, and a
+    /// short one left the thread a buffer too small for `local`'s
+    /// fixed-size reply copies.
     fn handle_into(
         &self,
         ctx: &RpcContext,
         request: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<(), ServiceError> {
-        *out = self.handle(ctx, request)?;
+        reply_into(out, self.handle(ctx, request)?);
         Ok(())
+    }
+}
+
+/// Makes `reply` the reply in the empty buffer `out` (R4, branch i91):
+/// copied into it if it fits the room `out` has (a `local` handler
+/// thread's buffer keeps its allocation), else taken as the buffer (no
+/// copy: a long reply, or any reply into `sim`'s and UCX's empty buffers).
+#[inline]
+fn reply_into(out: &mut Vec<u8>, reply: Vec<u8>) {
+    debug_assert!(out.is_empty());
+    if reply.len() <= out.capacity() {
+        out.extend_from_slice(&reply);
+    } else {
+        *out = reply;
     }
 }
 
@@ -741,8 +759,9 @@ impl ServiceTable {
                 self.finish(start, cell, Err(error), send);
             }
             Lookup::Directory => {
+                out.clear();
                 let result = self.directory(ctx.node, request).map(|v| {
-                    *out = v;
+                    reply_into(out, v);
                     out
                 });
                 crate::charge::stamp(crate::charge::Stage::Handled);
