@@ -578,7 +578,8 @@ impl ReplyTo<'_> {
     /// (R2, docs/transport.md "Reply buffers"): a payload that fits the
     /// slot is copied in and the buffer stays the thread's, keeping its
     /// allocation for the next request; a larger one takes the buffer's
-    /// allocation with it (no copy; the thread's next reply allocates).
+    /// allocation with it (no copy; the thread's buffer gets a new one,
+    /// R4).
     ///
     /// `thread_buffer`: `result` is the handler thread's reply buffer, so a
     /// reply that takes its allocation leaves it a new one with room for
