@@ -1438,6 +1438,63 @@ mod tests {
         h.join().unwrap();
     }
 
+    /// A task whose next RPC gets back the reply slot it just gave up keeps
+    /// its waker there (S2): no clone and no drop of the waker per RPC.
+    /// Fails with the waker stored whenever `WAKER` is clear (before branch
+    /// i91: `begin` clears it, so every RPC cloned the waker anew).
+    #[test]
+    fn a_task_reusing_its_reply_slot_keeps_its_waker_there() {
+        use std::sync::atomic::AtomicUsize;
+        use std::task::{RawWaker, RawWakerVTable};
+        static CLONES: AtomicUsize = AtomicUsize::new(0);
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        fn raw() -> RawWaker {
+            RawWaker::new(std::ptr::null(), &VTABLE)
+        }
+        static VTABLE: RawWakerVTable = RawWakerVTable::new(
+            |_| {
+                CLONES.fetch_add(1, Ordering::Relaxed);
+                raw()
+            },
+            |_| {},
+            |_| {},
+            |_| {
+                DROPS.fetch_add(1, Ordering::Relaxed);
+            },
+        );
+        // SAFETY: the vtable's functions ignore the (null) data pointer.
+        #[allow(unsafe_code)]
+        let waker = std::mem::ManuallyDrop::new(unsafe { Waker::from_raw(raw()) });
+        let mut cx = Context::from_waker(&waker);
+        let (reaper, h, slots, lane) = setup(Duration::from_secs(30));
+        let mut buf = Vec::new();
+        let mut index = None;
+        for i in 0..4 {
+            let mut wait = slots.send(NODE, header(5), payload(i, 8)).ok().unwrap();
+            assert_eq!(
+                *index.get_or_insert(wait.index),
+                wait.index,
+                "the same slot"
+            );
+            assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
+            assert!(echo_one(&lane, &mut buf));
+            match Pin::new(&mut wait).poll(&mut cx) {
+                Poll::Ready(r) => assert_eq!(r.unwrap(), reply(&payload(i, 8))),
+                Poll::Pending => panic!("answered"),
+            }
+        }
+        assert_eq!(
+            (
+                CLONES.load(Ordering::Relaxed),
+                DROPS.load(Ordering::Relaxed)
+            ),
+            (1, 0),
+            "the waker is cloned into the slot once and kept"
+        );
+        reaper.shut_down();
+        h.join().unwrap();
+    }
+
     /// A reply sent through a `ReplyTo` that owns its lane reference (a
     /// deferred answer) releases that reference (the send consumes the
     /// `ReplyTo` without its drop glue since branch i83, and drops the lane

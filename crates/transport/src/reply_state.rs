@@ -20,7 +20,9 @@
 //!   compare-exchange that fails if the reply came first (the caller then
 //!   takes the reply), and a reply never misses a registered waker: no lost
 //!   wake-up. The waker stays in the slot across RPCs (re-registered only if
-//!   the task's waker changed), so waking it costs no reference count.
+//!   the task's waker changed: `register` looks at it also when `WAKER` is
+//!   clear, as it is at the start of every RPC, branch i91), so waking it
+//!   costs no reference count, and registering it none either.
 //! - **S3 (reuse).** The answerer sets `HDONE` when it no longer touches the
 //!   slot (at once if there was no waker to wake, else after waking it); the
 //!   watchdog clears `WATCH` when it no longer does. The caller reuses a slot
@@ -107,9 +109,10 @@ impl ReplyState {
     }
 
     /// Caller: registers the task's waker (S2). `fits` says whether the
-    /// waker in the slot wakes the polling task; `store` writes the
-    /// polling task's waker into the slot (called only while the caller owns
-    /// the field).
+    /// waker in the slot wakes the polling task (called only while the
+    /// field is read-only or the caller's); `store` writes the polling
+    /// task's waker into the slot (called only while the caller owns the
+    /// field, and only if the waker there does not fit).
     pub(crate) fn register(&self, fits: impl Fn() -> bool, store: impl FnOnce()) -> Registered {
         let mut s = self.0.load(Ordering::Acquire);
         loop {
@@ -137,8 +140,14 @@ impl ReplyState {
                 Err(now) => s = now,
             }
         }
-        // WAKER and WATCH are clear: the field is the caller's.
-        store();
+        // WAKER and WATCH are clear: the field is the caller's. The waker
+        // left in it by the slot's last RPC is kept if it still fits (branch
+        // i91): `begin` clears WAKER for every RPC, so this is the common
+        // case, a task getting back the slot it just gave up, and a waker
+        // replaced on every RPC (a clone and a drop) was the rule before.
+        if !fits() {
+            store();
+        }
         match self
             .0
             .compare_exchange(s, s | WAKER, Ordering::AcqRel, Ordering::Acquire)
