@@ -52,13 +52,14 @@ pub trait Service: Send + Sync {
     }
 }
 
-/// Makes `reply` the reply in the empty buffer `out` (R4, branch i91):
-/// copied into it if it fits the room `out` has (a `local` handler
-/// thread's buffer keeps its allocation), else taken as the buffer (no
-/// copy: a long reply, or any reply into `sim`'s and UCX's empty buffers).
+/// Makes `reply` the reply in `out` (R4, branch i91), replacing what it
+/// held (nothing, under R1): copied into it if it fits the room `out` has
+/// (a `local` handler thread's buffer keeps its allocation), else taken as
+/// the buffer (no copy: a long reply, or any reply into `sim`'s and UCX's
+/// empty buffers).
 #[inline]
 fn reply_into(out: &mut Vec<u8>, reply: Vec<u8>) {
-    debug_assert!(out.is_empty());
+    out.clear();
     if reply.len() <= out.capacity() {
         out.extend_from_slice(&reply);
     } else {
@@ -759,7 +760,6 @@ impl ServiceTable {
                 self.finish(start, cell, Err(error), send);
             }
             Lookup::Directory => {
-                out.clear();
                 let result = self.directory(ctx.node, request).map(|v| {
                     reply_into(out, v);
                     out
