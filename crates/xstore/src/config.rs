@@ -52,6 +52,16 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "background retraining threads on each memory node (the paper uses up to two) (1..=64)",
     },
     KnobSpec {
+        name: "retrain_share_handlers",
+        default: "on",
+        help: "on|off, sim only: a sub-model's retraining takes turns with the RPC handlers on the memory node's handler cores (ROLEX's XStore-D: one core per memory node, §4) instead of running on a worker core of its own",
+    },
+    KnobSpec {
+        name: "retrain_slice_us",
+        default: "750",
+        help: "sim only, with retrain_share_handlers: the longest turn a retraining takes on a handler core before queued requests get one as long (Linux's base time slice, 0.75 ms) (1..=1000000)",
+    },
+    KnobSpec {
         name: "speculation",
         default: "on",
         help: "on|off: follow a split leaf's right link once before falling back (§5.3.2)",
@@ -242,6 +252,11 @@ pub struct XStoreConfig {
     pub keys_per_model: u64,
     pub expansion: bool,
     pub retrain_threads: usize,
+    /// Sim only: a retraining's CPU passes on the handler cores, in turns
+    /// with the requests queued there (`xstore.retrain_share_handlers`).
+    pub retrain_share_handlers: bool,
+    /// Sim only: the longest such turn, µs (`xstore.retrain_slice_us`).
+    pub retrain_slice_us: u64,
     pub speculation: bool,
     pub hints: bool,
     pub batch_limit: usize,
@@ -310,6 +325,8 @@ impl XStoreConfig {
             keys_per_model,
             expansion: k.get::<Switch>(ENGINE, KNOBS, "expansion")?.0,
             retrain_threads,
+            retrain_share_handlers: k.get::<Switch>(ENGINE, KNOBS, "retrain_share_handlers")?.0,
+            retrain_slice_us: k.get_in(ENGINE, KNOBS, "retrain_slice_us", 1..=1_000_000)?,
             speculation: k.get::<Switch>(ENGINE, KNOBS, "speculation")?.0,
             hints: k.get::<Switch>(ENGINE, KNOBS, "hints")?.0,
             batch_limit,
@@ -461,6 +478,8 @@ mod tests {
             vec![("bounds", "20,10")],
             vec![("cache", "some")],
             vec![("retrain_threads", "0")],
+            vec![("retrain_share_handlers", "maybe")],
+            vec![("retrain_slice_us", "0")],
             vec![("bogus", "1")],
             vec![("slots", "3")],
             vec![("submodels", "0")],

@@ -14,7 +14,7 @@
 
 use crate::config::XTreeConfig;
 use crate::layout::{
-    ChildPtr, FatPtr, Geometry, Header, INCARNATION_MASK, INLINE_VALUE_LEN, LINE_BYTES,
+    ChildPtr, FatPtr, Geometry, Header, INCARNATION_MASK, INLINE_VALUE_LEN, LINE_BYTES, LOCK_BIT,
     MAX_VALUE_LEN, Meta, NO_NODE, RootWord, SUPERBLOCK_FORMAT_OFFSET, SUPERBLOCK_ROOT_OFFSET,
     WORDS_PER_LINE, block_bytes, format_word, next_incarnation,
 };
@@ -81,7 +81,20 @@ pub mod cost {
     /// (`read_consistent_image`: the copy into the stack buffer and its
     /// checks, [`crate::view::NodeImage`]): 513.0 per GET. (Was 1,336: the
     /// copy, its check and a parse into two `Vec`s.)
+    /// (Since branch i93 GET reads its leaf in place, `LEAF_READ_IN_PLACE`;
+    /// this copy is `find_leaf`'s, whose code is unchanged.)
     pub const LEAF_READ: u64 = 513;
+    /// One attempt at `key`'s slot in a leaf read in place
+    /// (`XTree::read_leaf_slot`: the node's words bounds-checked and
+    /// touched, `V_0`, header and meta, the key words up to `key`, its
+    /// slot word, the closing version words and their checks): 366.3 per
+    /// GET. Branch i93, callgrind on `local` with its binary:
+    /// `DMKV=/tmp/i93/dmkv-a1 KEEP=/tmp/i93/cg-a1-rb
+    /// scripts/instructions-per-op.sh rpc-btree` (ycsb-c, 50,000 keys),
+    /// differenced over the two runs' 50,000 GETs, inclusive call edge
+    /// `get_with` -> `read_leaf_slot`. (Was `LEAF_READ`, 513: the copy into
+    /// a zeroed stack buffer and its checks.)
+    pub const LEAF_READ_IN_PLACE: u64 = 366;
     /// One attempt at a consistent image of a leaf parsed into a
     /// [`crate::view::NodeView`] (`read_consistent`: the copy, its check
     /// and the parse into two `Vec`s), which scans, leaf iteration and
@@ -89,11 +102,15 @@ pub mod cost {
     /// `LEAF_READ` had before the lean paths, measured on that code (main's
     /// a1dce1e, 1,336.0 per GET), which is unchanged.
     pub const LEAF_READ_PARSED: u64 = 1_336;
-    /// `XTree::get_with`'s own part (the lock, the stack buffer's zeroing,
-    /// the key's search in place, the value, the caller's closure: for
-    /// rpc-btree the reply's encoding): 1,506.2 less the two above, 315.
-    /// (Was 250 for `get`, whose value copy and frees the handler paid.)
-    pub const GET: u64 = 315;
+    /// `XTree::get_with`'s own part (the lock, the value, the caller's
+    /// closure: for rpc-btree the reply's encoding): 1,506.2 less the two
+    /// above, 315 (with the stack buffer's zeroing and the key's search in
+    /// the copy). (Was 250 for `get`, whose value copy and frees the
+    /// handler paid.) Branch i93 (the leaf read in place, the key's search
+    /// in `LEAF_READ_IN_PLACE`): `get_with` 1,172.6 per GET less
+    /// `descend_to_leaf` 692.3 and `read_leaf_slot` 366.3: 114, the run
+    /// given for `LEAF_READ_IN_PLACE`.
+    pub const GET: u64 = 114;
     /// A write's attempt on its leaf in place (`leaf_apply`: the leaf's
     /// words, its lock, its copy and checks, the change, the commit of the
     /// changed words) plus `modify`'s own part: on ycsb-a
@@ -733,10 +750,10 @@ impl XTree {
 
     /// `f` of the value of `key` (the bytes where they lie: an inline value
     /// on the stack, an out-of-line one in the block read), `None` if the
-    /// key is absent. The lean read path: the leaf is copied into a stack
-    /// buffer, checked by the version protocol exactly as
-    /// [`NodeView::parse`] checks it ([`NodeImage`]) and searched in place;
-    /// nothing is allocated for an inline value.
+    /// key is absent. The lean read path: the leaf is read in place, word
+    /// by word, and validated by the version protocol with every check
+    /// [`NodeView::parse`] makes of a leaf ([`Self::leaf_slot_in_place`]);
+    /// nothing is copied or zeroed, nothing allocated for an inline value.
     pub fn get_with<R>(
         &self,
         key: u64,
@@ -745,6 +762,40 @@ impl XTree {
         dmkv_transport::sim::work(cost::GET);
         let _shared = self.structure.read();
         let leaf = self.descend_to_leaf(key);
+        let mut block = Vec::new();
+        for _ in 0..MAX_READ_RETRIES {
+            let Some(found) = self.read_leaf_slot(leaf, key)? else {
+                // Not a leaf by its meta word (never, for a node the walk
+                // ended on: a node's level never changes): the copy path,
+                // with its inner-node checks, as before.
+                return self.get_copied(leaf, key, f);
+            };
+            let Some(value) = found else {
+                return Ok(None);
+            };
+            match value {
+                SlotValue::Inline(b) => return Ok(Some(f(&b))),
+                SlotValue::OutOfLine(fat) => {
+                    if let Some(v) = self.read_block(key, fat, &mut block) {
+                        return Ok(Some(f(v)));
+                    }
+                }
+            }
+            // The block was freed and reused under us: the leaf changed.
+        }
+        Err(XTreeError::Corrupt(format!("get {key:#x} never settled")))
+    }
+
+    /// [`Self::get_with`] on a consistent copy of `leaf` (the path before
+    /// the in-place read), for a node whose meta word says it is no leaf.
+    #[cold]
+    #[inline(never)]
+    fn get_copied<R>(
+        &self,
+        leaf: u32,
+        key: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, XTreeError> {
         let mut buf = [0u8; MAX_NODE_BYTES];
         let mut block = Vec::new();
         for _ in 0..MAX_READ_RETRIES {
@@ -1746,6 +1797,109 @@ impl XTree {
         Err(XTreeError::Corrupt(format!("node {node} never settled")))
     }
 
+    /// `key`'s value in `leaf`, read in place and validated by the version
+    /// protocol, retried as [`Self::read_consistent_image`] retries its
+    /// copy (per attempt a `sim` charge, [`cost::LEAF_READ_IN_PLACE`], and
+    /// the same touch of the node's every line): `Some(None)` when the leaf lacks the key,
+    /// `None` when the node's meta word says it is no leaf (the caller
+    /// then takes the copy path, whose checks cover inner nodes).
+    fn read_leaf_slot(&self, leaf: u32, key: u64) -> Result<Option<Option<SlotValue>>, XTreeError> {
+        for attempt in 0..MAX_READ_RETRIES {
+            dmkv_transport::sim::work(cost::LEAF_READ_IN_PLACE);
+            match self.leaf_slot_in_place(leaf, key) {
+                Ok(found) => return Ok(found),
+                Err(e) if e.is_transient() => back_off(attempt),
+                Err(e) => return Err(XTreeError::Corrupt(format!("node {leaf}: {e}"))),
+            }
+        }
+        Err(XTreeError::Corrupt(format!("node {leaf} never settled")))
+    }
+
+    /// One attempt at `key`'s slot in `node`, its words read in place
+    /// (quiet atomic loads, [`QuietWords`]) instead of copied: `V_0` first,
+    /// then the header and meta, the key words in slot order up to `key`
+    /// and its slot word, then every other version word, `T` last. The
+    /// attempt is accepted exactly when a copy of the whole node would be
+    /// by [`check_node_image`]: every version word unlocked and equal
+    /// (else [`ViewError::Locked`] / [`ViewError::Torn`], transient), then
+    /// the header and meta checked ([`check_head_words`], the same
+    /// malformed errors). A leaf has no further checks; a node whose meta
+    /// says it is inner returns `Ok(None)` (inner nodes' checks are the
+    /// copy path's).
+    ///
+    /// Why the words loaded between `V_0` and `T` are version `X`'s when
+    /// both read `X` (docs/xtree.md, invariant 13): every load is an
+    /// acquire and every store of the writer protocol a release
+    /// ([`crate::protocol::commit`]). `V_0 = X` unlocked was stored by the
+    /// commit that made `X`, after all its payload stores, so no later
+    /// load sees an older payload word. A payload word stored by any later
+    /// commit was stored after that commit's `T = X + 1`, so a load that
+    /// sees it makes the closing load of `T` see `X + 1` or later: torn.
+    ///
+    /// The node's every line is touched once, as the copy touched them
+    /// ([`RegionMem::words_in`]), so `sim` charges the same lines.
+    #[inline(always)]
+    fn leaf_slot_in_place(
+        &self,
+        node: u32,
+        key: u64,
+    ) -> Result<Option<Option<SlotValue>>, ViewError> {
+        let geo = &self.geo;
+        let w = QuietWords(
+            self.nodes
+                .mem
+                .words_in(self.node_mem(node).base, geo.node_bytes())
+                .expect("node numbers are checked against the region"),
+        );
+        let first = w.load(geo.version_word(0));
+        if first & LOCK_BIT != 0 {
+            // A copy would fail the same way, whatever else it read.
+            return Err(ViewError::Locked);
+        }
+        let head = check_head_words(
+            geo,
+            w.load(geo.payload_word(Geometry::HDR)),
+            w.load(geo.payload_word(Geometry::META)),
+        );
+        let mut found = None;
+        if let Ok((header, meta)) = &head
+            && meta.level == 0
+        {
+            // The count is checked against the slots: the loads stay in
+            // the node even when the words are torn.
+            let mut at = geo.payload_word(geo.key(0));
+            for j in 0..header.count as usize {
+                if w.load(at) == key {
+                    let slot = w.load(geo.payload_word(geo.slot(j)));
+                    found = Some(SlotValue::decode(meta, j, slot));
+                    break;
+                }
+                at += 1;
+                if at.is_multiple_of(WORDS_PER_LINE) {
+                    at += 1; // the next line's version word
+                }
+            }
+        }
+        // The closing version words, as `check_span` reads them: any lock
+        // wins over a tear.
+        let mut torn = false;
+        for i in (1..geo.lines())
+            .map(|l| geo.version_word(l))
+            .chain(std::iter::once(geo.trailer_word()))
+        {
+            let v = w.load(i);
+            if v & LOCK_BIT != 0 {
+                return Err(ViewError::Locked);
+            }
+            torn |= v != first;
+        }
+        if torn {
+            return Err(ViewError::Torn);
+        }
+        let (_, meta) = head?;
+        Ok((meta.level == 0).then_some(found))
+    }
+
     /// The leaf covering `key` and the path to it (inner node, child index),
     /// root first. The caller holds `structure`, so inner nodes are stable.
     fn descend(&self, key: u64) -> (u32, Vec<(u32, usize)>) {
@@ -2002,6 +2156,93 @@ mod tests {
             node: l.node,
             incarnation: l.incarnation,
         }
+    }
+
+    /// The in-place leaf read (`leaf_slot_in_place`, GET's path since
+    /// branch i93) accepts and refuses exactly the images a copy of the
+    /// whole node is accepted and refused by (`check_node_image`): on a
+    /// leaf with every version word in turn locked or torn (locked wins),
+    /// and with a malformed meta word, the same error; on the intact leaf
+    /// every key's value and an absent key as the copy's `NodeImage` finds
+    /// them; an inner node is sent to the copy path. Checked to fail with
+    /// the closing version words' loop removed (the torn images of lines 1
+    /// on and of `T` were then accepted).
+    #[test]
+    fn the_in_place_leaf_read_refuses_what_a_copy_refuses() {
+        let c = LocalCluster::new(LocalConfig::default());
+        let rt = NodeRuntime::new(c.add_node(1));
+        let cfg = XTreeConfig::sized_for(1_000, 16, 16).unwrap();
+        let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+        for k in 0..12u64 {
+            let v = if k % 3 == 0 {
+                vec![k as u8; 20]
+            } else {
+                vec![k as u8; 8]
+            };
+            t.insert(k * 10 + 1, &v).unwrap();
+        }
+        let leaf = t.root().node;
+        let geo = t.geo;
+        let base = t.node_mem(leaf).base;
+        let mem = &t.nodes.mem;
+        let copied = |key: u64| {
+            let mut buf = [0u8; MAX_NODE_BYTES];
+            let img = &mut buf[..geo.node_bytes()];
+            t.copy_node(leaf, img);
+            check_node_image(&geo, img, true).map(|head| {
+                let img = NodeImage::from_checked(&geo, img, head);
+                img.find(key).map(|j| img.value(j))
+            })
+        };
+        // Intact: every key and an absent one, as the copy finds them.
+        for key in (0..12u64).map(|k| k * 10 + 1).chain([5]) {
+            let want = copied(key).unwrap();
+            assert_eq!(t.leaf_slot_in_place(leaf, key), Ok(Some(want)), "key {key}");
+        }
+        assert_eq!(t.get(31).unwrap(), Some(vec![3; 20]));
+        assert_eq!(t.get(41).unwrap(), Some(vec![4; 8]));
+        let versions: Vec<usize> = (0..geo.lines())
+            .map(|l| geo.version_word(l))
+            .chain([geo.trailer_word()])
+            .collect();
+        let at = |i: usize| base + 8 * i as u64;
+        for &i in &versions {
+            let v = mem.load_u64(at(i)).unwrap();
+            for (bad, want) in [(v | LOCK_BIT, ViewError::Locked), (v + 1, ViewError::Torn)] {
+                mem.store_u64(at(i), bad).unwrap();
+                assert_eq!(copied(41), Err(want.clone()), "word {i}");
+                assert_eq!(t.leaf_slot_in_place(leaf, 41), Err(want), "word {i}");
+                // A lock anywhere wins over a tear anywhere else.
+                let other =
+                    versions[(versions.iter().position(|&w| w == i).unwrap() + 1) % versions.len()];
+                let o = mem.load_u64(at(other)).unwrap();
+                mem.store_u64(at(other), o | LOCK_BIT).unwrap();
+                assert_eq!(copied(41), Err(ViewError::Locked), "words {i}, {other}");
+                assert_eq!(t.leaf_slot_in_place(leaf, 41), Err(ViewError::Locked));
+                mem.store_u64(at(other), o).unwrap();
+            }
+            mem.store_u64(at(i), v).unwrap();
+        }
+        // A malformed meta word (reserved bits): the same non-transient error.
+        let meta_at = at(geo.payload_word(Geometry::META));
+        let meta = mem.load_u64(meta_at).unwrap();
+        mem.store_u64(meta_at, meta | 1 << 60).unwrap();
+        let want = copied(41).unwrap_err();
+        assert!(!want.is_transient());
+        assert_eq!(t.leaf_slot_in_place(leaf, 41), Err(want));
+        mem.store_u64(meta_at, meta).unwrap();
+        assert_eq!(
+            t.leaf_slot_in_place(leaf, 41),
+            Ok(Some(copied(41).unwrap()))
+        );
+        // An inner node: the copy path's.
+        for k in 12..200u64 {
+            t.insert(k * 10 + 1, &[1; 8]).unwrap();
+        }
+        let root = t.root().node;
+        assert!(t.read_locked(root).unwrap().level() > 0);
+        assert_eq!(t.leaf_slot_in_place(root, 41), Ok(None));
+        assert_eq!(t.get(41).unwrap(), Some(vec![4; 8]));
     }
 
     /// A position hint of several leaves (XStore §5.3.1, branch i63): the

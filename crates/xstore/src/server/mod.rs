@@ -31,8 +31,8 @@ use dmkv_api::{KvError, Result, ServeArgs};
 use dmkv_memnode::{NodeRuntime, WorkerPool};
 use dmkv_transport::time::Instant;
 use dmkv_transport::{
-    Answered, DeferredService, Later, RegionMem, Responder, RpcContext, ServiceError, WireReader,
-    WireWriter, thread_cpu_ns,
+    Answered, DeferredService, Later, NodeId, RegionMem, Responder, RpcContext, ServiceError,
+    WireReader, WireWriter, thread_cpu_ns,
 };
 use dmkv_xtree::{Geometry, Header, LeafRef, MAX_HINT_LEAVES, MAX_VALUE_LEN, SplitEvent, XTree};
 pub use models::{Generation, ModelStore, PublishError, Published};
@@ -103,6 +103,8 @@ pub struct Server {
     node_mem: Arc<RegionMem>,
     models: ModelStore,
     pool: Arc<WorkerPool>,
+    /// This memory node (its handler cores take retraining's turns).
+    node: NodeId,
     wal: Option<Wal>,
     /// Per key stripe, when logging: serializes a key's writes with their
     /// log versions, and remembers the ticket of the stripe's last record
@@ -190,6 +192,7 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
         node_mem,
         models,
         pool,
+        node: rt.id(),
         wal,
         stripes: (0..STRIPES).map(|_| Mutex::new(None)).collect(),
         load_gate: RwLock::new(()),
@@ -742,6 +745,19 @@ impl Server {
         Arc::ptr_eq(&self.models.current(), g)
     }
 
+    /// The end of a retraining job under `sim` (docs/xstore.md, "Retraining
+    /// on the handler cores"): the CPU it was charged passes in virtual
+    /// time now, on this memory node's handler cores in turns with the
+    /// requests queued there (`xstore.retrain_share_handlers`, ROLEX's
+    /// XStore-D on one memory-node core). With the knob off nothing is
+    /// done here: the job's CPU holds its worker core when it returns, as
+    /// before the knob. Called with no lock held. Nothing off `sim`.
+    fn pace_retrain(&self) {
+        if self.cfg.retrain_share_handlers {
+            dmkv_transport::sim::job_progress(Some(self.node), self.cfg.retrain_slice_us * 1000);
+        }
+    }
+
     /// Retrains sub-model `i` of `g` (a worker-pool job).
     fn retrain(&self, g: &Arc<Generation>, i: u32) {
         if !self.is_current(g) {
@@ -769,6 +785,7 @@ impl Server {
             .retrain_cpu_ns
             .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
         drop(_one);
+        self.pace_retrain();
         // A split between our read of the leaves and the publication found
         // the old TT in the reverse map: look again.
         if self.is_current(g) && self.is_stale(&g.sub(i)) {
