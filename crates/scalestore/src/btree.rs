@@ -242,8 +242,7 @@ struct Leaf {
 
 impl Leaf {
     fn load(p: &PageRef<'_>) -> Option<Leaf> {
-        let mut buf = PageBuf::default();
-        p.load(&mut buf);
+        let buf = p.copy();
         let m = Meta::decode(buf.word(0))?;
         (m.level == 0).then_some(Leaf { buf, m })
     }
