@@ -41,6 +41,24 @@ fn one_sided(c: &mut Criterion) {
     c.bench_function("cas", |b| {
         b.iter(|| block_on(ep.cas(region.at(black_box(8)), 0, 0)).unwrap())
     });
+    // A race update's verbs (docs/performance.md, twenty-fourth pass): a
+    // 64-byte KV block written with two 128-byte bucket reads in one
+    // batch, then the slot's CAS in a batch of its own.
+    c.bench_function("write 64 B + 2 reads of 128 B, then a cas", |b| {
+        let block = vec![7u8; 64];
+        b.iter(|| {
+            block_on(async {
+                let mut batch = ep.batch();
+                batch.write(region.at(black_box(4096)), block.clone());
+                batch.read(region.at(black_box(8192)), 128);
+                batch.read(region.at(black_box(12288)), 128);
+                batch.run().await.unwrap();
+                let mut cas = ep.batch();
+                cas.cas(region.at(black_box(16)), 0, 0);
+                cas.run().await.unwrap()
+            })
+        })
+    });
 }
 
 /// Where the RPC benches' handler thread and calling thread run, from

@@ -454,7 +454,7 @@ impl RegionMem {
         let first = (offset / 8) as usize;
         // In bounds: `check` passed and `offset` and the length are whole
         // words.
-        store_words(&self.words()[first..first + data.len() / 8], data);
+        store_words(self.words_checked(first, data.len() / 8), data);
         Ok(())
     }
 
@@ -720,23 +720,60 @@ unsafe fn copy_words_to(src: &[AtomicU64], dst: *mut u8) {
 /// Stores `src` (8 bytes per word, `src.len() == 8 * dst.len()`) into the
 /// words of `dst` in increasing address order with release ordering: one
 /// unaligned load from `src` and one atomic store per word, as
-/// [`RegionMem::write`]'s whole-word loop does, in steps of eight words
-/// (then single words), the loop's bookkeeping once per step.
+/// [`RegionMem::write`]'s whole-word loop does. Shaped like
+/// [`copy_words_to`] (i90): eight words a step with the loop's bookkeeping
+/// once per step, then straight-line steps of four, two and one word as
+/// the count's low bits say. The loads from `src` go through a raw
+/// pointer, since the length is asserted once; the slice-indexed version
+/// before it paid an iterator pair and two index checks per word
+/// (docs/performance.md, twenty-fourth pass).
 #[inline(always)]
+#[allow(unsafe_code)]
 fn store_words(dst: &[AtomicU64], src: &[u8]) {
     assert_eq!(src.len(), dst.len() * 8);
-    let word =
-        |b: &[u8], i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    let mut s = src.as_ptr();
+    // The `i`-th word from `s` on, which lies inside `src` wherever it is
+    // called below.
+    let word = |s: *const u8, i: usize| {
+        // SAFETY: `s` points at the source bytes of the words being stored
+        // next and `i` is below their count; `src` holds exactly 8 bytes
+        // per word of `dst` (asserted above) and `s` advances 8 bytes per
+        // word stored, so the 8-byte unaligned load lies inside `src`.
+        u64::from_le(unsafe { s.add(8 * i).cast::<u64>().read_unaligned() })
+    };
     let mut octs = dst.chunks_exact(8);
-    let mut s = src.chunks_exact(64);
-    for (o, b) in (&mut octs).zip(&mut s) {
+    for o in &mut octs {
+        let o: &[AtomicU64; 8] = o.try_into().expect("chunks of 8 words");
         for (i, w) in o.iter().enumerate() {
-            w.store(word(b, i), Ordering::Release);
+            w.store(word(s, i), Ordering::Release);
         }
+        // SAFETY: still inside `src` or one past its end (8 words stored).
+        s = unsafe { s.add(64) };
     }
-    let rest = s.remainder();
-    for (i, w) in octs.remainder().iter().enumerate() {
-        w.store(word(rest, i), Ordering::Release);
+    let mut rest = octs.remainder();
+    // Whole steps of eight (a 64-byte KV block, a line) skip the tail
+    // with this one branch.
+    if rest.is_empty() {
+        return;
+    }
+    if let [a, b, c, e, more @ ..] = rest {
+        a.store(word(s, 0), Ordering::Release);
+        b.store(word(s, 1), Ordering::Release);
+        c.store(word(s, 2), Ordering::Release);
+        e.store(word(s, 3), Ordering::Release);
+        // SAFETY: as above (4 words stored).
+        s = unsafe { s.add(32) };
+        rest = more;
+    }
+    if let [a, b, more @ ..] = rest {
+        a.store(word(s, 0), Ordering::Release);
+        b.store(word(s, 1), Ordering::Release);
+        // SAFETY: as above (2 words stored).
+        s = unsafe { s.add(16) };
+        rest = more;
+    }
+    if let [w] = rest {
+        w.store(word(s, 0), Ordering::Release);
     }
 }
 
