@@ -13,7 +13,7 @@
 //!   readers may use them until the directory moves, writers wait.
 
 use crate::POOL_SHAPE;
-use crate::alloc::{ALLOC_CHUNK, AllocSource, LocalAlloc};
+use crate::alloc::{ALLOC_CHUNK, AllocSource, ChunkFetch, LocalAlloc, WaitForFetch};
 use crate::layout::{
     BucketHeader, COMBINED_BYTES, Combined, DIR_DEPTH, DIR_ENTRIES, DirEntry, GAddr, KeyHash,
     MAX_DEPTH, SLOTS_PER_BUCKET, Slot, combined_offset, decode_kv, decode_kv_ref, encode_kv,
@@ -543,18 +543,27 @@ impl Ctx<'_> {
                     let at = GAddr { mn, offset: off };
                     return Ok((Slot::new(h.fp, at, units, tag), encode_kv(key, tag, value)));
                 }
-                !std::mem::replace(&mut a.fetching, true)
+                a.claim_fetch()
             };
             if !fetch {
-                // Another task of this client is fetching a chunk.
-                yield_now().await;
+                // Another task of this client is fetching a chunk: park
+                // until it ends (a polling wait would keep this thread's
+                // core busy for the whole round trip).
+                WaitForFetch {
+                    allocs: &self.local.alloc,
+                    mn,
+                }
+                .await;
                 continue;
             }
+            let held = ChunkFetch::new(&self.local.alloc, mn);
             let src = self.t.allocs[mn];
             let got = src.fetch(self.ep, ALLOC_CHUNK).await;
-            let mut a = self.local.alloc.borrow_mut();
-            a[mn].fetching = false;
-            a[mn].add_chunk(got?, src.sizes.chunk);
+            if let Ok(offset) = got {
+                self.local.alloc.borrow_mut()[mn].add_chunk(offset, src.sizes.chunk);
+            }
+            drop(held);
+            got?;
         }
     }
 
