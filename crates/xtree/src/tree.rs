@@ -575,23 +575,42 @@ fn scan_leaf_keys(
     count: usize,
     key: u64,
 ) -> Option<usize> {
+    let (found, last) = find_key_word(geo, count, key, |w| words.peek(w));
+    if count > 0 {
+        words.touch_words(geo.payload_word(geo.key(0)), last);
+    }
+    found
+}
+
+/// The linear search of a leaf's first `count` key words for `key`, in
+/// slot order, each word loaded by `load` (given its index in the node's
+/// words) and the search stopping at the first match: the slot found, and
+/// the index of the last key word loaded (`K_0`'s when `count` is 0). The
+/// key words are stepped to in turn, over each line's version word, as
+/// `payload_offsets` steps (no division per word). Shared by the leaf's
+/// searches in place: `scan_leaf_keys` (the hinted write, which touches
+/// the lines it read), `XTree::leaf_slot_in_place` (GET) and
+/// `XTree::leaf_apply` (writes under the leaf's lock).
+#[inline(always)]
+fn find_key_word(
+    geo: &Geometry,
+    count: usize,
+    key: u64,
+    mut load: impl FnMut(usize) -> u64,
+) -> (Option<usize>, usize) {
     let first = geo.payload_word(geo.key(0));
-    let (mut w, mut last, mut found) = (first, first, None);
+    let (mut w, mut last) = (first, first);
     for j in 0..count {
         last = w;
-        if words.peek(w) == key {
-            found = Some(j);
-            break;
+        if load(w) == key {
+            return (Some(j), last);
         }
         w += 1;
         if w.is_multiple_of(WORDS_PER_LINE) {
             w += 1; // the next line's version word
         }
     }
-    if count > 0 {
-        words.touch_words(first, last);
-    }
-    found
+    (None, last)
 }
 
 /// An XTree on one memory node.
@@ -1352,7 +1371,7 @@ impl XTree {
         };
         let count = hdr.count as usize;
         let value = |j: usize| SlotValue::decode(&meta, j, word(geo.slot(j)));
-        let found = (0..count).find(|&j| word(geo.key(j)) == key);
+        let (found, _) = find_key_word(geo, count, key, |i| nm.load(i));
         match (found, op) {
             (Some(_), WriteOp::Insert(_)) | (None, WriteOp::Update(_) | WriteOp::Delete) => {
                 unlock_unchanged(&nm, x);
@@ -1867,18 +1886,8 @@ impl XTree {
         {
             // The count is checked against the slots: the loads stay in
             // the node even when the words are torn.
-            let mut at = geo.payload_word(geo.key(0));
-            for j in 0..header.count as usize {
-                if w.load(at) == key {
-                    let slot = w.load(geo.payload_word(geo.slot(j)));
-                    found = Some(SlotValue::decode(meta, j, slot));
-                    break;
-                }
-                at += 1;
-                if at.is_multiple_of(WORDS_PER_LINE) {
-                    at += 1; // the next line's version word
-                }
-            }
+            let (j, _) = find_key_word(geo, header.count as usize, key, |i| w.load(i));
+            found = j.map(|j| SlotValue::decode(meta, j, w.load(geo.payload_word(geo.slot(j)))));
         }
         // The closing version words, as `check_span` reads them: any lock
         // wins over a tear.
