@@ -99,6 +99,20 @@ impl LocalDeployment {
         checked_client(&self.engine, self.endpoint(thread), thread)
     }
 
+    /// What a compute process issuing from `compute_node` of this cluster
+    /// connects with: the deployment's serve data, one compute thread, no
+    /// hosted nodes (a second compute process beside the deployment's own,
+    /// or a test's client of a service).
+    pub fn connect_args(&self, compute_node: NodeId) -> ConnectArgs {
+        ConnectArgs {
+            fabric: self.cluster.fabric(),
+            compute_node,
+            serve: self.args.clone(),
+            threads: 1,
+            hosted: Vec::new(),
+        }
+    }
+
     /// Figures of every node the engine is installed on.
     pub fn node_stats(&self) -> Vec<NodeStats> {
         self.runtimes.iter().map(|r| r.stats()).collect()

@@ -207,7 +207,7 @@ fn a_full_pool_says_so_and_keeps_what_it_acknowledged() {
 /// first), and every value reads back.
 #[test]
 fn a_small_pool_grows_and_clients_find_its_segments() {
-    use dmkv_api::{ConnectArgs, EngineSpec};
+    use dmkv_api::EngineSpec;
     use dmkv_transport::NodeHost;
     let d = deploy_with(
         2,
@@ -221,13 +221,7 @@ fn a_small_pool_grows_and_clients_find_its_segments() {
     );
     let (_ep, a) = d.client(0).unwrap();
     let other = SPEC
-        .connect(ConnectArgs {
-            fabric: d.cluster.fabric(),
-            compute_node: d.cluster.add_node(0).id(),
-            serve: d.args.clone(),
-            threads: 1,
-            hosted: Vec::new(),
-        })
+        .connect(d.connect_args(d.cluster.add_node(0).id()))
         .unwrap();
     let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
     let b = block_on(other.client(ep_b, 0)).unwrap();
@@ -306,17 +300,11 @@ fn per_operation_costs() {
 /// (frozen slots of retired subtables) and return the new values.
 #[test]
 fn a_stale_directory_cache_in_another_process_sees_new_values() {
-    use dmkv_api::{ConnectArgs, EngineSpec};
+    use dmkv_api::EngineSpec;
     use dmkv_transport::NodeHost;
     let d = deploy_with(1, 1, TINY);
     let other = SPEC
-        .connect(ConnectArgs {
-            fabric: d.cluster.fabric(),
-            compute_node: d.cluster.add_node(0).id(),
-            serve: d.args.clone(),
-            threads: 1,
-            hosted: Vec::new(),
-        })
+        .connect(d.connect_args(d.cluster.add_node(0).id()))
         .unwrap();
     let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
     let b = block_on(other.client(ep_b.clone(), 0)).unwrap();

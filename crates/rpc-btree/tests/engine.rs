@@ -135,14 +135,7 @@ fn every_operation_is_one_rpc_and_one_round_trip() {
 #[test]
 fn hinted_updates_over_rpc() {
     let d = deploy(4);
-    let conn = dmkv_api::ConnectArgs {
-        fabric: d.cluster.fabric(),
-        compute_node: d.compute,
-        serve: d.args.clone(),
-        threads: 1,
-        hosted: Vec::new(),
-    };
-    let (_e, svc) = connect_service(&conn).unwrap();
+    let (_e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
     let c = RpcTreeClient::new(d.endpoint(0), svc);
     let c = Rc::new(c);
     block_on(async {

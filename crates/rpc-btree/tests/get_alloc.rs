@@ -54,14 +54,7 @@ fn a_warm_get_of_an_absent_key_allocates_nothing() {
         },
     )
     .unwrap();
-    let conn = dmkv_api::ConnectArgs {
-        fabric: d.cluster.fabric(),
-        compute_node: d.compute,
-        serve: d.args.clone(),
-        threads: 1,
-        hosted: Vec::new(),
-    };
-    let (_e, svc) = connect_service(&conn).unwrap();
+    let (_e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
     let c = RpcTreeClient::new(d.endpoint(0), svc);
     block_on(async {
         for k in 1..=20u64 {

@@ -51,7 +51,7 @@
 
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_api::{ConnectArgs, Engine, EngineSpec, Knobs, KvStore};
+use dmkv_api::{Engine, EngineSpec, Knobs, KvStore};
 use dmkv_sherman::SPEC;
 use dmkv_transport::NodeHost;
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
@@ -82,14 +82,8 @@ fn deploy_small(memnodes: usize) -> LocalDeployment {
 /// A second compute process (its own local lock table, index cache and
 /// allocators).
 fn other_process(d: &LocalDeployment) -> Arc<dyn Engine> {
-    SPEC.connect(ConnectArgs {
-        fabric: d.cluster.fabric(),
-        compute_node: d.cluster.add_node(0).id(),
-        serve: d.args.clone(),
-        threads: 1,
-        hosted: Vec::new(),
-    })
-    .unwrap()
+    SPEC.connect(d.connect_args(d.cluster.add_node(0).id()))
+        .unwrap()
 }
 
 fn store_of(d: &LocalDeployment, engine: &Arc<dyn Engine>) -> Rc<dyn KvStore> {

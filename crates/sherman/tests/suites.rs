@@ -185,16 +185,10 @@ fn a_small_pool_grows_and_clients_find_its_segments() {
     block_on(labeled(OpKind::Load, d.engine.load(&ep, &pairs))).unwrap();
     // Another process, whose clients have seen no segment but the first.
     let other = {
-        use dmkv_api::{ConnectArgs, EngineSpec};
+        use dmkv_api::EngineSpec;
         use dmkv_transport::NodeHost;
-        SPEC.connect(ConnectArgs {
-            fabric: d.cluster.fabric(),
-            compute_node: d.cluster.add_node(0).id(),
-            serve: d.args.clone(),
-            threads: 1,
-            hosted: Vec::new(),
-        })
-        .unwrap()
+        SPEC.connect(d.connect_args(d.cluster.add_node(0).id()))
+            .unwrap()
     };
     let ep2 = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
     let store2 = block_on(other.client(ep2, 0)).unwrap();
@@ -271,17 +265,11 @@ fn per_operation_costs() {
 /// sees the new values.
 #[test]
 fn a_stale_index_cache_in_another_process_sees_new_values() {
-    use dmkv_api::{ConnectArgs, EngineSpec};
+    use dmkv_api::EngineSpec;
     use dmkv_transport::NodeHost;
     let d = deploy_with(1, 1, SMALL);
     let other = SPEC
-        .connect(ConnectArgs {
-            fabric: d.cluster.fabric(),
-            compute_node: d.cluster.add_node(0).id(),
-            serve: d.args.clone(),
-            threads: 1,
-            hosted: Vec::new(),
-        })
+        .connect(d.connect_args(d.cluster.add_node(0).id()))
         .unwrap();
     let ep_b = std::rc::Rc::new(d.cluster.fabric().endpoint(other.home_node(0)).unwrap());
     let b = block_on(other.client(ep_b, 0)).unwrap();
@@ -323,20 +311,14 @@ fn a_stale_index_cache_in_another_process_sees_new_values() {
 /// owner's last value.
 #[test]
 fn hierarchical_locks_under_contention_from_two_processes() {
-    use dmkv_api::{ConnectArgs, EngineSpec, KvStore};
+    use dmkv_api::{EngineSpec, KvStore};
     use dmkv_transport::NodeHost;
     use dmkv_transport::exec::{LocalTask, run_tasks};
     use dmkv_transport::local::Faults;
     use std::time::Duration;
     let d = deploy_with(1, 1, &[]);
     let other = SPEC
-        .connect(ConnectArgs {
-            fabric: d.cluster.fabric(),
-            compute_node: d.cluster.add_node(0).id(),
-            serve: d.args.clone(),
-            threads: 1,
-            hosted: Vec::new(),
-        })
+        .connect(d.connect_args(d.cluster.add_node(0).id()))
         .unwrap();
     d.cluster.set_faults(Faults {
         round_trip_latency: Duration::from_micros(50),
