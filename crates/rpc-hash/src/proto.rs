@@ -236,12 +236,12 @@ impl Reply {
 
     /// Decodes the reply to `req`.
     pub fn decode(buf: &[u8], req: &Request<'_>) -> Result<Reply, WireError> {
-        if let Request::Get { .. } = req {
-            return Ok(Reply::Value(get_value_len(buf)?.map(|n| buf[..n].to_vec())));
-        }
         let mut r = WireReader::new(buf);
         let reply = match req {
-            Request::Get { .. } => unreachable!("decoded above"),
+            // The value first, its trailer after it: read from the end.
+            Request::Get { .. } => {
+                return Ok(Reply::Value(get_value_len(buf)?.map(|n| buf[..n].to_vec())));
+            }
             Request::Put { .. } | Request::Delete { .. } => Reply::Existed(r.bool()?),
             Request::Load { .. } => Reply::Done,
             Request::Stats => Reply::Stats(TableStats {
