@@ -38,6 +38,7 @@ use dmkv_xtree::{Geometry, Header, LeafRef, MAX_HINT_LEAVES, MAX_VALUE_LEN, Spli
 pub use models::{Generation, ModelStore, PublishError, Published};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::json;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use wal::{Ticket, Wal};
@@ -745,28 +746,52 @@ impl Server {
         Arc::ptr_eq(&self.models.current(), g)
     }
 
-    /// The end of a retraining job under `sim` (docs/xstore.md, "Retraining
-    /// on the handler cores"): the CPU it was charged passes in virtual
-    /// time now, on this memory node's handler cores in turns with the
-    /// requests queued there (`xstore.retrain_share_handlers`, ROLEX's
-    /// XStore-D on one memory-node core). With the knob off nothing is
-    /// done here: the job's CPU holds its worker core when it returns, as
-    /// before the knob. Called with no lock held. Nothing off `sim`.
+    /// A progress point of a retraining job under `sim` (docs/xstore.md,
+    /// "Retraining on the handler cores"): the CPU it was charged since
+    /// its start or its last progress point passes in virtual time now,
+    /// before what follows (a retrained sub-model's publication, a
+    /// generation's commit). With `xstore.retrain_share_handlers` (ROLEX's
+    /// XStore-D on one memory-node core) it passes on this memory node's
+    /// handler cores in turns with the requests queued there; without, on
+    /// the job's own worker core. Called with no lock held that a handler
+    /// may take. Nothing off `sim`.
     fn pace_retrain(&self) {
-        if self.cfg.retrain_share_handlers {
-            dmkv_transport::sim::job_progress(Some(self.node), self.cfg.retrain_slice_us * 1000);
-        }
+        let share = self.cfg.retrain_share_handlers.then_some(self.node);
+        dmkv_transport::sim::job_progress(share, self.cfg.retrain_slice_us * 1000);
     }
 
-    /// Retrains sub-model `i` of `g` (a worker-pool job).
+    /// Retrains sub-model `i` of `g` (a worker-pool job) in three steps
+    /// (invariant 9): reads its leaves and trains, under the sub-model's
+    /// lock; lets the job's CPU pass (no lock held); publishes, under the
+    /// lock again, unless a later read of the same sub-model was published
+    /// meanwhile. A split during the pace leaves the new model stale on
+    /// the split leaf: it is published all the same (every leaf it names
+    /// was read after the old model's, so it is no staler) and the
+    /// sub-model is queued again, so the last split is always followed by
+    /// a read after it.
     fn retrain(&self, g: &Arc<Generation>, i: u32) {
         if !self.is_current(g) {
             return;
         }
         g.queued[i as usize].store(false, Ordering::SeqCst);
-        let _one = g.locks[i as usize].lock();
+        // The job's CPU, counted around the read and the publication but
+        // not the pace (other cores' work is counted meanwhile).
         let cpu = thread_cpu_ns();
-        match self.train_one(g, i, true) {
+        let (read, trained) = {
+            let mut order = g.locks[i as usize].lock();
+            (order.next_read(), self.read_sub(g, i))
+        };
+        let mut spent = thread_cpu_ns().saturating_sub(cpu);
+        self.pace_retrain();
+        let cpu = thread_cpu_ns();
+        let published = trained.and_then(|t| {
+            let mut order = g.locks[i as usize].lock();
+            if !order.claim(read) {
+                return Err(PublishError::Superseded);
+            }
+            self.models.publish(g, i, t, true)
+        });
+        match published {
             Ok(()) => {
                 self.counters.retrains.fetch_add(1, Ordering::Relaxed);
             }
@@ -781,13 +806,14 @@ impl Server {
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
+        spent += thread_cpu_ns().saturating_sub(cpu);
         self.counters
             .retrain_cpu_ns
-            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
-        drop(_one);
-        self.pace_retrain();
-        // A split between our read of the leaves and the publication found
-        // the old TT in the reverse map: look again.
+            .fetch_add(spent, Ordering::Relaxed);
+        // The re-check: a split between our read of the leaves and the
+        // publication (during the pace, most often) left an entry of the
+        // new TT stale, and the split hook may not have found the leaf (a
+        // leaf first named by this TT): look again.
         if self.is_current(g) && self.is_stale(&g.sub(i)) {
             self.counters
                 .retrains_requeued
@@ -796,14 +822,10 @@ impl Server {
         }
     }
 
-    /// Trains sub-model `i` of `g` on the current leaves and publishes it.
-    fn train_one(
-        &self,
-        g: &Generation,
-        i: u32,
-        committed: bool,
-    ) -> std::result::Result<(), PublishError> {
-        let trained = match g.interval(i) {
+    /// Reads the leaves covering sub-model `i` of `g` and trains it
+    /// (TRAIN_SUBMODEL); the TT names each leaf with the incarnation read.
+    fn read_sub(&self, g: &Generation, i: u32) -> std::result::Result<TrainedSub, PublishError> {
+        Ok(match g.interval(i) {
             None => TrainedSub {
                 slope: 0.0,
                 intercept: 0.0,
@@ -824,8 +846,7 @@ impl Server {
                 }
                 train_submodel(&leaves, a, b, self.geo.slots() as u32)
             }
-        };
-        self.models.publish(g, i, trained, committed)
+        })
     }
 
     /// Whether any TT entry of `p` names a leaf whose incarnation changed.
@@ -958,7 +979,10 @@ impl Server {
         reason: FullReason,
     ) -> std::result::Result<(), PublishError> {
         let wall = Instant::now();
-        let cpu = thread_cpu_ns();
+        let pacer = Pacer::new(
+            self,
+            matches!(reason, FullReason::Expansion | FullReason::Shrink),
+        );
         let estimate = self.tree.stats().keys;
         // The top model, over sampled keys in order.
         let stride = (estimate / TOP_SAMPLES).max(1);
@@ -984,6 +1008,7 @@ impl Server {
                 Some(l) if chunk.len() == WALK_CHUNK => l.upper,
                 _ => None,
             };
+            pacer.point();
         }
         let start = target
             .unwrap_or_else(|| self.cfg.submodels_for(rank))
@@ -1002,6 +1027,7 @@ impl Server {
                 region_budget: self.models.region().len() / 2,
             };
             let sizing = size_submodels(&samples, rank, self.lo, self.hi, start, &goal, |a, b| {
+                pacer.point();
                 self.tree.leaves_covering(a, b, MAX_TT_LEN as usize + 1)
             })
             .map_err(|e| PublishError::Full(e.to_string()))?;
@@ -1010,9 +1036,11 @@ impl Server {
             *self.sizing.lock() = Some((sizing, rank));
         }
         loop {
-            match self.train_generation(kind, m, &samples, rank) {
+            match self.train_generation(kind, m, &samples, rank, &pacer) {
                 Ok(g) => {
-                    self.finish_full(g, m, rank, wall, cpu, reason);
+                    // The generation is committed after its CPU passed.
+                    pacer.finish();
+                    self.finish_full(g, m, rank, wall, &pacer, reason);
                     return Ok(());
                 }
                 // A count raised by sizing that the region cannot hold
@@ -1036,16 +1064,21 @@ impl Server {
         m: u32,
         samples: &[(u64, u64)],
         rank: u64,
+        pacer: &Pacer<'_>,
     ) -> std::result::Result<Generation, PublishError> {
         let top = train_top_kind(kind, samples, rank, self.lo, self.hi, m);
         let first = interval_starts(&top, self.lo, self.hi, m);
         let generation = self.models.current().generation() + 1;
         let g = self.models.new_generation(generation, top, first, rank)?;
         for i in 0..m {
-            if let Err(e) = self.train_one(&g, i, false) {
+            let published = self
+                .read_sub(&g, i)
+                .and_then(|t| self.models.publish(&g, i, t, false));
+            if let Err(e) = published {
                 self.models.discard(g);
                 return Err(e);
             }
+            pacer.point();
         }
         Ok(g)
     }
@@ -1058,7 +1091,7 @@ impl Server {
         m: u32,
         keys: u64,
         wall: Instant,
-        cpu: u64,
+        pacer: &Pacer<'_>,
         reason: FullReason,
     ) {
         let g = Arc::new(g);
@@ -1073,7 +1106,7 @@ impl Server {
         let c = &self.counters;
         c.full_trainings.fetch_add(1, Ordering::Relaxed);
         c.full_training_cpu_ns
-            .fetch_add(thread_cpu_ns().saturating_sub(cpu), Ordering::Relaxed);
+            .fetch_add(pacer.spent(), Ordering::Relaxed);
         c.last_full_training_us
             .store(wall.elapsed().as_micros() as u64, Ordering::Relaxed);
         match reason {
@@ -1269,4 +1302,61 @@ fn value<'a>(r: &mut WireReader<'a>) -> std::result::Result<&'a [u8], ServiceErr
         )));
     }
     Ok(v)
+}
+
+/// Progress points of a full training (invariant 9): at each, once the job
+/// has been charged `retrain_slice_us` of CPU since the last, that CPU
+/// passes (`Server::pace_retrain`: on the handler cores with
+/// `retrain_share_handlers`, else on the job's worker core) before the job
+/// goes on. Placed where the job holds no lock a handler or a retraining
+/// takes: between chunks of the leaf walk, before each of sizing's leaf
+/// reads, after each sub-model of the new generation. Only expansions and
+/// shrinks pace: the initial and after-load trainings run before any
+/// measured request, on the worker core, as before. It also counts the
+/// job's own CPU, the pauses (other cores' work) left out.
+struct Pacer<'a> {
+    server: &'a Server,
+    on: bool,
+    /// The CPU clock where the job's current stretch began.
+    mark: Cell<u64>,
+    /// The job's CPU in stretches before the current one.
+    spent: Cell<u64>,
+}
+
+impl<'a> Pacer<'a> {
+    fn new(server: &'a Server, on: bool) -> Pacer<'a> {
+        Pacer {
+            server,
+            on,
+            mark: Cell::new(thread_cpu_ns()),
+            spent: Cell::new(0),
+        }
+    }
+
+    /// A progress point: the stretch's CPU passes if it is a slice or more.
+    fn point(&self) {
+        let run = thread_cpu_ns().saturating_sub(self.mark.get());
+        if self.on && run >= self.server.cfg.retrain_slice_us * 1000 {
+            self.pass(run);
+        }
+    }
+
+    /// The last progress point: whatever CPU is left passes.
+    fn finish(&self) {
+        let run = thread_cpu_ns().saturating_sub(self.mark.get());
+        if self.on && run > 0 {
+            self.pass(run);
+        }
+    }
+
+    fn pass(&self, run: u64) {
+        self.spent.set(self.spent.get() + run);
+        self.server.pace_retrain();
+        self.mark.set(thread_cpu_ns());
+    }
+
+    /// The job's CPU so far, pauses left out.
+    fn spent(&self) -> u64 {
+        self.spent.get() + thread_cpu_ns().saturating_sub(self.mark.get())
+    }
 }

@@ -46,6 +46,36 @@ pub struct Published {
     pub mean_abs_err: f64,
 }
 
+/// The order of one sub-model's retrainings: each read of its leaves takes
+/// the next number, and a publication goes ahead only if no later read was
+/// published before it (two jobs of one sub-model may overlap while their
+/// CPU passes; the later read is the fresher picture).
+#[derive(Debug, Default)]
+pub struct RetrainOrder {
+    /// Reads taken so far.
+    reads: u64,
+    /// The read number of the retraining published last (0: none).
+    published: u64,
+}
+
+impl RetrainOrder {
+    /// A new read of the sub-model's leaves: its number.
+    pub fn next_read(&mut self) -> u64 {
+        self.reads += 1;
+        self.reads
+    }
+
+    /// Whether the retraining that made read `read` may publish (no later
+    /// read was published); if so, records it as the last published.
+    pub fn claim(&mut self, read: u64) -> bool {
+        if read <= self.published {
+            return false;
+        }
+        self.published = read;
+        true
+    }
+}
+
 /// `leaf_subs` value for a leaf in no TT of the generation.
 const NO_SUBS: u64 = u64::MAX;
 
@@ -56,8 +86,10 @@ pub struct Generation {
     /// partition's end (+1).
     pub first: Vec<u128>,
     pub subs: Vec<RwLock<Arc<Published>>>,
-    /// Serialises retraining of one sub-model.
-    pub locks: Vec<Mutex<()>>,
+    /// Serialises the leaf reads and the publications of one sub-model's
+    /// retrainings, and orders them (a retraining reads, lets its CPU pass
+    /// with no lock held, then publishes: docs/xstore.md, invariant 9).
+    pub locks: Vec<Mutex<RetrainOrder>>,
     /// A retraining job for the sub-model is queued and not yet started.
     pub queued: Vec<AtomicBool>,
     /// Per leaf (node number): the sub-models whose TT names it, as an
@@ -293,7 +325,9 @@ impl ModelStore {
             },
             first,
             subs: (0..m).map(|_| RwLock::new(empty.clone())).collect(),
-            locks: (0..m).map(|_| Mutex::new(())).collect(),
+            locks: (0..m)
+                .map(|_| Mutex::new(RetrainOrder::default()))
+                .collect(),
             queued: (0..m).map(|_| AtomicBool::new(false)).collect(),
             leaf_subs: (0..self.leaf_capacity)
                 .map(|_| AtomicU64::new(NO_SUBS))
