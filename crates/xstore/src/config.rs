@@ -54,7 +54,7 @@ pub const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "retrain_share_handlers",
         default: "on",
-        help: "on|off, sim only: a sub-model's retraining takes turns with the RPC handlers on the memory node's handler cores (ROLEX's XStore-D: one core per memory node, §4) instead of running on a worker core of its own",
+        help: "on|off, sim only: a sub-model's retraining, an expansion and a shrink take turns with the RPC handlers on the memory node's handler cores (ROLEX's XStore-D: one core per memory node, §4) instead of running on a worker core of their own",
     },
     KnobSpec {
         name: "retrain_slice_us",
