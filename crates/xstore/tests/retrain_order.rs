@@ -86,9 +86,10 @@ fn a_get_during_the_retraining_sees_the_old_model() {
     assert_eq!(block_on(get()), 0, "the loaded model finds the key");
     // Bulk-loaded leaves are half full (2 of 4): the third key between
     // `k` and `moved` splits the first leaf, which holds both. One task
-    // inserts them; another GETs once the split is in: the retraining's
-    // CPU passes in a frame nested in an event, which the inserting task
-    // may wait behind, but a task of its own keeps running.
+    // inserts them; another GETs once the split is in. The retraining's
+    // CPU passes in a frame nested in the job's event: tasks keep being
+    // polled there, but plain code between two `block_on`s would run only
+    // once that frame unwinds, after the pace.
     let inserted = Cell::new(0);
     let during = RefCell::new(Vec::new());
     let insert = async {
