@@ -1314,6 +1314,14 @@ fn value<'a>(r: &mut WireReader<'a>) -> std::result::Result<&'a [u8], ServiceErr
 /// shrinks pace: the initial and after-load trainings run before any
 /// measured request, on the worker core, as before. It also counts the
 /// job's own CPU, the pauses (other cores' work) left out.
+///
+/// Known limit (sim only): `full_job` holds `full_running` across these
+/// points. A second full job started meanwhile (only a bulk load's
+/// `catch_up_after_load` can ask for one while an expansion runs:
+/// `maybe_resize` waits for `full_active`) would block on it on the
+/// simulation's one OS thread. Loads precede writes in the bench and in
+/// `dmkv dst`; the fix is for the running job to take over requests made
+/// while it runs.
 struct Pacer<'a> {
     server: &'a Server,
     on: bool,
