@@ -15,6 +15,12 @@
 //!   cores, not on the worker core. Checked to fail without the progress
 //!   points (`Pacer::point`/`finish` doing nothing): the worker core then
 //!   holds the expansion's CPU.
+//! - `a_load_during_an_expansion_is_taken_over_by_the_running_job`: bulk
+//!   loads while inserts expand the model; the after-load training asked
+//!   for during a paced expansion is run by the running job when it ends
+//!   (`full_job`'s loop), not by a second job. Checked to hang with a
+//!   second job that waits on the first (the code before: the second
+//!   job's lock blocked the simulation's one OS thread).
 
 use dmkv_api::payload::make_value;
 use dmkv_api::sim_deploy::SimDeployment;
@@ -181,4 +187,67 @@ fn an_expansion_takes_turns_on_the_handler_cores() {
         busy_on * 4 < cpu_on,
         "the worker core held {busy_on} ns of {cpu_on} ns of expansion CPU"
     );
+}
+
+#[test]
+fn a_load_during_an_expansion_is_taken_over_by_the_running_job() {
+    let d = loaded(
+        &[
+            ("slots", "4"),
+            ("submodels", "4"),
+            ("keys_per_model", "256"),
+            ("retrain_share_handlers", "on"),
+        ],
+        2_000,
+    );
+    let ep = d.endpoint(0);
+    let (_ep, store) = d.client(0).unwrap();
+    let inserting = Cell::new(true);
+    let loaded_keys = RefCell::new(Vec::new());
+    let insert = async {
+        for i in 0..2_000 {
+            let k = spread_key(2 * i + 1);
+            store.insert(k, &make_value(k, 0, 8)).await.unwrap();
+        }
+        inserting.set(false);
+    };
+    // A one-key bulk load every 200 µs of virtual time while the inserts
+    // run, each followed by an insert (a write asks for the after-load
+    // training); some land while an expansion paces on the handler core.
+    let load = async {
+        let mut j = 0u64;
+        while inserting.get() {
+            dmkv_transport::exec::sleep(Duration::from_micros(200)).await;
+            let k = spread_key(10_000 + 2 * j);
+            d.engine
+                .load(&ep, &[(k, make_value(k, 1, 8))])
+                .await
+                .unwrap();
+            let w = spread_key(10_001 + 2 * j);
+            store.insert(w, &make_value(w, 1, 8)).await.unwrap();
+            loaded_keys.borrow_mut().extend([k, w]);
+            j += 1;
+        }
+    };
+    run_tasks(vec![Box::pin(insert) as LocalTask<'_, ()>, Box::pin(load)]);
+    block_on(d.engine.settle(&ep)).unwrap();
+    assert!(partition(&d, "expansions") > 0, "the inserts expanded");
+    assert!(
+        partition(&d, "full_asked_while_running") > 0,
+        "no full training was asked for while one ran"
+    );
+    // Nothing lost: every key of the run and of the loads reads back.
+    let check = |k: u64, version: u32| {
+        let v = block_on(store.get(k)).unwrap();
+        assert_eq!(v.as_deref(), Some(&make_value(k, version, 8)[..]), "{k:#x}");
+    };
+    for i in 0..2_000 {
+        check(spread_key(2 * i), 0);
+        check(spread_key(2 * i + 1), 0);
+    }
+    let extra = loaded_keys.borrow();
+    assert!(!extra.is_empty());
+    for &k in extra.iter() {
+        check(k, 1);
+    }
 }

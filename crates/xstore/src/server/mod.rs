@@ -69,7 +69,11 @@ struct FullState {
     done: u64,
     target: Option<u32>,
     reason: Option<FullReason>,
+    /// A full training was asked for and not yet taken up by the job.
     queued: bool,
+    /// The one full-training job is running: a request made meanwhile is
+    /// taken over by it (its loop), never a second job (docs/xstore.md, invariant 13).
+    running: bool,
 }
 
 /// Figures for `engine_stats`.
@@ -89,6 +93,9 @@ struct Counters {
     fallback_gets: AtomicU64,
     fallback_scans: AtomicU64,
     stale_kicks: AtomicU64,
+    /// Full trainings asked for while one ran (taken over by the running
+    /// job when it ends).
+    full_asked_while_running: AtomicU64,
     /// Full trainings that halved a sized count the region could not hold.
     sizing_retreats: AtomicU64,
 }
@@ -117,7 +124,6 @@ pub struct Server {
     load_dirty: AtomicBool,
     full: Mutex<FullState>,
     full_done: Condvar,
-    full_running: Mutex<()>,
     /// A full training is running (no resize checks meanwhile).
     full_active: AtomicBool,
     counters: Counters,
@@ -200,7 +206,6 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
         load_dirty: AtomicBool::new(false),
         full: Mutex::new(FullState::default()),
         full_done: Condvar::new(),
-        full_running: Mutex::new(()),
         full_active: AtomicBool::new(false),
         counters: Counters::default(),
         sizing: Mutex::new(None),
@@ -920,8 +925,18 @@ impl Server {
             st.target = target;
         }
         st.reason = Some(reason);
-        if !st.queued {
-            st.queued = true;
+        st.queued = true;
+        if self.full_active.load(Ordering::SeqCst) {
+            self.counters
+                .full_asked_while_running
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        // One job at a time: a running job takes this request over when
+        // its current training ends (`full_job`'s loop), so nothing waits
+        // on another job (under `sim` a second job blocking on the first
+        // would stop the simulation's one OS thread).
+        if !st.running {
+            st.running = true;
             let me = self.me.clone();
             self.pool.submit(move || {
                 if let Some(s) = me.upgrade() {
@@ -943,31 +958,38 @@ impl Server {
         }
     }
 
-    /// A queued full training (a worker-pool job).
+    /// The full-training job (a worker-pool job): runs every full training
+    /// asked for until none is queued, then ends. At most one runs
+    /// (`FullState::running`).
     fn full_job(&self) {
-        let _running = self.full_running.lock();
-        let (ticket, target, reason) = {
+        loop {
+            let (ticket, target, reason) = {
+                let mut st = self.full.lock();
+                if !st.queued {
+                    st.running = false;
+                    return;
+                }
+                st.queued = false;
+                (st.asked, st.target.take(), st.reason.take())
+            };
+            self.load_dirty.store(false, Ordering::SeqCst);
+            let reason = reason.unwrap_or(FullReason::AfterLoad);
+            let m = self.models.current().submodels();
+            // A resize asked for before the previous one committed may be moot.
+            let moot = match (reason, target) {
+                (FullReason::Expansion, Some(t)) => t <= m,
+                (FullReason::Shrink, Some(t)) => t >= m,
+                _ => false,
+            };
+            if !moot {
+                self.full_active.store(true, Ordering::SeqCst);
+                let _ = self.full_train(target, reason);
+                self.full_active.store(false, Ordering::SeqCst);
+            }
             let mut st = self.full.lock();
-            st.queued = false;
-            (st.asked, st.target.take(), st.reason.take())
-        };
-        self.load_dirty.store(false, Ordering::SeqCst);
-        let reason = reason.unwrap_or(FullReason::AfterLoad);
-        let m = self.models.current().submodels();
-        // A resize asked for before the previous one committed may be moot.
-        let moot = match (reason, target) {
-            (FullReason::Expansion, Some(t)) => t <= m,
-            (FullReason::Shrink, Some(t)) => t >= m,
-            _ => false,
-        };
-        if !moot {
-            self.full_active.store(true, Ordering::SeqCst);
-            let _ = self.full_train(target, reason);
-            self.full_active.store(false, Ordering::SeqCst);
+            st.done = st.done.max(ticket);
+            self.full_done.notify_all();
         }
-        let mut st = self.full.lock();
-        st.done = st.done.max(ticket);
-        self.full_done.notify_all();
     }
 
     /// TRAIN_XMODEL (Fig. 6): a new generation with `target` sub-models
@@ -1245,6 +1267,7 @@ impl Server {
             "splits_seen": ld(&c.splits_seen),
             "fallbacks_served": {"get": ld(&c.fallback_gets), "scan": ld(&c.fallback_scans)},
             "stale_kicks": ld(&c.stale_kicks),
+            "full_asked_while_running": ld(&c.full_asked_while_running),
             "sizing": self.sizing_json(),
             "keys_per_model_effective": self.kpm_effective.load(Ordering::Relaxed),
             "tree": {
@@ -1315,13 +1338,8 @@ fn value<'a>(r: &mut WireReader<'a>) -> std::result::Result<&'a [u8], ServiceErr
 /// measured request, on the worker core, as before. It also counts the
 /// job's own CPU, the pauses (other cores' work) left out.
 ///
-/// Known limit (sim only): `full_job` holds `full_running` across these
-/// points. A second full job started meanwhile (only a bulk load's
-/// `catch_up_after_load` can ask for one while an expansion runs:
-/// `maybe_resize` waits for `full_active`) would block on it on the
-/// simulation's one OS thread. Loads precede writes in the bench and in
-/// `dmkv dst`; the fix is for the running job to take over requests made
-/// while it runs.
+/// A full training asked for while one paces is taken over by the
+/// running job when it ends (`full_job`'s loop), never started beside it.
 struct Pacer<'a> {
     server: &'a Server,
     on: bool,
