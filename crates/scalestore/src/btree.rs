@@ -368,7 +368,11 @@ impl<'p> LeafInPlace<'p> {
     }
 
     fn loc(&self, i: usize) -> (usize, usize) {
-        decode_loc(self.p.word(HDR_WORDS + 2 * i + 1).expect("a slot of the page"))
+        decode_loc(
+            self.p
+                .word(HDR_WORDS + 2 * i + 1)
+                .expect("a slot of the page"),
+        )
     }
 
     fn search(&self, key: Key) -> (usize, bool) {
@@ -417,8 +421,7 @@ impl<'p> LeafInPlace<'p> {
     fn remove_at(&mut self, pos: usize) {
         let (_, len) = self.loc(pos);
         let at = HDR_WORDS + 2 * pos;
-        self.p
-            .move_words(at + 2, at, 2 * (self.m.count - pos - 1));
+        self.p.move_words(at + 2, at, 2 * (self.m.count - pos - 1));
         self.m.count -= 1;
         self.m.dead += len;
         self.store_meta();
@@ -444,7 +447,8 @@ fn leaf_write(
     key: Key,
     value: &[u8],
 ) -> PageResult<Attempt<bool>> {
-    let Some(mut leaf) = LeafInPlace::open(p) else {        // The id came from a validated level-1 node (or a root seen
+    let Some(mut leaf) = LeafInPlace::open(p) else {
+        // The id came from a validated level-1 node (or a root seen
         // as a leaf), and pages never change level, so the tree is
         // corrupt.
         return Err(corrupt(format!("page {pid} is no longer a leaf")));
@@ -494,7 +498,6 @@ fn leaf_write(
     };
     Ok(Attempt::Done(result))
 }
-
 
 /// A write to one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -719,8 +722,13 @@ impl<'a, P: Pager> BTree<'a, P> {
             match r {
                 Attempt::Done(v) => return Ok(v),
                 Attempt::Split(pid, level, need) => {
-                    self.retry(|_| async move { self.split(pid, level, key, need).await })
-                        .await?;
+                    // Boxed: a split is the cold path of a write, and its
+                    // state inline would grow every write's future (which
+                    // the API moves into its slot once per operation).
+                    Box::pin(
+                        self.retry(|_| async move { self.split(pid, level, key, need).await }),
+                    )
+                    .await?;
                 }
             }
         }
@@ -1035,7 +1043,7 @@ mod tests {
                 2 => WriteKind::Upsert,
                 _ => WriteKind::Delete,
             };
-            let value: Vec<u8> = (0..(r >> 16) % 300).map(|i| (i as u64 ^ r) as u8).collect();
+            let value: Vec<u8> = (0..(r >> 16) % 300).map(|i| (i ^ r) as u8).collect();
             let dead_before = Meta::decode(a.word(0).unwrap()).unwrap().dead;
             let want = write_by_copy(&b, kind, key, &value);
             let got = match leaf_write(a, Pid(1), kind, key, &value) {
@@ -1057,7 +1065,10 @@ mod tests {
                 }
             }
         }
-        assert!(splits > 0 && compactions > 0, "{splits} splits, {compactions} compactions");
+        assert!(
+            splits > 0 && compactions > 0,
+            "{splits} splits, {compactions} compactions"
+        );
     }
 
     /// Invariant 28 with the in-place writer: a scan that read part of the
@@ -1118,9 +1129,17 @@ mod tests {
     fn a_scan_copies_each_value_out_of_one_span() {
         let mem = leaf_region();
         let p = PageRef::new(&mem, 0);
-        let val = |k: u64, n: usize| -> Vec<u8> { (0..n).map(|i| (k * 31 + i as u64) as u8).collect() };
+        let val =
+            |k: u64, n: usize| -> Vec<u8> { (0..n).map(|i| (k * 31 + i as u64) as u8).collect() };
         for k in 0..20 {
-            leaf_write(p, Pid(1), WriteKind::Insert, k, &val(k, 3 + k as usize % 13)).ok();
+            leaf_write(
+                p,
+                Pid(1),
+                WriteKind::Insert,
+                k,
+                &val(k, 3 + k as usize % 13),
+            )
+            .ok();
         }
         for k in [4, 11, 2] {
             leaf_write(p, Pid(1), WriteKind::Update, k, &val(k + 100, 9)).ok();

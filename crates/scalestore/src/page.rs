@@ -130,7 +130,8 @@ impl<'a> PageRef<'a> {
         assert!(hi <= PAGE_WORDS, "words {lo}..{hi} outside the page");
         let w = self.span(lo, hi);
         let (src, dst) = (from - lo, to - lo);
-        let step = |i: usize| w[dst + i].store(w[src + i].load(Ordering::Acquire), Ordering::Release);
+        let step =
+            |i: usize| w[dst + i].store(w[src + i].load(Ordering::Acquire), Ordering::Release);
         if dst > src {
             (0..n).rev().for_each(step);
         } else {
