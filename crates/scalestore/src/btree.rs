@@ -42,6 +42,7 @@ use crate::guard::{ExclusiveGuard, OptimisticGuard, PageError, PageResult, Pager
 use crate::page::{OutOfPage, PAGE_SIZE, PageBuf, PageRef};
 use crate::pid::Pid;
 use dmkv_api::{Key, KvError};
+use dmkv_transport::RegionMem;
 
 const MAGIC: u64 = 0xB7;
 /// Word 0 of the catalog page.
@@ -226,22 +227,31 @@ fn leaf_range(
     if pos >= end {
         return Ok(Vec::new());
     }
-    // One span for the slots and one for their values' heap bytes (one
-    // `sim` touch each, not one per value): the heap span is the smallest
-    // that holds every returned value. A torn read (a value outside the
-    // span or the page) restarts, as any out-of-page read does.
+    // One span for the slots (one `sim` touch: all of it is read) and one
+    // for their values' heap bytes, the smallest that holds every returned
+    // value: one bounds check, no `RegionMem::read_vec` per value. The
+    // heap span may hold other keys' values (the heap is in write order,
+    // not key order), so under `sim` each value copied reports its own
+    // bytes, the lines a copy reads, as the per-value reads did; off `sim`
+    // (`touches_counted` false) nothing is reported. A torn read (a value
+    // outside the span or the page) restarts, as any out-of-page read does.
     let slots = p.span_of(8 * (HDR_WORDS + 2 * pos), 8 * (HDR_WORDS + 2 * end))?;
     let (mut lo, mut hi) = (PAGE_SIZE, 0);
     for i in pos..end {
         let (off, len) = decode_loc(slots.word(HDR_WORDS + 2 * i + 1)?);
         (lo, hi) = (lo.min(off), hi.max(off + len));
     }
-    let heap = p.span_of(lo, hi)?;
+    let heap = p.span_of_untouched(lo, hi)?;
+    let metered = RegionMem::touches_counted();
     let mut out = Vec::with_capacity(end - pos);
     for i in pos..end {
         let k = slots.word(HDR_WORDS + 2 * i)?;
         let (off, len) = decode_loc(slots.word(HDR_WORDS + 2 * i + 1)?);
-        out.push((k, heap.copy(off, len)?));
+        let v = heap.copy(off, len)?;
+        if metered {
+            heap.touch(off, len);
+        }
+        out.push((k, v));
     }
     Ok(out)
 }
@@ -967,7 +977,6 @@ impl<'a, P: Pager> BTree<'a, P> {
 mod tests {
     use super::*;
     use crate::latch::HybridLatch;
-    use dmkv_transport::RegionMem;
 
     /// A root leaf covering every key on page 0 of a two-page region.
     fn leaf_region() -> RegionMem {

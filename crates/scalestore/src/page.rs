@@ -160,12 +160,26 @@ impl<'a> PageRef<'a> {
     /// (a scan's leaf): one bounds check against the page and one `sim`
     /// touch of the span, then [`PageSpan::copy`] per value.
     pub fn span_of(&self, from: usize, to: usize) -> Result<PageSpan<'a>, OutOfPage> {
+        let s = self.span_of_untouched(from, to)?;
+        self.mem
+            .touch_span(self.base + s.from as u64, 8 * s.words.len() as u64);
+        Ok(s)
+    }
+
+    /// [`Self::span_of`] without the `sim` touch, for a reader that reports
+    /// the parts of the span it reads itself ([`PageSpan::touch`]).
+    pub fn span_of_untouched(&self, from: usize, to: usize) -> Result<PageSpan<'a>, OutOfPage> {
         if from > to || to > PAGE_SIZE {
             return Err(OutOfPage);
         }
         let (first, last) = (from / 8, to.div_ceil(8));
+        let words = self
+            .mem
+            .words_in_untouched(self.base + 8 * first as u64, 8 * (last - first))
+            .expect("checked page");
         Ok(PageSpan {
-            words: self.span(first, last),
+            page: *self,
+            words,
             from: 8 * first,
         })
     }
@@ -208,11 +222,21 @@ impl<'a> PageRef<'a> {
 /// Whole words of a page taken by [`PageRef::span_of`], starting at byte
 /// `from` of the page.
 pub struct PageSpan<'a> {
+    page: PageRef<'a>,
     words: &'a [AtomicU64],
     from: usize,
 }
 
 impl PageSpan<'_> {
+    /// Reports the `len` bytes at byte `off` of the page as read (one
+    /// `sim` touch, as `RegionMem::read` of them reports; nothing off
+    /// `sim`). Checks no bounds: for bytes [`Self::copy`] took.
+    pub fn touch(&self, off: usize, len: usize) {
+        self.page
+            .mem
+            .touch_span(self.page.base + off as u64, len as u64);
+    }
+
     /// Word `i` of the page (not of the span), if the span holds it.
     pub fn word(&self, i: usize) -> Result<u64, OutOfPage> {
         let rel = i.checked_sub(self.from / 8).ok_or(OutOfPage)?;
