@@ -3,8 +3,10 @@
 //! Page bytes live in a [`RegionMem`] (so that other nodes can write pages
 //! into it one-sided) and are therefore read and written as atomic 8-byte
 //! words; a reader racing a writer may see a mix, which the latch protocol
-//! detects. [`PageRef`] is a view of one page; [`PageBuf`] is a private copy
-//! that code modifies before storing it back.
+//! detects. [`PageRef`] is a view of one page, which a writer holding the
+//! exclusive latch also changes in place (`set_word`, `move_words`,
+//! `put_bytes`); [`PageBuf`] is a private copy that code modifies before
+//! storing it back (new pages, splits, compactions).
 
 use dmkv_transport::RegionMem;
 use std::sync::atomic::{AtomicU64, Ordering};
