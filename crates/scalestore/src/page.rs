@@ -3,8 +3,10 @@
 //! Page bytes live in a [`RegionMem`] (so that other nodes can write pages
 //! into it one-sided) and are therefore read and written as atomic 8-byte
 //! words; a reader racing a writer may see a mix, which the latch protocol
-//! detects. [`PageRef`] is a view of one page; [`PageBuf`] is a private copy
-//! that code modifies before storing it back.
+//! detects. [`PageRef`] is a view of one page, which a writer holding the
+//! exclusive latch also changes in place (`set_word`, `move_words`,
+//! `put_bytes`); [`PageBuf`] is a private copy that code modifies before
+//! storing it back (new pages, splits, compactions).
 
 use dmkv_transport::RegionMem;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,6 +118,74 @@ impl<'a> PageRef<'a> {
             .note_stored(self.base + 8 * from as u64, 8 * (to - from) as u64);
     }
 
+    /// Moves words `from..from + n` of the page to `to..to + n` (the spans
+    /// may overlap, as a slot shift's do), for a writer that holds the
+    /// page's exclusive latch (docs/scalestore.md, invariant 29): one `sim`
+    /// touch of the span both cover, one acquire load and one release store
+    /// per word, in the order that reads every word before it is
+    /// overwritten, then the destination reported as stored.
+    pub fn move_words(&self, from: usize, to: usize, n: usize) {
+        if n == 0 || from == to {
+            return;
+        }
+        let (lo, hi) = (from.min(to), from.max(to) + n);
+        assert!(hi <= PAGE_WORDS, "words {lo}..{hi} outside the page");
+        let w = self.span(lo, hi);
+        let (src, dst) = (from - lo, to - lo);
+        let step =
+            |i: usize| w[dst + i].store(w[src + i].load(Ordering::Acquire), Ordering::Release);
+        if dst > src {
+            (0..n).rev().for_each(step);
+        } else {
+            (0..n).for_each(step);
+        }
+        self.mem
+            .note_stored(self.base + 8 * to as u64, 8 * n as u64);
+    }
+
+    /// Writes `data` at byte `off` of the page, for a writer that holds the
+    /// page's exclusive latch: `RegionMem::write` of the span (one `sim`
+    /// touch, the words stored in increasing address order, a partial word
+    /// at either end merged with its other bytes, the span reported stored).
+    pub fn put_bytes(&self, off: usize, data: &[u8]) {
+        assert!(
+            off.checked_add(data.len()).is_some_and(|e| e <= PAGE_SIZE),
+            "bytes outside the page"
+        );
+        self.mem
+            .write(self.base + off as u64, data)
+            .expect("checked page");
+    }
+
+    /// The bytes `from..to` of the page rounded out to whole words, as one
+    /// span for an optimistic reader that copies several values out of it
+    /// (a scan's leaf): one bounds check against the page and one `sim`
+    /// touch of the span, then [`PageSpan::copy`] per value.
+    pub fn span_of(&self, from: usize, to: usize) -> Result<PageSpan<'a>, OutOfPage> {
+        let s = self.span_of_untouched(from, to)?;
+        self.mem
+            .touch_span(self.base + s.from as u64, 8 * s.words.len() as u64);
+        Ok(s)
+    }
+
+    /// [`Self::span_of`] without the `sim` touch, for a reader that reports
+    /// the parts of the span it reads itself ([`PageSpan::touch`]).
+    pub fn span_of_untouched(&self, from: usize, to: usize) -> Result<PageSpan<'a>, OutOfPage> {
+        if from > to || to > PAGE_SIZE {
+            return Err(OutOfPage);
+        }
+        let (first, last) = (from / 8, to.div_ceil(8));
+        let words = self
+            .mem
+            .words_in_untouched(self.base + 8 * first as u64, 8 * (last - first))
+            .expect("checked page");
+        Ok(PageSpan {
+            page: *self,
+            words,
+            from: 8 * first,
+        })
+    }
+
     /// Stores all of `buf`.
     pub fn store_all(&self, buf: &PageBuf) {
         self.store(buf, 0, PAGE_WORDS)
@@ -148,6 +218,52 @@ impl<'a> PageRef<'a> {
     pub fn fill(&self, bytes: &[u8]) {
         assert_eq!(bytes.len(), PAGE_SIZE);
         self.mem.write(self.base, bytes).expect("checked page");
+    }
+}
+
+/// Whole words of a page taken by [`PageRef::span_of`], starting at byte
+/// `from` of the page.
+pub struct PageSpan<'a> {
+    page: PageRef<'a>,
+    words: &'a [AtomicU64],
+    from: usize,
+}
+
+impl PageSpan<'_> {
+    /// Reports the `len` bytes at byte `off` of the page as read (one
+    /// `sim` touch, as `RegionMem::read` of them reports; nothing off
+    /// `sim`). Checks no bounds: for bytes [`Self::copy`] took.
+    pub fn touch(&self, off: usize, len: usize) {
+        self.page
+            .mem
+            .touch_span(self.page.base + off as u64, len as u64);
+    }
+
+    /// Word `i` of the page (not of the span), if the span holds it.
+    pub fn word(&self, i: usize) -> Result<u64, OutOfPage> {
+        let rel = i.checked_sub(self.from / 8).ok_or(OutOfPage)?;
+        let w = self.words.get(rel).ok_or(OutOfPage)?;
+        Ok(w.load(Ordering::Acquire))
+    }
+
+    /// The `len` bytes at byte `off` of the page (not of the span), loaded
+    /// word by word (acquire, increasing address) into a vector of exactly
+    /// `len` bytes; out of the span means a torn optimistic read.
+    pub fn copy(&self, off: usize, len: usize) -> Result<Vec<u8>, OutOfPage> {
+        let end = off.checked_add(len).ok_or(OutOfPage)?;
+        if off < self.from || end > self.from + 8 * self.words.len() {
+            return Err(OutOfPage);
+        }
+        let mut out = Vec::with_capacity(len);
+        let (rel, rel_end) = (off - self.from, end - self.from);
+        let mut pos = rel;
+        while pos < rel_end {
+            let w = self.words[pos / 8].load(Ordering::Acquire).to_le_bytes();
+            let (a, b) = (pos % 8, (rel_end - (pos - pos % 8)).min(8));
+            out.extend_from_slice(&w[a..b]);
+            pos += b - a;
+        }
+        Ok(out)
     }
 }
 
