@@ -1220,10 +1220,10 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
                     check.get("get", i, t0, v.as_deref(), &mut f.findings);
                     // Checked: its allocation back to the engine if it
                     // takes it (rpc-hash: its next request's buffer).
-                    if let Some(v) = v {
-                        if io.recycles {
-                            kv.recycle(v);
-                        }
+                    if let Some(v) = v
+                        && io.recycles
+                    {
+                        kv.recycle(v);
                     }
                 }
                 Err(e) => {
@@ -1339,10 +1339,10 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
                         v.as_deref(),
                         &mut figures.borrow_mut().findings,
                     );
-                    if let Some(v) = v {
-                        if io.recycles {
-                            kv.recycle(v);
-                        }
+                    if let Some(v) = v
+                        && io.recycles
+                    {
+                        kv.recycle(v);
                     }
                 }
                 Err(e) => {
