@@ -138,6 +138,15 @@ impl KvStore for Checked {
         self.inner.scan(start, n)
     }
 
+    #[inline]
+    fn recycle(&self, value: Vec<u8>) {
+        self.inner.recycle(value)
+    }
+    #[inline]
+    fn recycles_values(&self) -> bool {
+        self.inner.recycles_values()
+    }
+
     // The slot forms: the same checks, then the engine's own slot form (a
     // refusal is a ready future in the slot).
     #[inline]

@@ -40,6 +40,24 @@ pub trait KvStore {
     /// ordered scans return [`KvError::Unsupported`](crate::KvError).
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>>;
 
+    /// Hands back a value [`KvStore::get`] returned, once its caller has
+    /// read it, so the engine may reuse its allocation for a later
+    /// operation (rpc-hash keeps it as its endpoint's spare buffer: the
+    /// next request then allocates nothing). Optional for both sides:
+    /// the default drops the value, and a caller that keeps or drops a
+    /// value instead is always correct.
+    #[inline]
+    fn recycle(&self, value: Vec<u8>) {
+        drop(value)
+    }
+    /// Whether [`KvStore::recycle`] does more than drop the value: a
+    /// caller asks once and, if not, drops its values itself (no call per
+    /// value through the engine's `dyn` handle). The default is false.
+    #[inline]
+    fn recycles_values(&self) -> bool {
+        false
+    }
+
     // The same six operations with their future put in a caller's
     // [`FutureSlot`] (reused from one operation to the next) instead of a
     // fresh box: what the harness calls, one slot per task. An engine that
@@ -130,6 +148,17 @@ pub trait KvClient {
     async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool>;
     async fn delete(&self, key: Key) -> Result<bool>;
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>>;
+    /// [`KvStore::recycle`]: the default drops the value.
+    #[inline]
+    fn recycle(&self, value: Vec<u8>) {
+        drop(value)
+    }
+    /// [`KvStore::recycles_values`]: true only with a `recycle` of one's
+    /// own.
+    #[inline]
+    fn recycles_values(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait(?Send)]
@@ -151,6 +180,14 @@ impl<T: KvClient> KvStore for T {
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         KvClient::scan(self, start, n).await
+    }
+    #[inline]
+    fn recycle(&self, value: Vec<u8>) {
+        KvClient::recycle(self, value)
+    }
+    #[inline]
+    fn recycles_values(&self) -> bool {
+        KvClient::recycles_values(self)
     }
 
     #[inline]

@@ -979,6 +979,7 @@ async fn run_task(
         // or not, for its whole life.
         clock: LatencyClock::here(),
         kv,
+        recycles: kv.recycles_values(),
         figures,
         slot: FutureSlot::new(),
         values: TaskValues::new(ctx.cfg.value_gen, ctx.cfg.seed, thread, task),
@@ -1168,6 +1169,9 @@ struct TaskIo<'c, 'e> {
     /// The task's latency clock.
     clock: LatencyClock,
     kv: &'c dyn KvStore,
+    /// Whether `kv` takes a GET's value back ([`KvStore::recycle`]),
+    /// asked once: an engine that does not gets no call per value.
+    recycles: bool,
     figures: &'c RefCell<RunFigures>,
     /// Where each operation's future runs (allocated once, reused).
     slot: FutureSlot,
@@ -1212,7 +1216,16 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
             let f = &mut *figures.borrow_mut();
             f.record(ty, lat);
             match r {
-                Ok(v) => check.get("get", i, t0, v.as_deref(), &mut f.findings),
+                Ok(v) => {
+                    check.get("get", i, t0, v.as_deref(), &mut f.findings);
+                    // Checked: its allocation back to the engine if it
+                    // takes it (rpc-hash: its next request's buffer).
+                    if let Some(v) = v
+                        && io.recycles
+                    {
+                        kv.recycle(v);
+                    }
+                }
                 Err(e) => {
                     f.errors.push(ty, key, &e);
                     errored = true;
@@ -1318,13 +1331,20 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
             let t0 = states.stamp();
             let (r, read_lat) = call(ep, clock, OpKind::Get, kv.get_in(key, slot), cost).await;
             match r {
-                Ok(v) => check.get(
-                    "rmw",
-                    i,
-                    t0,
-                    v.as_deref(),
-                    &mut figures.borrow_mut().findings,
-                ),
+                Ok(v) => {
+                    check.get(
+                        "rmw",
+                        i,
+                        t0,
+                        v.as_deref(),
+                        &mut figures.borrow_mut().findings,
+                    );
+                    if let Some(v) = v
+                        && io.recycles
+                    {
+                        kv.recycle(v);
+                    }
+                }
                 Err(e) => {
                     let f = &mut *figures.borrow_mut();
                     f.record(ty, read_lat);

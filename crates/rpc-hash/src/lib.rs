@@ -324,6 +324,16 @@ impl KvClient for RpcHashClient {
             .await?;
         Ok(proto::decode_get(bytes).map_err(dmkv_transport::TransportError::from)?)
     }
+    /// A GET's value is its reply's buffer: back to the endpoint, whose
+    /// next request or reply then reuses the allocation.
+    #[inline]
+    fn recycle(&self, value: Vec<u8>) {
+        self.ep.recycle(value)
+    }
+    #[inline]
+    fn recycles_values(&self) -> bool {
+        true
+    }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         Ok(!self.put(PutMode::Insert, key, value).await?)
     }

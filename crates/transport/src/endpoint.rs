@@ -1332,4 +1332,73 @@ mod tests {
         drop(call);
         assert_eq!(drops.get(), 2, "and not again");
     }
+
+    /// The counters of a call given up (`--op-limit`'s stop drops an
+    /// operation unfinished, which "keeps what it was charged so far"):
+    /// a call sent and then dropped while waiting keeps its send's charge
+    /// (one round trip, one RPC, its request's bytes) in the kind and the
+    /// meter current when it was sent, and its drop (under another kind,
+    /// outside any meter) charges nothing; a finished call is charged its
+    /// send and its reply's bytes; an unpolled call charges nothing. A
+    /// one-charge-per-RPC change (charging the send with the reply) must
+    /// keep this: it passes on the two-charge code (78936c5) and fails if
+    /// the send's charge is moved to the reply without a charge on drop
+    /// (the given-up call's round trip and RPC go missing).
+    #[test]
+    fn a_call_given_up_keeps_its_send_charge_in_its_kind_and_meter() {
+        use crate::counters::{OpKind, labeled};
+        use std::task::{Context, Poll, Waker};
+        let drops = std::rc::Rc::new(std::cell::Cell::new(0));
+        let waiting = Endpoint::new(Box::new(Guarded {
+            drops: drops.clone(),
+            answer: None,
+        }));
+        let sent = |bytes| Counters {
+            round_trips: 1,
+            rpcs: 1,
+            bytes_written: bytes,
+            ..Counters::default()
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut meter = Counters::default();
+        let mut call = waiting.call(NodeId(1), ServiceId(3), vec![1, 2, 3]);
+        waiting.metering(&mut meter, || {
+            let mut polled = labeled(OpKind::Update, &mut call);
+            assert!(Pin::new(&mut polled).poll(&mut cx).is_pending());
+        });
+        // Dropped under another kind, with no meter running.
+        let other = std::pin::pin!(labeled(OpKind::Get, async { drop(call) }));
+        assert!(other.poll(&mut cx).is_ready());
+        assert_eq!(drops.get(), 1);
+        assert_eq!(meter, sent(3), "the meter keeps the send's charge");
+        let table = waiting.counters();
+        assert_eq!(*table.get(OpKind::Update), sent(3));
+        assert_eq!(*table.get(OpKind::Get), Counters::default());
+        assert_eq!(waiting.total_counters(), sent(3));
+        // Never polled: nothing charged.
+        drop(waiting.call(NodeId(1), ServiceId(3), vec![4]));
+        assert_eq!(waiting.total_counters(), sent(3));
+
+        let answering = Endpoint::new(Box::new(Guarded {
+            drops,
+            answer: Some(vec![9, 9]),
+        }));
+        let mut meter = Counters::default();
+        let mut call = answering.call(NodeId(1), ServiceId(3), vec![5]);
+        answering.metering(&mut meter, || {
+            let mut polled = labeled(OpKind::Insert, &mut call);
+            match Pin::new(&mut polled).poll(&mut cx) {
+                Poll::Ready(Ok(bytes)) => assert_eq!(bytes, vec![9, 9]),
+                _ => panic!("answered at once"),
+            }
+        });
+        drop(call);
+        let finished = Counters {
+            bytes_read: 2,
+            ..sent(1)
+        };
+        assert_eq!(meter, finished);
+        assert_eq!(*answering.counters().get(OpKind::Insert), finished);
+        assert_eq!(answering.total_counters(), finished);
+    }
 }

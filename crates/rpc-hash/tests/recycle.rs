@@ -1,0 +1,100 @@
+//! A GET's value handed back with [`KvStore::recycle`] is the endpoint's
+//! next request buffer: a GET after a recycled GET allocates nothing on
+//! the client's thread, one after a dropped GET allocates its request
+//! buffer (docs/performance.md, "Twenty-fifth pass (branch i96)").
+//!
+//! Allocations are counted per thread by a global allocator wrapping the
+//! system's (this test binary only).
+
+use dmkv_api::deploy::{DeployOptions, LocalDeployment};
+use dmkv_api::payload::make_value;
+use dmkv_api::{FutureSlot, KvStore};
+use dmkv_rpc_hash::SPEC;
+use dmkv_transport::exec::block_on;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; the counter is a
+// const-initialised thread-local without a destructor (no allocation).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded; `ptr` came from `System` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs() -> u64 {
+    ALLOCS.with(|n| n.get())
+}
+
+/// Allocations on this thread of one GET of `key` run in `slot`, its
+/// value then recycled or dropped (the expected value is built first).
+async fn get_allocs(store: &dyn KvStore, slot: &mut FutureSlot, key: u64, recycle: bool) -> u64 {
+    let expected = make_value(key, 0, 16);
+    let before = allocs();
+    let value = store.get_in(key, slot).await.unwrap().unwrap();
+    let got = allocs() - before;
+    assert_eq!(value, expected);
+    let before = allocs() - got;
+    if recycle {
+        store.recycle(value);
+    } else {
+        drop(value);
+    }
+    allocs() - before
+}
+
+/// Fails without `RpcHashClient::recycle` (the default drops the value:
+/// every GET then allocates its request buffer, 1 instead of 0).
+#[test]
+fn a_recycled_get_value_is_the_next_request_buffer() {
+    let d = LocalDeployment::deploy(
+        &SPEC,
+        &DeployOptions {
+            memnodes: 1,
+            threads: 1,
+            expected_keys: 1000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let pairs: Vec<_> = (1..=50u64).map(|k| (k, make_value(k, 0, 16))).collect();
+    let (ep, store) = d.client(0).unwrap();
+    block_on(d.engine.load(&ep, &pairs)).unwrap();
+    // The harness asks this once per task and recycles only if true.
+    assert!(store.recycles_values());
+    let mut slot = FutureSlot::default();
+    let (mut recycled, mut dropped) = (Vec::with_capacity(20), Vec::with_capacity(20));
+    block_on(async {
+        // Warm up: the slot grows, the lane and its reply slots are set up.
+        for k in 1..=10 {
+            get_allocs(&*store, &mut slot, k, true).await;
+        }
+        for k in 11..=30 {
+            recycled.push(get_allocs(&*store, &mut slot, k, true).await);
+        }
+        // The first GET after a recycled one still finds the spare; from
+        // then on each GET whose predecessor's value was dropped allocates
+        // its request buffer.
+        get_allocs(&*store, &mut slot, 31, false).await;
+        for k in 32..=50 {
+            dropped.push(get_allocs(&*store, &mut slot, k, false).await);
+        }
+    });
+    assert!(recycled.iter().all(|&n| n == 0), "{recycled:?}");
+    assert!(dropped.iter().all(|&n| n == 1), "{dropped:?}");
+}
