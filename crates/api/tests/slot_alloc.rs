@@ -7,40 +7,17 @@
 //! system's (this test binary only).
 
 use dmkv_api::{Capabilities, Checked, FutureSlot, Key, KvClient, KvError, KvStore, Result};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the counter is a
-// const-initialised thread-local without a destructor (no allocation).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded; `ptr` came from `System` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: dmkv_alloc_count::Counting = dmkv_alloc_count::Counting;
 
-fn allocs() -> u64 {
-    ALLOCS.with(|n| n.get())
-}
+use dmkv_alloc_count::allocs;
 
 /// A map behind the native-`async fn` client trait.
 struct Map(RefCell<BTreeMap<Key, Vec<u8>>>);

@@ -11,35 +11,11 @@ use dmkv_api::payload::make_value;
 use dmkv_api::{FutureSlot, KvStore};
 use dmkv_rpc_hash::SPEC;
 use dmkv_transport::exec::block_on;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the counter is a
-// const-initialised thread-local without a destructor (no allocation).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded; `ptr` came from `System` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: dmkv_alloc_count::Counting = dmkv_alloc_count::Counting;
 
-fn allocs() -> u64 {
-    ALLOCS.with(|n| n.get())
-}
+use dmkv_alloc_count::allocs;
 
 /// Allocations on this thread of one GET of `key` run in `slot`, its
 /// value then recycled or dropped (the expected value is built first).
