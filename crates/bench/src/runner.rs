@@ -1197,6 +1197,16 @@ struct TaskIo<'c, 'e> {
 async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
     let mut errored = false;
     let (ctx, ep, clock, kv, figures) = (io.ctx, io.ep, io.clock, io.kv, io.figures);
+    // A checked GET's value goes back to the engine if it takes it
+    // (rpc-hash: its next request's buffer); otherwise it is dropped here.
+    let recycles = io.recycles;
+    let hand_back = |v: Option<Vec<u8>>| {
+        if let Some(v) = v
+            && recycles
+        {
+            kv.recycle(v);
+        }
+    };
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
     let size = ctx.cfg.value_size;
     let ty = op.op_type();
@@ -1218,13 +1228,7 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
             match r {
                 Ok(v) => {
                     check.get("get", i, t0, v.as_deref(), &mut f.findings);
-                    // Checked: its allocation back to the engine if it
-                    // takes it (rpc-hash: its next request's buffer).
-                    if let Some(v) = v
-                        && io.recycles
-                    {
-                        kv.recycle(v);
-                    }
+                    hand_back(v);
                 }
                 Err(e) => {
                     f.errors.push(ty, key, &e);
@@ -1339,11 +1343,7 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
                         v.as_deref(),
                         &mut figures.borrow_mut().findings,
                     );
-                    if let Some(v) = v
-                        && io.recycles
-                    {
-                        kv.recycle(v);
-                    }
+                    hand_back(v);
                 }
                 Err(e) => {
                     let f = &mut *figures.borrow_mut();
