@@ -12,7 +12,7 @@
 //!   leaf is released. A root split installs a new root by CAS on the root
 //!   word (invariant 4).
 
-use crate::alloc::{ChunkSource, LocalAlloc};
+use crate::alloc::{ChunkFetch, ChunkSource, LocalAlloc, WaitForFetch};
 use crate::cache::IndexCache;
 use crate::layout::{
     EMPTY_KEY, FatPtr, GAddr, LEAF_HEADER_WRITE, NodeImage, ValueRef, block_bytes, decode_block,
@@ -262,20 +262,28 @@ impl Ctx<'_> {
         res
     }
 
-    /// Gets a new chunk on `mn` for this client, or waits while another of
-    /// its tasks gets one.
+    /// Gets a new chunk on `mn` for this client, or waits, parked, while
+    /// another of its tasks gets one (a polling wait would keep this
+    /// thread's core busy for the whole round trip); the caller then looks
+    /// for a node or block again.
     async fn fetch_chunk(&self, mn: usize) -> Result<()> {
-        if std::mem::replace(&mut self.alloc.borrow_mut()[mn].fetching, true) {
-            yield_now().await;
+        if !self.alloc.borrow_mut()[mn].claim_fetch() {
+            WaitForFetch {
+                allocs: self.alloc,
+                mn,
+            }
+            .await;
             return Ok(());
         }
+        let held = ChunkFetch::new(self.alloc, mn);
         let src = self.t.chunks[mn];
         let got = src.fetch(self.ep).await;
-        let mut a = self.alloc.borrow_mut();
-        a[mn].fetching = false;
-        a[mn].add_chunk(got?, src.chunk);
-        self.t.stats.chunks.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        if let Ok(offset) = got {
+            self.alloc.borrow_mut()[mn].add_chunk(offset, src.chunk);
+            self.t.stats.chunks.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(held);
+        got.map(|_| ())
     }
 
     /// A new node on memory node `mn`.
