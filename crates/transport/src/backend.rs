@@ -216,12 +216,13 @@ pub trait EndpointBackend {
     }
     /// The same batch executed at once, when the backend has nothing to
     /// model in between (the `local` backend without injected faults): the
-    /// results go into `out` (`None` on entry; the backend puts a result
-    /// list there, from the thread's pool, [`crate::buffers::Spares::take_results`],
-    /// whose read buffers it may fill in place; the batch's results are the
+    /// outcome is `Some`, with the result list on success (from the
+    /// thread's pool, [`crate::buffers::Spares::take_results`], whose read
+    /// buffers the backend may fill in place; the batch's results are the
     /// list's first `verbs.len()` entries, and any entries beyond them are
-    /// spare buffers the list keeps, never results), `verbs` is left empty, and
-    /// the outcome is `Some`; the caller then yields once before handing the
+    /// spare buffers the list keeps, never results; returned, not written
+    /// through an out-parameter, so the caller repacks nothing), `verbs` is
+    /// left empty; the caller then yields once before handing the
     /// results out, exactly as `execute`'s `OpFuture::ready_after_yield`
     /// would make it. The same verbs execute in the same order with the
     /// same results either way; this only spares the batch future the
@@ -229,11 +230,7 @@ pub trait EndpointBackend {
     /// boxed: handing it out moves a pointer). `None` (the default):
     /// nothing was executed and `verbs` is untouched, so the caller goes
     /// through `execute`.
-    fn execute_now(
-        &self,
-        _verbs: &mut Verbs,
-        _out: &mut Option<PooledResults>,
-    ) -> Option<Result<()>> {
+    fn execute_now(&self, _verbs: &mut Verbs) -> Option<Result<PooledResults>> {
         None
     }
     /// Called once at the start of every operation a compute thread issues:

@@ -827,11 +827,10 @@ impl BatchRun<'_> {
             unreachable!("a deferred batch keeps its verbs until it executes")
         };
         let len = results_len(verbs, cost);
-        let mut out = None;
-        let done = self.ep.backend.execute_now(verbs, &mut out)?;
+        let done = self.ep.backend.execute_now(verbs)?;
         leave_unposted(&mut self.state, RunState::Executed(None, len));
-        Some(done.map(|()| BatchResult {
-            results: Some(out.expect("execute_now gives a result list")),
+        Some(done.map(|results| BatchResult {
+            results: Some(results),
             len,
         }))
     }
@@ -877,9 +876,7 @@ impl BatchRun<'_> {
                 // Executed at once if the backend can: the results wait in
                 // the state for the poll after the one yield a round trip
                 // costs.
-                let mut out = None;
-                if let Some(done) = ep.backend.execute_now(verbs, &mut out) {
-                    let done = done.map(|()| out.expect("execute_now gives a result list"));
+                if let Some(done) = ep.backend.execute_now(verbs) {
                     leave_unposted(&mut this.state, RunState::Executed(Some(done), len));
                     // Its own task, polled again by the executor without a
                     // wake-up's locked operations (W1, `exec::wake_self`).

@@ -1005,11 +1005,7 @@ impl EndpointBackend for LocalEndpoint {
         true
     }
 
-    fn execute_now(
-        &self,
-        verbs: &mut Verbs,
-        out: &mut Option<PooledResults>,
-    ) -> Option<Result<()>> {
+    fn execute_now(&self, verbs: &mut Verbs) -> Option<Result<PooledResults>> {
         // Only without injected faults (the flag alone, as in `execute`):
         // with faults, `execute` decides how the verbs run.
         if self.inner.faults_active.load(Ordering::Acquire) {
@@ -1020,9 +1016,8 @@ impl EndpointBackend for LocalEndpoint {
         // buffer it lacks is taken from the spares on its own.
         if let Some(mut list) = crate::buffers::take_fast_results() {
             let done = self.run_verbs(verbs, &mut list, None);
-            *out = Some(list);
             Self::clear_verbs(verbs, &done);
-            return Some(done);
+            return Some(done.map(|()| list));
         }
         // One access to the thread's spares for the result list and every
         // read's buffer.
@@ -1032,11 +1027,10 @@ impl EndpointBackend for LocalEndpoint {
                 None => PooledResults::default(),
             };
             let done = self.run_verbs(verbs, &mut list, spares);
-            *out = Some(list);
-            done
+            (done, list)
         });
-        Self::clear_verbs(verbs, &done);
-        Some(done)
+        Self::clear_verbs(verbs, &done.0);
+        Some(done.0.map(|()| done.1))
     }
 
     fn execute(&self, verbs: &mut Verbs) -> OpFuture<'_, Result<VerbResults>> {
