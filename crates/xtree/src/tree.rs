@@ -97,8 +97,8 @@ pub mod cost {
     pub const LEAF_READ_IN_PLACE: u64 = 366;
     /// One attempt at a consistent image of a leaf parsed into a
     /// [`crate::view::NodeView`] (`read_consistent`: the copy, its check
-    /// and the parse into two `Vec`s), which scans, leaf iteration and
-    /// `leaves_covering` (XStore's training) still use: the figure
+    /// and the parse into two `Vec`s), which scans and leaf iteration
+    /// still use (`leaves_covering` until branch i106): the figure
     /// `LEAF_READ` had before the lean paths, measured on that code (main's
     /// a1dce1e, 1,336.0 per GET), which is unchanged.
     pub const LEAF_READ_PARSED: u64 = 1_336;
@@ -193,15 +193,23 @@ pub mod cost {
     /// `cover` for the split between its two branches). Until then the
     /// walk declared only its leaves' reads (`LEAF_READ_PARSED`).
     pub const COVER_INNER: u64 = 1_391;
-    /// [`XTree::leaves_covering`], per leaf beyond its read (which declares
-    /// `LEAF_READ_PARSED` per attempt): the meta word's load, the keys'
-    /// clone and sort, the push of the covered leaf, the image's drop; the
-    /// walk's total less its leaf reads (47,577,402) and its inner nodes
-    /// (13,527 x 1,391), over 36,725 leaves: 533 (the same run as
-    /// `COVER_INNER`). Not split per key: the run reports no key count, and
-    /// the key-sized parts (the sort's inlined code 63.7, the copy 13.4 per
-    /// leaf) are a seventh of it.
-    pub const COVER_LEAF: u64 = 533;
+    /// [`XTree::leaves_covering`], per leaf and per attempt at its read
+    /// (branch i106: the keys read in place under the version check,
+    /// `read_leaf_keys`, into the reported `Vec`, then sorted and pushed;
+    /// before, a copy parsed into a `NodeView`, `LEAF_READ_PARSED` per
+    /// attempt, plus 533 for the keys' clone and sort and the image's
+    /// drop). The walk's total less its inner nodes at `COVER_INNER`, over
+    /// its leaves, as branch i58 split it: 50,913,522 - 15,949 x 1,391 over
+    /// 36,726 leaves: 782. Callgrind on `local` with this branch's binary:
+    /// `valgrind --tool=callgrind dmkv bench --engine xstore --workload
+    /// insert --keys 50000 --ops 30000 --threads 1 --tasks 8 --seed 1`
+    /// (2,202 walks; inclusive `leaves_covering`). Main's be7aec3 on the
+    /// same run: 84,334,262 (the same 15,949 inner nodes and 36,726
+    /// leaves, 1,692 per leaf by that split; declared 1,869). A retry
+    /// declares the whole figure again (the sort and push, a fifth of it
+    /// by the old split, are then over-declared; retries need a writer in
+    /// the leaf during the read).
+    pub const COVER_LEAF: u64 = 782;
 }
 
 /// Why a tree operation failed. Expected outcomes (absent, present) are
@@ -994,15 +1002,16 @@ impl XTree {
             .node_mem(node)
             .load(self.geo.payload_word(Geometry::META));
         if meta & 0xFF == 0 {
-            dmkv_transport::sim::work(cost::COVER_LEAF);
-            let img = self.read_consistent(node)?;
-            let mut keys = img.keys.keys.clone();
+            let mut keys = Vec::new();
+            let header = self
+                .read_leaf_keys(node, &mut keys)?
+                .ok_or_else(|| XTreeError::Corrupt(format!("node {node}: no longer a leaf")))?;
             keys.sort_unstable();
             out.push(CoveredLeaf {
                 info: LeafInfo {
                     node,
-                    incarnation: img.header().incarnation,
-                    count: img.header().count,
+                    incarnation: header.incarnation,
+                    count: header.count,
                     keys,
                 },
                 lower,
@@ -1909,6 +1918,89 @@ impl XTree {
         Ok((meta.level == 0).then_some(found))
     }
 
+    /// A leaf's header and its keys (into `keys`, cleared first, in slot
+    /// order), read in place and validated as [`Self::leaf_slot_in_place`]
+    /// validates its read, retried alike (per attempt a `sim` charge,
+    /// [`cost::COVER_LEAF`], and the same touch of the node's every
+    /// line): the retraining walk's leaf read (branch i106; a copy parsed
+    /// into a [`NodeView`] and its keys cloned before). `None` when the
+    /// node's meta word says it is no leaf.
+    fn read_leaf_keys(&self, leaf: u32, keys: &mut Vec<u64>) -> Result<Option<Header>, XTreeError> {
+        for attempt in 0..MAX_READ_RETRIES {
+            dmkv_transport::sim::work(cost::COVER_LEAF);
+            match self.leaf_keys_in_place(leaf, keys) {
+                Ok(found) => return Ok(found),
+                Err(e) if e.is_transient() => back_off(attempt),
+                Err(e) => return Err(XTreeError::Corrupt(format!("node {leaf}: {e}"))),
+            }
+        }
+        Err(XTreeError::Corrupt(format!("node {leaf} never settled")))
+    }
+
+    /// One attempt at a leaf's keys, read in place: `V_0` first, then the
+    /// header and meta, the `count` key words, then every other version
+    /// word, `T` last; accepted exactly when a copy of the whole node would
+    /// be by [`check_node_image`] (the argument of
+    /// [`Self::leaf_slot_in_place`], docs/xtree.md invariant 13: keys
+    /// loaded between an unlocked `V_0 = X` and `T = X` are version `X`'s).
+    /// On an error `keys` holds a partial read the caller must not use
+    /// (the retry clears it).
+    #[inline(always)]
+    fn leaf_keys_in_place(
+        &self,
+        node: u32,
+        keys: &mut Vec<u64>,
+    ) -> Result<Option<Header>, ViewError> {
+        let geo = &self.geo;
+        let w = QuietWords(
+            self.nodes
+                .mem
+                .words_in(self.node_mem(node).base, geo.node_bytes())
+                .expect("node numbers are checked against the region"),
+        );
+        keys.clear();
+        let first = w.load(geo.version_word(0));
+        if first & LOCK_BIT != 0 {
+            return Err(ViewError::Locked);
+        }
+        let head = check_head_words(
+            geo,
+            w.load(geo.payload_word(Geometry::HDR)),
+            w.load(geo.payload_word(Geometry::META)),
+        );
+        if let Ok((header, meta)) = &head
+            && meta.level == 0
+        {
+            // The count is checked against the slots: the loads stay in
+            // the node even when the words are torn.
+            keys.reserve(header.count as usize);
+            let mut i = geo.payload_word(geo.key(0));
+            for _ in 0..header.count {
+                keys.push(w.load(i));
+                i += 1;
+                if i.is_multiple_of(WORDS_PER_LINE) {
+                    i += 1; // the next line's version word
+                }
+            }
+        }
+        let mut torn = false;
+        for i in (1..geo.lines())
+            .map(|l| geo.version_word(l))
+            .chain(std::iter::once(geo.trailer_word()))
+        {
+            let v = w.load(i);
+            if v & LOCK_BIT != 0 {
+                return Err(ViewError::Locked);
+            }
+            torn |= v != first;
+        }
+        if torn {
+            return Err(ViewError::Torn);
+        }
+        let (header, meta) = head?;
+        Ok((meta.level == 0).then_some(header))
+    }
+
     /// The leaf covering `key` and the path to it (inner node, child index),
     /// root first. The caller holds `structure`, so inner nodes are stable.
     fn descend(&self, key: u64) -> (u32, Vec<(u32, usize)>) {
@@ -2252,6 +2344,55 @@ mod tests {
         assert!(t.read_locked(root).unwrap().level() > 0);
         assert_eq!(t.leaf_slot_in_place(root, 41), Ok(None));
         assert_eq!(t.get(41).unwrap(), Some(vec![4; 8]));
+    }
+
+    /// The retraining walk's in-place key read (`leaf_keys_in_place`,
+    /// branch i106) refuses a leaf a writer is changing: with any version
+    /// word locked or torn (as an insert or split between the read's first
+    /// and last load leaves it) the attempt fails and its partial key set
+    /// is not used; intact, it reads the keys a copy parses, and
+    /// `leaves_covering` reports them sorted. Checked to fail with the
+    /// closing version words' loop removed (torn images were accepted).
+    #[test]
+    fn the_in_place_key_read_refuses_a_changing_leaf() {
+        let c = LocalCluster::new(LocalConfig::default());
+        let rt = NodeRuntime::new(c.add_node(1));
+        let cfg = XTreeConfig::sized_for(1_000, 16, 16).unwrap();
+        let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+        for k in (0..12u64).rev() {
+            t.insert(k * 10 + 1, &[k as u8; 8]).unwrap();
+        }
+        let leaf = t.root().node;
+        let geo = t.geo;
+        let base = t.node_mem(leaf).base;
+        let mem = &t.nodes.mem;
+        let parsed = t.read_consistent(leaf).unwrap();
+        let mut keys = Vec::new();
+        let header = t.leaf_keys_in_place(leaf, &mut keys).unwrap().unwrap();
+        assert_eq!(keys, parsed.keys.keys);
+        assert_eq!(header, parsed.header());
+        let at = |i: usize| base + 8 * i as u64;
+        for i in (0..geo.lines())
+            .map(|l| geo.version_word(l))
+            .chain([geo.trailer_word()])
+        {
+            let v = mem.load_u64(at(i)).unwrap();
+            for (bad, want) in [(v | LOCK_BIT, ViewError::Locked), (v + 1, ViewError::Torn)] {
+                mem.store_u64(at(i), bad).unwrap();
+                assert_eq!(t.leaf_keys_in_place(leaf, &mut keys), Err(want), "word {i}");
+            }
+            mem.store_u64(at(i), v).unwrap();
+        }
+        let covered = t.leaves_covering(0, u64::MAX, usize::MAX).unwrap();
+        let want: Vec<u64> = (0..12u64).map(|k| k * 10 + 1).collect();
+        assert_eq!(covered.len(), 1);
+        assert_eq!(covered[0].info.keys, want);
+        // An inner node is no leaf.
+        for k in 12..200u64 {
+            t.insert(k * 10 + 1, &[1; 8]).unwrap();
+        }
+        let root = t.root().node;
+        assert_eq!(t.leaf_keys_in_place(root, &mut keys), Ok(None));
     }
 
     /// A position hint of several leaves (XStore §5.3.1, branch i63): the
@@ -2926,8 +3067,8 @@ mod tests {
     }
 
     /// `leaves_covering` declares its work to `sim` per inner node and per
-    /// leaf it visits (`COVER_INNER`; `COVER_LEAF` and the leaf's read,
-    /// `LEAF_READ_PARSED`): run as a memory-node worker job over the whole
+    /// leaf it visits (`COVER_INNER`; `COVER_LEAF`, which since branch
+    /// i106 covers the leaf's in-place read too): run as a memory-node worker job over the whole
     /// key range, it declares exactly that for every node of the tree.
     /// Before branch i58 only the leaves' reads declared (this fails:
     /// leaves x `LEAF_READ_PARSED` alone).
@@ -2945,8 +3086,7 @@ mod tests {
         assert_eq!(found as u64, stats.leaves);
         assert_eq!(
             charge.declared,
-            stats.inner_nodes * cost::COVER_INNER
-                + stats.leaves * (cost::COVER_LEAF + cost::LEAF_READ_PARSED)
+            stats.inner_nodes * cost::COVER_INNER + stats.leaves * cost::COVER_LEAF
         );
     }
 
