@@ -32,6 +32,31 @@ fn parse<T>(
     Ok(v)
 }
 
+/// Bytes before a found GET reply's value: the flag and the u32 length.
+const GET_VALUE_AT: usize = 5;
+
+/// A GET reply's checks as [`parse`] makes them (the flag, the value's
+/// length, nothing after it): `Some(n)` when found with an `n`-byte value.
+fn parse_get(reply: &[u8]) -> Result<Option<usize>> {
+    parse(reply, |r| {
+        Ok(if r.bool()? {
+            Some(r.bytes()?.len())
+        } else {
+            None
+        })
+    })
+}
+
+/// The value of a found GET reply whose value has `n` bytes, in the
+/// reply's own allocation: the value moved to its front (a copy of the
+/// value within the buffer, no allocation), the rest cut off.
+fn value_in_place(mut reply: Vec<u8>, n: usize) -> Vec<u8> {
+    debug_assert_eq!(reply.len(), GET_VALUE_AT + n);
+    reply.copy_within(GET_VALUE_AT.., 0);
+    reply.truncate(n);
+    reply
+}
+
 impl RpcTreeClient {
     pub fn new(ep: Rc<Endpoint>, svc: TreeService) -> RpcTreeClient {
         RpcTreeClient { ep, svc }
@@ -139,13 +164,27 @@ impl KvClient for RpcTreeClient {
         let mut w = WireWriter::append_to(self.ep.request_buffer(0), 9);
         w.u8(GET).u64(key);
         let reply = self.call(w).await?;
-        self.parse_and_recycle(reply, |r| {
-            Ok(if r.bool()? {
-                Some(r.bytes()?.to_vec())
-            } else {
-                None
-            })
-        })
+        // The value is handed over in the reply's own buffer (its header
+        // moved out of the way), not copied into a new allocation; the
+        // harness gives it back through `recycle` (branch i103).
+        match parse_get(&reply) {
+            Ok(Some(n)) => Ok(Some(value_in_place(reply, n))),
+            other => {
+                // Not found or malformed: the buffer goes straight back.
+                self.ep.recycle(reply);
+                other.map(|_| None)
+            }
+        }
+    }
+    /// A GET's value is its reply's buffer: back to the endpoint, whose
+    /// next request or reply then reuses the allocation.
+    #[inline]
+    fn recycle(&self, value: Vec<u8>) {
+        self.ep.recycle(value)
+    }
+    #[inline]
+    fn recycles_values(&self) -> bool {
+        true
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         self.write(INSERT, key, value).await

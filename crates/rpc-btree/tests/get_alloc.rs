@@ -6,6 +6,11 @@
 //! allocates its value and, on `local`, a reply buffer: two per GET here,
 //! not asserted: the reply's buffer is the transport's.)
 //!
+//! A GET of a present key hands its value over in the reply's buffer and
+//! takes it back with `recycle` (branch i103): once warm, such a GET whose
+//! value is recycled allocates nothing either (with the value copied out
+//! of the reply, one allocation per GET).
+//!
 //! Allocations are counted per thread by a global allocator wrapping the
 //! system's (this test binary only): the handler thread's are not counted.
 
@@ -45,5 +50,42 @@ fn a_warm_get_of_an_absent_key_allocates_nothing() {
             assert_eq!(c.get(k).await.unwrap(), None);
         }
         assert_eq!(allocs() - before, 0, "GETs of absent keys allocated");
+    });
+}
+
+/// Fails without `RpcTreeClient`'s in-place value and `recycle` (the value
+/// copied out with `to_vec`: one allocation per GET).
+#[test]
+fn a_warm_get_of_a_present_key_with_its_value_recycled_allocates_nothing() {
+    let d = LocalDeployment::deploy(
+        &SPEC,
+        &DeployOptions {
+            threads: 1,
+            expected_keys: 1_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (_e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
+    let c = RpcTreeClient::new(d.endpoint(0), svc);
+    assert!(c.recycles_values());
+    block_on(async {
+        for k in 1..=40u64 {
+            assert!(c.insert(k, &[k as u8; 24]).await.unwrap());
+        }
+        // Warm up: the endpoint's lanes, slots and kept buffer.
+        for k in 1..=20u64 {
+            let v = c.get(k).await.unwrap().unwrap();
+            c.recycle(v);
+        }
+        let mut got = Vec::with_capacity(20);
+        for k in 21..=40u64 {
+            let before = allocs();
+            let v = c.get(k).await.unwrap().unwrap();
+            assert_eq!(v, [k as u8; 24]);
+            c.recycle(v);
+            got.push(allocs() - before);
+        }
+        assert!(got.iter().all(|&n| n == 0), "{got:?}");
     });
 }
