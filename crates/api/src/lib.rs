@@ -161,6 +161,7 @@ mod checksum;
 pub mod deploy;
 mod engine;
 mod error;
+pub mod fetch_gate;
 mod knobs;
 pub mod payload;
 pub mod sim_deploy;

@@ -10,13 +10,11 @@
 
 use crate::layout::{KV_UNIT, TAG_MOD};
 use dmkv_api::Result;
+pub use dmkv_api::fetch_gate::{ChunkFetch, WaitForFetch};
+use dmkv_api::fetch_gate::{FetchGate, HasFetchGate};
 use dmkv_memnode::GrowingPool;
 use dmkv_transport::{Endpoint, NodeId, ServiceError, ServiceId, WireReader, WireWriter};
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
 
 pub const ALLOC_CHUNK: u8 = 1;
 pub const ALLOC_SUBTABLE: u8 = 2;
@@ -92,14 +90,9 @@ pub struct LocalAlloc {
     end: u64,
     /// Freed blocks by size in units: (offset, tag they were freed with).
     free: HashMap<u8, Vec<(u64, u8)>>,
-    /// A task of this client is fetching a chunk: others wait for it
-    /// instead of fetching (and wasting) chunks of their own. Set and
-    /// cleared only through [`ChunkFetch`], whose drop clears it, so a
-    /// fetch whose future is dropped mid-way cannot leave it set.
-    fetching: bool,
-    /// Tasks parked until the fetch in flight ends ([`WaitForFetch`]);
-    /// woken all at once when it does (with or without a chunk).
-    waiters: Vec<Waker>,
+    /// The one chunk fetch in flight and the tasks parked on it
+    /// (dmkv_api::fetch_gate, invariants G1-G2).
+    gate: FetchGate,
 }
 
 impl LocalAlloc {
@@ -107,15 +100,7 @@ impl LocalAlloc {
     /// is now the fetcher (it must hold a [`ChunkFetch`] until the fetch
     /// ends), `false` if another task's fetch is in flight.
     pub fn claim_fetch(&mut self) -> bool {
-        !std::mem::replace(&mut self.fetching, true)
-    }
-
-    /// Ends the fetch in flight and wakes every task parked on it.
-    fn end_fetch(&mut self) {
-        self.fetching = false;
-        for w in self.waiters.drain(..) {
-            w.wake();
-        }
+        self.gate.claim()
     }
 
     pub fn add_chunk(&mut self, offset: u64, len: u64) {
@@ -143,96 +128,15 @@ impl LocalAlloc {
     }
 }
 
-/// The fetcher's hold on allocator `mn`'s fetch: dropping it (after the
-/// chunk was added, after an error, or with the fetching future dropped
-/// mid-way) ends the fetch and wakes the tasks waiting for it.
-pub struct ChunkFetch<'a> {
-    allocs: &'a RefCell<Vec<LocalAlloc>>,
-    mn: usize,
-}
-
-impl<'a> ChunkFetch<'a> {
-    /// The caller claimed the fetch with [`LocalAlloc::claim_fetch`].
-    pub fn new(allocs: &'a RefCell<Vec<LocalAlloc>>, mn: usize) -> Self {
-        Self { allocs, mn }
-    }
-}
-
-impl Drop for ChunkFetch<'_> {
-    fn drop(&mut self) {
-        self.allocs.borrow_mut()[self.mn].end_fetch();
-    }
-}
-
-/// Waits, parked (no polling), until allocator `mn`'s fetch in flight
-/// ends; the caller then looks for a block again.
-pub struct WaitForFetch<'a> {
-    pub allocs: &'a RefCell<Vec<LocalAlloc>>,
-    pub mn: usize,
-}
-
-impl Future for WaitForFetch<'_> {
-    type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut allocs = self.allocs.borrow_mut();
-        let a = &mut allocs[self.mn];
-        if !a.fetching {
-            return Poll::Ready(());
-        }
-        // One entry per poll while pending: a spurious poll adds a
-        // duplicate, which the fetch's end wakes harmlessly.
-        a.waiters.push(cx.waker().clone());
-        Poll::Pending
+impl HasFetchGate for LocalAlloc {
+    fn fetch_gate(&mut self) -> &mut FetchGate {
+        &mut self.gate
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Counts its wakes.
-    struct CountWake(std::sync::atomic::AtomicUsize);
-    impl std::task::Wake for CountWake {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// A task waiting for another's chunk fetch parks (one waker, no
-    /// re-poll) and is woken when the fetch ends, however it ends: here
-    /// the fetcher's hold is dropped without a chunk, as when its future
-    /// is dropped mid-way or the fetch fails; the fetch is free to claim
-    /// again afterwards. (With the old flag and a polling wait, a dropped
-    /// fetcher left `fetching` set and its siblings spinning forever.)
-    #[test]
-    fn a_waiter_parks_and_wakes_when_the_fetch_ends_however_it_ends() {
-        let allocs = RefCell::new(vec![LocalAlloc::default(), LocalAlloc::default()]);
-        assert!(allocs.borrow_mut()[1].claim_fetch());
-        let held = ChunkFetch::new(&allocs, 1);
-        assert!(!allocs.borrow_mut()[1].claim_fetch(), "one fetch at a time");
-        assert!(allocs.borrow_mut()[0].claim_fetch(), "per memory node");
-
-        let count = std::sync::Arc::new(CountWake(0.into()));
-        let waker = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&waker);
-        let mut wait = WaitForFetch {
-            allocs: &allocs,
-            mn: 1,
-        };
-        assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
-        assert_eq!(allocs.borrow()[1].waiters.len(), 1);
-        assert_eq!(count.0.load(std::sync::atomic::Ordering::Relaxed), 0);
-
-        drop(held);
-        assert_eq!(
-            count.0.load(std::sync::atomic::Ordering::Relaxed),
-            1,
-            "woken once"
-        );
-        assert!(allocs.borrow()[1].waiters.is_empty());
-        assert!(Pin::new(&mut wait).poll(&mut cx).is_ready());
-        assert!(allocs.borrow_mut()[1].claim_fetch(), "free to claim again");
-    }
 
     #[test]
     fn carves_and_reuses_with_the_next_tag() {
