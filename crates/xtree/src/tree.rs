@@ -1826,30 +1826,106 @@ impl XTree {
     }
 
     /// `key`'s value in `leaf`, read in place and validated by the version
-    /// protocol, retried as [`Self::read_consistent_image`] retries its
-    /// copy (per attempt a `sim` charge, [`cost::LEAF_READ_IN_PLACE`], and
-    /// the same touch of the node's every line): `Some(None)` when the leaf lacks the key,
+    /// protocol ([`Self::leaf_slot_in_place`]), retried as
+    /// [`Self::read_consistent_image`] retries its copy (per attempt a
+    /// `sim` charge, [`cost::LEAF_READ_IN_PLACE`], and the same touch of
+    /// the node's every line): `Some(None)` when the leaf lacks the key,
     /// `None` when the node's meta word says it is no leaf (the caller
     /// then takes the copy path, whose checks cover inner nodes).
     fn read_leaf_slot(&self, leaf: u32, key: u64) -> Result<Option<Option<SlotValue>>, XTreeError> {
-        for attempt in 0..MAX_READ_RETRIES {
-            dmkv_transport::sim::work(cost::LEAF_READ_IN_PLACE);
-            match self.leaf_slot_in_place(leaf, key) {
-                Ok(found) => return Ok(found),
-                Err(e) if e.is_transient() => back_off(attempt),
-                Err(e) => return Err(XTreeError::Corrupt(format!("node {leaf}: {e}"))),
-            }
-        }
-        Err(XTreeError::Corrupt(format!("node {leaf} never settled")))
+        self.retry_in_place(leaf, cost::LEAF_READ_IN_PLACE, || {
+            self.leaf_slot_in_place(leaf, key)
+        })
     }
 
-    /// One attempt at `key`'s slot in `node`, its words read in place
-    /// (quiet atomic loads, [`QuietWords`]) instead of copied: `V_0` first,
-    /// then the header and meta, the key words in slot order up to `key`
-    /// and its slot word, then every other version word, `T` last. The
-    /// attempt is accepted exactly when a copy of the whole node would be
-    /// by [`check_node_image`]: every version word unlocked and equal
-    /// (else [`ViewError::Locked`] / [`ViewError::Torn`], transient), then
+    /// A leaf's header and its keys (into `keys`, in slot order), read in
+    /// place ([`Self::leaf_keys_in_place`]) and retried alike (per attempt
+    /// a `sim` charge, [`cost::COVER_LEAF`], and the same touch of the
+    /// node's every line): the retraining walk's leaf read (branch i106; a
+    /// copy parsed into a [`NodeView`] and its keys cloned before). `None`
+    /// when the node's meta word says it is no leaf.
+    fn read_leaf_keys(&self, leaf: u32, keys: &mut Vec<u64>) -> Result<Option<Header>, XTreeError> {
+        self.retry_in_place(leaf, cost::COVER_LEAF, || {
+            self.leaf_keys_in_place(leaf, keys)
+        })
+    }
+
+    /// Runs `attempt`, an in-place read of node `node`, until it is not
+    /// refused as transient (locked or torn), backing off as the copy path
+    /// does ([`Self::read_consistent_image`]); `work` is declared to `sim`
+    /// per attempt. A malformed node is corrupt at once.
+    #[inline(always)]
+    fn retry_in_place<R>(
+        &self,
+        node: u32,
+        work: u64,
+        mut attempt: impl FnMut() -> Result<R, ViewError>,
+    ) -> Result<R, XTreeError> {
+        for n in 0..MAX_READ_RETRIES {
+            dmkv_transport::sim::work(work);
+            match attempt() {
+                Ok(r) => return Ok(r),
+                Err(e) if e.is_transient() => back_off(n),
+                Err(e) => return Err(XTreeError::Corrupt(format!("node {node}: {e}"))),
+            }
+        }
+        Err(XTreeError::Corrupt(format!("node {node} never settled")))
+    }
+
+    /// One attempt at `key`'s slot in `node`, read in place
+    /// ([`Self::leaf_in_place`]): the key words in slot order up to `key`
+    /// and its slot word. `Ok(None)` for an inner node.
+    #[inline(always)]
+    fn leaf_slot_in_place(
+        &self,
+        node: u32,
+        key: u64,
+    ) -> Result<Option<Option<SlotValue>>, ViewError> {
+        let geo = &self.geo;
+        self.leaf_in_place(node, |w, header, meta| {
+            // The count is checked against the slots: the loads stay in
+            // the node even when the words are torn.
+            let (j, _) = find_key_word(geo, header.count as usize, key, |i| w.load(i));
+            j.map(|j| SlotValue::decode(meta, j, w.load(geo.payload_word(geo.slot(j)))))
+        })
+    }
+
+    /// One attempt at a leaf's header and its `count` keys (into `keys`,
+    /// cleared first), read in place ([`Self::leaf_in_place`]). On an
+    /// error `keys` may hold a partial read the caller must not use (the
+    /// retry clears it). `Ok(None)` for an inner node.
+    #[inline(always)]
+    fn leaf_keys_in_place(
+        &self,
+        node: u32,
+        keys: &mut Vec<u64>,
+    ) -> Result<Option<Header>, ViewError> {
+        let geo = &self.geo;
+        keys.clear();
+        self.leaf_in_place(node, |w, header, _| {
+            // The count is checked against the slots: the loads stay in
+            // the node even when the words are torn.
+            keys.reserve(header.count as usize);
+            let mut i = geo.payload_word(geo.key(0));
+            for _ in 0..header.count {
+                keys.push(w.load(i));
+                i += 1;
+                if i.is_multiple_of(WORDS_PER_LINE) {
+                    i += 1; // the next line's version word
+                }
+            }
+            *header
+        })
+    }
+
+    /// One in-place read of leaf `node`: its words loaded in place (quiet
+    /// atomic loads, [`QuietWords`]) instead of copied: `V_0` first, then
+    /// the header and meta, then `read`'s loads (run only when the header
+    /// and meta are well-formed and the meta says leaf), then every other
+    /// version word, `T` last. The attempt is accepted exactly when a copy
+    /// of the whole node would be by [`check_node_image`]: every version
+    /// word unlocked and equal (else [`ViewError::Locked`] /
+    /// [`ViewError::Torn`], transient; any lock wins over a tear), then
     /// the header and meta checked ([`check_head_words`], the same
     /// malformed errors). A leaf has no further checks; a node whose meta
     /// says it is inner returns `Ok(None)` (inner nodes' checks are the
@@ -1867,11 +1943,11 @@ impl XTree {
     /// The node's every line is touched once, as the copy touched them
     /// ([`RegionMem::words_in`]), so `sim` charges the same lines.
     #[inline(always)]
-    fn leaf_slot_in_place(
+    fn leaf_in_place<R>(
         &self,
         node: u32,
-        key: u64,
-    ) -> Result<Option<Option<SlotValue>>, ViewError> {
+        read: impl FnOnce(&QuietWords<'_>, &Header, &Meta) -> R,
+    ) -> Result<Option<R>, ViewError> {
         let geo = &self.geo;
         let w = QuietWords(
             self.nodes
@@ -1893,10 +1969,7 @@ impl XTree {
         if let Ok((header, meta)) = &head
             && meta.level == 0
         {
-            // The count is checked against the slots: the loads stay in
-            // the node even when the words are torn.
-            let (j, _) = find_key_word(geo, header.count as usize, key, |i| w.load(i));
-            found = j.map(|j| SlotValue::decode(meta, j, w.load(geo.payload_word(geo.slot(j)))));
+            found = Some(read(&w, header, meta));
         }
         // The closing version words, as `check_span` reads them: any lock
         // wins over a tear.
@@ -1914,91 +1987,11 @@ impl XTree {
         if torn {
             return Err(ViewError::Torn);
         }
-        let (_, meta) = head?;
-        Ok((meta.level == 0).then_some(found))
-    }
-
-    /// A leaf's header and its keys (into `keys`, cleared first, in slot
-    /// order), read in place and validated as [`Self::leaf_slot_in_place`]
-    /// validates its read, retried alike (per attempt a `sim` charge,
-    /// [`cost::COVER_LEAF`], and the same touch of the node's every
-    /// line): the retraining walk's leaf read (branch i106; a copy parsed
-    /// into a [`NodeView`] and its keys cloned before). `None` when the
-    /// node's meta word says it is no leaf.
-    fn read_leaf_keys(&self, leaf: u32, keys: &mut Vec<u64>) -> Result<Option<Header>, XTreeError> {
-        for attempt in 0..MAX_READ_RETRIES {
-            dmkv_transport::sim::work(cost::COVER_LEAF);
-            match self.leaf_keys_in_place(leaf, keys) {
-                Ok(found) => return Ok(found),
-                Err(e) if e.is_transient() => back_off(attempt),
-                Err(e) => return Err(XTreeError::Corrupt(format!("node {leaf}: {e}"))),
-            }
-        }
-        Err(XTreeError::Corrupt(format!("node {leaf} never settled")))
-    }
-
-    /// One attempt at a leaf's keys, read in place: `V_0` first, then the
-    /// header and meta, the `count` key words, then every other version
-    /// word, `T` last; accepted exactly when a copy of the whole node would
-    /// be by [`check_node_image`] (the argument of
-    /// [`Self::leaf_slot_in_place`], docs/xtree.md invariant 13: keys
-    /// loaded between an unlocked `V_0 = X` and `T = X` are version `X`'s).
-    /// On an error `keys` holds a partial read the caller must not use
-    /// (the retry clears it).
-    #[inline(always)]
-    fn leaf_keys_in_place(
-        &self,
-        node: u32,
-        keys: &mut Vec<u64>,
-    ) -> Result<Option<Header>, ViewError> {
-        let geo = &self.geo;
-        let w = QuietWords(
-            self.nodes
-                .mem
-                .words_in(self.node_mem(node).base, geo.node_bytes())
-                .expect("node numbers are checked against the region"),
-        );
-        keys.clear();
-        let first = w.load(geo.version_word(0));
-        if first & LOCK_BIT != 0 {
-            return Err(ViewError::Locked);
-        }
-        let head = check_head_words(
-            geo,
-            w.load(geo.payload_word(Geometry::HDR)),
-            w.load(geo.payload_word(Geometry::META)),
-        );
-        if let Ok((header, meta)) = &head
-            && meta.level == 0
-        {
-            // The count is checked against the slots: the loads stay in
-            // the node even when the words are torn.
-            keys.reserve(header.count as usize);
-            let mut i = geo.payload_word(geo.key(0));
-            for _ in 0..header.count {
-                keys.push(w.load(i));
-                i += 1;
-                if i.is_multiple_of(WORDS_PER_LINE) {
-                    i += 1; // the next line's version word
-                }
-            }
-        }
-        let mut torn = false;
-        for i in (1..geo.lines())
-            .map(|l| geo.version_word(l))
-            .chain(std::iter::once(geo.trailer_word()))
-        {
-            let v = w.load(i);
-            if v & LOCK_BIT != 0 {
-                return Err(ViewError::Locked);
-            }
-            torn |= v != first;
-        }
-        if torn {
-            return Err(ViewError::Torn);
-        }
-        let (header, meta) = head?;
-        Ok((meta.level == 0).then_some(header))
+        // A malformed head is reported only after the version words: a
+        // tear or a lock explains it and is retried. `read` ran exactly
+        // when the head is well-formed and a leaf's.
+        head?;
+        Ok(found)
     }
 
     /// The leaf covering `key` and the path to it (inner node, child index),
