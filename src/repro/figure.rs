@@ -103,6 +103,30 @@ pub const BUILTIN: &[(&str, &str)] = &[
 ];
 
 /// `dmkv bench` flags a figure sets itself rather than through parameters.
+/// The longest `reason` or `differences` a figure may give, in characters.
+/// Each lands in one cell of FIGURE.md's table beside the numbers, so it
+/// says why ours differs now, in a few sentences; how a point moved from
+/// pass to pass belongs in the docs the reason points to (before this
+/// check, scalestore-fig7's reasons had grown to 3,400 characters of run
+/// history per cell).
+pub const MAX_REASON_CHARS: usize = 1000;
+
+/// A reason fits one table cell: one line, at most [`MAX_REASON_CHARS`].
+fn check_reason(what: &str, text: &str) -> Result<(), String> {
+    if text.contains(['\n', '\r']) {
+        return Err(format!(
+            "{what}: must be one line (it fills one cell of the table)"
+        ));
+    }
+    let chars = text.chars().count();
+    if chars > MAX_REASON_CHARS {
+        return Err(format!(
+            "{what}: {chars} characters, more than {MAX_REASON_CHARS}: say why ours differs now and point to the docs for the history"
+        ));
+    }
+    Ok(())
+}
+
 const RESERVED: &[&str] = &[
     "engine",
     "transport",
@@ -627,6 +651,12 @@ impl Figure {
             if !v.value.is_finite() || v.source.trim().is_empty() {
                 return Err(format!("{where_}: needs a finite value and a source"));
             }
+            if let Some(r) = &v.reason {
+                check_reason(&format!("{where_}: reason"), r)?;
+            }
+        }
+        if let Some(d) = &self.differences {
+            check_reason("differences", d)?;
         }
         Ok(())
     }

@@ -391,6 +391,23 @@ fn bad_figure_files_are_refused_with_a_clear_message() {
             ),
             "the series does not run at that point",
         ),
+        (
+            TINY.replace(
+                "reason = \"the test's paper value is twice the truth\"",
+                &format!(
+                    "reason = \"{}\"",
+                    "x".repeat(figure::MAX_REASON_CHARS + 1)
+                ),
+            ),
+            "reason: 1001 characters, more than 1000",
+        ),
+        (
+            TINY.replace(
+                "reason = \"the test's paper value is twice the truth\"",
+                "reason = \"one\\ntwo\"",
+            ),
+            "reason: must be one line",
+        ),
     ];
     for (i, (text, needle)) in cases.iter().enumerate() {
         let file = dir.join(format!("bad{i}.toml"));
