@@ -15,8 +15,8 @@
 use crate::config::XTreeConfig;
 use crate::layout::{
     ChildPtr, FatPtr, Geometry, Header, INCARNATION_MASK, INLINE_VALUE_LEN, LINE_BYTES, LOCK_BIT,
-    MAX_VALUE_LEN, Meta, NO_NODE, RootWord, SUPERBLOCK_FORMAT_OFFSET, SUPERBLOCK_ROOT_OFFSET,
-    WORDS_PER_LINE, block_bytes, format_word, next_incarnation,
+    MAX_SLOTS, MAX_VALUE_LEN, Meta, NO_NODE, RootWord, SUPERBLOCK_FORMAT_OFFSET,
+    SUPERBLOCK_ROOT_OFFSET, WORDS_PER_LINE, block_bytes, format_word, next_incarnation,
 };
 use crate::protocol::{NodeWords, commit, lock, unlock_unchanged};
 use crate::view::{
@@ -182,34 +182,33 @@ pub mod cost {
     /// commit reporting each of its ~10 stores.)
     pub const HINTED_WRITE: u64 = 319;
     /// [`XTree::leaves_covering`] (XStore's training and retraining walk),
-    /// per inner node it visits: the node's copy and parse
-    /// (`read_locked`, 1,224.2 per call from `cover`), the loop over its
-    /// children (97.2 in `cover`'s lines, 69.2 in the range, index and
-    /// option code inlined there): 1,391. Branch i58, callgrind on
-    /// `local` with main's binary fac3bce (`/tmp/keep/dmkv-head15`):
-    /// `valgrind --tool=callgrind dmkv bench --engine xstore --workload
-    /// insert --keys 50000 --ops 30000 --threads 1 --tasks 8 --seed 1`
-    /// (2,202 walks, 13,527 inner nodes, 36,725 leaves; per-line counts of
-    /// `cover` for the split between its two branches). Until then the
-    /// walk declared only its leaves' reads (`LEAF_READ_PARSED`).
-    pub const COVER_INNER: u64 = 1_391;
+    /// per inner node it visits: the node's keys and children loaded in
+    /// place and checked (`inner_in_place`, 540.8 per call) and the loop over
+    /// its children in `cover` (97.2): 638. Twenty-seventh session,
+    /// callgrind on `local`: `valgrind --tool=callgrind dmkv bench --engine
+    /// xstore --workload insert --keys 50000 --ops 30000 --threads 1 --tasks
+    /// 8 --seed 1` (2,202 walks, 13,527 inner nodes, 36,730 leaf reads),
+    /// `inner_in_place` and `read_leaf_keys` built `#[inline(never)]` for
+    /// the count (inclusive 7,315,285 over 13,527 calls; the loop's lines of
+    /// `cover` 1,314,875 self). Before, the node was copied and parsed
+    /// (`read_locked`, 1,239 per call on that run with main 08e1a0c; 1,391
+    /// with the loop, branch i58's count).
+    pub const COVER_INNER: u64 = 638;
     /// [`XTree::leaves_covering`], per leaf and per attempt at its read
     /// (branch i106: the keys read in place under the version check,
     /// `read_leaf_keys`, into the reported `Vec`, then sorted and pushed;
     /// before, a copy parsed into a `NodeView`, `LEAF_READ_PARSED` per
     /// attempt, plus 533 for the keys' clone and sort and the image's
     /// drop). The walk's total less its inner nodes at `COVER_INNER`, over
-    /// its leaves, as branch i58 split it: 50,913,522 - 15,949 x 1,391 over
-    /// 36,726 leaves: 782. Callgrind on `local` with this branch's binary:
-    /// `valgrind --tool=callgrind dmkv bench --engine xstore --workload
-    /// insert --keys 50000 --ops 30000 --threads 1 --tasks 8 --seed 1`
-    /// (2,202 walks; inclusive `leaves_covering`). Main's be7aec3 on the
-    /// same run: 84,334,262 (the same 15,949 inner nodes and 36,726
-    /// leaves, 1,692 per leaf by that split; declared 1,869). A retry
-    /// declares the whole figure again (the sort and push, a fifth of it
-    /// by the old split, are then over-declared; retries need a writer in
-    /// the leaf during the read).
-    pub const COVER_LEAF: u64 = 782;
+    /// its leaves: inclusive `leaves_covering` 41,699,901 (the run given
+    /// for `COVER_INNER`, the build as shipped) - 13,527 x 638, over 36,730
+    /// leaves: 900. (Branch i106 derived 782 from its run's 50,913,522 with
+    /// 15,949 inner nodes; main's binaries before and after this change,
+    /// and branch i58's, visit 13,527 on that command, which gives 874 by
+    /// its split.) A retry declares the whole figure again (the sort and
+    /// push, about a third of it, are then over-declared; retries need a
+    /// writer in the leaf during the read).
+    pub const COVER_LEAF: u64 = 900;
 }
 
 /// Why a tree operation failed. Expected outcomes (absent, present) are
@@ -477,6 +476,29 @@ impl NodeWords for QuietWords<'_> {
         match self.0[i].compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(v) | Err(v) => v,
         }
+    }
+}
+
+/// An inner node's keys and children, loaded in place and checked by
+/// [`XTree::inner_in_place`]: `count` of each, in slot order, on the
+/// stack (no allocation; the node itself is not copied).
+struct InnerInPlace {
+    count: usize,
+    keys: [u64; MAX_SLOTS],
+    children: [u32; MAX_SLOTS],
+}
+
+impl InnerInPlace {
+    /// Key `j` (`j < count`): child `j`'s lower bound.
+    #[inline(always)]
+    fn key(&self, j: usize) -> u64 {
+        self.keys[j]
+    }
+
+    /// Child `j`'s node (`j < count`).
+    #[inline(always)]
+    fn child(&self, j: usize) -> u32 {
+        self.children[j]
     }
 }
 
@@ -1020,18 +1042,23 @@ impl XTree {
             return Ok(());
         }
         dmkv_transport::sim::work(cost::COVER_INNER);
-        let img = self.read_locked(node)?;
-        let keys = &img.keys.keys;
-        for j in 0..keys.len() {
+        let inner = self
+            .inner_in_place(node)
+            .map_err(|e| XTreeError::Corrupt(format!("node {node}: {e}")))?;
+        for j in 0..inner.count {
             if out.len() == max_leaves {
                 break;
             }
-            let child_lower = keys[j];
-            let child_upper = keys.get(j + 1).copied().or(upper);
+            let child_lower = inner.key(j);
+            let child_upper = if j + 1 < inner.count {
+                Some(inner.key(j + 1))
+            } else {
+                upper
+            };
             let intersects = child_lower <= hi && child_upper.is_none_or(|u| u > lo);
             if intersects {
                 self.cover(
-                    img.child(j).node,
+                    inner.child(j),
                     child_lower,
                     child_upper,
                     lo,
@@ -1042,6 +1069,77 @@ impl XTree {
             }
         }
         Ok(())
+    }
+
+    /// Inner node `node` read in place for the covering walk (twenty-seventh
+    /// session; a copy parsed by
+    /// [`NodeView::parse_locked`] before): the caller holds `structure`,
+    /// under which inner nodes do not change (docs/xtree.md, "Concurrency on
+    /// the memory node"), so no version words are read, as [`Self::walk`]
+    /// reads none. The node is checked as `parse_locked` checks it, with the
+    /// same errors in the same order (the head, then strictly ascending
+    /// keys, then every child pointer valid), before the caller visits any
+    /// child; a node whose meta says leaf is an error too (the caller read
+    /// an inner level a moment before, and levels do not change). Every
+    /// line of the node is touched once, as the copy touched them
+    /// ([`RegionMem::words_in`]), so `sim` charges the same lines.
+    fn inner_in_place(&self, node: u32) -> Result<InnerInPlace, ViewError> {
+        let geo = &self.geo;
+        let words = QuietWords(
+            self.nodes
+                .mem
+                .words_in(self.node_mem(node).base, geo.node_bytes())
+                .expect("node numbers are checked against the region"),
+        );
+        let (header, meta) = check_head_words(
+            geo,
+            words.load(geo.payload_word(Geometry::HDR)),
+            words.load(geo.payload_word(Geometry::META)),
+        )?;
+        if meta.level == 0 {
+            return Err(ViewError::Malformed("no longer an inner node".into()));
+        }
+        // check_head_words bounds the count by the node's slots, and a
+        // node has at most MAX_SLOTS.
+        let count = header.count as usize;
+        let mut inner = InnerInPlace {
+            count,
+            keys: [0; MAX_SLOTS],
+            children: [0; MAX_SLOTS],
+        };
+        // One pass over the key words and the slot words, stepping over each
+        // line's version word as the walk does; the copy's two checks are
+        // reported in its order (keys first) whichever word failed first.
+        let (mut kw, mut sw) = (geo.payload_word(geo.key(0)), geo.payload_word(geo.slot(0)));
+        let (mut ascending, mut pointers) = (true, true);
+        for j in 0..count {
+            let key = words.load(kw);
+            ascending &= j == 0 || inner.keys[j - 1] < key;
+            inner.keys[j] = key;
+            match ChildPtr::unpack(words.load(sw)) {
+                Some(c) => inner.children[j] = c.node,
+                None => pointers = false,
+            }
+            kw += 1;
+            if kw.is_multiple_of(WORDS_PER_LINE) {
+                kw += 1; // the next line's version word
+            }
+            sw += 1;
+            if sw.is_multiple_of(WORDS_PER_LINE) {
+                sw += 1;
+            }
+        }
+        if !ascending {
+            return Err(ViewError::Malformed(
+                "inner keys are not strictly ascending".into(),
+            ));
+        }
+        if !pointers {
+            return Err(ViewError::Malformed(
+                "an inner node with an invalid child pointer".into(),
+            ));
+        }
+        Ok(inner)
     }
 
     /// UPDATE with a position hint of one leaf (XStore §5.3.1): if `hint`
@@ -2337,6 +2435,76 @@ mod tests {
         assert!(t.read_locked(root).unwrap().level() > 0);
         assert_eq!(t.leaf_slot_in_place(root, 41), Ok(None));
         assert_eq!(t.get(41).unwrap(), Some(vec![4; 8]));
+    }
+
+    /// The covering walk's in-place inner read (`inner_in_place`,
+    /// twenty-seventh session) gives every inner node's keys and children
+    /// as the parsed copy it replaced (`read_locked`), refuses a malformed
+    /// inner node with the copy's error (a child pointer naming no node,
+    /// keys out of order, a count of zero), and `leaves_covering` then
+    /// reports the node corrupt instead of following a bad pointer.
+    /// Checked to fail with the key-order and child-pointer checks removed.
+    #[test]
+    fn the_covering_walks_in_place_inner_read_matches_the_copy() {
+        let c = LocalCluster::new(LocalConfig::default());
+        let rt = NodeRuntime::new(c.add_node(1));
+        let cfg = XTreeConfig::sized_for(20_000, 16, 16).unwrap();
+        let t = XTree::create(&rt, "t/nodes", "t/values", cfg).unwrap();
+        // A three-level tree at least (fan-out 16), keys in a scrambled order.
+        let mut inserted = 0;
+        for i in 0..3_000u64 {
+            let k = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+            inserted += usize::from(t.insert(k, &[1; 8]).unwrap());
+        }
+        let mut inner_nodes = Vec::new();
+        let mut todo = vec![t.root().node];
+        while let Some(n) = todo.pop() {
+            let img = t.read_locked(n).unwrap();
+            if img.level() == 0 {
+                continue;
+            }
+            inner_nodes.push(n);
+            let inner = t.inner_in_place(n).unwrap();
+            assert_eq!(inner.count, img.keys.keys.len());
+            for j in 0..inner.count {
+                assert_eq!(inner.key(j), img.keys.keys[j], "node {n} key {j}");
+                assert_eq!(inner.child(j), img.child(j).node, "node {n} child {j}");
+                todo.push(img.child(j).node);
+            }
+        }
+        assert!(inner_nodes.len() > 16, "a tree of several inner levels");
+        let all = t.leaves_covering(0, u64::MAX, usize::MAX).unwrap();
+        assert_eq!(
+            all.iter().map(|l| l.info.keys.len()).sum::<usize>(),
+            inserted
+        );
+        // Malformed inner nodes: the copy's error, and the walk stops.
+        let geo = t.geo;
+        let node = *inner_nodes.last().unwrap();
+        let mem = &t.nodes.mem;
+        let at = |i: usize| t.node_mem(node).base + 8 * i as u64;
+        let count = t.inner_in_place(node).unwrap().count;
+        assert!(count >= 2);
+        let corruptions = [
+            (geo.payload_word(geo.slot(count - 1)), 0u64), // node 0: the superblock
+            (geo.payload_word(geo.key(1)), 0),             // below key 0: not ascending
+        ];
+        for (word, bad) in corruptions {
+            let good = mem.load_u64(at(word)).unwrap();
+            mem.store_u64(at(word), bad).unwrap();
+            let want = t.read_locked(node).unwrap_err();
+            let got = t.inner_in_place(node).map(|_| ()).unwrap_err();
+            assert_eq!(XTreeError::Corrupt(format!("node {node}: {got}")), want);
+            assert!(
+                matches!(
+                    t.leaves_covering(0, u64::MAX, usize::MAX),
+                    Err(XTreeError::Corrupt(_))
+                ),
+                "word {word}"
+            );
+            mem.store_u64(at(word), good).unwrap();
+        }
+        assert_eq!(t.leaves_covering(0, u64::MAX, usize::MAX).unwrap(), all);
     }
 
     /// The retraining walk's in-place key read (`leaf_keys_in_place`,
