@@ -146,6 +146,10 @@ impl KvStore for Checked {
     fn recycles_values(&self) -> bool {
         self.inner.recycles_values()
     }
+    #[inline]
+    fn recycles_to(&self) -> Option<&dmkv_transport::Endpoint> {
+        self.inner.recycles_to()
+    }
 
     // The slot forms: the same checks, then the engine's own slot form (a
     // refusal is a ready future in the slot).

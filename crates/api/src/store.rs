@@ -1,6 +1,6 @@
 use crate::error::Result;
 use async_trait::async_trait;
-use dmkv_transport::{FutureSlot, SlotFuture};
+use dmkv_transport::{Endpoint, FutureSlot, SlotFuture};
 
 /// Keys are 8-byte unsigned integers, as in all four papers.
 pub type Key = u64;
@@ -56,6 +56,16 @@ pub trait KvStore {
     #[inline]
     fn recycles_values(&self) -> bool {
         false
+    }
+    /// The endpoint a recycled value goes to, if [`KvStore::recycle`] is
+    /// exactly `Endpoint::recycle` on it (rpc-hash's: a GET's value is its
+    /// reply's buffer): a caller may then hand values to that endpoint
+    /// itself, asked once, instead of through the engine's `dyn` handle
+    /// (and `Checked`'s, and the blanket impl's) on every value. The
+    /// default is `None`; [`KvStore::recycle`] is always correct.
+    #[inline]
+    fn recycles_to(&self) -> Option<&Endpoint> {
+        None
     }
 
     // The same six operations with their future put in a caller's
@@ -159,6 +169,12 @@ pub trait KvClient {
     fn recycles_values(&self) -> bool {
         false
     }
+    /// [`KvStore::recycles_to`]: `Some` only if `recycle` is that
+    /// endpoint's `recycle` and nothing else.
+    #[inline]
+    fn recycles_to(&self) -> Option<&Endpoint> {
+        None
+    }
 }
 
 #[async_trait(?Send)]
@@ -188,6 +204,10 @@ impl<T: KvClient> KvStore for T {
     #[inline]
     fn recycles_values(&self) -> bool {
         KvClient::recycles_values(self)
+    }
+    #[inline]
+    fn recycles_to(&self) -> Option<&Endpoint> {
+        KvClient::recycles_to(self)
     }
 
     #[inline]

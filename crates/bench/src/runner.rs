@@ -980,6 +980,7 @@ async fn run_task(
         clock: LatencyClock::here(),
         kv,
         recycles: kv.recycles_values(),
+        recycles_to: kv.recycles_to(),
         figures,
         slot: FutureSlot::new(),
         values: TaskValues::new(ctx.cfg.value_gen, ctx.cfg.seed, thread, task),
@@ -1172,6 +1173,10 @@ struct TaskIo<'c, 'e> {
     /// Whether `kv` takes a GET's value back ([`KvStore::recycle`]),
     /// asked once: an engine that does not gets no call per value.
     recycles: bool,
+    /// The endpoint `kv`'s `recycle` hands values to, if that is all it
+    /// does ([`KvStore::recycles_to`], asked once): values go there
+    /// directly, one `dyn` call (the backend's) instead of three.
+    recycles_to: Option<&'c Endpoint>,
     figures: &'c RefCell<RunFigures>,
     /// Where each operation's future runs (allocated once, reused).
     slot: FutureSlot,
@@ -1199,12 +1204,15 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
     let (ctx, ep, clock, kv, figures) = (io.ctx, io.ep, io.clock, io.kv, io.figures);
     // A checked GET's value goes back to the engine if it takes it
     // (rpc-hash: its next request's buffer); otherwise it is dropped here.
-    let recycles = io.recycles;
+    let (recycles, recycles_to) = (io.recycles, io.recycles_to);
     let hand_back = |v: Option<Vec<u8>>| {
         if let Some(v) = v
             && recycles
         {
-            kv.recycle(v);
+            match recycles_to {
+                Some(home) => home.recycle(v),
+                None => kv.recycle(v),
+            }
         }
     };
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());

@@ -334,6 +334,11 @@ impl KvClient for RpcHashClient {
     fn recycles_values(&self) -> bool {
         true
     }
+    /// `recycle` is the endpoint's: the harness hands values there.
+    #[inline]
+    fn recycles_to(&self) -> Option<&Endpoint> {
+        Some(&self.ep)
+    }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         Ok(!self.put(PutMode::Insert, key, value).await?)
     }

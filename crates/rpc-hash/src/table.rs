@@ -265,14 +265,25 @@ impl ClusterTable {
     /// compared would give, added once at the end) and borrows each
     /// candidate's whole KV block in one access, key and value words
     /// together ([`Found::block`]); writers compare the key word alone.
+    ///
+    /// The `sim` touches are reported here, not by `words_in`: whether
+    /// touches count is read once per walk ([`RegionMem::touches_counted`];
+    /// nothing in the walk can switch `sim` metering on or off), and each
+    /// span is then touched in the same order `words_in` would touch it,
+    /// so `sim` is charged as before; off `sim` the walk makes no call
+    /// into the touch path (`sim::touch` is out of line: two calls per GET).
     fn find(&self, b: u64, key: u64, fp: u16, lookup: bool) -> Option<Found<'_>> {
         let mut bucket = b * BUCKET_BYTES;
         let (mut visited, mut probed, mut compared) = (0u64, 0u64, 0u64);
+        let counted = RegionMem::touches_counted();
         let found = 'chain: loop {
             let words = self
                 .mem
-                .words_in(bucket, BUCKET_BYTES as usize)
+                .words_in_untouched(bucket, BUCKET_BYTES as usize)
                 .expect("buckets are inside the region");
+            if counted {
+                self.mem.touch_span(bucket, BUCKET_BYTES);
+            }
             visited += 1;
             for (i, word) in words[..SLOTS_PER_BUCKET as usize].iter().enumerate() {
                 let slot = Slot(word.load(Ordering::Acquire));
@@ -283,10 +294,14 @@ impl ClusterTable {
                 compared += 1;
                 let slot_at = bucket + i as u64 * 8;
                 if lookup {
+                    let block_len = 8 + slot.len().next_multiple_of(8);
                     let block = self
                         .kv_mem
-                        .words_in(slot.kv(), 8 + slot.len().next_multiple_of(8))
+                        .words_in_untouched(slot.kv(), block_len)
                         .expect("KV blocks are inside the region");
+                    if counted {
+                        self.kv_mem.touch_span(slot.kv(), block_len as u64);
+                    }
                     if block[0].load(Ordering::Acquire) == key {
                         break 'chain Some(Found {
                             slot_at,
