@@ -159,11 +159,20 @@ pub(crate) fn on_numbered_core<R>(core: u32, f: impl FnOnce() -> R) -> R {
 /// as a private hit (docs/simulation.md, "A private cache per core (branch
 /// i69)"). Without private caches in the profile it returns at its first
 /// check.
-#[inline]
+///
+/// The check is always inlined (it is all a write costs without private
+/// caches); the invalidation is [`invalidate_written`], out of line.
+#[inline(always)]
 pub(crate) fn touch_write(tag: u64, offset: u64, len: u64) {
     if !CORE_CACHES_ON.with(|c| c.get()) || len == 0 || tag == UNTAGGED {
         return;
     }
+    invalidate_written(tag, offset, len);
+}
+
+/// [`touch_write`] with private caches on, `len` non-zero, `tag` tagged.
+#[inline(never)]
+fn invalidate_written(tag: u64, offset: u64, len: u64) {
     let meter = METER_LINE_NS.with(|m| m.get());
     let writer = if meter == 0 || meter == COUNT_LOCAL {
         NO_CORE
@@ -320,12 +329,22 @@ pub(crate) fn lines_metered() -> bool {
 /// code on the calling thread: charged when a simulated core is metering
 /// (see [`Sim::charge_lines`]), or added to the distinct lines of the
 /// compute operation being counted ([`CountLocal`]).
-#[inline]
+///
+/// Split in two: this check, always inlined (off `sim`, and on `sim` while
+/// no core meters, a touch is one thread-local load and a branch, no call:
+/// every region access makes one), and [`touch_metered`], out of line.
+#[inline(always)]
 pub(crate) fn touch(tag: u64, base: u64, offset: u64, len: u64) {
     let line_ns = METER_LINE_NS.with(|m| m.get());
     if line_ns == 0 || len == 0 {
         return;
     }
+    touch_metered(line_ns, tag, base, offset, len);
+}
+
+/// [`touch`] while metering (`line_ns` non-zero) and `len` non-zero.
+#[inline(never)]
+fn touch_metered(line_ns: u64, tag: u64, base: u64, offset: u64, len: u64) {
     if line_ns == COUNT_LOCAL {
         // A compute operation's own memory: the lines of the access, by
         // their real address, into the operation's set of distinct lines
