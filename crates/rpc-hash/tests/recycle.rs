@@ -13,7 +13,9 @@ use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::payload::make_value;
 use dmkv_api::{FutureSlot, KvStore};
 use dmkv_rpc_hash::SPEC;
+use dmkv_transport::Endpoint;
 use dmkv_transport::exec::block_on;
+use std::rc::Rc;
 
 #[global_allocator]
 static GLOBAL: dmkv_alloc_count::Counting = dmkv_alloc_count::Counting;
@@ -50,10 +52,9 @@ async fn get_allocs(store: &dyn KvStore, slot: &mut FutureSlot, key: u64, recycl
     allocs() - before
 }
 
-/// Fails without `RpcHashClient::recycle` (the default drops the value:
-/// every GET then allocates its request buffer, 1 instead of 0).
-#[test]
-fn a_recycled_get_value_is_the_next_request_buffer() {
+/// One rpc-hash memory node and one client, keys `1..=keys` loaded with
+/// 16-byte values (the deployment is returned to keep it alive).
+fn deployed(keys: u64) -> (LocalDeployment, Rc<Endpoint>, Rc<dyn KvStore>) {
     let d = LocalDeployment::deploy(
         &SPEC,
         &DeployOptions {
@@ -64,9 +65,17 @@ fn a_recycled_get_value_is_the_next_request_buffer() {
         },
     )
     .unwrap();
-    let pairs: Vec<_> = (1..=50u64).map(|k| (k, make_value(k, 0, 16))).collect();
+    let pairs: Vec<_> = (1..=keys).map(|k| (k, make_value(k, 0, 16))).collect();
     let (ep, store) = d.client(0).unwrap();
     block_on(d.engine.load(&ep, &pairs)).unwrap();
+    (d, ep, store)
+}
+
+/// Fails without `RpcHashClient::recycle` (the default drops the value:
+/// every GET then allocates its request buffer, 1 instead of 0).
+#[test]
+fn a_recycled_get_value_is_the_next_request_buffer() {
+    let (_d, _ep, store) = deployed(50);
     // The harness asks this once per task and recycles only if true.
     assert!(store.recycles_values());
     let mut slot = FutureSlot::default();
@@ -96,19 +105,7 @@ fn a_recycled_get_value_is_the_next_request_buffer() {
 /// would not find the spare: 1 allocation per GET instead of 0).
 #[test]
 fn a_value_handed_to_recycles_to_is_the_next_request_buffer() {
-    let d = LocalDeployment::deploy(
-        &SPEC,
-        &DeployOptions {
-            memnodes: 1,
-            threads: 1,
-            expected_keys: 1000,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let pairs: Vec<_> = (1..=40u64).map(|k| (k, make_value(k, 0, 16))).collect();
-    let (ep, store) = d.client(0).unwrap();
-    block_on(d.engine.load(&ep, &pairs)).unwrap();
+    let (_d, ep, store) = deployed(40);
     let home = store.recycles_to().expect("rpc-hash names its endpoint");
     assert!(std::ptr::eq(home, &*ep), "the client's own endpoint");
     let mut slot = FutureSlot::default();

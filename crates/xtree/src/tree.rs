@@ -1071,6 +1071,18 @@ impl XTree {
         Ok(())
     }
 
+    /// Node `node`'s words for a read in place, every line touched once
+    /// ([`RegionMem::words_in`], as a copy of the node touches them).
+    #[inline(always)]
+    fn node_words_in_place(&self, node: u32) -> QuietWords<'_> {
+        QuietWords(
+            self.nodes
+                .mem
+                .words_in(self.node_mem(node).base, self.geo.node_bytes())
+                .expect("node numbers are checked against the region"),
+        )
+    }
+
     /// Inner node `node` read in place for the covering walk (twenty-seventh
     /// session; a copy parsed by
     /// [`NodeView::parse_locked`] before): the caller holds `structure`,
@@ -1085,12 +1097,7 @@ impl XTree {
     /// ([`RegionMem::words_in`]), so `sim` charges the same lines.
     fn inner_in_place(&self, node: u32) -> Result<InnerInPlace, ViewError> {
         let geo = &self.geo;
-        let words = QuietWords(
-            self.nodes
-                .mem
-                .words_in(self.node_mem(node).base, geo.node_bytes())
-                .expect("node numbers are checked against the region"),
-        );
+        let words = self.node_words_in_place(node);
         let (header, meta) = check_head_words(
             geo,
             words.load(geo.payload_word(Geometry::HDR)),
@@ -2047,12 +2054,7 @@ impl XTree {
         read: impl FnOnce(&QuietWords<'_>, &Header, &Meta) -> R,
     ) -> Result<Option<R>, ViewError> {
         let geo = &self.geo;
-        let w = QuietWords(
-            self.nodes
-                .mem
-                .words_in(self.node_mem(node).base, geo.node_bytes())
-                .expect("node numbers are checked against the region"),
-        );
+        let w = self.node_words_in_place(node);
         let first = w.load(geo.version_word(0));
         if first & LOCK_BIT != 0 {
             // A copy would fail the same way, whatever else it read.
