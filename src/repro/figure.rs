@@ -102,7 +102,6 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
 ];
 
-/// `dmkv bench` flags a figure sets itself rather than through parameters.
 /// The longest `reason` or `differences` a figure may give, in characters.
 /// Each lands in one cell of FIGURE.md's table beside the numbers, so it
 /// says why ours differs now, in a few sentences; how a point moved from
@@ -127,6 +126,7 @@ fn check_reason(what: &str, text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `dmkv bench` flags a figure sets itself rather than through parameters.
 const RESERVED: &[&str] = &[
     "engine",
     "transport",
