@@ -44,18 +44,22 @@ pub trait KvStore {
     /// read it, so the engine may reuse its allocation for a later
     /// operation (rpc-hash keeps it as its endpoint's spare buffer: the
     /// next request then allocates nothing). Optional for both sides:
-    /// the default drops the value, and a caller that keeps or drops a
+    /// the default gives the value to [`KvStore::recycles_to`]'s endpoint
+    /// if there is one, else drops it, and a caller that keeps or drops a
     /// value instead is always correct.
     #[inline]
     fn recycle(&self, value: Vec<u8>) {
-        drop(value)
+        if let Some(ep) = self.recycles_to() {
+            ep.recycle(value)
+        }
     }
     /// Whether [`KvStore::recycle`] does more than drop the value: a
     /// caller asks once and, if not, drops its values itself (no call per
-    /// value through the engine's `dyn` handle). The default is false.
+    /// value through the engine's `dyn` handle). The default: whether
+    /// [`KvStore::recycles_to`] names an endpoint.
     #[inline]
     fn recycles_values(&self) -> bool {
-        false
+        self.recycles_to().is_some()
     }
     /// The endpoint a recycled value goes to, if [`KvStore::recycle`] is
     /// exactly `Endpoint::recycle` on it (rpc-hash's: a GET's value is its
@@ -158,19 +162,25 @@ pub trait KvClient {
     async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool>;
     async fn delete(&self, key: Key) -> Result<bool>;
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>>;
-    /// [`KvStore::recycle`]: the default drops the value.
+    /// [`KvStore::recycle`]: the default gives the value to
+    /// [`KvClient::recycles_to`]'s endpoint if there is one, else drops it.
     #[inline]
     fn recycle(&self, value: Vec<u8>) {
-        drop(value)
+        if let Some(ep) = self.recycles_to() {
+            ep.recycle(value)
+        }
     }
-    /// [`KvStore::recycles_values`]: true only with a `recycle` of one's
-    /// own.
+    /// [`KvStore::recycles_values`]: the default is whether
+    /// [`KvClient::recycles_to`] names an endpoint; a client with a
+    /// `recycle` of its own says true here.
     #[inline]
     fn recycles_values(&self) -> bool {
-        false
+        self.recycles_to().is_some()
     }
     /// [`KvStore::recycles_to`]: `Some` only if `recycle` is that
-    /// endpoint's `recycle` and nothing else.
+    /// endpoint's `recycle` and nothing else. A client whose GET values are
+    /// its replies' buffers (rpc-hash, rpc-btree) names its endpoint here
+    /// and needs neither `recycle` nor `recycles_values` of its own.
     #[inline]
     fn recycles_to(&self) -> Option<&Endpoint> {
         None

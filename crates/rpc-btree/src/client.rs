@@ -176,15 +176,12 @@ impl KvClient for RpcTreeClient {
             }
         }
     }
-    /// A GET's value is its reply's buffer: back to the endpoint, whose
-    /// next request or reply then reuses the allocation.
+    /// A GET's value is its reply's buffer: it goes back to the endpoint
+    /// (the trait's `recycle`), whose next request or reply then reuses
+    /// the allocation; the harness hands values there directly.
     #[inline]
-    fn recycle(&self, value: Vec<u8>) {
-        self.ep.recycle(value)
-    }
-    #[inline]
-    fn recycles_values(&self) -> bool {
-        true
+    fn recycles_to(&self) -> Option<&Endpoint> {
+        Some(&*self.ep)
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         self.write(INSERT, key, value).await

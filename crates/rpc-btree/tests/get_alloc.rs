@@ -17,6 +17,7 @@
 use dmkv_api::KvClient;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_rpc_btree::{RpcTreeClient, SPEC, connect_service};
+use dmkv_transport::Endpoint;
 use dmkv_transport::exec::block_on;
 
 #[global_allocator]
@@ -24,8 +25,9 @@ static GLOBAL: dmkv_alloc_count::Counting = dmkv_alloc_count::Counting;
 
 use dmkv_alloc_count::allocs;
 
-#[test]
-fn a_warm_get_of_an_absent_key_allocates_nothing() {
+/// One memory node serving the tree and a client of it on thread 0 (the
+/// deployment and the service's endpoint are returned to keep them alive).
+fn client() -> (LocalDeployment, Endpoint, RpcTreeClient) {
     let d = LocalDeployment::deploy(
         &SPEC,
         &DeployOptions {
@@ -35,8 +37,14 @@ fn a_warm_get_of_an_absent_key_allocates_nothing() {
         },
     )
     .unwrap();
-    let (_e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
+    let (e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
     let c = RpcTreeClient::new(d.endpoint(0), svc);
+    (d, e, c)
+}
+
+#[test]
+fn a_warm_get_of_an_absent_key_allocates_nothing() {
+    let (_d, _e, c) = client();
     block_on(async {
         for k in 1..=20u64 {
             assert!(c.insert(k, &k.to_le_bytes()).await.unwrap());
@@ -53,21 +61,12 @@ fn a_warm_get_of_an_absent_key_allocates_nothing() {
     });
 }
 
-/// Fails without `RpcTreeClient`'s in-place value and `recycle` (the value
-/// copied out with `to_vec`: one allocation per GET).
+/// Fails without `RpcTreeClient`'s in-place value (the value copied out
+/// with `to_vec`: one allocation per GET) or without its `recycles_to`
+/// (the trait's `recycle` then drops the value).
 #[test]
 fn a_warm_get_of_a_present_key_with_its_value_recycled_allocates_nothing() {
-    let d = LocalDeployment::deploy(
-        &SPEC,
-        &DeployOptions {
-            threads: 1,
-            expected_keys: 1_000,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let (_e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
-    let c = RpcTreeClient::new(d.endpoint(0), svc);
+    let (_d, _e, c) = client();
     assert!(c.recycles_values());
     block_on(async {
         for k in 1..=40u64 {

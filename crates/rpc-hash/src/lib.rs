@@ -324,17 +324,9 @@ impl KvClient for RpcHashClient {
             .await?;
         Ok(proto::decode_get(bytes).map_err(dmkv_transport::TransportError::from)?)
     }
-    /// A GET's value is its reply's buffer: back to the endpoint, whose
-    /// next request or reply then reuses the allocation.
-    #[inline]
-    fn recycle(&self, value: Vec<u8>) {
-        self.ep.recycle(value)
-    }
-    #[inline]
-    fn recycles_values(&self) -> bool {
-        true
-    }
-    /// `recycle` is the endpoint's: the harness hands values there.
+    /// A GET's value is its reply's buffer: it goes back to the endpoint
+    /// (the trait's `recycle`), whose next request or reply then reuses
+    /// the allocation; the harness hands values there directly.
     #[inline]
     fn recycles_to(&self) -> Option<&Endpoint> {
         Some(&self.ep)
