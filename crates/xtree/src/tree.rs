@@ -2443,7 +2443,7 @@ mod tests {
     /// twenty-seventh session) gives every inner node's keys and children
     /// as the parsed copy it replaced (`read_locked`), refuses a malformed
     /// inner node with the copy's error (a child pointer naming no node,
-    /// keys out of order, a count of zero), and `leaves_covering` then
+    /// keys out of order), and `leaves_covering` then
     /// reports the node corrupt instead of following a bad pointer.
     /// Checked to fail with the key-order and child-pointer checks removed.
     #[test]
