@@ -899,6 +899,67 @@ fn outback_fails_over_a_crashed_memory_node_in_the_simulation() {
     }
 }
 
+/// Outback's memory nodes mirror their writes to each other with verbs they
+/// issue themselves, each node from its own endpoint (`NodeCtx::with_endpoint`,
+/// crates/outback/src/server/ctx.rs). Under the simulation every node's
+/// handlers run on one thread; when that thread kept one endpoint, each
+/// mirror write of one node after one of the other made a new endpoint, and
+/// the report listed ~1,950 client cores per memory node for a 10,000-op
+/// run (and the run slowed twelvefold). One endpoint per memory node now.
+#[test]
+fn one_endpoint_per_node_context_on_a_shared_thread() {
+    let r = bench_json(
+        &[
+            "--transport",
+            "sim",
+            "--engine",
+            "outback",
+            "--workload",
+            "ycsb-a",
+            "--keys",
+            "2000",
+            "--ops",
+            "4000",
+            "--memnodes",
+            "2",
+            "--compute-nodes",
+            "2",
+            "--threads",
+            "2",
+            "--tasks",
+            "2",
+            "--seed",
+            "3",
+            "--verify",
+        ],
+        "outback-mirror-endpoints",
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    // The mirror path ran many times on both memory nodes.
+    for shard in r["engine_stats"]["per_shard"].as_array().unwrap() {
+        assert!(
+            shard["replica_round_trips"].as_u64().unwrap() > 100,
+            "{shard}"
+        );
+    }
+    let rows: Vec<&str> = r["sim"]["utilisation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    for node in ["node0", "node1"] {
+        assert!(
+            rows.contains(&format!("{node} handler cores").as_str()),
+            "{rows:?}"
+        );
+        let cores = rows
+            .iter()
+            .filter(|n| n.starts_with(&format!("{node} client core ")))
+            .count();
+        assert_eq!(cores, 1, "{node}: {cores} client cores in the report");
+    }
+}
 /// xtree's in-place writes (`NodeSlice`'s stores and CASes, which the
 /// region cannot see) are reported to `sim` (docs/xtree.md invariant 12),
 /// so with private core caches a line one handler core wrote leaves the

@@ -20,19 +20,37 @@ pub struct NodeCtx {
     /// Weak, so that the services the runtime holds do not keep it alive.
     pub rt: Weak<NodeRuntime>,
     pub pool: Weak<WorkerPool>,
-    /// Unique in the process (see `ENDPOINT`).
+    /// Unique in the process (see `ENDPOINTS`).
     id: u64,
+    /// Alive as long as this context: a thread's `ENDPOINTS` entry for a
+    /// dropped context is pruned by the next miss on that thread.
+    alive: Arc<()>,
 }
 
 thread_local! {
-    /// The endpoint this thread (a handler or the worker) issues from, with
-    /// the id of the context it belongs to. Keyed by a process-unique id,
-    /// not the context's address: a simulation runs every node and, in a
-    /// seed sweep, one cluster after another on one thread, and a new
-    /// context can sit at a freed one's address; an endpoint of the old
-    /// cluster's fabric then reached the old (crashed) nodes, and a DST seed
-    /// failed only after certain earlier seeds.
-    static ENDPOINT: RefCell<Option<(u64, Rc<Endpoint>)>> = const { RefCell::new(None) };
+    /// The endpoints this thread (a handler or the worker) issues from, one
+    /// per node context it served, each with the id of its context and a
+    /// token that dies with the context. Keyed by a process-unique id, not
+    /// the context's address: a simulation runs every node and, in a seed
+    /// sweep, one cluster after another on one thread, and a new context can
+    /// sit at a freed one's address; an endpoint of the old cluster's fabric
+    /// then reached the old (crashed) nodes, and a DST seed failed only after
+    /// certain earlier seeds. One entry per context, not one slot per thread:
+    /// under the simulation every memory node's handlers run on this one
+    /// thread, and a single slot was replaced each time a mirror write of
+    /// one node followed one of another, so a run with two memory nodes made
+    /// an endpoint (and a simulated client core) per alternation, ~1,950 per
+    /// node in a 10,000-operation YCSB A run (`ENDPOINTS` invariant: at most
+    /// one entry per live context; tested by
+    /// `one_endpoint_per_node_context_on_a_shared_thread`).
+    static ENDPOINTS: RefCell<Vec<EndpointEntry>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A thread's endpoint for one node context (`ENDPOINTS`).
+struct EndpointEntry {
+    ctx: u64,
+    alive: Weak<()>,
+    ep: Rc<Endpoint>,
 }
 
 static NEXT_CTX_ID: AtomicU64 = AtomicU64::new(0);
@@ -54,6 +72,7 @@ impl NodeCtx {
             rt,
             pool,
             id: NEXT_CTX_ID.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
         }
     }
 
@@ -96,25 +115,38 @@ impl NodeCtx {
         Ok(())
     }
 
-    /// Runs `f` with this thread's endpoint (made on first use).
+    /// Runs `f` with this thread's endpoint for this context (made on first
+    /// use; `ENDPOINTS`). No borrow of the thread's table is held while `f`
+    /// runs: under the simulation `f` may run other nodes' handlers, which
+    /// look up their own endpoints.
     pub fn with_endpoint<R>(&self, f: impl FnOnce(&Endpoint) -> R) -> Result<R, ServiceError> {
-        let me = self.id;
-        let ep = ENDPOINT.with(|cell| -> Result<Rc<Endpoint>, ServiceError> {
-            if let Some((owner, ep)) = &*cell.borrow()
-                && *owner == me
-            {
-                return Ok(ep.clone());
-            }
-            let rt = self.runtime()?;
-            let ep = Rc::new(
-                rt.host()
-                    .fabric()
-                    .endpoint(self.node)
-                    .map_err(|e| ServiceError::failed(format!("outback: endpoint: {e}")))?,
-            );
-            *cell.borrow_mut() = Some((me, ep.clone()));
-            Ok(ep)
-        })?;
+        let found = ENDPOINTS.with(|t| {
+            t.borrow()
+                .iter()
+                .find(|e| e.ctx == self.id)
+                .map(|e| e.ep.clone())
+        });
+        let ep =
+            match found {
+                Some(ep) => ep,
+                None => {
+                    let rt = self.runtime()?;
+                    let ep =
+                        Rc::new(rt.host().fabric().endpoint(self.node).map_err(|e| {
+                            ServiceError::failed(format!("outback: endpoint: {e}"))
+                        })?);
+                    ENDPOINTS.with(|t| {
+                        let mut t = t.borrow_mut();
+                        t.retain(|e| e.alive.strong_count() > 0);
+                        t.push(EndpointEntry {
+                            ctx: self.id,
+                            alive: Arc::downgrade(&self.alive),
+                            ep: ep.clone(),
+                        });
+                    });
+                    ep
+                }
+            };
         Ok(f(&ep))
     }
 }
