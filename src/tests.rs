@@ -960,6 +960,61 @@ fn one_endpoint_per_node_context_on_a_shared_thread() {
         assert_eq!(cores, 1, "{node}: {cores} client cores in the report");
     }
 }
+/// Sherman's split siblings go to the memory node the client's allocation
+/// target names, which rotates per chunk as the artifact's `DSM::alloc`
+/// (crates/sherman/src/tree.rs, `alloc_spread_node`). Before, a sibling
+/// stayed on its left node's memory node, so everything the harness's
+/// ascending load inserted after its first (bulk-built) call stayed on one
+/// memory node: 93% of the memory nodes' sent bytes came from node 1 in
+/// this run, and at the ROLEX row's size its NIC bounded Sherman.
+#[test]
+fn sherman_spreads_its_tree_over_the_memory_nodes() {
+    let r = bench_json(
+        &[
+            "--transport",
+            "sim",
+            "--engine",
+            "sherman",
+            "--workload",
+            "ycsb-c",
+            "--keys",
+            "40000",
+            "--ops",
+            "20000",
+            "--memnodes",
+            "3",
+            "--threads",
+            "2",
+            "--tasks",
+            "4",
+            "--seed",
+            "3",
+            "--verify",
+        ],
+        "sherman-spread",
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(r["engine_stats"]["splits"].as_u64().unwrap() > 500, "{r}");
+    let sent: Vec<f64> = (0..3)
+        .map(|n| {
+            r["sim"]["utilisation"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|u| u["name"] == format!("node{n} nic tx"))
+                .map_or(0.0, |u| u["bytes_per_s"].as_f64().unwrap())
+        })
+        .collect();
+    let total: f64 = sent.iter().sum();
+    for (n, b) in sent.iter().enumerate() {
+        assert!(
+            *b >= 0.2 * total,
+            "memory node {n} sent {:.1}% of the bytes: {sent:?}",
+            100.0 * b / total
+        );
+    }
+}
+
 /// xtree's in-place writes (`NodeSlice`'s stores and CASes, which the
 /// region cannot see) are reported to `sim` (docs/xtree.md invariant 12),
 /// so with private core caches a line one handler core wrote leaves the

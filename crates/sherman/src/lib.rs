@@ -45,7 +45,7 @@ use lock::{LOCK_WORDS, LocalLocks};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tree::{Ctx, POOL_RESERVED, ROOT_WORD, TreeShared, TreeStats, WriteOp};
 
 /// The engine spec; register it as `sherman`.
@@ -273,6 +273,7 @@ impl EngineSpec for ShermanSpec {
                 stats: TreeStats::default(),
             }),
             load_alloc: parking_lot::Mutex::new(Vec::new()),
+            load_spread: AtomicUsize::new(0),
         }))
     }
 }
@@ -286,6 +287,9 @@ struct ShermanEngine {
     /// would leave most of a chunk unused each time (at 4096 keys a call,
     /// a million keys wasted 60 MiB of 256 KiB chunks).
     load_alloc: parking_lot::Mutex<Vec<LocalAlloc>>,
+    /// The loader's split-sibling target (`Ctx::alloc_spread_node`), kept
+    /// from one `load` call to the next like its allocators.
+    load_spread: AtomicUsize,
 }
 
 impl ShermanEngine {
@@ -308,6 +312,7 @@ impl ShermanEngine {
             t: &self.shared,
             ep,
             alloc,
+            spread: &self.load_spread,
         };
         if let Some((root, g)) = ctx.lock_empty_root().await? {
             let mut sorted: Vec<(Key, &[u8])> =
@@ -339,11 +344,14 @@ impl Engine for ShermanEngine {
     fn home_node(&self, _thread: usize) -> NodeId {
         self.compute
     }
-    async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
+    async fn client(&self, ep: Rc<Endpoint>, thread: usize) -> Result<Rc<dyn KvStore>> {
         Ok(Rc::new(ShermanClient {
             shared: self.shared.clone(),
             ep,
             alloc: self.allocs(),
+            // The artifact starts a thread's chunk target at its thread id
+            // (plus its node id) modulo the memory nodes.
+            spread: AtomicUsize::new(thread),
         }))
     }
     async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
@@ -362,10 +370,12 @@ impl Engine for ShermanEngine {
     }
     async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
         let alloc = self.allocs();
+        let spread = AtomicUsize::new(0);
         let ctx = Ctx {
             t: &self.shared,
             ep,
             alloc: &alloc,
+            spread: &spread,
         };
         let s = &self.shared.stats;
         let c = &self.shared.cache;
@@ -399,6 +409,7 @@ struct ShermanClient {
     shared: Arc<TreeShared>,
     ep: Rc<Endpoint>,
     alloc: RefCell<Vec<LocalAlloc>>,
+    spread: AtomicUsize,
 }
 
 impl ShermanClient {
@@ -407,6 +418,7 @@ impl ShermanClient {
             t: &self.shared,
             ep: &self.ep,
             alloc: &self.alloc,
+            spread: &self.spread,
         }
     }
 }

@@ -24,7 +24,7 @@ use dmkv_memnode::RemoteSegments;
 use dmkv_transport::exec::yield_now;
 use dmkv_transport::{Endpoint, RemoteRegion};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Offset of the root word in memory node 0's pool.
 pub const ROOT_WORD: u64 = 0;
@@ -85,6 +85,9 @@ pub struct Ctx<'a> {
     pub t: &'a TreeShared,
     pub ep: &'a Endpoint,
     pub alloc: &'a RefCell<Vec<LocalAlloc>>,
+    /// The memory node this client's split siblings go to
+    /// ([`Ctx::alloc_spread_node`]); taken modulo the memory nodes.
+    pub spread: &'a AtomicUsize,
 }
 
 impl Ctx<'_> {
@@ -297,6 +300,50 @@ impl Ctx<'_> {
         }
     }
 
+    /// A new node for a split's right sibling: on the memory node this
+    /// client's siblings currently go to, which moves on round-robin each
+    /// time its chunk there runs out. This is the artifact's `DSM::alloc`
+    /// (a thread takes each new chunk from `next_target_node`, then advances
+    /// it), so a tree grown by splits spreads over the memory nodes. Before
+    /// the twenty-eighth session a sibling went to its left node's memory
+    /// node, so a tree loaded in ascending key order (the harness's load
+    /// after its first call) and every leaf split off from it stayed on one
+    /// memory node, whose NIC then served every operation (invariant 2).
+    pub async fn alloc_spread_node(&self) -> Result<GAddr> {
+        let mns = self.t.pools.len();
+        let mn = self.spread.load(Ordering::Relaxed) % mns;
+        if let Some(off) = self.alloc.borrow_mut()[mn].node(self.t.node_bytes as u64) {
+            self.t.stats.nodes_created.fetch_add(1, Ordering::Relaxed);
+            return Ok(GAddr::new(mn, off));
+        }
+        let next = (mn + 1) % mns;
+        self.spread.store(next, Ordering::Relaxed);
+        self.alloc_node(next).await
+    }
+
+    /// Writes a split's new sibling `right` that lives on another memory
+    /// node than the node `a` being split (locked as `g`): alone and
+    /// acknowledged before `a`'s batch links it (invariant 3; the
+    /// artifact's `write_sync` of the sibling before its
+    /// `write_page_and_unlock`). On an error `a` is unlocked unchanged.
+    async fn write_sibling_apart(
+        &self,
+        a: GAddr,
+        g: LocalGuard,
+        right: GAddr,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let written = match self.pool_at(right).await {
+            Ok(at) => self.ep.write(at, bytes).await.map_err(KvError::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            self.write_and_unlock(a, g, Vec::new()).await?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// The value word for `value` and, for an out-of-line value, the block
     /// to write first (on memory node `mn`).
     async fn make_value(
@@ -497,7 +544,7 @@ impl Ctx<'_> {
         vref: ValueRef,
         mut writes: Vec<Write>,
     ) -> Result<()> {
-        let right_addr = match self.alloc_node(addr.mn()).await {
+        let right_addr = match self.alloc_spread_node().await {
             Ok(a) => a,
             Err(e) => {
                 self.write_and_unlock(addr, g, Vec::new()).await?;
@@ -520,9 +567,15 @@ impl Ctx<'_> {
             left.set_leaf_entry(i, *k, *v);
         }
         left.seal();
-        // The new sibling is complete before the old node links it: same
-        // memory node, same batch, posted first (invariant 3).
-        writes.push((right_addr, right.bytes().to_vec()));
+        // The new sibling is complete before the old node links it
+        // (invariant 3): on the same memory node in the same batch, posted
+        // first; on another one written alone before the batch.
+        if right_addr.mn() == addr.mn() {
+            writes.push((right_addr, right.bytes().to_vec()));
+        } else {
+            self.write_sibling_apart(addr, g, right_addr, right.bytes())
+                .await?;
+        }
         writes.push((addr, left.bytes().to_vec()));
         self.write_and_unlock(addr, g, writes).await?;
         self.t.stats.splits.fetch_add(1, Ordering::Relaxed);
@@ -586,7 +639,7 @@ impl Ctx<'_> {
                     self.t.cache.insert(paddr, &n);
                     return Ok(());
                 }
-                let right_addr = match self.alloc_node(paddr.mn()).await {
+                let right_addr = match self.alloc_spread_node().await {
                     Ok(a) => a,
                     Err(e) => {
                         self.write_and_unlock(paddr, g, Vec::new()).await?;
@@ -601,10 +654,14 @@ impl Ctx<'_> {
                 let mut l = NodeImage::new(nb, level, p.low(), mid, right_addr);
                 l.set_inner_entries(&entries[..mid_idx]);
                 l.seal();
-                let writes = vec![
-                    (right_addr, right.bytes().to_vec()),
-                    (paddr, l.bytes().to_vec()),
-                ];
+                let mut writes = Vec::with_capacity(2);
+                if right_addr.mn() == paddr.mn() {
+                    writes.push((right_addr, right.bytes().to_vec()));
+                } else {
+                    self.write_sibling_apart(paddr, g, right_addr, right.bytes())
+                        .await?;
+                }
+                writes.push((paddr, l.bytes().to_vec()));
                 self.write_and_unlock(paddr, g, writes).await?;
                 self.t.stats.splits.fetch_add(1, Ordering::Relaxed);
                 self.t.cache.insert(paddr, &l);
