@@ -996,14 +996,7 @@ fn sherman_spreads_its_tree_over_the_memory_nodes() {
     assert_eq!(r["ok"], true, "{r}");
     assert!(r["engine_stats"]["splits"].as_u64().unwrap() > 500, "{r}");
     let sent: Vec<f64> = (0..3)
-        .map(|n| {
-            r["sim"]["utilisation"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|u| u["name"] == format!("node{n} nic tx"))
-                .map_or(0.0, |u| u["bytes_per_s"].as_f64().unwrap())
-        })
+        .map(|n| utilisation(&r, &format!("node{n} nic tx"), "bytes_per_s"))
         .collect();
     let total: f64 = sent.iter().sum();
     for (n, b) in sent.iter().enumerate() {
@@ -1248,12 +1241,18 @@ fn bench_json(args: &[&str], name: &str) -> serde_json::Value {
 /// A `sim` report's utilisation row `row`, per second (0 when the report
 /// has no such row).
 fn utilisation_per_s(report: &serde_json::Value, row: &str) -> f64 {
+    utilisation(report, row, "per_s")
+}
+
+/// A `sim` report's utilisation row `row`, its `field` (0 when the report
+/// has no such row).
+fn utilisation(report: &serde_json::Value, row: &str, field: &str) -> f64 {
     report["sim"]["utilisation"]
         .as_array()
         .unwrap()
         .iter()
         .find(|u| u["name"] == row)
-        .map_or(0.0, |u| u["per_s"].as_f64().unwrap())
+        .map_or(0.0, |u| u[field].as_f64().unwrap())
 }
 
 /// The keys each node actually named, per phase, lie in the partition it
