@@ -164,6 +164,7 @@ mod error;
 pub mod fetch_gate;
 mod knobs;
 pub mod payload;
+mod range_partitions;
 pub mod sim_deploy;
 mod store;
 
@@ -173,4 +174,5 @@ pub use dmkv_transport::{FutureSlot, SlotFuture};
 pub use engine::{ConnectArgs, Engine, EngineSpec, ServeArgs, Topology};
 pub use error::{KvError, Result};
 pub use knobs::{KnobSpec, Knobs};
+pub use range_partitions::RangePartitions;
 pub use store::{Capabilities, Key, KvClient, KvStore};

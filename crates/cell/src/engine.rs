@@ -7,9 +7,13 @@ use dmkv_api::{
     Result, ServeArgs,
 };
 use dmkv_memnode::NodeRuntime;
-use dmkv_rpc_btree::service::{KNOB_NODES, KNOB_SLOTS, KNOB_VALUE_BYTES, serve_tree};
-use dmkv_rpc_btree::wire::{NODE_REGION, VALUE_REGION, stats_json};
-use dmkv_rpc_btree::{CAPS, RpcTreeClient, TreeService, connect_service};
+use dmkv_rpc_btree::client::{load_partitioned, stats_partitioned};
+use dmkv_rpc_btree::service::{KNOB_BOUNDS, KNOB_NODES, KNOB_SLOTS, KNOB_VALUE_BYTES, serve_tree};
+use dmkv_rpc_btree::wire::{NODE_REGION, VALUE_REGION};
+use dmkv_rpc_btree::{
+    CAPS, PartitionedClient, TreeServices, connect_services, partitioned_stats_json,
+    scan_partitions,
+};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{Endpoint, NodeId, OpKind, labeled};
 use dmkv_xtree::layout::{SUPERBLOCK_FORMAT_OFFSET, parse_format_word};
@@ -33,6 +37,7 @@ const KNOBS: &[KnobSpec] = &[
     KNOB_VALUE_BYTES,
     KNOB_CACHED_LEVELS,
     KNOB_CACHE_BYTES,
+    KNOB_BOUNDS,
 ];
 
 /// The spec of `cell`.
@@ -62,38 +67,47 @@ impl EngineSpec for CellSpec {
         let cached_levels: u8 =
             knobs.get_in("cell", KNOBS, KNOB_CACHED_LEVELS.name, 0..=u8::MAX)?;
         let cache_bytes: usize = knobs.get_in("cell", KNOBS, KNOB_CACHE_BYTES.name, 0..=1 << 40)?;
-        let (ep, svc) = connect_service(&args)?;
-        let (nodes, values, format) = block_on(labeled(OpKind::Setup, async {
-            let nodes = ep
-                .lookup_region(svc.node, &args.serve.name(NODE_REGION))
-                .await?;
-            let values = ep
-                .lookup_region(svc.node, &args.serve.name(VALUE_REGION))
-                .await?;
-            let f = ep.read(nodes.at(SUPERBLOCK_FORMAT_OFFSET), 8).await?;
-            Ok::<_, KvError>((nodes, values, f))
-        }))?;
-        let w = u64::from_le_bytes(format[..8].try_into().expect("8 bytes"));
-        let geo = parse_format_word(w)
-            .ok_or_else(|| KvError::Corrupt(format!("no XTree superblock (format word {w:#x})")))?;
-        Ok(Arc::new(Cell {
-            svc,
-            compute: args.compute_node,
-            reader: Arc::new(TreeReader::new(
+        let (ep, services) = connect_services(&args, self.name(), KNOBS)?;
+        // One reader (and node cache) per key range; the cache budget is
+        // split evenly between them.
+        let per_range_cache = cache_bytes / services.svcs.len();
+        let mut readers = Vec::with_capacity(services.svcs.len());
+        for svc in &services.svcs {
+            let (nodes, values, format) = block_on(labeled(OpKind::Setup, async {
+                let nodes = ep
+                    .lookup_region(svc.node, &args.serve.name(NODE_REGION))
+                    .await?;
+                let values = ep
+                    .lookup_region(svc.node, &args.serve.name(VALUE_REGION))
+                    .await?;
+                let f = ep.read(nodes.at(SUPERBLOCK_FORMAT_OFFSET), 8).await?;
+                Ok::<_, KvError>((nodes, values, f))
+            }))?;
+            let w = u64::from_le_bytes(format[..8].try_into().expect("8 bytes"));
+            let geo = parse_format_word(w).ok_or_else(|| {
+                KvError::Corrupt(format!("no XTree superblock (format word {w:#x})"))
+            })?;
+            readers.push(Arc::new(TreeReader::new(
                 geo,
                 nodes,
                 values,
                 cached_levels,
-                cache_bytes,
-            )),
+                per_range_cache,
+            )));
+        }
+        Ok(Arc::new(Cell {
+            services,
+            compute: args.compute_node,
+            readers,
         }))
     }
 }
 
 struct Cell {
-    svc: TreeService,
+    services: TreeServices,
     compute: NodeId,
-    reader: Arc<TreeReader>,
+    /// Range `p`'s reader is `readers[p]`.
+    readers: Vec<Arc<TreeReader>>,
 }
 
 #[async_trait(?Send)]
@@ -109,38 +123,69 @@ impl Engine for Cell {
     }
     async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
         Ok(Rc::new(CellClient {
-            writes: RpcTreeClient::new(ep.clone(), self.svc),
+            writes: PartitionedClient::new(ep.clone(), &self.services),
             ep,
-            reader: self.reader.clone(),
+            parts: self.services.parts.clone(),
+            readers: self.readers.clone(),
         }))
     }
     async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
-        dmkv_rpc_btree::client::load(ep, self.svc, pairs).await
+        load_partitioned(ep, &self.services, pairs).await
     }
     async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
-        let tree = dmkv_rpc_btree::client::stats(ep, self.svc).await?;
-        let mut v = stats_json(&tree);
+        let (sum, each) = stats_partitioned(ep, &self.services).await?;
+        let mut v = partitioned_stats_json(&sum, &each);
         let obj = v.as_object_mut().expect("stats are an object");
-        if let serde_json::Value::Object(client) = self.reader.stats_json() {
+        let clients: Vec<serde_json::Value> = self.readers.iter().map(|r| r.stats_json()).collect();
+        if let serde_json::Value::Object(client) = summed_counts(&clients) {
             obj.extend(client);
+        }
+        if let Some(serde_json::Value::Array(parts)) = obj.get_mut("partitions") {
+            for (p, c) in parts.iter_mut().zip(clients) {
+                if let (Some(p), serde_json::Value::Object(c)) = (p.as_object_mut(), c) {
+                    p.extend(c);
+                }
+            }
         }
         Ok(v)
     }
     fn client_cache_bytes(&self) -> u64 {
-        self.reader.cache_bytes()
+        self.readers.iter().map(|r| r.cache_bytes()).sum()
     }
+}
+
+/// The readers' counters of every range as one: integer fields summed,
+/// other fields (the cached levels, the per-level ratios) the first
+/// range's when there is one range, left to `partitions` otherwise.
+fn summed_counts(each: &[serde_json::Value]) -> serde_json::Value {
+    if each.len() == 1 {
+        return each[0].clone();
+    }
+    let mut out = serde_json::Map::new();
+    if let Some(serde_json::Value::Object(first)) = each.first() {
+        for (k, v) in first {
+            if k == "cached_levels" {
+                out.insert(k.clone(), v.clone());
+            } else if v.is_u64() {
+                let sum: u64 = each.iter().filter_map(|e| e[k].as_u64()).sum();
+                out.insert(k.clone(), sum.into());
+            }
+        }
+    }
+    serde_json::Value::Object(out)
 }
 
 /// A thread's handle: reads one-sided, writes by RPC.
 struct CellClient {
     ep: Rc<Endpoint>,
-    reader: Arc<TreeReader>,
-    writes: RpcTreeClient,
+    parts: dmkv_api::RangePartitions,
+    readers: Vec<Arc<TreeReader>>,
+    writes: PartitionedClient,
 }
 
 impl KvClient for CellClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
-        self.reader.get(&self.ep, key).await
+        self.readers[self.parts.of(key)].get(&self.ep, key).await
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         KvClient::insert(&self.writes, key, value).await
@@ -155,6 +200,9 @@ impl KvClient for CellClient {
         KvClient::delete(&self.writes, key).await
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
-        self.reader.scan(&self.ep, start, n).await
+        scan_partitions(&self.parts, start, n, async |p, from, want| {
+            self.readers[p].scan(&self.ep, from, want).await
+        })
+        .await
     }
 }

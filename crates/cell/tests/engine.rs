@@ -8,7 +8,7 @@ use dmkv_api::{Knobs, KvError};
 use dmkv_cell::SPEC;
 use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
 use dmkv_testkit::history::{RaceConfig, race};
-use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
+use dmkv_testkit::oracle::{check_multi, check_single, op_strategy, spread_key};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{OpKind, labeled};
 use proptest::prelude::*;
@@ -248,4 +248,54 @@ fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
         let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
         assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
     }
+}
+
+// ---- range partitioning over several memory nodes ----------------------
+
+/// Three memory nodes whose split keys cut the oracle's keys
+/// (`spread_key(0..key_space)`) into three ranges: one-sided reads, scans
+/// and RPC writes all cross ranges. Each range has its own node cache.
+fn deploy_ranges(key_space: u64, cached_levels: u8, threads: usize) -> LocalDeployment {
+    let mut o = opts(4, cached_levels, 1, threads);
+    o.memnodes = 3;
+    o.knobs.set(
+        "bounds",
+        &format!(
+            "{},{}",
+            spread_key(key_space / 3),
+            spread_key(2 * key_space / 3)
+        ),
+    );
+    LocalDeployment::deploy(&SPEC, &o).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+    #[test]
+    fn oracle_single_client_over_three_ranges(cached in prop_oneof![Just(1u8), Just(4)],
+                                              ops in prop::collection::vec(op_strategy(60, 200, true), 1..200)) {
+        let d = deploy_ranges(60, cached, 1);
+        prop_assert_eq!(check_single(&d, &ops), Ok(()));
+    }
+}
+
+#[test]
+fn oracle_multi_client_over_three_ranges_and_each_range_holds_its_keys() {
+    let d = deploy_ranges(2 * 4 * 24, 1, 2);
+    check_multi(&d, 2, 4, 150, 19).unwrap();
+    let stats = block_on(d.engine.stats(&d.endpoint(0))).unwrap();
+    let parts = stats["partitions"].as_array().expect("three ranges report");
+    assert_eq!(parts.len(), 3);
+    for p in parts {
+        assert!(p["keys"].as_u64().unwrap() > 0, "{p}");
+        assert!(
+            p["traversals"].as_u64().unwrap() > 0,
+            "one-sided reads in every range: {p}"
+        );
+    }
+    let traversals: u64 = parts
+        .iter()
+        .map(|p| p["traversals"].as_u64().unwrap())
+        .sum();
+    assert_eq!(stats["traversals"].as_u64().unwrap(), traversals);
 }

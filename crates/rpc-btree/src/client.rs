@@ -1,7 +1,7 @@
 //! The compute side of the tree service: one RPC per operation.
 
 use crate::wire::*;
-use dmkv_api::{Key, KvClient, Result};
+use dmkv_api::{Key, KvClient, RangePartitions, Result};
 use dmkv_transport::{
     Endpoint, NodeId, RpcCall, ServiceId, TransportError, WireReader, WireWriter,
 };
@@ -13,6 +13,94 @@ use std::rc::Rc;
 pub struct TreeService {
     pub node: NodeId,
     pub service: ServiceId,
+}
+
+/// The tree services of an instance: one per memory node, memory node
+/// `svcs[p]` holding key range `p` of `parts`.
+#[derive(Debug, Clone)]
+pub struct TreeServices {
+    pub parts: RangePartitions,
+    pub svcs: Vec<TreeService>,
+}
+
+/// Runs a scan of up to `n` pairs from `start` over range-partitioned
+/// trees: `scan(p, from, want)` scans range `p`'s tree, and when a range
+/// runs out before `n` pairs the scan goes on from the next range's
+/// lowest key. Each tree holds only its range's keys, so the pairs come
+/// out in key order.
+pub async fn scan_partitions(
+    parts: &RangePartitions,
+    start: Key,
+    n: usize,
+    mut scan: impl AsyncFnMut(usize, Key, usize) -> Result<Vec<(Key, Vec<u8>)>>,
+) -> Result<Vec<(Key, Vec<u8>)>> {
+    let mut p = parts.of(start);
+    let mut out = scan(p, start, n).await?;
+    while out.len() < n && p + 1 < parts.count() {
+        p += 1;
+        let more = scan(p, parts.low(p), n - out.len()).await?;
+        out.extend(more);
+    }
+    Ok(out)
+}
+
+/// A thread's client of a range-partitioned instance (rpc-btree's
+/// `KvStore`): each operation goes to its key's range, one RPC to that
+/// memory node; a scan goes on into the next ranges ([`scan_partitions`]).
+pub struct PartitionedClient {
+    ep: Rc<Endpoint>,
+    parts: RangePartitions,
+    clients: Vec<RpcTreeClient>,
+}
+
+impl PartitionedClient {
+    pub fn new(ep: Rc<Endpoint>, services: &TreeServices) -> PartitionedClient {
+        PartitionedClient {
+            clients: services
+                .svcs
+                .iter()
+                .map(|s| RpcTreeClient::new(ep.clone(), *s))
+                .collect(),
+            parts: services.parts.clone(),
+            ep,
+        }
+    }
+
+    /// The client of `key`'s range.
+    #[inline]
+    pub fn of(&self, key: Key) -> &RpcTreeClient {
+        &self.clients[self.parts.of(key)]
+    }
+}
+
+impl KvClient for PartitionedClient {
+    async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
+        self.of(key).get(key).await
+    }
+    /// Every range's client shares this endpoint (see
+    /// [`RpcTreeClient::recycles_to`]).
+    #[inline]
+    fn recycles_to(&self) -> Option<&Endpoint> {
+        Some(&*self.ep)
+    }
+    async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.of(key).insert(key, value).await
+    }
+    async fn update(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.of(key).update(key, value).await
+    }
+    async fn upsert(&self, key: Key, value: &[u8]) -> Result<bool> {
+        self.of(key).upsert(key, value).await
+    }
+    async fn delete(&self, key: Key) -> Result<bool> {
+        self.of(key).delete(key).await
+    }
+    async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
+        scan_partitions(&self.parts, start, n, async |p, from, want| {
+            self.clients[p].scan(from, want).await
+        })
+        .await
+    }
 }
 
 /// A thread's RPC client of the tree service. It is a complete `KvStore`
@@ -128,6 +216,41 @@ impl RpcTreeClient {
     }
 }
 
+/// Loads pairs into the trees of their key ranges ([`load`] per range).
+pub async fn load_partitioned(
+    ep: &Endpoint,
+    services: &TreeServices,
+    pairs: &[(Key, Vec<u8>)],
+) -> Result<()> {
+    let parts = &services.parts;
+    if parts.count() == 1 {
+        return load(ep, services.svcs[0], pairs).await;
+    }
+    if pairs.is_sorted_by_key(|p| p.0) {
+        // Ascending (the harness's loads): each range is one run of pairs.
+        let mut rest = pairs;
+        for (p, svc) in services.svcs.iter().enumerate() {
+            let end = if p + 1 == parts.count() {
+                rest.len()
+            } else {
+                rest.partition_point(|(k, _)| *k < parts.low(p + 1))
+            };
+            let (mine, next) = rest.split_at(end);
+            load(ep, *svc, mine).await?;
+            rest = next;
+        }
+        return Ok(());
+    }
+    let mut by_range: Vec<Vec<(Key, Vec<u8>)>> = vec![Vec::new(); parts.count()];
+    for (k, v) in pairs {
+        by_range[parts.of(*k)].push((*k, v.clone()));
+    }
+    for (svc, mine) in services.svcs.iter().zip(&by_range) {
+        load(ep, *svc, mine).await?;
+    }
+    Ok(())
+}
+
 /// Loads pairs by LOAD RPCs of up to [`LOAD_REQUEST_BYTES`] each.
 pub async fn load(ep: &Endpoint, svc: TreeService, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
     let mut i = 0;
@@ -146,6 +269,33 @@ pub async fn load(ep: &Endpoint, svc: TreeService, pairs: &[(Key, Vec<u8>)]) -> 
         ep.call(svc.node, svc.service, w.finish()).await?;
     }
     Ok(())
+}
+
+/// The figures of every range's tree: summed, the height the tallest's,
+/// and each tree's own when there are several.
+pub async fn stats_partitioned(
+    ep: &Endpoint,
+    services: &TreeServices,
+) -> Result<(TreeStats, Vec<TreeStats>)> {
+    let mut each = Vec::with_capacity(services.svcs.len());
+    for svc in &services.svcs {
+        each.push(stats(ep, *svc).await?);
+    }
+    let mut sum = each[0];
+    for s in &each[1..] {
+        sum.height = sum.height.max(s.height);
+        sum.leaves += s.leaves;
+        sum.inner_nodes += s.inner_nodes;
+        sum.keys += s.keys;
+        sum.leaf_splits += s.leaf_splits;
+        sum.inner_splits += s.inner_splits;
+        sum.max_nodes += s.max_nodes;
+        sum.value_bytes_live += s.value_bytes_live;
+        sum.value_region_bytes += s.value_region_bytes;
+        sum.hinted_updates += s.hinted_updates;
+        sum.hinted_updates_used += s.hinted_updates_used;
+    }
+    Ok((sum, each))
 }
 
 /// The tree's figures.

@@ -1,7 +1,12 @@
 //! `rpc-btree` as an engine: the spec, the connected engine, its stats.
 
-use crate::client::{RpcTreeClient, TreeService, load, stats};
-use crate::service::{KNOB_NODES, KNOB_SLOTS, KNOB_VALUE_BYTES, serve_tree};
+use crate::client::{
+    PartitionedClient, RpcTreeClient, TreeService, TreeServices, load_partitioned,
+    stats_partitioned,
+};
+use crate::service::{
+    KNOB_BOUNDS, KNOB_NODES, KNOB_SLOTS, KNOB_VALUE_BYTES, partitions, serve_tree,
+};
 use crate::wire::{SERVICE, stats_json};
 use async_trait::async_trait;
 use dmkv_api::{
@@ -23,7 +28,7 @@ pub const CAPS: Capabilities = Capabilities {
     reserved_why: "",
 };
 
-const KNOBS: &[KnobSpec] = &[KNOB_SLOTS, KNOB_NODES, KNOB_VALUE_BYTES];
+const KNOBS: &[KnobSpec] = &[KNOB_SLOTS, KNOB_NODES, KNOB_VALUE_BYTES, KNOB_BOUNDS];
 
 /// The spec of `rpc-btree`.
 pub struct RpcBtreeSpec;
@@ -31,15 +36,41 @@ pub struct RpcBtreeSpec;
 /// Registered as `rpc-btree` for `dmkv bench`.
 pub static SPEC: RpcBtreeSpec = RpcBtreeSpec;
 
-/// Resolves the tree service of an installed instance (a Setup RPC).
-pub fn connect_service(args: &ConnectArgs) -> Result<(Endpoint, TreeService)> {
-    let node = NodeId(args.serve.nodes[0]);
+/// Resolves the tree services of an installed instance, one per memory
+/// node and key range (a Setup RPC each), with `engine`'s `bounds` knob.
+pub fn connect_services(
+    args: &ConnectArgs,
+    engine: &str,
+    specs: &[KnobSpec],
+) -> Result<(Endpoint, TreeServices)> {
+    let parts = partitions(engine, specs, &args.serve)?;
     let ep = args.fabric.endpoint(args.compute_node)?;
-    let service = block_on(labeled(
-        OpKind::Setup,
-        ep.lookup_service(node, &args.serve.name(SERVICE)),
-    ))?;
-    Ok((ep, TreeService { node, service }))
+    let mut svcs = Vec::with_capacity(args.serve.nodes.len());
+    for &n in &args.serve.nodes {
+        let node = NodeId(n);
+        let service = block_on(labeled(
+            OpKind::Setup,
+            ep.lookup_service(node, &args.serve.name(SERVICE)),
+        ))?;
+        svcs.push(TreeService { node, service });
+    }
+    Ok((ep, TreeServices { parts, svcs }))
+}
+
+/// The engine stats of range-partitioned trees: the summed figures, and
+/// each range's own under `partitions` when there are several.
+pub fn partitioned_stats_json(
+    sum: &dmkv_xtree::TreeStats,
+    each: &[dmkv_xtree::TreeStats],
+) -> serde_json::Value {
+    let mut v = stats_json(sum);
+    if each.len() > 1 {
+        v.as_object_mut().expect("stats are an object").insert(
+            "partitions".into(),
+            serde_json::Value::Array(each.iter().map(stats_json).collect()),
+        );
+    }
+    v
 }
 
 impl EngineSpec for RpcBtreeSpec {
@@ -59,16 +90,16 @@ impl EngineSpec for RpcBtreeSpec {
         serve_tree(rt, args, self.name(), KNOBS).map(|_| ())
     }
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
-        let (_ep, svc) = connect_service(&args)?;
+        let (_ep, services) = connect_services(&args, self.name(), KNOBS)?;
         Ok(Arc::new(RpcBtree {
-            svc,
+            services,
             compute: args.compute_node,
         }))
     }
 }
 
 struct RpcBtree {
-    svc: TreeService,
+    services: TreeServices,
     compute: NodeId,
 }
 
@@ -84,13 +115,19 @@ impl Engine for RpcBtree {
         self.compute
     }
     async fn client(&self, ep: Rc<Endpoint>, _thread: usize) -> Result<Rc<dyn KvStore>> {
-        Ok(Rc::new(RpcTreeClient::new(ep, self.svc)))
+        // One range: the plain client, without the routing layer (~30
+        // instructions a GET).
+        if let [svc] = self.services.svcs[..] {
+            return Ok(Rc::new(RpcTreeClient::new(ep, svc)));
+        }
+        Ok(Rc::new(PartitionedClient::new(ep, &self.services)))
     }
     async fn load(&self, ep: &Endpoint, pairs: &[(Key, Vec<u8>)]) -> Result<()> {
-        load(ep, self.svc, pairs).await
+        load_partitioned(ep, &self.services, pairs).await
     }
     async fn stats(&self, ep: &Endpoint) -> Result<serde_json::Value> {
-        Ok(stats_json(&stats(ep, self.svc).await?))
+        let (sum, each) = stats_partitioned(ep, &self.services).await?;
+        Ok(partitioned_stats_json(&sum, &each))
     }
     fn client_cache_bytes(&self) -> u64 {
         0

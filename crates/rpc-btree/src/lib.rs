@@ -22,5 +22,5 @@ mod engine;
 pub mod service;
 pub mod wire;
 
-pub use client::{RpcTreeClient, TreeService};
-pub use engine::{CAPS, RpcBtreeSpec, SPEC, connect_service};
+pub use client::{PartitionedClient, RpcTreeClient, TreeService, TreeServices, scan_partitions};
+pub use engine::{CAPS, RpcBtreeSpec, SPEC, connect_services, partitioned_stats_json};

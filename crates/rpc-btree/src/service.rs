@@ -2,7 +2,7 @@
 //! operation on it. `cell` installs exactly this and sends its writes here.
 
 use crate::wire::*;
-use dmkv_api::{KnobSpec, KvError, Result, ServeArgs};
+use dmkv_api::{KnobSpec, KvError, RangePartitions, Result, ServeArgs};
 use dmkv_memnode::NodeRuntime;
 use dmkv_transport::{RpcContext, Service, ServiceError, WireReader, WireWriter};
 use dmkv_xtree::{LeafRef, MAX_VALUE_LEN, XTree, XTreeConfig};
@@ -18,6 +18,11 @@ pub const KNOB_NODES: KnobSpec = KnobSpec {
     name: "nodes",
     default: "0",
     help: "nodes the node region holds, up to 2^32 (0: sized from the expected key count)",
+};
+pub const KNOB_BOUNDS: KnobSpec = KnobSpec {
+    name: "bounds",
+    default: "",
+    help: "range partitioning over --memnodes K: K-1 ascending split keys, comma-separated (empty: equal key ranges; dmkv bench sets the loaded keys' quantiles)",
 };
 pub const KNOB_VALUE_BYTES: KnobSpec = KnobSpec {
     name: "value_bytes",
@@ -42,24 +47,32 @@ pub fn tree_config(engine: &str, specs: &[KnobSpec], args: &ServeArgs) -> Result
     Ok(cfg)
 }
 
-/// Builds the tree on the first memory node of `args` and registers its
-/// service; other nodes get nothing (the baselines use one memory node).
+/// The key ranges of the instance's memory nodes (the `bounds` knob):
+/// memory node `args.nodes[p]` holds range `p`.
+pub fn partitions(engine: &str, specs: &[KnobSpec], args: &ServeArgs) -> Result<RangePartitions> {
+    let bounds: String = args.knobs.get(engine, specs, KNOB_BOUNDS.name)?;
+    RangePartitions::parse(engine, &bounds, args.nodes.len())
+}
+
+/// Builds this memory node's tree, the one of its key range (every memory
+/// node of the instance holds one range, [`partitions`]), and registers its
+/// service. Each tree is sized for all the expected keys, not its share:
+/// the split keys need not divide them evenly, and regions are reserved
+/// untouched.
 pub fn serve_tree(
     rt: &Arc<NodeRuntime>,
     args: &ServeArgs,
     engine: &str,
     specs: &[KnobSpec],
-) -> Result<Option<Arc<XTree>>> {
-    if args.node_index != 0 {
-        return Ok(None);
-    }
+) -> Result<Arc<XTree>> {
+    partitions(engine, specs, args)?;
     let cfg = tree_config(engine, specs, args)?;
     let tree = XTree::create(rt, &args.name(NODE_REGION), &args.name(VALUE_REGION), cfg)
         .map_err(|e| KvError::Config(e.to_string()))?;
     let t = tree.clone();
     rt.register_service(&args.name(SERVICE), Arc::new(Op(t)))
         .map_err(|e| KvError::Config(e.to_string()))?;
-    Ok(Some(tree))
+    Ok(tree)
 }
 
 fn value<'a>(r: &mut WireReader<'a>) -> std::result::Result<&'a [u8], ServiceError> {

@@ -2,12 +2,13 @@
 //! claims: one RPC and one round trip per operation, `Exhausted` on a full
 //! region, and correct operation with two handler threads.
 
+use dmkv_api::EngineSpec;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
 use dmkv_api::{Knobs, KvError};
-use dmkv_rpc_btree::{RpcTreeClient, SPEC, connect_service};
+use dmkv_rpc_btree::{RpcTreeClient, SPEC, connect_services};
 use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
 use dmkv_testkit::history::{RaceConfig, race};
-use dmkv_testkit::oracle::{check_multi, check_single, op_strategy};
+use dmkv_testkit::oracle::{check_multi, check_single, op_strategy, spread_key};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{OpKind, labeled};
 use proptest::prelude::*;
@@ -135,8 +136,9 @@ fn every_operation_is_one_rpc_and_one_round_trip() {
 #[test]
 fn hinted_updates_over_rpc() {
     let d = deploy(4);
-    let (_e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
-    let c = RpcTreeClient::new(d.endpoint(0), svc);
+    let (_e, svc) =
+        connect_services(&d.connect_args(d.compute), SPEC.name(), SPEC.knobs()).unwrap();
+    let c = RpcTreeClient::new(d.endpoint(0), svc.svcs[0]);
     let c = Rc::new(c);
     block_on(async {
         use dmkv_api::KvStore;
@@ -189,5 +191,63 @@ fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
         };
         let r = insert_race(&d, &cfg).unwrap_or_else(|e| panic!("torn={torn}: {e}"));
         assert_eq!(r.keys, (cfg.rounds * cfg.keys_per_round) as u64);
+    }
+}
+
+// ---- range partitioning over several memory nodes ----------------------
+
+/// Three memory nodes whose split keys cut the oracle's keys
+/// (`spread_key(0..key_space)`) into three ranges, so that reads, writes
+/// and scans cross ranges.
+fn deploy_ranges(key_space: u64, threads: usize) -> LocalDeployment {
+    let mut o = opts(4, 1, threads);
+    o.memnodes = 3;
+    o.knobs.set(
+        "bounds",
+        &format!(
+            "{},{}",
+            spread_key(key_space / 3),
+            spread_key(2 * key_space / 3)
+        ),
+    );
+    LocalDeployment::deploy(&SPEC, &o).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+    #[test]
+    fn oracle_single_client_over_three_ranges(ops in prop::collection::vec(op_strategy(60, 200, true), 1..200)) {
+        let d = deploy_ranges(60, 1);
+        prop_assert_eq!(check_single(&d, &ops), Ok(()));
+    }
+}
+
+#[test]
+fn oracle_multi_client_over_three_ranges_and_each_range_holds_its_keys() {
+    // check_multi's key space: threads x tasks x 24 keys.
+    let d = deploy_ranges(2 * 4 * 24, 2);
+    check_multi(&d, 2, 4, 150, 17).unwrap();
+    let stats = block_on(d.engine.stats(&d.endpoint(0))).unwrap();
+    let parts = stats["partitions"].as_array().expect("three ranges report");
+    assert_eq!(parts.len(), 3);
+    let keys: Vec<u64> = parts.iter().map(|p| p["keys"].as_u64().unwrap()).collect();
+    assert!(keys.iter().all(|&k| k > 0), "{keys:?}");
+    assert_eq!(keys.iter().sum::<u64>(), stats["keys"].as_u64().unwrap());
+}
+
+#[test]
+fn bad_bounds_are_config_errors() {
+    for (bounds, needle) in [
+        ("5", "has 1 split keys; 3 memory nodes need 2"),
+        ("9,3", "ascending"),
+    ] {
+        let mut o = opts(4, 1, 1);
+        o.memnodes = 3;
+        o.knobs.set("bounds", bounds);
+        let e = LocalDeployment::deploy(&SPEC, &o)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains(needle), "{bounds}: {e}");
     }
 }

@@ -14,9 +14,10 @@
 //! Allocations are counted per thread by a global allocator wrapping the
 //! system's (this test binary only): the handler thread's are not counted.
 
+use dmkv_api::EngineSpec;
 use dmkv_api::KvClient;
 use dmkv_api::deploy::{DeployOptions, LocalDeployment};
-use dmkv_rpc_btree::{RpcTreeClient, SPEC, connect_service};
+use dmkv_rpc_btree::{RpcTreeClient, SPEC, connect_services};
 use dmkv_transport::Endpoint;
 use dmkv_transport::exec::block_on;
 
@@ -37,8 +38,8 @@ fn client() -> (LocalDeployment, Endpoint, RpcTreeClient) {
         },
     )
     .unwrap();
-    let (e, svc) = connect_service(&d.connect_args(d.compute)).unwrap();
-    let c = RpcTreeClient::new(d.endpoint(0), svc);
+    let (e, svc) = connect_services(&d.connect_args(d.compute), SPEC.name(), SPEC.knobs()).unwrap();
+    let c = RpcTreeClient::new(d.endpoint(0), svc.svcs[0]);
     (d, e, c)
 }
 

@@ -408,29 +408,9 @@ impl XStoreConfig {
 
 /// K - 1 ascending split keys from `s`, or an even split of the key space.
 fn parse_bounds(s: &str, parts: usize) -> Result<Vec<u64>> {
-    if s.trim().is_empty() {
-        let width = (u64::MAX as u128 + 1) / parts as u128;
-        return Ok((1..parts).map(|p| (width * p as u128) as u64).collect());
-    }
-    let v: Vec<u64> = s
-        .split(',')
-        .map(|x| x.trim().parse::<u64>())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| KvError::Config(format!("xstore.bounds={s:?}: {e}")))?;
-    if v.len() + 1 != parts {
-        return Err(KvError::Config(format!(
-            "xstore.bounds has {} split keys; {} memory nodes need {}",
-            v.len(),
-            parts,
-            parts - 1
-        )));
-    }
-    if v.first() == Some(&0) || v.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(KvError::Config(format!(
-            "xstore.bounds={s:?} must be ascending and above 0"
-        )));
-    }
-    Ok(v)
+    Ok(dmkv_api::RangePartitions::parse(ENGINE, s, parts)?
+        .bounds()
+        .to_vec())
 }
 
 #[cfg(test)]
