@@ -148,7 +148,14 @@ impl FaultPlan {
         // A quarter of the seeds run the hot-tail shape (drawn last, so the
         // draws above are what they were before it existed).
         let hot = rng.gen_bool(0.25);
-        let crash = faults.crash && crash && spec.topology() == dmkv_api::Topology::Disaggregated;
+        // Seeds that crash nothing run on one, two or three memory nodes
+        // alike (drawn last too), so that spreading a design over memory
+        // nodes is checked without a crash as well (the twenty-eighth
+        // session found two designs that left extra memory nodes idle and
+        // one whose tree stayed on one of them).
+        let spread = rng.gen_range(1..=3);
+        let disaggregated = spec.topology() == dmkv_api::Topology::Disaggregated;
+        let crash = faults.crash && crash && disaggregated;
         FaultPlan {
             delays: if faults.delay && delay {
                 delays
@@ -160,7 +167,11 @@ impl FaultPlan {
             } else {
                 dmkv_bench::config::defaults::VALUE_SIZE
             },
-            memnodes: if crash { memnodes } else { 1 },
+            memnodes: match (crash, disaggregated) {
+                (true, _) => memnodes,
+                (false, true) => spread,
+                (false, false) => 1,
+            },
             crash: crash.then_some(crash_plan),
             kill: faults.kill && kill,
             hot,
@@ -411,6 +422,8 @@ pub fn run_mixed(
             " --memnodes {} --crash-memnode {}@{}",
             plan.memnodes, c.node, c.at_fraction
         );
+    } else if plan.memnodes > 1 {
+        replay += &format!(" --memnodes {}", plan.memnodes);
     }
     let fail = |why: String| {
         Some(DstFailure {
