@@ -149,10 +149,9 @@ impl FaultPlan {
         // draws above are what they were before it existed).
         let hot = rng.gen_bool(0.25);
         // Seeds that crash nothing run on one, two or three memory nodes
-        // alike (drawn last too), so that spreading a design over memory
-        // nodes is checked without a crash as well (the twenty-eighth
-        // session found two designs that left extra memory nodes idle and
-        // one whose tree stayed on one of them).
+        // alike (drawn last too), so that a design's checks also run with
+        // its data spread over memory nodes (routing by key, scans across
+        // ranges, allocation on several nodes) without a crash.
         let spread = rng.gen_range(1..=3);
         let disaggregated = spec.topology() == dmkv_api::Topology::Disaggregated;
         let crash = faults.crash && crash && disaggregated;
