@@ -8,7 +8,7 @@ use dmkv_api::{Knobs, KvError};
 use dmkv_cell::SPEC;
 use dmkv_testkit::bad_input::{check_api_input, check_garbage_rpcs};
 use dmkv_testkit::history::{RaceConfig, race};
-use dmkv_testkit::oracle::{check_multi, check_single, op_strategy, spread_key};
+use dmkv_testkit::oracle::{check_multi, check_single, op_strategy, range_bounds};
 use dmkv_transport::exec::block_on;
 use dmkv_transport::{OpKind, labeled};
 use proptest::prelude::*;
@@ -258,14 +258,7 @@ fn concurrent_inserts_of_one_new_key_have_exactly_one_winner() {
 fn deploy_ranges(key_space: u64, cached_levels: u8, threads: usize) -> LocalDeployment {
     let mut o = opts(4, cached_levels, 1, threads);
     o.memnodes = 3;
-    o.knobs.set(
-        "bounds",
-        &format!(
-            "{},{}",
-            spread_key(key_space / 3),
-            spread_key(2 * key_space / 3)
-        ),
-    );
+    o.knobs.set("bounds", &range_bounds(key_space, 3));
     LocalDeployment::deploy(&SPEC, &o).unwrap()
 }
 

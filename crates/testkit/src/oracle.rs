@@ -28,6 +28,16 @@ pub fn spread_key(i: u64) -> Key {
     1 + i * 0x9E37_79B9
 }
 
+/// A `bounds` knob (range partitioning, `dmkv_api::RangePartitions`) that
+/// cuts `spread_key(0..key_space)` into `ranges` equal ranges, so that an
+/// oracle run's operations cross ranges.
+pub fn range_bounds(key_space: u64, ranges: u64) -> String {
+    (1..ranges)
+        .map(|r| spread_key(r * key_space / ranges).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn value_strategy(max_len: usize) -> BoxedStrategy<Vec<u8>> {
     let lens = prop_oneof![
         6 => Just(8usize),
