@@ -60,7 +60,7 @@ pub struct Shared {
 
 impl Shared {
     pub fn part_of(&self, key: Key) -> &PartClient {
-        &self.parts[self.cfg.partition_of(key)]
+        &self.parts[self.cfg.parts.of(key)]
     }
 }
 
@@ -1237,7 +1237,7 @@ impl KvClient for Client {
         ClientStats::bump(&self.stats().scans);
         let parts = &self.sh.parts;
         let mut out = Vec::new();
-        let mut part = self.sh.cfg.partition_of(start);
+        let mut part = self.sh.cfg.parts.of(start);
         let mut from = start;
         while out.len() < n && part < parts.len() {
             let mut pending = Vec::new();

@@ -1,6 +1,6 @@
 //! Typed configuration from the `xstore.*` knobs.
 
-use dmkv_api::{KnobSpec, KvError, Result, ServeArgs};
+use dmkv_api::{KnobSpec, KvError, RangePartitions, Result, ServeArgs};
 use dmkv_xtree::XTreeConfig;
 use std::str::FromStr;
 
@@ -268,8 +268,9 @@ pub struct XStoreConfig {
     pub cache_budget_bytes: u64,
     pub durability: bool,
     pub log_sync: LogSync,
-    /// Split keys between partitions (K - 1 of them).
-    pub bounds: Vec<u64>,
+    /// The key ranges of the memory nodes (the `bounds` knob: K - 1 split
+    /// keys): memory node `p` holds range `p`.
+    pub parts: RangePartitions,
     pub tree: XTreeConfig,
     pub model_bytes: u64,
 }
@@ -316,8 +317,7 @@ impl XStoreConfig {
                 1u64 << 40
             )));
         }
-        let parts = args.nodes.len().max(1);
-        let bounds = parse_bounds(&get("bounds")?, parts)?;
+        let parts = RangePartitions::parse(ENGINE, &get("bounds")?, args.nodes.len())?;
         Ok(XStoreConfig {
             cache: k.get(ENGINE, KNOBS, "cache")?,
             get_read: k.get(ENGINE, KNOBS, "get_read")?,
@@ -335,26 +335,10 @@ impl XStoreConfig {
             cache_budget_bytes: cache_budget_mb << 20,
             durability: k.get::<Switch>(ENGINE, KNOBS, "durability")?.0,
             log_sync: k.get(ENGINE, KNOBS, "log_sync")?,
-            bounds,
+            parts,
             tree,
             model_bytes,
         })
-    }
-
-    /// The key range `[lo, hi]` of partition `p` (of `bounds.len() + 1`).
-    pub fn partition(&self, p: usize) -> (u64, u64) {
-        let lo = if p == 0 { 0 } else { self.bounds[p - 1] };
-        let hi = if p == self.bounds.len() {
-            u64::MAX
-        } else {
-            self.bounds[p] - 1
-        };
-        (lo, hi)
-    }
-
-    /// The partition holding `key`.
-    pub fn partition_of(&self, key: u64) -> usize {
-        self.bounds.partition_point(|&b| b <= key)
     }
 
     /// Sub-models a full training over `keys` keys gets (before the floor
@@ -407,12 +391,6 @@ impl XStoreConfig {
 }
 
 /// K - 1 ascending split keys from `s`, or an even split of the key space.
-fn parse_bounds(s: &str, parts: usize) -> Result<Vec<u64>> {
-    Ok(dmkv_api::RangePartitions::parse(ENGINE, s, parts)?
-        .bounds()
-        .to_vec())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,20 +417,20 @@ mod tests {
     fn defaults_partitions_and_refusals() {
         let c = XStoreConfig::from_args(&args(&[], 1)).unwrap();
         assert_eq!(c.cache, CacheMode::Full);
-        assert_eq!(c.partition(0), (0, u64::MAX));
+        assert_eq!(c.parts.range(0), (0, u64::MAX));
         let c = XStoreConfig::from_args(&args(&[], 4)).unwrap();
-        assert_eq!(c.bounds.len(), 3);
-        assert_eq!(c.partition(0).0, 0);
-        assert_eq!(c.partition(3).1, u64::MAX);
+        assert_eq!(c.parts.bounds().len(), 3);
+        assert_eq!(c.parts.range(0).0, 0);
+        assert_eq!(c.parts.range(3).1, u64::MAX);
         for p in 0..3 {
-            assert_eq!(c.partition(p).1 + 1, c.partition(p + 1).0);
-            assert_eq!(c.partition_of(c.partition(p + 1).0), p + 1);
-            assert_eq!(c.partition_of(c.partition(p).1), p);
+            assert_eq!(c.parts.range(p).1 + 1, c.parts.range(p + 1).0);
+            assert_eq!(c.parts.of(c.parts.range(p + 1).0), p + 1);
+            assert_eq!(c.parts.of(c.parts.range(p).1), p);
         }
         let c = XStoreConfig::from_args(&args(&[("bounds", "10,20")], 3)).unwrap();
-        assert_eq!(c.partition(1), (10, 19));
-        assert_eq!(c.partition_of(9), 0);
-        assert_eq!(c.partition_of(20), 2);
+        assert_eq!(c.parts.range(1), (10, 19));
+        assert_eq!(c.parts.of(9), 0);
+        assert_eq!(c.parts.of(20), 2);
         for bad in [
             vec![("bounds", "10")],
             vec![("bounds", "20,10")],

@@ -114,7 +114,7 @@ async fn connect_part(
         i,
         node,
         service,
-        cfg.partition(i),
+        cfg.parts.range(i),
         nodes,
         values,
         models,
@@ -179,7 +179,7 @@ impl Engine for XStore {
                     engine: "xstore",
                 });
             }
-            by_part[self.shared.cfg.partition_of(kv.0)].push(kv);
+            by_part[self.shared.cfg.parts.of(kv.0)].push(kv);
         }
         for (p, kvs) in self.shared.parts.iter().zip(by_part) {
             let mut i = 0;

@@ -145,13 +145,13 @@ fn config_err(e: impl std::fmt::Display) -> KvError {
 pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<Arc<Server>> {
     let cfg = XStoreConfig::from_args(args)?;
     let part = args.node_index;
-    if part > cfg.bounds.len() {
+    if part >= cfg.parts.count() {
         return Err(config_err(format!(
             "node index {part} beyond {} partitions",
-            cfg.bounds.len() + 1
+            cfg.parts.count()
         )));
     }
-    let (lo, hi) = cfg.partition(part);
+    let (lo, hi) = cfg.parts.range(part);
     let tree = XTree::create(
         rt,
         &args.name(NODE_REGION),
