@@ -125,7 +125,6 @@ impl Engine for Cell {
         Ok(Rc::new(CellClient {
             writes: PartitionedClient::new(ep.clone(), &self.services),
             ep,
-            parts: self.services.parts.clone(),
             readers: self.readers.clone(),
         }))
     }
@@ -178,14 +177,16 @@ fn summed_counts(each: &[serde_json::Value]) -> serde_json::Value {
 /// A thread's handle: reads one-sided, writes by RPC.
 struct CellClient {
     ep: Rc<Endpoint>,
-    parts: dmkv_api::RangePartitions,
+    /// Range `p`'s reader is `readers[p]`; the ranges are `writes.parts()`.
     readers: Vec<Arc<TreeReader>>,
     writes: PartitionedClient,
 }
 
 impl KvClient for CellClient {
     async fn get(&self, key: Key) -> Result<Option<Vec<u8>>> {
-        self.readers[self.parts.of(key)].get(&self.ep, key).await
+        self.readers[self.writes.parts().of(key)]
+            .get(&self.ep, key)
+            .await
     }
     async fn insert(&self, key: Key, value: &[u8]) -> Result<bool> {
         KvClient::insert(&self.writes, key, value).await
@@ -200,7 +201,7 @@ impl KvClient for CellClient {
         KvClient::delete(&self.writes, key).await
     }
     async fn scan(&self, start: Key, n: usize) -> Result<Vec<(Key, Vec<u8>)>> {
-        scan_partitions(&self.parts, start, n, async |p, from, want| {
+        scan_partitions(self.writes.parts(), start, n, async |p, from, want| {
             self.readers[p].scan(&self.ep, from, want).await
         })
         .await

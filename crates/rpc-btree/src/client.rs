@@ -66,6 +66,11 @@ impl PartitionedClient {
         }
     }
 
+    /// The key ranges it routes by.
+    pub fn parts(&self) -> &RangePartitions {
+        &self.parts
+    }
+
     /// The client of `key`'s range.
     #[inline]
     pub fn of(&self, key: Key) -> &RpcTreeClient {

@@ -321,18 +321,24 @@ impl Ctx<'_> {
         self.alloc_node(next).await
     }
 
-    /// Writes a split's new sibling `right` that lives on another memory
-    /// node than the node `a` being split (locked as `g`): alone and
-    /// acknowledged before `a`'s batch links it (invariant 3; the
-    /// artifact's `write_sync` of the sibling before its
-    /// `write_page_and_unlock`). On an error `a` is unlocked unchanged.
-    async fn write_sibling_apart(
+    /// Makes a split's new sibling `right` complete before the batch of the
+    /// node `a` being split (locked as `g`) links it (invariant 3): on
+    /// `a`'s memory node it joins `writes`, which must then get `a`'s image
+    /// after it; on another one it is written alone and acknowledged first
+    /// (the artifact's `write_sync` of the sibling before its
+    /// `write_page_and_unlock`), and on an error `a` is unlocked unchanged.
+    async fn stage_sibling(
         &self,
         a: GAddr,
         g: LocalGuard,
         right: GAddr,
         bytes: &[u8],
+        writes: &mut Vec<Write>,
     ) -> Result<()> {
+        if right.mn() == a.mn() {
+            writes.push((right, bytes.to_vec()));
+            return Ok(());
+        }
         let written = match self.pool_at(right).await {
             Ok(at) => self.ep.write(at, bytes).await.map_err(KvError::from),
             Err(e) => Err(e),
@@ -570,12 +576,8 @@ impl Ctx<'_> {
         // The new sibling is complete before the old node links it
         // (invariant 3): on the same memory node in the same batch, posted
         // first; on another one written alone before the batch.
-        if right_addr.mn() == addr.mn() {
-            writes.push((right_addr, right.bytes().to_vec()));
-        } else {
-            self.write_sibling_apart(addr, g, right_addr, right.bytes())
-                .await?;
-        }
+        self.stage_sibling(addr, g, right_addr, right.bytes(), &mut writes)
+            .await?;
         writes.push((addr, left.bytes().to_vec()));
         self.write_and_unlock(addr, g, writes).await?;
         self.t.stats.splits.fetch_add(1, Ordering::Relaxed);
@@ -655,12 +657,8 @@ impl Ctx<'_> {
                 l.set_inner_entries(&entries[..mid_idx]);
                 l.seal();
                 let mut writes = Vec::with_capacity(2);
-                if right_addr.mn() == paddr.mn() {
-                    writes.push((right_addr, right.bytes().to_vec()));
-                } else {
-                    self.write_sibling_apart(paddr, g, right_addr, right.bytes())
-                        .await?;
-                }
+                self.stage_sibling(paddr, g, right_addr, right.bytes(), &mut writes)
+                    .await?;
                 writes.push((paddr, l.bytes().to_vec()));
                 self.write_and_unlock(paddr, g, writes).await?;
                 self.t.stats.splits.fetch_add(1, Ordering::Relaxed);
