@@ -68,6 +68,13 @@ const KNOBS: &[KnobSpec] = &[
         help: "index cache of inner nodes per compute process, MiB (0 = no cache)",
     },
     KnobSpec {
+        name: "lock_read",
+        default: "separate",
+        help: "how a writer takes a node's lock and reads it: separate (a CAS, retried until it \
+               succeeds, then a READ: two round trips, as Sherman's released code, which ROLEX ran) \
+               or combined (CAS and READ in one batch: one round trip)",
+    },
+    KnobSpec {
         name: "chunk_kb",
         default: "256",
         help: "KiB a client takes from a memory node per allocation RPC, 8..=65536 and at least a node",
@@ -119,6 +126,9 @@ pub struct Config {
     /// Most bytes the pool registers per memory node.
     pub pool_limit: u64,
     pub load_fill_percent: usize,
+    /// `lock_read=combined`: the lock's CAS and the node's READ in one
+    /// batch; else the CAS first, the READ once it succeeded.
+    pub combined_lock_read: bool,
 }
 
 impl Config {
@@ -139,6 +149,15 @@ impl Config {
             )));
         }
         let fill: usize = k.get_in(NAME, KNOBS, "load_fill", 10..=100)?;
+        let combined_lock_read = match k.get::<String>(NAME, KNOBS, "lock_read")?.as_str() {
+            "separate" => false,
+            "combined" => true,
+            other => {
+                return Err(KvError::Config(format!(
+                    "{NAME}.lock_read={other}: must be separate or combined"
+                )));
+            }
+        };
         let memnodes = args.nodes.len().max(1) as u64;
         if memnodes as usize > MAX_MEMNODES {
             return Err(KvError::Config(format!(
@@ -183,6 +202,7 @@ impl Config {
             pool_bytes,
             pool_limit,
             load_fill_percent: fill,
+            combined_lock_read,
         })
     }
 }
@@ -270,6 +290,7 @@ impl EngineSpec for ShermanSpec {
                 local_locks: LocalLocks::new(memnodes),
                 cache: IndexCache::new(cfg.cache_bytes),
                 lock_tag: u64::from(args.compute_node.0) + 1,
+                combined_lock_read: cfg.combined_lock_read,
                 stats: TreeStats::default(),
             }),
             load_alloc: parking_lot::Mutex::new(Vec::new()),
@@ -398,6 +419,7 @@ impl Engine for ShermanEngine {
             "cache_bytes": c.bytes(),
             "chunks_allocated": get(&s.chunks),
             "node_bytes": self.cfg.node_bytes,
+            "lock_read": if self.cfg.combined_lock_read { "combined" } else { "separate" },
         }))
     }
     fn client_cache_bytes(&self) -> u64 {

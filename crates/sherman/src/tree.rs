@@ -64,6 +64,9 @@ pub struct TreeShared {
     pub cache: IndexCache,
     /// Nonzero tag this process writes into global lock words.
     pub lock_tag: u64,
+    /// Whether a writer posts the lock's CAS and the node's READ in one
+    /// batch (`lock_read=combined`) or reads only once the CAS succeeded.
+    pub combined_lock_read: bool,
     pub stats: TreeStats,
 }
 
@@ -194,8 +197,9 @@ impl Ctx<'_> {
     }
 
     /// Takes the lock of the node at `a` and reads it: local lock, then CAS
-    /// on the global word and READ of the node in one batch (retried while
-    /// another process holds it).
+    /// on the global word (retried while another process holds it) and a
+    /// READ of the node, after the CAS succeeded or, with
+    /// `lock_read=combined`, in the same batch.
     async fn lock_and_read(&self, a: GAddr) -> Result<(LocalGuard, NodeImage)> {
         let g = self
             .t
@@ -215,6 +219,20 @@ impl Ctx<'_> {
         if g.has_global {
             self.t.stats.handovers.fetch_add(1, Ordering::Relaxed);
             return self.read_node(a).await;
+        }
+        if !self.t.combined_lock_read {
+            // Sherman's released code (`Tree::lock_and_read_page`: a
+            // synchronous `try_lock_addr`, retried, then `read_sync`): the
+            // READ is posted only once the CAS has taken the lock.
+            loop {
+                let mut b = self.ep.batch();
+                let c = b.cas(self.lock_at(a), 0, self.t.lock_tag);
+                if b.run().await?.word(c) == 0 {
+                    return self.read_node(a).await;
+                }
+                self.t.stats.lock_retries.fetch_add(1, Ordering::Relaxed);
+                yield_now().await;
+            }
         }
         let node_at = self.pool_at(a).await?;
         loop {

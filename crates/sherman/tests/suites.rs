@@ -50,6 +50,29 @@ fn oracle_multi_client_on_two_memory_nodes() {
     check_multi(&d, 2, 3, 300, 21).unwrap();
 }
 
+/// The other way to take a lock and read (`lock_read=combined`, CAS and
+/// READ in one batch) against the oracle, with torn reads among writers.
+#[test]
+fn oracle_and_race_with_the_lock_and_read_combined() {
+    let knobs = [
+        ("node_bytes", "256"),
+        ("chunk_kb", "16"),
+        ("lock_read", "combined"),
+    ];
+    let d = deploy_with(2, 2, &knobs);
+    check_multi(&d, 2, 3, 300, 22).unwrap();
+    let d = deploy_with(1, 2, &knobs);
+    let r = race(
+        &d,
+        &RaceConfig {
+            torn_reads: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(r.writes > 0 && r.reads > 0, "{r:?}");
+}
+
 #[test]
 fn oracle_multi_client_without_cache() {
     let d = deploy_with(1, 2, &[("node_bytes", "256"), ("cache_mb", "0")]);
@@ -120,6 +143,7 @@ fn bad_knobs_are_config_errors() {
             ("pool_mb", "5000"),
             ("pool_max_mb", "99999999"),
             ("cache_mb", "99999999"),
+            ("lock_read", "both"),
         ],
     )
     .unwrap();
@@ -216,48 +240,57 @@ fn a_small_pool_grows_and_clients_find_its_segments() {
 }
 
 /// Bulk load builds the tree bottom-up; then a cached GET costs one READ,
-/// an update two round trips (CAS+READ, then WRITE+unlock), a scan one READ
-/// per leaf; no operation uses the memory node's CPU.
+/// an update three round trips as in Sherman's released code (the lock's
+/// CAS; the READ once it is taken; WRITE+unlock) or two with
+/// `lock_read=combined` (CAS+READ in one batch, then WRITE+unlock), a scan
+/// one READ per leaf; no operation uses the memory node's CPU.
 #[test]
 fn per_operation_costs() {
-    let d = deploy_with(1, 1, &[]);
-    let pairs: Vec<_> = (0..5000u64)
-        .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 0, 8)))
-        .collect();
-    let (ep, store) = d.client(0).unwrap();
-    block_on(labeled(OpKind::Load, d.engine.load(&ep, &pairs))).unwrap();
-    block_on(async {
-        for (k, _) in &pairs {
-            store.get(*k).await.unwrap().unwrap();
-        }
-    });
-    ep.reset_counters();
-    block_on(async {
-        for (k, v) in pairs.iter().take(1000) {
-            assert_eq!(
-                labeled(OpKind::Get, store.get(*k)).await.unwrap().as_ref(),
-                Some(v)
-            );
-            assert!(
-                labeled(OpKind::Update, store.update(*k, &make_value(*k, 1, 8)))
-                    .await
-                    .unwrap()
-            );
-        }
-        labeled(OpKind::Scan, store.scan(1, 100)).await.unwrap();
-    });
-    let c = ep.counters();
-    let get = c.get(OpKind::Get);
-    assert_eq!((get.round_trips, get.reads, get.rpcs), (1000, 1000, 0));
-    let upd = c.get(OpKind::Update);
-    assert_eq!((upd.round_trips, upd.cas, upd.rpcs), (2000, 1000, 0));
-    let scan = c.get(OpKind::Scan);
-    assert!(scan.round_trips >= 2 && scan.round_trips <= 4, "{scan:?}");
-    assert_eq!(c.sum(&OpKind::WORKLOAD).memnode_cpu_ns, 0);
-    let stats = block_on(d.engine.stats(&ep)).unwrap();
-    // 5000 keys, 48 per leaf: 105 leaves, 3 level-1 nodes, a root.
-    assert_eq!(stats["height"], 3, "{stats}");
-    assert!(d.engine.client_cache_bytes() > 0);
+    for (lock_read, update_round_trips) in [("separate", 3000), ("combined", 2000)] {
+        let d = deploy_with(1, 1, &[("lock_read", lock_read)]);
+        let pairs: Vec<_> = (0..5000u64)
+            .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 0, 8)))
+            .collect();
+        let (ep, store) = d.client(0).unwrap();
+        block_on(labeled(OpKind::Load, d.engine.load(&ep, &pairs))).unwrap();
+        block_on(async {
+            for (k, _) in &pairs {
+                store.get(*k).await.unwrap().unwrap();
+            }
+        });
+        ep.reset_counters();
+        block_on(async {
+            for (k, v) in pairs.iter().take(1000) {
+                assert_eq!(
+                    labeled(OpKind::Get, store.get(*k)).await.unwrap().as_ref(),
+                    Some(v)
+                );
+                assert!(
+                    labeled(OpKind::Update, store.update(*k, &make_value(*k, 1, 8)))
+                        .await
+                        .unwrap()
+                );
+            }
+            labeled(OpKind::Scan, store.scan(1, 100)).await.unwrap();
+        });
+        let c = ep.counters();
+        let get = c.get(OpKind::Get);
+        assert_eq!((get.round_trips, get.reads, get.rpcs), (1000, 1000, 0));
+        let upd = c.get(OpKind::Update);
+        assert_eq!(
+            (upd.round_trips, upd.cas, upd.reads, upd.rpcs),
+            (update_round_trips, 1000, 1000, 0),
+            "lock_read={lock_read}"
+        );
+        let scan = c.get(OpKind::Scan);
+        assert!(scan.round_trips >= 2 && scan.round_trips <= 4, "{scan:?}");
+        assert_eq!(c.sum(&OpKind::WORKLOAD).memnode_cpu_ns, 0);
+        let stats = block_on(d.engine.stats(&ep)).unwrap();
+        // 5000 keys, 48 per leaf: 105 leaves, 3 level-1 nodes, a root.
+        assert_eq!(stats["height"], 3, "{stats}");
+        assert_eq!(stats["lock_read"], lock_read, "{stats}");
+        assert!(d.engine.client_cache_bytes() > 0);
+    }
 }
 
 /// Invariants 3 and 5: a second compute process whose index cache predates
