@@ -228,7 +228,7 @@ impl Ctx<'_> {
                 let mut b = self.ep.batch();
                 let c = b.cas(self.lock_at(a), 0, self.t.lock_tag);
                 if b.run().await?.word(c) == 0 {
-                    return self.read_node(a).await;
+                    return self.read_holding_global(a).await;
                 }
                 self.t.stats.lock_retries.fetch_add(1, Ordering::Relaxed);
                 yield_now().await;
@@ -247,13 +247,27 @@ impl Ctx<'_> {
                     Some(n) => Ok(n),
                     None => {
                         self.t.stats.torn_retries.fetch_add(1, Ordering::Relaxed);
-                        self.read_node(a).await
+                        self.read_holding_global(a).await
                     }
                 };
             }
             self.t.stats.lock_retries.fetch_add(1, Ordering::Relaxed);
             yield_now().await;
         }
+    }
+
+    /// Reads the node at `a` while this process holds its global lock (its
+    /// CAS just succeeded). If the read fails, the lock word is cleared
+    /// (best effort: the memory node may be the one that failed) before the
+    /// error is returned, so that a later writer of the node is not left
+    /// spinning on a lock nobody will release; the caller then releases the
+    /// local lock without a handover.
+    async fn read_holding_global(&self, a: GAddr) -> Result<NodeImage> {
+        let read = self.read_node(a).await;
+        if read.is_err() {
+            let _ = self.ep.write(self.lock_at(a), &0u64.to_le_bytes()).await;
+        }
+        read
     }
 
     /// Posts `writes` and then (unless the lock is handed over locally) the

@@ -293,6 +293,44 @@ fn per_operation_costs() {
     }
 }
 
+/// A writer whose node READ fails after its lock CAS succeeded clears the
+/// lock word before it gives up (`read_holding_global`), in both
+/// `lock_read` modes: with every node image after the superblock
+/// overwritten (so no READ validates) and the leaf address cached, an
+/// update takes the lock, fails with `Corrupt`, and leaves no lock word
+/// set. Without the clearing, the lock word of that leaf stays held.
+#[test]
+fn a_failed_read_under_the_lock_leaves_no_lock_word_set() {
+    for lock_read in ["separate", "combined"] {
+        let d = deploy_with(1, 1, &[("lock_read", lock_read)]);
+        let (ep, store) = d.client(0).unwrap();
+        let pairs: Vec<_> = (0..500u64)
+            .map(|i| (i * 7 + 3, make_value(i * 7 + 3, 0, 8)))
+            .collect();
+        block_on(d.engine.load(&ep, &pairs)).unwrap();
+        // Warm the index cache: the update below goes straight to the leaf.
+        assert!(block_on(store.get(pairs[100].0)).unwrap().is_some());
+        let node = d.runtimes[0].id();
+        let pool = block_on(ep.lookup_region(node, &d.args.name("pool"))).unwrap();
+        let locks = block_on(ep.lookup_region(node, &d.args.name("locks"))).unwrap();
+        let garbage = vec![0xA5u8; 64 << 10];
+        let mut at = 4096;
+        while at < pool.len {
+            let n = (pool.len - at).min(garbage.len() as u64) as usize;
+            block_on(ep.write(pool.at(at), &garbage[..n])).unwrap();
+            at += n as u64;
+        }
+        let k = pairs[100].0;
+        let err = block_on(store.update(k, &make_value(k, 1, 8))).unwrap_err();
+        assert!(err.to_string().contains("validation"), "{lock_read}: {err}");
+        let table = block_on(ep.read(locks.at(0), locks.len as usize)).unwrap();
+        assert!(
+            table.iter().all(|&b| b == 0),
+            "lock_read={lock_read}: a lock word is still set after the failed update"
+        );
+    }
+}
+
 /// Invariants 3 and 5: a second compute process whose index cache predates
 /// many splits still finds every key (moving right along sibling links) and
 /// sees the new values.
