@@ -429,6 +429,7 @@ impl Engine for RaceEngine {
             "insert_conflicts": get(&s.insert_conflicts),
             "frozen_waits": get(&s.frozen_waits),
             "resize_lock_waits": get(&s.resize_lock_waits),
+            "split_aborts": get(&s.split_aborts),
             "dir_refreshes": get(&s.dir_refreshes),
             "header_mismatches": get(&s.header_mismatches),
             "kv_retries": get(&s.kv_retries),

@@ -73,6 +73,8 @@ pub struct RaceStats {
     pub insert_conflicts: AtomicU64,
     pub resizes: AtomicU64,
     pub resize_lock_waits: AtomicU64,
+    /// Splits that failed after freezing their subtable and thawed it.
+    pub split_aborts: AtomicU64,
     pub ops: [AtomicU64; 5],
     pub round_trips: [AtomicU64; 5],
 }

@@ -15,6 +15,11 @@
 //!    then bump the depth), point S's entries at S0/S1;
 //! 6. release the lock.
 //!
+//! A split that fails after step 3 began and before step 5's directory
+//! writes (a memory node holding S1 or some of S's KV blocks failed) thaws
+//! S before step 6: visible slots unfrozen, claims and empty slots back to
+//! empty (invariant 10 in docs/race.md); S0 and S1 are abandoned.
+//!
 //! S is retired, not reused: its frozen slots tell any client still
 //! directed to it to refresh its directory (invariant 5 in docs/race.md).
 //! Departure from RACE, which splits in place: an in-place split must clear
@@ -30,6 +35,7 @@ use crate::layout::{
 use crate::ops::{Ctx, subtable_image};
 use dmkv_api::{KvError, Result};
 use dmkv_transport::exec::sleep;
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -62,7 +68,19 @@ pub async fn split(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> {
         }
         return ctx.refresh_dir().await;
     }
-    let res = split_locked(ctx, h, seen).await;
+    // The subtable this split froze, until the directory starts moving off
+    // it: if the split fails in between (a memory node holding S1 or some
+    // of S's KV blocks fails), S is thawed before the lock is released.
+    let frozen = Cell::new(None);
+    let res = split_locked(ctx, h, seen, &frozen).await;
+    if res.is_err()
+        && let Some(st) = frozen.get()
+    {
+        ctx.t.stats.split_aborts.fetch_add(1, Ordering::Relaxed);
+        // Best effort: if S's own memory node is the one that failed, its
+        // keys are unreachable anyway.
+        let _ = thaw(ctx, st).await;
+    }
     // All directory writes above were awaited: the unlock comes after them.
     let mut b = ctx.ep.batch();
     b.write(ctx.t.dir.at(DIR_LOCK), 0u64.to_le_bytes().to_vec());
@@ -70,7 +88,12 @@ pub async fn split(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> {
     res
 }
 
-async fn split_locked(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> {
+async fn split_locked(
+    ctx: &Ctx<'_>,
+    h: &KeyHash,
+    seen: DirEntry,
+    frozen_st: &Cell<Option<GAddr>>,
+) -> Result<()> {
     ctx.refresh_dir().await?;
     let (gd, entries) = {
         let c = ctx.t.cache.read();
@@ -94,6 +117,8 @@ async fn split_locked(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> 
         offset: ctx.t.allocs[mn1].fetch(ctx.ep, ALLOC_SUBTABLE).await?,
     };
 
+    // From the first freezing CAS on, a failure leaves S to be thawed.
+    frozen_st.set(Some(old));
     let frozen = freeze(ctx, old).await?;
 
     // Learn the keys of the visible slots and route them.
@@ -125,7 +150,11 @@ async fn split_locked(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> 
     b.write(ctx.pool_at(st1).await?, std::mem::take(&mut images[1]));
     ctx.run(b).await?;
 
-    // Directory: double if needed, then switch S's entries.
+    // Directory: double if needed, then switch S's entries. From here on
+    // S stays frozen whatever happens: once an entry may name S0 or S1,
+    // writes must not land in S again (invariant 5), and these writes fail
+    // only if the directory's own memory node failed.
+    frozen_st.set(None);
     let new_gd = gd.max(d + 1);
     if new_gd > gd {
         let mut copy = Vec::with_capacity(entries.len() * 8);
@@ -163,6 +192,46 @@ async fn split_locked(ctx: &Ctx<'_>, h: &KeyHash, seen: DirEntry) -> Result<()> 
     ctx.run(b).await?;
     ctx.t.stats.resizes.fetch_add(1, Ordering::Relaxed);
     ctx.refresh_dir().await
+}
+
+/// Undoes a split's freeze of the subtable at `st` after the split failed
+/// before the directory moved off it: every frozen slot is CASed back,
+/// visible ones to their unfrozen word, tentative claims and empty slots
+/// to empty (as a split drops claims: their inserts retry, invariant 3).
+/// Nothing else writes a frozen slot (writers wait), so each CAS finds the
+/// word the read saw unless another client's failed split thawed it first.
+async fn thaw(ctx: &Ctx<'_>, st: GAddr) -> Result<()> {
+    let mut b = ctx.ep.batch();
+    let r = b.read(ctx.pool_at(st).await?, ctx.t.subtable_bytes as usize);
+    let img = ctx.run(b).await?.take_read(r);
+    let mut frozen = Vec::new();
+    for bucket in 0..ctx.t.groups * (GROUP_BYTES / 64) {
+        for i in 0..SLOTS_PER_BUCKET as u64 {
+            let off = bucket * 64 + 8 + 8 * i;
+            let at = off as usize;
+            let v = Slot(u64::from_le_bytes(
+                img[at..at + 8].try_into().expect("8 bytes"),
+            ));
+            if v.is_frozen() {
+                frozen.push((off, v));
+            }
+        }
+    }
+    for chunk in frozen.chunks(BATCH) {
+        let mut b = ctx.ep.batch();
+        for (off, v) in chunk {
+            let at = ctx
+                .pool_at(GAddr {
+                    mn: st.mn,
+                    offset: st.offset + off,
+                })
+                .await?;
+            let back = if v.is_visible() { v.thawed() } else { Slot(0) };
+            b.cas(at, v.0, back.0);
+        }
+        ctx.run(b).await?;
+    }
+    Ok(())
 }
 
 /// Freezes every slot of the subtable at `st`; returns (offset in the
