@@ -8,6 +8,9 @@
 #   scripts/dst-sweep.sh 20000 0 --engine race,rolex --jitter-ns 1000
 #   scripts/dst-sweep.sh 2000 0 --faults all   # delay, kill, crash, large
 #   scripts/dst-sweep.sh 300 0 --engine rolex --op-limit-ms 10000 --set rolex.slt_slots=8
+# Seeds also draw engine settings that take other code paths than the
+# defaults (src/dst.rs VARIANTS; --variants off for defaults only; a knob
+# given with --set is never drawn).
 # An operation of the mixed run that runs past --op-limit-ms of virtual
 # time (default 10 s) fails its seed as a livelock; --set passes engine
 # settings, and both go into the printed replay command.

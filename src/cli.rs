@@ -110,6 +110,12 @@ pub struct DstArgs {
     /// An engine setting, e.g. --set rolex.slt_slots=8 (repeatable).
     #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
     pub set: Vec<String>,
+    /// on: each seed also draws engine settings that take other code paths
+    /// than the defaults (another lock protocol, no cache, small nodes;
+    /// the list is `dst::VARIANTS`, docs/simulation.md), except those given
+    /// with --set; the replay command names them. off: defaults only.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    pub variants: String,
 }
 
 /// `--pin-threads`.
@@ -297,6 +303,12 @@ pub struct BenchArgs {
     /// and stops it: catches livelocks and waits that never end.
     #[arg(long, value_name = "MS")]
     pub op_limit_ms: Option<u64>,
+    /// Keys per load call: the harness loads the key set in ascending calls
+    /// of this many keys (engines build from the first call and insert the
+    /// rest, or build each). `dmkv dst` loads in calls of 64 and names this
+    /// in its replay commands.
+    #[arg(long, value_name = "N", default_value_t = dmkv_bench::config::defaults::LOAD_CHUNK)]
+    pub load_chunk: usize,
 }
 
 #[derive(Debug, Args)]
@@ -521,6 +533,7 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
         faults: a.faults,
         op_limit: std::time::Duration::from_millis(a.op_limit_ms),
         knobs: parse_sets(registry, &a.set)?,
+        variants: a.variants == "on",
         ..Default::default()
     };
     let failures = crate::dst::sweep(
@@ -813,6 +826,10 @@ pub(crate) fn bench_config(
     cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
     cfg.op_limit = a.op_limit_ms.map(std::time::Duration::from_millis);
+    if a.load_chunk == 0 {
+        return Err(usage("--load-chunk must be at least 1"));
+    }
+    cfg.load_chunk = a.load_chunk;
     if let Some(ms) = a.timeline_ms {
         if !(ms.is_finite() && ms >= 0.001) {
             return Err(usage(format!(

@@ -12,6 +12,11 @@
 //! function of the seed and the flags, so `--first-seed S --seeds 1` with
 //! the same `--faults` replays a failure exactly.
 //!
+//! Each seed also draws, last, settings of the engine that take other code
+//! paths than its defaults ([`VARIANTS`]: another lock protocol, no cache,
+//! small nodes that split often, ...), unless `--variants off` or the
+//! setting is given with `--set`; the replay command names them.
+//!
 //! The test target runs a few hundred seeds per engine; `scripts/dst-sweep.sh`
 //! runs many more.
 
@@ -36,6 +41,61 @@ pub fn engines() -> Vec<&'static str> {
     }
     v
 }
+
+/// Engine settings whose other values take other code paths than the
+/// defaults: per engine, each knob and the values a seed may draw besides
+/// its default (each with the default's chance: one alternative means half
+/// the seeds). Every value must be one the engine accepts and that keeps
+/// the DST's small runs (256 keys, 1,200 operations, up to three memory
+/// nodes) within what the design promises: a seed that fails with one is a
+/// bug to look at, not a setting to drop.
+pub const VARIANTS: &[(&str, &str, &[&str])] = &[
+    // CAS and READ in one batch (docs/sherman.md); every walk from the
+    // root; 12-entry nodes, so loads and inserts split and grow the tree.
+    ("sherman", "lock_read", &["combined"]),
+    ("sherman", "cache_mb", &["0"]),
+    ("sherman", "node_bytes", &["256"]),
+    // No local lock sharing, or sharing without hand-overs; 4-pair
+    // leaves (many synonym leaves and splits); 8-slot SLTs (full tables
+    // wait for retraining).
+    ("rolex", "lock_sharing", &["false"]),
+    ("rolex", "max_handover", &["0"]),
+    ("rolex", "leaf_slots", &["4"]),
+    ("rolex", "slt_slots", &["8"]),
+    // Whole-leaf reads; the smaller caches (TT entries read per lookup);
+    // no speculation, no hints, no expansion; 4-slot XTree nodes; at most
+    // two leaves per lookup (wider predictions take the fallback RPC).
+    ("xstore", "get_read", &["leaves"]),
+    ("xstore", "cache", &["models-only", "top-only"]),
+    ("xstore", "speculation", &["off"]),
+    ("xstore", "hints", &["off"]),
+    ("xstore", "expansion", &["off"]),
+    ("xstore", "slots", &["4"]),
+    ("xstore", "max_leaves", &["2"]),
+    // One subtable at the start (the directory doubles as keys arrive);
+    // 4 bucket groups per subtable (splits early and often).
+    ("race", "initial_depth", &["0"]),
+    ("race", "groups", &["4"]),
+    // Tables of ~64 keys (several tables per shard: splits and resizes);
+    // resizes on a worker core of their own.
+    ("outback", "table_keys", &["64"]),
+    ("outback", "resize_share_handlers", &["false"]),
+    // Every inner level cached, or no cache at all.
+    ("cell", "cached_levels", &["1"]),
+    ("cell", "cache_bytes", &["0"]),
+    // 4-slot nodes (splits on nearly every few inserts).
+    ("rpc-btree", "slots", &["4"]),
+    // One main bucket (every key in one chain of indirect buckets).
+    ("rpc-hash", "buckets", &["1"]),
+    // The directory's FIFO queue (and its awaited acknowledgements);
+    // new pages on the allocating node; the load spread by ranges; worker
+    // lines priced through the LLC model.
+    ("scalestore", "protocol", &["fifo"]),
+    ("scalestore", "fifo_ack", &["await"]),
+    ("scalestore", "alloc", &["local"]),
+    ("scalestore", "load", &["ranges"]),
+    ("scalestore", "worker_lines", &["llc"]),
+];
 
 /// The fault kinds a seed may inject (`--faults`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -117,10 +177,22 @@ pub struct FaultPlan {
     /// The mixed run's shape is a hot tail instead of zipfian over random
     /// keys (not a fault: every seed may get it, whatever `--faults` says).
     pub hot: bool,
+    /// Settings from [`VARIANTS`] this seed runs the engine with, besides
+    /// its defaults (not a fault either): `(knob, value)`, only those that
+    /// differ from the default and that `--set` does not give.
+    pub variant: Vec<(&'static str, &'static str)>,
 }
 
 impl FaultPlan {
-    pub fn choose(spec: &dyn EngineSpec, seed: u64, faults: Faults) -> FaultPlan {
+    /// The seed's engine settings are drawn from [`VARIANTS`] when
+    /// `variants` gives the sweep's own settings (those knobs keep the
+    /// sweep's value); `None`: no variants.
+    pub fn choose(
+        spec: &dyn EngineSpec,
+        seed: u64,
+        faults: Faults,
+        variants: Option<&dmkv_api::Knobs>,
+    ) -> FaultPlan {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ 0xfa17_5eed_0bad_c0de);
         // Half the seeds delay 2% of the messages by 5-40 us each: far
         // beyond the ~1 us wire latency and the 400 ns jitter, so messages
@@ -153,6 +225,20 @@ impl FaultPlan {
         // its data spread over memory nodes (routing by key, scans across
         // ranges, allocation on several nodes) without a crash.
         let spread = rng.gen_range(1..=3);
+        // The engine's setting variants, drawn after everything above (so
+        // those draws are what they were before variants existed), one
+        // draw per listed knob whether or not it is used.
+        let mut variant = Vec::new();
+        for &(engine, knob, values) in VARIANTS.iter().filter(|v| v.0 == spec.name()) {
+            let pick = rng.gen_range(0..=values.len());
+            if let Some(set) = variants
+                && pick > 0
+                && set.iter().all(|(k, _)| k != knob)
+            {
+                debug_assert_eq!(engine, spec.name());
+                variant.push((knob, values[pick - 1]));
+            }
+        }
         let disaggregated = spec.topology() == dmkv_api::Topology::Disaggregated;
         let crash = faults.crash && crash && disaggregated;
         FaultPlan {
@@ -174,6 +260,7 @@ impl FaultPlan {
             crash: crash.then_some(crash_plan),
             kill: faults.kill && kill,
             hot,
+            variant,
         }
     }
 }
@@ -213,6 +300,8 @@ pub struct DstParams {
     pub op_limit: std::time::Duration,
     /// Engine settings (`--set ENGINE.KNOB=VALUE`), per engine name.
     pub knobs: std::collections::BTreeMap<String, dmkv_api::Knobs>,
+    /// Whether seeds draw engine settings from [`VARIANTS`] (`--variants`).
+    pub variants: bool,
 }
 
 impl DstParams {
@@ -227,6 +316,22 @@ impl DstParams {
             .iter()
             .map(|(k, v)| format!(" --set {engine}.{k}={v}"))
             .collect()
+    }
+
+    /// The seed's plan, its variants drawn if this sweep draws them.
+    pub fn plan(&self, spec: &dyn EngineSpec, seed: u64) -> FaultPlan {
+        let own = self.knobs_of(spec.name());
+        FaultPlan::choose(spec, seed, self.faults, self.variants.then_some(&own))
+    }
+
+    /// The settings `engine` runs with on a seed of `plan`: the sweep's own
+    /// and the seed's variants.
+    pub fn knobs_for(&self, engine: &str, plan: &FaultPlan) -> dmkv_api::Knobs {
+        let mut k = self.knobs_of(engine);
+        for (knob, value) in &plan.variant {
+            k.set(knob, value);
+        }
+        k
     }
 }
 
@@ -266,6 +371,7 @@ impl Default for DstParams {
             faults: Faults::default(),
             op_limit: OP_LIMIT,
             knobs: Default::default(),
+            variants: true,
         }
     }
 }
@@ -325,15 +431,21 @@ const HOT_TASKS: usize = 8;
 /// (docs/simulation.md).
 const HOT_OPS: u64 = 4000;
 
+/// Keys per load call of the mixed run: the key set is loaded in several
+/// calls, so engines' incremental load paths run too (the replay command
+/// passes it as `--load-chunk`).
+const LOAD_CHUNK: usize = 64;
+
 /// Runs `spec` once with `seed` (the mixed workload, with the seed's
 /// delays, value size and memory-node crash); the failure, if a check
-/// failed, and the slowest operation's latency in microseconds.
+/// failed, the slowest operation's latency in microseconds, and the
+/// `dmkv bench` command that replays the run.
 pub fn run_mixed(
     spec: &'static dyn EngineSpec,
     seed: u64,
     p: &DstParams,
     plan: &FaultPlan,
-) -> (Option<DstFailure>, f64) {
+) -> (Option<DstFailure>, f64, String) {
     let config = match sim_config(p, seed, plan) {
         Ok(c) => c,
         Err(e) => {
@@ -343,7 +455,7 @@ pub fn run_mixed(
                 why: e,
                 replay: String::new(),
             };
-            return (Some(f), 0.0);
+            return (Some(f), 0.0, String::new());
         }
     };
     let (m, dist, keyset, threads, tasks, ops) = if plan.hot {
@@ -367,7 +479,7 @@ pub fn run_mixed(
     };
     let mut cfg = BenchConfig::new(vec![EngineChoice {
         spec,
-        knobs: p.knobs_of(spec.name()),
+        knobs: p.knobs_for(spec.name(), plan),
     }]);
     cfg.workload = WorkloadSource::Synthetic(Workload::Mixed(m));
     cfg.dist = Some(dist);
@@ -381,7 +493,7 @@ pub fn run_mixed(
     cfg.nodes = p.nodes;
     cfg.verify = true;
     cfg.seed = seed;
-    cfg.load_chunk = 64;
+    cfg.load_chunk = LOAD_CHUNK;
     cfg.value_size = plan.value_size;
     cfg.memnodes = plan.memnodes;
     cfg.crash = plan.crash;
@@ -393,7 +505,7 @@ pub fn run_mixed(
         },
     });
     let mut replay = format!(
-        "dmkv bench --transport sim --profile {} --engine {} --keyset {keyset} --workload mixed:{},{},{},{},{},{} --dist {} --keys {} --ops {ops} --compute-nodes {} --nodes {} --threads {threads} --tasks {tasks} --jitter-ns {} --seed {seed} --verify --op-limit-ms {}",
+        "dmkv bench --transport sim --profile {} --engine {} --keyset {keyset} --workload mixed:{},{},{},{},{},{} --dist {} --keys {} --ops {ops} --compute-nodes {} --nodes {} --threads {threads} --tasks {tasks} --jitter-ns {} --seed {seed} --verify --op-limit-ms {} --load-chunk {LOAD_CHUNK}",
         p.profile,
         spec.name(),
         m.read,
@@ -410,6 +522,9 @@ pub fn run_mixed(
         p.op_limit.as_millis()
     );
     replay += &p.set_flags(spec.name());
+    for (knob, value) in &plan.variant {
+        replay += &format!(" --set {}.{knob}={value}", spec.name());
+    }
     if plan.value_size != dmkv_bench::config::defaults::VALUE_SIZE {
         replay += &format!(" --value-size {}", plan.value_size);
     }
@@ -434,16 +549,16 @@ pub fn run_mixed(
     };
     let outcome = match dmkv_bench::run(&cfg) {
         Ok(o) => o,
-        Err(e) => return (fail(e.to_string()), 0.0),
+        Err(e) => return (fail(e.to_string()), 0.0, replay),
     };
     if let Some(f) = outcome.failures.first() {
-        return (fail(f.error.clone()), 0.0);
+        return (fail(f.error.clone()), 0.0, replay);
     }
     let Some(r) = outcome.reports.first() else {
-        return (None, 0.0);
+        return (None, 0.0, replay);
     };
     let slowest = r.latency_us.max;
-    (judge(spec, plan, r).and_then(fail), slowest)
+    (judge(spec, plan, r).and_then(fail), slowest, replay)
 }
 
 /// What a mixed run's report says: None if it passed, else why not.
@@ -513,6 +628,9 @@ fn dst_replay(spec: &dyn EngineSpec, seed: u64, p: &DstParams) -> String {
     if p.op_limit != OP_LIMIT {
         s += &format!(" --op-limit-ms {}", p.op_limit.as_millis());
     }
+    if !p.variants {
+        s += " --variants off";
+    }
     s + &p.set_flags(spec.name())
 }
 
@@ -532,16 +650,24 @@ pub fn sweep(
         let mut t = FaultTally::default();
         // Each seed's slowest operation, for the distribution printed below.
         let mut slowest_each = Vec::new();
+        // The replay of the seed with the slowest operation.
+        let mut slowest_replay = String::new();
+        // Seeds per drawn setting variant.
+        let mut variant_runs = std::collections::BTreeMap::new();
         for seed in seeds.clone() {
-            let plan = FaultPlan::choose(spec, seed, p.faults);
+            let plan = p.plan(spec, seed);
+            for v in &plan.variant {
+                *variant_runs.entry(*v).or_insert(0u64) += 1;
+            }
             t.delayed_runs += plan.delays.enabled() as u64;
             t.large_runs += (plan.value_size > 64) as u64;
             t.crashes += plan.crash.is_some() as u64;
             t.hot_runs += plan.hot as u64;
-            let (mixed, slowest) = run_mixed(spec, seed, p, &plan);
+            let (mixed, slowest, replay) = run_mixed(spec, seed, p, &plan);
             slowest_each.push(slowest);
             if slowest > t.slowest_us {
                 (t.slowest_us, t.slowest_seed) = (slowest, seed);
+                slowest_replay = replay;
             }
             let mut result = mixed.or_else(|| insert_race(spec, seed, p, &plan));
             if result.is_none() && plan.kill {
@@ -577,6 +703,16 @@ pub fn sweep(
             t.hot_runs, t.slowest_us, t.slowest_seed, p.op_limit
         );
         let _ = writeln!(out, "  {}", slowest_summary(&mut slowest_each));
+        if !slowest_replay.is_empty() {
+            let _ = writeln!(out, "  slowest seed's mixed run: {slowest_replay}");
+        }
+        if !variant_runs.is_empty() {
+            let list: Vec<String> = variant_runs
+                .iter()
+                .map(|((knob, value), n)| format!("{}.{knob}={value} {n}", spec.name()))
+                .collect();
+            let _ = writeln!(out, "  setting variants (seeds): {}", list.join(", "));
+        }
         if p.faults != Faults::default() {
             let _ = writeln!(
                 out,
@@ -650,7 +786,7 @@ pub fn insert_race(
         expected_keys: (base.len() + raced.len()) as u64,
         value_size: size as u32,
         threads: RACERS / 2,
-        knobs: p.knobs_of(spec.name()),
+        knobs: p.knobs_for(spec.name(), plan),
         ..Default::default()
     };
     let sim_opts = dmkv_api::sim_deploy::SimOptions {

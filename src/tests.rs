@@ -64,6 +64,11 @@ fn assert_usage_error(args: &[&str], needle: &str) {
 fn bad_input_is_one_line_and_exit_code_2() {
     assert_usage_error(&["bench", "--engine", "nope"], "unknown engine \"nope\"");
     assert_usage_error(
+        &["bench", "--load-chunk", "0"],
+        "--load-chunk must be at least 1",
+    );
+    assert_usage_error(&["dst", "--variants", "maybe"], "--variants");
+    assert_usage_error(
         &[
             "bench",
             "--engine",
@@ -669,7 +674,7 @@ fn dst_a_killed_compute_node_stops_and_survivors_stay_correct() {
     let params = crate::dst::DstParams::default();
     for e in ["rpc-hash", "race"] {
         let spec = crate::engines::REGISTRY.find(e).unwrap();
-        let plan = crate::dst::FaultPlan::choose(spec, 0, crate::dst::Faults::default());
+        let plan = crate::dst::FaultPlan::choose(spec, 0, crate::dst::Faults::default(), None);
         let mut mid_op = 0;
         for seed in 0..6 {
             match crate::dst::kill_client(spec, seed, &params, &plan) {
@@ -703,7 +708,7 @@ fn dst_rolex_retrainer_gives_up_a_dead_clients_lock() {
         k.set(name, v);
     }
     params.knobs.insert("rolex".into(), k);
-    let plan = crate::dst::FaultPlan::choose(spec, 0, crate::dst::Faults::default());
+    let plan = crate::dst::FaultPlan::choose(spec, 0, crate::dst::Faults::default(), None);
     let (mut timeouts, mut retrains, mut blocked) = (0, 0, 0);
     for seed in 0..8 {
         match crate::dst::kill_client(spec, seed, &params, &plan) {
@@ -722,6 +727,53 @@ fn dst_rolex_retrainer_gives_up_a_dead_clients_lock() {
     assert!(retrains > 0, "no retrain completed");
 }
 
+/// Survivors of the kill phase are abandoned only after the kill instant.
+/// Before, a survivor's operation was abandoned 300 us after it began,
+/// kill or not. A ROLEX writer that waits for retraining
+/// (`rolex.slt_slots=8`) takes longer than that. Dropped mid-way, it left
+/// its group's lock held by no one, and a later operation of the victim,
+/// still alive, spun on that lock for good. The killer then polled for a
+/// kill instant that never came: ROLEX's seed 3636 ran without end.
+/// Survivors abandoned before the kill were confirmed there, at 0.55,
+/// 0.89 and 0.92 ms with no kill chosen yet, and the victim's update
+/// looping on the held lock.
+/// - **Now.** An operation past the livelock limit before the kill fails
+///   the seed, and the killer stops once every victim task has ended.
+/// - **What the test checks.** Seed 3152 (`lock_sharing=false`,
+///   `slt_slots=8`) has survivor operations longer than 300 us. They
+///   must complete, not be abandoned.
+/// - **How it runs.** On a thread of its own, so that a hang fails the
+///   test instead of hanging it.
+#[test]
+fn dst_survivors_are_abandoned_only_after_the_kill() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let spec = crate::engines::REGISTRY.find("rolex").unwrap();
+        let params = crate::dst::DstParams {
+            faults: crate::dst::Faults::ALL,
+            ..Default::default()
+        };
+        let plan = params.plan(spec, 3152);
+        let drawn: Vec<_> = plan.variant.iter().map(|v| v.0).collect();
+        let outcome = crate::dst::kill_client(spec, 3152, &params, &plan)
+            .map(|k| (k.killed_mid_op, k.slow, k.blocked))
+            .map_err(|f| f.why);
+        let _ = tx.send((drawn, plan.kill, outcome));
+    });
+    let (drawn, kill, outcome) = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the kill phase of rolex seed 3152 did not end within 120 s");
+    assert!(kill, "seed 3152 no longer kills a client");
+    assert!(drawn.contains(&"slt_slots"), "seed 3152 draws {drawn:?}");
+    let (mid_op, slow, blocked) = outcome.unwrap();
+    assert!(mid_op);
+    assert!(
+        slow > 0,
+        "no survivor operation outlived 300 us: nothing is checked"
+    );
+    assert_eq!(blocked, 0, "{blocked} survivors were abandoned");
+}
+
 /// `--faults` parses, prints and replays: the plan is a function of the
 /// seed, and what `delay` chooses is the same with `all`.
 #[test]
@@ -735,17 +787,135 @@ fn dst_fault_plans_follow_the_seed() {
     let delay: Faults = "delay".parse().unwrap();
     let mut delayed = 0;
     for seed in 0..40 {
-        let a = FaultPlan::choose(spec, seed, all);
-        let d = FaultPlan::choose(spec, seed, delay);
+        let a = FaultPlan::choose(spec, seed, all, None);
+        let d = FaultPlan::choose(spec, seed, delay, None);
         assert_eq!(a.delays, d.delays);
         assert_eq!(d.crash, None);
         assert!(!d.kill);
         delayed += a.delays.enabled() as u32;
-        let none = FaultPlan::choose(spec, seed, Faults::default());
+        let none = FaultPlan::choose(spec, seed, Faults::default(), None);
         assert!(!none.delays.enabled() && none.crash.is_none() && !none.kill);
         assert_eq!(none.value_size, dmkv_bench::config::defaults::VALUE_SIZE);
     }
     assert!(delayed > 5 && delayed < 35, "{delayed} of 40 seeds delay");
+}
+
+/// Every setting variant a DST seed may draw (`dst::VARIANTS`) names a
+/// knob its engine declares, with a value other than the default that the
+/// engine accepts (a local deployment with it comes up); seeds draw them
+/// as the seed says, never over a `--set` of the same knob, never with
+/// `--variants off`; and the other draws of a seed do not move when
+/// variants are drawn (they come last).
+#[test]
+fn dst_setting_variants_are_valid_and_follow_the_seed() {
+    use crate::dst::{DstParams, FaultPlan, Faults, VARIANTS};
+    for &(engine, knob, values) in VARIANTS {
+        let spec = crate::engines::REGISTRY
+            .find(engine)
+            .unwrap_or_else(|| panic!("{engine} is not registered"));
+        let declared = spec
+            .knobs()
+            .iter()
+            .find(|k| k.name == knob)
+            .unwrap_or_else(|| panic!("{engine} declares no knob {knob}"));
+        for v in values {
+            assert_ne!(*v, declared.default, "{engine}.{knob}={v} is the default");
+            let mut k = dmkv_api::Knobs::new();
+            k.set(knob, v);
+            let d = dmkv_api::deploy::LocalDeployment::deploy(
+                spec,
+                &dmkv_api::deploy::DeployOptions {
+                    knobs: k,
+                    expected_keys: 256,
+                    ..Default::default()
+                },
+            );
+            assert!(d.is_ok(), "{engine}.{knob}={v}: {}", d.err().unwrap());
+        }
+    }
+    let spec = crate::engines::REGISTRY.find("sherman").unwrap();
+    let none = dmkv_api::Knobs::new();
+    let mut set = dmkv_api::Knobs::new();
+    set.set("lock_read", "separate");
+    let (mut drawn, mut lock_read) = (0, 0);
+    for seed in 0..60 {
+        let plain = FaultPlan::choose(spec, seed, Faults::ALL, None);
+        let a = FaultPlan::choose(spec, seed, Faults::ALL, Some(&none));
+        let b = FaultPlan::choose(spec, seed, Faults::ALL, Some(&none));
+        assert!(plain.variant.is_empty());
+        assert_eq!(a.variant, b.variant, "seed {seed}");
+        assert_eq!(
+            (
+                plain.delays,
+                plain.value_size,
+                plain.memnodes,
+                plain.crash,
+                plain.kill,
+                plain.hot
+            ),
+            (a.delays, a.value_size, a.memnodes, a.crash, a.kill, a.hot),
+            "seed {seed}: variants moved another draw"
+        );
+        drawn += !a.variant.is_empty() as u32;
+        lock_read += a.variant.iter().any(|v| v.0 == "lock_read") as u32;
+        let given = FaultPlan::choose(spec, seed, Faults::ALL, Some(&set));
+        assert!(
+            given.variant.iter().all(|v| v.0 != "lock_read"),
+            "seed {seed}"
+        );
+        let mut p = DstParams::default();
+        p.knobs.insert("sherman".into(), set.clone());
+        let k = p.knobs_for("sherman", &a);
+        for (knob, value) in &a.variant {
+            assert_eq!(
+                k.get::<String>("sherman", spec.knobs(), knob).unwrap(),
+                *value
+            );
+        }
+        p.variants = false;
+        assert!(p.plan(spec, seed).variant.is_empty());
+    }
+    assert!(drawn > 40, "{drawn} of 60 seeds drew a variant");
+    assert!(
+        lock_read > 15 && lock_read < 45,
+        "{lock_read} of 60 seeds drew lock_read"
+    );
+}
+
+/// The `dmkv bench` command a failing DST seed prints replays that run:
+/// the same first error, to the key, task and virtual instant. Outback's
+/// seed 5 with every fault and setting variants, its operations limited
+/// to 1 ms of virtual time, fails on an operation that waits through the
+/// crash's failover. The replay must carry every choice of the seed; it
+/// once lacked the load's 64-key calls (`--load-chunk`), so the engine
+/// started from another state and failed elsewhere.
+#[test]
+fn a_failing_dst_seeds_replay_command_fails_the_same_way() {
+    let spec = crate::engines::REGISTRY.find("outback").unwrap();
+    let params = crate::dst::DstParams {
+        faults: crate::dst::Faults::ALL,
+        op_limit: std::time::Duration::from_millis(1),
+        ..Default::default()
+    };
+    let seed = 5;
+    let plan = params.plan(spec, seed);
+    assert!(
+        !plan.variant.is_empty(),
+        "seed {seed} drew no setting variant"
+    );
+    let (failure, _, _) = crate::dst::run_mixed(spec, seed, &params, &plan);
+    let f = failure.expect("seed 5 fails with a 1 ms operation limit");
+    let first = f.why.split("first: ").nth(1).unwrap().to_string();
+    let replay: Vec<&str> = f.replay.split_whitespace().skip(1).collect();
+    assert!(replay.contains(&"--load-chunk"), "{}", f.replay);
+    let o = dmkv(&replay);
+    assert!(
+        o.out.contains(&first) || o.err.contains(&first),
+        "the replay `{}` did not fail with {first:?}:\n{}\n{}",
+        f.replay,
+        o.out,
+        o.err
+    );
 }
 
 #[test]

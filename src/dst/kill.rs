@@ -26,8 +26,12 @@
 //! 4. Survivors' operations complete, except that an operation blocked by
 //!    the dead client's lock would wait forever in every design here (none
 //!    bounds its lock waits, and none recovers a dead holder's lock): the
-//!    harness abandons an operation after [`OP_LIMIT`] of virtual time and
-//!    counts it as blocked. Designs whose writers take no lock a client
+//!    harness abandons an operation still running [`OP_LIMIT`] of virtual
+//!    time after the kill instant and counts it as blocked. Before the
+//!    kill nothing is dead, so nothing is abandoned then (an operation
+//!    dropped mid-way could leave a lock held by no one): an operation of
+//!    the victim or a survivor past the livelock limit (`--op-limit-ms`)
+//!    before the kill fails the seed. Designs whose writers take no lock a client
 //!    holds across round trips (RPC writes: xstore, rpc-btree, rpc-hash,
 //!    outback; lock-free RACE) must never block ([`may_block`]): their
 //!    survivors are abandoned only at the mixed run's `--op-limit-ms` (a
@@ -135,6 +139,15 @@ async fn unless<T>(op: impl Future<Output = T>, stop: impl Future<Output = ()>) 
     .await
 }
 
+/// Counts a victim task out of `victim_left` when it ends (drops).
+struct VictimLeft<'a>(&'a Cell<usize>);
+
+impl Drop for VictimLeft<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
 /// Runs the kill phase of `seed`; Err names the first broken promise.
 pub fn kill_client(
     spec: &'static dyn EngineSpec,
@@ -191,7 +204,7 @@ pub fn kill_client(
         expected_keys: (base.len() + fresh.len()) as u64,
         value_size: size as u32,
         threads: THREADS,
-        knobs: p.knobs_of(spec.name()),
+        knobs: p.knobs_for(spec.name(), plan),
         ..Default::default()
     };
     let sim_opts = dmkv_api::sim_deploy::SimOptions {
@@ -240,11 +253,24 @@ pub fn kill_client(
         .collect();
     let kill_at: Cell<Option<Instant>> = Cell::new(None);
     let killed: Cell<Option<(u64, u64)>> = Cell::new(None); // (instant, posted)
+    // Victim tasks still running: the killer stops waiting for the kill
+    // instant once none is (a victim that gave up never reaches it).
+    let victim_tasks = (0..owners).filter(|j| victim_of(j / TASKS)).count();
+    let victim_left = Cell::new(victim_tasks);
+    // An operation that ran past the livelock limit (`--op-limit-ms`)
+    // before the kill: nothing was dead yet, so it fails the seed.
+    let stuck: RefCell<Option<String>> = RefCell::new(None);
+    // Wakers of survivors' abandonment timers waiting for the kill instant.
+    let after_kill: RefCell<Vec<std::task::Waker>> = RefCell::new(Vec::new());
     let blocked = Cell::new(0u64);
     let slow = Cell::new(0u64);
     let longest = Cell::new(Duration::ZERO);
-    // A survivor is abandoned after this: a wait on the dead client's lock
-    // never ends; an engine that takes none gets the livelock limit.
+    // A survivor is abandoned this long after the kill instant (not after
+    // its operation began: before the kill nothing is dead, and an
+    // operation dropped then could leave a lock held by no one, which a
+    // later victim operation would wait on forever): a wait on the dead
+    // client's lock never ends; an engine that takes none gets the
+    // livelock limit.
     let abandon = if may_block(spec.name()) {
         OP_LIMIT
     } else {
@@ -275,6 +301,33 @@ pub fn kill_client(
                 &victim_keys,
                 &victims,
             );
+            let (victim_left, stuck, after_kill) = (&victim_left, &stuck, &after_kill);
+            let livelock = p.op_limit;
+            // Ready `abandon` after the kill instant (the killer wakes it
+            // then), or `livelock` after `began`, whichever comes first;
+            // the latter before the kill is recorded as stuck.
+            let give_up = move |began: Instant, what: String| async move {
+                let killed_then = async {
+                    std::future::poll_fn(|cx| match kill_at.get() {
+                        Some(t) if Instant::now() >= t => Poll::Ready(()),
+                        _ => {
+                            after_kill.borrow_mut().push(cx.waker().clone());
+                            Poll::Pending
+                        }
+                    })
+                    .await;
+                    sleep(abandon).await;
+                };
+                let limit = async {
+                    sleep_until(began + livelock).await;
+                    if kill_at.get().is_none_or(|t| Instant::now() < t) {
+                        stuck.borrow_mut().get_or_insert(format!(
+                            "{what} ran past {livelock:?} of virtual time before the kill (a livelock or a wait that never ends)"
+                        ));
+                    }
+                };
+                unless(killed_then, limit).await;
+            };
             let (slow, longest) = (&slow, &longest);
             // Times a survivor's operation (virtual time).
             let timed = move |began: Instant| {
@@ -290,6 +343,8 @@ pub fn kill_client(
             let first_victim_task = is_victim && j % (TASKS * PER_NODE) == 0;
             let mut rng = rand::rngs::SmallRng::seed_from_u64(read_seeds[j]);
             Box::pin(async move {
+                // Counts this victim task out however it ends.
+                let _left = is_victim.then(|| VictimLeft(victim_left));
                 for (i, &(k, kind)) in script.iter().enumerate() {
                     if first_victim_task && i == kill_op {
                         kill_at.set(Some(Instant::now() + Duration::from_nanos(kill_delay)));
@@ -315,8 +370,23 @@ pub fn kill_client(
                                 Poll::Pending
                             }
                         });
-                        match unless(op, dies).await {
+                        let began = Instant::now();
+                        let dies_or_stuck = async {
+                            let limit = async {
+                                sleep_until(began + livelock).await;
+                                stuck.borrow_mut().get_or_insert(format!(
+                                    "the victim's operation {i} on key {k:#x} ran past {livelock:?} of virtual time before the kill (a livelock or a wait that never ends)"
+                                ));
+                            };
+                            // The kill ends the operation; so does the
+                            // livelock limit (recorded as stuck).
+                            unless(dies, limit).await;
+                        };
+                        match unless(op, dies_or_stuck).await {
                             Some(r) => r,
+                            None if stuck.borrow().is_some() && killed.get().is_none() => {
+                                return;
+                            }
                             None => {
                                 if killed.get().is_none() {
                                     killed.set(Some((
@@ -329,7 +399,8 @@ pub fn kill_client(
                         }
                     } else {
                         let began = Instant::now();
-                        match unless(op, sleep(abandon)).await {
+                        let what = format!("survivor operation {i} on key {k:#x}");
+                        match unless(op, give_up(began, what)).await {
                             Some(r) => {
                                 timed(began);
                                 r
@@ -346,7 +417,8 @@ pub fn kill_client(
                         // version it may have.
                         let (vk, vkind, _, _) = victim_keys[rng.gen_range(0..victim_keys.len())];
                         let began = Instant::now();
-                        match unless(kv.get(vk), sleep(abandon)).await {
+                        let what = format!("a survivor's read of key {vk:#x}");
+                        match unless(kv.get(vk), give_up(began, what)).await {
                             None => {
                                 blocked.set(blocked.get() + 1);
                                 return;
@@ -366,16 +438,22 @@ pub fn kill_client(
         })
         .collect();
     // The killer: waits for the kill instant to be chosen, then for it,
-    // then wakes the victim's tasks so that they die at that instant.
+    // then wakes the victim's tasks so that they die at that instant, and
+    // the survivors' abandonment timers. It stops waiting if every victim
+    // task ended first (one that ran past the livelock limit gives up).
     tasks.push(Box::pin(async {
         let t = loop {
             match kill_at.get() {
                 Some(t) => break t,
+                None if victim_left.get() == 0 => return,
                 None => sleep(Duration::from_nanos(500)).await,
             }
         };
         sleep_until(t).await;
         for w in victims.borrow_mut().drain(..) {
+            w.wake();
+        }
+        for w in after_kill.borrow_mut().drain(..) {
             w.wake();
         }
     }));
@@ -387,6 +465,11 @@ pub fn kill_client(
         longest: longest.get(),
         stats: serde_json::Value::Null,
     };
+    if let Some(why) = stuck.borrow().clone() {
+        return Err(fail(format!(
+            "{why} (victim compute node {victim}, to be killed during its operation {kill_op})"
+        )));
+    }
     if let Some((at, posted)) = killed.get() {
         let now = posted_by_victim(&dep.sim);
         if now != posted {
