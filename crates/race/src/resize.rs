@@ -34,6 +34,7 @@ use crate::layout::{
 };
 use crate::ops::{Ctx, subtable_image};
 use dmkv_api::{KvError, Result};
+use dmkv_transport::RemoteAddr;
 use dmkv_transport::exec::sleep;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -194,6 +195,35 @@ async fn split_locked(
     ctx.refresh_dir().await
 }
 
+/// Slots of a subtable: (offset in the subtable, slot word).
+type SlotList = Vec<(u64, Slot)>;
+
+/// Every slot word of the subtable at `st`, read in one READ.
+async fn read_slots(ctx: &Ctx<'_>, st: GAddr) -> Result<SlotList> {
+    let mut b = ctx.ep.batch();
+    let r = b.read(ctx.pool_at(st).await?, ctx.t.subtable_bytes as usize);
+    let img = ctx.run(b).await?.take_read(r);
+    let mut slots = Vec::new();
+    for bucket in 0..ctx.t.groups * (GROUP_BYTES / 64) {
+        for i in 0..SLOTS_PER_BUCKET as u64 {
+            let off = bucket * 64 + 8 + 8 * i;
+            let at = off as usize;
+            let word = u64::from_le_bytes(img[at..at + 8].try_into().expect("8 bytes"));
+            slots.push((off, Slot(word)));
+        }
+    }
+    Ok(slots)
+}
+
+/// The address of the slot `off` bytes into the subtable at `st`.
+async fn slot_at(ctx: &Ctx<'_>, st: GAddr, off: u64) -> Result<RemoteAddr> {
+    ctx.pool_at(GAddr {
+        mn: st.mn,
+        offset: st.offset + off,
+    })
+    .await
+}
+
 /// Undoes a split's freeze of the subtable at `st` after the split failed
 /// before the directory moved off it: every frozen slot is CASed back,
 /// visible ones to their unfrozen word, tentative claims and empty slots
@@ -201,33 +231,16 @@ async fn split_locked(
 /// Nothing else writes a frozen slot (writers wait), so each CAS finds the
 /// word the read saw unless another client's failed split thawed it first.
 async fn thaw(ctx: &Ctx<'_>, st: GAddr) -> Result<()> {
-    let mut b = ctx.ep.batch();
-    let r = b.read(ctx.pool_at(st).await?, ctx.t.subtable_bytes as usize);
-    let img = ctx.run(b).await?.take_read(r);
-    let mut frozen = Vec::new();
-    for bucket in 0..ctx.t.groups * (GROUP_BYTES / 64) {
-        for i in 0..SLOTS_PER_BUCKET as u64 {
-            let off = bucket * 64 + 8 + 8 * i;
-            let at = off as usize;
-            let v = Slot(u64::from_le_bytes(
-                img[at..at + 8].try_into().expect("8 bytes"),
-            ));
-            if v.is_frozen() {
-                frozen.push((off, v));
-            }
-        }
-    }
+    let frozen: SlotList = read_slots(ctx, st)
+        .await?
+        .into_iter()
+        .filter(|(_, v)| v.is_frozen())
+        .collect();
     for chunk in frozen.chunks(BATCH) {
         let mut b = ctx.ep.batch();
-        for (off, v) in chunk {
-            let at = ctx
-                .pool_at(GAddr {
-                    mn: st.mn,
-                    offset: st.offset + off,
-                })
-                .await?;
+        for &(off, v) in chunk {
             let back = if v.is_visible() { v.thawed() } else { Slot(0) };
-            b.cas(at, v.0, back.0);
+            b.cas(slot_at(ctx, st, off).await?, v.0, back.0);
         }
         ctx.run(b).await?;
     }
@@ -236,39 +249,18 @@ async fn thaw(ctx: &Ctx<'_>, st: GAddr) -> Result<()> {
 
 /// Freezes every slot of the subtable at `st`; returns (offset in the
 /// subtable, slot as frozen) for all of them.
-async fn freeze(ctx: &Ctx<'_>, st: GAddr) -> Result<Vec<(u64, Slot)>> {
-    let mut b = ctx.ep.batch();
-    let r = b.read(ctx.pool_at(st).await?, ctx.t.subtable_bytes as usize);
-    let img = ctx.run(b).await?.take_read(r);
-    let mut pending: Vec<(u64, Slot)> = Vec::new();
-    let mut done = Vec::new();
-    for bucket in 0..ctx.t.groups * (GROUP_BYTES / 64) {
-        for i in 0..SLOTS_PER_BUCKET as u64 {
-            let off = bucket * 64 + 8 + 8 * i;
-            let at = off as usize;
-            let v = Slot(u64::from_le_bytes(
-                img[at..at + 8].try_into().expect("8 bytes"),
-            ));
-            if v.is_frozen() {
-                done.push((off, v));
-            } else {
-                pending.push((off, v));
-            }
-        }
-    }
+async fn freeze(ctx: &Ctx<'_>, st: GAddr) -> Result<SlotList> {
+    let (mut done, mut pending): (SlotList, SlotList) = read_slots(ctx, st)
+        .await?
+        .into_iter()
+        .partition(|(_, v)| v.is_frozen());
     while !pending.is_empty() {
         let mut retry = Vec::new();
         for chunk in pending.chunks(BATCH) {
             let mut b = ctx.ep.batch();
             let mut idx: Vec<usize> = Vec::with_capacity(chunk.len());
-            for (off, v) in chunk {
-                let at = ctx
-                    .pool_at(GAddr {
-                        mn: st.mn,
-                        offset: st.offset + off,
-                    })
-                    .await?;
-                idx.push(b.cas(at, v.0, v.frozen().0));
+            for &(off, v) in chunk {
+                idx.push(b.cas(slot_at(ctx, st, off).await?, v.0, v.frozen().0));
             }
             let res = ctx.run(b).await?;
             for ((off, v), i) in chunk.iter().zip(idx) {
