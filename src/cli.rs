@@ -826,9 +826,6 @@ pub(crate) fn bench_config(
     cfg.progress = progress;
     cfg.compute_nodes = a.compute_nodes;
     cfg.op_limit = a.op_limit_ms.map(std::time::Duration::from_millis);
-    if a.load_chunk == 0 {
-        return Err(usage("--load-chunk must be at least 1"));
-    }
     cfg.load_chunk = a.load_chunk;
     if let Some(ms) = a.timeline_ms {
         if !(ms.is_finite() && ms >= 0.001) {

@@ -303,9 +303,18 @@ pub fn kill_client(
             );
             let (victim_left, stuck, after_kill) = (&victim_left, &stuck, &after_kill);
             let livelock = p.op_limit;
+            // Ready `livelock` after `began`; if the kill instant has not
+            // passed by then, `what` is recorded as stuck.
+            let livelock_limit = move |began: Instant, what: String| async move {
+                sleep_until(began + livelock).await;
+                if kill_at.get().is_none_or(|t| Instant::now() < t) {
+                    stuck.borrow_mut().get_or_insert(format!(
+                        "{what} ran past {livelock:?} of virtual time before the kill (a livelock or a wait that never ends)"
+                    ));
+                }
+            };
             // Ready `abandon` after the kill instant (the killer wakes it
-            // then), or `livelock` after `began`, whichever comes first;
-            // the latter before the kill is recorded as stuck.
+            // then), or at the livelock limit, whichever comes first.
             let give_up = move |began: Instant, what: String| async move {
                 let killed_then = async {
                     std::future::poll_fn(|cx| match kill_at.get() {
@@ -318,15 +327,7 @@ pub fn kill_client(
                     .await;
                     sleep(abandon).await;
                 };
-                let limit = async {
-                    sleep_until(began + livelock).await;
-                    if kill_at.get().is_none_or(|t| Instant::now() < t) {
-                        stuck.borrow_mut().get_or_insert(format!(
-                            "{what} ran past {livelock:?} of virtual time before the kill (a livelock or a wait that never ends)"
-                        ));
-                    }
-                };
-                unless(killed_then, limit).await;
+                unless(killed_then, livelock_limit(began, what)).await;
             };
             let (slow, longest) = (&slow, &longest);
             // Times a survivor's operation (virtual time).
@@ -371,16 +372,11 @@ pub fn kill_client(
                             }
                         });
                         let began = Instant::now();
+                        let what = format!("the victim's operation {i} on key {k:#x}");
+                        // The kill ends the operation; so does the
+                        // livelock limit (recorded as stuck).
                         let dies_or_stuck = async {
-                            let limit = async {
-                                sleep_until(began + livelock).await;
-                                stuck.borrow_mut().get_or_insert(format!(
-                                    "the victim's operation {i} on key {k:#x} ran past {livelock:?} of virtual time before the kill (a livelock or a wait that never ends)"
-                                ));
-                            };
-                            // The kill ends the operation; so does the
-                            // livelock limit (recorded as stuck).
-                            unless(dies, limit).await;
+                            unless(dies, livelock_limit(began, what)).await;
                         };
                         match unless(op, dies_or_stuck).await {
                             Some(r) => r,

@@ -246,7 +246,7 @@ impl BenchConfig {
         }
         if self.load_chunk == 0 {
             return Err(BenchError::input(
-                "the load chunk must hold at least one pair",
+                "--load-chunk must be at least 1: the load chunk must hold at least one pair",
             ));
         }
         if self.trace_load.is_some() && !matches!(self.workload, WorkloadSource::Trace(_)) {

@@ -225,9 +225,7 @@ impl Ctx<'_> {
             // synchronous `try_lock_addr`, retried, then `read_sync`): the
             // READ is posted only once the CAS has taken the lock.
             loop {
-                let mut b = self.ep.batch();
-                let c = b.cas(self.lock_at(a), 0, self.t.lock_tag);
-                if b.run().await?.word(c) == 0 {
+                if self.ep.cas(self.lock_at(a), 0, self.t.lock_tag).await? == 0 {
                     return self.read_holding_global(a).await;
                 }
                 self.t.stats.lock_retries.fetch_add(1, Ordering::Relaxed);
