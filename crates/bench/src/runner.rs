@@ -972,6 +972,8 @@ async fn run_task(
     // (With shifts an operation is drawn in the phase it starts in.)
     let lookahead = shift_ns.is_none();
     let mut next = if lookahead { stream.next() } else { None };
+    // One livelock watchdog for all of this task's operations.
+    let op_limit = ctx.op_limit.map(dmkv_transport::exec::OpLimit::new);
     let mut io = TaskIo {
         ctx,
         ep,
@@ -1020,9 +1022,9 @@ async fn run_task(
         // none per operation).
         let start = (ctx.crash.is_some() || ctx.op_limit.is_some()).then(Instant::now);
         let run = execute(&mut io, op);
-        let failed = match ctx.op_limit {
+        let failed = match &op_limit {
             None => run.await,
-            Some(limit) => match within(run, limit).await {
+            Some(watchdog) => match watchdog.run(run).await {
                 Some(failed) => failed,
                 None => {
                     // Dropped where it stands (as a killed client's would be).
@@ -1030,8 +1032,9 @@ async fn run_task(
                     let mut s = ctx.stuck.lock().expect("stuck");
                     if s.is_none() {
                         *s = Some(format!(
-                            "{} of key {key:#x} (thread {thread}, task {task}) did not complete within {limit:?} of virtual time (started at {} ns): a livelock or a wait that never ends; the run was stopped",
+                            "{} of key {key:#x} (thread {thread}, task {task}) did not complete within {:?} of virtual time (started at {} ns): a livelock or a wait that never ends; the run was stopped",
                             op.op_type().name(),
+                            watchdog.limit(),
                             start.map_or(0, |s| s.as_nanos())
                         ));
                     }
@@ -1063,20 +1066,6 @@ async fn run_task(
             }
         }
     }
-}
-
-/// `op`, unless `limit` of (virtual) time passes first; the timer is polled
-/// first, so once it fired `op` is never polled again.
-async fn within<T>(op: impl Future<Output = T>, limit: Duration) -> Option<T> {
-    let mut op = std::pin::pin!(op);
-    let mut timer = std::pin::pin!(dmkv_transport::exec::sleep(limit));
-    std::future::poll_fn(|cx| {
-        if timer.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(None);
-        }
-        op.as_mut().poll(cx).map(Some)
-    })
-    .await
 }
 
 /// Issues `fut` labelled `kind`: its output, latency (nanoseconds) and

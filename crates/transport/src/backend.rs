@@ -88,8 +88,9 @@ pub enum OpFuture<'a, T> {
     ReadyAfterYield(Option<T>, bool),
     Pending(Pin<Box<dyn Future<Output = T> + 'a>>),
     /// The simulated backend's wait until virtual instant `.0` (a CPU
-    /// charge), then `.1`: no allocation (branch i54).
-    SimSleep(u64, Option<T>),
+    /// charge), then `.1`: no allocation (branch i54). `.2`: the waker its
+    /// wake is scheduled for (armed once per waker).
+    SimSleep(u64, Option<T>, crate::sim::Armed),
     /// An operation whose state the backend keeps in a shared allocation
     /// it made anyway (the simulated backend's batch states, which it
     /// reuses, and RPC completions): polled through it, without a box per
@@ -135,8 +136,8 @@ impl<T> Future for OpFuture<'_, T> {
                 }
             }
             OpFuture::Pending(f) => f.as_mut().poll(cx),
-            OpFuture::SimSleep(at, v) => {
-                if crate::sim::sleep_pending(*at, cx) {
+            OpFuture::SimSleep(at, v, armed) => {
+                if crate::sim::sleep_pending(*at, armed, cx) {
                     Poll::Pending
                 } else {
                     Poll::Ready(v.take().expect("OpFuture polled after completion"))

@@ -531,6 +531,58 @@ impl Future for Sleep {
     }
 }
 
+/// A livelock limit for one task's operations, run one after another: each
+/// must end within `limit` of (virtual) time, or it is given up.
+///
+/// Under `sim` one watchdog serves all of the task's operations
+/// (`crate::sim::Watch`): at most one pending check, which draws nothing
+/// from the scheduler's generator and wakes the task only once the limit
+/// passed, so a run in which no operation reaches the limit is the same
+/// run under any limit. Elsewhere each operation races a [`sleep`].
+pub struct OpLimit {
+    limit: Duration,
+    sim: Option<Rc<crate::sim::Watch>>,
+}
+
+impl OpLimit {
+    pub fn new(limit: Duration) -> OpLimit {
+        let sim = crate::sim::active()
+            .then(|| crate::sim::Watch::new(u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX)));
+        OpLimit { limit, sim }
+    }
+
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// `op`'s output, or None if `limit` passed first. The limit is looked
+    /// at before each poll of `op`, so once it passed `op` is never polled
+    /// again.
+    pub async fn run<T>(&self, op: impl Future<Output = T>) -> Option<T> {
+        let mut op = std::pin::pin!(op);
+        let Some(watch) = &self.sim else {
+            let mut timer = std::pin::pin!(sleep(self.limit));
+            return std::future::poll_fn(|cx| {
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                op.as_mut().poll(cx).map(Some)
+            })
+            .await;
+        };
+        watch.begin();
+        let out = std::future::poll_fn(|cx| {
+            if watch.expired(cx) {
+                return Poll::Ready(None);
+            }
+            op.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        watch.end();
+        out
+    }
+}
+
 /// A background activity of an engine (a retrainer, a logger, a page
 /// provider): an OS thread running the future on real backends, a task of
 /// the simulation inside one, so that its timing is part of the virtual run.

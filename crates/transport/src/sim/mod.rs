@@ -840,16 +840,21 @@ pub(crate) fn run_alone<'a, T>(
 /// Completes at virtual time `at`.
 pub(crate) struct SleepUntil {
     at: u64,
+    armed: Armed,
 }
 
 pub(crate) fn sleep_until_ns(at: u64) -> SleepUntil {
-    SleepUntil { at }
+    SleepUntil {
+        at,
+        armed: Armed::NONE,
+    }
 }
 
 impl Future for SleepUntil {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if sleep_pending(self.at, cx) {
+        let this = self.get_mut();
+        if sleep_pending(this.at, &mut this.armed, cx) {
             Poll::Pending
         } else {
             Poll::Ready(())
@@ -857,11 +862,43 @@ impl Future for SleepUntil {
     }
 }
 
+/// Which waker a pending wait until a virtual instant has scheduled its
+/// wake for: that waker's identity (its data and vtable addresses, what
+/// [`Waker::will_wake`] compares), not a clone of it, or none yet.
+///
+/// A wait is armed once per waker: a task woken for something else (a
+/// wait inside a `select`, the livelock limit racing an operation) polls it
+/// again, and before this it scheduled another wake each time. Those wakes
+/// piled up in the event queue until their instant (an operation spinning
+/// for millions of round trips under `--op-limit-ms` grew the process by
+/// about 100 bytes a round trip, a seed to 10.5 GB) and each drew a tie
+/// from the scheduler's generator, so waits that were only polled more
+/// often changed every later tie. The wake scheduled first still fires, at
+/// the same instant, for the same task.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Armed {
+    data: usize,
+    vtable: usize,
+}
+
+impl Armed {
+    /// Not armed (no vtable lives at address 0).
+    pub(crate) const NONE: Armed = Armed { data: 0, vtable: 0 };
+
+    fn of(w: &std::task::Waker) -> Armed {
+        Armed {
+            data: w.data() as usize,
+            vtable: std::ptr::from_ref(w.vtable()) as usize,
+        }
+    }
+}
+
 /// A poll of a wait until virtual instant `at` ([`SleepUntil`], and the
 /// backend's `OpFuture::SimSleep`): false once `at` has come (or outside a
-/// simulation); else the task's wake is scheduled for `at`, and true.
+/// simulation); else true, and unless `armed` says this task's wake is
+/// already scheduled for `at`, it is scheduled now and `armed` records it.
 #[inline]
-pub(crate) fn sleep_pending(at: u64, cx: &mut Context<'_>) -> bool {
+pub(crate) fn sleep_pending(at: u64, armed: &mut Armed, cx: &mut Context<'_>) -> bool {
     // The simulation borrowed, not cloned (branch i50).
     CURRENT.with(|c| {
         let c = c.borrow();
@@ -871,12 +908,108 @@ pub(crate) fn sleep_pending(at: u64, cx: &mut Context<'_>) -> bool {
         if sim.sched.now() >= at {
             return false;
         }
-        // Armed now, or, if polled early by a spurious wake, armed
-        // again (the first alarm still fires; a second wake is
-        // harmless).
-        sim.sched.wake_at(at, cx.waker().clone());
+        let me = Armed::of(cx.waker());
+        if *armed != me {
+            // First poll, or another task's waker (the wait moved): its
+            // own wake. A wake scheduled for an earlier waker still fires
+            // (harmless: a spurious poll).
+            sim.sched.wake_at(at, cx.waker().clone());
+            *armed = me;
+        }
         true
     })
+}
+
+/// A task's livelock watchdog under `sim` (what [`crate::exec::OpLimit`]
+/// runs on): each of the task's operations, one at a time, must end
+/// within `limit_ns` of virtual time.
+///
+/// Invariants:
+/// 1. At most one check is pending per watchdog (`checking`), whatever the
+///    number of operations and polls: the per-operation timer it replaces
+///    left one pending event per operation until its instant, and one per
+///    poll before waits were armed once ([`Armed`]).
+/// 2. The checks are quiet events ([`sched::Sched::quiet_at`]): they draw
+///    no tie and are not counted, and a check wakes the task only once the
+///    current operation's deadline has passed. So the limit changes nothing
+///    in a run where no operation reaches it (a seed's run is the same
+///    under any `--op-limit-ms`; before, each limit gave another run).
+/// 3. A pending check is due no later than the current operation's
+///    deadline: deadlines only grow (each operation begins after the last
+///    ended), so a check scheduled for an earlier operation comes first
+///    and, finding a later deadline, schedules the next for it.
+pub(crate) struct Watch {
+    limit_ns: u64,
+    /// The current operation's deadline; `u64::MAX` between operations.
+    deadline: Cell<u64>,
+    /// The task to wake when the deadline passes (its latest poll's).
+    waker: RefCell<Option<std::task::Waker>>,
+    checking: Cell<bool>,
+}
+
+impl Watch {
+    pub(crate) fn new(limit_ns: u64) -> Rc<Watch> {
+        Rc::new(Watch {
+            limit_ns,
+            deadline: Cell::new(u64::MAX),
+            waker: RefCell::new(None),
+            checking: Cell::new(false),
+        })
+    }
+
+    /// An operation begins now: its deadline is `limit_ns` from now.
+    pub(crate) fn begin(self: &Rc<Watch>) {
+        let Some(sim) = current() else { return };
+        let deadline = sim.sched.now().saturating_add(self.limit_ns);
+        self.deadline.set(deadline);
+        if !self.checking.get() {
+            Watch::check_at(self.clone(), &sim, deadline);
+        }
+    }
+
+    /// Whether the current operation's deadline has passed; if not, the
+    /// polling task is the one a check wakes.
+    pub(crate) fn expired(&self, cx: &Context<'_>) -> bool {
+        let now = now_ns().unwrap_or(0);
+        if now >= self.deadline.get() {
+            return true;
+        }
+        let mut w = self.waker.borrow_mut();
+        if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *w = Some(cx.waker().clone());
+        }
+        false
+    }
+
+    /// The current operation ended (or was given up).
+    pub(crate) fn end(&self) {
+        self.deadline.set(u64::MAX);
+        self.waker.borrow_mut().take();
+    }
+
+    fn check_at(watch: Rc<Watch>, sim: &Sim, at: u64) {
+        watch.checking.set(true);
+        sim.sched.quiet_at(at, move || watch.check());
+    }
+
+    /// A check's instant came: wake the task if its operation's deadline
+    /// passed, else check again at that deadline (none between
+    /// operations).
+    fn check(self: Rc<Watch>) {
+        self.checking.set(false);
+        let Some(sim) = current() else { return };
+        let deadline = self.deadline.get();
+        if deadline == u64::MAX {
+            return;
+        }
+        if sim.sched.now() >= deadline {
+            if let Some(w) = self.waker.borrow_mut().take() {
+                w.wake();
+            }
+        } else {
+            Watch::check_at(self, &sim, deadline);
+        }
+    }
 }
 
 /// Virtual CPU of work done on a simulated background core: `f` runs now,
@@ -1164,6 +1297,12 @@ impl Simulation {
     /// Events run so far.
     pub fn events(&self) -> u64 {
         self.sim().sched.events()
+    }
+
+    /// Events scheduled and not yet run, the livelock watchdog's checks
+    /// included (which [`Simulation::events`] does not count once run).
+    pub fn pending_events(&self) -> usize {
+        self.sim().sched.pending_events()
     }
 
     /// Messages so far that arrived out of posting order: each was posted
