@@ -65,7 +65,7 @@ const KNOBS: &[KnobSpec] = &[
     KnobSpec {
         name: "cache_mb",
         default: "64",
-        help: "index cache of inner nodes per compute process, MiB (0 = no cache)",
+        help: "index cache of level-1 nodes per compute process, MiB of whole nodes (0 = no cache)",
     },
     KnobSpec {
         name: "lock_read",
@@ -288,7 +288,8 @@ impl EngineSpec for ShermanSpec {
                 lock_tables,
                 chunks,
                 local_locks: LocalLocks::new(memnodes),
-                cache: IndexCache::new(cfg.cache_bytes),
+                cache: IndexCache::new(cfg.cache_bytes, cfg.node_bytes),
+                root_hint: Default::default(),
                 lock_tag: u64::from(args.compute_node.0) + 1,
                 combined_lock_read: cfg.combined_lock_read,
                 stats: TreeStats::default(),

@@ -32,8 +32,6 @@ pub const ROOT_WORD: u64 = 0;
 pub const POOL_RESERVED: u64 = 4096;
 /// Optimistic reads give up after this many failed validations in a row.
 const MAX_VALIDATION_RETRIES: u32 = 100_000;
-/// No tree is taller than this (fan-out >= 12).
-const MAX_LEVEL: u8 = 32;
 
 /// Counters of one compute process.
 #[derive(Default)]
@@ -62,6 +60,12 @@ pub struct TreeShared {
     pub chunks: Vec<ChunkSource>,
     pub local_locks: LocalLocks,
     pub cache: IndexCache,
+    /// The root's address as this compute process last saw it (0: not
+    /// read yet): where a descent that misses the cache starts, as the
+    /// artifact's `g_root_ptr` (which a new root's broadcast updates; here
+    /// a descent that finds the key outside the hinted node reads the root
+    /// word again).
+    pub root_hint: std::sync::atomic::AtomicU64,
     /// Nonzero tag this process writes into global lock words.
     pub lock_tag: u64,
     /// Whether a writer posts the lock's CAS and the node's READ in one
@@ -109,13 +113,26 @@ impl Ctx<'_> {
         self.t.lock_tables[a.mn()].at(lock_index(a.offset()) * 8)
     }
 
-    /// Reads the root word.
+    /// Reads the root word (and keeps it as the root hint).
     pub async fn root(&self) -> Result<GAddr> {
         let w = self
             .ep
             .read(self.t.pools[0].first().at(ROOT_WORD), 8)
             .await?;
-        Ok(GAddr(u64::from_le_bytes(w.try_into().expect("8 bytes"))))
+        let root = GAddr(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        self.t.root_hint.store(root.0, Ordering::Relaxed);
+        Ok(root)
+    }
+
+    /// Where a descent starts: the root hint, or the root word if there is
+    /// none yet. A stale hint (the root grew) names the old root, a node
+    /// that still exists and whose range starts at 0: a descent from it
+    /// either covers the key, or reads the root word again ([`Self::locate`]).
+    async fn start(&self) -> Result<(GAddr, bool)> {
+        match self.t.root_hint.load(Ordering::Relaxed) {
+            0 => Ok((self.root().await?, false)),
+            hint => Ok((GAddr(hint), true)),
+        }
     }
 
     /// Reads the node at `a` until its checksum validates.
@@ -135,13 +152,18 @@ impl Ctx<'_> {
     }
 
     /// The node at `level` whose range holds `key`, with a validated image,
-    /// or `None` if the tree is not that tall. Starts from the lowest cached
-    /// node above `level`, else from the root.
+    /// or `None` if the tree is not that tall. A leaf (`level` 0) starts
+    /// from its parent in the cache if it is there; anything else from the
+    /// root (the hint, [`Self::start`]).
     pub async fn locate(&self, key: Key, level: u8) -> Result<Option<(GAddr, NodeImage)>> {
-        let hit = self.t.cache.lookup(key, level + 1, MAX_LEVEL);
-        let mut addr = match hit {
-            Some(h) => h.child,
-            None => self.root().await?,
+        let hit = if level == 0 {
+            self.t.cache.lookup(key)
+        } else {
+            None
+        };
+        let (mut addr, mut from_hint) = match hit {
+            Some(h) => (h.child, false),
+            None => self.start().await?,
         };
         let mut via_cache = hit;
         let mut restarts = 0u32;
@@ -150,7 +172,12 @@ impl Ctx<'_> {
             if !n.covers(key) {
                 if let Some(h) = via_cache.take() {
                     // The cached parent is stale: its child split.
-                    self.t.cache.invalidate(h.level, h.low, h.node);
+                    self.t.cache.invalidate(h.low, h.node);
+                }
+                if std::mem::take(&mut from_hint) {
+                    // The hinted root is an old root that split since.
+                    addr = self.root().await?;
+                    continue;
                 }
                 if key >= n.high() && !n.sibling().is_null() {
                     self.t.stats.move_rights.fetch_add(1, Ordering::Relaxed);
@@ -165,6 +192,7 @@ impl Ctx<'_> {
                 continue;
             }
             via_cache = None;
+            from_hint = false;
             if n.level() == level {
                 return Ok(Some((addr, n)));
             }
@@ -180,9 +208,12 @@ impl Ctx<'_> {
 
     /// The address of the node at `level` that should hold `key`, without
     /// reading that node (writers lock and read it next, and move right if
-    /// it has split): from a cached parent at no cost, else by traversal.
+    /// it has split): a leaf's from its cached parent at no cost, else by
+    /// traversal.
     pub async fn locate_addr(&self, key: Key, level: u8) -> Result<GAddr> {
-        if let Some(h) = self.t.cache.lookup(key, level + 1, level + 1) {
+        if level == 0
+            && let Some(h) = self.t.cache.lookup(key)
+        {
             return Ok(h.child);
         }
         if let Some((a, n)) = self.locate(key, level + 1).await? {
@@ -717,6 +748,7 @@ impl Ctx<'_> {
         if found == left.0 {
             self.t.stats.root_grows.fetch_add(1, Ordering::Relaxed);
             self.t.cache.insert(raddr, &r);
+            self.t.root_hint.store(raddr.0, Ordering::Relaxed);
             return Ok(());
         }
         // Someone else grew the tree first: link into their root instead
@@ -829,6 +861,7 @@ impl Ctx<'_> {
             if found != root.0 {
                 return Err(KvError::Corrupt("the root moved during a bulk load".into()));
             }
+            self.t.root_hint.store(new_root.0, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -289,8 +289,52 @@ fn per_operation_costs() {
         // 5000 keys, 48 per leaf: 105 leaves, 3 level-1 nodes, a root.
         assert_eq!(stats["height"], 3, "{stats}");
         assert_eq!(stats["lock_read"], lock_read, "{stats}");
-        assert!(d.engine.client_cache_bytes() > 0);
+        // The cache holds the level-1 nodes only, as whole 1 KiB nodes.
+        assert_eq!(
+            (stats["cache_nodes"].as_u64(), stats["cache_bytes"].as_u64()),
+            (Some(3), Some(3 * 1024)),
+            "{stats}"
+        );
+        assert_eq!(d.engine.client_cache_bytes(), 3 * 1024);
     }
+}
+
+/// Without an index cache every lookup walks the tree from the root, as
+/// Sherman's released code does on a miss (`Tree::search`: `p = root`,
+/// the root's address known locally as `g_root_ptr`): one READ per level,
+/// and no read of the root word once its address is known.
+#[test]
+fn a_lookup_without_the_cache_walks_from_the_root() {
+    let d = deploy_with(1, 1, &[("cache_mb", "0")]);
+    let pairs: Vec<_> = (0..5000u64)
+        .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 0, 8)))
+        .collect();
+    let (ep, store) = d.client(0).unwrap();
+    block_on(d.engine.load(&ep, &pairs)).unwrap();
+    // The first lookup learns the root's address.
+    assert!(block_on(store.get(pairs[0].0)).unwrap().is_some());
+    ep.reset_counters();
+    block_on(async {
+        for (k, v) in pairs.iter().take(1000) {
+            assert_eq!(
+                labeled(OpKind::Get, store.get(*k)).await.unwrap().as_ref(),
+                Some(v)
+            );
+        }
+    });
+    let c = ep.counters();
+    let get = c.get(OpKind::Get);
+    // Height 3: the root, a level-1 node, the leaf.
+    assert_eq!(
+        (get.round_trips, get.reads, get.bytes_read),
+        (3000, 3000, 3000 * 1024)
+    );
+    let stats = block_on(d.engine.stats(&ep)).unwrap();
+    assert_eq!(
+        (stats["height"].as_u64(), stats["cache_nodes"].as_u64()),
+        (Some(3), Some(0)),
+        "{stats}"
+    );
 }
 
 /// A writer whose node READ fails after its lock CAS succeeded clears the
