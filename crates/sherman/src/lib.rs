@@ -408,6 +408,7 @@ impl Engine for ShermanEngine {
             "splits": get(&s.splits),
             "root_grows": get(&s.root_grows),
             "root_races": get(&s.root_races),
+            "root_refreshes": get(&s.root_refreshes),
             "lock_retries": get(&s.lock_retries),
             "lock_handovers": get(&s.handovers),
             "torn_retries": get(&s.torn_retries),

@@ -48,6 +48,9 @@ pub struct TreeStats {
     /// into the winner's root instead (the race behind the original
     /// Sherman's small-tree root bug).
     pub root_races: AtomicU64,
+    /// Descents that started at the root hint, found the key outside that
+    /// node (the root had grown since) and read the root word again.
+    pub root_refreshes: AtomicU64,
     pub chunks: AtomicU64,
 }
 
@@ -176,6 +179,7 @@ impl Ctx<'_> {
                 }
                 if std::mem::take(&mut from_hint) {
                     // The hinted root is an old root that split since.
+                    self.t.stats.root_refreshes.fetch_add(1, Ordering::Relaxed);
                     addr = self.root().await?;
                     continue;
                 }

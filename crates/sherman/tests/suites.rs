@@ -417,6 +417,9 @@ fn a_stale_index_cache_in_another_process_sees_new_values() {
     });
     let s = block_on(other.stats(&d.endpoint(0))).unwrap();
     assert!(s["move_rights"].as_u64().unwrap() > 0, "{s}");
+    // B's root hint named a root that A's inserts grew past: B read the
+    // root word again where the old root did not cover a key.
+    assert!(s["root_refreshes"].as_u64().unwrap() > 0, "{s}");
 }
 
 /// Invariant 2 under contention: two compute processes (separate local lock
