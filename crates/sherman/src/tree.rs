@@ -201,6 +201,11 @@ impl Ctx<'_> {
                 return Ok(Some((addr, n)));
             }
             if n.level() < level {
+                // From a stale root hint this may be an old root below a
+                // taller tree; both callers cope: `locate_addr` then
+                // locates the leaf itself (the old root covers the key, so
+                // it finds the right node), and `insert_into_parent` reads
+                // the root word before it tries again.
                 return Ok(None);
             }
             self.t.cache.insert(addr, &n);
