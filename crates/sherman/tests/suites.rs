@@ -239,6 +239,14 @@ fn a_small_pool_grows_and_clients_find_its_segments() {
     );
 }
 
+/// Every tenth key from 1, 5,000 of them, with 8-byte values (inline):
+/// a tree of height 3 with 1 KiB nodes (105 leaves, 3 level-1 nodes).
+fn five_thousand_pairs() -> Vec<(u64, Vec<u8>)> {
+    (0..5000u64)
+        .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 0, 8)))
+        .collect()
+}
+
 /// Bulk load builds the tree bottom-up; then a cached GET costs one READ,
 /// an update three round trips as in Sherman's released code (the lock's
 /// CAS; the READ once it is taken; WRITE+unlock) or two with
@@ -248,9 +256,7 @@ fn a_small_pool_grows_and_clients_find_its_segments() {
 fn per_operation_costs() {
     for (lock_read, update_round_trips) in [("separate", 3000), ("combined", 2000)] {
         let d = deploy_with(1, 1, &[("lock_read", lock_read)]);
-        let pairs: Vec<_> = (0..5000u64)
-            .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 0, 8)))
-            .collect();
+        let pairs = five_thousand_pairs();
         let (ep, store) = d.client(0).unwrap();
         block_on(labeled(OpKind::Load, d.engine.load(&ep, &pairs))).unwrap();
         block_on(async {
@@ -306,9 +312,7 @@ fn per_operation_costs() {
 #[test]
 fn a_lookup_without_the_cache_walks_from_the_root() {
     let d = deploy_with(1, 1, &[("cache_mb", "0")]);
-    let pairs: Vec<_> = (0..5000u64)
-        .map(|i| (i * 10 + 1, make_value(i * 10 + 1, 0, 8)))
-        .collect();
+    let pairs = five_thousand_pairs();
     let (ep, store) = d.client(0).unwrap();
     block_on(d.engine.load(&ep, &pairs)).unwrap();
     // The first lookup learns the root's address.
