@@ -870,8 +870,9 @@ impl Future for SleepUntil {
 /// wait inside a `select`, the livelock limit racing an operation) polls it
 /// again, and before this it scheduled another wake each time. Those wakes
 /// piled up in the event queue until their instant (an operation spinning
-/// for millions of round trips under `--op-limit-ms` grew the process by
-/// about 100 bytes a round trip, a seed to 10.5 GB) and each drew a tie
+/// for millions of round trips under `--op-limit-ms` left one pending
+/// event per poll, about 1 KB of queue per round trip, a seed at 10.5 GB)
+/// and each drew a tie
 /// from the scheduler's generator, so waits that were only polled more
 /// often changed every later tie. The wake scheduled first still fires, at
 /// the same instant, for the same task.
