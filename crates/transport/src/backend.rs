@@ -87,10 +87,9 @@ pub enum OpFuture<'a, T> {
     /// it would while waiting for a real network round trip.
     ReadyAfterYield(Option<T>, bool),
     Pending(Pin<Box<dyn Future<Output = T> + 'a>>),
-    /// The simulated backend's wait until virtual instant `.0` (a CPU
-    /// charge), then `.1`: no allocation (branch i54). `.2`: the waker its
-    /// wake is scheduled for (armed once per waker).
-    SimSleep(u64, Option<T>, crate::sim::Armed),
+    /// The simulated backend's wait `.0` until a virtual instant (a CPU
+    /// charge), then `.1`: no allocation (branch i54).
+    SimSleep(crate::sim::SleepUntil, Option<T>),
     /// An operation whose state the backend keeps in a shared allocation
     /// it made anyway (the simulated backend's batch states, which it
     /// reuses, and RPC completions): polled through it, without a box per
@@ -136,13 +135,9 @@ impl<T> Future for OpFuture<'_, T> {
                 }
             }
             OpFuture::Pending(f) => f.as_mut().poll(cx),
-            OpFuture::SimSleep(at, v, armed) => {
-                if crate::sim::sleep_pending(*at, armed, cx) {
-                    Poll::Pending
-                } else {
-                    Poll::Ready(v.take().expect("OpFuture polled after completion"))
-                }
-            }
+            OpFuture::SimSleep(s, v) => Pin::new(s)
+                .poll(cx)
+                .map(|()| v.take().expect("OpFuture polled after completion")),
             OpFuture::Shared(op) => op.poll_op(cx),
         }
     }

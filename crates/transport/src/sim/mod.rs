@@ -837,8 +837,10 @@ pub(crate) fn run_alone<'a, T>(
     }
 }
 
-/// Completes at virtual time `at`.
-pub(crate) struct SleepUntil {
+/// Completes at virtual time `at` (what `exec::sleep` waits on under
+/// `sim`, and the backend's `OpFuture::SimSleep`, a CPU charge). Its wake
+/// is scheduled once per waker (`Armed`).
+pub struct SleepUntil {
     at: u64,
     armed: Armed,
 }
@@ -852,13 +854,31 @@ pub(crate) fn sleep_until_ns(at: u64) -> SleepUntil {
 
 impl Future for SleepUntil {
     type Output = ();
+    /// Ready once `at` has come (or outside a simulation); else pending,
+    /// and unless `armed` says this task's wake is already scheduled for
+    /// `at`, it is scheduled now and `armed` records it.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        if sleep_pending(this.at, &mut this.armed, cx) {
+        // The simulation borrowed, not cloned (branch i50).
+        CURRENT.with(|c| {
+            let c = c.borrow();
+            let Some(sim) = c.as_ref() else {
+                return Poll::Ready(());
+            };
+            if sim.sched.now() >= this.at {
+                return Poll::Ready(());
+            }
+            let me = Armed::of(cx.waker());
+            if this.armed != me {
+                // First poll, or another task's waker (the wait moved): its
+                // own wake. A wake scheduled for an earlier waker still fires
+                // (harmless: a spurious poll).
+                sim.sched.wake_at(this.at, cx.waker().clone());
+                this.armed = me;
+            }
             Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
+        })
     }
 }
 
@@ -872,19 +892,18 @@ impl Future for SleepUntil {
 /// piled up in the event queue until their instant (an operation spinning
 /// for millions of round trips under `--op-limit-ms` left one pending
 /// event per poll, about 1 KB of queue per round trip, a seed at 10.5 GB)
-/// and each drew a tie
-/// from the scheduler's generator, so waits that were only polled more
-/// often changed every later tie. The wake scheduled first still fires, at
+/// and each drew a tie from the scheduler's generator, so waits that were
+/// only polled more often changed every later tie. The wake scheduled first still fires, at
 /// the same instant, for the same task.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Armed {
+struct Armed {
     data: usize,
     vtable: usize,
 }
 
 impl Armed {
     /// Not armed (no vtable lives at address 0).
-    pub(crate) const NONE: Armed = Armed { data: 0, vtable: 0 };
+    const NONE: Armed = Armed { data: 0, vtable: 0 };
 
     fn of(w: &std::task::Waker) -> Armed {
         Armed {
@@ -892,33 +911,6 @@ impl Armed {
             vtable: std::ptr::from_ref(w.vtable()) as usize,
         }
     }
-}
-
-/// A poll of a wait until virtual instant `at` ([`SleepUntil`], and the
-/// backend's `OpFuture::SimSleep`): false once `at` has come (or outside a
-/// simulation); else true, and unless `armed` says this task's wake is
-/// already scheduled for `at`, it is scheduled now and `armed` records it.
-#[inline]
-pub(crate) fn sleep_pending(at: u64, armed: &mut Armed, cx: &mut Context<'_>) -> bool {
-    // The simulation borrowed, not cloned (branch i50).
-    CURRENT.with(|c| {
-        let c = c.borrow();
-        let Some(sim) = c.as_ref() else {
-            return false;
-        };
-        if sim.sched.now() >= at {
-            return false;
-        }
-        let me = Armed::of(cx.waker());
-        if *armed != me {
-            // First poll, or another task's waker (the wait moved): its
-            // own wake. A wake scheduled for an earlier waker still fires
-            // (harmless: a spurious poll).
-            sim.sched.wake_at(at, cx.waker().clone());
-            *armed = me;
-        }
-        true
-    })
 }
 
 /// A task's livelock watchdog under `sim` (what [`crate::exec::OpLimit`]

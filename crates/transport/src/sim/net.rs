@@ -1990,7 +1990,7 @@ impl EndpointBackend for SimEndpoint {
             return OpFuture::ready(());
         }
         let done = self.charge(&sim, ns);
-        OpFuture::SimSleep(done, Some(()), super::Armed::NONE)
+        OpFuture::SimSleep(super::sleep_until_ns(done), Some(()))
     }
 
     fn charge_local_lines(&self, lines: u64) -> OpFuture<'_, ()> {
@@ -2006,7 +2006,7 @@ impl EndpointBackend for SimEndpoint {
         // i88), the rest flat (docs/simulation.md).
         let ns = super::local_lines_ns(lines, sim.profile.memnode.line_ns);
         let done = self.charge(&sim, ns);
-        OpFuture::SimSleep(done, Some(()), super::Armed::NONE)
+        OpFuture::SimSleep(super::sleep_until_ns(done), Some(()))
     }
 }
 
