@@ -44,13 +44,11 @@
 use super::{DstFailure, DstParams, FaultPlan, dst_replay, sim_config};
 use dmkv_api::EngineSpec;
 use dmkv_api::payload::{check_value, make_value};
-use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep, sleep_until};
+use dmkv_transport::exec::{LocalTask, block_on, run_tasks, sleep, sleep_until, unless};
 use dmkv_transport::time::Instant;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::cell::{Cell, RefCell};
-use std::future::Future;
-use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -123,20 +121,6 @@ enum Status {
     /// In flight when the client died or was abandoned.
     InDoubt,
     Acked(Result<bool, String>),
-}
-
-/// `op` unless `stop` completes first (polled first: once `stop` is ready,
-/// `op` is never polled again, and it is dropped where it stands).
-async fn unless<T>(op: impl Future<Output = T>, stop: impl Future<Output = ()>) -> Option<T> {
-    let mut op = pin!(op);
-    let mut stop = pin!(stop);
-    std::future::poll_fn(|cx| {
-        if stop.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        op.as_mut().poll(cx).map(Some)
-    })
-    .await
 }
 
 /// Counts a victim task out of `victim_left` when it ends (drops).

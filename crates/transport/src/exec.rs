@@ -531,6 +531,21 @@ impl Future for Sleep {
     }
 }
 
+/// `op`'s output, unless `stop` completes first (`stop` is polled first:
+/// once it is ready, `op` is never polled again and is dropped where it
+/// stands).
+pub async fn unless<T>(op: impl Future<Output = T>, stop: impl Future<Output = ()>) -> Option<T> {
+    let mut op = std::pin::pin!(op);
+    let mut stop = std::pin::pin!(stop);
+    std::future::poll_fn(|cx| {
+        if stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        op.as_mut().poll(cx).map(Some)
+    })
+    .await
+}
+
 /// A livelock limit for one task's operations, run one after another: each
 /// must end within `limit` of (virtual) time, or it is given up.
 ///
@@ -561,14 +576,7 @@ impl OpLimit {
     pub async fn run<T>(&self, op: impl Future<Output = T>) -> Option<T> {
         let mut op = std::pin::pin!(op);
         let Some(watch) = &self.sim else {
-            let mut timer = std::pin::pin!(sleep(self.limit));
-            return std::future::poll_fn(|cx| {
-                if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                op.as_mut().poll(cx).map(Some)
-            })
-            .await;
+            return unless(op, sleep(self.limit)).await;
         };
         watch.begin();
         let out = std::future::poll_fn(|cx| {
