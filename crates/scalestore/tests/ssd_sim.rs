@@ -242,7 +242,21 @@ fn a_message_reaching_the_directory_during_an_eviction_pull_is_served_at_once() 
     use dmkv_scalestore::msg::{Reply, Request};
     use std::cell::Cell;
     let one_way = profile().network.one_way_ns;
-    let d = deploy(3, "chaining", 5);
+    // The allocation stream's 400 ns spacing leaves node 0's one handler
+    // core room between allocations at a core's full instruction rate; the
+    // profile's shared-core rate (`smt_share`, 0.65) makes each allocation
+    // outlast the spacing, so the stream alone would queue them behind one
+    // another and hide what is checked here (that the handler serves while
+    // the pull is in flight). So this test gives the handler a core of its own.
+    let mut solo = profile();
+    solo.memnode.smt_share = 1.0;
+    let knobs = [("protocol", "chaining"), ("alloc", "local")];
+    let d = Cluster {
+        knobs: &knobs,
+        profile: Some(solo),
+        ..Cluster::new(3, 5)
+    }
+    .deploy();
     let nodes = nodes_of(&d);
     let (pid, _w0, _w1) = node1_dirties_a_page_of_node0(&nodes);
     let f0 = nodes[0].frames.frame(nodes[0].frames.find(pid).unwrap());

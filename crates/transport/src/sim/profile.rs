@@ -104,6 +104,19 @@ pub struct MemnodeProfile {
     /// docs/simulation.md ("An instruction term for memory-node jobs").
     #[serde(default)]
     pub ipc: f64,
+    /// The share of its core's instruction rate each simulated thread of
+    /// the node gets, in (0, 1]: 1 (the default) when every simulated
+    /// thread (handler core, worker) has a physical core to itself. Below 1
+    /// where the testbed pins two threads that never idle (they poll) to
+    /// the two hardware threads of one core (simultaneous multithreading),
+    /// so that each issues instructions at this share of a core running it
+    /// alone. It scales the instruction term only (declared work: handlers,
+    /// jobs, and a symmetric node's workers, whose declared work is priced
+    /// with this CPU's term): lines (memory stalls) are not slowed, and the
+    /// `[client]` constants are left as they are. docs/simulation.md,
+    /// "Profiles" (ScaleStore's pinning).
+    #[serde(default = "solo_core")]
+    pub smt_share: f64,
     /// Each memory-node core's private cache (its L2, with L1 folded in),
     /// bytes: a line the core touched in an earlier job and that nothing
     /// wrote since costs `core_cache_hit_ns` instead of going to the
@@ -122,12 +135,17 @@ pub struct MemnodeProfile {
     pub core_cache_hit_ns: u64,
 }
 
+/// `smt_share` when a profile leaves it out: a core per simulated thread.
+fn solo_core() -> f64 {
+    1.0
+}
+
 impl MemnodeProfile {
     /// Instructions per microsecond of the instruction term (`cpu_ghz x ipc
-    /// x 1000`, rounded), 0 when the profile has none: integer, so that
-    /// the charge is exact and the same on every machine.
+    /// x smt_share x 1000`, rounded), 0 when the profile has none: integer,
+    /// so that the charge is exact and the same on every machine.
     pub fn instructions_per_us(&self) -> u64 {
-        (self.cpu_ghz * self.ipc * 1000.0).round() as u64
+        (self.cpu_ghz * self.ipc * self.smt_share * 1000.0).round() as u64
     }
 }
 
@@ -281,10 +299,16 @@ impl Profile {
                 m.cpu_ghz, m.ipc
             ));
         }
+        if !(m.smt_share.is_finite() && m.smt_share > 0.0 && m.smt_share <= 1.0) {
+            return Err(format!(
+                "memnode.smt_share must be in (0, 1] (a thread's share of its core's instruction rate; 1 = a core of its own), not {}",
+                m.smt_share
+            ));
+        }
         if m.cpu_ghz > 0.0 && m.instructions_per_us() == 0 {
             return Err(format!(
-                "memnode.cpu_ghz x memnode.ipc = {} instructions per ns is too small to charge",
-                m.cpu_ghz * m.ipc
+                "memnode.cpu_ghz x memnode.ipc x memnode.smt_share = {} instructions per ns is too small to charge",
+                m.cpu_ghz * m.ipc * m.smt_share
             ));
         }
         if n.nics == 0 || n.nics > 16 {
@@ -415,5 +439,32 @@ mod tests {
                 .unwrap_err()
                 .contains("rolex-cx5")
         );
+        for bad in ["0.0", "-0.5", "1.5", "nan", "inf"] {
+            let text = SHIPPED[0]
+                .1
+                .replace("ipc = ", &format!("smt_share = {bad}\nipc = "));
+            assert!(
+                Profile::parse(&text)
+                    .unwrap_err()
+                    .contains("memnode.smt_share must be in (0, 1]"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_shared_core_slows_the_instruction_term_by_its_share() {
+        let solo = Profile::load("rolex-cx5").unwrap();
+        assert_eq!(solo.memnode.smt_share, 1.0, "left out: a core of its own");
+        let text = SHIPPED
+            .iter()
+            .find(|(n, _)| *n == "rolex-cx5")
+            .unwrap()
+            .1
+            .replace("ipc = ", "smt_share = 0.5\nipc = ");
+        let shared = Profile::parse(&text).unwrap();
+        let rate = solo.memnode.instructions_per_us();
+        assert!(rate > 0);
+        assert_eq!(shared.memnode.instructions_per_us(), rate / 2);
     }
 }
