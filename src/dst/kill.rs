@@ -244,8 +244,13 @@ pub fn kill_client(
     // An operation that ran past the livelock limit (`--op-limit-ms`)
     // before the kill: nothing was dead yet, so it fails the seed.
     let stuck: RefCell<Option<String>> = RefCell::new(None);
-    // Wakers of survivors' abandonment timers waiting for the kill instant.
-    let after_kill: RefCell<Vec<std::task::Waker>> = RefCell::new(Vec::new());
+    // Wakers of survivors' abandonment timers waiting for the kill instant,
+    // one slot per task: a wait stores its task's waker in the task's slot
+    // (once, not on every poll: the task wakes for each round trip of its
+    // operation), so the list never grows past the tasks. A slot left by an
+    // operation that ended before the kill only wakes its task once more
+    // at the kill instant, as the waker a per-poll list kept for it did.
+    let after_kill: RefCell<Vec<Option<std::task::Waker>>> = RefCell::new(vec![None; owners]);
     let blocked = Cell::new(0u64);
     let slow = Cell::new(0u64);
     let longest = Cell::new(Duration::ZERO);
@@ -304,7 +309,11 @@ pub fn kill_client(
                     std::future::poll_fn(|cx| match kill_at.get() {
                         Some(t) if Instant::now() >= t => Poll::Ready(()),
                         _ => {
-                            after_kill.borrow_mut().push(cx.waker().clone());
+                            let mut slots = after_kill.borrow_mut();
+                            let slot = &mut slots[j];
+                            if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                                *slot = Some(cx.waker().clone());
+                            }
                             Poll::Pending
                         }
                     })
@@ -433,7 +442,7 @@ pub fn kill_client(
         for w in victims.borrow_mut().drain(..) {
             w.wake();
         }
-        for w in after_kill.borrow_mut().drain(..) {
+        for w in after_kill.borrow_mut().iter_mut().filter_map(Option::take) {
             w.wake();
         }
     }));
