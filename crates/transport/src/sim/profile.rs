@@ -110,11 +110,14 @@ pub struct MemnodeProfile {
     /// where the testbed pins two threads that never idle (they poll) to
     /// the two hardware threads of one core (simultaneous multithreading),
     /// so that each issues instructions at this share of a core running it
-    /// alone. It scales the instruction term only (declared work: handlers,
-    /// jobs, and a symmetric node's workers, whose declared work is priced
-    /// with this CPU's term): lines (memory stalls) are not slowed, and the
-    /// `[client]` constants are left as they are. docs/simulation.md,
-    /// "Profiles" (ScaleStore's pinning).
+    /// alone. It scales the instruction term only: handlers' and jobs'
+    /// declared work, and work charged on a compute thread with
+    /// `Endpoint::charge_instructions` (the harness's value generation:
+    /// ScaleStore's workers, the one testbed that shares cores, are its
+    /// compute threads), which is priced with this CPU's term. Lines
+    /// (memory stalls) are not slowed, and the `[client]` constants are
+    /// left as they are. docs/simulation.md, "Profiles" (ScaleStore's
+    /// pinning).
     #[serde(default = "solo_core")]
     pub smt_share: f64,
     /// Each memory-node core's private cache (its L2, with L1 folded in),
