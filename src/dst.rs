@@ -761,7 +761,7 @@ pub fn insert_race(
 ) -> Option<DstFailure> {
     use dmkv_api::payload::make_value;
     use dmkv_testkit::insert_race::{check_round, fresh_keys, insert_each};
-    use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
+    use dmkv_transport::exec::{LocalTask, OpLimit, block_on, run_tasks};
     let fail = |why: String| {
         Some(DstFailure {
             engine: spec.name().into(),
@@ -813,19 +813,36 @@ pub fn insert_race(
     }
     // Two tasks per client thread, all inserting the same keys in the same
     // order; the check is the testkit's (which races real threads on the
-    // local backend in every engine's tests).
+    // local backend in every engine's tests). Each insert, and the check's
+    // reads, under the livelock limit, as the mixed run's operations: a
+    // seed whose race never ends fails and is printed instead of hanging
+    // the sweep.
+    let limit = p.op_limit;
     let tasks: Vec<LocalTask<'_, Vec<Result<bool, String>>>> = (0..RACERS)
         .map(|i| {
             let kv = clients[i / 2].1.clone();
             let raced = &raced;
-            Box::pin(async move { insert_each(&*kv, raced, i, size).await }) as LocalTask<'_, _>
+            Box::pin(async move { insert_each(&*kv, raced, i, size, Some(limit)).await })
+                as LocalTask<'_, _>
         })
         .collect();
     let results = run_tasks(tasks);
-    if let Err(e) = block_on(check_round(&raced, &results, size, &*clients[0].1)) {
-        return fail(e);
+    // The check reads the raced keys one after another: the limit once per
+    // read, for them all.
+    let reads = raced.len() as u32;
+    let check = block_on(async {
+        OpLimit::new(limit * reads)
+            .run(check_round(&raced, &results, size, &*clients[0].1))
+            .await
+    });
+    match check {
+        Some(Ok(())) => None,
+        Some(Err(e)) => fail(e),
+        None => fail(format!(
+            "the check's {reads} reads of the raced keys did not complete within {:?} of virtual time ({limit:?} each; a livelock or a wait that never ends)",
+            limit * reads
+        )),
     }
-    None
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use crate::history::StoreFactory;
 use dmkv_api::deploy::LocalDeployment;
 use dmkv_api::payload::{MIN_LEN, make_value};
 use dmkv_api::{Capabilities, Key, KvStore};
-use dmkv_transport::exec::{LocalTask, block_on, run_tasks};
+use dmkv_transport::exec::{LocalTask, OpLimit, block_on, run_tasks};
 use dmkv_transport::local::Faults;
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
@@ -28,6 +28,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::HashSet;
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 /// What to race.
 #[derive(Debug, Clone)]
@@ -83,17 +84,37 @@ pub fn racer_value(key: Key, racer: usize, len: usize) -> Vec<u8> {
 }
 
 /// Racer `racer` inserts every key of `keys` in order, each with
-/// [`racer_value`]; the outcome of each, errors as strings.
+/// [`racer_value`]; the outcome of each, errors as strings. With `limit`
+/// (`dmkv dst`: its `--op-limit-ms`, virtual time under the simulator), an
+/// insert still running that long is given up: its outcome is an error
+/// saying so and the racer stops there, so the outcomes end with it and a
+/// livelocked insert fails the round instead of hanging it.
 pub async fn insert_each(
     store: &dyn KvStore,
     keys: &[Key],
     racer: usize,
     value_len: usize,
+    limit: Option<Duration>,
 ) -> Vec<Result<bool, String>> {
+    let watch = limit.map(OpLimit::new);
     let mut out = Vec::with_capacity(keys.len());
     for &k in keys {
         let v = racer_value(k, racer, value_len);
-        out.push(store.insert(k, &v).await.map_err(|e| e.to_string()));
+        let insert = store.insert(k, &v);
+        let outcome = match &watch {
+            None => insert.await,
+            Some(w) => match w.run(insert).await {
+                Some(outcome) => outcome,
+                None => {
+                    out.push(Err(format!(
+                        "did not complete within {:?} (a livelock or a wait that never ends); the racer stopped there",
+                        w.limit()
+                    )));
+                    break;
+                }
+            },
+        };
+        out.push(outcome.map_err(|e| e.to_string()));
     }
     out
 }
@@ -110,10 +131,15 @@ pub async fn check_round(
     for (j, &k) in keys.iter().enumerate() {
         let mut winners = Vec::new();
         for (i, r) in results.iter().enumerate() {
-            match &r[j] {
-                Ok(true) => winners.push(i),
-                Ok(false) => {}
-                Err(e) => return Err(format!("insert of key {k:#x} by racer {i} failed: {e}")),
+            match r.get(j) {
+                Some(Ok(true)) => winners.push(i),
+                Some(Ok(false)) => {}
+                Some(Err(e)) => {
+                    return Err(format!("insert of key {k:#x} by racer {i} failed: {e}"));
+                }
+                // A racer's outcomes end early only with an error (an insert
+                // given up, `insert_each`), which an earlier key reported.
+                None => return Err(format!("racer {i} stopped before key {k:#x}")),
             }
         }
         if winners.len() != 1 {
@@ -245,7 +271,7 @@ pub fn insert_race_on(
                         .tasks_per_thread)
                         .map(|j| {
                             let racer = t * cfg.tasks_per_thread + j;
-                            Box::pin(insert_each(store, keys, racer, cfg.value_len))
+                            Box::pin(insert_each(store, keys, racer, cfg.value_len, None))
                                 as LocalTask<'_, _>
                         })
                         .collect();
@@ -296,4 +322,75 @@ pub fn insert_race_on(
         keys: (cfg.rounds * cfg.keys_per_round) as u64,
         inserts: (cfg.rounds * cfg.keys_per_round * racers) as u64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+
+    /// Inserts of `stuck` never complete; every other insert wins, and a
+    /// key reads racer 0's value.
+    struct StuckOn {
+        stuck: Key,
+    }
+
+    #[async_trait(?Send)]
+    impl KvStore for StuckOn {
+        async fn get(&self, key: Key) -> dmkv_api::Result<Option<Vec<u8>>> {
+            Ok(Some(racer_value(key, 0, 16)))
+        }
+        async fn insert(&self, key: Key, _: &[u8]) -> dmkv_api::Result<bool> {
+            if key == self.stuck {
+                std::future::pending::<()>().await;
+            }
+            Ok(true)
+        }
+        async fn update(&self, _: Key, _: &[u8]) -> dmkv_api::Result<bool> {
+            unreachable!()
+        }
+        async fn upsert(&self, _: Key, _: &[u8]) -> dmkv_api::Result<bool> {
+            unreachable!()
+        }
+        async fn delete(&self, _: Key) -> dmkv_api::Result<bool> {
+            unreachable!()
+        }
+        async fn scan(&self, _: Key, _: usize) -> dmkv_api::Result<Vec<(Key, Vec<u8>)>> {
+            unreachable!()
+        }
+    }
+
+    /// With a limit, an insert that never completes ends the racer with an
+    /// error at that key, and the round's check reports it (it used to hang
+    /// `dmkv dst`'s insert race, which had no limit).
+    #[test]
+    fn an_insert_that_never_completes_fails_the_round_under_a_limit() {
+        let store = StuckOn { stuck: 2 };
+        let keys = [1, 2, 3];
+        let limit = Duration::from_millis(20);
+        let stuck = block_on(insert_each(&store, &keys, 0, 16, Some(limit)));
+        assert_eq!(stuck.len(), 2, "{stuck:?}");
+        assert_eq!(stuck[0], Ok(true));
+        assert!(
+            stuck[1]
+                .as_ref()
+                .is_err_and(|e| e.contains("did not complete within 20ms")),
+            "{stuck:?}"
+        );
+        let other = vec![Ok(false); keys.len()];
+        let e = block_on(check_round(&keys, &[stuck, other], 16, &store)).unwrap_err();
+        assert!(
+            e.starts_with("insert of key 0x2 by racer 0 failed: did not complete"),
+            "{e}"
+        );
+        // Without a stuck key the limit changes nothing.
+        let free = block_on(insert_each(
+            &StuckOn { stuck: 9 },
+            &keys,
+            0,
+            16,
+            Some(limit),
+        ));
+        assert_eq!(free, vec![Ok(true); 3]);
+    }
 }
