@@ -102,9 +102,10 @@ pub struct DstArgs {
     /// of several cache lines, so reads tear where writes land), or all.
     #[arg(long, value_name = "KIND[,KIND...]", default_value = "")]
     pub faults: crate::dst::Faults,
-    /// An operation of the mixed run still running after this many
-    /// milliseconds of virtual time fails the seed (a livelock or a wait
-    /// that never ends) and stops the run.
+    /// An operation of the mixed run or the insert race (or of the kill
+    /// phase before its kill) still running after this many milliseconds
+    /// of virtual time fails the seed (a livelock or a wait that never
+    /// ends) and stops the run.
     #[arg(long, value_name = "MS", default_value_t = crate::dst::OP_LIMIT.as_millis() as u64)]
     pub op_limit_ms: u64,
     /// An engine setting, e.g. --set rolex.slt_slots=8 (repeatable).
