@@ -107,23 +107,22 @@ impl IndexCache {
             // first) a random key each, the second another node than the
             // first (the next one, if it drew the same); the less used
             // leaves, the second on a tie (`freq1 < freq2 ? e1 : e2`).
-            let cover = |key: u64| {
-                inner
-                    .range(..=key)
-                    .next_back()
+            // The node found, else (past either end) the first one.
+            let or_first = |found: Option<(&u64, &Cached)>| {
+                found
                     .or_else(|| inner.iter().next())
                     .map(|(&low, _)| low)
                     .expect("not empty")
             };
+            let cover = |key: u64| or_first(inner.range(..=key).next_back());
             let first = cover(rng.r#gen::<u64>());
             let mut second = cover(rng.r#gen::<u64>());
             if second == first {
-                second = inner
-                    .range((Bound::Excluded(first), Bound::Unbounded))
-                    .next()
-                    .or_else(|| inner.iter().next())
-                    .map(|(&low, _)| low)
-                    .expect("not empty");
+                second = or_first(
+                    inner
+                        .range((Bound::Excluded(first), Bound::Unbounded))
+                        .next(),
+                );
             }
             let uses = |low: u64| inner[&low].uses.load(Ordering::Relaxed);
             let victim = if uses(first) < uses(second) {
