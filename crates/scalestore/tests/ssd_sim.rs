@@ -18,14 +18,21 @@ use dmkv_scalestore::node::ScaleNode;
 use dmkv_scalestore::provider::Provider;
 use dmkv_scalestore::worker::Worker;
 use dmkv_transport::exec::{LocalTask, run_tasks, sleep};
+use dmkv_transport::sim::Profile;
 use dmkv_transport::time::Instant;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 fn deploy(nodes: usize, protocol: &str, seed: u64) -> SimDeployment {
+    deploy_on(nodes, protocol, seed, None)
+}
+
+/// [`deploy`] on `profile` (`None`: the shared one).
+fn deploy_on(nodes: usize, protocol: &str, seed: u64, profile: Option<Profile>) -> SimDeployment {
     let knobs = [("protocol", protocol), ("alloc", "local")];
     Cluster {
         knobs: &knobs,
+        profile,
         ..Cluster::new(nodes, seed)
     }
     .deploy()
@@ -250,13 +257,7 @@ fn a_message_reaching_the_directory_during_an_eviction_pull_is_served_at_once() 
     // the pull is in flight). So this test gives the handler a core of its own.
     let mut solo = profile();
     solo.memnode.smt_share = 1.0;
-    let knobs = [("protocol", "chaining"), ("alloc", "local")];
-    let d = Cluster {
-        knobs: &knobs,
-        profile: Some(solo),
-        ..Cluster::new(3, 5)
-    }
-    .deploy();
+    let d = deploy_on(3, "chaining", 5, Some(solo));
     let nodes = nodes_of(&d);
     let (pid, _w0, _w1) = node1_dirties_a_page_of_node0(&nodes);
     let f0 = nodes[0].frames.frame(nodes[0].frames.find(pid).unwrap());
