@@ -73,7 +73,17 @@ fn config_for(args: &ServeArgs) -> Result<TableConfig> {
             )));
         }
         cfg.main_buckets = buckets;
-        cfg.indirect_buckets = cfg.indirect_buckets.max(buckets / 2 + 64);
+        // Fewer main buckets than the sizing chose put more keys in chains:
+        // the indirect buckets must then hold them, with the headroom the
+        // sized table has (main and indirect slots at least twice the
+        // expected keys), or a table given few buckets fills up before its
+        // expected keys are in.
+        let keys = args.expected_keys.div_ceil(shards);
+        let slots = (keys * 2).div_ceil(table::SLOTS_PER_BUCKET);
+        cfg.indirect_buckets = cfg
+            .indirect_buckets
+            .max(buckets / 2 + 64)
+            .max(slots.saturating_sub(buckets) + 64);
     }
     Ok(cfg)
 }
@@ -364,6 +374,35 @@ impl KvClient for RpcHashClient {
 mod tests {
     use super::*;
     use dmkv_transport::local::{LocalCluster, LocalConfig};
+
+    /// Slots of main and indirect buckets: at least twice the expected keys
+    /// whatever main bucket count is set (a table given `buckets=1` once
+    /// had 576 indirect buckets for 4,096 keys and failed the load).
+    #[test]
+    fn a_table_given_few_buckets_still_holds_its_expected_keys_twice() {
+        for (keys, shards, buckets) in [(4096, 1, 1), (4096, 3, 4), (100_000, 2, 64), (256, 1, 1)] {
+            let mut knobs = dmkv_api::Knobs::new();
+            knobs.set("buckets", &buckets.to_string());
+            let args = ServeArgs {
+                instance: NAME.into(),
+                knobs,
+                node_index: 0,
+                nodes: (0..shards).collect(),
+                expected_keys: keys,
+                value_size: 8,
+                cache_mb: 0,
+                data_dir: None,
+            };
+            let cfg = config_for(&args).unwrap();
+            assert_eq!(cfg.main_buckets, buckets);
+            let slots = (cfg.main_buckets + cfg.indirect_buckets) * table::SLOTS_PER_BUCKET;
+            let per_shard = keys.div_ceil(u64::from(shards));
+            assert!(
+                slots >= 2 * per_shard,
+                "{keys} keys, {shards} shards, {buckets} buckets: {slots} slots"
+            );
+        }
+    }
 
     /// A handler thread's reply buffer keeps its allocation across write
     /// replies (docs/rpc-hash.md, invariant 6): `*out = reply.encode()`
