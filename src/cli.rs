@@ -108,6 +108,13 @@ pub struct DstArgs {
     /// ends) and stops the run.
     #[arg(long, value_name = "MS", default_value_t = crate::dst::OP_LIMIT.as_millis() as u64)]
     pub op_limit_ms: u64,
+    /// A synchronous wait (a memory-node job's or handler's `block_on`,
+    /// `sleep_blocking`, `job_progress`) that holds the frame below it, whose
+    /// tasks are done, for longer than this many milliseconds of virtual
+    /// time fails the seed (docs/simulation.md, "The rule for synchronous
+    /// waits"). Checked in every phase.
+    #[arg(long, value_name = "MS", default_value_t = crate::dst::HOLD_LIMIT.as_millis() as u64)]
+    pub hold_limit_ms: u64,
     /// An engine setting, e.g. --set rolex.slt_slots=8 (repeatable).
     #[arg(long = "set", value_name = "ENGINE.KNOB=VALUE")]
     pub set: Vec<String>,
@@ -519,9 +526,9 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
             .map(|n| registry.find(n).expect("a registered engine"))
             .collect(),
     };
-    if a.seeds == 0 || a.keys == 0 || a.ops == 0 || a.op_limit_ms == 0 {
+    if a.seeds == 0 || a.keys == 0 || a.ops == 0 || a.op_limit_ms == 0 || a.hold_limit_ms == 0 {
         return Err(usage(
-            "--seeds, --keys, --ops and --op-limit-ms must be at least 1",
+            "--seeds, --keys, --ops, --op-limit-ms and --hold-limit-ms must be at least 1",
         ));
     }
     dmkv_transport::sim::Profile::load(&a.profile).map_err(usage)?;
@@ -533,6 +540,7 @@ fn dst_command(registry: &Registry, a: DstArgs, io: &mut Io<'_>) -> Result<i32, 
         profile: a.profile,
         faults: a.faults,
         op_limit: std::time::Duration::from_millis(a.op_limit_ms),
+        hold_limit: std::time::Duration::from_millis(a.hold_limit_ms),
         knobs: parse_sets(registry, &a.set)?,
         variants: a.variants == "on",
         ..Default::default()

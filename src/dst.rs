@@ -278,6 +278,19 @@ struct FaultTally {
     /// The slowest operation of the mixed runs, and its seed.
     slowest_us: f64,
     slowest_seed: u64,
+    /// Seeds with a held frame in any phase, and the longest hold (ns of
+    /// virtual time) with its seed.
+    held_seeds: u64,
+    held_max_ns: u64,
+    held_seed: u64,
+}
+
+impl FaultTally {
+    fn note_held(&mut self, seed: u64, held: dmkv_transport::sim::FramesHeld) {
+        if held.max_ns > self.held_max_ns {
+            (self.held_max_ns, self.held_seed) = (held.max_ns, seed);
+        }
+    }
 }
 
 /// The shape of one simulated run.
@@ -297,6 +310,9 @@ pub struct DstParams {
     /// Virtual time after which an operation of the mixed run fails the
     /// seed and stops the run (`--op-limit-ms`; see [`OP_LIMIT`]).
     pub op_limit: std::time::Duration,
+    /// A nested wait may hold the frame below it this long in virtual time
+    /// before the seed fails (`--hold-limit-ms`; see [`HOLD_LIMIT`]).
+    pub hold_limit: std::time::Duration,
     /// Engine settings (`--set ENGINE.KNOB=VALUE`), per engine name.
     pub knobs: std::collections::BTreeMap<String, dmkv_api::Knobs>,
     /// Whether seeds draw engine settings from [`VARIANTS`] (`--variants`).
@@ -356,6 +372,37 @@ impl DstParams {
 /// 4.8 ms: docs/outback.md, "The countdown off the worker".)
 pub const OP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The default limit on a held frame (`--hold-limit-ms`): 100 ms of
+/// virtual time. A job started inside another job's synchronous wait holds
+/// that job for its own remaining length (docs/simulation.md, "Held
+/// frames"); over 750 passing seeds of the default shape the longest such
+/// hold was 8.15 ms (XStore-D's retrains; Outback's resizes 4.62 ms), so
+/// 100 ms is 12 times that, and 20 times below the 2 s and longer holds
+/// of Outback's countdown when its worker waited for it synchronously
+/// (the pre-i28 bug, re-introduced on a scratch build: 171 of 300 seeds
+/// fail with the check, none without it). Shapes with longer jobs (many
+/// more keys) may need it raised; the summary prints the longest hold.
+pub const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Why a run's nested waits fail its seed, if one held the frame below it
+/// longer than `limit` (docs/simulation.md, "The rule for synchronous
+/// waits": a synchronous wait must be short and must not wait for compute
+/// clients or other nodes; the code waiting in the frame below resumes
+/// only when it ends).
+pub fn held_too_long(
+    held: dmkv_transport::sim::FramesHeld,
+    limit: std::time::Duration,
+) -> Option<String> {
+    (held.max_ns > limit.as_nanos() as u64).then(|| {
+        format!(
+            "a synchronous wait held the frame below it for {:.3} ms of virtual time (limit {limit:?}; {} frames held, {:.3} ms in all): code that waits synchronously (`block_on`, `sleep_blocking`, `job_progress`) waited for clients or other nodes instead of being awaited (docs/simulation.md, \"The rule for synchronous waits\")",
+            held.max_ns as f64 / 1e6,
+            held.count,
+            held.total_ns as f64 / 1e6
+        )
+    })
+}
+
 impl Default for DstParams {
     fn default() -> Self {
         DstParams {
@@ -369,6 +416,7 @@ impl Default for DstParams {
             profile: dmkv_transport::sim::profile::DEFAULT_PROFILE.into(),
             faults: Faults::default(),
             op_limit: OP_LIMIT,
+            hold_limit: HOLD_LIMIT,
             knobs: Default::default(),
             variants: true,
         }
@@ -435,16 +483,25 @@ const HOT_OPS: u64 = 4000;
 /// passes it as `--load-chunk`).
 const LOAD_CHUNK: usize = 64;
 
+/// What a mixed run measured besides its checks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MixedFigures {
+    /// The slowest operation's latency, in microseconds of virtual time.
+    pub slowest_us: f64,
+    /// Its simulation's held frames (load, run and verify).
+    pub held: dmkv_transport::sim::FramesHeld,
+}
+
 /// Runs `spec` once with `seed` (the mixed workload, with the seed's
 /// delays, value size and memory-node crash); the failure, if a check
-/// failed, the slowest operation's latency in microseconds, and the
-/// `dmkv bench` command that replays the run.
+/// failed, what the run measured, and the `dmkv bench` command that
+/// replays the run.
 pub fn run_mixed(
     spec: &'static dyn EngineSpec,
     seed: u64,
     p: &DstParams,
     plan: &FaultPlan,
-) -> (Option<DstFailure>, f64, String) {
+) -> (Option<DstFailure>, MixedFigures, String) {
     let config = match sim_config(p, seed, plan) {
         Ok(c) => c,
         Err(e) => {
@@ -454,7 +511,7 @@ pub fn run_mixed(
                 why: e,
                 replay: String::new(),
             };
-            return (Some(f), 0.0, String::new());
+            return (Some(f), MixedFigures::default(), String::new());
         }
     };
     let (m, dist, keyset, threads, tasks, ops) = if plan.hot {
@@ -546,18 +603,33 @@ pub fn run_mixed(
             replay: replay.clone(),
         })
     };
+    let none = MixedFigures::default();
     let outcome = match dmkv_bench::run(&cfg) {
         Ok(o) => o,
-        Err(e) => return (fail(e.to_string()), 0.0, replay),
+        Err(e) => return (fail(e.to_string()), none, replay),
     };
     if let Some(f) = outcome.failures.first() {
-        return (fail(f.error.clone()), 0.0, replay);
+        return (fail(f.error.clone()), none, replay);
     }
     let Some(r) = outcome.reports.first() else {
-        return (None, 0.0, replay);
+        return (None, none, replay);
     };
-    let slowest = r.latency_us.max;
-    (judge(spec, plan, r).and_then(fail), slowest, replay)
+    let held = r
+        .sim
+        .as_ref()
+        .map_or_else(Default::default, |s| dmkv_transport::sim::FramesHeld {
+            count: s.frames_held.count,
+            total_ns: s.frames_held.total_ns,
+            max_ns: s.frames_held.max_ns,
+        });
+    let figures = MixedFigures {
+        slowest_us: r.latency_us.max,
+        held,
+    };
+    let failure = judge(spec, plan, r)
+        .or_else(|| held_too_long(held, p.hold_limit))
+        .and_then(fail);
+    (failure, figures, replay)
 }
 
 /// What a mixed run's report says: None if it passed, else why not.
@@ -624,6 +696,9 @@ fn dst_replay(spec: &dyn EngineSpec, seed: u64, p: &DstParams) -> String {
     if p.faults != Faults::default() {
         s += &format!(" --faults {}", p.faults);
     }
+    if p.hold_limit != HOLD_LIMIT {
+        s += &format!(" --hold-limit-ms {}", p.hold_limit.as_millis());
+    }
     if p.op_limit != OP_LIMIT {
         s += &format!(" --op-limit-ms {}", p.op_limit.as_millis());
     }
@@ -662,23 +737,34 @@ pub fn sweep(
             t.large_runs += (plan.value_size > 64) as u64;
             t.crashes += plan.crash.is_some() as u64;
             t.hot_runs += plan.hot as u64;
-            let (mixed, slowest, replay) = run_mixed(spec, seed, p, &plan);
+            let (mixed, figures, replay) = run_mixed(spec, seed, p, &plan);
+            let slowest = figures.slowest_us;
             slowest_each.push(slowest);
             if slowest > t.slowest_us {
                 (t.slowest_us, t.slowest_seed) = (slowest, seed);
                 slowest_replay = replay;
             }
-            let mut result = mixed.or_else(|| insert_race(spec, seed, p, &plan));
+            let mut held = figures.held.count;
+            t.note_held(seed, figures.held);
+            let mut result = mixed.or_else(|| {
+                let (race, race_held) = insert_race(spec, seed, p, &plan);
+                held += race_held.count;
+                t.note_held(seed, race_held);
+                race
+            });
             if result.is_none() && plan.kill {
                 t.kills += 1;
                 match kill_client(spec, seed, p, &plan) {
                     Ok(k) => {
                         t.kills_mid_op += k.killed_mid_op as u64;
                         t.blocked += k.blocked;
+                        held += k.held.count;
+                        t.note_held(seed, k.held);
                     }
                     Err(f) => result = Some(f),
                 }
             }
+            t.held_seeds += (held > 0) as u64;
             if let Some(f) = result {
                 let _ = writeln!(
                     out,
@@ -702,6 +788,14 @@ pub fn sweep(
             t.hot_runs, t.slowest_us, t.slowest_seed, p.op_limit
         );
         let _ = writeln!(out, "  {}", slowest_summary(&mut slowest_each));
+        let _ = writeln!(
+            out,
+            "  nested waits held: in {} seeds, longest {:.1} us of virtual time (seed {}; limit {:?})",
+            t.held_seeds,
+            t.held_max_ns as f64 / 1e3,
+            t.held_seed,
+            p.hold_limit
+        );
         if !slowest_replay.is_empty() {
             let _ = writeln!(out, "  slowest seed's mixed run: {slowest_replay}");
         }
@@ -752,27 +846,38 @@ const RACED_KEYS: usize = 24;
 /// nodes: exactly one succeeds, the others see "exists", and the key then
 /// holds the winner's value (hash engines on disaggregated memory have got
 /// this wrong; RACE once let two claims win). None if it holds for `seed`.
-/// The seed's message delays apply.
+/// The seed's message delays apply. Also returns the simulation's held
+/// frames (none if it did not get as far as deploying).
 pub fn insert_race(
     spec: &'static dyn EngineSpec,
     seed: u64,
     p: &DstParams,
     plan: &FaultPlan,
-) -> Option<DstFailure> {
+) -> (Option<DstFailure>, dmkv_transport::sim::FramesHeld) {
+    match insert_race_in(spec, seed, p, plan) {
+        Ok(held) => (None, held),
+        Err(f) => (Some(f), Default::default()),
+    }
+}
+
+fn insert_race_in(
+    spec: &'static dyn EngineSpec,
+    seed: u64,
+    p: &DstParams,
+    plan: &FaultPlan,
+) -> Result<dmkv_transport::sim::FramesHeld, DstFailure> {
     use dmkv_api::payload::make_value;
     use dmkv_testkit::insert_race::{check_round, fresh_keys, insert_each};
     use dmkv_transport::exec::{LocalTask, OpLimit, block_on, run_tasks};
-    let fail = |why: String| {
-        Some(DstFailure {
-            engine: spec.name().into(),
-            seed,
-            why: format!("insert race: {why}"),
-            replay: dst_replay(spec, seed, p),
-        })
+    let fail = |why: String| DstFailure {
+        engine: spec.name().into(),
+        seed,
+        why: format!("insert race: {why}"),
+        replay: dst_replay(spec, seed, p),
     };
     let config = match sim_config(p, seed, plan) {
         Ok(c) => c,
-        Err(e) => return fail(e),
+        Err(e) => return Err(fail(e)),
     };
     let caps = spec.capabilities();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ 0x1a5e_47ace);
@@ -795,20 +900,20 @@ pub fn insert_race(
     };
     let dep = match dmkv_api::sim_deploy::SimDeployment::deploy(spec, &opts, &sim_opts) {
         Ok(d) => d,
-        Err(e) => return fail(format!("deploy: {e}")),
+        Err(e) => return Err(fail(format!("deploy: {e}"))),
     };
     let mut pairs: Vec<(u64, Vec<u8>)> =
         base.iter().map(|&k| (k, make_value(k, 1, size))).collect();
     pairs.sort_by_key(|p| p.0);
     let ep = dep.endpoint(0);
     if let Err(e) = block_on(dep.engine.load(&ep, &pairs)) {
-        return fail(format!("load: {e}"));
+        return Err(fail(format!("load: {e}")));
     }
     let mut clients = Vec::new();
     for t in 0..RACERS / 2 {
         match dep.client(t) {
             Ok(c) => clients.push(c),
-            Err(e) => return fail(format!("client: {e}")),
+            Err(e) => return Err(fail(format!("client: {e}"))),
         }
     }
     // Two tasks per client thread, all inserting the same keys in the same
@@ -836,17 +941,45 @@ pub fn insert_race(
             .await
     });
     match check {
-        Some(Ok(())) => None,
-        Some(Err(e)) => fail(e),
-        None => fail(format!(
-            "the check's {reads} reads of the raced keys did not complete within {:?} of virtual time ({limit:?} each; a livelock or a wait that never ends)",
-            limit * reads
-        )),
+        Some(Ok(())) => {}
+        Some(Err(e)) => return Err(fail(e)),
+        None => {
+            return Err(fail(format!(
+                "the check's {reads} reads of the raced keys did not complete within {:?} of virtual time ({limit:?} each; a livelock or a wait that never ends)",
+                limit * reads
+            )));
+        }
+    }
+    let held = dep.sim.frames_held();
+    match held_too_long(held, p.hold_limit) {
+        Some(why) => Err(fail(why)),
+        None => Ok(held),
     }
 }
 
 #[cfg(test)]
 mod summary_tests {
+    /// A hold fails a seed only above the limit, and the reason names the
+    /// longest hold, the count and the total.
+    #[test]
+    fn a_hold_fails_the_seed_only_above_the_limit() {
+        use dmkv_transport::sim::FramesHeld;
+        use std::time::Duration;
+        let limit = Duration::from_millis(100);
+        let at = |max_ns| FramesHeld {
+            count: 3,
+            total_ns: max_ns + 2_000,
+            max_ns,
+        };
+        assert_eq!(super::held_too_long(FramesHeld::default(), limit), None);
+        assert_eq!(super::held_too_long(at(100_000_000), limit), None);
+        let why = super::held_too_long(at(100_000_001), limit).expect("over the limit");
+        assert!(
+            why.starts_with("a synchronous wait held the frame below it for 100.000 ms of virtual time (limit 100ms; 3 frames held, 100.002 ms in all)"),
+            "{why}"
+        );
+    }
+
     /// Quantiles by nearest rank over the seeds, counts over 10 and 100 ms.
     #[test]
     fn the_slowest_operation_summary_reads_quantiles_and_counts() {

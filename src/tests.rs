@@ -68,6 +68,8 @@ fn bad_input_is_one_line_and_exit_code_2() {
         "--load-chunk must be at least 1",
     );
     assert_usage_error(&["dst", "--variants", "maybe"], "--variants");
+    assert_usage_error(&["dst", "--hold-limit-ms", "0"], "--hold-limit-ms");
+    assert_usage_error(&["dst", "--op-limit-ms", "0"], "--op-limit-ms");
     assert_usage_error(
         &[
             "bench",

@@ -107,6 +107,8 @@ pub struct KillOutcome {
     pub longest: Duration,
     /// The engine's figures at the end (`engine_stats`).
     pub stats: serde_json::Value,
+    /// The simulation's held frames (`Simulation::frames_held`).
+    pub held: dmkv_transport::sim::FramesHeld,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -453,6 +455,7 @@ pub fn kill_client(
         slow: slow.get(),
         longest: longest.get(),
         stats: serde_json::Value::Null,
+        held: Default::default(),
     };
     if let Some(why) = stuck.borrow().clone() {
         return Err(fail(format!(
@@ -539,6 +542,10 @@ pub fn kill_client(
     }
     outcome.stats = block_on(dep.engine.stats(&dep.endpoint(0)))
         .map_err(|e| fail(format!("engine figures: {e}")))?;
+    outcome.held = dep.sim.frames_held();
+    if let Some(why) = crate::dst::held_too_long(outcome.held, p.hold_limit) {
+        return Err(fail(why));
+    }
     Ok(outcome)
 }
 

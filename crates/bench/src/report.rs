@@ -584,12 +584,38 @@ pub struct SimReport {
     /// two nodes (the model's one exception to in-order arrival, never two
     /// messages of one endpoint: docs/simulation.md, "Reports").
     pub messages_overtaken: u64,
+    /// Nested waits held over the whole simulation (load, run and verify):
+    /// frames whose tasks were done while a synchronous wait started inside
+    /// them still ran (`dmkv_transport::sim::FramesHeld`; docs/simulation.md,
+    /// "The rule for synchronous waits").
+    pub frames_held: FramesHeldReport,
     /// Each modelled resource during the run phase, busiest first: the
     /// bottleneck is at the top.
     pub utilisation: Vec<ResourceReport>,
     /// Wall-clock figures: the only part of a simulated report that differs
     /// between two runs with the same seed and flags.
     pub wall: WallReport,
+}
+
+/// [`SimReport::frames_held`], in virtual nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct FramesHeldReport {
+    /// Frames held for more than 0 ns.
+    pub count: u64,
+    /// Their holds, summed.
+    pub total_ns: u64,
+    /// The longest hold.
+    pub max_ns: u64,
+}
+
+impl From<dmkv_transport::sim::FramesHeld> for FramesHeldReport {
+    fn from(h: dmkv_transport::sim::FramesHeld) -> Self {
+        FramesHeldReport {
+            count: h.count,
+            total_ns: h.total_ns,
+            max_ns: h.max_ns,
+        }
+    }
 }
 
 /// One resource's share of the run.
@@ -614,12 +640,12 @@ pub struct WallReport {
 
 impl SimReport {
     /// The run phase's report: its scheduler events and messages
-    /// overtaken (after minus before), its length, and the resources'
-    /// figures before and after it.
+    /// overtaken (after minus before), the simulation's held frames (all
+    /// phases), its length, and the resources' figures before and after it.
     pub fn new(
         profile: &str,
         compute_nodes: usize,
-        (events, messages_overtaken): (u64, u64),
+        (events, messages_overtaken, frames_held): (u64, u64, FramesHeldReport),
         run_seconds: f64,
         before: &[dmkv_transport::sim::ResourceUse],
         after: &[dmkv_transport::sim::ResourceUse],
@@ -652,6 +678,7 @@ impl SimReport {
             compute_nodes,
             events,
             messages_overtaken,
+            frames_held,
             utilisation,
             wall,
         }
@@ -975,6 +1002,16 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
                     u.busy_percent,
                     u.per_s / 1e6,
                     u.bytes_per_s / 1e9
+                )?;
+            }
+            let h = &s.frames_held;
+            if h.count > 0 {
+                writeln!(
+                    out,
+                    "  nested waits held: {} (longest {:.1} us, {:.1} us in all): code waiting in them resumed only when a synchronous wait started above it ended (docs/simulation.md, \"The rule for synchronous waits\")",
+                    h.count,
+                    h.max_ns as f64 / 1e3,
+                    h.total_ns as f64 / 1e3
                 )?;
             }
         }

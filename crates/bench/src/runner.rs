@@ -843,7 +843,7 @@ fn run_threads_sim(
         sim: Some(SimReport::new(
             &profile.name,
             cfg.compute_nodes,
-            (events, overtaken),
+            (events, overtaken, sim.frames_held().into()),
             run_seconds,
             &before,
             &after,

@@ -710,6 +710,93 @@ fn a_synchronous_wait_lets_outer_tasks_run() {
     assert_eq!(seen.load(Ordering::SeqCst), 1);
 }
 
+/// The run of `a_job_waiting_synchronously_*`: worker job A (its own core)
+/// waits 10 us synchronously (a nested frame); 5 us in, a compute task
+/// submits job B (another core), which waits `b_wait`, either
+/// synchronously or, with `awaited`, in a background task (awaited, never a
+/// frame). B's start event runs inside A's frame, so a synchronous wait of
+/// B's is a frame pushed above A's. Returns the holds and the virtual
+/// instant A's code resumed after its wait.
+fn job_beside_a_waiting_job(
+    b_wait: Duration,
+    awaited: bool,
+) -> (dmkv_transport::sim::FramesHeld, u64) {
+    use dmkv_transport::sim::SimCores;
+    let sim = Simulation::new(config(3));
+    let (a, b) = (
+        SimCores::new("a", 1).unwrap(),
+        SimCores::new("b", 1).unwrap(),
+    );
+    let start = sim.now_ns();
+    let resumed = Arc::new(AtomicU64::new(0));
+    let r = resumed.clone();
+    a.submit(
+        Box::new(move || {
+            dmkv_transport::time::sleep_blocking(Duration::from_micros(10));
+            r.store(dmkv_transport::sim::now_ns().unwrap(), Ordering::SeqCst);
+        }),
+        Box::new(|_| {}),
+    );
+    let tasks: Vec<LocalTask<'_, ()>> = vec![Box::pin(async move {
+        sleep(Duration::from_micros(5)).await;
+        b.submit(
+            Box::new(move || {
+                if awaited {
+                    let _ = spawn_background("waiter", sleep(b_wait));
+                } else {
+                    dmkv_transport::time::sleep_blocking(b_wait);
+                }
+            }),
+            Box::new(|_| {}),
+        );
+        sleep(Duration::from_millis(2)).await;
+    })];
+    run_tasks(tasks);
+    (sim.frames_held(), resumed.load(Ordering::SeqCst) - start)
+}
+
+#[test]
+fn a_job_waiting_synchronously_is_held_by_a_longer_wait_above_it() {
+    // B's 1 ms wait is a frame above A's: A's 10 us wait is over at 10 us,
+    // but A's code resumes only when B's wait returns, a millisecond late
+    // (the distortion the hold counts).
+    let (held, resumed) = job_beside_a_waiting_job(Duration::from_millis(1), false);
+    assert!(resumed >= 1_000_000, "A resumed at {resumed} ns");
+    assert_eq!(held.count, 1);
+    assert!(held.max_ns >= 990_000 && held.max_ns < resumed, "{held:?}");
+    assert_eq!(held.total_ns, held.max_ns);
+    // A wait of B's shorter than what is left of A's holds nothing.
+    let (held, resumed) = job_beside_a_waiting_job(Duration::from_micros(2), false);
+    assert!(resumed < 20_000, "A resumed at {resumed} ns");
+    assert_eq!(held, Default::default());
+    // The same 1 ms awaited in a background task (the remedy the rule
+    // names) is no frame: A resumes when its own wait is over.
+    let (held, resumed) = job_beside_a_waiting_job(Duration::from_millis(1), true);
+    assert!(resumed < 20_000, "A resumed at {resumed} ns");
+    assert_eq!(held, Default::default());
+}
+
+#[test]
+fn the_outermost_frame_held_by_a_job_is_not_counted() {
+    // The harness's own wait (the outermost frame) returns late when a job's
+    // synchronous wait outlasts its tasks, as at the end of a run; the
+    // harness reads its tasks' own ends, so that hold is left out.
+    let sim = Simulation::new(config(3));
+    let cores = dmkv_transport::sim::SimCores::new("worker", 1).unwrap();
+    let start = sim.now_ns();
+    cores.submit(
+        Box::new(|| dmkv_transport::time::sleep_blocking(Duration::from_millis(1))),
+        Box::new(|_| {}),
+    );
+    let tasks: Vec<LocalTask<'_, ()>> = vec![Box::pin(sleep(Duration::from_micros(10)))];
+    run_tasks(tasks);
+    assert!(
+        sim.now_ns() - start >= 1_000_000,
+        "returned when the job's wait did"
+    );
+    assert_eq!(sim.frames_held(), Default::default());
+}
+
 #[test]
 fn a_wait_on_the_network_alone_runs_no_task_and_holds_jobs() {
     // A handler that holds a lock across a one-sided write it waits for

@@ -33,6 +33,7 @@ pub(crate) use cache::{UNTAGGED, region_tag};
 use crate::addr::NodeId;
 use crate::backend::Fabric;
 use net::{Cluster, Net, SimFabric};
+pub use sched::FramesHeld;
 use sched::Sched;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -1305,6 +1306,15 @@ impl Simulation {
     /// invariant 1; never two messages of one endpoint).
     pub fn messages_overtaken(&self) -> u64 {
         net::messages_overtaken(&self.sim().net.borrow())
+    }
+
+    /// Nested waits held so far: frames whose tasks were done while a
+    /// synchronous wait started inside them still ran ([`FramesHeld`];
+    /// docs/simulation.md, "The rule for synchronous waits"). A long hold is
+    /// code breaking that rule: a wait started by a job or handler that
+    /// waits for clients or other nodes instead of being awaited.
+    pub fn frames_held(&self) -> FramesHeld {
+        self.sim().sched.frames_held()
     }
 
     /// Background tasks started so far.

@@ -576,6 +576,37 @@ pub(crate) struct Sched {
     alone: Cell<usize>,
     /// Jobs held back until they are over (`hold_job`).
     held_jobs: RefCell<Vec<Box<dyn FnOnce()>>>,
+    /// Frames kept from returning by a frame above them (`FramesHeld`).
+    frames_held: Cell<FramesHeld>,
+}
+
+/// Nested frames (the synchronous waits of simulated code: jobs, handlers,
+/// background threads; not the outermost frame, the harness's own wait)
+/// whose tasks had all completed while a frame pushed above them still ran,
+/// so that the code waiting in them could resume only when that one
+/// returned (docs/simulation.md, "The rule for synchronous waits"): how
+/// many, and for how long in virtual time. A hold of 0 ns (the frame above
+/// returned at the same instant) is not counted. The outermost frame's
+/// holds are left out: its code is the harness's, which reads the end of a
+/// run from its tasks' own ends (`last_end` in the bench runner).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FramesHeld {
+    /// Frames held for more than 0 ns.
+    pub count: u64,
+    /// Their holds, summed (ns of virtual time).
+    pub total_ns: u64,
+    /// The longest hold (ns of virtual time).
+    pub max_ns: u64,
+}
+
+impl FramesHeld {
+    fn record(&mut self, ns: u64) {
+        if ns > 0 {
+            self.count += 1;
+            self.total_ns += ns;
+            self.max_ns = self.max_ns.max(ns);
+        }
+    }
 }
 
 impl Sched {
@@ -600,7 +631,13 @@ impl Sched {
             frames: RefCell::new(Vec::new()),
             alone: Cell::new(0),
             held_jobs: RefCell::new(Vec::new()),
+            frames_held: Cell::new(FramesHeld::default()),
         }
+    }
+
+    /// Frames held so far (see [`FramesHeld`]).
+    pub(crate) fn frames_held(&self) -> FramesHeld {
+        self.frames_held.get()
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -872,7 +909,11 @@ impl Sched {
             tasks: RefCell::new(tasks.into_iter().map(Some).collect()),
             results: RefCell::new((0..n).map(|_| None).collect()),
             remaining: Cell::new(n),
+            done_at: Cell::new(None),
         };
+        // A frame pushed above another (the wait of a job, handler or other
+        // simulated code) may be held; the outermost one is the harness's.
+        let nested = !self.frames.borrow().is_empty();
         let _registered = (!alone).then(|| FrameRegistration::new(self, &frame));
         // Only the frame's own tasks are charged to the core of the code
         // that blocks here (if it runs on one).
@@ -906,12 +947,18 @@ impl Sched {
                     // or at this call and unregisters itself (the
                     // registration guard) before it is dropped; frames are
                     // used on this thread only.
-                    let poll = || unsafe { &*f }.poll_ready();
+                    let f = unsafe { &*f };
                     // Ours is the innermost (registered last).
                     polled |= if k + 1 == depth {
-                        super::OwnCoreOnly::poll_own(&mut own, poll)
+                        super::OwnCoreOnly::poll_own(&mut own, || f.poll_ready())
                     } else {
-                        poll()
+                        // An outer frame whose last task completes here
+                        // cannot return before this one does: held from now.
+                        let any = f.poll_ready();
+                        if any {
+                            f.note_done(self.now.get());
+                        }
+                        any
                     };
                 }
                 polled |= self.poll_background();
@@ -932,6 +979,11 @@ impl Sched {
             }
         }
         frame.ready.close();
+        if let Some(at) = frame.done_at.get().filter(|_| nested) {
+            let mut held = self.frames_held.get();
+            held.record(self.now.get() - at);
+            self.frames_held.set(held);
+        }
         frame
             .results
             .into_inner()
@@ -951,12 +1003,18 @@ struct Frame<'a, T> {
     tasks: RefCell<Vec<Option<LocalTask<'a, T>>>>,
     results: RefCell<Vec<Option<T>>>,
     remaining: Cell<usize>,
+    /// The instant its last task completed in a poll made by a frame above
+    /// it (which it must wait for before it can return; `FramesHeld`).
+    done_at: Cell<Option<u64>>,
 }
 
 /// What the scheduler needs of a frame, whatever its output type.
 trait PollFrame {
     /// Polls the frame's ready tasks; true if any was polled.
     fn poll_ready(&self) -> bool;
+    /// Records `now` as the instant the frame's tasks were all done, if
+    /// they are and none was recorded yet.
+    fn note_done(&self, now: u64);
 }
 
 impl<T> PollFrame for Frame<'_, T> {
@@ -987,6 +1045,12 @@ impl<T> PollFrame for Frame<'_, T> {
             self.ready.push(i);
         }
         polled
+    }
+
+    fn note_done(&self, now: u64) {
+        if self.remaining.get() == 0 && self.done_at.get().is_none() {
+            self.done_at.set(Some(now));
+        }
     }
 }
 
