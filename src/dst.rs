@@ -395,7 +395,7 @@ pub fn held_too_long(
 ) -> Option<String> {
     (held.max_ns > limit.as_nanos() as u64).then(|| {
         format!(
-            "a synchronous wait held the frame below it for {:.3} ms of virtual time (limit {limit:?}; {} frames held, {:.3} ms in all): code that waits synchronously (`block_on`, `sleep_blocking`, `job_progress`) waited for clients or other nodes instead of being awaited (docs/simulation.md, \"The rule for synchronous waits\")",
+            "a synchronous wait held the frame below it for {:.3} ms of virtual time (limit {limit:?}; {} frames held, {:.3} ms in all): code that waits synchronously (`block_on`, `sleep_blocking`, `job_progress`) waited for clients or other nodes instead of being awaited, or a job longer than the limit started inside another's wait (docs/simulation.md, \"The rule for synchronous waits\", \"Held frames\")",
             held.max_ns as f64 / 1e6,
             held.count,
             held.total_ns as f64 / 1e6
@@ -617,11 +617,7 @@ pub fn run_mixed(
     let held = r
         .sim
         .as_ref()
-        .map_or_else(Default::default, |s| dmkv_transport::sim::FramesHeld {
-            count: s.frames_held.count,
-            total_ns: s.frames_held.total_ns,
-            max_ns: s.frames_held.max_ns,
-        });
+        .map_or_else(Default::default, |s| s.frames_held.into());
     let figures = MixedFigures {
         slowest_us: r.latency_us.max,
         held,
@@ -847,7 +843,7 @@ const RACED_KEYS: usize = 24;
 /// holds the winner's value (hash engines on disaggregated memory have got
 /// this wrong; RACE once let two claims win). None if it holds for `seed`.
 /// The seed's message delays apply. Also returns the simulation's held
-/// frames (none if it did not get as far as deploying).
+/// frames (none reported when the race failed).
 pub fn insert_race(
     spec: &'static dyn EngineSpec,
     seed: u64,

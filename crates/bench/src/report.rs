@@ -608,6 +608,16 @@ pub struct FramesHeldReport {
     pub max_ns: u64,
 }
 
+impl From<FramesHeldReport> for dmkv_transport::sim::FramesHeld {
+    fn from(h: FramesHeldReport) -> Self {
+        dmkv_transport::sim::FramesHeld {
+            count: h.count,
+            total_ns: h.total_ns,
+            max_ns: h.max_ns,
+        }
+    }
+}
+
 impl From<dmkv_transport::sim::FramesHeld> for FramesHeldReport {
     fn from(h: dmkv_transport::sim::FramesHeld) -> Self {
         FramesHeldReport {
