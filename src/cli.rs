@@ -108,11 +108,11 @@ pub struct DstArgs {
     /// ends) and stops the run.
     #[arg(long, value_name = "MS", default_value_t = crate::dst::OP_LIMIT.as_millis() as u64)]
     pub op_limit_ms: u64,
-    /// A synchronous wait (a memory-node job's or handler's `block_on`,
-    /// `sleep_blocking`, `job_progress`) that holds the frame below it, whose
-    /// tasks are done, for longer than this many milliseconds of virtual
-    /// time fails the seed (docs/simulation.md, "The rule for synchronous
-    /// waits"). Checked in every phase.
+    /// A synchronous wait (an RPC handler's `block_on`, `sleep_blocking`,
+    /// `ssd_io_blocking`; worker jobs suspend instead) that holds the frame
+    /// below it, whose tasks are done, for longer than this many
+    /// milliseconds of virtual time fails the seed (docs/simulation.md,
+    /// "The rule for synchronous waits"). Checked in every phase.
     #[arg(long, value_name = "MS", default_value_t = crate::dst::HOLD_LIMIT.as_millis() as u64)]
     pub hold_limit_ms: u64,
     /// An engine setting, e.g. --set rolex.slt_slots=8 (repeatable).

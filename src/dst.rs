@@ -373,29 +373,32 @@ impl DstParams {
 pub const OP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The default limit on a held frame (`--hold-limit-ms`): 100 ms of
-/// virtual time. A job started inside another job's synchronous wait holds
-/// that job for its own remaining length (docs/simulation.md, "Held
-/// frames"); over 750 passing seeds of the default shape the longest such
-/// hold was 8.15 ms (XStore-D's retrains; Outback's resizes 4.62 ms), so
-/// 100 ms is 12 times that, and 20 times below the 2 s and longer holds
-/// of Outback's countdown when its worker waited for it synchronously
-/// (the pre-i28 bug, re-introduced on a scratch build: 171 of 300 seeds
-/// fail with the check, none without it). Shapes with longer jobs (many
-/// more keys) may need it raised; the summary prints the longest hold.
+/// virtual time (docs/simulation.md, "Held frames"). While worker jobs
+/// still nested, one started inside another's synchronous wait held that
+/// one for its own remaining length: over 750 passing seeds of the
+/// default shape the longest such hold was 8.15 ms (XStore-D's retrains;
+/// Outback's resizes 4.62 ms), 12 times below this limit, and 20 times
+/// above it the 2 s and longer holds of Outback's countdown when its
+/// worker waited for it synchronously (the pre-i28 bug, re-introduced on
+/// a scratch build: 171 of 300 seeds failed with the check, none
+/// without it). Worker jobs are coroutines now (`sim::jobco`) and hold
+/// nothing; the check guards the waits that still nest (RPC handlers').
+/// Shapes with longer handler waits may need it raised; the summary
+/// prints the longest hold.
 pub const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Why a run's nested waits fail its seed, if one held the frame below it
 /// longer than `limit` (docs/simulation.md, "The rule for synchronous
-/// waits": a synchronous wait must be short and must not wait for compute
-/// clients or other nodes; the code waiting in the frame below resumes
-/// only when it ends).
+/// waits": a synchronous wait of code that is not a worker job must be
+/// short and must not wait for compute clients or other nodes; the code
+/// waiting in the frame below resumes only when it ends).
 pub fn held_too_long(
     held: dmkv_transport::sim::FramesHeld,
     limit: std::time::Duration,
 ) -> Option<String> {
     (held.max_ns > limit.as_nanos() as u64).then(|| {
         format!(
-            "a synchronous wait held the frame below it for {:.3} ms of virtual time (limit {limit:?}; {} frames held, {:.3} ms in all): code that waits synchronously (`block_on`, `sleep_blocking`, `job_progress`) waited for clients or other nodes instead of being awaited, or a job longer than the limit started inside another's wait (docs/simulation.md, \"The rule for synchronous waits\", \"Held frames\")",
+            "a synchronous wait held the frame below it for {:.3} ms of virtual time (limit {limit:?}; {} frames held, {:.3} ms in all): code that waits synchronously and is not a worker job (an RPC handler's `block_on`, `sleep_blocking`, `ssd_io_blocking`) waited for clients or other nodes instead of being awaited, or longer than the limit (docs/simulation.md, \"The rule for synchronous waits\", \"Held frames\")",
             held.max_ns as f64 / 1e6,
             held.count,
             held.total_ns as f64 / 1e6

@@ -788,6 +788,13 @@ fn run_threads_sim(
     let after = sim.resources();
     let events = sim.events() - events_before;
     let overtaken = sim.messages_overtaken() - overtaken_before;
+    // Worker jobs still running when the last client ended (an Outback
+    // resize, an XStore-D retrain) finish before the figures below and the
+    // verification: their work after the run is not the run's (the
+    // utilisation above is already read), and verification reads should
+    // not fall into them. Bounded, so that a job waiting for clients
+    // cannot hang the harness.
+    sim.finish_jobs(cfg.op_limit.unwrap_or(std::time::Duration::from_secs(10)));
     let nodes_after = dep.node_stats();
     ctx.run_bar.finish_and_clear();
     if let Err(p) = ran {

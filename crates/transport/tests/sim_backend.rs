@@ -710,17 +710,11 @@ fn a_synchronous_wait_lets_outer_tasks_run() {
     assert_eq!(seen.load(Ordering::SeqCst), 1);
 }
 
-/// The run of `a_job_waiting_synchronously_*`: worker job A (its own core)
-/// waits 10 us synchronously (a nested frame); 5 us in, a compute task
-/// submits job B (another core), which waits `b_wait`, either
-/// synchronously or, with `awaited`, in a background task (awaited, never a
-/// frame). B's start event runs inside A's frame, so a synchronous wait of
-/// B's is a frame pushed above A's. Returns the holds and the virtual
-/// instant A's code resumed after its wait.
-fn job_beside_a_waiting_job(
-    b_wait: Duration,
-    awaited: bool,
-) -> (dmkv_transport::sim::FramesHeld, u64) {
+/// Worker job A (its own core) waits 10 us synchronously; 5 us in, a
+/// compute task submits job B (another core), which waits `b_wait`
+/// synchronously. Returns the holds and the virtual instants A's code
+/// resumed after its wait and B's after its own.
+fn job_beside_a_waiting_job(b_wait: Duration) -> (dmkv_transport::sim::FramesHeld, u64, u64) {
     use dmkv_transport::sim::SimCores;
     let sim = Simulation::new(config(3));
     let (a, b) = (
@@ -728,12 +722,12 @@ fn job_beside_a_waiting_job(
         SimCores::new("b", 1).unwrap(),
     );
     let start = sim.now_ns();
-    let resumed = Arc::new(AtomicU64::new(0));
-    let r = resumed.clone();
+    let (a_resumed, b_resumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (ra, rb) = (a_resumed.clone(), b_resumed.clone());
     a.submit(
         Box::new(move || {
             dmkv_transport::time::sleep_blocking(Duration::from_micros(10));
-            r.store(dmkv_transport::sim::now_ns().unwrap(), Ordering::SeqCst);
+            ra.store(dmkv_transport::sim::now_ns().unwrap(), Ordering::SeqCst);
         }),
         Box::new(|_| {}),
     );
@@ -741,58 +735,157 @@ fn job_beside_a_waiting_job(
         sleep(Duration::from_micros(5)).await;
         b.submit(
             Box::new(move || {
-                if awaited {
-                    let _ = spawn_background("waiter", sleep(b_wait));
-                } else {
-                    dmkv_transport::time::sleep_blocking(b_wait);
-                }
+                dmkv_transport::time::sleep_blocking(b_wait);
+                rb.store(dmkv_transport::sim::now_ns().unwrap(), Ordering::SeqCst);
             }),
             Box::new(|_| {}),
         );
         sleep(Duration::from_millis(2)).await;
     })];
     run_tasks(tasks);
-    (sim.frames_held(), resumed.load(Ordering::SeqCst) - start)
+    (
+        sim.frames_held(),
+        a_resumed.load(Ordering::SeqCst) - start,
+        b_resumed.load(Ordering::SeqCst) - start,
+    )
 }
 
 #[test]
-fn a_job_waiting_synchronously_is_held_by_a_longer_wait_above_it() {
-    // B's 1 ms wait is a frame above A's: A's 10 us wait is over at 10 us,
-    // but A's code resumes only when B's wait returns, a millisecond late
-    // (the distortion the hold counts).
-    let (held, resumed) = job_beside_a_waiting_job(Duration::from_millis(1), false);
-    assert!(resumed >= 1_000_000, "A resumed at {resumed} ns");
-    assert_eq!(held.count, 1);
-    assert!(held.max_ns >= 990_000 && held.max_ns < resumed, "{held:?}");
-    assert_eq!(held.total_ns, held.max_ns);
-    // A wait of B's shorter than what is left of A's holds nothing.
-    let (held, resumed) = job_beside_a_waiting_job(Duration::from_micros(2), false);
-    assert!(resumed < 20_000, "A resumed at {resumed} ns");
-    assert_eq!(held, Default::default());
-    // The same 1 ms awaited in a background task (the remedy the rule
-    // names) is no frame: A resumes when its own wait is over.
-    let (held, resumed) = job_beside_a_waiting_job(Duration::from_millis(1), true);
-    assert!(resumed < 20_000, "A resumed at {resumed} ns");
+fn worker_jobs_waiting_at_once_each_resume_when_their_own_wait_ends() {
+    // Worker jobs are coroutines (sim::jobco): B's 1 ms wait, begun while A
+    // waits, suspends B instead of nesting in A's wait, so A resumes when
+    // its own 10 us are over, not when B's wait ends (as it did when a
+    // job's wait was a nested frame: A resumed after 1 ms, a held frame).
+    let (held, a, b) = job_beside_a_waiting_job(Duration::from_millis(1));
+    assert!((10_000..20_000).contains(&a), "A resumed at {a} ns");
+    assert!((1_005_000..1_020_000).contains(&b), "B resumed at {b} ns");
     assert_eq!(held, Default::default());
 }
 
 #[test]
-fn the_outermost_frame_held_by_a_job_is_not_counted() {
-    // The harness's own wait (the outermost frame) returns late when a job's
-    // synchronous wait outlasts its tasks, as at the end of a run; the
-    // harness reads its tasks' own ends, so that hold is left out.
+fn finish_jobs_lets_a_suspended_job_end_within_its_limit() {
+    // A worker job waiting 1 ms outlives the tasks that ran beside it: the
+    // harness's wait returns at 10 us with the job suspended, and
+    // `finish_jobs` lets virtual time pass until it ends (or the limit).
     let sim = Simulation::new(config(3));
     let cores = dmkv_transport::sim::SimCores::new("worker", 1).unwrap();
     let start = sim.now_ns();
+    let ended = Arc::new(AtomicU64::new(0));
+    let e = ended.clone();
     cores.submit(
-        Box::new(|| dmkv_transport::time::sleep_blocking(Duration::from_millis(1))),
+        Box::new(move || {
+            dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
+            e.store(1, Ordering::SeqCst);
+        }),
         Box::new(|_| {}),
     );
     let tasks: Vec<LocalTask<'_, ()>> = vec![Box::pin(sleep(Duration::from_micros(10)))];
     run_tasks(tasks);
+    assert_eq!(
+        sim.now_ns() - start,
+        10_000,
+        "the tasks' wait ends with them"
+    );
+    assert_eq!(sim.jobs_running(), 1);
+    assert!(
+        !sim.finish_jobs(Duration::from_micros(100)),
+        "not within 100 us"
+    );
+    assert_eq!(ended.load(Ordering::SeqCst), 0);
+    assert!(sim.finish_jobs(Duration::from_millis(5)));
+    assert_eq!(ended.load(Ordering::SeqCst), 1);
+    assert_eq!(sim.jobs_running(), 0);
+    assert!(sim.now_ns() - start >= 1_000_000);
+    assert!(sim.finish_jobs(Duration::ZERO), "none left: at once");
+}
+
+/// Handler A (node 1) waits 10 us synchronously; 5 us later handler B
+/// (node 2), called then, waits `b_wait` synchronously. Handlers are not
+/// worker jobs: their waits are frames, and B's runs inside A's. Returns
+/// the holds and the instant A's reply arrived.
+fn handler_beside_a_waiting_handler(b_wait: Duration) -> (dmkv_transport::sim::FramesHeld, u64) {
+    let sim = Simulation::new(config(3));
+    let (na, nb) = (sim.add_node(1), sim.add_node(1));
+    let client = sim.add_node(0).id();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let wait_of = |d: Duration| {
+        Arc::new(
+            move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                dmkv_transport::time::sleep_blocking(d);
+                Ok(vec![])
+            },
+        )
+    };
+    let sa = na
+        .services()
+        .register("a", wait_of(Duration::from_micros(10)))
+        .unwrap();
+    let sb = nb.services().register("b", wait_of(b_wait)).unwrap();
+    let (ida, idb) = (na.id(), nb.id());
+    let start = sim.now_ns();
+    let a_replied = Cell::new(0u64);
+    let (ep, a_replied_ref) = (&ep, &a_replied);
+    let tasks: Vec<LocalTask<'_, ()>> = vec![
+        Box::pin(async move {
+            ep.call(ida, sa, vec![]).await.unwrap();
+            a_replied_ref.set(dmkv_transport::sim::now_ns().unwrap());
+        }),
+        Box::pin(async move {
+            sleep(Duration::from_micros(5)).await;
+            ep.call(idb, sb, vec![]).await.unwrap();
+        }),
+    ];
+    run_tasks(tasks);
+    (sim.frames_held(), a_replied.get() - start)
+}
+
+#[test]
+fn a_handler_waiting_synchronously_is_held_by_a_longer_wait_above_it() {
+    // B's 1 ms wait is a frame above A's: A's 10 us wait is over early, but
+    // A's code resumes (and replies) only when B's wait returns.
+    let (held, replied) = handler_beside_a_waiting_handler(Duration::from_millis(1));
+    assert!(replied >= 1_000_000, "A replied at {replied} ns");
+    assert_eq!(held.count, 1);
+    assert!(held.max_ns >= 990_000 && held.max_ns < replied, "{held:?}");
+    assert_eq!(held.total_ns, held.max_ns);
+    // A wait of B's that ends before A's holds nothing.
+    let (held, replied) = handler_beside_a_waiting_handler(Duration::from_micros(1));
+    assert!(replied < 100_000, "A replied at {replied} ns");
+    assert_eq!(held, Default::default());
+}
+
+#[test]
+fn the_outermost_frame_held_by_a_handler_is_not_counted() {
+    // The harness's own wait (the outermost frame) returns late when a
+    // handler's synchronous wait outlasts its tasks, as at the end of a
+    // run; the harness reads its tasks' own ends, so that hold is left out.
+    let sim = Simulation::new(config(3));
+    let (server, client) = one_server(&sim, 1);
+    let svc = server
+        .services()
+        .register(
+            "wait",
+            Arc::new(
+                |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+                    dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
+                    Ok(vec![])
+                },
+            ),
+        )
+        .unwrap();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let id = server.id();
+    let start = sim.now_ns();
+    let ep = &ep;
+    // The call is sent, then dropped unanswered when the task ends at 10 us.
+    let tasks: Vec<LocalTask<'_, ()>> = vec![Box::pin(async move {
+        let call = ep.call(id, svc, vec![]);
+        let _ = dmkv_transport::exec::unless(call, sleep(Duration::from_micros(10))).await;
+    })];
+    run_tasks(tasks);
     assert!(
         sim.now_ns() - start >= 1_000_000,
-        "returned when the job's wait did"
+        "returned when the handler's wait did"
     );
     assert_eq!(sim.frames_held(), Default::default());
 }

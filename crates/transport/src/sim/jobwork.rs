@@ -6,8 +6,9 @@
 //! then change everything at once and take no time that requests can fall
 //! into. [`job_progress`] lets such a job pass the CPU it has been charged
 //! so far *now*, at a point where it holds no lock, while the rest of the
-//! simulation runs (a nested frame), so that its steps are spread over
-//! virtual time as a real worker's are.
+//! simulation runs (the job suspends, `super::jobco`; a nested frame
+//! where it cannot), so that its steps are spread over virtual time as a
+//! real worker's are.
 //!
 //! Invariants:
 //! 1. A job's CPU is counted once: what [`job_progress`] passed is not
@@ -50,6 +51,16 @@ pub(crate) struct JobMeter {
 
 thread_local! {
     static JOB: Cell<Option<JobMeter>> = const { Cell::new(None) };
+}
+
+/// The meter of the job running now, moved out (`jobco` swaps it).
+pub(crate) fn take_meter() -> Option<JobMeter> {
+    JOB.with(|j| j.take())
+}
+
+/// Puts a job's meter in (`jobco`).
+pub(crate) fn set_meter(m: Option<JobMeter>) {
+    JOB.with(|j| j.set(m));
 }
 
 /// Runs `f` as a job's body with a fresh meter; returns the meter after.

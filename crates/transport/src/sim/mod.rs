@@ -16,6 +16,7 @@
 pub(crate) mod cache;
 mod calendar;
 pub mod faults;
+mod jobco;
 mod jobwork;
 mod lines;
 pub mod net;
@@ -822,6 +823,9 @@ pub(crate) fn run_tasks<'a, T>(
     tasks: Vec<crate::exec::LocalTask<'a, T>>,
 ) -> Result<Vec<T>, Vec<crate::exec::LocalTask<'a, T>>> {
     match current() {
+        // Inside a worker job the wait suspends the job (`jobco`), except
+        // while the scheduler waits on the network alone (jobco invariant 3).
+        Some(sim) if jobco::in_job() && !sim.sched.holding_jobs() => Ok(jobco::wait_in_job(tasks)),
         Some(sim) => Ok(sim.sched.run_tasks(&sim, tasks)),
         None => Err(tasks),
     }
@@ -1050,18 +1054,27 @@ impl SimCores {
         let sim = current().expect("SimCores used outside its simulation's thread");
         let now = sim.sched.now();
         let id = self.id;
+        let s = sim.clone();
         net::submit_job(
             &sim,
             id,
             now,
             Box::new(move || {
-                let (cost, left, spent_here) = metered_job_cost(job);
-                // The part passed at progress points held this core too.
-                if let Some(sim) = current() {
-                    net::add_busy(&mut sim.net.borrow_mut(), id, spent_here);
-                }
-                done(cost);
-                left
+                let body = Box::new(move || {
+                    let (cost, left, spent_here) = metered_job_cost(job);
+                    // The part passed at progress points held this core too.
+                    if let Some(sim) = current() {
+                        net::add_busy(&mut sim.net.borrow_mut(), id, spent_here);
+                    }
+                    done(cost);
+                    left
+                });
+                // A job that waits suspends and releases its core itself
+                // when it ends (`jobco`).
+                let core = RUNNING_CORE.with(|c| c.get());
+                let s2 = s.clone();
+                let release = Box::new(move |left| net::release_core(&s2, id, core, left));
+                jobco::run(&s, body, release).unwrap_or(net::SUSPENDED)
             }),
         );
     }
@@ -1315,6 +1328,28 @@ impl Simulation {
     /// waits for clients or other nodes instead of being awaited.
     pub fn frames_held(&self) -> FramesHeld {
         self.sim().sched.frames_held()
+    }
+
+    /// Worker jobs suspended in a wait now (`jobco`: a job that waits is a
+    /// coroutine resumed by a background task until it ends).
+    pub fn jobs_running(&self) -> usize {
+        jobco::suspended()
+    }
+
+    /// Lets virtual time pass until no worker job is suspended, or for at
+    /// most `limit`; true if none is left. The harness calls it between
+    /// a run and what follows, so that jobs still running when the last
+    /// client ended finish before the next phase, as they did when a job
+    /// ran to its end inside the event that started it.
+    pub fn finish_jobs(&self, limit: std::time::Duration) -> bool {
+        if jobco::suspended() == 0 {
+            return true;
+        }
+        crate::exec::block_on(crate::exec::unless(
+            jobco::all_ended(),
+            crate::exec::sleep(limit),
+        ))
+        .is_some()
     }
 
     /// Background tasks started so far.

@@ -314,6 +314,20 @@ fn run_job(sim: &Rc<Sim>, id: usize, job: Job, core: u32) {
         return;
     }
     let cost = super::on_numbered_core(core, job);
+    if cost == SUSPENDED {
+        return;
+    }
+    release_core(sim, id, core, cost);
+}
+
+/// What a job returns when it suspended (a worker job waiting, `jobco`):
+/// its core stays held until the job ends and calls [`release_core`].
+pub(crate) const SUSPENDED: u64 = u64::MAX;
+
+/// A job that ran on `core` of core set `id` is done and holds the core
+/// `cost` ns longer (the CPU it was charged and did not pass at progress
+/// points); then the core takes the next ready job.
+pub(crate) fn release_core(sim: &Rc<Sim>, id: usize, core: u32, cost: u64) {
     {
         let mut net = sim.net.borrow_mut();
         let cs = &mut net.coresets[id];

@@ -580,8 +580,9 @@ pub(crate) struct Sched {
     frames_held: Cell<FramesHeld>,
 }
 
-/// Nested frames (the synchronous waits of simulated code: jobs, handlers,
-/// background threads; not the outermost frame, the harness's own wait)
+/// Nested frames (the synchronous waits of simulated code that is not a
+/// worker job, which suspends instead (`jobco`): RPC handlers, mostly; not
+/// the outermost frame, the harness's own wait)
 /// whose tasks had all completed while a frame pushed above them still ran,
 /// so that the code waiting in them could resume only when that one
 /// returned (docs/simulation.md, "The rule for synchronous waits"): how
