@@ -65,10 +65,6 @@ struct CoCtx {
 
 thread_local! {
     static CO: RefCell<Option<CoCtx>> = const { RefCell::new(None) };
-    /// Jobs suspended now, and the wakers of code waiting for there to be
-    /// none ([`all_ended`]).
-    static SUSPENDED: Cell<usize> = const { Cell::new(0) };
-    static ENDED_WAITERS: RefCell<Vec<Waker>> = const { RefCell::new(Vec::new()) };
     /// Stacks of ended coroutines, for the next ones.
     static STACKS: RefCell<Vec<DefaultStack>> = const { RefCell::new(Vec::new()) };
 }
@@ -184,7 +180,7 @@ pub(crate) fn run(
             Some(r)
         }
         CoroutineResult::Yield(()) => {
-            SUSPENDED.with(|n| n.set(n.get() + 1));
+            sim.sched.job_suspended();
             let task = Suspended {
                 co: Some(co),
                 state,
@@ -243,36 +239,13 @@ impl Drop for Suspended {
     }
 }
 
-/// One suspended job ended (or was dropped): wakes [`all_ended`]'s waiters
-/// when it was the last.
+/// One suspended job ended, or was dropped (not counted while its
+/// simulation is torn down: it is no longer current then, and goes with
+/// its count).
 fn ended_one() {
-    let left = SUSPENDED.with(|n| {
-        n.set(n.get() - 1);
-        n.get()
-    });
-    if left == 0 {
-        for w in ENDED_WAITERS.with(|w| std::mem::take(&mut *w.borrow_mut())) {
-            w.wake();
-        }
+    if let Some(sim) = super::current() {
+        sim.sched.job_ended();
     }
-}
-
-/// Worker jobs suspended now.
-pub(crate) fn suspended() -> usize {
-    SUSPENDED.with(|n| n.get())
-}
-
-/// Completes when no worker job is suspended.
-pub(crate) async fn all_ended() {
-    std::future::poll_fn(|cx| {
-        if suspended() == 0 {
-            Poll::Ready(())
-        } else {
-            ENDED_WAITERS.with(|w| w.borrow_mut().push(cx.waker().clone()));
-            Poll::Pending
-        }
-    })
-    .await
 }
 
 /// Whether code runs inside a worker job that can suspend.

@@ -1054,13 +1054,12 @@ impl SimCores {
         let sim = current().expect("SimCores used outside its simulation's thread");
         let now = sim.sched.now();
         let id = self.id;
-        let s = sim.clone();
         net::submit_job(
             &sim,
             id,
             now,
             Box::new(move || {
-                let body = Box::new(move || {
+                let body: Box<dyn FnOnce() -> u64> = Box::new(move || {
                     let (cost, left, spent_here) = metered_job_cost(job);
                     // The part passed at progress points held this core too.
                     if let Some(sim) = current() {
@@ -1070,11 +1069,18 @@ impl SimCores {
                     left
                 });
                 // A job that waits suspends and releases its core itself
-                // when it ends (`jobco`).
+                // when it ends (`jobco`). The simulation is looked up, not
+                // captured: a queued job holding it would be a cycle.
                 let core = RUNNING_CORE.with(|c| c.get());
-                let s2 = s.clone();
-                let release = Box::new(move |left| net::release_core(&s2, id, core, left));
-                jobco::run(&s, body, release).unwrap_or(net::SUSPENDED)
+                let release = Box::new(move |left| {
+                    if let Some(sim) = current() {
+                        net::release_core(&sim, id, core, left);
+                    }
+                });
+                match current() {
+                    Some(sim) => jobco::run(&sim, body, release).unwrap_or(net::SUSPENDED),
+                    None => body(),
+                }
             }),
         );
     }
@@ -1333,7 +1339,7 @@ impl Simulation {
     /// Worker jobs suspended in a wait now (`jobco`: a job that waits is a
     /// coroutine resumed by a background task until it ends).
     pub fn jobs_running(&self) -> usize {
-        jobco::suspended()
+        self.sim().sched.jobs_suspended()
     }
 
     /// Lets virtual time pass until no worker job is suspended, or for at
@@ -1342,14 +1348,12 @@ impl Simulation {
     /// client ended finish before the next phase, as they did when a job
     /// ran to its end inside the event that started it.
     pub fn finish_jobs(&self, limit: std::time::Duration) -> bool {
-        if jobco::suspended() == 0 {
+        let sim = self.sim();
+        if sim.sched.jobs_suspended() == 0 {
             return true;
         }
-        crate::exec::block_on(crate::exec::unless(
-            jobco::all_ended(),
-            crate::exec::sleep(limit),
-        ))
-        .is_some()
+        let ended = std::future::poll_fn(|cx| sim.sched.poll_jobs_ended(cx));
+        crate::exec::block_on(crate::exec::unless(ended, crate::exec::sleep(limit))).is_some()
     }
 
     /// Background tasks started so far.

@@ -578,6 +578,10 @@ pub(crate) struct Sched {
     held_jobs: RefCell<Vec<Box<dyn FnOnce()>>>,
     /// Frames kept from returning by a frame above them (`FramesHeld`).
     frames_held: Cell<FramesHeld>,
+    /// Worker jobs suspended now (`jobco`), and the wakers of code waiting
+    /// for there to be none.
+    jobs_suspended: Cell<usize>,
+    jobs_ended_waiters: RefCell<Vec<Waker>>,
 }
 
 /// Nested frames (the synchronous waits of simulated code that is not a
@@ -633,6 +637,42 @@ impl Sched {
             alone: Cell::new(0),
             held_jobs: RefCell::new(Vec::new()),
             frames_held: Cell::new(FramesHeld::default()),
+            jobs_suspended: Cell::new(0),
+            jobs_ended_waiters: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// A worker job suspended (`jobco`).
+    pub(crate) fn job_suspended(&self) {
+        self.jobs_suspended.set(self.jobs_suspended.get() + 1);
+    }
+
+    /// A suspended worker job ended (or was dropped): wakes the waiters of
+    /// [`Sched::poll_jobs_ended`] when it was the last.
+    pub(crate) fn job_ended(&self) {
+        let left = self.jobs_suspended.get() - 1;
+        self.jobs_suspended.set(left);
+        if left == 0 {
+            for w in self.jobs_ended_waiters.take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Worker jobs suspended now.
+    pub(crate) fn jobs_suspended(&self) -> usize {
+        self.jobs_suspended.get()
+    }
+
+    /// Ready when no worker job is suspended.
+    pub(crate) fn poll_jobs_ended(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.jobs_suspended.get() == 0 {
+            Poll::Ready(())
+        } else {
+            self.jobs_ended_waiters
+                .borrow_mut()
+                .push(cx.waker().clone());
+            Poll::Pending
         }
     }
 
