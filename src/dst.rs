@@ -620,7 +620,7 @@ pub fn run_mixed(
     let held = r
         .sim
         .as_ref()
-        .map_or_else(Default::default, |s| s.frames_held.into());
+        .map_or_else(Default::default, |s| s.frames_held);
     let figures = MixedFigures {
         slowest_us: r.latency_us.max,
         held,

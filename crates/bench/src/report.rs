@@ -587,45 +587,14 @@ pub struct SimReport {
     /// Nested waits held over the whole simulation (load, run and verify):
     /// frames whose tasks were done while a synchronous wait started inside
     /// them still ran (`dmkv_transport::sim::FramesHeld`; docs/simulation.md,
-    /// "The rule for synchronous waits").
-    pub frames_held: FramesHeldReport,
+    /// "The rule for synchronous waits"), in virtual nanoseconds.
+    pub frames_held: dmkv_transport::sim::FramesHeld,
     /// Each modelled resource during the run phase, busiest first: the
     /// bottleneck is at the top.
     pub utilisation: Vec<ResourceReport>,
     /// Wall-clock figures: the only part of a simulated report that differs
     /// between two runs with the same seed and flags.
     pub wall: WallReport,
-}
-
-/// [`SimReport::frames_held`], in virtual nanoseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct FramesHeldReport {
-    /// Frames held for more than 0 ns.
-    pub count: u64,
-    /// Their holds, summed.
-    pub total_ns: u64,
-    /// The longest hold.
-    pub max_ns: u64,
-}
-
-impl From<FramesHeldReport> for dmkv_transport::sim::FramesHeld {
-    fn from(h: FramesHeldReport) -> Self {
-        dmkv_transport::sim::FramesHeld {
-            count: h.count,
-            total_ns: h.total_ns,
-            max_ns: h.max_ns,
-        }
-    }
-}
-
-impl From<dmkv_transport::sim::FramesHeld> for FramesHeldReport {
-    fn from(h: dmkv_transport::sim::FramesHeld) -> Self {
-        FramesHeldReport {
-            count: h.count,
-            total_ns: h.total_ns,
-            max_ns: h.max_ns,
-        }
-    }
 }
 
 /// One resource's share of the run.
@@ -655,7 +624,7 @@ impl SimReport {
     pub fn new(
         profile: &str,
         compute_nodes: usize,
-        (events, messages_overtaken, frames_held): (u64, u64, FramesHeldReport),
+        (events, messages_overtaken, frames_held): (u64, u64, dmkv_transport::sim::FramesHeld),
         run_seconds: f64,
         before: &[dmkv_transport::sim::ResourceUse],
         after: &[dmkv_transport::sim::ResourceUse],

@@ -850,7 +850,7 @@ fn run_threads_sim(
         sim: Some(SimReport::new(
             &profile.name,
             cfg.compute_nodes,
-            (events, overtaken, sim.frames_held().into()),
+            (events, overtaken, sim.frames_held()),
             run_seconds,
             &before,
             &after,

@@ -799,6 +799,19 @@ fn finish_jobs_lets_a_suspended_job_end_within_its_limit() {
     assert!(sim.finish_jobs(Duration::ZERO), "none left: at once");
 }
 
+/// A handler that waits `d` synchronously (a frame: handlers are not
+/// worker jobs) and replies with nothing.
+fn sleeping_handler(
+    d: Duration,
+) -> Arc<impl Fn(&RpcContext, &[u8]) -> Result<Vec<u8>, ServiceError>> {
+    Arc::new(
+        move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
+            dmkv_transport::time::sleep_blocking(d);
+            Ok(vec![])
+        },
+    )
+}
+
 /// Handler A (node 1) waits 10 us synchronously; 5 us later handler B
 /// (node 2), called then, waits `b_wait` synchronously. Handlers are not
 /// worker jobs: their waits are frames, and B's runs inside A's. Returns
@@ -808,19 +821,14 @@ fn handler_beside_a_waiting_handler(b_wait: Duration) -> (dmkv_transport::sim::F
     let (na, nb) = (sim.add_node(1), sim.add_node(1));
     let client = sim.add_node(0).id();
     let ep = sim.fabric().endpoint(client).unwrap();
-    let wait_of = |d: Duration| {
-        Arc::new(
-            move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
-                dmkv_transport::time::sleep_blocking(d);
-                Ok(vec![])
-            },
-        )
-    };
     let sa = na
         .services()
-        .register("a", wait_of(Duration::from_micros(10)))
+        .register("a", sleeping_handler(Duration::from_micros(10)))
         .unwrap();
-    let sb = nb.services().register("b", wait_of(b_wait)).unwrap();
+    let sb = nb
+        .services()
+        .register("b", sleeping_handler(b_wait))
+        .unwrap();
     let (ida, idb) = (na.id(), nb.id());
     let start = sim.now_ns();
     let a_replied = Cell::new(0u64);
@@ -863,15 +871,7 @@ fn the_outermost_frame_held_by_a_handler_is_not_counted() {
     let (server, client) = one_server(&sim, 1);
     let svc = server
         .services()
-        .register(
-            "wait",
-            Arc::new(
-                |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
-                    dmkv_transport::time::sleep_blocking(Duration::from_millis(1));
-                    Ok(vec![])
-                },
-            ),
-        )
+        .register("wait", sleeping_handler(Duration::from_millis(1)))
         .unwrap();
     let ep = sim.fabric().endpoint(client).unwrap();
     let id = server.id();

@@ -41,7 +41,7 @@ use super::jobwork::{self, JobMeter};
 use super::{JOB_SET, JOB_WORK, METER_LINE_NS, RUNNING_CORE, Sim, lines::LineSet};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -258,7 +258,7 @@ pub(crate) fn in_job() -> bool {
 #[allow(unsafe_code)] // the one dereference of the coroutine's yielder
 pub(crate) fn wait_in_job<'a, T>(mut tasks: Vec<crate::exec::LocalTask<'a, T>>) -> Vec<T> {
     let mut out: Vec<Option<T>> = (0..tasks.len()).map(|_| None).collect();
-    let left = Cell::new(tasks.len());
+    let mut left = tasks.len();
     loop {
         let waker = CO.with(|c| c.borrow().as_ref().and_then(|c| c.waker.clone()));
         if let Some(w) = waker {
@@ -268,10 +268,10 @@ pub(crate) fn wait_in_job<'a, T>(mut tasks: Vec<crate::exec::LocalTask<'a, T>>) 
                     && let Poll::Ready(v) = task.as_mut().poll(&mut cx)
                 {
                     *slot = Some(v);
-                    left.set(left.get() - 1);
+                    left -= 1;
                 }
             }
-            if left.get() == 0 {
+            if left == 0 {
                 return out.into_iter().map(|v| v.expect("done")).collect();
             }
         }

@@ -594,7 +594,7 @@ pub(crate) struct Sched {
 /// returned at the same instant) is not counted. The outermost frame's
 /// holds are left out: its code is the harness's, which reads the end of a
 /// run from its tasks' own ends (`last_end` in the bench runner).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FramesHeld {
     /// Frames held for more than 0 ns.
     pub count: u64,
