@@ -801,9 +801,7 @@ fn finish_jobs_lets_a_suspended_job_end_within_its_limit() {
 
 /// A handler that waits `d` synchronously (a frame: handlers are not
 /// worker jobs) and replies with nothing.
-fn sleeping_handler(
-    d: Duration,
-) -> Arc<impl Fn(&RpcContext, &[u8]) -> Result<Vec<u8>, ServiceError>> {
+fn sleeping_handler(d: Duration) -> Arc<dyn dmkv_transport::Service> {
     Arc::new(
         move |_: &RpcContext, _: &[u8]| -> Result<Vec<u8>, ServiceError> {
             dmkv_transport::time::sleep_blocking(d);
