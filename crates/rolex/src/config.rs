@@ -57,6 +57,11 @@ pub const KNOBS: &[KnobSpec] = &[
         help: "out-of-line value region MiB per memory node; 0 = sized from the expected keys",
     },
     KnobSpec {
+        name: "load_model_keys",
+        default: "16384",
+        help: "most keys of a model a bulk load makes (a load into a loaded store rewrites the models it meets; this bounds that work); 0 = no cap",
+    },
+    KnobSpec {
         name: "max_models",
         default: "0",
         help: "models a directory image can hold; 0 = sized from the expected keys",
@@ -102,6 +107,8 @@ pub struct Config {
     pub model_bytes: u64,
     pub value_bytes: u64,
     pub max_models: usize,
+    /// Most keys per bulk-loaded model (`load_model_keys`; 0 = no cap).
+    pub load_model_keys: usize,
     pub queue_slots: usize,
     pub poll_us: u64,
     pub lock_sharing: bool,
@@ -198,6 +205,7 @@ impl Config {
             model_bytes,
             value_bytes,
             max_models,
+            load_model_keys: k.get_in::<usize>(ENGINE, KNOBS, "load_model_keys", 0..=1 << 40)?,
             queue_slots,
             poll_us: k.get_in::<u64>(ENGINE, KNOBS, "poll_us", 1..=1_000_000)?,
             lock_sharing: k.get::<bool>(ENGINE, KNOBS, "lock_sharing")?,

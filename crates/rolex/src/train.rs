@@ -33,6 +33,41 @@ pub fn train_keys(keys: &[u64], eps: u64) -> Vec<KeySegment> {
         .collect()
 }
 
+/// Splits every segment longer than `cap` keys into pieces of at most
+/// `cap` (`cap = 0`: none), each keeping its segment's line shifted to its
+/// own first key, so its error is at most the segment's. Bulk loads cap
+/// their models this way (`rolex.load_model_keys`): a load into a loaded
+/// store rewrites every model its keys meet, and near-linear keys loaded in
+/// ascending calls would otherwise grow the last model, and each call's
+/// work, with the whole store (docs/rolex.md, "Departures").
+pub fn cap_segments(segs: Vec<KeySegment>, keys: &[u64], cap: usize) -> Vec<KeySegment> {
+    if cap == 0 || segs.iter().all(|s| s.end - s.start <= cap) {
+        return segs;
+    }
+    let mut out = Vec::with_capacity(segs.len());
+    for s in segs {
+        let mut start = s.start;
+        while start < s.end {
+            let end = (start + cap).min(s.end);
+            // A record keeps no origin: a model's line starts at its first
+            // key (`ModelParams::position` measures from `kmin`).
+            let line = Line {
+                origin: keys[start],
+                slope: s.line.slope,
+                intercept: s.line.eval(keys[start]) - (start - s.start) as f64,
+            };
+            out.push(KeySegment {
+                start,
+                end,
+                err: max_error(&line, (start..end).map(|i| (keys[i], (i - start) as i64))),
+                line,
+            });
+            start = end;
+        }
+    }
+    out
+}
+
 /// What training needs of a leaf.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeafKeys {
@@ -127,6 +162,51 @@ mod tests {
     }
 
     proptest! {
+        // A capped piece keeps its segment's line, moved to start at its
+        // first key as every model's does: each key's prediction within the
+        // piece is within the piece's error, which is the segment's (up to
+        // one position of rounding in the move).
+        #[test]
+        fn capped_segments_predict_within_their_error(
+            raw in prop::collection::vec(any::<u64>(), 1..600),
+            eps in 1u64..40,
+            cap in 1usize..200,
+        ) {
+            let mut keys = raw;
+            keys.sort_unstable();
+            keys.dedup();
+            let whole = train_keys(&keys, eps);
+            let capped = cap_segments(whole.clone(), &keys, cap);
+            prop_assert_eq!(capped.first().map(|s| s.start), Some(0));
+            prop_assert_eq!(capped.last().map(|s| s.end), Some(keys.len()));
+            for w in capped.windows(2) {
+                prop_assert_eq!(w[0].end, w[1].start);
+            }
+            for p in &capped {
+                prop_assert!(p.end - p.start <= cap && p.end > p.start);
+                let parent = whole.iter().find(|s| s.start <= p.start && p.end <= s.end).unwrap();
+                prop_assert_eq!(p.line.origin, keys[p.start]);
+                prop_assert!(p.err <= parent.err + 1, "{} > {}", p.err, parent.err);
+                // As the loader stores it (no origin: it measures from kmin).
+                let model = ModelParams {
+                    low: keys[p.start],
+                    high: u64::MAX,
+                    kmin: keys[p.start],
+                    kmax: keys[p.end - 1],
+                    slope: p.line.slope,
+                    intercept: p.line.intercept,
+                    err: p.err,
+                    leaves: 1,
+                    slt_slots: 1,
+                    region: 0,
+                };
+                for i in p.start..p.end {
+                    let d = (model.position(keys[i]) - (i - p.start) as f64).abs();
+                    prop_assert!(d < p.err as f64, "key {i}: off by {d}, err {}", p.err);
+                }
+            }
+        }
+
         // Invariant 4: for any key in a model's range, trained or not, the
         // predicted leaf range holds its group.
         #[test]

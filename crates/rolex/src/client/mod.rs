@@ -424,6 +424,7 @@ impl Engine for RolexEngine {
         Ok(serde_json::json!({
             "models": fig("models"),
             "leaves_allocated": leaves_allocated,
+            "leaves_reused": fig("leaves_reused"),
             "trained_leaves": fig("trained_leaves"),
             "synonym_leaves": fig("synonym_leaves"),
             "leaves_read": per_op,

@@ -1,11 +1,14 @@
 //! Bulk loading: the compute node stages pairs with the admin service and
 //! commits; memory node 0 merges them with everything stored, trains models
 //! over the sorted keys (OptimalPLR, §3.2), packs them δ per leaf into
-//! freshly allocated leaves, and publishes the new directory. Old leaves are
-//! marked dead before the directory switches, so a compute node with a stale
-//! cache can never read a leaf that no longer receives writes.
+//! leaves (dead ones from the free list first, then fresh ones from the
+//! region), and publishes the new directory. Old leaves are marked dead
+//! before the directory switches, so a compute node with a stale cache can
+//! never read a leaf that no longer receives writes; reused leaves are
+//! written only after that, and the old leaves go on the free list after
+//! the publication (docs/rolex.md, invariant 14).
 
-use super::{Server, push_leaf_write};
+use super::{FreeLeaf, Server, push_leaf_write};
 use crate::io::{LeafId, chain, corrupt, read_leaves, read_params};
 use crate::layout::entry::{Entry, LOCK_BIT, RETIRED};
 use crate::layout::leaf::{Leaf, Slot, words_of};
@@ -13,7 +16,7 @@ use crate::layout::meta::ModelRef;
 use crate::layout::record::{ModelParams, ModelState, RecordLayout, W_SLT, W_STATE, encode_record};
 use crate::layout::value::{FatPtr, block_bytes, encode_block};
 use crate::remote::{H_ALLOC, H_CAPACITY, Remote};
-use crate::train::train_keys;
+use crate::train::{KeySegment, cap_segments, train_keys};
 use dmkv_api::{KvError, Result};
 use dmkv_transport::exec::yield_now;
 use dmkv_transport::time::Instant;
@@ -26,6 +29,15 @@ const BATCH: usize = 256;
 enum Val {
     Stored(Slot),
     New(Vec<u8>),
+}
+
+/// What [`Server::rebuild`] made: the new models' low keys and records
+/// (written), and the reused leaves' images with their versions, which the
+/// caller writes only once the leaves they replace are dead.
+struct Rebuilt {
+    lows: Vec<u64>,
+    refs: Vec<ModelRef>,
+    reborn: Vec<(LeafId, Leaf, u64)>,
 }
 
 /// Posts verbs in batches of [`BATCH`].
@@ -183,7 +195,11 @@ impl Server {
                 .await
         }
         .await;
-        let (lows, new_refs) = match res {
+        let Rebuilt {
+            lows,
+            refs: new_refs,
+            reborn,
+        } = match res {
             Ok(d) => d,
             Err(e) => {
                 // Put the old models back in service.
@@ -206,6 +222,14 @@ impl Server {
                 .await?;
         }
         post.flush().await?;
+        // Reused leaves come back to life only now: a reader with a stale
+        // cache may still name one, and must not find it live beside the
+        // leaves it replaces (invariant 14).
+        for (id, leaf, version) in &reborn {
+            post.with(|b| push_leaf_write(b, &r, cfg, *id, leaf, *version))
+                .await?;
+        }
+        post.flush().await?;
         {
             let mut st = self.dir.lock();
             // The directory may not have changed meanwhile: retrains and
@@ -219,6 +243,23 @@ impl Server {
             self.publish(&mut st, all_lows, all_refs)
                 .map_err(KvError::Exhausted)?;
         }
+        // Dead, and named by no published model: free (invariant 14). Their
+        // next image is one version above the dead one.
+        {
+            let mut free = self.free.lock();
+            for (id, leaf) in &old {
+                free.give(
+                    id.region,
+                    [FreeLeaf {
+                        leaf: id.leaf,
+                        version: leaf.version + 2,
+                    }],
+                );
+            }
+        }
+        self.stats
+            .leaves_freed
+            .fetch_add(old.len() as u64, Ordering::Relaxed);
         self.note_model_usage(ep, &r).await?;
         for (m, _, _) in &frozen {
             if let Some(a) = r.record(*m, W_STATE) {
@@ -241,7 +282,7 @@ impl Server {
         range_low: u64,
         range_high: u64,
         first_model: usize,
-    ) -> Result<(Vec<u64>, Vec<ModelRef>)> {
+    ) -> Result<Rebuilt> {
         let cfg = &self.cfg;
         let slots = cfg.slots();
         let t0 = Instant::now();
@@ -266,7 +307,7 @@ impl Server {
             return Err(corrupt("stored leaves are not in key order"));
         }
         let keys: Vec<u64> = merged.iter().map(|p| p.0).collect();
-        let segs = train_keys(&keys, cfg.epsilon);
+        let segs = cap_segments(train_keys(&keys, cfg.epsilon), &keys, cfg.load_model_keys);
         // Models round robin over the leaf regions.
         let nodes = r.nodes();
         let models = segs.len().max(1);
@@ -292,6 +333,86 @@ impl Server {
                 }
             }
         }
+        // Dead leaves first (invariant 14), then the region's bump counter.
+        let mut reuse: Vec<Vec<FreeLeaf>> = {
+            let mut free = self.free.lock();
+            (0..nodes)
+                .map(|g| free.take(g as u8, leaves_needed[g] as usize))
+                .collect()
+        };
+        let mut reborn = Vec::new();
+        let res = self
+            .rebuild_into(
+                ep,
+                r,
+                merged,
+                &keys,
+                &segs,
+                (range_low, range_high),
+                first_model,
+                (&leaves_needed, &value_bytes),
+                &mut reuse,
+                &mut reborn,
+            )
+            .await;
+        let (lows, refs) = match res {
+            Ok(made) => made,
+            Err(e) => {
+                // The free leaves go back: none was written (reborn leaves are
+                // written by the caller, after this returns).
+                let mut free = self.free.lock();
+                for (g, v) in reuse.into_iter().enumerate() {
+                    free.give(g as u8, v);
+                }
+                for (id, _, version) in reborn {
+                    free.give(
+                        id.region,
+                        [FreeLeaf {
+                            leaf: id.leaf,
+                            version,
+                        }],
+                    );
+                }
+                return Err(e);
+            }
+        };
+        self.stats
+            .leaves_reused
+            .fetch_add(reborn.len() as u64, Ordering::Relaxed);
+        self.stats.loads.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .load_keys
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        self.stats
+            .load_train_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(Rebuilt { lows, refs, reborn })
+    }
+
+    /// The rest of [`Server::rebuild`]: allocates the leaves not in `reuse`
+    /// (`needed` leaves and value bytes per region) and the value space,
+    /// writes the value blocks, the fresh leaves and the records, and moves
+    /// each free leaf it uses from `reuse` to `reborn` with its image,
+    /// unwritten. Returns the new models' low keys and records.
+    #[allow(clippy::too_many_arguments)]
+    async fn rebuild_into(
+        &self,
+        ep: &Endpoint,
+        r: &Remote,
+        merged: Vec<(u64, Val)>,
+        keys: &[u64],
+        segs: &[KeySegment],
+        (range_low, range_high): (u64, u64),
+        first_model: usize,
+        (leaves_needed, value_bytes): (&[u64], &[u64]),
+        reuse: &mut [Vec<FreeLeaf>],
+        reborn: &mut Vec<(LeafId, Leaf, u64)>,
+    ) -> Result<(Vec<u64>, Vec<ModelRef>)> {
+        let cfg = &self.cfg;
+        let slots = cfg.slots();
+        let nodes = r.nodes();
+        let models = segs.len().max(1);
+        let region_of = |i: usize| ((first_model + i) % nodes) as u8;
         let mut leaf_next = vec![0u64; nodes];
         let mut value_next = vec![0u64; nodes];
         for g in 0..nodes {
@@ -302,11 +423,14 @@ impl Server {
                     .try_into()
                     .expect("8"),
             );
-            leaf_next[g] = ep.faa(la, leaves_needed[g]).await?;
-            if leaf_next[g] + leaves_needed[g] > lc {
-                return Err(KvError::Exhausted(format!(
-                    "leaf region of memory node {g} is full ({lc} leaves; raise rolex.leaves)"
-                )));
+            let from_region = leaves_needed[g] - reuse[g].len() as u64;
+            if from_region > 0 {
+                leaf_next[g] = ep.faa(la, from_region).await?;
+                if leaf_next[g] + from_region > lc {
+                    return Err(KvError::Exhausted(format!(
+                        "leaf region of memory node {g} is full ({lc} leaves; raise rolex.leaves)"
+                    )));
+                }
             }
             let va = r.values[g].at(H_ALLOC);
             value_next[g] = ep.faa(va, value_bytes[g]).await?;
@@ -380,13 +504,28 @@ impl Server {
                     };
                     leaf.pairs.push(slot);
                 }
-                let id = LeafId {
-                    region: g,
-                    leaf: leaf_next[g as usize],
+                let id = match reuse[g as usize].pop() {
+                    Some(f) => {
+                        // Reborn only after the leaves it replaces are
+                        // dead: the caller writes it (invariant 14).
+                        let id = LeafId {
+                            region: g,
+                            leaf: f.leaf,
+                        };
+                        reborn.push((id, leaf, f.version));
+                        id
+                    }
+                    None => {
+                        let id = LeafId {
+                            region: g,
+                            leaf: leaf_next[g as usize],
+                        };
+                        leaf_next[g as usize] += 1;
+                        post.with(|b| push_leaf_write(b, r, cfg, id, &leaf, 1))
+                            .await?;
+                        id
+                    }
                 };
-                leaf_next[g as usize] += 1;
-                post.with(|b| push_leaf_write(b, r, cfg, id, &leaf, 1))
-                    .await?;
                 lt.push(Entry::new(g, id.leaf).encode());
             }
             let (kmin, kmax) = if e > s {
@@ -448,14 +587,8 @@ impl Server {
             refs.push(m);
         }
         post.flush().await?;
-        self.stats.loads.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .load_keys
-            .fetch_add(keys.len() as u64, Ordering::Relaxed);
-        self.stats
-            .load_train_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        // The caller publishes once the old leaves are dead.
+        // The caller writes the reborn leaves and publishes once the old
+        // leaves are dead.
         Ok((lows, refs))
     }
 }

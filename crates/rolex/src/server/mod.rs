@@ -64,6 +64,10 @@ pub struct ServerStats {
     pub load_keys: AtomicU64,
     pub load_train_ns: AtomicU64,
     pub load_cpu_ns: AtomicU64,
+    /// Leaves bulk loads took from the free list instead of the region.
+    pub leaves_reused: AtomicU64,
+    /// Dead leaves put on the free list (by bulk loads and retrain merges).
+    pub leaves_freed: AtomicU64,
     pub polls: AtomicU64,
     pub poll_cpu_ns: AtomicU64,
 }
@@ -100,7 +104,54 @@ pub struct Server {
     /// retrain's swap or a bulk load.
     publish_busy: AtomicBool,
     loads: Mutex<Loads>,
+    /// Dead leaves that bulk loads and retrain merges may reuse, per leaf
+    /// region (docs/rolex.md, invariant 14).
+    free: Mutex<FreeLeaves>,
     pub stats: ServerStats,
+}
+
+/// A dead leaf no live model names, and the version its next image takes
+/// (one above its dead image's, so a reader whose read straddles the
+/// rebirth sees the versions differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FreeLeaf {
+    pub leaf: u64,
+    pub version: u64,
+}
+
+/// Memory node 0's free lists of leaves, one per leaf region. Only node 0
+/// allocates from them (bulk loads); clients allocate synonym leaves
+/// one-sided from the region's bump counter and never reuse.
+#[derive(Debug, Default)]
+pub(crate) struct FreeLeaves {
+    pub by_region: Vec<Vec<FreeLeaf>>,
+}
+
+impl FreeLeaves {
+    /// Adds leaves that are dead (their dead image written and completed)
+    /// and named by no live model.
+    pub fn give(&mut self, region: u8, leaves: impl IntoIterator<Item = FreeLeaf>) {
+        let g = region as usize;
+        if self.by_region.len() <= g {
+            self.by_region.resize_with(g + 1, Vec::new);
+        }
+        self.by_region[g].extend(leaves);
+    }
+
+    /// Takes up to `n` leaves of `region`.
+    pub fn take(&mut self, region: u8, n: usize) -> Vec<FreeLeaf> {
+        match self.by_region.get_mut(region as usize) {
+            Some(v) => {
+                let keep = v.len().saturating_sub(n);
+                v.split_off(keep)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_region.iter().map(Vec::len).sum()
+    }
 }
 
 /// Releases the publication lock when dropped.
@@ -183,6 +234,7 @@ pub fn serve(rt: &Arc<NodeRuntime>, args: &ServeArgs) -> Result<()> {
         queue: Mutex::new(()),
         publish_busy: AtomicBool::new(false),
         loads: Mutex::new(Loads::default()),
+        free: Mutex::new(FreeLeaves::default()),
         stats: ServerStats::default(),
         cfg,
     });
@@ -546,6 +598,7 @@ impl Server {
     fn figures(&self) -> Vec<(&'static str, u64)> {
         let s = &self.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let free = self.free.lock().len() as u64;
         let st = self.dir.lock();
         vec![
             ("models", st.refs.len() as u64),
@@ -565,6 +618,9 @@ impl Server {
             ("load_keys", l(&s.load_keys)),
             ("load_train_ns", l(&s.load_train_ns)),
             ("load_cpu_ns", l(&s.load_cpu_ns)),
+            ("leaves_freed", l(&s.leaves_freed)),
+            ("leaves_reused", l(&s.leaves_reused)),
+            ("leaves_free", free),
             ("polls", l(&s.polls)),
             ("poll_cpu_ns", l(&s.poll_cpu_ns)),
             ("queue_enqueued", self.meta_load(W_QTAIL)),

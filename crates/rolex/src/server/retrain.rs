@@ -18,7 +18,7 @@
 //!    the leaf marked dead). Then the new records are written, a new
 //!    directory is published, and the old record's state becomes RETIRED.
 
-use super::{Server, push_leaf_write};
+use super::{FreeLeaf, Server, push_leaf_write};
 use crate::io::{LeafId, chain, corrupt, read_leaves, read_params};
 use crate::layout::entry::{Entry, LOCK_BIT, RETIRED};
 use crate::layout::leaf::{Leaf, words_of};
@@ -371,6 +371,21 @@ impl Server {
             self.publish(&mut st, lows, all)
                 .map_err(KvError::Exhausted)?;
         }
+        // The merged leaves are dead and no published model names them:
+        // free for a later bulk load (invariant 14).
+        {
+            let mut free = self.free.lock();
+            for (_, _, id, dead) in &merges {
+                let next = FreeLeaf {
+                    leaf: id.leaf,
+                    version: dead.version + 1,
+                };
+                free.give(id.region, [next]);
+            }
+        }
+        self.stats
+            .leaves_freed
+            .fetch_add(merges.len() as u64, Ordering::Relaxed);
         ep.write(addr(W_STATE)?, &(ModelState::Retired as u64).to_le_bytes())
             .await?;
         self.note_model_usage(ep, r).await?;
