@@ -95,6 +95,11 @@ struct Group<'a> {
     leaves: Vec<Leaf>,
     state: u64,
     slot_use: u64,
+    /// Set once `finish` has released the lock or handed it over: from
+    /// then on it is not ours, and an error after that point (queueing a
+    /// retrain, waiting for one, both on memory node 0) must not release
+    /// it again (`bail`; docs/rolex.md, invariant 15).
+    released: std::cell::Cell<bool>,
 }
 
 impl RolexClient {
@@ -414,6 +419,7 @@ impl RolexClient {
             leaves: Vec::new(),
             state: 0,
             slot_use: 0,
+            released: std::cell::Cell::new(false),
         };
         if let Some(lt) = held {
             bump(&sh.stats.lock_handovers);
@@ -482,10 +488,14 @@ impl RolexClient {
         }
     }
 
-    /// Releases the lock after an error (best effort) and passes the error on.
+    /// Releases the lock after an error (best effort) and passes the error
+    /// on; if `finish` already released it or handed it over, it is
+    /// somebody else's by now and is left alone (invariant 15).
     async fn bail(&self, g: &Group<'_>, lt_addr: RemoteAddr, e: KvError) -> KvError {
-        let _ = self.ep.write(lt_addr, &g.lt.to_le_bytes()).await;
-        self.sh.locks.release((g.mc.m, g.j), None);
+        if !g.released.get() {
+            let _ = self.ep.write(lt_addr, &g.lt.to_le_bytes()).await;
+            self.sh.locks.release((g.mc.m, g.j), None);
+        }
         e
     }
 
@@ -773,6 +783,7 @@ impl RolexClient {
         }
         g.mc.set_lt(g.j, final_lt);
         sh.locks.release(gk, keep.then_some(final_lt));
+        g.released.set(true);
         Ok(())
     }
 
