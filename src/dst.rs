@@ -57,11 +57,13 @@ pub const VARIANTS: &[(&str, &str, &[&str])] = &[
     ("sherman", "node_bytes", &["256"]),
     // No local lock sharing, or sharing without hand-overs; 4-pair
     // leaves (many synonym leaves and splits); 8-slot SLTs (full tables
-    // wait for retraining).
+    // wait for retraining); bulk-loaded models of at most 64 keys (the
+    // loads' calls of 64 each meet the last model and reuse dead leaves).
     ("rolex", "lock_sharing", &["false"]),
     ("rolex", "max_handover", &["0"]),
     ("rolex", "leaf_slots", &["4"]),
     ("rolex", "slt_slots", &["8"]),
+    ("rolex", "load_model_keys", &["64"]),
     // Whole-leaf reads; the smaller caches (TT entries read per lookup);
     // no speculation, no hints, no expansion; 4-slot XTree nodes; at most
     // two leaves per lookup (wider predictions take the fallback RPC).

@@ -200,9 +200,9 @@ mod tests {
                     slt_slots: 1,
                     region: 0,
                 };
-                for i in p.start..p.end {
-                    let d = (model.position(keys[i]) - (i - p.start) as f64).abs();
-                    prop_assert!(d < p.err as f64, "key {i}: off by {d}, err {}", p.err);
+                for (label, &k) in keys[p.start..p.end].iter().enumerate() {
+                    let d = (model.position(k) - label as f64).abs();
+                    prop_assert!(d < p.err as f64, "key {k}: off by {d}, err {}", p.err);
                 }
             }
         }

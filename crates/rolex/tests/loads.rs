@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// out of line for every fifth (a reborn leaf keeps stored value pointers).
 fn value_of(k: u64) -> Vec<u8> {
     let w = k.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes();
-    if k % 5 == 0 {
+    if k.is_multiple_of(5) {
         w.iter().chain(&w).chain(&w[..4]).copied().collect()
     } else {
         w.to_vec()
