@@ -213,6 +213,14 @@ impl Server {
                 return Err(e);
             }
         };
+        #[cfg(test)]
+        if let Some(hook) = test_hooks::BEFORE_DEAD_MARKS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            hook(&self.meta, &reborn.iter().map(|r| r.0).collect::<Vec<_>>());
+        }
         // Old leaves die before the new directory is visible.
         let mut post = Poster::new(ep);
         for (id, leaf) in &old {
@@ -591,4 +599,18 @@ impl Server {
         // leaves are dead.
         Ok((lows, refs))
     }
+}
+
+/// Hooks for tests of the load's order of writes.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use crate::io::LeafId;
+    use dmkv_transport::RegionMem;
+    use std::sync::{Arc, Mutex};
+
+    /// Called with node 0's meta region (which names the store) and the
+    /// leaves a load is about to reuse, just before it writes the dead
+    /// marks of the leaves it replaces.
+    pub type BeforeDeadMarks = Box<dyn Fn(&Arc<RegionMem>, &[LeafId]) + Send + Sync>;
+    pub static BEFORE_DEAD_MARKS: Mutex<Option<BeforeDeadMarks>> = Mutex::new(None);
 }

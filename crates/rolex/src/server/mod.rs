@@ -5,6 +5,8 @@
 //! retraining workers (§3.5) on its limited CPU.
 
 mod load;
+#[cfg(test)]
+mod load_tests;
 mod publish;
 mod retrain;
 
