@@ -740,46 +740,14 @@ fn dst_rolex_retrainer_gives_up_a_dead_clients_lock() {
 /// 2) verified with 5 keys missing; now only the crashed node's errors.
 #[test]
 fn rolex_writer_errors_after_its_release_do_not_release_again() {
-    let out = dmkv(&[
-        "bench",
-        "--transport",
-        "sim",
-        "--profile",
-        "rolex-cx5",
-        "--engine",
-        "rolex",
-        "--keyset",
-        "sequential",
-        "--workload",
-        "mixed:60,0,40,0,0,0",
-        "--dist",
-        "latest",
-        "--keys",
-        "256",
-        "--ops",
-        "4000",
-        "--compute-nodes",
-        "2",
-        "--threads",
-        "4",
-        "--tasks",
-        "8",
-        "--jitter-ns",
-        "400",
-        "--seed",
-        "2",
-        "--verify",
-        "--value-size",
-        "280",
-        "--memnodes",
-        "2",
-        "--set",
-        "rolex.load_model_keys=64",
-        "--crash-memnode",
-        "0@0.75",
-        "--load-chunk",
-        "256",
-    ]);
+    // DST seed 50116's replay, at seed 2 and with the keys loaded in one
+    // call (no leaf reuse): it fails the same way without the fix.
+    let replay = "bench --transport sim --profile rolex-cx5 --engine rolex \
+        --keyset sequential --workload mixed:60,0,40,0,0,0 --dist latest \
+        --keys 256 --ops 4000 --compute-nodes 2 --threads 4 --tasks 8 \
+        --jitter-ns 400 --seed 2 --verify --value-size 280 --memnodes 2 \
+        --set rolex.load_model_keys=64 --crash-memnode 0@0.75 --load-chunk 256";
+    let out = dmkv(&replay.split_whitespace().collect::<Vec<_>>());
     let all = format!("{}{}", out.out, out.err);
     assert!(
         all.contains("0 mismatched, 0 missing, 0 unexpected,"),
