@@ -34,8 +34,9 @@ pub fn train_keys(keys: &[u64], eps: u64) -> Vec<KeySegment> {
 }
 
 /// Splits every segment longer than `cap` keys into pieces of at most
-/// `cap` (`cap = 0`: none), each keeping its segment's line shifted to its
-/// own first key, so its error is at most the segment's. Bulk loads cap
+/// `cap` (`cap = 0`: none), each keeping its segment's line moved to start
+/// at its own first key, so its error is the segment's at most (plus one
+/// position of floating-point rounding in the move). Bulk loads cap
 /// their models this way (`rolex.load_model_keys`): a load into a loaded
 /// store rewrites every model its keys meet, and near-linear keys loaded in
 /// ascending calls would otherwise grow the last model, and each call's
