@@ -34,6 +34,27 @@ pub mod server;
 pub mod train;
 pub mod upper;
 
+/// One memory node and one compute thread on the local backend, with
+/// `knobs`: the set-up of this crate's step-by-step unit tests.
+#[cfg(test)]
+pub(crate) fn local_test_deployment(knobs: &[(&str, &str)]) -> dmkv_api::deploy::LocalDeployment {
+    let mut k = dmkv_api::Knobs::new();
+    for (name, value) in knobs {
+        k.set(name, value);
+    }
+    dmkv_api::deploy::LocalDeployment::deploy(
+        &SPEC,
+        &dmkv_api::deploy::DeployOptions {
+            knobs: k,
+            threads: 1,
+            memnodes: 1,
+            expected_keys: 20_000,
+            ..Default::default()
+        },
+    )
+    .expect("deploy rolex")
+}
+
 pub use client::RolexSpec;
 
 /// The ROLEX engine, for the engine registry.

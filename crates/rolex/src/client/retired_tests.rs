@@ -16,8 +16,8 @@ use super::ops::RolexClient;
 use crate::config::Config;
 use crate::layout::entry::RETIRED;
 use crate::layout::record::{ModelState, RecordLayout, W_STATE};
-use dmkv_api::deploy::{DeployOptions, LocalDeployment};
-use dmkv_api::{Key, Knobs, KvClient};
+use dmkv_api::deploy::LocalDeployment;
+use dmkv_api::{Key, KvClient};
 use dmkv_transport::exec::{LocalTask, block_on, run_tasks, yield_now};
 use dmkv_transport::{Endpoint, RemoteAddr};
 use std::cell::Cell;
@@ -39,20 +39,8 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let mut knobs = Knobs::new();
     // Small leaves: many groups per model, so a key has a next group.
-    knobs.set("leaf_slots", "8");
-    let d = LocalDeployment::deploy(
-        &crate::SPEC,
-        &DeployOptions {
-            knobs,
-            threads: 1,
-            memnodes: 1,
-            expected_keys: 20_000,
-            ..Default::default()
-        },
-    )
-    .expect("deploy rolex");
+    let d = crate::local_test_deployment(&[("leaf_slots", "8")]);
     let ep = d.endpoint(0);
     let pairs: Vec<(Key, Vec<u8>)> = (0..LOADED)
         .map(|i| (i * 10, (i * 10).to_le_bytes().to_vec()))

@@ -256,13 +256,7 @@ impl Server {
         {
             let mut free = self.free.lock();
             for (id, leaf) in &old {
-                free.give(
-                    id.region,
-                    [FreeLeaf {
-                        leaf: id.leaf,
-                        version: leaf.version + 2,
-                    }],
-                );
+                free.give_leaf(*id, leaf.version + 2);
             }
         }
         self.stats
@@ -373,13 +367,7 @@ impl Server {
                     free.give(g as u8, v);
                 }
                 for (id, _, version) in reborn {
-                    free.give(
-                        id.region,
-                        [FreeLeaf {
-                            leaf: id.leaf,
-                            version,
-                        }],
-                    );
+                    free.give_leaf(id, version);
                 }
                 return Err(e);
             }

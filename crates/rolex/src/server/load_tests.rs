@@ -13,8 +13,7 @@ use crate::config::names;
 use crate::io::LeafId;
 use crate::layout::leaf::{Leaf, LeafLayout};
 use crate::remote::LEAF_BASE;
-use dmkv_api::deploy::{DeployOptions, LocalDeployment};
-use dmkv_api::{Key, Knobs};
+use dmkv_api::Key;
 use dmkv_transport::exec::block_on;
 use std::sync::{Arc, Mutex};
 
@@ -29,20 +28,7 @@ impl Drop for Unhook {
 
 #[test]
 fn reused_leaves_are_still_dead_when_the_old_leaves_die() {
-    let mut knobs = Knobs::new();
-    knobs.set("leaf_slots", "8");
-    knobs.set("load_model_keys", "32");
-    let d = LocalDeployment::deploy(
-        &crate::SPEC,
-        &DeployOptions {
-            knobs,
-            threads: 1,
-            memnodes: 1,
-            expected_keys: 20_000,
-            ..Default::default()
-        },
-    )
-    .expect("deploy rolex");
+    let d = crate::local_test_deployment(&[("leaf_slots", "8"), ("load_model_keys", "32")]);
     let rt = &d.runtimes[0];
     let meta = rt.region(&d.args.name(names::META)).expect("meta").mem;
     let leaves = rt.region(&d.args.name(names::LEAVES)).expect("leaves").mem;

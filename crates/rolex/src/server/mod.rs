@@ -140,6 +140,17 @@ impl FreeLeaves {
         self.by_region[g].extend(leaves);
     }
 
+    /// Adds one dead leaf whose next image takes `version`.
+    pub fn give_leaf(&mut self, id: crate::io::LeafId, version: u64) {
+        self.give(
+            id.region,
+            [FreeLeaf {
+                leaf: id.leaf,
+                version,
+            }],
+        );
+    }
+
     /// Takes up to `n` leaves of `region`.
     pub fn take(&mut self, region: u8, n: usize) -> Vec<FreeLeaf> {
         match self.by_region.get_mut(region as usize) {

@@ -18,7 +18,7 @@
 //!    the leaf marked dead). Then the new records are written, a new
 //!    directory is published, and the old record's state becomes RETIRED.
 
-use super::{FreeLeaf, Server, push_leaf_write};
+use super::{Server, push_leaf_write};
 use crate::io::{LeafId, chain, corrupt, read_leaves, read_params};
 use crate::layout::entry::{Entry, LOCK_BIT, RETIRED};
 use crate::layout::leaf::{Leaf, words_of};
@@ -376,11 +376,7 @@ impl Server {
         {
             let mut free = self.free.lock();
             for (_, _, id, dead) in &merges {
-                let next = FreeLeaf {
-                    leaf: id.leaf,
-                    version: dead.version + 1,
-                };
-                free.give(id.region, [next]);
+                free.give_leaf(*id, dead.version + 1);
             }
         }
         self.stats
