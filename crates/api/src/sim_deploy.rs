@@ -3,7 +3,7 @@
 //! calling thread (see `dmkv_transport::sim`).
 
 use crate::deploy::{DeployOptions, checked_client, install, serving_nodes};
-use crate::engine::{Engine, EngineSpec, ServeArgs, Topology};
+use crate::engine::{ConnectArgs, Engine, EngineSpec, ServeArgs, Topology};
 use crate::error::Result;
 use crate::store::KvStore;
 use dmkv_memnode::{NodeRuntime, NodeStats};
@@ -24,10 +24,26 @@ pub struct SimOptions {
 
 /// An engine deployed on a fresh simulated cluster, entered on the calling
 /// thread. Dropping it tears it all down and leaves the simulation.
+///
+/// Each simulated compute node of a disaggregated design is its own compute
+/// process: the engine is connected once per node (`Engine` = one compute
+/// process, shared by its threads), so what a design keeps per compute
+/// process (Sherman's and ROLEX's local lock tables and their hand-overs,
+/// index and model caches, Outback's locator and its registration with each
+/// shard, a lock word's owner tag) is per node, as on the papers' clusters.
+/// Until the thirty-fourth session every node shared compute node 0's
+/// engine, so a lock was handed over between threads of different nodes and
+/// one node's cache fills served them all (docs/simulation.md, "One compute
+/// process per simulated compute node").
 pub struct SimDeployment {
-    // Declared in drop order: the engine before the nodes it talks to, the
-    // simulation last.
+    // Declared in drop order: the engines before the nodes they talk to,
+    // the simulation last.
+    /// Compute node 0's engine: the one that loads and reports.
     pub engine: Arc<dyn Engine>,
+    /// The engines of compute nodes 1.. (disaggregated designs; empty for
+    /// one compute node and for symmetric designs, whose compute threads
+    /// run on their nodes' own state).
+    pub peers: Vec<Arc<dyn Engine>>,
     pub runtimes: Vec<Arc<NodeRuntime>>,
     /// Compute nodes of disaggregated designs.
     pub compute: Vec<NodeId>,
@@ -55,25 +71,55 @@ impl SimDeployment {
             .map(|_| sim.add_node(0).id())
             .collect();
         let (engine, args) = install(spec, opts, &runtimes, sim.fabric(), compute[0])?;
+        let threads_per_node = sim_opts.threads_per_node.max(1);
+        let mut peers = Vec::new();
+        if spec.topology() == Topology::Disaggregated {
+            for &node in &compute[1..] {
+                peers.push(spec.connect(ConnectArgs {
+                    fabric: sim.fabric(),
+                    compute_node: node,
+                    serve: args.clone(),
+                    threads: threads_per_node,
+                    hosted: runtimes.clone(),
+                })?);
+            }
+        }
         Ok(SimDeployment {
             engine,
+            peers,
             runtimes,
             compute,
             args,
             topology: spec.topology(),
-            threads_per_node: sim_opts.threads_per_node.max(1),
+            threads_per_node,
             sim,
         })
+    }
+
+    /// The compute node (index into `compute`) thread `thread` runs on, for
+    /// disaggregated designs: threads are spread in blocks of
+    /// `threads_per_node`.
+    fn compute_index(&self, thread: usize) -> usize {
+        (thread / self.threads_per_node).min(self.compute.len() - 1)
     }
 
     /// The node compute thread `thread` issues from: its compute node for
     /// disaggregated designs, the engine's choice for symmetric ones.
     pub fn home(&self, thread: usize) -> NodeId {
         match self.topology {
-            Topology::Disaggregated => {
-                self.compute[(thread / self.threads_per_node).min(self.compute.len() - 1)]
-            }
+            Topology::Disaggregated => self.compute[self.compute_index(thread)],
             Topology::Symmetric => self.engine.home_node(thread),
+        }
+    }
+
+    /// The engine (compute process) compute thread `thread` belongs to.
+    pub fn engine_of(&self, thread: usize) -> &Arc<dyn Engine> {
+        match self.topology {
+            Topology::Disaggregated => match self.compute_index(thread) {
+                0 => &self.engine,
+                i => self.peers.get(i - 1).unwrap_or(&self.engine),
+            },
+            Topology::Symmetric => &self.engine,
         }
     }
 
@@ -89,7 +135,7 @@ impl SimDeployment {
 
     /// A validated client for compute thread `thread`, with its endpoint.
     pub fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>)> {
-        checked_client(&self.engine, self.endpoint(thread), thread)
+        checked_client(self.engine_of(thread), self.endpoint(thread), thread)
     }
 
     pub fn node_stats(&self) -> Vec<NodeStats> {

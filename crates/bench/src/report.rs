@@ -352,6 +352,8 @@ pub struct EngineReport {
     pub load: LoadReport,
     /// Costs of `--verify` (label `verify`), exact totals.
     pub verify_counters: Totals,
+    /// What one compute process caches (compute node 0's engine under
+    /// `--compute-nodes N`: every node keeps its own cache).
     pub client_cache_bytes: u64,
     /// Registered memory in use on the memory nodes after the run.
     pub memnode_bytes: u64,
@@ -361,7 +363,15 @@ pub struct EngineReport {
     pub errors: ErrorsReport,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceReport>,
+    /// The engine's own figures as compute node 0's compute process reports
+    /// them: figures read from the memory nodes cover the whole cluster, the
+    /// client side's (caches, lock hand-overs and retries, fallbacks) are
+    /// node 0's only when the run has several compute nodes.
     pub engine_stats: serde_json::Value,
+    /// `--compute-nodes N` under `sim` (disaggregated designs): the same
+    /// figures from compute nodes 1..N, each its own compute process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_stats_other_compute_nodes: Vec<serde_json::Value>,
     /// `--transport sim`: the simulated cluster's figures (`throughput`,
     /// `run_seconds`, latencies and `load.seconds` are then virtual time).
     #[serde(skip_serializing_if = "Option::is_none")]
