@@ -1772,12 +1772,15 @@ fn partitioned_shifts_and_engine_timelines_replay_exactly() {
 }
 
 /// Each simulated compute node is its own compute process (one engine per
-/// node, `SimDeployment::peers`): Sherman's writers on two nodes meet on
-/// the memory node's lock word, where a CAS fails and is retried, instead
-/// of handing the lock over through one shared local lock table. Before
-/// (every node on compute node 0's engine) the same run had 0 lock retries:
-/// each writer waited in the one local table and got the lock handed over,
-/// whichever node it ran on. The report carries node 1's figures apart.
+/// node, `SimDeployment::peers`) that counts its events into node 0's
+/// counters: Sherman's writers on two nodes meet on the memory node's lock
+/// word, where a CAS fails and is retried, instead of handing the lock over
+/// through one shared local lock table. Before (every node on compute node
+/// 0's engine) the same run had 0 lock retries and 1,159 hand-overs: each
+/// writer waited in the one local table, whichever node it ran on. Node 1
+/// starts with a cold cache (node 0 loaded) and fills it as it writes, as
+/// Sherman's searches cache each level-1 node they read: without that, a
+/// node that only writes never filled its cache (2,008 misses here).
 #[test]
 fn simulated_compute_nodes_keep_their_own_lock_tables_and_caches() {
     let r = bench_json(
@@ -1806,18 +1809,15 @@ fn simulated_compute_nodes_keep_their_own_lock_tables_and_caches() {
         ],
         "per-node-engines",
     );
-    let node0 = &r["engine_stats"];
-    let others = r["engine_stats_other_compute_nodes"]
-        .as_array()
-        .expect("node 1's figures");
-    assert_eq!(others.len(), 1, "{r}");
-    let node1 = &others[0];
-    for (i, s) in [node0, node1].into_iter().enumerate() {
-        // Both nodes met the other's lock on the memory node...
-        assert!(s["lock_retries"].as_u64().unwrap() > 0, "node {i}: {s}");
-        // ...and each filled a cache of its own while it ran.
-        assert!(s["cache_hits"].as_u64().unwrap() > 0, "node {i}: {s}");
-    }
+    let s = &r["engine_stats"];
+    let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
+    // The nodes met each other's locks on the memory node.
+    assert!(n("lock_retries") > 0, "{s}");
+    // Both nodes' lookups are counted: 4,000 updates and 2,000 verified
+    // reads, each one cache lookup.
+    assert!(n("cache_hits") + n("cache_misses") >= 6000, "{s}");
+    // Node 1's cold cache misses once per level-1 node, not per write.
+    assert!(n("cache_misses") < 50, "{s}");
     assert_eq!(r["verify"]["errors"], 0, "{r}");
     assert_eq!(r["verify"]["mismatches"], 0, "{r}");
 }

@@ -110,6 +110,7 @@ impl LocalDeployment {
             serve: self.args.clone(),
             threads: 1,
             hosted: Vec::new(),
+            counters_from: None,
         }
     }
 
@@ -167,6 +168,7 @@ pub(crate) fn install(
         serve: args.clone(),
         threads: opts.threads,
         hosted: runtimes.to_vec(),
+        counters_from: None,
     })?;
     Ok((engine, args))
 }

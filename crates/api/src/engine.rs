@@ -64,11 +64,40 @@ pub struct ConnectArgs {
     /// that only issues). Symmetric designs run their compute threads on
     /// their nodes' own state, which they find here (`NodeRuntime::attachment`).
     pub hosted: Vec<Arc<NodeRuntime>>,
+    /// Another compute process of the same deployment whose event counters
+    /// this one adds to, so that that process's `Engine::stats` counts the
+    /// events of every compute process: under `sim` with several compute
+    /// nodes, compute node 0's engine (`SimDeployment`). Only counters are
+    /// shared (lock retries, cache hits, fallbacks), never what a design
+    /// keeps per compute process (caches, local lock tables, locators): an
+    /// engine finds the other with [`ConnectArgs::counting_into`]. `None`
+    /// (every other deployment): counters of its own.
+    pub counters_from: Option<Arc<dyn Engine>>,
+}
+
+impl ConnectArgs {
+    /// The compute process this one counts into (`counters_from`), if it is
+    /// an engine of type `T`.
+    pub fn counting_into<T: Engine>(&self) -> Option<&T> {
+        let first: &dyn Engine = self.counters_from.as_deref()?;
+        first.as_any().downcast_ref::<T>()
+    }
+}
+
+/// `Engine::as_any`, for every engine type (`ConnectArgs::counting_into`).
+pub trait AsAny: std::any::Any {
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: std::any::Any> AsAny for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// An engine connected from one compute process; shared by its threads.
 #[async_trait(?Send)]
-pub trait Engine: Send + Sync {
+pub trait Engine: AsAny + Send + Sync {
     fn name(&self) -> &'static str;
     fn capabilities(&self) -> Capabilities;
 

@@ -81,6 +81,7 @@ impl SimDeployment {
                     serve: args.clone(),
                     threads: threads_per_node,
                     hosted: runtimes.clone(),
+                    counters_from: Some(engine.clone()),
                 })?);
             }
         }

@@ -22,12 +22,6 @@ pub trait Deployment: Sync {
     fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>), KvError>;
     /// Figures of every node the engine is installed on.
     fn node_stats(&self) -> Vec<NodeStats>;
-    /// The engines of the other compute processes, when the deployment has
-    /// several (`--compute-nodes` under `sim`): `engine()` is compute node
-    /// 0's, these are nodes 1.. in order.
-    fn peer_engines(&self) -> &[Arc<dyn Engine>] {
-        &[]
-    }
     /// The simulation this deployment runs in (`--transport sim`): then the
     /// whole run happens on the calling thread, in virtual time.
     fn sim(&self) -> Option<&Simulation> {
@@ -125,9 +119,6 @@ impl Deployment for SimDeployment {
     }
     fn node_stats(&self) -> Vec<NodeStats> {
         SimDeployment::node_stats(self)
-    }
-    fn peer_engines(&self) -> &[Arc<dyn Engine>] {
-        &self.peers
     }
     fn sim(&self) -> Option<&Simulation> {
         Some(&self.sim)

@@ -363,15 +363,12 @@ pub struct EngineReport {
     pub errors: ErrorsReport,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceReport>,
-    /// The engine's own figures as compute node 0's compute process reports
-    /// them: figures read from the memory nodes cover the whole cluster, the
-    /// client side's (caches, lock hand-overs and retries, fallbacks) are
-    /// node 0's only when the run has several compute nodes.
+    /// The engine's own figures (`Engine::stats` of the compute process
+    /// that loaded). Under `sim` with several compute nodes, each node is a
+    /// compute process of its own that counts its events into node 0's
+    /// (`ConnectArgs::counters_from`): counters cover the whole cluster,
+    /// while figures of one process's state (cache sizes) are node 0's.
     pub engine_stats: serde_json::Value,
-    /// `--compute-nodes N` under `sim` (disaggregated designs): the same
-    /// figures from compute nodes 1..N, each its own compute process.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub engine_stats_other_compute_nodes: Vec<serde_json::Value>,
     /// `--transport sim`: the simulated cluster's figures (`throughput`,
     /// `run_seconds`, latencies and `load.seconds` are then virtual time).
     #[serde(skip_serializing_if = "Option::is_none")]

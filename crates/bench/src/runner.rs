@@ -284,16 +284,10 @@ fn run_engine(
     } else {
         run_threads(cfg, plan, dep, &states)
     };
-    let stats_of = |engine: &std::sync::Arc<dyn dmkv_api::Engine>| match block_on(labeled(
-        OpKind::Setup,
-        engine.stats(&main_ep),
-    )) {
+    let engine_stats = match block_on(labeled(OpKind::Setup, dep.engine().stats(&main_ep))) {
         Ok(v) => v,
         Err(e) => serde_json::json!({ "error": e.to_string() }),
     };
-    let engine_stats = stats_of(dep.engine());
-    let engine_stats_other_compute_nodes: Vec<serde_json::Value> =
-        dep.peer_engines().iter().map(stats_of).collect();
     let memnode = MemnodeReport::new(&nodes_before, &phases.nodes_after);
     let ops = phases.figures.ops();
     let loaded = plan.loaded() as u64;
@@ -384,7 +378,6 @@ fn run_engine(
         errors,
         trace,
         engine_stats,
-        engine_stats_other_compute_nodes,
         timeline: TimelineReport::new(&phases.figures.timeline, phases.engine_timeline.as_ref()),
         partition: plan
             .partitions()

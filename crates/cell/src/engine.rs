@@ -72,7 +72,10 @@ impl EngineSpec for CellSpec {
         // split evenly between them.
         let per_range_cache = cache_bytes / services.svcs.len();
         let mut readers = Vec::with_capacity(services.svcs.len());
-        for svc in &services.svcs {
+        // Another compute process of a simulated cluster counts into
+        // compute node 0's counters (only those; its caches are its own).
+        let first = args.counting_into::<Cell>();
+        for (p, svc) in services.svcs.iter().enumerate() {
             let (nodes, values, format) = block_on(labeled(OpKind::Setup, async {
                 let nodes = ep
                     .lookup_region(svc.node, &args.serve.name(NODE_REGION))
@@ -93,6 +96,10 @@ impl EngineSpec for CellSpec {
                 values,
                 cached_levels,
                 per_range_cache,
+                first
+                    .and_then(|c| c.readers.get(p))
+                    .map(|r| r.stats.clone())
+                    .unwrap_or_default(),
             )));
         }
         Ok(Arc::new(Cell {

@@ -33,6 +33,8 @@ pub struct ReaderStats {
     pub level_reads: [AtomicU64; MAX_LEVEL as usize + 1],
     /// Reads of inline-value lines and value blocks.
     pub value_reads: AtomicU64,
+    /// Nodes the cache dropped to make room.
+    pub cache_evictions: AtomicU64,
 }
 
 impl Default for ReaderStats {
@@ -46,6 +48,7 @@ impl Default for ReaderStats {
             superblock_reads: AtomicU64::new(0),
             level_reads: std::array::from_fn(|_| AtomicU64::new(0)),
             value_reads: AtomicU64::new(0),
+            cache_evictions: AtomicU64::new(0),
         }
     }
 }
@@ -60,7 +63,9 @@ pub struct TreeReader {
     pub cache: Mutex<NodeCache>,
     /// The root word last read from the superblock (0: none yet).
     root: AtomicU64,
-    pub stats: ReaderStats,
+    /// Counted into by every compute process of a simulated cluster
+    /// (`ConnectArgs::counters_from`); the cache is this process's.
+    pub stats: Arc<ReaderStats>,
 }
 
 /// What the pointer that led to a node says about it.
@@ -92,6 +97,7 @@ impl TreeReader {
         values: RemoteRegion,
         cached_levels: u8,
         cache_bytes: usize,
+        stats: Arc<ReaderStats>,
     ) -> TreeReader {
         TreeReader {
             geo,
@@ -100,7 +106,7 @@ impl TreeReader {
             cached_levels,
             cache: Mutex::new(NodeCache::new(cache_bytes)),
             root: AtomicU64::new(0),
-            stats: ReaderStats::default(),
+            stats,
         }
     }
 
@@ -217,7 +223,16 @@ impl TreeReader {
                     let ok = self.matches(img.header(), img.level(), level, expect);
                     let routed = ok.then(|| img.child_for(key));
                     if ok {
-                        self.cache.lock().insert(node, Arc::new(img));
+                        let mut cache = self.cache.lock();
+                        let before = cache.evictions();
+                        cache.insert(node, Arc::new(img));
+                        let evicted = cache.evictions() - before;
+                        drop(cache);
+                        if evicted > 0 {
+                            self.stats
+                                .cache_evictions
+                                .fetch_add(evicted, Ordering::Relaxed);
+                        }
                     }
                     routed
                 }
@@ -468,7 +483,7 @@ impl TreeReader {
             "cache_misses": get(&s.cache_misses),
             "cache_entries": cache.len(),
             "cache_bytes": cache.used_bytes(),
-            "cache_evictions": cache.evictions(),
+            "cache_evictions": get(&s.cache_evictions),
             "stale_retries": get(&s.stale_retries),
             "torn_retries": get(&s.torn_retries),
             "traversals": get(&s.traversals),

@@ -41,7 +41,7 @@ use layout::{
     DIR_DEPTH, DIR_ENTRIES, DIR_RESIZES, DirEntry, GAddr, GROUP_BYTES, MAX_DEPTH, MAX_MEMNODES,
     MAX_VALUE_LEN, SLOTS_PER_BUCKET, Slot, dir_bytes, kv_units,
 };
-use ops::{Ctx, DirCache, KINDS, Kind, PerThread, PutMode, RaceShared, RaceStats, subtable_image};
+use ops::{Ctx, DirCache, KINDS, Kind, PerThread, PutMode, RaceShared, subtable_image};
 use parking_lot::RwLock;
 use std::cell::Cell;
 use std::collections::BTreeSet;
@@ -299,6 +299,12 @@ impl EngineSpec for RaceSpec {
             return Err(KvError::Config(format!("{NAME} needs a memory node")));
         };
         let dir = block_on(ep.lookup_region(first, &args.serve.name("dir")))?;
+        // Another compute process of a simulated cluster counts into
+        // compute node 0's counters (only those; its cache is its own).
+        let stats = match args.counting_into::<RaceEngine>() {
+            Some(first) => first.shared.stats.clone(),
+            None => Arc::default(),
+        };
         let engine = RaceEngine {
             cfg,
             compute: args.compute_node,
@@ -310,7 +316,7 @@ impl EngineSpec for RaceSpec {
                 allocs,
                 cache: RwLock::new(DirCache::default()),
                 lock_tag: u64::from(args.compute_node.0) + 1,
-                stats: RaceStats::default(),
+                stats,
             }),
         };
         let alloc = engine.allocs();

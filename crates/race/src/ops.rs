@@ -89,7 +89,9 @@ pub struct RaceShared {
     pub allocs: Vec<AllocSource>,
     pub cache: RwLock<DirCache>,
     pub lock_tag: u64,
-    pub stats: RaceStats,
+    /// Counted into by every compute process of a simulated cluster
+    /// (`ConnectArgs::counters_from`).
+    pub stats: std::sync::Arc<RaceStats>,
 }
 
 /// How a put treats an existing or missing key.

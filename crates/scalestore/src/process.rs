@@ -299,6 +299,7 @@ impl NodeProcess {
             },
             threads: opts.workers,
             hosted: vec![rt.clone()],
+            counters_from: None,
         })?;
         if let Start::Join { members } = start {
             let peers: Vec<(u8, NodeId)> = members.iter().map(|m| (m.index, m.node)).collect();

@@ -17,6 +17,7 @@ use parking_lot::RwLock;
 use rand::Rng;
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 struct Cached {
@@ -34,6 +35,14 @@ pub struct IndexCache {
     capacity: usize,
     node_bytes: u64,
     inner: RwLock<BTreeMap<u64, Cached>>,
+    /// Counted into by every compute process of a simulated cluster
+    /// (`ConnectArgs::counters_from`); the cache itself is this process's.
+    pub counts: Arc<CacheCounts>,
+}
+
+/// What [`IndexCache`] counts.
+#[derive(Default)]
+pub struct CacheCounts {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
@@ -52,13 +61,16 @@ pub struct Hit {
 impl IndexCache {
     /// A cache of `budget` bytes of `node_bytes` nodes (0: no cache).
     pub fn new(budget: u64, node_bytes: usize) -> IndexCache {
+        IndexCache::counting_into(budget, node_bytes, Arc::default())
+    }
+
+    /// [`IndexCache::new`], counting into `counts`.
+    pub fn counting_into(budget: u64, node_bytes: usize, counts: Arc<CacheCounts>) -> IndexCache {
         IndexCache {
             capacity: usize::try_from(budget / node_bytes as u64).unwrap_or(usize::MAX),
             node_bytes: node_bytes as u64,
             inner: RwLock::new(BTreeMap::new()),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
+            counts,
         }
     }
 
@@ -71,7 +83,7 @@ impl IndexCache {
             let i = c.children.partition_point(|e| e.0 <= key);
             if i > 0 {
                 c.uses.fetch_add(1, Ordering::Relaxed);
-                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.counts.hits.fetch_add(1, Ordering::Relaxed);
                 return Some(Hit {
                     node: c.addr,
                     low,
@@ -79,7 +91,7 @@ impl IndexCache {
                 });
             }
         }
-        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.counts.misses.fetch_add(1, Ordering::Relaxed);
         None
     }
 
@@ -131,7 +143,7 @@ impl IndexCache {
                 second
             };
             inner.remove(&victim);
-            self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.counts.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -190,7 +202,7 @@ mod tests {
             c.insert(GAddr(i + 1), &inner(1, i * 10, i * 10 + 10, &[(i * 10, 1)]));
         }
         assert_eq!((c.len(), c.bytes()), (10, 2560));
-        assert_eq!(c.evictions.load(Ordering::Relaxed), 1);
+        assert_eq!(c.counts.evictions.load(Ordering::Relaxed), 1);
         assert_eq!(
             IndexCache::new(255, 256).capacity,
             0,

@@ -46,7 +46,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tree::{Ctx, POOL_RESERVED, ROOT_WORD, TreeShared, TreeStats, WriteOp};
+use tree::{Ctx, POOL_RESERVED, ROOT_WORD, TreeShared, WriteOp};
 
 /// The engine spec; register it as `sherman`.
 pub struct ShermanSpec;
@@ -279,6 +279,15 @@ impl EngineSpec for ShermanSpec {
             return Err(KvError::Config(format!("{NAME} needs a memory node")));
         }
         let memnodes = pools.len();
+        // Another compute process of a simulated cluster: its counters
+        // (only those) are compute node 0's.
+        let (stats, cache_counts) = match args.counting_into::<ShermanEngine>() {
+            Some(first) => (
+                first.shared.stats.clone(),
+                first.shared.cache.counts.clone(),
+            ),
+            None => Default::default(),
+        };
         Ok(Arc::new(ShermanEngine {
             cfg,
             compute: args.compute_node,
@@ -288,11 +297,12 @@ impl EngineSpec for ShermanSpec {
                 lock_tables,
                 chunks,
                 local_locks: LocalLocks::new(memnodes),
-                cache: IndexCache::new(cfg.cache_bytes, cfg.node_bytes),
+                cache: IndexCache::counting_into(cfg.cache_bytes, cfg.node_bytes, cache_counts),
                 root_hint: Default::default(),
                 lock_tag: u64::from(args.compute_node.0) + 1,
                 combined_lock_read: cfg.combined_lock_read,
-                stats: TreeStats::default(),
+                roots_grown: Default::default(),
+                stats,
             }),
             load_alloc: parking_lot::Mutex::new(Vec::new()),
             load_spread: AtomicUsize::new(0),
@@ -414,9 +424,9 @@ impl Engine for ShermanEngine {
             "torn_retries": get(&s.torn_retries),
             "value_retries": get(&s.value_retries),
             "move_rights": get(&s.move_rights),
-            "cache_hits": get(&c.hits),
-            "cache_misses": get(&c.misses),
-            "cache_evictions": get(&c.evictions),
+            "cache_hits": get(&c.counts.hits),
+            "cache_misses": get(&c.counts.misses),
+            "cache_evictions": get(&c.counts.evictions),
             "cache_nodes": c.len(),
             "cache_bytes": c.bytes(),
             "chunks_allocated": get(&s.chunks),

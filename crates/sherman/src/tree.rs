@@ -24,6 +24,7 @@ use dmkv_memnode::RemoteSegments;
 use dmkv_transport::exec::yield_now;
 use dmkv_transport::{Endpoint, RemoteRegion};
 use std::cell::RefCell;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Offset of the root word in memory node 0's pool.
@@ -74,7 +75,12 @@ pub struct TreeShared {
     /// Whether a writer posts the lock's CAS and the node's READ in one
     /// batch (`lock_read=combined`) or reads only once the CAS succeeded.
     pub combined_lock_read: bool,
-    pub stats: TreeStats,
+    /// Roots this process installed: where its next root goes (memory node
+    /// `(roots_grown + 1) % nodes`). Its own, unlike `stats.root_grows`.
+    pub roots_grown: std::sync::atomic::AtomicU64,
+    /// Counted into by every compute process of a simulated cluster
+    /// (`ConnectArgs::counters_from`).
+    pub stats: Arc<TreeStats>,
 }
 
 /// One write operation.
@@ -197,6 +203,14 @@ impl Ctx<'_> {
             }
             via_cache = None;
             from_hint = false;
+            // Every level-1 node a search reads is cached, the one it ends
+            // at too (a writer's `locate_addr` ends at the leaf's parent),
+            // as the artifact's `page_search` adds each level-1 page it
+            // reads, for reads and writes alike. Until the thirty-fourth
+            // session only nodes passed on the way down were cached, so a
+            // compute process that only wrote never filled its cache: it
+            // showed once each simulated compute node had its own.
+            self.t.cache.insert(addr, &n);
             if n.level() == level {
                 return Ok(Some((addr, n)));
             }
@@ -208,7 +222,6 @@ impl Ctx<'_> {
                 // the root word before it tries again.
                 return Ok(None);
             }
-            self.t.cache.insert(addr, &n);
             addr = n.inner_child(key).ok_or_else(|| {
                 KvError::Corrupt(format!("inner node {addr:?} has no child for {key:#x}"))
             })?;
@@ -742,8 +755,7 @@ impl Ctx<'_> {
 
     /// Installs a new root above the old root `left` and its new sibling.
     async fn grow_root(&self, level: u8, sep: Key, child: GAddr, left: GAddr) -> Result<()> {
-        let mn =
-            (self.t.stats.root_grows.load(Ordering::Relaxed) as usize + 1) % self.t.pools.len();
+        let mn = (self.t.roots_grown.load(Ordering::Relaxed) as usize + 1) % self.t.pools.len();
         let raddr = self.alloc_node(mn).await?;
         let mut r = NodeImage::new(self.t.node_bytes, level, 0, EMPTY_KEY, GAddr::NULL);
         // The old root covered everything, so its low fence is 0.
@@ -756,6 +768,7 @@ impl Ctx<'_> {
             .await?;
         if found == left.0 {
             self.t.stats.root_grows.fetch_add(1, Ordering::Relaxed);
+            self.t.roots_grown.fetch_add(1, Ordering::Relaxed);
             self.t.cache.insert(raddr, &r);
             self.t.root_hint.store(raddr.0, Ordering::Relaxed);
             return Ok(());

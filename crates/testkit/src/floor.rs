@@ -60,8 +60,16 @@ impl EngineSpec for BTreeFloor {
         Ok(())
     }
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
+        // The floor is no distributed design: its map is in the compute
+        // process. Simulated compute nodes beyond the first (which connect
+        // with `counters_from` set) read the first one's map, so that
+        // `--compute-nodes N` still measures a lookup in one map.
+        let map = match args.counting_into::<FloorEngine>() {
+            Some(first) => first.map.clone(),
+            None => Map::default(),
+        };
         Ok(Arc::new(FloorEngine {
-            map: Map::default(),
+            map,
             compute: args.compute_node,
         }))
     }

@@ -378,6 +378,7 @@ impl UcxDeployment {
             serve: args.clone(),
             threads: opts.threads,
             hosted: runtimes.clone(),
+            counters_from: None,
         })?;
         Ok(UcxDeployment {
             engine,

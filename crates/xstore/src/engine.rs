@@ -58,7 +58,12 @@ impl EngineSpec for XStoreSpec {
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
         let cfg = XStoreConfig::from_args(&args.serve)?;
         let ep = args.fabric.endpoint(args.compute_node)?;
-        let stats = Arc::new(ClientStats::default());
+        // Another compute process of a simulated cluster counts into
+        // compute node 0's counters (only those; its cache is its own).
+        let stats = match args.counting_into::<XStore>() {
+            Some(first) => first.shared.stats.clone(),
+            None => Arc::new(ClientStats::default()),
+        };
         let bytes = Arc::new(AtomicI64::new(0));
         let mut parts = Vec::new();
         for (i, node) in args.serve.node_ids().into_iter().enumerate() {

@@ -169,6 +169,7 @@ fn serve_owned(knobs: &[(&str, &str)], handler_threads: usize, dir: &std::path::
             serve: args.clone(),
             threads: 1,
             hosted: Vec::new(),
+            counters_from: None,
         })
         .unwrap();
     Owned {
@@ -392,6 +393,7 @@ fn kill_and_recover_keeps_every_acknowledged_write() {
                 serve: args.clone(),
                 threads: 1,
                 hosted: Vec::new(),
+                counters_from: None,
             })
             .unwrap();
         let ep = Rc::new(o.cluster.fabric().endpoint(o.compute).unwrap());

@@ -119,7 +119,9 @@ pub struct Shared {
     services: Mutex<HashMap<NodeId, ServiceId>>,
     regions: Mutex<HashMap<(NodeId, String), RemoteRegion>>,
     dead: Mutex<HashSet<NodeId>>,
-    counters: ClientCounters,
+    /// Counted into by every compute process of a simulated cluster
+    /// (`ConnectArgs::counters_from`).
+    counters: Arc<ClientCounters>,
     started: Instant,
     /// This process's sessions: the high bits of every session id (random,
     /// top bit set, so never 0), the lane in the low [`LANE_BITS`].
@@ -745,7 +747,12 @@ pub fn connect(args: dmkv_api::ConnectArgs) -> Result<Arc<dyn Engine>> {
         services: Mutex::new(HashMap::new()),
         regions: Mutex::new(HashMap::new()),
         dead: Mutex::new(HashSet::new()),
-        counters: ClientCounters::default(),
+        // Another compute process of a simulated cluster counts into
+        // compute node 0's counters (only those).
+        counters: match args.counting_into::<OutbackEngine>() {
+            Some(first) => first.sh.counters.clone(),
+            None => Arc::default(),
+        },
         started: Instant::now(),
         // Seeded under sim (a run replays), from the OS elsewhere; 44
         // random bits make two processes' sessions collide with negligible

@@ -64,7 +64,12 @@ impl EngineSpec for RolexSpec {
     fn connect(&self, args: ConnectArgs) -> Result<Arc<dyn Engine>> {
         let cfg = Config::from_args(&args.serve)?;
         let ep = args.fabric.endpoint(args.compute_node)?;
-        let shared = block_on(Shared::connect(&ep, cfg, &args.serve))?;
+        let mut shared = block_on(Shared::connect(&ep, cfg, &args.serve))?;
+        // Another compute process of a simulated cluster counts into
+        // compute node 0's counters (only those).
+        if let Some(first) = args.counting_into::<RolexEngine>() {
+            shared.stats = first.sh.stats.clone();
+        }
         Ok(Arc::new(RolexEngine {
             sh: Arc::new(shared),
             compute: args.compute_node,
@@ -106,7 +111,9 @@ pub struct Shared {
     pub remote: Remote,
     pub caches: Caches,
     pub locks: LockTable,
-    pub stats: ClientStats,
+    /// Counted into by every compute process of a simulated cluster
+    /// (`ConnectArgs::counters_from`).
+    pub stats: Arc<ClientStats>,
     node0: NodeId,
     admin: ServiceId,
 }
@@ -145,7 +152,7 @@ impl Shared {
             locks: LockTable::new(cfg.lock_sharing, cfg.max_handover),
             caches: Caches::new(dir),
             remote,
-            stats: ClientStats::default(),
+            stats: Arc::default(),
             node0,
             admin,
             cfg,
