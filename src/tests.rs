@@ -737,16 +737,19 @@ fn dst_rolex_retrainer_gives_up_a_dead_clients_lock() {
 /// (docs/rolex.md, invariant 15). Found by the `rolex.load_model_keys=64`
 /// DST variant (seed 50116): models on both memory nodes, the appends'
 /// last model on node 1, node 0 crashed. Before the fix this replay (seed
-/// 2) verified with 5 keys missing; now only the crashed node's errors.
+/// 2) verified with 7 keys missing; now only the crashed node's errors.
 #[test]
 fn rolex_writer_errors_after_its_release_do_not_release_again() {
-    // DST seed 50116's replay, at seed 2 and with the keys loaded in one
-    // call (no leaf reuse): it fails the same way without the fix.
+    // DST seed 50116's replay at seed 2. (Until the thirty-fourth session
+    // it loaded the keys in one call, `--load-chunk 256`; with one engine
+    // per simulated compute node that run no longer met the bug, and this
+    // one, with the DST's chunks of 64, fails without the fix: checked
+    // with the fix reverted, 7 keys missing.)
     let replay = "bench --transport sim --profile rolex-cx5 --engine rolex \
         --keyset sequential --workload mixed:60,0,40,0,0,0 --dist latest \
         --keys 256 --ops 4000 --compute-nodes 2 --threads 4 --tasks 8 \
         --jitter-ns 400 --seed 2 --verify --value-size 280 --memnodes 2 \
-        --set rolex.load_model_keys=64 --crash-memnode 0@0.75 --load-chunk 256";
+        --set rolex.load_model_keys=64 --crash-memnode 0@0.75 --load-chunk 64";
     let out = dmkv(&replay.split_whitespace().collect::<Vec<_>>());
     let all = format!("{}{}", out.out, out.err);
     assert!(
