@@ -1790,30 +1790,11 @@ fn partitioned_shifts_and_engine_timelines_replay_exactly() {
 /// node that only writes never filled its cache (2,008 misses here).
 #[test]
 fn simulated_compute_nodes_keep_their_own_lock_tables_and_caches() {
+    let args = "--transport sim --engine sherman --workload mixed:0,100,0,0,0,0 \
+        --dist zipfian --keys 2000 --ops 4000 --compute-nodes 2 --threads 2 \
+        --tasks 4 --seed 3 --verify";
     let r = bench_json(
-        &[
-            "--transport",
-            "sim",
-            "--engine",
-            "sherman",
-            "--workload",
-            "mixed:0,100,0,0,0,0",
-            "--dist",
-            "zipfian",
-            "--keys",
-            "2000",
-            "--ops",
-            "4000",
-            "--compute-nodes",
-            "2",
-            "--threads",
-            "2",
-            "--tasks",
-            "4",
-            "--seed",
-            "3",
-            "--verify",
-        ],
+        &args.split_whitespace().collect::<Vec<_>>(),
         "per-node-engines",
     );
     let s = &r["engine_stats"];
