@@ -116,9 +116,10 @@ impl SimDeployment {
     /// The engine (compute process) compute thread `thread` belongs to.
     pub fn engine_of(&self, thread: usize) -> &Arc<dyn Engine> {
         match self.topology {
+            // `peers` has one engine per compute node after the first.
             Topology::Disaggregated => match self.compute_index(thread) {
                 0 => &self.engine,
-                i => self.peers.get(i - 1).unwrap_or(&self.engine),
+                i => &self.peers[i - 1],
             },
             Topology::Symmetric => &self.engine,
         }
