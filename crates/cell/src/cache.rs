@@ -24,7 +24,6 @@ pub struct NodeCache {
     map: HashMap<u32, Entry>,
     /// stamp -> node number, oldest first.
     lru: BTreeMap<u64, u32>,
-    evictions: u64,
 }
 
 /// Bytes an entry for `v` costs.
@@ -42,7 +41,6 @@ impl NodeCache {
             next_stamp: 0,
             map: HashMap::new(),
             lru: BTreeMap::new(),
-            evictions: 0,
         }
     }
 
@@ -76,18 +74,20 @@ impl NodeCache {
 
     /// Caches `v` as the image of `node`, evicting the least recently used
     /// entries to stay within capacity (an image larger than the whole
-    /// capacity is not cached).
-    pub fn insert(&mut self, node: u32, v: Arc<NodeView>) {
+    /// capacity is not cached). Returns how many entries it evicted (the
+    /// reader counts them in its `ReaderStats`).
+    pub fn insert(&mut self, node: u32, v: Arc<NodeView>) -> u64 {
         self.remove(node);
         let bytes = entry_bytes(&v);
         if bytes > self.capacity {
-            return;
+            return 0;
         }
+        let mut evicted = 0;
         while self.used + bytes > self.capacity {
             let (_, victim) = self.lru.pop_first().expect("used bytes imply entries");
             let e = self.map.remove(&victim).expect("lru and map agree");
             self.used -= e.bytes;
-            self.evictions += 1;
+            evicted += 1;
         }
         let stamp = self.stamp();
         self.lru.insert(stamp, node);
@@ -100,6 +100,7 @@ impl NodeCache {
             },
         );
         self.used += bytes;
+        evicted
     }
 
     /// Drops `node`'s image (found stale).
@@ -121,10 +122,6 @@ impl NodeCache {
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
-    }
-
-    pub fn evictions(&self) -> u64 {
-        self.evictions
     }
 }
 
@@ -152,15 +149,16 @@ mod tests {
     fn evicts_least_recently_used_within_capacity() {
         let one = entry_bytes(&img(4));
         let mut c = NodeCache::new(3 * one);
+        let mut evictions = 0;
         for n in 1..=3 {
-            c.insert(n, img(4));
+            evictions += c.insert(n, img(4));
         }
         assert_eq!(c.used_bytes(), 3 * one);
         assert!(c.get(1).is_some(), "1 is now the most recent");
-        c.insert(4, img(4));
+        evictions += c.insert(4, img(4));
         assert!(c.get(2).is_none(), "2 was the least recently used");
         assert!(c.get(1).is_some() && c.get(3).is_some() && c.get(4).is_some());
-        assert_eq!((c.len(), c.evictions()), (3, 1));
+        assert_eq!((c.len(), evictions), (3, 1));
         c.remove(3);
         assert_eq!(c.used_bytes(), 2 * one);
         c.insert(1, img(4));

@@ -223,11 +223,7 @@ impl TreeReader {
                     let ok = self.matches(img.header(), img.level(), level, expect);
                     let routed = ok.then(|| img.child_for(key));
                     if ok {
-                        let mut cache = self.cache.lock();
-                        let before = cache.evictions();
-                        cache.insert(node, Arc::new(img));
-                        let evicted = cache.evictions() - before;
-                        drop(cache);
+                        let evicted = self.cache.lock().insert(node, Arc::new(img));
                         if evicted > 0 {
                             self.stats
                                 .cache_evictions
