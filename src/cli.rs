@@ -174,6 +174,14 @@ pub struct BenchArgs {
     /// Operations in the run.
     #[arg(long, value_name = "N", default_value_t = defaults::OPS, conflicts_with = "trace")]
     pub ops: u64,
+    /// Run N operations first, from the same request streams (same mix and
+    /// key distribution), and measure only the --ops after them: caches and
+    /// the memory nodes reach their steady state before the run. The
+    /// warm-up's errors and wrong answers still fail the run; the JSON's
+    /// `warmup` gives its operations, time and costs per operation. With
+    /// --trace, the trace's first N operations (each task's share).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub warmup_ops: u64,
     /// Value size in bytes (at least 8: values check themselves).
     #[arg(long, value_name = "BYTES", default_value_t = defaults::VALUE_SIZE)]
     pub value_size: usize,
@@ -810,6 +818,7 @@ pub(crate) fn bench_config(
     cfg.keyset = a.keyset.unwrap_or(KeysetSpec::Uniform);
     cfg.keys = a.keys;
     cfg.ops = a.ops;
+    cfg.warmup_ops = a.warmup_ops;
     cfg.value_size = a.value_size;
     cfg.value_gen = a.value_gen;
     cfg.threads = threads;

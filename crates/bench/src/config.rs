@@ -106,6 +106,10 @@ pub struct BenchConfig {
     pub keyset: KeysetSpec,
     pub keys: u64,
     pub ops: u64,
+    /// `--warmup-ops`: operations run before the measured `ops`, from the
+    /// same streams, and left out of every figure of the run (their errors
+    /// and wrong answers are still reported).
+    pub warmup_ops: u64,
     pub value_size: usize,
     pub threads: usize,
     pub tasks: usize,
@@ -160,6 +164,7 @@ impl BenchConfig {
             keyset: KeysetSpec::Uniform,
             keys: defaults::KEYS,
             ops: defaults::OPS,
+            warmup_ops: 0,
             value_size: defaults::VALUE_SIZE,
             threads: defaults::THREADS,
             tasks: defaults::TASKS,

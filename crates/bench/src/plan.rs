@@ -33,6 +33,10 @@ pub struct SyntheticParams {
     pub keys: u64,
     /// Operations of the run (none for `load`).
     pub ops: u64,
+    /// `--warmup-ops`: operations each task runs before `ops`, drawn from
+    /// the same stream (same mix and distribution, its own insert keys
+    /// first) and left out of the run's figures.
+    pub warmup_ops: u64,
     pub threads: usize,
     pub tasks: usize,
     pub seed: u64,
@@ -51,6 +55,9 @@ pub struct Plan {
     threads: usize,
     tasks: usize,
     source: Source,
+    /// Per global task: how many of its stream's first operations are the
+    /// warm-up (`--warmup-ops`); the rest are the measured run.
+    warm: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -101,8 +108,23 @@ impl Plan {
         if let Some(ps) = &p.partition {
             check_partitioned(p, ps, &mix)?;
         }
-        let ops: Vec<u64> = (0..total_tasks as u64)
-            .map(|g| run_ops / total_tasks as u64 + u64::from(g < run_ops % total_tasks as u64))
+        if p.warmup_ops > 0 && run_ops == 0 {
+            return Err(BenchError::input(format!(
+                "--warmup-ops: workload {} has no run phase to warm up for",
+                p.workload
+            )));
+        }
+        if run_ops.checked_add(p.warmup_ops).is_none() {
+            return Err(BenchError::input(
+                "--ops plus --warmup-ops exceed 2^64 operations",
+            ));
+        }
+        let warm = split_evenly(p.warmup_ops, total_tasks);
+        // A task's stream: its warm-up, then its share of the run.
+        let ops: Vec<u64> = split_evenly(run_ops, total_tasks)
+            .into_iter()
+            .zip(&warm)
+            .map(|(run, warm)| warm + run)
             .collect();
         // Inserts per task: its kind stream alone decides them.
         let quotas: Vec<u64> = (0..total_tasks)
@@ -151,6 +173,7 @@ impl Plan {
                 zeta_loaded,
                 partitions: None,
             }),
+            warm,
         );
         if let (Some(ps), Source::Synthetic(s)) = (&p.partition, &mut plan.source) {
             s.partitions = Some(Partitions::new(
@@ -174,18 +197,22 @@ impl Plan {
         tasks: usize,
         reserved: &[u64],
     ) -> Result<Plan, BenchError> {
-        Plan::from_trace_with_load(trace, None, threads, tasks, reserved)
+        Plan::from_trace_with_load(trace, None, threads, tasks, reserved, 0)
     }
 
     /// A plan replaying `trace` after loading exactly the keys of `load`
     /// (YCSB's load phase), or as [`Plan::from_trace`] without it; see
-    /// [`key_universe`](crate::trace::key_universe).
+    /// [`key_universe`](crate::trace::key_universe). The first `warmup_ops`
+    /// of the trace's operations (`--warmup-ops`) are its warm-up: each
+    /// task's stream gives the warm-up its share of them, in proportion to
+    /// its length, from its front.
     pub fn from_trace_with_load(
         trace: &Trace,
         load: Option<&[u64]>,
         threads: usize,
         tasks: usize,
         reserved: &[u64],
+        warmup_ops: u64,
     ) -> Result<Plan, BenchError> {
         let total_tasks = threads * tasks;
         if total_tasks == 0 {
@@ -220,16 +247,32 @@ impl Plan {
                 TraceOpKind::Scan(n) => Op::Scan(i, n),
             });
         }
+        let total = trace.ops.len() as u64;
+        if warmup_ops > 0 && warmup_ops >= total {
+            return Err(BenchError::input(format!(
+                "--warmup-ops {warmup_ops}: the trace has {total} operations, and the warm-up must leave some to measure"
+            )));
+        }
+        let lengths: Vec<u64> = streams.iter().map(|s| s.len() as u64).collect();
+        let warm = split_proportionally(warmup_ops, &lengths);
         Ok(Plan::new(
             keys,
             loaded,
             threads,
             tasks,
             Source::Replay(streams),
+            warm,
         ))
     }
 
-    fn new(keys: Vec<u64>, loaded: usize, threads: usize, tasks: usize, source: Source) -> Plan {
+    fn new(
+        keys: Vec<u64>,
+        loaded: usize,
+        threads: usize,
+        tasks: usize,
+        source: Source,
+        warm: Vec<u64>,
+    ) -> Plan {
         let mut by_key: Vec<(u64, u32)> = keys
             .iter()
             .enumerate()
@@ -243,6 +286,7 @@ impl Plan {
             threads,
             tasks,
             source,
+            warm,
         }
     }
 
@@ -275,12 +319,25 @@ impl Plan {
         self.tasks
     }
 
-    /// Operations over all tasks.
+    /// Operations of the measured run over all tasks (the warm-up's not
+    /// included).
     pub fn total_ops(&self) -> u64 {
-        match &self.source {
+        let streams: u64 = match &self.source {
             Source::Synthetic(s) => s.ops.iter().sum(),
             Source::Replay(streams) => streams.iter().map(|s| s.len() as u64).sum(),
-        }
+        };
+        streams - self.warmup_ops()
+    }
+
+    /// Operations of the warm-up (`--warmup-ops`) over all tasks.
+    pub fn warmup_ops(&self) -> u64 {
+        self.warm.iter().sum()
+    }
+
+    /// How many of the first operations of `task` on `thread`'s stream are
+    /// its warm-up.
+    pub fn warmup_of(&self, thread: usize, task: usize) -> u64 {
+        self.warm[thread * self.tasks + task]
     }
 
     /// The universe index of `key`, if it is in the universe.
@@ -366,6 +423,39 @@ fn check_partitioned(p: &SyntheticParams, ps: &PartitionSpec, mix: &Mix) -> Resu
         ));
     }
     Ok(())
+}
+
+/// `total` split over `parts`: the first `total % parts` get one more.
+fn split_evenly(total: u64, parts: usize) -> Vec<u64> {
+    let n = parts as u64;
+    (0..n)
+        .map(|g| total / n + u64::from(g < total % n))
+        .collect()
+}
+
+/// `total` (less than the sum of `lengths`) split in proportion to
+/// `lengths`, no part above its length: each gets the floor of its share,
+/// and what the floors leave goes one by one to the first parts with room.
+fn split_proportionally(total: u64, lengths: &[u64]) -> Vec<u64> {
+    let sum: u64 = lengths.iter().sum();
+    if sum == 0 {
+        return vec![0; lengths.len()];
+    }
+    let mut parts: Vec<u64> = lengths
+        .iter()
+        .map(|&l| (total as u128 * l as u128 / sum as u128) as u64)
+        .collect();
+    let mut left = total - parts.iter().sum::<u64>();
+    for (p, &l) in parts.iter_mut().zip(lengths) {
+        if left == 0 {
+            break;
+        }
+        if *p < l {
+            *p += 1;
+            left -= 1;
+        }
+    }
+    parts
 }
 
 /// The task that owns a trace key.
@@ -610,6 +700,17 @@ mod tests {
     use crate::workload::parse_mix;
 
     #[test]
+    fn warm_ups_split_in_proportion_to_the_streams() {
+        assert_eq!(split_evenly(7, 3), vec![3, 2, 2]);
+        assert_eq!(split_proportionally(0, &[4, 0, 9]), vec![0, 0, 0]);
+        // Floors 2, 0, 4 leave one, which goes to the first with room.
+        assert_eq!(split_proportionally(7, &[4, 1, 9]), vec![3, 0, 4]);
+        // Never above a stream's length, even where its floor is.
+        assert_eq!(split_proportionally(13, &[4, 1, 9]), vec![4, 1, 8]);
+        assert_eq!(split_proportionally(5, &[0, 10]), vec![0, 5]);
+    }
+
+    #[test]
     fn round_robin_respects_quotas_and_interleaves() {
         let a = assign_round_robin(&[2, 0, 3], 10);
         assert_eq!(a, vec![vec![10, 12], vec![], vec![11, 13, 14]]);
@@ -628,6 +729,7 @@ mod tests {
             keys: 1000,
             // 600 draws per task: 100 in each of up to 6 phases.
             ops: 1200 * threads as u64,
+            warmup_ops: 0,
             threads,
             tasks: 2,
             seed: 7,

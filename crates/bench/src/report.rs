@@ -144,6 +144,21 @@ pub struct LoadReport {
     pub per_key: PerOp,
 }
 
+/// `--warmup-ops`: the operations run before the measured run, left out of
+/// its figures (their errors and wrong answers are in the run's `errors`
+/// and `checks`, so a warm-up can fail a run).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WarmupReport {
+    /// Operations completed.
+    pub ops: u64,
+    /// From the warm-up's start to its last operation's end: virtual time
+    /// under `sim`; else the slowest thread's, wall-clock.
+    pub seconds: f64,
+    /// Costs per warm-up operation (against the run's `per_op`: what a
+    /// cold cache cost, for example).
+    pub per_op: PerOp,
+}
+
 /// Memory-node figures: differences over the run (from its start to the
 /// end of its last operation), and memory after it; summed over nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -350,6 +365,9 @@ pub struct EngineReport {
     /// F's read-modify-write appears under get and update here).
     pub counters_by_kind: BTreeMap<String, Totals>,
     pub load: LoadReport,
+    /// `--warmup-ops`: what ran before the measured run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<WarmupReport>,
     /// Costs of `--verify` (label `verify`), exact totals.
     pub verify_counters: Totals,
     /// What one compute process caches (compute node 0's engine under
@@ -944,6 +962,13 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
             out,
             "            simulated cluster: profile {}, {} compute node(s); throughput and latency in virtual time",
             s.profile, s.compute_nodes
+        )?;
+    }
+    if let Some(w) = &first.warmup {
+        writeln!(
+            out,
+            "            after a warm-up of {} ops (--warmup-ops), left out of every figure below",
+            w.ops
         )?;
     }
     if let Some(t) = &first.trace {

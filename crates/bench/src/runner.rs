@@ -18,11 +18,11 @@ use crate::check::Checker;
 use crate::config::{BenchConfig, EngineChoice, WorkloadSource};
 use crate::deployment::Deployment;
 use crate::error::BenchError;
-use crate::plan::{Plan, SyntheticParams};
+use crate::plan::{OpStream, Plan, SyntheticParams};
 use crate::report::{
     ChecksReport, CrashReport, EngineReport, ErrorsReport, Latency, LoadReport, MemnodeReport,
     OpReport, PartitionReport, PerOp, SimReport, TimelineReport, Totals, TraceLoadReport,
-    TraceReport, VerifyReport, WallReport,
+    TraceReport, VerifyReport, WallReport, WarmupReport,
 };
 use crate::sampler::{EngineSampler, EngineTimeline};
 use crate::schedstat::{ComputeSchedReport, Sched};
@@ -127,6 +127,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
             cfg.total_threads(),
             cfg.tasks,
             &reserved,
+            cfg.warmup_ops,
         )?,
         (WorkloadSource::Synthetic(w), None) => Plan::synthetic(
             &SyntheticParams {
@@ -135,6 +136,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchOutcome, BenchError> {
                 keyset: cfg.keyset.clone(),
                 keys: cfg.keys,
                 ops: cfg.ops,
+                warmup_ops: cfg.warmup_ops,
                 threads: cfg.total_threads(),
                 tasks: cfg.tasks,
                 seed: cfg.seed,
@@ -221,6 +223,11 @@ struct Phases {
     verify: Option<VerifyFigures>,
     verify_table: CounterTable,
     nodes_after: Vec<NodeStats>,
+    /// `--warmup-ops`: the memory nodes' figures when the run started (else
+    /// the caller's, taken before the clients were made), and what the
+    /// warm-up did.
+    nodes_before: Option<Vec<NodeStats>>,
+    warmup: Option<WarmupReport>,
     /// `--crash-memnode`: what happened.
     crash: Option<CrashReport>,
     /// Real threads: what the OS gave each thread during the run phase.
@@ -288,7 +295,10 @@ fn run_engine(
         Ok(v) => v,
         Err(e) => serde_json::json!({ "error": e.to_string() }),
     };
-    let memnode = MemnodeReport::new(&nodes_before, &phases.nodes_after);
+    let memnode = MemnodeReport::new(
+        phases.nodes_before.as_deref().unwrap_or(&nodes_before),
+        &phases.nodes_after,
+    );
     let ops = phases.figures.ops();
     let loaded = plan.loaded() as u64;
     let verify = VerifyReport::new(phases.verify.as_ref());
@@ -369,6 +379,7 @@ fn run_engine(
             },
             per_key: PerOp::new(&load_cost, loaded),
         },
+        warmup: phases.warmup.clone(),
         verify_counters: Totals::from(&phases.verify_table.sum(&OpKind::ALL)),
         client_cache_bytes: dep.engine().client_cache_bytes(),
         memnode_bytes: memnode.memory_used,
@@ -612,11 +623,36 @@ impl Ctx<'_> {
     }
 }
 
+/// `--warmup-ops` (none without): the warm-up's report. Its errors and
+/// wrong answers join the run's (`figures`), so that they fail the run; its
+/// operations, costs and latencies stay out.
+fn fold_warmup(
+    plan: &Plan,
+    warm: &RunFigures,
+    seconds: f64,
+    figures: &mut RunFigures,
+) -> Option<WarmupReport> {
+    if plan.warmup_ops() == 0 {
+        return None;
+    }
+    figures.errors.merge(&warm.errors);
+    figures.findings.merge(&warm.findings);
+    let ops = warm.ops();
+    Some(WarmupReport {
+        ops,
+        seconds,
+        per_op: PerOp::new(&warm.cost(), ops),
+    })
+}
+
 /// What one thread hands back.
 #[derive(Default)]
 struct ThreadResult {
     /// How long this thread ran and waited for a core during the run.
     sched: Option<Sched>,
+    /// `--warmup-ops`: the warm-up's figures and how long it took.
+    warm: RunFigures,
+    warm_seconds: f64,
     figures: RunFigures,
     run_table: CounterTable,
     verify: VerifyFigures,
@@ -655,6 +691,10 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
                     .expect("spawn a compute thread")
             })
             .collect();
+        let nodes_before = (plan.warmup_ops() > 0).then(|| {
+            ctx.barrier.wait();
+            dep.node_stats()
+        });
         ctx.barrier.wait();
         let start = Instant::now();
         let sched_before = crate::sched::snapshot();
@@ -674,6 +714,8 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
         let mut verify = VerifyFigures::default();
         let mut verify_table = CounterTable::default();
         let mut compute_sched = Some(Sched::default());
+        let mut warm = RunFigures::default();
+        let mut warm_seconds = 0.0f64;
         for h in handles {
             // Threads catch their own panics, so a join error is a harness bug.
             let r = h.join().expect("compute threads do not panic");
@@ -682,13 +724,18 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
                 a
             });
             figures.merge(&r.figures);
+            warm.merge(&r.warm);
+            warm_seconds = warm_seconds.max(r.warm_seconds);
             run_table.merge(&r.run_table);
             verify.merge(&r.verify);
             verify_table.merge(&r.verify_table);
         }
         ctx.verify_bar.finish_and_clear();
+        let warmup = fold_warmup(plan, &warm, warm_seconds, &mut figures);
         Phases {
             sim: None,
+            nodes_before,
+            warmup,
             figures,
             run_seconds,
             run_table,
@@ -753,6 +800,47 @@ fn run_threads_sim(
                 .push_other(format!("thread {t}: making a client panicked: {p}")),
         }
     }
+    let mut states: Vec<TaskState<'_>> = clients
+        .iter()
+        .flat_map(|(thread, _, _)| (0..cfg.tasks).map(|task| TaskState::new(&ctx, *thread, task)))
+        .collect();
+    // `--warmup-ops`: every task's warm-up, as one batch, before the run.
+    let mut warm = RunFigures::default();
+    let mut warm_seconds = 0.0;
+    let mut nodes_before = None;
+    if plan.warmup_ops() > 0 {
+        let began = Instant::now();
+        let per_thread: Vec<RefCell<RunFigures>> =
+            (0..clients.len()).map(|_| RefCell::default()).collect();
+        let last_end = std::cell::Cell::new(began);
+        let ran = catch(|| {
+            let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
+            let mut states = states.iter_mut();
+            for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
+                for task in 0..cfg.tasks {
+                    let (last_end, ctx) = (&last_end, &ctx);
+                    let state = states.next().expect("a state per task");
+                    tasks.push(Box::pin(async move {
+                        run_task(ctx, ep, &**kv, (*thread, task), state, Phase::Warmup, f).await;
+                        last_end.set(last_end.get().max(Instant::now()));
+                    }));
+                }
+            }
+            run_tasks(tasks);
+        });
+        warm_seconds = (last_end.get() - began).as_secs_f64();
+        for f in per_thread {
+            warm.merge(&f.into_inner());
+        }
+        if let Err(p) = ran {
+            warm.errors
+                .push_other(format!("the simulated warm-up panicked: {p}"));
+        }
+        for (_, ep, _) in &clients {
+            ep.reset_counters();
+        }
+        nodes_before = Some(dep.node_stats());
+    }
     let before = sim.resources();
     let events_before = sim.events();
     let overtaken_before = sim.messages_overtaken();
@@ -770,12 +858,14 @@ fn run_threads_sim(
     let last_end = std::cell::Cell::new(start);
     let ran = catch(|| {
         let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
+        let mut states = states.iter_mut();
         for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
             for task in 0..cfg.tasks {
                 let last_end = &last_end;
                 let ctx = &ctx;
+                let state = states.next().expect("a state per task");
                 tasks.push(Box::pin(async move {
-                    run_task(ctx, ep, &**kv, *thread, task, f).await;
+                    run_task(ctx, ep, &**kv, (*thread, task), state, Phase::Run, f).await;
                     last_end.set(last_end.get().max(Instant::now()));
                 }));
             }
@@ -843,6 +933,7 @@ fn run_threads_sim(
         }
         ctx.verify_bar.finish_and_clear();
     }
+    let warmup = fold_warmup(plan, &warm, warm_seconds, &mut figures);
     let ops = figures.ops();
     let profile = sim.profile();
     let crash = ctx.crash.as_ref().map(|c| c.report(start));
@@ -863,6 +954,8 @@ fn run_threads_sim(
                 },
             },
         )),
+        nodes_before,
+        warmup,
         figures,
         run_seconds,
         run_table,
@@ -903,15 +996,63 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
     if let Some((ep, _)) = &client {
         ep.reset_counters();
     }
+    let mut states: Vec<TaskState<'_>> = (0..ctx.cfg.tasks)
+        .map(|task| TaskState::new(ctx, thread, task))
+        .collect();
+    if ctx.plan.warmup_ops() > 0 {
+        if let Some((ep, kv)) = &client {
+            let warm = RefCell::new(RunFigures::default());
+            let began = Instant::now();
+            let ran = catch(|| {
+                let tasks: Vec<LocalTask<'_, ()>> = states
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(task, state)| {
+                        Box::pin(run_task(
+                            ctx,
+                            ep,
+                            &**kv,
+                            (thread, task),
+                            state,
+                            Phase::Warmup,
+                            &warm,
+                        )) as LocalTask<'_, ()>
+                    })
+                    .collect();
+                run_tasks(tasks);
+            });
+            res.warm_seconds = (Instant::now() - began).as_secs_f64();
+            res.warm = warm.into_inner();
+            if let Err(p) = ran {
+                res.warm
+                    .errors
+                    .push_other(format!("thread {thread}: the warm-up panicked: {p}"));
+            }
+            ep.reset_counters();
+        }
+        // Every thread's warm-up is over; the main thread takes the memory
+        // nodes' figures before the run starts.
+        ctx.barrier.wait();
+    }
     ctx.barrier.wait();
     if let Some((ep, kv)) = &client {
         let started = ctx.begin_run(Instant::now().as_nanos());
         let figures = RefCell::new(RunFigures::with_timeline(started, ctx.cfg.timeline_ns));
         let sched_before = Sched::now();
         let ran = catch(|| {
-            let tasks: Vec<LocalTask<'_, ()>> = (0..ctx.cfg.tasks)
-                .map(|task| {
-                    Box::pin(run_task(ctx, ep, &**kv, thread, task, &figures)) as LocalTask<'_, ()>
+            let tasks: Vec<LocalTask<'_, ()>> = states
+                .iter_mut()
+                .enumerate()
+                .map(|(task, state)| {
+                    Box::pin(run_task(
+                        ctx,
+                        ep,
+                        &**kv,
+                        (thread, task),
+                        state,
+                        Phase::Run,
+                        &figures,
+                    )) as LocalTask<'_, ()>
                 })
                 .collect();
             run_tasks(tasks);
@@ -955,23 +1096,84 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
 /// Ops between progress bar updates.
 const PROGRESS_STEP: u64 = 256;
 
+/// Which part of its stream a task runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// `--warmup-ops`: the stream's first operations, recorded in figures
+    /// of their own (only their errors and wrong answers reach the report);
+    /// no crash, sampler, shifts, partition tally or progress.
+    Warmup,
+    /// The measured run: the rest of the stream.
+    Run,
+}
+
+/// What a task keeps from its warm-up to its run: where its stream stands
+/// and its value maker.
+struct TaskState<'p> {
+    stream: OpStream<'p>,
+    values: TaskValues,
+}
+
+impl<'p> TaskState<'p> {
+    fn new(ctx: &Ctx<'p>, thread: usize, task: usize) -> TaskState<'p> {
+        TaskState {
+            stream: ctx.plan.stream(thread, task),
+            values: TaskValues::new(ctx.cfg.value_gen, ctx.cfg.seed, thread, task),
+        }
+    }
+}
+
+/// A task's stream for one phase: at most `left` more operations (the
+/// warm-up's share), or all that remain (`None`: the run).
+struct PhaseDraws<'s, 'p> {
+    stream: &'s mut OpStream<'p>,
+    left: Option<u64>,
+}
+
+impl PhaseDraws<'_, '_> {
+    fn next(&mut self) -> Option<Op> {
+        match &mut self.left {
+            Some(0) => None,
+            Some(n) => {
+                *n -= 1;
+                self.stream.next()
+            }
+            None => self.stream.next(),
+        }
+    }
+}
+
+/// Runs `phase` of one task's stream (`state`), recording into `figures`.
+/// The callers run every task's warm-up, then (after a barrier of all
+/// threads, or under sim once the warm-up's batch of tasks has ended) every
+/// task's run, so no measured operation overlaps a warm-up one.
 async fn run_task(
     ctx: &Ctx<'_>,
     ep: &Endpoint,
     kv: &dyn KvStore,
-    thread: usize,
-    task: usize,
+    (thread, task): (usize, usize),
+    state: &mut TaskState<'_>,
+    phase: Phase,
     figures: &RefCell<RunFigures>,
 ) {
+    let run = phase == Phase::Run;
     let mut unreported = 0;
-    let shift_ns = std::num::NonZeroU64::new(ctx.cfg.shift_every_ns);
+    let shift_ns = std::num::NonZeroU64::new(ctx.cfg.shift_every_ns).filter(|_| run);
     let start_ns = ctx.started.get().map_or(0, |s| s.0);
-    let sampler = ctx.sampler();
+    let sampler = ctx.sampler().filter(|_| run);
+    let crash = ctx.crash.as_ref().filter(|_| run);
     // `--partitioned`: this task's node, and per phase the keys it named.
-    let node = ctx.plan.partitions().map(|p| p.map.node_of(thread));
+    let node = ctx
+        .plan
+        .partitions()
+        .filter(|_| run)
+        .map(|p| p.map.node_of(thread));
     let mut touched: Vec<Option<Touched>> = Vec::new();
-    let mut phase = 0u64;
-    let mut stream = ctx.plan.stream(thread, task);
+    let mut phase_no = 0u64;
+    let mut stream = PhaseDraws {
+        stream: &mut state.stream,
+        left: (!run).then(|| ctx.plan.warmup_of(thread, task)),
+    };
     // Without shifts the stream does not depend on when an operation is
     // drawn, so the next one is drawn an operation early and its key and
     // key state fetched while this one runs: at 1M keys both are cache
@@ -992,7 +1194,7 @@ async fn run_task(
         recycles_to: kv.recycles_to(),
         figures,
         slot: FutureSlot::new(),
-        values: TaskValues::new(ctx.cfg.value_gen, ctx.cfg.seed, thread, task),
+        values: &mut state.values,
         costs: Default::default(),
     };
     loop {
@@ -1001,8 +1203,8 @@ async fn run_task(
         }
         // The clock is read only when shifts are on.
         if let Some(every) = shift_ns {
-            phase = Instant::now().as_nanos().saturating_sub(start_ns) / every;
-            stream.set_phase(phase);
+            phase_no = Instant::now().as_nanos().saturating_sub(start_ns) / every;
+            stream.stream.set_phase(phase_no);
         }
         let op = if lookahead {
             let op = next.take();
@@ -1019,7 +1221,7 @@ async fn run_task(
         };
         let Some(op) = op else { break };
         if node.is_some() {
-            let p = phase as usize;
+            let p = phase_no as usize;
             if touched.len() <= p {
                 touched.resize(p + 1, None);
             }
@@ -1027,11 +1229,11 @@ async fn run_task(
         }
         // The clock only where something needs it (the plain loop reads
         // none per operation).
-        let start = (ctx.crash.is_some() || ctx.op_limit.is_some()).then(Instant::now);
-        let run = execute(&mut io, op);
+        let start = (crash.is_some() || ctx.op_limit.is_some()).then(Instant::now);
+        let executed = execute(&mut io, op);
         let failed = match &op_limit {
-            None => run.await,
-            Some(watchdog) => match watchdog.run(run).await {
+            None => executed.await,
+            Some(watchdog) => match watchdog.run(executed).await {
                 Some(failed) => failed,
                 None => {
                     // Dropped where it stands (as a killed client's would be).
@@ -1039,7 +1241,8 @@ async fn run_task(
                     let mut s = ctx.stuck.lock().expect("stuck");
                     if s.is_none() {
                         *s = Some(format!(
-                            "{} of key {key:#x} (thread {thread}, task {task}) did not complete within {:?} of virtual time (started at {} ns): a livelock or a wait that never ends; the run was stopped",
+                            "{}{} of key {key:#x} (thread {thread}, task {task}) did not complete within {:?} of virtual time (started at {} ns): a livelock or a wait that never ends; the run was stopped",
+                            if run { "" } else { "a warm-up " },
                             op.op_type().name(),
                             watchdog.limit(),
                             start.map_or(0, |s| s.as_nanos())
@@ -1049,16 +1252,18 @@ async fn run_task(
                 }
             },
         };
-        if let (Some(c), Some(start)) = (&ctx.crash, start) {
+        if let (Some(c), Some(start)) = (crash, start) {
             c.after_op(ctx.dep, start, Instant::now(), failed);
         }
         if let Some(s) = sampler {
             s.tick(&**ctx.dep.engine(), Instant::now().as_nanos());
         }
-        unreported += 1;
-        if unreported == PROGRESS_STEP {
-            ctx.run_bar.inc(unreported);
-            unreported = 0;
+        if run {
+            unreported += 1;
+            if unreported == PROGRESS_STEP {
+                ctx.run_bar.inc(unreported);
+                unreported = 0;
+            }
         }
     }
     ctx.run_bar.inc(unreported);
@@ -1160,7 +1365,7 @@ impl<F: Future> Future for Call<'_, F> {
 /// What a task's operations share, borrowed by each [`execute`]: making an
 /// operation's future then stores two words (this and the operation), not
 /// the eight its parts took as arguments.
-struct TaskIo<'c, 'e> {
+struct TaskIo<'c, 'e, 'v> {
     ctx: &'c Ctx<'e>,
     ep: &'c Endpoint,
     /// The task's latency clock.
@@ -1176,7 +1381,7 @@ struct TaskIo<'c, 'e> {
     figures: &'c RefCell<RunFigures>,
     /// Where each operation's future runs (allocated once, reused).
     slot: FutureSlot,
-    values: TaskValues,
+    values: &'v mut TaskValues,
     /// The task's costs per operation type ([`OpType::index`]): each
     /// operation's charges are added to its type's entry in place, as they
     /// are made ([`Endpoint::metering`]), and the task adds these to its
@@ -1195,7 +1400,7 @@ struct TaskIo<'c, 'e> {
 /// The engine's future runs in `slot`, the task's [`FutureSlot`], reused by
 /// each of its operations: no allocation per operation for engines that
 /// implement [`dmkv_api::KvClient`] (docs/performance.md, "Eleventh pass").
-async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
+async fn execute(io: &mut TaskIo<'_, '_, '_>, op: Op) -> bool {
     let mut errored = false;
     let (ctx, ep, clock, kv, figures) = (io.ctx, io.ep, io.clock, io.kv, io.figures);
     // A checked GET's value goes back to the engine if it takes it
@@ -1214,7 +1419,7 @@ async fn execute(io: &mut TaskIo<'_, '_>, op: Op) -> bool {
     let (plan, states, check) = (ctx.plan, ctx.states, ctx.checker());
     let size = ctx.cfg.value_size;
     let ty = op.op_type();
-    let (slot, values) = (&mut io.slot, &mut io.values);
+    let (slot, values) = (&mut io.slot, &mut *io.values);
     // What this operation costs is metered straight into its type's total
     // (see `TaskIo::costs`).
     let cost = &mut io.costs[ty.index()];

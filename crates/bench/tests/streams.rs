@@ -110,6 +110,7 @@ fn params(workload: Workload, dist: Dist, seed: u64) -> SyntheticParams {
         keyset: KeysetSpec::Uniform,
         keys: 1_000,
         ops: 5_000,
+        warmup_ops: 0,
         threads: 2,
         tasks: 3,
         seed,
@@ -281,4 +282,45 @@ fn plans_refuse_workloads_they_cannot_generate() {
         Plan::synthetic(&p, &[]).is_ok(),
         "inserting into nothing is fine"
     );
+}
+
+/// `--warmup-ops`: each task's stream is its warm-up followed by its run,
+/// the warm-up split like the run; the measured count is `--ops` whatever
+/// the warm-up, and the warm-up's inserts take the task's first insert keys
+/// (the run's inserts follow, so no key is inserted twice).
+#[test]
+fn a_warmup_is_the_front_of_each_stream() {
+    let mut p = params(Workload::YcsbD, Dist::Latest, 11);
+    p.warmup_ops = 1_001;
+    let plan = Plan::synthetic(&p, &[]).unwrap();
+    assert_eq!(plan.total_ops(), 5_000);
+    assert_eq!(plan.warmup_ops(), 1_001);
+    let all = streams(&plan);
+    let mut warm_total = 0;
+    for (g, s) in all.iter().enumerate() {
+        let (t, c) = (g / plan.tasks(), g % plan.tasks());
+        let warm = plan.warmup_of(t, c);
+        // 1,001 over 6 tasks: 167 for the first five, 166 for the last.
+        assert_eq!(warm, if g < 5 { 167 } else { 166 });
+        warm_total += warm;
+        // 5,000 over 6: 834 for the first two, 833 for the rest.
+        assert_eq!(s.len() as u64 - warm, if g < 2 { 834 } else { 833 });
+    }
+    assert_eq!(warm_total, 1_001);
+    let mut inserted = std::collections::HashSet::new();
+    let mut inserts = 0;
+    for op in all.iter().flatten() {
+        if let Op::Insert(i) = op {
+            inserts += 1;
+            assert!(inserted.insert(*i), "key index {i} inserted twice");
+            assert!(*i as usize >= plan.loaded());
+        }
+    }
+    assert!(inserts > 100, "{inserts} inserts: ycsb-d inserts 5%");
+    assert_eq!(plan.keys().len(), plan.loaded() + inserts);
+    // A workload without a run phase has nothing to warm up for.
+    let mut load = params(Workload::Load, Dist::Uniform, 11);
+    load.warmup_ops = 10;
+    let e = Plan::synthetic(&load, &[]).unwrap_err().to_string();
+    assert!(e.contains("no run phase"), "{e}");
 }

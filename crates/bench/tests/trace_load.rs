@@ -201,7 +201,8 @@ fn the_load_file_loads_exactly_ycsbs_keys() {
     let run_trace = read_trace(&run).unwrap();
     let load_trace = read_load_trace(&load).unwrap();
     assert_eq!(load_trace.keys, t.load_keys);
-    let plan = Plan::from_trace_with_load(&run_trace, Some(&load_trace.keys), 2, 2, &[]).unwrap();
+    let plan =
+        Plan::from_trace_with_load(&run_trace, Some(&load_trace.keys), 2, 2, &[], 0).unwrap();
     assert_eq!(plan.loaded(), 300);
     assert_eq!(&plan.keys()[..300], &t.load_keys[..]);
     assert!(plan.keys()[300..].contains(&t.never_loaded));
