@@ -107,11 +107,23 @@ fn measure(report: &serde_json::Value, m: &Metric) -> Option<f64> {
             if d == 0.0 {
                 return None;
             }
-            x / d
+            (x - counted_before_the_run(report, &m.path)) / d
         }
         None => x,
     };
     Some(x * m.scale)
+}
+
+/// What an `engine_stats` counter held when the run started after a
+/// `--warmup-ops` warm-up (0 without one, or for other paths). The report's
+/// `engine_stats` count from the engine's connect, while the run's figures
+/// (`ops`, ...) count the run alone: a counter divided by one of them
+/// (`per`) must count the run alone too.
+fn counted_before_the_run(report: &serde_json::Value, path: &str) -> f64 {
+    match path.strip_prefix("engine_stats.") {
+        Some(rest) => lookup(report, &format!("warmup.engine_stats.{rest}")).unwrap_or(0.0),
+        None => 0.0,
+    }
 }
 
 /// Runs one `dmkv bench` command line through the CLI's own parsing and

@@ -500,6 +500,37 @@ fn metric_paths_read_nested_numbers() {
     assert_eq!(super::lookup(&v, "a"), None, "an object is not a number");
 }
 
+/// A counter divided per operation counts the run alone: after a warm-up,
+/// its value when the run started is taken off; undivided, or outside
+/// `engine_stats`, a path reads as it is.
+#[test]
+fn per_op_engine_counters_leave_the_warm_up_out() {
+    let metric = |path: &str, per: Option<&str>| super::figure::Metric {
+        path: path.into(),
+        per: per.map(Into::into),
+        scale: 1.0,
+        label: "x".into(),
+    };
+    let warm = serde_json::json!({
+        "ops": 100,
+        "per_op": {"rpcs": 2.0},
+        "engine_stats": {"pages_from_ssd": 250, "height": 3},
+        "warmup": {"ops": 400, "engine_stats": {"pages_from_ssd": 200, "height": 3}},
+    });
+    let per_ops = metric("engine_stats.pages_from_ssd", Some("ops"));
+    assert_eq!(super::measure(&warm, &per_ops), Some(0.5));
+    assert_eq!(
+        super::measure(&warm, &metric("engine_stats.height", None)),
+        Some(3.0)
+    );
+    assert_eq!(
+        super::measure(&warm, &metric("per_op.rpcs", Some("ops"))),
+        Some(0.02)
+    );
+    let cold = serde_json::json!({"ops": 100, "engine_stats": {"pages_from_ssd": 250}});
+    assert_eq!(super::measure(&cold, &per_ops), Some(2.5));
+}
+
 /// The value of `--FLAG` in a command line, if given with a value.
 fn flag<'a>(argv: &'a [String], f: &str) -> Option<&'a str> {
     let i = argv.iter().position(|a| a == f)?;

@@ -157,6 +157,10 @@ pub struct WarmupReport {
     /// Costs per warm-up operation (against the run's `per_op`: what a
     /// cold cache cost, for example).
     pub per_op: PerOp,
+    /// The design's figures (`Engine::stats`) when the run started: the
+    /// report's `engine_stats` count from the engine's connect, so a
+    /// counter's share of the run is its value there less its value here.
+    pub engine_stats: serde_json::Value,
 }
 
 /// Memory-node figures: differences over the run (from its start to the

@@ -287,14 +287,11 @@ fn run_engine(
     let states = KeyStates::new(plan.keys().len(), plan.loaded());
     let nodes_before = dep.node_stats();
     let phases = if dep.sim().is_some() {
-        run_threads_sim(cfg, plan, dep, &states)
+        run_threads_sim(cfg, plan, dep, &states, &main_ep)
     } else {
-        run_threads(cfg, plan, dep, &states)
+        run_threads(cfg, plan, dep, &states, &main_ep)
     };
-    let engine_stats = match block_on(labeled(OpKind::Setup, dep.engine().stats(&main_ep))) {
-        Ok(v) => v,
-        Err(e) => serde_json::json!({ "error": e.to_string() }),
-    };
+    let engine_stats = engine_stats(dep, &main_ep);
     let memnode = MemnodeReport::new(
         phases.nodes_before.as_deref().unwrap_or(&nodes_before),
         &phases.nodes_after,
@@ -623,13 +620,22 @@ impl Ctx<'_> {
     }
 }
 
+/// The design's own figures now (`Engine::stats`, asked through `ep`), or
+/// the error that asking gave.
+fn engine_stats(dep: &dyn Deployment, ep: &Endpoint) -> serde_json::Value {
+    match block_on(labeled(OpKind::Setup, dep.engine().stats(ep))) {
+        Ok(v) => v,
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    }
+}
+
 /// `--warmup-ops` (none without): the warm-up's report. Its errors and
 /// wrong answers join the run's (`figures`), so that they fail the run; its
 /// operations, costs and latencies stay out.
 fn fold_warmup(
     plan: &Plan,
     warm: &RunFigures,
-    seconds: f64,
+    (seconds, engine_stats): (f64, serde_json::Value),
     figures: &mut RunFigures,
 ) -> Option<WarmupReport> {
     if plan.warmup_ops() == 0 {
@@ -642,6 +648,7 @@ fn fold_warmup(
         ops,
         seconds,
         per_op: PerOp::new(&warm.cost(), ops),
+        engine_stats,
     })
 }
 
@@ -659,7 +666,13 @@ struct ThreadResult {
     verify_table: CounterTable,
 }
 
-fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &KeyStates) -> Phases {
+fn run_threads(
+    cfg: &BenchConfig,
+    plan: &Plan,
+    dep: &dyn Deployment,
+    states: &KeyStates,
+    main_ep: &Endpoint,
+) -> Phases {
     let name = dep.engine().name();
     // The latency clock is calibrated now, not inside a measured operation.
     Stopwatch::warm_up();
@@ -691,10 +704,14 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
                     .expect("spawn a compute thread")
             })
             .collect();
-        let nodes_before = (plan.warmup_ops() > 0).then(|| {
+        // After a warm-up: the figures the run's are taken against (the
+        // engine's first: asking may make RPCs, which are not the run's).
+        let at_start = (plan.warmup_ops() > 0).then(|| {
             ctx.barrier.wait();
-            dep.node_stats()
+            let stats = engine_stats(dep, main_ep);
+            (dep.node_stats(), stats)
         });
+        let (nodes_before, stats_at_start) = at_start.unzip();
         ctx.barrier.wait();
         let start = Instant::now();
         let sched_before = crate::sched::snapshot();
@@ -731,7 +748,12 @@ fn run_threads(cfg: &BenchConfig, plan: &Plan, dep: &dyn Deployment, states: &Ke
             verify_table.merge(&r.verify_table);
         }
         ctx.verify_bar.finish_and_clear();
-        let warmup = fold_warmup(plan, &warm, warm_seconds, &mut figures);
+        let warmup = fold_warmup(
+            plan,
+            &warm,
+            (warm_seconds, stats_at_start.unwrap_or_default()),
+            &mut figures,
+        );
         Phases {
             sim: None,
             nodes_before,
@@ -761,6 +783,7 @@ fn run_threads_sim(
     plan: &Plan,
     dep: &dyn Deployment,
     states: &KeyStates,
+    main_ep: &Endpoint,
 ) -> Phases {
     let sim = dep.sim().expect("a simulated deployment");
     let threads = cfg.total_threads();
@@ -808,6 +831,7 @@ fn run_threads_sim(
     let mut warm = RunFigures::default();
     let mut warm_seconds = 0.0;
     let mut nodes_before = None;
+    let mut stats_at_start = serde_json::Value::Null;
     if plan.warmup_ops() > 0 {
         let began = Instant::now();
         let per_thread: Vec<RefCell<RunFigures>> =
@@ -839,6 +863,9 @@ fn run_threads_sim(
         for (_, ep, _) in &clients {
             ep.reset_counters();
         }
+        // The engine's figures first: asking may make RPCs, which are not
+        // the run's.
+        stats_at_start = engine_stats(dep, main_ep);
         nodes_before = Some(dep.node_stats());
     }
     let before = sim.resources();
@@ -933,7 +960,7 @@ fn run_threads_sim(
         }
         ctx.verify_bar.finish_and_clear();
     }
-    let warmup = fold_warmup(plan, &warm, warm_seconds, &mut figures);
+    let warmup = fold_warmup(plan, &warm, (warm_seconds, stats_at_start), &mut figures);
     let ops = figures.ops();
     let profile = sim.profile();
     let crash = ctx.crash.as_ref().map(|c| c.report(start));
