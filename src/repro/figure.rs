@@ -177,9 +177,9 @@ pub enum TransportKind {
 
 /// One measured quantity: a dotted path into `dmkv bench --json`'s engine
 /// object, optionally divided by another path (`per`), then multiplied by
-/// `scale`. Divided, an `engine_stats` counter counts the run alone: after a
-/// `--warmup-ops` warm-up its value when the run started
-/// (`warmup.engine_stats`) is taken off first.
+/// `scale`. Divided, `engine_stats` counters (numerator and denominator)
+/// count the run alone: after a `--warmup-ops` warm-up their values when the
+/// run started (`warmup.engine_stats`) are taken off first.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metric {

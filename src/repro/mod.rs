@@ -103,7 +103,7 @@ fn measure(report: &serde_json::Value, m: &Metric) -> Option<f64> {
     let x = lookup(report, &m.path)?;
     let x = match &m.per {
         Some(per) => {
-            let d = lookup(report, per)?;
+            let d = lookup(report, per)? - counted_before_the_run(report, per);
             if d == 0.0 {
                 return None;
             }
@@ -118,7 +118,7 @@ fn measure(report: &serde_json::Value, m: &Metric) -> Option<f64> {
 /// `--warmup-ops` warm-up (0 without one, or for other paths). The report's
 /// `engine_stats` count from the engine's connect, while the run's figures
 /// (`ops`, ...) count the run alone: a counter divided by one of them
-/// (`per`) must count the run alone too.
+/// (`per`), or by another counter, must count the run alone too.
 fn counted_before_the_run(report: &serde_json::Value, path: &str) -> f64 {
     match path.strip_prefix("engine_stats.") {
         Some(rest) => lookup(report, &format!("warmup.engine_stats.{rest}")).unwrap_or(0.0),

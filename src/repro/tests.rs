@@ -514,11 +514,14 @@ fn per_op_engine_counters_leave_the_warm_up_out() {
     let warm = serde_json::json!({
         "ops": 100,
         "per_op": {"rpcs": 2.0},
-        "engine_stats": {"pages_from_ssd": 250, "height": 3},
-        "warmup": {"ops": 400, "engine_stats": {"pages_from_ssd": 200, "height": 3}},
+        "engine_stats": {"pages_from_ssd": 250, "height": 3, "gets": 500},
+        "warmup": {"ops": 400, "engine_stats": {"pages_from_ssd": 200, "height": 3, "gets": 400}},
     });
     let per_ops = metric("engine_stats.pages_from_ssd", Some("ops"));
     assert_eq!(super::measure(&warm, &per_ops), Some(0.5));
+    // A counter per another counter: both the run's share.
+    let per_get = metric("engine_stats.pages_from_ssd", Some("engine_stats.gets"));
+    assert_eq!(super::measure(&warm, &per_get), Some(0.5));
     assert_eq!(
         super::measure(&warm, &metric("engine_stats.height", None)),
         Some(3.0)
