@@ -1030,24 +1030,7 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
         if let Some((ep, kv)) = &client {
             let warm = RefCell::new(RunFigures::default());
             let began = Instant::now();
-            let ran = catch(|| {
-                let tasks: Vec<LocalTask<'_, ()>> = states
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(task, state)| {
-                        Box::pin(run_task(
-                            ctx,
-                            ep,
-                            &**kv,
-                            (thread, task),
-                            state,
-                            Phase::Warmup,
-                            &warm,
-                        )) as LocalTask<'_, ()>
-                    })
-                    .collect();
-                run_tasks(tasks);
-            });
+            let ran = run_phase(ctx, (ep, &**kv), thread, &mut states, Phase::Warmup, &warm);
             res.warm_seconds = (Instant::now() - began).as_secs_f64();
             res.warm = warm.into_inner();
             if let Err(p) = ran {
@@ -1066,24 +1049,7 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
         let started = ctx.begin_run(Instant::now().as_nanos());
         let figures = RefCell::new(RunFigures::with_timeline(started, ctx.cfg.timeline_ns));
         let sched_before = Sched::now();
-        let ran = catch(|| {
-            let tasks: Vec<LocalTask<'_, ()>> = states
-                .iter_mut()
-                .enumerate()
-                .map(|(task, state)| {
-                    Box::pin(run_task(
-                        ctx,
-                        ep,
-                        &**kv,
-                        (thread, task),
-                        state,
-                        Phase::Run,
-                        &figures,
-                    )) as LocalTask<'_, ()>
-                })
-                .collect();
-            run_tasks(tasks);
-        });
+        let ran = run_phase(ctx, (ep, &**kv), thread, &mut states, Phase::Run, &figures);
         res.sched = sched_before
             .zip(Sched::now())
             .map(|(before, after)| after.since(&before));
@@ -1118,6 +1084,29 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
         res.verify_table = ep.counters();
     }
     res
+}
+
+/// Runs `phase` of every task of `thread` (one OS thread, its tasks on its
+/// executor) into `figures`; a panic's message if one escaped.
+fn run_phase(
+    ctx: &Ctx<'_>,
+    (ep, kv): (&Endpoint, &dyn KvStore),
+    thread: usize,
+    states: &mut [TaskState<'_>],
+    phase: Phase,
+    figures: &RefCell<RunFigures>,
+) -> Result<(), String> {
+    catch(|| {
+        let tasks: Vec<LocalTask<'_, ()>> = states
+            .iter_mut()
+            .enumerate()
+            .map(|(task, state)| {
+                Box::pin(run_task(ctx, ep, kv, (thread, task), state, phase, figures))
+                    as LocalTask<'_, ()>
+            })
+            .collect();
+        run_tasks(tasks);
+    })
 }
 
 /// Ops between progress bar updates.

@@ -7,12 +7,10 @@
 #[allow(dead_code)] // this test uses only part of the shared support
 mod support;
 
-use dmkv_api::sim_deploy::SimOptions;
 use dmkv_bench::report::EngineReport;
-use dmkv_bench::{BenchConfig, CrashPlan, SimDeployer, Workload};
-use dmkv_transport::sim::{Profile, SimConfig};
-use std::sync::Arc;
-use support::{OPS, reference, small};
+use dmkv_bench::{BenchConfig, CrashPlan, Workload};
+use dmkv_transport::sim::Profile;
+use support::{OPS, on_sim, reference, small};
 
 fn run_one(cfg: &BenchConfig) -> EngineReport {
     let outcome = dmkv_bench::run(cfg).expect("the run starts");
@@ -28,18 +26,7 @@ fn crashing(node: usize, sim: bool) -> BenchConfig {
         at_fraction: 0.5,
     });
     if sim {
-        cfg.deployer = Arc::new(SimDeployer {
-            options: SimOptions {
-                config: SimConfig {
-                    profile: Profile::default_profile(),
-                    seed: 1,
-                    jitter_ns: 0,
-                    delays: Default::default(),
-                },
-                compute_nodes: 1,
-                threads_per_node: cfg.threads,
-            },
-        });
+        on_sim(&mut cfg, Profile::default_profile());
     }
     cfg
 }

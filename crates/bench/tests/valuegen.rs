@@ -6,30 +6,13 @@
 #[allow(dead_code)] // this test uses only part of the shared support
 mod support;
 
-use dmkv_api::sim_deploy::SimOptions;
 use dmkv_bench::report::EngineReport;
 use dmkv_bench::valuegen::{ValueGen, string_instructions};
-use dmkv_bench::{BenchConfig, SimDeployer, Workload};
-use dmkv_transport::sim::{Profile, SimConfig};
-use std::sync::Arc;
-use support::{KEYS, reference, small};
+use dmkv_bench::{BenchConfig, Workload};
+use dmkv_transport::sim::Profile;
+use support::{KEYS, on_sim, reference, small};
 
 const SIZE: usize = 128;
-
-fn on_sim(cfg: &mut BenchConfig, profile: Profile) {
-    cfg.deployer = Arc::new(SimDeployer {
-        options: SimOptions {
-            config: SimConfig {
-                profile,
-                seed: 1,
-                jitter_ns: 0,
-                delays: Default::default(),
-            },
-            compute_nodes: 1,
-            threads_per_node: cfg.threads,
-        },
-    });
-}
 
 fn config(workload: Workload, value_gen: ValueGen, sim: bool) -> BenchConfig {
     let mut cfg = small(vec![reference()], workload);

@@ -7,27 +7,10 @@
 #[allow(dead_code)] // this test uses only part of the shared support
 mod support;
 
-use dmkv_api::sim_deploy::SimOptions;
 use dmkv_bench::report::EngineReport;
-use dmkv_bench::{BenchConfig, SimDeployer, Workload, WorkloadSource};
-use dmkv_transport::sim::{Profile, SimConfig};
-use std::sync::Arc;
-use support::{Fault, Faulty, KEYS, OPS, choice, reference, small};
-
-fn on_sim(cfg: &mut BenchConfig) {
-    cfg.deployer = Arc::new(SimDeployer {
-        options: SimOptions {
-            config: SimConfig {
-                profile: Profile::default_profile(),
-                seed: 1,
-                jitter_ns: 0,
-                delays: Default::default(),
-            },
-            compute_nodes: 1,
-            threads_per_node: cfg.threads,
-        },
-    });
-}
+use dmkv_bench::{BenchConfig, Workload, WorkloadSource};
+use dmkv_transport::sim::Profile;
+use support::{Fault, Faulty, KEYS, OPS, choice, on_sim, reference, small};
 
 fn run_one(cfg: &BenchConfig) -> EngineReport {
     let outcome = dmkv_bench::run(cfg).expect("the run starts");
@@ -54,7 +37,7 @@ fn a_warmup_is_left_out_of_the_run_and_verifies() {
         let mut cfg = small(vec![reference()], Workload::YcsbD);
         cfg.warmup_ops = 3_000;
         if sim {
-            on_sim(&mut cfg);
+            on_sim(&mut cfg, Profile::default_profile());
         }
         let r = run_one(&cfg);
         assert!(
@@ -104,7 +87,7 @@ fn wrong_answers_in_the_warm_up_fail_the_run() {
 #[test]
 fn a_simulated_warm_up_is_deterministic_and_outside_the_runs_time() {
     let mut cfg = small(vec![reference()], Workload::YcsbC);
-    on_sim(&mut cfg);
+    on_sim(&mut cfg, Profile::default_profile());
     let plain = run_one(&cfg);
     cfg.warmup_ops = 20_000;
     let warm = run_one(&cfg);

@@ -27,6 +27,24 @@ pub fn reference() -> EngineChoice {
     choice(&Reference)
 }
 
+/// Runs `cfg` on the simulated cluster: `profile`, seed 1, no jitter or
+/// delays, one compute node of `cfg.threads` threads.
+#[allow(dead_code)] // `runner.rs` runs on `local` only
+pub fn on_sim(cfg: &mut BenchConfig, profile: dmkv_transport::sim::Profile) {
+    cfg.deployer = Arc::new(dmkv_bench::SimDeployer {
+        options: dmkv_api::sim_deploy::SimOptions {
+            config: dmkv_transport::sim::SimConfig {
+                profile,
+                seed: 1,
+                jitter_ns: 0,
+                delays: Default::default(),
+            },
+            compute_nodes: 1,
+            threads_per_node: cfg.threads,
+        },
+    });
+}
+
 /// Keys and operations of [`small`] runs.
 pub const KEYS: u64 = 1_000;
 pub const OPS: u64 = 2_000;
