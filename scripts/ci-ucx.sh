@@ -46,6 +46,9 @@ step "ucx: dmkv bench --transport ucx against --transport local"
 cargo build --release --features ucx
 bash scripts/ucx-bench-smoke.sh target/release/dmkv
 UCX_TLS=tcp bash scripts/ucx-bench-smoke.sh target/release/dmkv
+# A warm-up over UCX: the compute threads' barrier after it and the memory
+# nodes' figures taken when the run starts, across processes.
+ENGINES=rolex,outback bash scripts/ucx-bench-smoke.sh target/release/dmkv --warmup-ops 10000
 
 step "ucx: xstore durability across processes (dmkv memnode --data-dir, kill -9, restart, verify)"
 DMKV_BIN="$PWD/target/release/dmkv" cargo test --release -p dmkv-transport-ucx --features ucx \

@@ -42,6 +42,10 @@ for op, l in local["by_op"].items():
     for k, val in l.items():
         if k in ("count", "round_trips", "verbs", "rpcs", "bytes_read", "bytes_written"):
             assert u[k] == val, (name, op, k, val, u[k])
+# With --warmup-ops both runs warm up the same way and count only the run.
+if "warmup" in local:
+    assert ucx["warmup"]["ops"] == local["warmup"]["ops"], (name, local["warmup"], ucx.get("warmup"))
+    assert ucx["ops"] == local["ops"], (name, local["ops"], ucx["ops"])
 cpu = ucx["memnode"]["progress_cpu_ns"]
 counters = ", ".join("%s=%s" % (f, ucx["per_op"][f]) for f in fields)
 print("%s: ucx verified %d keys; per-op counters equal local (%s); memnode progress-thread CPU %.1f ms"
