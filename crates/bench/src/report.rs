@@ -971,7 +971,7 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
     if let Some(w) = &first.warmup {
         writeln!(
             out,
-            "            after a warm-up of {} ops (--warmup-ops), left out of every figure below",
+            "            after a warm-up of {} ops (--warmup-ops), left out of every figure below but errors and check failures",
             w.ops
         )?;
     }
