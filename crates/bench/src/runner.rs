@@ -823,7 +823,7 @@ fn run_threads_sim(
                 .push_other(format!("thread {t}: making a client panicked: {p}")),
         }
     }
-    let mut states: Vec<TaskState<'_>> = clients
+    let mut task_states: Vec<TaskState<'_>> = clients
         .iter()
         .flat_map(|(thread, _, _)| (0..cfg.tasks).map(|task| TaskState::new(&ctx, *thread, task)))
         .collect();
@@ -839,11 +839,11 @@ fn run_threads_sim(
         let last_end = std::cell::Cell::new(began);
         let ran = catch(|| {
             let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
-            let mut states = states.iter_mut();
+            let mut task_states = task_states.iter_mut();
             for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
                 for task in 0..cfg.tasks {
                     let (last_end, ctx) = (&last_end, &ctx);
-                    let state = states.next().expect("a state per task");
+                    let state = task_states.next().expect("a state per task");
                     tasks.push(Box::pin(async move {
                         run_task(ctx, ep, &**kv, (*thread, task), state, Phase::Warmup, f).await;
                         last_end.set(last_end.get().max(Instant::now()));
@@ -885,12 +885,12 @@ fn run_threads_sim(
     let last_end = std::cell::Cell::new(start);
     let ran = catch(|| {
         let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
-        let mut states = states.iter_mut();
+        let mut task_states = task_states.iter_mut();
         for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
             for task in 0..cfg.tasks {
                 let last_end = &last_end;
                 let ctx = &ctx;
-                let state = states.next().expect("a state per task");
+                let state = task_states.next().expect("a state per task");
                 tasks.push(Box::pin(async move {
                     run_task(ctx, ep, &**kv, (*thread, task), state, Phase::Run, f).await;
                     last_end.set(last_end.get().max(Instant::now()));
@@ -1023,14 +1023,21 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
     if let Some((ep, _)) = &client {
         ep.reset_counters();
     }
-    let mut states: Vec<TaskState<'_>> = (0..ctx.cfg.tasks)
+    let mut task_states: Vec<TaskState<'_>> = (0..ctx.cfg.tasks)
         .map(|task| TaskState::new(ctx, thread, task))
         .collect();
     if ctx.plan.warmup_ops() > 0 {
         if let Some((ep, kv)) = &client {
             let warm = RefCell::new(RunFigures::default());
             let began = Instant::now();
-            let ran = run_phase(ctx, (ep, &**kv), thread, &mut states, Phase::Warmup, &warm);
+            let ran = run_phase(
+                ctx,
+                (ep, &**kv),
+                thread,
+                &mut task_states,
+                Phase::Warmup,
+                &warm,
+            );
             res.warm_seconds = (Instant::now() - began).as_secs_f64();
             res.warm = warm.into_inner();
             if let Err(p) = ran {
@@ -1049,7 +1056,14 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
         let started = ctx.begin_run(Instant::now().as_nanos());
         let figures = RefCell::new(RunFigures::with_timeline(started, ctx.cfg.timeline_ns));
         let sched_before = Sched::now();
-        let ran = run_phase(ctx, (ep, &**kv), thread, &mut states, Phase::Run, &figures);
+        let ran = run_phase(
+            ctx,
+            (ep, &**kv),
+            thread,
+            &mut task_states,
+            Phase::Run,
+            &figures,
+        );
         res.sched = sched_before
             .zip(Sched::now())
             .map(|(before, after)| after.since(&before));
@@ -1092,12 +1106,12 @@ fn run_phase(
     ctx: &Ctx<'_>,
     (ep, kv): (&Endpoint, &dyn KvStore),
     thread: usize,
-    states: &mut [TaskState<'_>],
+    task_states: &mut [TaskState<'_>],
     phase: Phase,
     figures: &RefCell<RunFigures>,
 ) -> Result<(), String> {
     catch(|| {
-        let tasks: Vec<LocalTask<'_, ()>> = states
+        let tasks: Vec<LocalTask<'_, ()>> = task_states
             .iter_mut()
             .enumerate()
             .map(|(task, state)| {
