@@ -455,7 +455,7 @@ mod with_ucx {
         }
         fn deploy(
             &self,
-            spec: &dyn EngineSpec,
+            spec: &'static dyn EngineSpec,
             opts: &DeployOptions,
         ) -> Result<Box<dyn Deployment>, KvError> {
             if spec.name() != "scalestore" {

@@ -146,7 +146,7 @@ impl Deployer for UcxDeployer {
     }
     fn deploy(
         &self,
-        spec: &dyn EngineSpec,
+        spec: &'static dyn EngineSpec,
         opts: &DeployOptions,
     ) -> Result<Box<dyn Deployment>, KvError> {
         Ok(Box::new(Ucx(UcxDeployment::deploy(

@@ -10,7 +10,7 @@ use dmkv_memnode::{NodeRuntime, NodeStats};
 use dmkv_transport::sim::{SimConfig, Simulation};
 use dmkv_transport::{Endpoint, NodeHost, NodeId};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// How to simulate.
 #[derive(Debug, Clone)]
@@ -27,7 +27,11 @@ pub struct SimOptions {
 ///
 /// Each simulated compute node of a disaggregated design is its own compute
 /// process: the engine is connected once per node (`Engine` = one compute
-/// process, shared by its threads), so what a design keeps per compute
+/// process, shared by its threads), node 0 at deployment (it loads) and
+/// every other node when its first client is made, so after the load, as a
+/// compute node joins a loaded store (ROLEX §3: new compute nodes read the
+/// models from the memory pool; Outback's and XStore's clients fetch their
+/// locator and models from the loaded server). So what a design keeps per compute
 /// process (Sherman's and ROLEX's local lock tables and their hand-overs,
 /// index and model caches, Outback's locator and its registration with each
 /// shard, a lock word's owner tag) is per node, as on the papers' clusters.
@@ -42,8 +46,10 @@ pub struct SimDeployment {
     pub engine: Arc<dyn Engine>,
     /// The engines of compute nodes 1.. (disaggregated designs; empty for
     /// one compute node and for symmetric designs, whose compute threads
-    /// run on their nodes' own state).
-    pub peers: Vec<Arc<dyn Engine>>,
+    /// run on their nodes' own state), each connected by [`Self::engine_of`]
+    /// for the node's first client.
+    peers: Vec<OnceLock<Arc<dyn Engine>>>,
+    spec: &'static dyn EngineSpec,
     pub runtimes: Vec<Arc<NodeRuntime>>,
     /// Compute nodes of disaggregated designs.
     pub compute: Vec<NodeId>,
@@ -57,7 +63,7 @@ impl SimDeployment {
     /// Starts the simulation and its nodes, installs `spec` on them and
     /// connects to it.
     pub fn deploy(
-        spec: &dyn EngineSpec,
+        spec: &'static dyn EngineSpec,
         opts: &DeployOptions,
         sim_opts: &SimOptions,
     ) -> Result<SimDeployment> {
@@ -72,22 +78,14 @@ impl SimDeployment {
             .collect();
         let (engine, args) = install(spec, opts, &runtimes, sim.fabric(), compute[0])?;
         let threads_per_node = sim_opts.threads_per_node.max(1);
-        let mut peers = Vec::new();
-        if spec.topology() == Topology::Disaggregated {
-            for &node in &compute[1..] {
-                peers.push(spec.connect(ConnectArgs {
-                    fabric: sim.fabric(),
-                    compute_node: node,
-                    serve: args.clone(),
-                    threads: threads_per_node,
-                    hosted: runtimes.clone(),
-                    counters_from: Some(engine.clone()),
-                })?);
-            }
-        }
+        let peers = match spec.topology() {
+            Topology::Disaggregated => compute[1..].iter().map(|_| OnceLock::new()).collect(),
+            Topology::Symmetric => Vec::new(),
+        };
         Ok(SimDeployment {
             engine,
             peers,
+            spec,
             runtimes,
             compute,
             args,
@@ -113,16 +111,30 @@ impl SimDeployment {
         }
     }
 
-    /// The engine (compute process) compute thread `thread` belongs to.
-    pub fn engine_of(&self, thread: usize) -> &Arc<dyn Engine> {
-        match self.topology {
-            // `peers` has one engine per compute node after the first.
-            Topology::Disaggregated => match self.compute_index(thread) {
-                0 => &self.engine,
-                i => &self.peers[i - 1],
-            },
-            Topology::Symmetric => &self.engine,
+    /// The engine (compute process) compute thread `thread` belongs to,
+    /// connected now if it is the first of its node to ask.
+    pub fn engine_of(&self, thread: usize) -> Result<&Arc<dyn Engine>> {
+        let i = match self.topology {
+            Topology::Disaggregated => self.compute_index(thread),
+            Topology::Symmetric => 0,
+        };
+        if i == 0 {
+            return Ok(&self.engine);
         }
+        // `peers` has one engine per compute node after the first.
+        let peer = &self.peers[i - 1];
+        if let Some(e) = peer.get() {
+            return Ok(e);
+        }
+        let e = self.spec.connect(ConnectArgs {
+            fabric: self.sim.fabric(),
+            compute_node: self.compute[i],
+            serve: self.args.clone(),
+            threads: self.threads_per_node,
+            hosted: self.runtimes.clone(),
+            counters_from: Some(self.engine.clone()),
+        })?;
+        Ok(peer.get_or_init(|| e))
     }
 
     /// An endpoint for compute thread `thread`: a simulated core of its node.
@@ -137,7 +149,7 @@ impl SimDeployment {
 
     /// A validated client for compute thread `thread`, with its endpoint.
     pub fn client(&self, thread: usize) -> Result<(Rc<Endpoint>, Rc<dyn KvStore>)> {
-        checked_client(self.engine_of(thread), self.endpoint(thread), thread)
+        checked_client(self.engine_of(thread)?, self.endpoint(thread), thread)
     }
 
     pub fn node_stats(&self) -> Vec<NodeStats> {

@@ -42,7 +42,7 @@ pub trait Deployer: Send + Sync + std::fmt::Debug {
     fn transport(&self) -> &'static str;
     fn deploy(
         &self,
-        spec: &dyn EngineSpec,
+        spec: &'static dyn EngineSpec,
         opts: &DeployOptions,
     ) -> Result<Box<dyn Deployment>, KvError>;
 }
@@ -57,7 +57,7 @@ impl Deployer for LocalDeployer {
     }
     fn deploy(
         &self,
-        spec: &dyn EngineSpec,
+        spec: &'static dyn EngineSpec,
         opts: &DeployOptions,
     ) -> Result<Box<dyn Deployment>, KvError> {
         Ok(Box::new(LocalDeployment::deploy(spec, opts)?))
@@ -100,7 +100,7 @@ impl Deployer for SimDeployer {
     }
     fn deploy(
         &self,
-        spec: &dyn EngineSpec,
+        spec: &'static dyn EngineSpec,
         opts: &DeployOptions,
     ) -> Result<Box<dyn Deployment>, KvError> {
         Ok(Box::new(SimDeployment::deploy(spec, opts, &self.options)?))

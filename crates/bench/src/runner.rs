@@ -223,10 +223,11 @@ struct Phases {
     verify: Option<VerifyFigures>,
     verify_table: CounterTable,
     nodes_after: Vec<NodeStats>,
-    /// `--warmup-ops`: the memory nodes' figures when the run started (else
-    /// the caller's, taken before the clients were made), and what the
-    /// warm-up did.
-    nodes_before: Option<Vec<NodeStats>>,
+    /// The memory nodes' figures when the run started: after the clients
+    /// were made (a client's set-up, its node's engine's connect, is not
+    /// the run's) and after any warm-up.
+    nodes_before: Vec<NodeStats>,
+    /// `--warmup-ops`: what the warm-up did.
     warmup: Option<WarmupReport>,
     /// `--crash-memnode`: what happened.
     crash: Option<CrashReport>,
@@ -285,17 +286,13 @@ fn run_engine(
     let main_ep = dep.endpoint(0);
     let (load_seconds, load_cost) = load(cfg, plan, dep, &main_ep)?;
     let states = KeyStates::new(plan.keys().len(), plan.loaded());
-    let nodes_before = dep.node_stats();
     let phases = if dep.sim().is_some() {
         run_threads_sim(cfg, plan, dep, &states, &main_ep)
     } else {
         run_threads(cfg, plan, dep, &states, &main_ep)
     };
     let engine_stats = engine_stats(dep, &main_ep);
-    let memnode = MemnodeReport::new(
-        phases.nodes_before.as_deref().unwrap_or(&nodes_before),
-        &phases.nodes_after,
-    );
+    let memnode = MemnodeReport::new(&phases.nodes_before, &phases.nodes_after);
     let ops = phases.figures.ops();
     let loaded = plan.loaded() as u64;
     let verify = VerifyReport::new(phases.verify.as_ref());
@@ -445,7 +442,8 @@ struct Ctx<'a> {
     plan: &'a Plan,
     states: &'a KeyStates,
     dep: &'a dyn Deployment,
-    /// Threads + the main thread: clients made / run done / verify may start.
+    /// Threads + the main thread: clients made and warmed up / run starts /
+    /// run done / verify may start.
     barrier: Barrier,
     run_bar: ProgressBar,
     verify_bar: ProgressBar,
@@ -704,14 +702,12 @@ fn run_threads(
                     .expect("spawn a compute thread")
             })
             .collect();
-        // After a warm-up: the figures the run's are taken against (the
-        // engine's first: asking may make RPCs, which are not the run's).
-        let at_start = (plan.warmup_ops() > 0).then(|| {
-            ctx.barrier.wait();
-            let stats = engine_stats(dep, main_ep);
-            (dep.node_stats(), stats)
-        });
-        let (nodes_before, stats_at_start) = at_start.unzip();
+        // Every thread has made its client (and warmed up): the figures the
+        // run's are taken against, before it starts (the engine's first:
+        // asking may make RPCs, which are not the run's).
+        ctx.barrier.wait();
+        let stats_at_start = (plan.warmup_ops() > 0).then(|| engine_stats(dep, main_ep));
+        let nodes_before = dep.node_stats();
         ctx.barrier.wait();
         let start = Instant::now();
         let sched_before = crate::sched::snapshot();
@@ -830,7 +826,6 @@ fn run_threads_sim(
     // `--warmup-ops`: every task's warm-up, as one batch, before the run.
     let mut warm = RunFigures::default();
     let mut warm_seconds = 0.0;
-    let mut nodes_before = None;
     let mut stats_at_start = serde_json::Value::Null;
     if plan.warmup_ops() > 0 {
         let began = Instant::now();
@@ -866,8 +861,9 @@ fn run_threads_sim(
         // The engine's figures first: asking may make RPCs, which are not
         // the run's.
         stats_at_start = engine_stats(dep, main_ep);
-        nodes_before = Some(dep.node_stats());
     }
+    // After the clients were made and any warm-up.
+    let nodes_before = dep.node_stats();
     let before = sim.resources();
     let events_before = sim.events();
     let overtaken_before = sim.messages_overtaken();
@@ -999,7 +995,7 @@ fn run_threads_sim(
     phases
 }
 
-/// One compute thread. It always reaches the three barriers, whatever fails,
+/// One compute thread. It always reaches the four barriers, whatever fails,
 /// so that the main thread never waits forever.
 fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
     // `--pin-threads`: this compute thread's CPU (nothing without a plan).
@@ -1026,31 +1022,31 @@ fn thread_main(ctx: &Ctx<'_>, thread: usize) -> ThreadResult {
     let mut task_states: Vec<TaskState<'_>> = (0..ctx.cfg.tasks)
         .map(|task| TaskState::new(ctx, thread, task))
         .collect();
-    if ctx.plan.warmup_ops() > 0 {
-        if let Some((ep, kv)) = &client {
-            let warm = RefCell::new(RunFigures::default());
-            let began = Instant::now();
-            let ran = run_phase(
-                ctx,
-                (ep, &**kv),
-                thread,
-                &mut task_states,
-                Phase::Warmup,
-                &warm,
-            );
-            res.warm_seconds = (Instant::now() - began).as_secs_f64();
-            res.warm = warm.into_inner();
-            if let Err(p) = ran {
-                res.warm
-                    .errors
-                    .push_other(format!("thread {thread}: the warm-up panicked: {p}"));
-            }
-            ep.reset_counters();
+    if ctx.plan.warmup_ops() > 0
+        && let Some((ep, kv)) = &client
+    {
+        let warm = RefCell::new(RunFigures::default());
+        let began = Instant::now();
+        let ran = run_phase(
+            ctx,
+            (ep, &**kv),
+            thread,
+            &mut task_states,
+            Phase::Warmup,
+            &warm,
+        );
+        res.warm_seconds = (Instant::now() - began).as_secs_f64();
+        res.warm = warm.into_inner();
+        if let Err(p) = ran {
+            res.warm
+                .errors
+                .push_other(format!("thread {thread}: the warm-up panicked: {p}"));
         }
-        // Every thread's warm-up is over; the main thread takes the memory
-        // nodes' figures before the run starts.
-        ctx.barrier.wait();
+        ep.reset_counters();
     }
+    // Every thread's client is made and its warm-up over: the main thread
+    // takes the memory nodes' figures, then the run starts.
+    ctx.barrier.wait();
     ctx.barrier.wait();
     if let Some((ep, kv)) = &client {
         let started = ctx.begin_run(Instant::now().as_nanos());

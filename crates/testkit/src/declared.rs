@@ -16,7 +16,7 @@ use dmkv_transport::sim::{Profile, SimConfig};
 /// `profile`, one compute node with one thread, seed 1 and no jitter, so a
 /// test's counts are exact; `knobs` are set as on the command line.
 pub fn deploy_on_sim(
-    spec: &dyn EngineSpec,
+    spec: &'static dyn EngineSpec,
     memnodes: usize,
     knobs: &[(&str, &str)],
     profile: Profile,
@@ -52,7 +52,11 @@ pub fn deploy_on_sim(
 /// inserts with chunks of `chunk_kb` take several chunks, and the run's
 /// declared instructions are a positive multiple of `per_call`, at least
 /// two calls. Without the declaration nothing is declared and this fails.
-pub fn inserts_declare_allocation_rpcs(spec: &dyn EngineSpec, chunk_kb: &str, per_call: u64) {
+pub fn inserts_declare_allocation_rpcs(
+    spec: &'static dyn EngineSpec,
+    chunk_kb: &str,
+    per_call: u64,
+) {
     let d = deploy_on_sim(
         spec,
         1,
