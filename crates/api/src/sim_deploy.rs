@@ -31,8 +31,8 @@ pub struct SimOptions {
 /// every other node when its first client is made, so after the load, as a
 /// compute node joins a loaded store (ROLEX §3: new compute nodes read the
 /// models from the memory pool; Outback's and XStore's clients fetch their
-/// locator and models from the loaded server). So what a design keeps per compute
-/// process (Sherman's and ROLEX's local lock tables and their hand-overs,
+/// locator and models from the loaded server). So what a design keeps per
+/// compute process (Sherman's and ROLEX's local lock tables and hand-overs,
 /// index and model caches, Outback's locator and its registration with each
 /// shard, a lock word's owner tag) is per node, as on the papers' clusters.
 /// Until the thirty-fourth session every node shared compute node 0's
