@@ -199,6 +199,14 @@ fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     })
 }
 
+/// The warm-up's progress bar: hidden without one.
+fn warm_bar(cfg: &BenchConfig, plan: &Plan, name: &str) -> ProgressBar {
+    match plan.warmup_ops() {
+        0 => ProgressBar::hidden(),
+        n => progress_bar(cfg, n, format!("{name}: warm-up")),
+    }
+}
+
 fn progress_bar(cfg: &BenchConfig, len: u64, msg: String) -> ProgressBar {
     if !cfg.progress {
         return ProgressBar::hidden();
@@ -446,6 +454,8 @@ struct Ctx<'a> {
     /// run done / verify may start.
     barrier: Barrier,
     run_bar: ProgressBar,
+    /// `--warmup-ops`: the warm-up's (hidden without one).
+    warm_bar: ProgressBar,
     verify_bar: ProgressBar,
     crash: Option<CrashRun>,
     /// `BenchConfig::op_limit` (sim runs only), and the first operation
@@ -681,6 +691,7 @@ fn run_threads(
         dep,
         barrier: Barrier::new(cfg.threads + 1),
         run_bar: progress_bar(cfg, plan.total_ops(), format!("{name}: run")),
+        warm_bar: warm_bar(cfg, plan, name),
         verify_bar: if cfg.verify {
             progress_bar(cfg, plan.keys().len() as u64, format!("{name}: verify"))
         } else {
@@ -706,6 +717,7 @@ fn run_threads(
         // run's are taken against, before it starts (the engine's first:
         // asking may make RPCs, which are not the run's).
         ctx.barrier.wait();
+        ctx.warm_bar.finish_and_clear();
         let stats_at_start = (plan.warmup_ops() > 0).then(|| engine_stats(dep, main_ep));
         let nodes_before = dep.node_stats();
         ctx.barrier.wait();
@@ -791,6 +803,7 @@ fn run_threads_sim(
         dep,
         barrier: Barrier::new(1),
         run_bar: progress_bar(cfg, plan.total_ops(), format!("{name}: run")),
+        warm_bar: warm_bar(cfg, plan, name),
         verify_bar: if cfg.verify {
             progress_bar(cfg, plan.keys().len() as u64, format!("{name}: verify"))
         } else {
@@ -855,6 +868,7 @@ fn run_threads_sim(
             warm.errors
                 .push_other(format!("the simulated warm-up panicked: {p}"));
         }
+        ctx.warm_bar.finish_and_clear();
         for (_, ep, _) in &clients {
             ep.reset_counters();
         }
@@ -1127,7 +1141,7 @@ const PROGRESS_STEP: u64 = 256;
 enum Phase {
     /// `--warmup-ops`: the stream's first operations, recorded in figures
     /// of their own (only their errors and wrong answers reach the report);
-    /// no crash, sampler, shifts, partition tally or progress.
+    /// no crash, sampler, shifts or partition tally; a progress bar of its own.
     Warmup,
     /// The measured run: the rest of the stream.
     Run,
@@ -1183,6 +1197,7 @@ async fn run_task(
     figures: &RefCell<RunFigures>,
 ) {
     let run = phase == Phase::Run;
+    let bar = if run { &ctx.run_bar } else { &ctx.warm_bar };
     let mut unreported = 0;
     let shift_ns = std::num::NonZeroU64::new(ctx.cfg.shift_every_ns).filter(|_| run);
     let start_ns = ctx.started.get().map_or(0, |s| s.0);
@@ -1284,15 +1299,13 @@ async fn run_task(
         if let Some(s) = sampler {
             s.tick(&**ctx.dep.engine(), Instant::now().as_nanos());
         }
-        if run {
-            unreported += 1;
-            if unreported == PROGRESS_STEP {
-                ctx.run_bar.inc(unreported);
-                unreported = 0;
-            }
+        unreported += 1;
+        if unreported == PROGRESS_STEP {
+            bar.inc(unreported);
+            unreported = 0;
         }
     }
-    ctx.run_bar.inc(unreported);
+    bar.inc(unreported);
     figures.borrow_mut().add_costs(&io.costs);
     if let Some(node) = node {
         let mut all = ctx.touched.lock().unwrap_or_else(|p| p.into_inner());
