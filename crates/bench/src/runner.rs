@@ -584,7 +584,38 @@ impl CrashRun {
     }
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    /// A run's context, its barrier for `parties` (the compute threads and
+    /// the main thread; 1 under sim, where one thread runs them all).
+    fn new(
+        cfg: &'a BenchConfig,
+        plan: &'a Plan,
+        states: &'a KeyStates,
+        dep: &'a dyn Deployment,
+        parties: usize,
+    ) -> Ctx<'a> {
+        let name = dep.engine().name();
+        Ctx {
+            cfg,
+            plan,
+            states,
+            dep,
+            barrier: Barrier::new(parties),
+            run_bar: progress_bar(cfg, plan.total_ops(), format!("{name}: run")),
+            warm_bar: warm_bar(cfg, plan, name),
+            verify_bar: if cfg.verify {
+                progress_bar(cfg, plan.keys().len() as u64, format!("{name}: verify"))
+            } else {
+                ProgressBar::hidden()
+            },
+            crash: CrashRun::new(cfg, plan.total_ops()),
+            op_limit: None,
+            stuck: Default::default(),
+            started: OnceLock::new(),
+            touched: Mutex::new(BTreeMap::new()),
+        }
+    }
+
     fn checker(&self) -> Checker<'_> {
         Checker {
             plan: self.plan,
@@ -681,28 +712,9 @@ fn run_threads(
     states: &KeyStates,
     main_ep: &Endpoint,
 ) -> Phases {
-    let name = dep.engine().name();
     // The latency clock is calibrated now, not inside a measured operation.
     Stopwatch::warm_up();
-    let ctx = Ctx {
-        cfg,
-        plan,
-        states,
-        dep,
-        barrier: Barrier::new(cfg.threads + 1),
-        run_bar: progress_bar(cfg, plan.total_ops(), format!("{name}: run")),
-        warm_bar: warm_bar(cfg, plan, name),
-        verify_bar: if cfg.verify {
-            progress_bar(cfg, plan.keys().len() as u64, format!("{name}: verify"))
-        } else {
-            ProgressBar::hidden()
-        },
-        crash: CrashRun::new(cfg, plan.total_ops()),
-        op_limit: None,
-        stuck: Default::default(),
-        started: OnceLock::new(),
-        touched: Mutex::new(BTreeMap::new()),
-    };
+    let ctx = Ctx::new(cfg, plan, states, dep, cfg.threads + 1);
     let mut phases = std::thread::scope(|s| {
         let ctx = &ctx;
         let handles: Vec<_> = (0..cfg.threads)
@@ -795,26 +807,7 @@ fn run_threads_sim(
 ) -> Phases {
     let sim = dep.sim().expect("a simulated deployment");
     let threads = cfg.total_threads();
-    let name = dep.engine().name();
-    let mut ctx = Ctx {
-        cfg,
-        plan,
-        states,
-        dep,
-        barrier: Barrier::new(1),
-        run_bar: progress_bar(cfg, plan.total_ops(), format!("{name}: run")),
-        warm_bar: warm_bar(cfg, plan, name),
-        verify_bar: if cfg.verify {
-            progress_bar(cfg, plan.keys().len() as u64, format!("{name}: verify"))
-        } else {
-            ProgressBar::hidden()
-        },
-        crash: CrashRun::new(cfg, plan.total_ops()),
-        op_limit: None,
-        stuck: Default::default(),
-        started: OnceLock::new(),
-        touched: Mutex::new(BTreeMap::new()),
-    };
+    let mut ctx = Ctx::new(cfg, plan, states, dep, 1);
     ctx.op_limit = cfg.op_limit;
     let mut figures = RunFigures::default();
     let mut clients = Vec::new();
@@ -844,23 +837,15 @@ fn run_threads_sim(
         let began = Instant::now();
         let per_thread: Vec<RefCell<RunFigures>> =
             (0..clients.len()).map(|_| RefCell::default()).collect();
-        let last_end = std::cell::Cell::new(began);
-        let ran = catch(|| {
-            let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
-            let mut task_states = task_states.iter_mut();
-            for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
-                for task in 0..cfg.tasks {
-                    let (last_end, ctx) = (&last_end, &ctx);
-                    let state = task_states.next().expect("a state per task");
-                    tasks.push(Box::pin(async move {
-                        run_task(ctx, ep, &**kv, (*thread, task), state, Phase::Warmup, f).await;
-                        last_end.set(last_end.get().max(Instant::now()));
-                    }));
-                }
-            }
-            run_tasks(tasks);
-        });
-        warm_seconds = (last_end.get() - began).as_secs_f64();
+        let (last_end, ran) = run_sim_phase(
+            &ctx,
+            &clients,
+            &mut task_states,
+            Phase::Warmup,
+            &per_thread,
+            began,
+        );
+        warm_seconds = (last_end - began).as_secs_f64();
         for f in per_thread {
             warm.merge(&f.into_inner());
         }
@@ -892,24 +877,15 @@ fn run_threads_sim(
     // memory-node job that waits in virtual time (a nested frame, e.g.
     // Outback's countdown after a resize) can keep the scheduler from
     // returning here after the clients are done; that time is not the run's.
-    let last_end = std::cell::Cell::new(start);
-    let ran = catch(|| {
-        let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
-        let mut task_states = task_states.iter_mut();
-        for ((thread, ep, kv), f) in clients.iter().zip(&per_thread) {
-            for task in 0..cfg.tasks {
-                let last_end = &last_end;
-                let ctx = &ctx;
-                let state = task_states.next().expect("a state per task");
-                tasks.push(Box::pin(async move {
-                    run_task(ctx, ep, &**kv, (*thread, task), state, Phase::Run, f).await;
-                    last_end.set(last_end.get().max(Instant::now()));
-                }));
-            }
-        }
-        run_tasks(tasks);
-    });
-    let run_seconds = (last_end.get() - start).as_secs_f64();
+    let (last_end, ran) = run_sim_phase(
+        &ctx,
+        &clients,
+        &mut task_states,
+        Phase::Run,
+        &per_thread,
+        start,
+    );
+    let run_seconds = (last_end - start).as_secs_f64();
     ctx.end_run();
     let wall_seconds = wall.elapsed().as_secs_f64();
     let after = sim.resources();
@@ -1007,6 +983,36 @@ fn run_threads_sim(
     };
     ctx.finish(&mut phases);
     phases
+}
+
+/// Under sim: runs `phase` of every client's tasks as one batch on this
+/// thread (`task_states` holds each client's tasks in turn, `figures` one
+/// entry per client). Returns when the last task ended (at least `start`)
+/// and the message of a panic that escaped.
+fn run_sim_phase(
+    ctx: &Ctx<'_>,
+    clients: &[(usize, Rc<Endpoint>, Rc<dyn KvStore>)],
+    task_states: &mut [TaskState<'_>],
+    phase: Phase,
+    figures: &[RefCell<RunFigures>],
+    start: Instant,
+) -> (Instant, Result<(), String>) {
+    let last_end = std::cell::Cell::new(start);
+    let ran = catch(|| {
+        let mut tasks: Vec<LocalTask<'_, ()>> = Vec::new();
+        let per_client = task_states.chunks_mut(ctx.cfg.tasks);
+        for (((thread, ep, kv), f), states) in clients.iter().zip(figures).zip(per_client) {
+            for (task, state) in states.iter_mut().enumerate() {
+                let last_end = &last_end;
+                tasks.push(Box::pin(async move {
+                    run_task(ctx, ep, &**kv, (*thread, task), state, phase, f).await;
+                    last_end.set(last_end.get().max(Instant::now()));
+                }));
+            }
+        }
+        run_tasks(tasks);
+    });
+    (last_end.get(), ran)
 }
 
 /// One compute thread. It always reaches the four barriers, whatever fails,
