@@ -636,6 +636,18 @@ pub struct ResourceReport {
     pub per_s: f64,
     /// Bytes per second of virtual time (NICs).
     pub bytes_per_s: f64,
+    /// Mean queueing delay per message, job or operation served: the time
+    /// from when it was ready until the resource started it, in ns. With
+    /// `per_s`, the waiting this resource adds per second of run.
+    pub mean_wait_ns: f64,
+}
+
+impl ResourceReport {
+    /// Waiting at this resource per second of virtual time (ns/s): where
+    /// operations queue, whichever resource is busiest.
+    pub fn wait_ns_per_s(&self) -> f64 {
+        self.mean_wait_ns * self.per_s
+    }
 }
 
 /// Wall-clock time of a simulated run.
@@ -666,12 +678,18 @@ impl SimReport {
                 let busy = a.busy_ns - b.map_or(0, |b| b.busy_ns);
                 let count = a.count - b.map_or(0, |b| b.count);
                 let bytes = a.bytes - b.map_or(0, |b| b.bytes);
+                let wait = a.wait_ns - b.map_or(0, |b| b.wait_ns);
                 let secs = run_seconds.max(1e-12);
                 ResourceReport {
                     name: a.name.clone(),
                     busy_percent: busy as f64 / 1e9 / secs / a.servers as f64 * 100.0,
                     per_s: count as f64 / secs,
                     bytes_per_s: bytes as f64 / secs,
+                    mean_wait_ns: if count > 0 {
+                        wait as f64 / count as f64
+                    } else {
+                        0.0
+                    },
                 }
             })
             .filter(|r| r.per_s > 0.0)
@@ -691,6 +709,37 @@ impl SimReport {
             wall,
         }
     }
+}
+
+/// The resources at which work queued, most waiting first: (class,
+/// waiting in ns per second of run, mean busy percent of the class).
+/// Client cores are one class over all nodes (`nodeN client core K` ->
+/// `client cores`): a run has one per simulated thread, and what queues
+/// at them is the threads' tasks, wherever they run; every other resource
+/// is its own class.
+fn queueing_by_class(utilisation: &[ResourceReport]) -> Vec<(String, f64, f64)> {
+    let mut classes: Vec<(String, f64, f64, usize)> = Vec::new();
+    for u in utilisation.iter().filter(|u| u.mean_wait_ns > 0.0) {
+        let class = if u.name.contains(" client core ") {
+            "client cores".to_string()
+        } else {
+            u.name.clone()
+        };
+        match classes.iter_mut().find(|c| c.0 == class) {
+            Some(c) => {
+                c.1 += u.wait_ns_per_s();
+                c.2 += u.busy_percent;
+                c.3 += 1;
+            }
+            None => classes.push((class, u.wait_ns_per_s(), u.busy_percent, 1)),
+        }
+    }
+    let mut out: Vec<(String, f64, f64)> = classes
+        .into_iter()
+        .map(|(class, wait, busy, n)| (class, wait, busy / n as f64))
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
 }
 
 /// Writes the reports as JSON: an object for one engine, an array for more.
@@ -1012,12 +1061,28 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
             for u in s.utilisation.iter().take(4) {
                 writeln!(
                     out,
-                    "  {:<32} {:>5.1}% busy, {:.2} M/s, {:.2} GB/s",
+                    "  {:<32} {:>5.1}% busy, {:.2} M/s, {:.2} GB/s, {:.0} ns queued per use",
                     u.name,
                     u.busy_percent,
                     u.per_s / 1e6,
-                    u.bytes_per_s / 1e9
+                    u.bytes_per_s / 1e9,
+                    u.mean_wait_ns
                 )?;
+            }
+            // Where operations wait: not always at the busiest resource
+            // (a convoy queues at a server that is idle most of the time).
+            let queued = queueing_by_class(&s.utilisation);
+            if !queued.is_empty() && r.throughput_ops_per_s > 0.0 {
+                writeln!(out, "  most queueing, per operation of the run:")?;
+                for (class, wait_per_s, busy) in queued.iter().take(4) {
+                    writeln!(
+                        out,
+                        "  {:<32} {:>7.1} ns per op ({:.1}% busy)",
+                        class,
+                        wait_per_s / r.throughput_ops_per_s,
+                        busy
+                    )?;
+                }
             }
             let h = &s.frames_held;
             if h.count > 0 {
@@ -1058,8 +1123,60 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
 
 #[cfg(test)]
 mod tests {
-    use super::TimelineReport;
+    use super::{ResourceReport, SimReport, TimelineReport, queueing_by_class};
     use crate::stats::Timeline;
+    use dmkv_transport::sim::ResourceUse;
+
+    fn used(name: &str, busy_ns: u64, wait_ns: u64, count: u64) -> ResourceUse {
+        ResourceUse {
+            name: name.into(),
+            servers: 1,
+            busy_ns,
+            wait_ns,
+            count,
+            bytes: 0,
+        }
+    }
+
+    /// A resource's queueing is the run's share (after minus before) per
+    /// use; the client cores add up to one class, so a convoy spread over
+    /// many cores is not hidden behind one busier NIC.
+    #[test]
+    fn queueing_is_per_use_in_the_run_and_client_cores_are_one_class() {
+        let before = [used("node0 nic tx", 100, 1_000, 10)];
+        let after = [
+            used("node0 nic tx", 600, 3_000, 110),
+            used("node1 client core 0", 400, 20_000, 100),
+            used("node2 client core 1", 200, 10_000, 50),
+            used("node0 handler cores", 50, 0, 5),
+        ];
+        let r = SimReport::new(
+            "p",
+            2,
+            (0, 0, Default::default()),
+            1e-6,
+            &before,
+            &after,
+            super::WallReport {
+                run_seconds: 0.0,
+                sim_ops_per_s: 0.0,
+            },
+        );
+        let find =
+            |n: &str| -> &ResourceReport { r.utilisation.iter().find(|u| u.name == n).unwrap() };
+        // 2,000 ns over the run's 100 messages.
+        assert_eq!(find("node0 nic tx").mean_wait_ns, 20.0);
+        assert_eq!(find("node1 client core 0").mean_wait_ns, 200.0);
+        assert_eq!(find("node0 handler cores").mean_wait_ns, 0.0);
+        let q = queueing_by_class(&r.utilisation);
+        let names: Vec<&str> = q.iter().map(|c| c.0.as_str()).collect();
+        // Nothing queued at the handler cores: no row.
+        assert_eq!(names, ["client cores", "node0 nic tx"]);
+        // 30,000 ns of waiting in 1 us of run; mean busy of the class.
+        assert!((q[0].1 - 3e10).abs() < 1.0, "{}", q[0].1);
+        assert!((q[0].2 - 30.0).abs() < 1e-9, "{}", q[0].2);
+        assert!((q[1].1 - 2e9).abs() < 1.0, "{}", q[1].1);
+    }
 
     /// One thread's timeline of 1 us intervals from 0 with completions at
     /// `at` (ns).

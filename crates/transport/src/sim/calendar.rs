@@ -72,6 +72,9 @@ pub(crate) struct Calendar {
     busy: Vec<(u64, u64)>,
     head: usize,
     pub(crate) busy_ns: u64,
+    /// Time work waited for the server: the sum of (start - ready instant)
+    /// over everything served (queueing delay, not service).
+    pub(crate) wait_ns: u64,
     pub(crate) count: u64,
     pub(crate) bytes: u64,
 }
@@ -92,7 +95,9 @@ impl Calendar {
     #[inline]
     pub(crate) fn stall(&mut self, now: u64, at: u64, ns: u64) -> u64 {
         self.busy_ns += ns;
-        self.place(now, at, ns) + ns
+        let start = self.place(now, at, ns);
+        self.wait_ns += start - at;
+        start + ns
     }
 
     /// Whether nothing is reserved after `now`: every later call (for an
@@ -590,6 +595,8 @@ mod tests {
         assert_eq!(c.occupy(0, 950, 100, 8), 1200);
         assert_eq!(c.intervals(), &[(10, 110), (1000, 1200)]);
         assert_eq!((c.busy_ns, c.count, c.bytes), (300, 3, 24));
+        // Only the last one queued: ready at 950, started at 1100.
+        assert_eq!(c.wait_ns, 150);
         // Nothing to serve: done at once in a gap, at the end of a busy
         // interval inside one.
         assert_eq!(c.occupy(0, 500, 0, 0), 500);

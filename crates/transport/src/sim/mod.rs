@@ -1392,6 +1392,7 @@ impl Simulation {
                     name: format!("node{i} {what}"),
                     servers: 1,
                     busy_ns: 0,
+                    wait_ns: 0,
                     count,
                     bytes,
                 });
@@ -1422,6 +1423,7 @@ impl Simulation {
                         name: format!("{name} {what}"),
                         servers: 1,
                         busy_ns: 0,
+                        wait_ns: 0,
                         count,
                         bytes: 0,
                     });
@@ -1436,6 +1438,7 @@ impl Simulation {
                 name: "memnode declared instructions".to_string(),
                 servers: 1,
                 busy_ns: 0,
+                wait_ns: 0,
                 count: declared,
                 bytes: 0,
             });
@@ -1452,6 +1455,7 @@ impl Simulation {
                     name: what.to_string(),
                     servers: 1,
                     busy_ns: 0,
+                    wait_ns: 0,
                     count,
                     bytes: 0,
                 });

@@ -80,6 +80,8 @@ const MAX_PIECES: usize = 8;
 pub(crate) struct Server {
     free_at: u64,
     busy_ns: u64,
+    /// Sum of (start - arrival) over what it served: queueing delay.
+    wait_ns: u64,
     count: u64,
     bytes: u64,
 }
@@ -88,6 +90,7 @@ impl Server {
     /// Serves something arriving at `at` for `service` ns; returns when done.
     fn occupy(&mut self, at: u64, service: u64, bytes: u64) -> u64 {
         let start = at.max(self.free_at);
+        self.wait_ns += start - at;
         self.free_at = start + service;
         self.busy_ns += service;
         self.count += 1;
@@ -183,6 +186,9 @@ pub(crate) struct CoreSet {
     /// Instants of wake events scheduled and not run yet, sorted.
     wakes: SmallVec<[u64; 4]>,
     busy_ns: u64,
+    /// Sum of (start - ready instant) over the jobs started: the time they
+    /// queued for a core.
+    wait_ns: u64,
     jobs: u64,
     cores: usize,
     /// The idle cores' numbers (invariant 7): `idle` of them, the next to
@@ -199,6 +205,7 @@ impl CoreSet {
             submitted: 0,
             wakes: SmallVec::new(),
             busy_ns: 0,
+            wait_ns: 0,
             jobs: 0,
             cores,
         }
@@ -213,7 +220,9 @@ impl CoreSet {
         }
         self.idle -= 1;
         let core = self.free.pop().expect("an idle core has a number");
-        self.queue.pop_front().map(|(_, _, job)| (job, core))
+        let (ready, _, job) = self.queue.pop_front()?;
+        self.wait_ns += now - ready;
+        Some((job, core))
     }
 
     /// Notes a wake event at `at` (the caller schedules it).
@@ -621,6 +630,9 @@ pub struct ResourceUse {
     /// Cores or servers behind the name (utilisation is busy / (cores x time)).
     pub servers: usize,
     pub busy_ns: u64,
+    /// Queueing delay: the sum over what it served of the time from when
+    /// it was ready until the server started it.
+    pub wait_ns: u64,
     /// Messages, jobs or operations served.
     pub count: u64,
     pub bytes: u64,
@@ -654,6 +666,7 @@ pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
                     name: format!("node{i} {name} {dir}"),
                     servers: 1,
                     busy_ns: s.busy_ns,
+                    wait_ns: s.wait_ns,
                     count: s.count,
                     bytes: s.bytes,
                 });
@@ -664,6 +677,7 @@ pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
                     name: format!("node{i} {name} qp-context misses"),
                     servers: 1,
                     busy_ns: nic.qp_cache.misses * miss_ns,
+                    wait_ns: 0,
                     count: nic.qp_cache.misses,
                     bytes: 0,
                 });
@@ -674,6 +688,7 @@ pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
                 name: format!("node{i} ssd"),
                 servers: 1,
                 busy_ns: n.ssd.busy_ns,
+                wait_ns: n.ssd.wait_ns,
                 count: n.ssd.count,
                 bytes: n.ssd.bytes,
             });
@@ -684,6 +699,7 @@ pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
             name: name.clone(),
             servers: cs.cores,
             busy_ns: cs.busy_ns,
+            wait_ns: cs.wait_ns,
             count: cs.jobs,
             bytes: 0,
         });
@@ -694,6 +710,7 @@ pub(crate) fn resources(net: &Net, miss_ns: u64) -> Vec<ResourceUse> {
             name: name.clone(),
             servers: 1,
             busy_ns: s.busy_ns,
+            wait_ns: s.wait_ns,
             count: s.count,
             bytes: 0,
         });
@@ -2178,13 +2195,13 @@ mod tests {
 
     /// Runs `jobs` through a fresh core set of `cores` cores; returns each
     /// job's start instant, the order the jobs were submitted in (events
-    /// at one instant run in the seed's order), the set's busy time and
-    /// job count, and the events the run took.
+    /// at one instant run in the seed's order), the set's busy time, job
+    /// count and queueing time, and the events the run took.
     fn run_core_set(
         cores: usize,
         jobs: &[TestJob],
         seed: u64,
-    ) -> (Vec<u64>, Vec<usize>, u64, u64, u64) {
+    ) -> (Vec<u64>, Vec<usize>, (u64, u64, u64), u64) {
         let simulation = Simulation::new(SimConfig {
             profile: Profile::default_profile(),
             seed,
@@ -2219,15 +2236,16 @@ mod tests {
             + 1;
         crate::exec::block_on(sleep_until_ns(end));
         let events = simulation.events() - events0;
-        let (busy, count) = {
+        let figures = {
             let net = sim.net.borrow();
-            (net.coresets[id].busy_ns, net.coresets[id].jobs)
+            let cs = &net.coresets[id];
+            (cs.busy_ns, cs.jobs, cs.wait_ns)
         };
         let starts = starts.borrow().clone();
         let order = order.borrow().clone();
         drop(sim);
         drop(simulation);
-        (starts, order, busy, count, events)
+        (starts, order, figures, events)
     }
 
     /// The reference: `cores` cores serve the jobs in (ready instant,
@@ -2251,6 +2269,19 @@ mod tests {
             starts[i] = start;
         }
         starts
+    }
+
+    /// A client core (first come, first served) adds up how long work
+    /// waited for it, apart from its busy time.
+    #[test]
+    fn a_server_counts_the_time_work_queued() {
+        let mut s = super::Server::default();
+        assert_eq!(s.occupy(100, 50, 0), 150);
+        // Ready at 120, starts at 150: 30 ns queued.
+        assert_eq!(s.occupy(120, 10, 0), 160);
+        // Ready after the server is free: none.
+        assert_eq!(s.occupy(200, 10, 0), 210);
+        assert_eq!((s.busy_ns, s.wait_ns, s.count), (70, 30, 3));
     }
 
     /// The brief's example at the core set's level: a job submitted first
@@ -2299,9 +2330,16 @@ mod tests {
                     cost: rng.gen_range(1..spread / 5),
                 })
                 .collect();
-            let (starts, order, busy, count, events) = run_core_set(cores, &jobs, seed);
+            let (starts, order, (busy, count, wait), events) = run_core_set(cores, &jobs, seed);
             let want = reference(cores, &jobs, &order);
             assert_eq!(starts, want, "seed {seed}, {cores} cores: {jobs:?}");
+            // The queueing time is each job's wait from ready to start.
+            let waited: u64 = jobs
+                .iter()
+                .zip(&starts)
+                .map(|(j, &s)| s - (j.submit + j.delay))
+                .sum();
+            assert_eq!(wait, waited, "seed {seed}");
             assert_eq!(
                 busy,
                 jobs.iter().map(|j| j.cost).sum::<u64>(),
