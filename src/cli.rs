@@ -304,6 +304,12 @@ pub struct BenchArgs {
     /// nanoseconds to every message (explores interleavings; --seed replays).
     #[arg(long, value_name = "NS", default_value_t = 0)]
     pub jitter_ns: u64,
+    /// With --transport sim: draw each operation's client CPU (seeded)
+    /// from the profile's cpu_per_op_ns +- NS, keeping its mean: randomises
+    /// the phases of a closed loop of identical clients (docs/simulation.md,
+    /// "Phase effects"). Overrides the profile's client.cpu_per_op_spread_ns.
+    #[arg(long, value_name = "NS")]
+    pub cpu_spread_ns: Option<u64>,
     /// With --transport sim: delay PER_MILLION of the messages by a seeded
     /// MAX_NS/2..MAX_NS each (reorders them across connections, never within
     /// one queue pair).
@@ -771,12 +777,13 @@ pub(crate) fn bench_config(
         && (a.profile.is_some()
             || a.compute_nodes != 1
             || a.jitter_ns > 0
+            || a.cpu_spread_ns.is_some()
             || a.delay_faults.is_some()
             || a.llc_keys.is_some()
             || a.op_limit_ms.is_some())
     {
         return Err(usage(
-            "--profile, --compute-nodes, --jitter-ns, --delay-faults, --llc-keys and --op-limit-ms need --transport sim",
+            "--profile, --compute-nodes, --jitter-ns, --cpu-spread-ns, --delay-faults, --llc-keys and --op-limit-ms need --transport sim",
         ));
     }
     if a.op_limit_ms == Some(0) {
@@ -869,6 +876,9 @@ pub(crate) fn bench_config(
         };
         if let Some(n) = a.llc_keys {
             profile.scale_llc(a.keys, n).map_err(usage)?;
+        }
+        if let Some(ns) = a.cpu_spread_ns {
+            profile.set_cpu_spread(ns).map_err(usage)?;
         }
         cfg.deployer = std::sync::Arc::new(dmkv_bench::SimDeployer {
             options: dmkv_api::sim_deploy::SimOptions {

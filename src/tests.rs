@@ -1319,6 +1319,60 @@ fn xtree_writes_invalidate_other_cores_private_copies() {
     );
 }
 
+/// `--cpu-spread-ns` is a sim knob, refused above the profile's client
+/// CPU per operation, and recorded in the report (absent without one, so
+/// reports without a spread are as before).
+#[test]
+fn cpu_spread_is_checked_and_reported() {
+    assert_usage_error(&["bench", "--cpu-spread-ns", "100"], "--cpu-spread-ns");
+    assert_usage_error(
+        &[
+            "bench",
+            "--transport",
+            "sim",
+            "--profile",
+            "xstore-cx4",
+            "--cpu-spread-ns",
+            "301",
+        ],
+        "client CPU per operation (300 ns)",
+    );
+    let args = |spread: &'static str| {
+        let mut a = vec![
+            "--transport",
+            "sim",
+            "--profile",
+            "xstore-cx4",
+            "--engine",
+            "race",
+            "--workload",
+            "ycsb-c",
+            "--keys",
+            "2000",
+            "--ops",
+            "4000",
+        ];
+        if !spread.is_empty() {
+            a.extend_from_slice(&["--cpu-spread-ns", spread]);
+        }
+        a
+    };
+    let spread = bench_json(&args("250"), "cpu-spread");
+    let fixed = bench_json(&args(""), "cpu-fixed");
+    assert_eq!(spread["sim"]["cpu_spread_ns"].as_u64(), Some(250));
+    assert!(fixed["sim"].get("cpu_spread_ns").is_none());
+    // Nearly every GET is the same round trips (a few read a second
+    // bucket), so the fixed model's p99 is close to its p50 and the
+    // spread's is not (measured: 0.11 against 0.98 us).
+    let p = |r: &serde_json::Value, q: &str| r["latency_us"][q].as_f64().unwrap();
+    assert!(
+        p(&spread, "p99") - p(&spread, "p50") > 0.3 + (p(&fixed, "p99") - p(&fixed, "p50")),
+        "spread {:?} fixed {:?}",
+        spread["latency_us"],
+        fixed["latency_us"]
+    );
+}
+
 #[test]
 fn llc_keys_scales_the_simulated_memory_node_cache() {
     assert_usage_error(&["bench", "--llc-keys", "1000000"], "--llc-keys");

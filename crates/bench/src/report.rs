@@ -606,6 +606,10 @@ impl PartitionReport {
 pub struct SimReport {
     /// The hardware profile's name.
     pub profile: String,
+    /// The spread of the clients' CPU per operation, when there is one
+    /// (the profile's `client.cpu_per_op_spread_ns` or `--cpu-spread-ns`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cpu_spread_ns: u64,
     pub compute_nodes: usize,
     /// Scheduler events of the run phase.
     pub events: u64,
@@ -624,6 +628,10 @@ pub struct SimReport {
     /// Wall-clock figures: the only part of a simulated report that differs
     /// between two runs with the same seed and flags.
     pub wall: WallReport,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One resource's share of the run.
@@ -663,7 +671,7 @@ impl SimReport {
     /// overtaken (after minus before), the simulation's held frames (all
     /// phases), its length, and the resources' figures before and after it.
     pub fn new(
-        profile: &str,
+        (profile, cpu_spread_ns): (&str, u64),
         compute_nodes: usize,
         (events, messages_overtaken, frames_held): (u64, u64, dmkv_transport::sim::FramesHeld),
         run_seconds: f64,
@@ -701,6 +709,7 @@ impl SimReport {
         });
         SimReport {
             profile: profile.to_string(),
+            cpu_spread_ns,
             compute_nodes,
             events,
             messages_overtaken,
@@ -1013,8 +1022,14 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
     if let Some(s) = &first.sim {
         writeln!(
             out,
-            "            simulated cluster: profile {}, {} compute node(s); throughput and latency in virtual time",
-            s.profile, s.compute_nodes
+            "            simulated cluster: profile {}{}, {} compute node(s); throughput and latency in virtual time",
+            s.profile,
+            if s.cpu_spread_ns > 0 {
+                format!(" (client CPU per op spread +-{} ns)", s.cpu_spread_ns)
+            } else {
+                String::new()
+            },
+            s.compute_nodes
         )?;
     }
     if let Some(w) = &first.warmup {
@@ -1151,7 +1166,7 @@ mod tests {
             used("node0 handler cores", 50, 0, 5),
         ];
         let r = SimReport::new(
-            "p",
+            ("p", 0),
             2,
             (0, 0, Default::default()),
             1e-6,

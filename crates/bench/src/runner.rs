@@ -952,7 +952,7 @@ fn run_threads_sim(
     let crash = ctx.crash.as_ref().map(|c| c.report(start));
     let mut phases = Phases {
         sim: Some(SimReport::new(
-            &profile.name,
+            (&profile.name, profile.client.cpu_per_op_spread_ns),
             cfg.compute_nodes,
             (events, overtaken, sim.frames_held()),
             run_seconds,

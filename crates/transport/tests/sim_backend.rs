@@ -124,6 +124,65 @@ fn a_read_takes_the_modelled_round_trip() {
     );
 }
 
+/// With a spread of the clients' CPU per operation, each operation's CPU
+/// is drawn within `cpu_per_op_ns +- spread`: sequential operations (CPU,
+/// then a read) vary within the spread of the fixed model's time, use most
+/// of it, and keep its mean (the spread randomises phases; it does not
+/// make clients slower or faster on average).
+#[test]
+fn a_cpu_spread_varies_operations_around_the_same_mean() {
+    let mut cfg = config(5);
+    let spread = 200;
+    cfg.profile.set_cpu_spread(spread).unwrap();
+    let sim = Simulation::new(cfg);
+    let p = sim.profile();
+    let (server, client) = one_server(&sim, 1);
+    let (region, _mem) = server.register_region(4096).unwrap();
+    let ep = sim.fabric().endpoint(client).unwrap();
+    let nic = (1e3 / p.network.nic_msg_rate_mops).ceil() as u64;
+    let fixed =
+        p.client.cpu_per_op_ns + p.client.cpu_per_verb_ns + 4 * nic + 2 * p.network.one_way_ns;
+    let n = 4000u64;
+    let mut took = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        block_on(ep.begin_op());
+        block_on(ep.read(region.at(0), 8)).unwrap();
+        took.push((Instant::now() - t0).as_nanos() as u64);
+    }
+    let (lo, hi) = (*took.iter().min().unwrap(), *took.iter().max().unwrap());
+    assert!(
+        lo >= fixed - spread && hi <= fixed + spread + 4,
+        "operations took {lo}..{hi} ns, fixed model {fixed}, spread {spread}"
+    );
+    assert!(hi - lo > spread, "operations only took {lo}..{hi} ns");
+    // The standard deviation of U[-200, 200] is ~115 ns, of the mean over
+    // 4,000 operations ~2 ns.
+    let mean = took.iter().sum::<u64>() as f64 / n as f64;
+    assert!(
+        (mean - fixed as f64).abs() < 10.0,
+        "mean operation {mean} ns, fixed model {fixed}"
+    );
+    // More than the CPU per operation is refused, as a knob and in a file.
+    let mut p = Profile::default_profile();
+    let err = p.set_cpu_spread(p.client.cpu_per_op_ns + 1).unwrap_err();
+    assert!(err.contains("--cpu-spread-ns"), "{err}");
+    let toml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../profiles/rolex-cx5.toml"
+    ))
+    .unwrap()
+    .replace(
+        "cpu_per_op_ns = ",
+        "cpu_per_op_spread_ns = 100000\ncpu_per_op_ns = ",
+    );
+    let path = std::env::temp_dir().join(format!("dmkv-spread-{}.toml", std::process::id()));
+    std::fs::write(&path, toml).unwrap();
+    let err = Profile::load(path.to_str().unwrap()).unwrap_err();
+    std::fs::remove_file(&path).ok();
+    assert!(err.contains("cpu_per_op_spread_ns"), "{err}");
+}
+
 #[test]
 fn a_memnode_core_saturates_at_its_service_rate() {
     // 64 tasks on 8 client threads call an empty handler on one core: the

@@ -2002,7 +2002,14 @@ impl EndpointBackend for SimEndpoint {
         // of after it (a real thread runs a task until it yields, so this
         // is the more faithful order). docs/simulation.md, "Ninth pass
         // (branch i57)".
-        self.charge(&sim, sim.profile.client.cpu_per_op_ns);
+        let c = &sim.profile.client;
+        // A spread draws only when set: without one, schedules are as
+        // before (the seed's sequence of draws is unchanged).
+        let ns = match c.cpu_per_op_spread_ns {
+            0 => c.cpu_per_op_ns,
+            s => c.cpu_per_op_ns - s + sim.sched.random(2 * s + 1),
+        };
+        self.charge(&sim, ns);
         OpFuture::ready(())
     }
 

@@ -53,6 +53,18 @@ fn one() -> u64 {
 pub struct ClientProfile {
     /// Per operation (request generation, the engine's own index work).
     pub cpu_per_op_ns: u64,
+    /// Spread of that time: each operation's CPU is drawn (seeded)
+    /// uniformly from `cpu_per_op_ns - s ..= cpu_per_op_ns + s`, so its mean
+    /// stays `cpu_per_op_ns`; at most `cpu_per_op_ns`. 0 (the default, and
+    /// every shipped profile): every operation takes `cpu_per_op_ns`
+    /// exactly. An experimental control, not a measured figure: a closed
+    /// loop of identical clients with constant service times can lock into
+    /// phase, and which locked schedule a run ends in changes its
+    /// throughput (docs/simulation.md, "Phase effects"); a spread of the
+    /// clients' own time randomises the phases without changing a mean
+    /// cost. `--cpu-spread-ns` overrides it.
+    #[serde(default)]
+    pub cpu_per_op_spread_ns: u64,
     /// Per posted verb or RPC (building and ringing the work request, polling
     /// its completion).
     pub cpu_per_verb_ns: u64,
@@ -231,6 +243,13 @@ impl Profile {
 
     fn validate(&self) -> Result<(), String> {
         let n = &self.network;
+        let c = &self.client;
+        if c.cpu_per_op_spread_ns > c.cpu_per_op_ns {
+            return Err(format!(
+                "client.cpu_per_op_spread_ns ({}) is more than client.cpu_per_op_ns ({}): an operation cannot take less than no time",
+                c.cpu_per_op_spread_ns, c.cpu_per_op_ns
+            ));
+        }
         for (what, v) in [
             ("network.nic_msg_rate_mops", n.nic_msg_rate_mops),
             ("network.link_gbps", n.link_gbps),
@@ -352,6 +371,21 @@ impl Profile {
             let scaled = (m.core_cache_bytes as u128 * keys as u128 / paper_keys as u128) as u64;
             m.core_cache_bytes = scaled.max(64 * m.core_cache_ways);
         }
+        Ok(())
+    }
+
+    /// Sets the spread of the clients' CPU per operation
+    /// (`--cpu-spread-ns`; see [`ClientProfile::cpu_per_op_spread_ns`]),
+    /// refused above that CPU time.
+    pub fn set_cpu_spread(&mut self, spread_ns: u64) -> Result<(), String> {
+        let per_op = self.client.cpu_per_op_ns;
+        if spread_ns > per_op {
+            return Err(format!(
+                "--cpu-spread-ns {spread_ns} is more than profile {}'s client CPU per operation ({per_op} ns)",
+                self.name
+            ));
+        }
+        self.client.cpu_per_op_spread_ns = spread_ns;
         Ok(())
     }
 
