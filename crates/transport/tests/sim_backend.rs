@@ -1403,6 +1403,17 @@ fn an_operations_cpu_is_charged_before_its_first_post_without_an_event() {
         took >= expect && took <= expect + 4,
         "took {took} ns, model says {expect}"
     );
+    // The read's post followed its own operation's CPU: that is no
+    // queueing for the core (it was counted as such, `op` per operation,
+    // until the thirty-sixth session's fix).
+    let core_wait = || {
+        sim.resources()
+            .iter()
+            .filter(|r| r.name.contains("client core"))
+            .map(|r| r.wait_ns)
+            .sum::<u64>()
+    };
+    assert_eq!(core_wait(), 0, "one task queued for its own core");
 
     // Two tasks on the thread's one core.
     let t0 = Instant::now();
@@ -1430,6 +1441,9 @@ fn an_operations_cpu_is_charged_before_its_first_post_without_an_event() {
         second >= expect && second <= expect + 4 + nic,
         "the second read answered after {second} ns, model says about {expect}"
     );
+    // The second task's operation waited for the first task's operation
+    // and post, and its own post for nothing else.
+    assert_eq!(core_wait(), op + verb, "queueing at the core");
 }
 
 /// Counts of the named resource (`busy_ns`, `count`, `bytes`) now.

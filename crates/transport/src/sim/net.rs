@@ -893,6 +893,7 @@ impl Fabric for SimFabric {
             node,
             core,
             known_nodes: Cell::new(0),
+            own_cpu: Cell::new(None),
         })))
     }
 }
@@ -977,6 +978,15 @@ struct SimEndpoint {
     shared: Rc<EpShared>,
     /// Nodes the cluster had when last looked at (`SimEndpoint::has_node`).
     known_nodes: Cell<usize>,
+    /// CPU reserved on the core for the task that runs now, without a
+    /// sleep (an operation's CPU, `begin_op`; an RPC's payload post before
+    /// its flag's): (the instant it was reserved, when it ends). The
+    /// task's next charge at that instant is ready only when that work
+    /// ends, so the time between is not counted as waiting for the core
+    /// (`Server::wait_ns`: queueing behind other tasks). Taken by the next
+    /// charge; the schedule does not depend on it (the core is free no
+    /// earlier than that end anyway).
+    own_cpu: Cell<Option<(u64, u64)>>,
 }
 
 fn sim_or_err() -> Result<Rc<Sim>> {
@@ -1309,7 +1319,20 @@ impl SimEndpoint {
 
     /// Charges this thread's core `ns` of CPU; returns when it is done.
     fn charge(&self, sim: &Sim, ns: u64) -> u64 {
-        self.core.borrow_mut().occupy(sim.sched.now(), ns, 0)
+        let now = sim.sched.now();
+        let ready = match self.own_cpu.take() {
+            Some((at, end)) if at == now => end,
+            _ => now,
+        };
+        self.core.borrow_mut().occupy(ready, ns, 0)
+    }
+
+    /// [`SimEndpoint::charge`] for CPU the running task goes on from at
+    /// once, without a sleep: its next charge now follows this one.
+    fn charge_and_go_on(&self, sim: &Sim, ns: u64) -> u64 {
+        let end = self.charge(sim, ns);
+        self.own_cpu.set(Some((sim.sched.now(), end)));
+        end
     }
 }
 
@@ -1946,7 +1969,13 @@ impl EndpointBackend for SimEndpoint {
             ))));
         }
         let completion: Completion<Result<Reply>> = Completion::new();
-        let posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns);
+        let two_posts = mailbox(&sim, node, service);
+        let posted = if two_posts {
+            // The flag's post follows at once (below).
+            self.charge_and_go_on(&sim, sim.profile.client.cpu_per_verb_ns)
+        } else {
+            self.charge(&sim, sim.profile.client.cpu_per_verb_ns)
+        };
         let lane = self.shared.lane;
         let len = payload.len() as u64;
         // A mailbox service's request is two posted WRITEs, as ScaleStore's
@@ -1957,7 +1986,7 @@ impl EndpointBackend for SimEndpoint {
         // the core has posted the payload (a second verb's posting cost).
         // The handler sees the request when the flag is through its NIC.
         // Any other service: one message.
-        let (arrive, payload_in) = if mailbox(&sim, node, service) {
+        let (arrive, payload_in) = if two_posts {
             let landed = send_and_receive(&sim, self.node, node, posted, len, lane);
             let flag_posted = self.charge(&sim, sim.profile.client.cpu_per_verb_ns);
             let flag = send_message(&sim, self.node, node, flag_posted, MAILBOX_FLAG_BYTES, lane);
@@ -2009,7 +2038,7 @@ impl EndpointBackend for SimEndpoint {
             0 => c.cpu_per_op_ns,
             s => c.cpu_per_op_ns - s + sim.sched.random(2 * s + 1),
         };
-        self.charge(&sim, ns);
+        self.charge_and_go_on(&sim, ns);
         OpFuture::ready(())
     }
 
