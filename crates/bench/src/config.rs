@@ -15,7 +15,11 @@ use std::sync::Arc;
 /// YCSB C finishes well under a minute on a 2-core machine. Change them here.
 pub mod defaults {
     pub const KEYS: u64 = 50_000;
-    pub const OPS: u64 = 100_000;
+    /// A million: at 2-3.5 M ops/s in process, 100,000 operations were a
+    /// 30-50 ms window, and one hiccup of a shared host moved an RPC
+    /// engine's throughput by up to 28% between identical runs; over a
+    /// million the same runs stay within 8% (docs/bench.md, "Defaults").
+    pub const OPS: u64 = 1_000_000;
     pub const VALUE_SIZE: usize = 8;
     /// One compute thread: the other core serves the memory node.
     pub const THREADS: usize = 1;
