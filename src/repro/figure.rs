@@ -238,6 +238,12 @@ pub struct Point {
     pub x: Option<f64>,
     #[serde(default)]
     pub params: Params,
+    /// With `--quick`, applied after `params` (and after the figure's
+    /// `quick.params`): what a point sets differently at the quick size,
+    /// e.g. a sub-model count that keeps its keys per sub-model when the
+    /// quick run loads fewer keys.
+    #[serde(default)]
+    pub quick_params: Params,
 }
 
 /// `[sweep]`: shorthand for points that each set one parameter.
@@ -458,6 +464,7 @@ impl Figure {
         }
         for p in &mut self.points {
             p.params = normalise(&p.params);
+            p.quick_params = normalise(&p.quick_params);
         }
         for s in &mut self.series {
             s.params = normalise(&s.params);
@@ -471,6 +478,7 @@ impl Figure {
                     label: v.text(),
                     x: v.as_f64(),
                     params,
+                    quick_params: Params::new(),
                 });
             }
         }
@@ -535,6 +543,10 @@ impl Figure {
                 return Err(format!("point {:?} is listed twice", p.label));
             }
             check_params(&format!("point {:?}", p.label), &p.params)?;
+            check_params(
+                &format!("point {:?} quick_params", p.label),
+                &p.quick_params,
+            )?;
             if self.plot == PlotKind::Lines
                 && self.x_metric.is_none()
                 && p.x.is_none()
@@ -677,8 +689,9 @@ impl Figure {
     }
 
     /// The `dmkv bench` command line of one point of one series: figure
-    /// parameters, then `--quick`'s, then the point's, then the series'
-    /// (later wins; `set` lists accumulate, then `dmkv repro --set`'s).
+    /// parameters, then `--quick`'s, then the point's (with `--quick`, then
+    /// its `quick_params`), then the series' (later wins; `set` lists
+    /// accumulate, then `dmkv repro --set`'s).
     pub fn argv(&self, point: &Point, series: &Series, quick: bool) -> Vec<String> {
         let mut merged: BTreeMap<String, Value> = BTreeMap::new();
         let mut sets: Vec<String> = Vec::new();
@@ -687,6 +700,7 @@ impl Figure {
                 &self.params,
                 &self.quick.params,
                 &point.params,
+                &point.quick_params,
                 &series.params,
             ]
         } else {

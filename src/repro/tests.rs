@@ -319,6 +319,50 @@ fn parameters_layer_figure_then_quick_then_point_then_series() {
     assert!(full.contains("--ops 300"), "{full}");
 }
 
+/// A point's `quick_params` apply with `--quick` only, after the point's
+/// own parameters (so they win over them and over the figure's
+/// `quick.params`), and before the series'; of two `set` entries for one
+/// knob the later is the one passed.
+#[test]
+fn a_points_quick_params_apply_with_quick_only() {
+    let text = TINY
+        .replace(
+            "[sweep]\nparam = \"keys\"\nvalues = [300, 600]",
+            "[[points]]\nlabel = \"300\"\nparams = { keys = 300 }\n\
+             [[points]]\nlabel = \"600\"\n\
+             params = { keys = 600, tasks = 3, set = [\"rpc-hash.buckets=4096\"] }\n\
+             quick_params = { keys = 60, set = [\"rpc-hash.buckets=512\"] }",
+        )
+        .replace(
+            "label = \"rpc-hash\"\nengine = \"rpc-hash\"",
+            "label = \"rpc-hash\"\nengine = \"rpc-hash\"\nparams = { tasks = 4 }",
+        );
+    let fig = Figure::parse(&text, "t", &REGISTRY).unwrap();
+    let (small, large) = (&fig.points[0], &fig.points[1]);
+    assert_eq!(large.label, "600");
+    let quick = fig.argv(large, &fig.series[0], true).join(" ");
+    assert!(quick.contains("--keys 60 "), "{quick}");
+    assert!(quick.contains("--ops 200"), "{quick}");
+    // The series' parameters still come last.
+    assert!(quick.contains("--tasks 4"), "{quick}");
+    let sets: Vec<&str> = quick
+        .split(" --set ")
+        .skip(1)
+        .map(|s| s.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(sets, ["rpc-hash.buckets=512"], "{quick}");
+    let full = fig.argv(large, &fig.series[0], false).join(" ");
+    assert!(full.contains("--keys 600"), "{full}");
+    assert!(full.contains("--set rpc-hash.buckets=4096"), "{full}");
+    assert!(!full.contains("buckets=512"), "{full}");
+    // A point without quick_params is unchanged by the field.
+    let other = fig.argv(small, &fig.series[1], true).join(" ");
+    assert!(
+        other.contains("--keys 300") && other.contains("--tasks 2"),
+        "{other}"
+    );
+}
+
 /// Each bad file is refused by `dmkv repro PATH` with exit code 2 and one
 /// line naming the file and what is wrong.
 #[test]
@@ -340,6 +384,14 @@ fn bad_figure_files_are_refused_with_a_clear_message() {
         (
             TINY.replace("tasks = 2", "tasks = 2\nengine = \"race\""),
             "\"engine\" is set by the figure itself",
+        ),
+        (
+            TINY.replace(
+                "[sweep]\nparam = \"keys\"\nvalues = [300, 600]",
+                "[[points]]\nlabel = \"300\"\nparams = { keys = 300 }\nquick_params = { warp = 9 }\n\
+                 [[points]]\nlabel = \"600\"\nparams = { keys = 600 }",
+            ),
+            "point \"300\" quick_params: \"warp\" is not a `dmkv bench` flag",
         ),
         (
             TINY.replace("point = \"600\"", "point = \"700\""),
