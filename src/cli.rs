@@ -285,6 +285,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MICROS",
           default_value_t = dmkv_transport::local::DEFAULT_HANDLER_POLL.as_micros() as u64)]
     pub handler_poll_us: u64,
+    /// Local transport: the same for a handler thread pinned to a CPU of its
+    /// own (--pin-threads), which polls without yielding.
+    #[arg(long, value_name = "MICROS",
+          default_value_t = dmkv_transport::local::DEFAULT_HANDLER_POLL_OWN_CPU.as_micros() as u64)]
+    pub handler_poll_own_cpu_us: u64,
     /// Local transport: pin RPC handler and compute threads to CPUs.
     /// `distinct`: each on a CPU of its own (refused when the process may
     /// use fewer CPUs than --memnode-threads + --threads); `shared`: all on
@@ -841,6 +846,7 @@ pub(crate) fn bench_config(
     cfg.local.faults.torn_reads = a.torn_reads;
     cfg.local.faults.round_trip_latency = std::time::Duration::from_micros(a.rtt_us);
     cfg.local.handler_poll = std::time::Duration::from_micros(a.handler_poll_us);
+    cfg.local.handler_poll_own_cpu = std::time::Duration::from_micros(a.handler_poll_own_cpu_us);
     cfg.local.placement = placement_plan(
         a.pin_threads,
         a.transport,

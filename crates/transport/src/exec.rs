@@ -164,6 +164,10 @@ fn idle(shared: &Shared) {
     }
     #[allow(clippy::disallowed_methods)]
     let start = Instant::now();
+    // On a CPU of its own the reply cannot need this core, and a yield
+    // would hand another process the CPU for a time slice: spin instead
+    // (placement::alone_on_own_cpu).
+    let yield_between_polls = !crate::placement::alone_on_own_cpu();
     // Counted for the report (servestats), once per idle round.
     let mut yields = 0u64;
     let count = |yields: u64, parked: bool| {
@@ -193,8 +197,12 @@ fn idle(shared: &Shared) {
             // Give the core away while polling: the reply this thread waits
             // for may come from a handler thread that needs this very core
             // (more busy threads than cores), and must not be starved.
-            yields += 1;
-            std::thread::yield_now();
+            if yield_between_polls {
+                yields += 1;
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         count(yields, true);

@@ -73,6 +73,15 @@ pub struct LocalConfig {
     /// wake-ups while requests keep coming; blocking keeps an idle node off
     /// the CPU.
     pub handler_poll: Duration,
+    /// The same for a handler thread pinned to a CPU no other thread of
+    /// this process is pinned to (`crate::placement::alone_on_own_cpu`),
+    /// which polls without yielding (`dmkv bench --handler-poll-own-cpu-us`):
+    /// it spins on a CPU the placement gave it alone, so polling longer
+    /// costs no thread of ours, and a handler that blocked makes the
+    /// compute thread's next request wake it, which on a CPU another
+    /// process also runs on cost the compute thread its turn, a time slice
+    /// per wake-up (docs/performance.md, "Thirty-seventh session").
+    pub handler_poll_own_cpu: Duration,
     /// Where handler threads (and the bench's compute threads) run
     /// (`dmkv bench --pin-threads`); `None`: wherever the OS puts them. A
     /// new cluster puts its plan, or none, in force for the whole process
@@ -85,12 +94,19 @@ pub struct LocalConfig {
 /// "Seventh pass").
 pub const DEFAULT_HANDLER_POLL: Duration = Duration::from_millis(1);
 
+/// [`LocalConfig::handler_poll_own_cpu`]'s default: longer than a time
+/// slice of the Linux scheduler (a few milliseconds), so a compute thread
+/// that another process held off its CPU for one finds the handler still
+/// polling.
+pub const DEFAULT_HANDLER_POLL_OWN_CPU: Duration = Duration::from_millis(100);
+
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
             faults: Faults::default(),
             rpc_timeout: Duration::from_secs(30),
             handler_poll: DEFAULT_HANDLER_POLL,
+            handler_poll_own_cpu: DEFAULT_HANDLER_POLL_OWN_CPU,
             placement: None,
         }
     }
@@ -104,6 +120,7 @@ struct Inner {
     faults_active: AtomicBool,
     rpc_timeout: Duration,
     handler_poll: Duration,
+    handler_poll_own_cpu: Duration,
     /// Ticks every endpoint's RPC watchdog (see `local_rpc`).
     reaper: Arc<Reaper>,
 }
@@ -157,6 +174,7 @@ struct NodeState {
     bell: Doorbell,
     handler_threads: usize,
     handler_poll: Duration,
+    handler_poll_own_cpu: Duration,
     handlers: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -329,7 +347,9 @@ impl NodeState {
     /// then polls with the core yielded between them (so a compute thread on
     /// the same core still runs) for up to `handler_poll`, then blocks on the
     /// node's [`Doorbell`] (no lost wake-up: `local_rpc` invariant 4, the
-    /// H1 tests below).
+    /// H1 tests below). Pinned to a CPU of its own
+    /// ([`crate::placement::alone_on_own_cpu`]) it polls without yielding,
+    /// for up to `handler_poll_own_cpu`.
     #[inline(never)] // kept apart (and so named) so profiles can tell idle
     // polling from work: scripts/instructions-per-op.sh counts
     // `wait_for_request` as idle
@@ -340,6 +360,12 @@ impl NodeState {
         spins: u32,
         handlers: &mut HandlerCache,
     ) {
+        // Pinned to a CPU of its own, a yield between polls helps no thread
+        // of ours and hands another process the CPU for a time slice:
+        // spin there instead (placement::alone_on_own_cpu).
+        let own_cpu = crate::placement::alone_on_own_cpu();
+        let yield_between_polls = !own_cpu;
+        let window = poll_window(own_cpu, self.handler_poll, self.handler_poll_own_cpu);
         // Counted for the report (servestats) once per wait, not per poll.
         let mut polls = 0u32;
         let mut yields = 0u64;
@@ -373,7 +399,7 @@ impl NodeState {
             // the spin itself stays a bare poll.
             servestats::event(Role::Handler);
             let start = *since.get_or_insert_with(Instant::now);
-            if self.handler_poll.is_zero() || start.elapsed() >= self.handler_poll {
+            if window.is_zero() || start.elapsed() >= window {
                 counts(polls, yields, 1);
                 // A blocked thread holds no handler (G3): an unregister
                 // while it sleeps drops the handler at once.
@@ -381,8 +407,12 @@ impl NodeState {
                 self.bell.sleep(|| self.anything_to_do(lanes, version));
                 return;
             }
-            yields += 1;
-            std::thread::yield_now();
+            if yield_between_polls {
+                yields += 1;
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 }
@@ -402,6 +432,12 @@ impl<T> std::ops::Deref for Padded<T> {
 /// Bare polls of an idle handler thread before it starts yielding its core
 /// between polls (none when it shares its CPU with a compute thread).
 const HANDLER_SPINS: u32 = 64;
+
+/// How long an idle handler polls before it blocks: `own_cpu_poll` when it
+/// is pinned alone on its CPU (`own_cpu`), else `poll`.
+fn poll_window(own_cpu: bool, poll: Duration, own_cpu_poll: Duration) -> Duration {
+    if own_cpu { own_cpu_poll } else { poll }
+}
 
 /// A cluster whose nodes all live in this process. Dropping it stops every
 /// node's handler threads.
@@ -424,6 +460,7 @@ impl LocalCluster {
                 faults: RwLock::new(config.faults),
                 rpc_timeout: config.rpc_timeout,
                 handler_poll: config.handler_poll,
+                handler_poll_own_cpu: config.handler_poll_own_cpu,
                 reaper,
             }),
             reaper: Some(handle),
@@ -446,6 +483,7 @@ impl LocalCluster {
             bell: Doorbell::default(),
             handler_threads,
             handler_poll: self.inner.handler_poll,
+            handler_poll_own_cpu: self.inner.handler_poll_own_cpu,
             handlers: Mutex::new(Vec::new()),
         });
         for h in 0..handler_threads {
@@ -1335,6 +1373,21 @@ mod tests {
     /// zero: it blocks whenever its lanes are empty) or for 1 µs (it is
     /// often between polling and blocking when the request comes). A lost
     /// wake-up leaves a request unserved and its caller times out (10 s).
+    /// A handler pinned alone on its CPU polls for the own-CPU window,
+    /// any other for `handler_poll`; zero still means blocking at once.
+    #[test]
+    fn a_handler_alone_on_its_cpu_polls_for_its_own_window() {
+        let (poll, own) = (Duration::from_millis(1), Duration::from_millis(100));
+        assert_eq!(poll_window(true, poll, own), own);
+        assert_eq!(poll_window(false, poll, own), poll);
+        assert_eq!(poll_window(true, poll, Duration::ZERO), Duration::ZERO);
+        let d = LocalConfig::default();
+        assert_eq!(
+            (d.handler_poll, d.handler_poll_own_cpu),
+            (DEFAULT_HANDLER_POLL, DEFAULT_HANDLER_POLL_OWN_CPU)
+        );
+    }
+
     #[test]
     fn enqueue_racing_a_handler_going_to_sleep_is_never_lost() {
         for poll in [Duration::ZERO, Duration::from_micros(1)] {

@@ -16,6 +16,8 @@
 //! reproduces the one-CPU mode on purpose).
 
 use parking_lot::Mutex;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Which CPU each handler and compute thread runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +86,72 @@ pub fn pin_handler(index: usize) -> Option<usize> {
         .lock()
         .as_ref()
         .and_then(|p| p.handlers.get(index % p.handlers.len().max(1)).copied())?;
-    pin_current_thread(cpu).then_some(cpu)
+    pin_and_note(cpu)
+}
+
+/// Pins the calling thread to `cpu` and, if the OS agreed, counts it there
+/// ([`alone_on_own_cpu`]).
+fn pin_and_note(cpu: usize) -> Option<usize> {
+    pin_current_thread(cpu).then(|| {
+        note_pinned(cpu);
+        cpu
+    })
+}
+
+/// CPUs [`PINNED`] keeps counts for (Linux's `CPU_SETSIZE`); a thread
+/// pinned beyond them is never counted alone.
+const COUNTED_CPUS: usize = 1024;
+
+/// Per CPU: the threads of this process that [`pin_handler`] or
+/// [`pin_compute`] pinned there and that are still running (P1: a thread
+/// counts on one CPU at most, and its count goes when it exits, by
+/// [`PinnedHere`]'s drop).
+static PINNED: [AtomicU32; COUNTED_CPUS] = [const { AtomicU32::new(0) }; COUNTED_CPUS];
+
+/// The CPU the calling thread was pinned to and counted on, if any; takes
+/// the count back when the thread exits.
+struct PinnedHere(Cell<Option<usize>>);
+
+impl Drop for PinnedHere {
+    fn drop(&mut self) {
+        if let Some(cpu) = self.0.get() {
+            PINNED[cpu].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+thread_local! {
+    static PINNED_HERE: PinnedHere = const { PinnedHere(Cell::new(None)) };
+}
+
+/// Counts the calling thread on `cpu` (and no longer on the CPU it was
+/// counted on before, P1).
+fn note_pinned(cpu: usize) {
+    if cpu >= COUNTED_CPUS {
+        return;
+    }
+    let _ = PINNED_HERE.try_with(|p| {
+        if let Some(old) = p.0.replace(Some(cpu)) {
+            PINNED[old].fetch_sub(1, Ordering::Relaxed);
+        }
+        PINNED[cpu].fetch_add(1, Ordering::Relaxed);
+    });
+}
+
+/// Whether the calling thread is pinned to a CPU that no other pinned
+/// thread of this process runs on. Then yielding that CPU between polls
+/// helps no thread of ours (the handler or compute thread it waits for
+/// runs elsewhere), and under a scheduler that runs another process there
+/// it hands that process a whole time slice, milliseconds, per yield: an
+/// idle loop should spin instead. Unpinned threads (timers, background
+/// workers) are not counted; they wake onto the CPU within a time slice
+/// either way, and the spins end in a park or a block soon.
+pub fn alone_on_own_cpu() -> bool {
+    PINNED_HERE
+        .try_with(|p| p.0.get())
+        .ok()
+        .flatten()
+        .is_some_and(|cpu| PINNED[cpu].load(Ordering::Relaxed) == 1)
 }
 
 /// Whether handler thread `index` is planned on a CPU that a compute
@@ -105,7 +172,7 @@ pub fn pin_compute(index: usize) -> Option<usize> {
         .lock()
         .as_ref()
         .and_then(|p| p.compute.get(index % p.compute.len().max(1)).copied())?;
-    pin_current_thread(cpu).then_some(cpu)
+    pin_and_note(cpu)
 }
 
 /// Restricts the calling thread to `cpu`; false if the OS refused.
@@ -179,6 +246,55 @@ mod tests {
         );
         let e = Plan::distinct_from(&[0, 1], 1, 2).unwrap_err();
         assert!(e.contains("need 3 CPUs"), "{e}");
+    }
+
+    /// Counting without pinning, on a CPU number no real CPU has (so no
+    /// other test's threads count there): one thread alone, a second one
+    /// on the same CPU makes neither alone, and when it exits the first is
+    /// alone again; a thread never counted is not alone.
+    #[test]
+    fn a_thread_is_alone_on_its_cpu_until_another_pins_there() {
+        const CPU: usize = COUNTED_CPUS - 1;
+        assert!(!alone_on_own_cpu(), "this test thread was never counted");
+        let (to_first, first_rx) = std::sync::mpsc::channel::<()>();
+        let (from_first, first_says) = std::sync::mpsc::channel::<bool>();
+        let first = std::thread::spawn(move || {
+            note_pinned(CPU);
+            from_first.send(alone_on_own_cpu()).unwrap();
+            first_rx.recv().unwrap();
+            from_first.send(alone_on_own_cpu()).unwrap();
+            first_rx.recv().unwrap();
+            from_first.send(alone_on_own_cpu()).unwrap();
+        });
+        assert!(first_says.recv().unwrap(), "alone on its CPU");
+        let (release_second, second_rx) = std::sync::mpsc::channel::<()>();
+        let second = std::thread::spawn(move || {
+            note_pinned(CPU);
+            to_first.send(()).unwrap();
+            let me = alone_on_own_cpu();
+            // Stays (counted) until the first thread has looked.
+            second_rx.recv().unwrap();
+            (me, to_first)
+        });
+        assert!(!first_says.recv().unwrap(), "a second thread counts there");
+        release_second.send(()).unwrap();
+        let (second_alone, to_first) = second.join().unwrap();
+        assert!(!second_alone);
+        // The second thread has exited: its count went with it.
+        to_first.send(()).unwrap();
+        assert!(first_says.recv().unwrap(), "alone again");
+        first.join().unwrap();
+        assert_eq!(PINNED[CPU].load(Ordering::Relaxed), 0);
+        // Counted again elsewhere: no longer on the first CPU (P1).
+        std::thread::spawn(|| {
+            note_pinned(CPU);
+            note_pinned(CPU - 1);
+            assert_eq!(PINNED[CPU].load(Ordering::Relaxed), 0);
+            assert!(alone_on_own_cpu());
+        })
+        .join()
+        .unwrap();
+        assert_eq!(PINNED[CPU - 1].load(Ordering::Relaxed), 0);
     }
 
     #[cfg(target_os = "linux")]
