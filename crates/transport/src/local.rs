@@ -1368,11 +1368,6 @@ mod tests {
     use crate::error::ServiceError;
     use crate::exec::block_on;
 
-    /// H1 at the doorbell: one RPC in flight at a time, sent after a
-    /// random short pause while the handler polls for nothing (`poll`
-    /// zero: it blocks whenever its lanes are empty) or for 1 µs (it is
-    /// often between polling and blocking when the request comes). A lost
-    /// wake-up leaves a request unserved and its caller times out (10 s).
     /// A handler pinned alone on its CPU polls for the own-CPU window,
     /// any other for `handler_poll`; zero still means blocking at once.
     #[test]
@@ -1388,6 +1383,11 @@ mod tests {
         );
     }
 
+    /// H1 at the doorbell: one RPC in flight at a time, sent after a
+    /// random short pause while the handler polls for nothing (`poll`
+    /// zero: it blocks whenever its lanes are empty) or for 1 µs (it is
+    /// often between polling and blocking when the request comes). A lost
+    /// wake-up leaves a request unserved and its caller times out (10 s).
     #[test]
     fn enqueue_racing_a_handler_going_to_sleep_is_never_lost() {
         for poll in [Duration::ZERO, Duration::from_micros(1)] {
