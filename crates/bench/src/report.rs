@@ -999,6 +999,36 @@ fn print_rows(out: &mut dyn Write, header: &[String], rows: &[Row]) -> io::Resul
 /// The human report: the run's parameters, one column per engine, ratios to
 /// the first engine when there are several, then samples of anything that
 /// went wrong.
+/// Other processes' CPU (in cores) during a wall-clock run above which the
+/// table warns that its throughput and latency shared the host: a quarter
+/// of a core already moves an RPC engine's run on a 2-core host
+/// (docs/performance.md, "Yields under another process's load").
+pub const HOST_LOAD_NOTE_CORES: f64 = 0.25;
+
+/// Under the table: a line for each engine whose wall-clock run shared the
+/// host with other processes' work (the `sched` report's
+/// `other_processes_cores` above [`HOST_LOAD_NOTE_CORES`]).
+fn print_host_load_notes(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<()> {
+    let loaded: Vec<(&str, f64)> = reports
+        .iter()
+        .filter_map(|r| {
+            let cores = r.sched.as_ref()?.other_processes_cores?;
+            (cores > HOST_LOAD_NOTE_CORES).then_some((r.engine.as_str(), cores))
+        })
+        .collect();
+    if loaded.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    for (engine, cores) in loaded {
+        writeln!(
+            out,
+            "note: other processes used {cores:.2} cores during {engine}'s run: its throughput and latency shared the host (see its scheduling lines below)"
+        )?;
+    }
+    Ok(())
+}
+
 pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<()> {
     let Some(first) = reports.first() else {
         return writeln!(out, "no engine completed its run");
@@ -1056,6 +1086,7 @@ pub fn print_table(out: &mut dyn Write, reports: &[EngineReport]) -> io::Result<
     writeln!(out)?;
     let header: Vec<String> = reports.iter().map(|r| r.engine.clone()).collect();
     print_rows(out, &header, &rows(reports))?;
+    print_host_load_notes(out, reports)?;
     if reports.len() > 1 {
         writeln!(out)?;
         writeln!(

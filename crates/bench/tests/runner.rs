@@ -160,6 +160,51 @@ fn several_engines_get_the_same_keys_and_operations() {
     assert!(table.contains("1.00x"), "{table}");
 }
 
+/// The table warns under its rows when other processes loaded the host
+/// during an engine's wall-clock run (more than
+/// `report::HOST_LOAD_NOTE_CORES`), naming the engine and the load, and
+/// says nothing when they did not or when the load is unknown.
+#[test]
+fn the_table_notes_a_run_that_shared_the_host() {
+    use dmkv_bench::sched::SchedReport;
+    let outcome = dmkv_bench::run(&small(vec![reference()], Workload::YcsbC)).unwrap();
+    assert!(outcome.ok(), "{:?}", outcome.failures);
+    let mut reports = outcome.reports;
+    let table_with = |reports: &[EngineReport], cores: Option<f64>| {
+        let mut reports = reports.to_vec();
+        reports[0].sched = Some(SchedReport {
+            threads: Vec::new(),
+            other_processes_cores: cores,
+            steal_cores: None,
+            pinned: None,
+        });
+        let mut table = Vec::new();
+        dmkv_bench::print_table(&mut table, &reports).unwrap();
+        String::from_utf8(table).unwrap()
+    };
+    let loaded = table_with(&reports, Some(0.8));
+    assert!(
+        loaded.contains("note: other processes used 0.80 cores during reference's run"),
+        "{loaded}"
+    );
+    for quiet in [
+        Some(0.1),
+        Some(dmkv_bench::report::HOST_LOAD_NOTE_CORES),
+        None,
+    ] {
+        let t = table_with(&reports, quiet);
+        assert!(!t.contains("note: other processes"), "{quiet:?}: {t}");
+    }
+    reports[0].sched = None;
+    let mut table = Vec::new();
+    dmkv_bench::print_table(&mut table, &reports).unwrap();
+    assert!(
+        !String::from_utf8(table)
+            .unwrap()
+            .contains("note: other processes")
+    );
+}
+
 /// Runs `workload` on the reference engine broken by `fault` and returns
 /// the report, which must not be ok.
 fn broken(name: &'static str, fault: Fault, workload: Workload) -> EngineReport {
