@@ -194,14 +194,12 @@ fn idle(shared: &Shared) {
             return; // the caller's loop wakes the sleepers now due
         }
         if now - start < POLL_BEFORE_PARK {
-            // Give the core away while polling: the reply this thread waits
-            // for may come from a handler thread that needs this very core
-            // (more busy threads than cores), and must not be starved.
-            if yield_between_polls {
+            // Give the core away while polling (unless alone on it): the
+            // reply this thread waits for may come from a handler thread
+            // that needs this very core (more busy threads than cores), and
+            // must not be starved.
+            if crate::placement::pause_between_polls(yield_between_polls) {
                 yields += 1;
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
             }
             continue;
         }

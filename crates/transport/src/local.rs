@@ -407,11 +407,8 @@ impl NodeState {
                 self.bell.sleep(|| self.anything_to_do(lanes, version));
                 return;
             }
-            if yield_between_polls {
+            if crate::placement::pause_between_polls(yield_between_polls) {
                 yields += 1;
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
             }
         }
     }

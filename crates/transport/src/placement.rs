@@ -154,6 +154,20 @@ pub fn alone_on_own_cpu() -> bool {
         .is_some_and(|cpu| PINNED[cpu].load(Ordering::Relaxed) == 1)
 }
 
+/// One pause of an idle poll loop (a handler's or an executor's): a
+/// `sched_yield` when `yield_cpu` (another thread of ours may need this
+/// CPU), else a spin hint (see [`alone_on_own_cpu`] for why). Whether it
+/// yielded, for the loop's counts.
+#[inline]
+pub fn pause_between_polls(yield_cpu: bool) -> bool {
+    if yield_cpu {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+    yield_cpu
+}
+
 /// Whether handler thread `index` is planned on a CPU that a compute
 /// thread is planned on too (`--pin-threads shared`): then every cycle it
 /// polls is a cycle the thread that sends its next request cannot run.
